@@ -1,0 +1,70 @@
+"""Capture: what `model.run` records into the ResidualStream, so memory stays bounded.
+
+The default records only the residual writes (embeddings, every sublayer's `out`, the final norm scale):
+enough for resid_pre/mid/post, `final()` and `components()`. Add fields per sublayer, restrict layers or
+positions to keep a large sweep in memory. A field that was not captured raises an error naming the option.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from resid.errors import ResidError
+
+AttnField = Literal["normalized", "norm_scale", "q", "k", "v", "pattern", "z", "out"]
+MLPField = Literal["normalized", "norm_scale", "pre", "gate", "post", "out"]
+ATTN_FIELDS: frozenset[str] = frozenset(get_args(AttnField))
+MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
+
+
+@dataclass(frozen=True)
+class Capture:
+    layers: tuple[int, ...] | None = None  # layers whose records are kept; None = all
+    positions: tuple[int, ...] | None = None  # padded-sequence positions kept (negative from the end); None = all
+    attn: frozenset[str] = field(default_factory=lambda: frozenset({"out"}))  # subset of AttnField
+    mlp: frozenset[str] = field(default_factory=lambda: frozenset({"out"}))  # subset of MLPField
+    embed: bool = True  # the embedding write(s): embed and pos_embed
+    final_norm_scale: bool = True  # the final norm's 1/sigma (or 1/rms), frozen for attribution
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("attn", ATTN_FIELDS), ("mlp", MLP_FIELDS)):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = {value}
+            value = frozenset(value)
+            unknown = value - allowed
+            if unknown:
+                raise ResidError(
+                    f"Capture({name}=...) got unknown field(s) {sorted(unknown)}; choose from {sorted(allowed)}."
+                )
+            object.__setattr__(self, name, value)
+        for name in ("layers", "positions"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(int(v) for v in value))
+
+    @classmethod
+    def all(cls) -> "Capture":
+        """Everything, at every layer and position."""
+        return cls(attn=ATTN_FIELDS, mlp=MLP_FIELDS)
+
+    @classmethod
+    def none(cls) -> "Capture":
+        """Nothing but the logits: the fastest run."""
+        return cls(attn=frozenset(), mlp=frozenset(), embed=False, final_norm_scale=False)
+
+    def keeps_layer(self, layer: int, n_layers: int) -> bool:
+        return self.layers is None or layer in {l % n_layers for l in self.layers}
+
+    def validate(self, n_layers: int, n_pos: int) -> None:
+        if self.layers is not None:
+            bad = [l for l in self.layers if not -n_layers <= l < n_layers]
+            if bad:
+                raise ResidError(
+                    f"Capture(layers=...) has {bad} out of range: the model has {n_layers} layers (0..{n_layers - 1})."
+                )
+        if self.positions is not None:
+            bad = [p for p in self.positions if not -n_pos <= p < n_pos]
+            if bad:
+                raise ResidError(
+                    f"Capture(positions=...) has {bad} out of range for {n_pos} positions (0..{n_pos - 1} or negative)."
+                )

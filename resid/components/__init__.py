@@ -1,0 +1,1 @@
+"""The building blocks of a Transformer: embeddings, norms, rotary, attention, MLP, block."""

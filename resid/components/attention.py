@@ -1,0 +1,123 @@
+"""Causal multi-head / grouped-query attention with per-head weight views.
+
+Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
+projection is one GEMM; the per-head tensors W_Q [head d_model d_head], W_O [head d_head d_model], ... are
+views of that storage (writing into them edits the model). Query head h reads key/value head
+h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+
+from resid.components.rotary import Rotary
+from resid.config import ModelConfig
+from resid.interventions import Intervention, apply_edits
+
+
+@dataclass(frozen=True)
+class AttnContext:
+    """What every attention layer of one run shares."""
+
+    allowed: Bool[Tensor, "batch 1 pos key_pos"]  # True where a query may read a key
+    cos: Tensor | None  # rotary angles for these position ids, or None for learned positions
+    sin: Tensor | None
+
+
+def allowed_keys(
+    attention_mask: Bool[Tensor, "batch pos"], sliding_window: int | None
+) -> Bool[Tensor, "batch 1 pos key_pos"]:
+    """Causal, padding and sliding-window mask. Every position may read itself, so a padding row (which
+    reads nothing real) stays finite instead of becoming NaN; real rows are unaffected."""
+    n = attention_mask.shape[-1]
+    query = torch.arange(n, device=attention_mask.device)[:, None]
+    key = torch.arange(n, device=attention_mask.device)[None, :]
+    allowed = key <= query
+    if sliding_window is not None:
+        allowed = allowed & (query - key < sliding_window)
+    allowed = allowed[None] & attention_mask[:, None, :]
+    allowed = allowed | (key == query)[None]
+    return allowed[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
+        d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
+        self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
+        self.w_q = nn.Parameter(torch.zeros(d_q, d_model))
+        self.w_k = nn.Parameter(torch.zeros(d_kv, d_model))
+        self.w_v = nn.Parameter(torch.zeros(d_kv, d_model))
+        self.w_o = nn.Parameter(torch.zeros(d_model, d_q))
+        qkv_bias = config.attn_qkv_bias
+        self.bias_q = nn.Parameter(torch.zeros(d_q)) if qkv_bias else None
+        self.bias_k = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
+        self.bias_v = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
+        self.b_O = nn.Parameter(torch.zeros(d_model)) if config.attn_out_bias else None
+
+    @property
+    def W_Q(self) -> Float[Tensor, "head d_model d_head"]:
+        return self.w_q.view(self.n_heads, self.d_head, -1).transpose(1, 2)
+
+    @property
+    def W_K(self) -> Float[Tensor, "kv_head d_model d_head"]:
+        return self.w_k.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
+
+    @property
+    def W_V(self) -> Float[Tensor, "kv_head d_model d_head"]:
+        return self.w_v.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
+
+    @property
+    def W_O(self) -> Float[Tensor, "head d_head d_model"]:
+        return self.w_o.T.view(self.n_heads, self.d_head, -1)
+
+    @property
+    def b_Q(self) -> Float[Tensor, "head d_head"] | None:
+        return None if self.bias_q is None else self.bias_q.view(self.n_heads, self.d_head)
+
+    @property
+    def b_K(self) -> Float[Tensor, "kv_head d_head"] | None:
+        return None if self.bias_k is None else self.bias_k.view(self.n_kv_heads, self.d_head)
+
+    @property
+    def b_V(self) -> Float[Tensor, "kv_head d_head"] | None:
+        return None if self.bias_v is None else self.bias_v.view(self.n_kv_heads, self.d_head)
+
+    def forward(
+        self,
+        normalized: Float[Tensor, "batch pos d_model"],
+        ctx: AttnContext,
+        want: frozenset[str],
+        edits: Sequence[Intervention],
+    ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
+        batch, n_pos, _ = normalized.shape
+        q = F.linear(normalized, self.w_q, self.bias_q).view(batch, n_pos, self.n_heads, self.d_head)
+        k = F.linear(normalized, self.w_k, self.bias_k).view(batch, n_pos, self.n_kv_heads, self.d_head)
+        v = F.linear(normalized, self.w_v, self.bias_v).view(batch, n_pos, self.n_kv_heads, self.d_head)
+        if ctx.cos is not None:
+            q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
+        # [batch head pos d_head] for the score matmuls
+        q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        pattern = None
+        if "pattern" in want:
+            group = self.n_heads // self.n_kv_heads
+            k_r, v_r = k_h.repeat_interleave(group, dim=1), v_h.repeat_interleave(group, dim=1)
+            scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
+            scores = scores.masked_fill(~ctx.allowed, float("-inf"))
+            pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            z_h = pattern @ v_r
+        else:
+            z_h = F.scaled_dot_product_attention(
+                q_h, k_h, v_h, attn_mask=ctx.allowed, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+            )
+        z = apply_edits(z_h.transpose(1, 2), edits, "head")
+        out = F.linear(z.reshape(batch, n_pos, -1), self.w_o, self.b_O)
+        out = apply_edits(out, edits, None)
+        values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z, "out": out}
+        return out, {name: values[name] for name in want}

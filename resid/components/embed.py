@@ -1,0 +1,51 @@
+"""Token embedding, learned positional embedding and unembedding."""
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from resid.config import ModelConfig
+
+
+class Embed(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.zeros(config.d_vocab, config.d_model))
+        self.scale = config.embed_scale
+
+    def forward(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        x = F.embedding(ids, self.W_E)
+        if self.scale != 1.0:
+            # Gemma multiplies by sqrt(d_model) rounded to the model dtype; do the same for parity.
+            x = x * torch.tensor(self.scale, dtype=x.dtype)
+        return x
+
+
+class PosEmbed(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.zeros(config.n_ctx, config.d_model))
+
+    def forward(self, position_ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return F.embedding(position_ids, self.W_pos)
+
+
+class Unembed(nn.Module):
+    """logits = normalized_final @ W_U + b_U. W_U is stored as [d_vocab d_model] so that a tied model
+    shares one tensor with W_E; `W_U` is its [d_model d_vocab] view."""
+
+    def __init__(self, config: ModelConfig, embed: Embed):
+        super().__init__()
+        if config.tie_embeddings:
+            self.weight = embed.W_E
+        else:
+            self.weight = nn.Parameter(torch.zeros(config.d_vocab, config.d_model))
+        self.b_U = nn.Parameter(torch.zeros(config.d_vocab)) if config.unembed_bias else None
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.weight.T
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x, self.weight, self.b_U)

@@ -1,0 +1,66 @@
+"""The MLP as a key-value memory (Geva et al. 2021): neuron i has key W_in[:, i] (with W_gate[:, i] for
+gated MLPs), value W_out[i], and coefficient post[i]; the MLP writes sum_i post[i] * W_out[i] + b_out.
+
+Plain:  pre = x W_in + b_in,  post = act(pre).
+Gated:  pre = x W_in + b_in (the linear 'up' branch), gate = x W_gate + b_gate, post = act(gate) * pre
+        (SwiGLU with silu, GeGLU with gelu).
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from resid.config import ModelConfig
+from resid.interventions import Intervention, apply_edits
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.act = ACTIVATIONS[config.act]
+        self.w_in = nn.Parameter(torch.zeros(config.d_mlp, config.d_model))
+        self.w_gate = nn.Parameter(torch.zeros(config.d_mlp, config.d_model)) if config.gated_mlp else None
+        self.w_out = nn.Parameter(torch.zeros(config.d_model, config.d_mlp))
+        bias = config.mlp_bias
+        self.b_in = nn.Parameter(torch.zeros(config.d_mlp)) if bias else None
+        self.b_gate = nn.Parameter(torch.zeros(config.d_mlp)) if bias and config.gated_mlp else None
+        self.b_out = nn.Parameter(torch.zeros(config.d_model)) if bias else None
+
+    @property
+    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self.w_in.T
+
+    @property
+    def W_gate(self) -> Float[Tensor, "d_model d_mlp"] | None:
+        return None if self.w_gate is None else self.w_gate.T
+
+    @property
+    def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
+        return self.w_out.T
+
+    def forward(
+        self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Intervention]
+    ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
+        pre = F.linear(normalized, self.w_in, self.b_in)
+        gate = None
+        if self.w_gate is not None:
+            gate = F.linear(normalized, self.w_gate, self.b_gate)
+            post = self.act(gate) * pre
+        else:
+            post = self.act(pre)
+        post = apply_edits(post, edits, "neuron")
+        out = F.linear(post, self.w_out, self.b_out)
+        out = apply_edits(out, edits, None)
+        values = {"pre": pre, "gate": gate, "post": post, "out": out}
+        return out, {name: values[name] for name in want if name in values}

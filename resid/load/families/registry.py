@@ -1,0 +1,22 @@
+"""model_type -> Family. The one list of architectures resid reads from Hugging Face folders."""
+
+from pathlib import Path
+
+from resid.errors import ResidError
+from resid.load.families import Family, llama
+
+FAMILIES: tuple[Family, ...] = (llama.FAMILY,)
+
+
+def supported_model_types() -> list[str]:
+    return sorted(t for family in FAMILIES for t in family.model_types)
+
+
+def family_for(model_type: object, folder: Path) -> Family:
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    raise ResidError(
+        f"{folder}/config.json has model_type {model_type!r}, which resid does not support. Supported model "
+        f"types: {', '.join(supported_model_types())}."
+    )

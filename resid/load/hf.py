@@ -1,0 +1,135 @@
+"""Loading a local Hugging Face folder: config.json + model.safetensors (or a sharded index) + tokenizer.json.
+
+Tensors are read with safetensors (never pickle), mapped through the family's key table and copied into a
+freshly built Transformer. The BOS policy comes from tokenizer_config.json's add_bos_token when present,
+else from the family's default (what Hugging Face's tokenizer does for it).
+"""
+
+import json
+from pathlib import Path
+
+import tokenizers
+import torch
+from safetensors import safe_open
+from safetensors import SafetensorError
+
+from resid.errors import ResidError
+from resid.load.families import Family
+from resid.load.families.registry import family_for
+from resid.load.weights import assign
+from resid.model import Transformer
+from resid.tokenizer import Tokenizer
+
+
+def load_hf_folder(folder: Path, name: str, device: torch.device | str | None, dtype: torch.dtype) -> Transformer:
+    hf = _read_json(folder / "config.json", "config.json")
+    family = family_for(hf.get("model_type"), folder)
+    config = family.config(hf)
+    files = _weight_files(folder)
+    tensors = _SafetensorsIndex(files)
+    model = Transformer(config)
+    ignore = family.ignore + (tuple(k.replace(".", r"\.") for k in family.head_keys) if config.tie_embeddings else ())
+    canonical = {_canonical(n, family): n for n in tensors.names}
+    assign(
+        model,
+        family.keys(config),
+        get=lambda key: tensors.get(canonical[key]) if key in canonical else None,
+        available=canonical,
+        ignore=ignore,
+        where=f"The weights in {folder}",
+    )
+    model.tokenizer = _tokenizer(folder, hf, family)
+    model.name, model.weight_files = name, tuple(files)
+    return model.to(device=device or "cpu", dtype=dtype).eval()
+
+
+def _canonical(name: str, family: Family) -> str:
+    """Base-model checkpoints (GPT2Model, LlamaModel) omit the backbone prefix; put it back."""
+    if name.startswith(family.prefix) or name in family.head_keys:
+        return name
+    return family.prefix + name
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResidError(f"{path.parent} has no {what}: a model folder needs config.json and *.safetensors.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ResidError(f"{path} is not valid JSON ({err}); re-download or re-export it.") from None
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(_read_json(index, index.name).get("weight_map", {}).values()))
+        missing = [s for s in shards if not (folder / s).exists()]
+        if not shards or missing:
+            raise ResidError(f"{index} lists shard(s) {missing or shards} that are not in {folder}; download them all.")
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if found:
+        return found
+    pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+    hint = f" It has {pickled}: resid never loads pickled weights; convert them to safetensors." if pickled else ""
+    raise ResidError(f"{folder} has no model.safetensors (or sharded index).{hint}")
+
+
+class _SafetensorsIndex:
+    """Lazy access to tensors spread over one or more safetensors files."""
+
+    def __init__(self, files: list[Path]):
+        self._where: dict[str, Path] = {}
+        self._handles = {}
+        for path in files:
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except (SafetensorError, OSError) as err:
+                raise ResidError(f"{path} is not a readable safetensors file ({err}); re-download it.") from None
+            self._handles[path] = handle
+            for key in handle.keys():
+                self._where[key] = path
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def get(self, name: str) -> torch.Tensor:
+        path = self._where[name]
+        try:
+            return self._handles[path].get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise ResidError(f"Could not read tensor {name!r} from {path} ({err}); the file may be truncated.") from None
+
+
+def _tokenizer(folder: Path, hf: dict, family: Family) -> Tokenizer | None:
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        return None
+    try:
+        raw = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises bare Exceptions for malformed files
+        raise ResidError(f"{path} could not be read as a tokenizers file ({err}); re-download it.") from None
+    tok_config = {}
+    if (folder / "tokenizer_config.json").exists():
+        tok_config = _read_json(folder / "tokenizer_config.json", "tokenizer_config.json")
+
+    def token_id(field: str, config_field: str) -> int | None:
+        token = tok_config.get(field)
+        if isinstance(token, dict):
+            token = token.get("content")
+        found = raw.token_to_id(token) if isinstance(token, str) else None
+        return found if found is not None else hf.get(config_field)
+
+    prepend_bos = tok_config.get("add_bos_token", family.prepend_bos)
+    bos = token_id("bos_token", "bos_token_id")
+    return Tokenizer(
+        raw,
+        bos_token_id=bos,
+        prepend_bos=bool(prepend_bos) and bos is not None,
+        pad_token_id=token_id("pad_token", "pad_token_id"),
+        eos_token_id=token_id("eos_token", "eos_token_id"),
+    )

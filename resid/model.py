@@ -1,0 +1,168 @@
+"""Transformer: embedding -> blocks -> final norm -> unembed, whose `run` records the residual stream.
+
+    run = model.run(["The Eiffel Tower is in"], capture=resid.Capture.all(), interventions=[...])
+    run.logits            # [batch pos d_vocab]
+    run.stream            # ResidualStream: typed writes, resid_pre/mid/post, components()
+
+No weight processing happens by default: the logits equal Hugging Face's for the same weights.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from resid.capture import Capture
+from resid.components.attention import AttnContext, allowed_keys
+from resid.components.block import Block
+from resid.components.embed import Embed, PosEmbed, Unembed
+from resid.components.norm import Norm
+from resid.components.rotary import Rotary
+from resid.config import ModelConfig
+from resid.errors import ResidError
+from resid.interventions import Intervention, plan
+from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
+from resid.tokenizer import Tokenizer, Tokens
+
+Inputs = str | Sequence[str] | Tokens | Int[Tensor, "batch pos"] | Int[Tensor, "pos"]
+
+
+@dataclass(frozen=True)
+class Run:
+    logits: Float[Tensor, "batch pos d_vocab"]
+    stream: ResidualStream
+    tokens: Tokens
+
+
+class Transformer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tokenizer: Tokenizer | None = None,
+        name: str = "custom",
+        weight_files: tuple[Path, ...] = (),
+    ):
+        super().__init__()
+        self.config = config
+        self.tokenizer = tokenizer
+        self.name = name  # what resid.load was given, for provenance
+        self.weight_files = weight_files  # files the weights were read from, for provenance
+        self.embed = Embed(config)
+        self.pos_embed = PosEmbed(config) if config.positions == "learned" else None
+        self.rotary = Rotary(config) if config.positions == "rotary" else None
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.ln_final = Norm(config)
+        self.unembed = Unembed(config, self.embed)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.W_E.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.W_E.dtype
+
+    def _need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ResidError(
+                f"Model {self.name!r} has no tokenizer (no tokenizer.json was found next to its weights): "
+                "pass token ids as a [batch pos] tensor, or add tokenizer.json to the model folder."
+            )
+        return self.tokenizer
+
+    def to_tokens(self, texts: str | Sequence[str], padding_side: str = "left", prepend_bos: bool | None = None) -> Tokens:
+        return self._need_tokenizer().to_tokens(texts, padding_side, prepend_bos)
+
+    def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:
+        return self._need_tokenizer().to_str_tokens(text_or_ids, prepend_bos)
+
+    def as_tokens(self, inputs: Inputs) -> Tokens:
+        """Prompts (left-padded), ready-made Tokens, or a tensor of ids, as Tokens on the model's device."""
+        if isinstance(inputs, Tokens):
+            tokens = inputs
+        elif isinstance(inputs, Tensor):
+            if inputs.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+                raise ResidError(f"Token ids must be an integer tensor, got dtype {inputs.dtype}.")
+            ids = inputs[None] if inputs.ndim == 1 else inputs
+            if ids.ndim != 2 or ids.shape[1] == 0:
+                raise ResidError(f"Token ids must have shape [batch pos] or [pos], got {tuple(inputs.shape)}.")
+            tokens = Tokens.from_ids(ids.long())
+        else:
+            tokens = self.to_tokens(inputs)
+        n_pos, vocab = tokens.ids.shape[1], self.config.d_vocab
+        if n_pos > self.config.n_ctx:
+            raise ResidError(
+                f"The input has {n_pos} tokens but {self.name} has a context of {self.config.n_ctx}: "
+                f"shorten the prompt (e.g. keep its last {self.config.n_ctx} tokens) or split it."
+            )
+        if tokens.ids.numel() and (tokens.ids.min() < 0 or tokens.ids.max() >= vocab):
+            raise ResidError(f"Token ids must lie in 0..{vocab - 1} (the vocabulary size is {vocab}).")
+        return tokens.to(self.device)
+
+    def forward(self, inputs: Inputs) -> Float[Tensor, "batch pos d_vocab"]:
+        return self.run(inputs, capture=Capture.none()).logits
+
+    def run(
+        self,
+        inputs: Inputs,
+        capture: Capture | None = None,
+        interventions: Sequence[Intervention] = (),
+        grad: bool = False,
+    ) -> Run:
+        """Forward pass recording what `capture` asks for (default: the residual writes), with
+        `interventions` applied. Gradients are off unless grad=True."""
+        capture = Capture() if capture is None else capture
+        tokens = self.as_tokens(inputs)
+        n_pos = tokens.ids.shape[1]
+        capture.validate(self.config.n_layers, n_pos)
+        edits = plan(interventions, self.config)
+        with torch.set_grad_enabled(grad):
+            return self._run(tokens, capture, edits)
+
+    def _run(self, tokens: Tokens, capture: Capture, edits: dict[tuple[int, str], list[Intervention]]) -> Run:
+        cfg = self.config
+        keep = _position_selector(capture.positions, tokens.ids.shape[1], self.device)
+        embed = self.embed(tokens.ids)
+        pos_embed = self.pos_embed(tokens.position_ids) if self.pos_embed is not None else None
+        resid = embed if pos_embed is None else embed + pos_embed
+        cos = sin = None
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(tokens.position_ids, resid.dtype)
+        ctx = AttnContext(allowed_keys(tokens.attention_mask, cfg.sliding_window), cos, sin)
+        records = []
+        for layer, block in enumerate(self.blocks):
+            kept = capture.keeps_layer(layer, cfg.n_layers)
+            want_attn = capture.attn if kept else frozenset()
+            want_mlp = capture.mlp if kept else frozenset()
+            resid, attn_values, mlp_values = block(
+                resid, ctx, want_attn, want_mlp, edits.get((layer, "attn"), ()), edits.get((layer, "mlp"), ())
+            )
+            records.append(self._record(layer, attn_values, mlp_values, keep))
+        normalized, final_scale = self.ln_final(resid)
+        logits = self.unembed(normalized)
+        stream = ResidualStream(
+            embed_=keep(embed) if capture.embed else None,
+            pos_embed_=keep(pos_embed) if capture.embed and pos_embed is not None else None,
+            layers=tuple(records),
+            final_norm_scale_=keep(final_scale) if capture.final_norm_scale else None,
+            parallel=cfg.block == "parallel",
+            learned_positions=cfg.positions == "learned",
+            positions=capture.positions,
+        )
+        return Run(logits, stream, tokens)
+
+    def _record(self, layer: int, attn: dict, mlp: dict, keep) -> LayerRecord:
+        attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in attn.items()}
+        mlp = {name: keep(t) for name, t in mlp.items()}
+        no_gate = {} if self.config.gated_mlp else {"gate": "this model's MLP is not gated (post = act(pre))"}
+        return LayerRecord(AttnRecord(layer, attn), MLPRecord(layer, mlp, no_gate))
+
+
+def _position_selector(positions: tuple[int, ...] | None, n_pos: int, device: torch.device):
+    if positions is None:
+        return lambda tensor, axis=1: tensor
+    index = torch.tensor([p % n_pos for p in positions], device=device)
+    return lambda tensor, axis=1: tensor.index_select(axis, index)
