@@ -106,8 +106,10 @@ class Tokenizer:
             ids = [int(i) for i in (text_or_ids.flatten().tolist() if isinstance(text_or_ids, Tensor) else text_or_ids)]
         return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
-    def decode(self, ids: Sequence[int] | Tensor) -> str:
-        if isinstance(ids, Tensor):
+    def decode(self, ids: int | Sequence[int] | Tensor) -> str:
+        if isinstance(ids, int):
+            ids = [ids]
+        elif isinstance(ids, Tensor):
             ids = ids.flatten().tolist()
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 

