@@ -5,7 +5,8 @@ enough for resid_pre/mid/post, `final()` and `components()`. Add fields per subl
 positions to keep a large sweep in memory. A field that was not captured raises an error naming the option.
 """
 
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from resid.errors import ResidError
@@ -18,10 +19,11 @@ MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
 
 @dataclass(frozen=True)
 class Capture:
-    layers: tuple[int, ...] | None = None  # layers whose records are kept; None = all
-    positions: tuple[int, ...] | None = None  # padded-sequence positions kept (negative from the end); None = all
-    attn: frozenset[str] = field(default_factory=lambda: frozenset({"out"}))  # subset of AttnField
-    mlp: frozenset[str] = field(default_factory=lambda: frozenset({"out"}))  # subset of MLPField
+    # Any collection is accepted and stored as a tuple / frozenset.
+    layers: Sequence[int] | None = None  # layers whose records are kept; None = all
+    positions: Sequence[int] | None = None  # padded-sequence positions kept (negative from the end); None = all
+    attn: Collection[str] = frozenset({"out"})  # subset of AttnField
+    mlp: Collection[str] = frozenset({"out"})  # subset of MLPField
     embed: bool = True  # the embedding write(s): embed and pos_embed
     final_norm_scale: bool = True  # the final norm's 1/sigma (or 1/rms), frozen for attribution
 

@@ -120,4 +120,4 @@ class Attention(nn.Module):
         out = F.linear(z.reshape(batch, n_pos, -1), self.w_o, self.b_O)
         out = apply_edits(out, edits, None)
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z, "out": out}
-        return out, {name: values[name] for name in want if name in values}
+        return out, {name: values[name] for name in want if values.get(name) is not None}

@@ -63,4 +63,4 @@ class MLP(nn.Module):
         out = F.linear(post, self.w_out, self.b_out)
         out = apply_edits(out, edits, None)
         values = {"pre": pre, "gate": gate, "post": post, "out": out}
-        return out, {name: values[name] for name in want if name in values}
+        return out, {name: values[name] for name in want if values.get(name) is not None}

@@ -1,0 +1,120 @@
+"""The ResidualStream records what Capture asks for, with consistent shapes and values."""
+
+import pytest
+import torch
+
+import resid
+from resid.capture import ATTN_FIELDS, MLP_FIELDS
+
+TEXTS = ["The quick brown fox jumps", "Hello"]
+
+
+def test_capture_all_shapes_and_consistency(random_model):
+    cfg = random_model.config
+    run = random_model.run(TEXTS, capture=resid.Capture.all())
+    batch, n_pos = run.tokens.ids.shape
+    stream = run.stream
+    assert stream.embed.shape == (batch, n_pos, cfg.d_model)
+    assert (stream.pos_embed is None) == (cfg.positions == "rotary")
+    assert stream.final_norm_scale.shape == (batch, n_pos, 1)
+    for layer in range(cfg.n_layers):
+        attn, mlp = stream.layers[layer].attn, stream.layers[layer].mlp
+        assert attn.q.shape == attn.z.shape == (batch, n_pos, cfg.n_heads, cfg.d_head)
+        assert attn.k.shape == attn.v.shape == (batch, n_pos, cfg.n_kv_heads, cfg.d_head)
+        assert attn.pattern.shape == (batch, cfg.n_heads, n_pos, n_pos)
+        assert mlp.pre.shape == mlp.post.shape == (batch, n_pos, cfg.d_mlp)
+        # attention rows are distributions over earlier (real) keys only
+        torch.testing.assert_close(attn.pattern.sum(-1), torch.ones(batch, cfg.n_heads, n_pos))
+        assert torch.triu(attn.pattern, diagonal=1).abs().max() == 0
+        # the write is the heads' z through W_O
+        block = random_model.blocks[layer]
+        recomputed = torch.einsum("b p h e, h e d -> b p d", attn.z, block.attn.W_O)
+        if block.attn.b_O is not None:
+            recomputed = recomputed + block.attn.b_O
+        torch.testing.assert_close(recomputed, attn.out, atol=1e-5, rtol=1e-5)
+        # each neuron writes post[i] * W_out[i]
+        neuron_sum = torch.einsum("b p m, m d -> b p d", mlp.post, block.mlp.W_out)
+        if block.mlp.b_out is not None:
+            neuron_sum = neuron_sum + block.mlp.b_out
+        torch.testing.assert_close(neuron_sum, mlp.out, atol=1e-5, rtol=1e-5)
+        # the recorded norm scale and normalized input reproduce the norm
+        ln = block.ln_attn
+        x = stream.resid_pre(layer)
+        centred = x - x.mean(-1, keepdim=True) if ln.centre else x
+        expected = centred * attn.norm_scale * ln.gain + (ln.b if ln.b is not None else 0)
+        torch.testing.assert_close(attn.normalized, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pattern_path_equals_fused_attention(random_model):
+    fast = random_model.run(TEXTS, capture=resid.Capture(attn={"z", "out"}))
+    slow = random_model.run(TEXTS, capture=resid.Capture(attn={"z", "out", "pattern"}))
+    torch.testing.assert_close(fast.logits, slow.logits, atol=1e-5, rtol=1e-5)
+    for a, b in zip(fast.stream.layers, slow.stream.layers):
+        torch.testing.assert_close(a.attn.z, b.attn.z, atol=1e-4, rtol=1e-4)
+
+
+def test_missing_field_names_the_capture_option(random_model):
+    run = random_model.run(TEXTS)
+    with pytest.raises(resid.ResidError, match=r"Capture\(attn=\{'pattern'"):
+        run.stream.layers[0].attn.pattern
+    with pytest.raises(resid.ResidError, match=r"Capture\(mlp=\{'post'"):
+        run.stream.layers[1].mlp.post
+    none = random_model.run(TEXTS, capture=resid.Capture.none()).stream
+    with pytest.raises(resid.ResidError, match=r"Capture\(embed=True\)"):
+        none.embed
+    with pytest.raises(resid.ResidError, match="final_norm_scale"):
+        none.final_norm_scale
+    with pytest.raises(resid.ResidError, match="was not captured"):
+        none.resid_post(0)
+
+
+def test_gate_only_for_gated_mlps(random_model):
+    run = random_model.run(TEXTS, capture=resid.Capture.all())
+    mlp = run.stream.layers[0].mlp
+    if random_model.config.gated_mlp:
+        torch.testing.assert_close(mlp.post, random_model.blocks[0].mlp.act(mlp.gate) * mlp.pre)
+    else:
+        with pytest.raises(resid.ResidError, match="not gated"):
+            mlp.gate
+
+
+def test_positions_and_layers_restrict_memory(random_model):
+    full = random_model.run(TEXTS, capture=resid.Capture.all())
+    last = random_model.run(TEXTS, capture=resid.Capture(
+        positions=(-1,), attn=ATTN_FIELDS, mlp=MLP_FIELDS))
+    n_pos = full.tokens.ids.shape[1]
+    assert last.stream.final().shape[1] == 1
+    torch.testing.assert_close(last.stream.final(), full.stream.final()[:, -1:])
+    torch.testing.assert_close(last.stream.layers[1].attn.pattern, full.stream.layers[1].attn.pattern[:, :, -1:])
+    assert last.stream.layers[1].attn.pattern.shape[-1] == n_pos
+    torch.testing.assert_close(last.logits, full.logits)
+
+    only = random_model.run(TEXTS, capture=resid.Capture(layers=(1,), mlp={"post", "out"}))
+    assert only.stream.layers[1].mlp.post.shape[-1] == random_model.config.d_mlp
+    with pytest.raises(resid.ResidError, match="layer 0 in Capture.layers"):
+        only.stream.layers[0].mlp.out
+    with pytest.raises(resid.ResidError):
+        only.stream.resid_pre(2)
+
+
+def test_capture_validation(random_model):
+    with pytest.raises(resid.ResidError, match="unknown field"):
+        resid.Capture(attn={"patern"})
+    with pytest.raises(resid.ResidError, match="out of range"):
+        random_model.run(TEXTS, capture=resid.Capture(layers=(7,)))
+    with pytest.raises(resid.ResidError, match="out of range"):
+        random_model.run(TEXTS, capture=resid.Capture(positions=(40,)))
+
+
+def test_resid_sums(random_model):
+    stream = random_model.run(TEXTS).stream
+    n = random_model.config.n_layers
+    for layer in range(n - 1):
+        torch.testing.assert_close(stream.resid_pre(layer + 1), stream.resid_post(layer))
+    labels, writes = stream.components()
+    assert labels[0] == "embed" and labels[-1] == f"layers[{n - 1}].mlp.out"
+    assert writes.shape[0] == len(labels)
+    torch.testing.assert_close(writes.sum(0), stream.final(), atol=1e-5, rtol=1e-5)
+    assert (stream.resid_mid(0) is None) == (random_model.config.block == "parallel")
+    with pytest.raises(resid.ResidError, match="out of range"):
+        stream.resid_post(n)
