@@ -22,11 +22,11 @@ from resid.errors import ResidError
 
 @dataclass(frozen=True)
 class Site:
-    layer: int
-    part: Literal["attn", "mlp"]
+    layer: int  # negative counts from the last layer
+    part: str  # "attn" or "mlp" (checked here, so a typo is a ResidError, not a type-checker traceback)
     head: int | None = None  # attn only: edit this head's z instead of the whole write
     neuron: int | None = None  # mlp only: edit this neuron's coefficient post[i]
-    positions: tuple[int, ...] | None = None  # None = every position
+    positions: Sequence[int] | None = None  # None = every position; stored as a tuple
 
     def __post_init__(self) -> None:
         if self.part not in ("attn", "mlp"):
@@ -37,6 +37,11 @@ class Site:
             raise ResidError(f"Site(layer={self.layer}, part='attn') cannot take a neuron; neurons are part='mlp'.")
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
+
+    @property
+    def unit(self) -> Literal["head", "neuron", None]:
+        """What the site edits: one head's z, one neuron's coefficient, or (None) the whole write."""
+        return "head" if self.head is not None else "neuron" if self.neuron is not None else None
 
     def describe(self) -> str:
         where = f"layers[{self.layer}].{self.part}"
@@ -131,9 +136,9 @@ def plan(interventions: Sequence[Intervention], config: ModelConfig) -> dict[tup
 def apply_edits(tensor: Tensor, edits: Sequence[Intervention], unit: Literal["head", "neuron", None]) -> Tensor:
     """Apply the edits whose site unit matches (head / neuron / whole write) to `tensor` [batch pos ...]."""
     for iv in edits:
-        index = iv.site.head if unit == "head" else iv.site.neuron if unit == "neuron" else None
-        if (index is None) != (unit is None):
+        if iv.site.unit != unit:
             continue
+        index = iv.site.head if unit == "head" else iv.site.neuron
         region = _region(iv.site.positions, tensor.shape[1], index, tensor.device)
         tensor = tensor.clone()
         tensor[region] = iv.edit(tensor[region])
