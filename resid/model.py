@@ -27,7 +27,9 @@ from resid.interventions import Intervention, plan
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
-Inputs = str | Sequence[str] | Tokens | Int[Tensor, "batch pos"] | Int[Tensor, "pos"]
+# Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
+# dtype reaches as_tokens' own check, which says what to pass, rather than a type checker's traceback.
+Inputs = str | Sequence[str] | Tokens | Tensor
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,14 @@ class Transformer(nn.Module):
         capture.validate(self.config.n_layers, n_pos)
         edits = plan(interventions, self.config)
         with torch.set_grad_enabled(grad):
-            return self._run(tokens, capture, edits)
+            run = self._run(tokens, capture, edits)
+        if self.dtype in (torch.float16, torch.bfloat16) and not torch.isfinite(run.logits).all():
+            # Half precision overflows silently; a NaN logit would otherwise flow into every analysis.
+            raise ResidError(
+                f"The forward pass in {self.dtype} produced NaN or infinite logits (an overflow in half "
+                "precision). Load the model with dtype=torch.float32 (or bfloat16 if this was float16)."
+            )
+        return run
 
     def _run(self, tokens: Tokens, capture: Capture, edits: dict[tuple[int, str], list[Intervention]]) -> Run:
         cfg = self.config

