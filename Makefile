@@ -30,6 +30,7 @@ test: $(VENV)/.test
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test
+	$(PIP) install -e '.[test,bench]'
 	$(PY) benchmarks/bench_core.py
 
 clean:

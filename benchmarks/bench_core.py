@@ -1,0 +1,94 @@
+"""Core benchmark: resid vs Hugging Face transformers on SmolLM2-135M, same weights, same inputs, one process.
+
+    python benchmarks/bench_core.py [--batch 8] [--pos 64] [--repeats 10]
+
+Prints median wall times and the ratios the core issue targets:
+  run() without capture <= 1.05x HF eager forward; run(Capture.all()) <= 1.15x; cold GGUF load <= 3 s.
+The cold load is timed in fresh subprocesses (import excluded and included), transformers' GGUF load in-process.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import resid
+from resid.load.registry import _smollm2_path
+
+COLD = """
+import time; t0 = time.perf_counter(); import resid; t1 = time.perf_counter()
+resid.load("smollm2-135m"); t2 = time.perf_counter(); print(t2 - t1, t2 - t0)
+"""
+
+
+def cold_load(repeats: int) -> tuple[float, float]:
+    loads, totals = [], []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True, check=True).stdout.split()
+        loads.append(float(out[0]))
+        totals.append(float(out[1]))
+    return statistics.median(loads), statistics.median(totals)
+
+
+def timed(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--pos", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch} x {args.pos} tokens")
+    load_s, load_with_import_s = cold_load(3)
+    path = _smollm2_path()
+    start = time.perf_counter()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    hf_load_s = time.perf_counter() - start
+    model = resid.load("smollm2-135m")
+
+    ids = torch.randint(0, model.config.d_vocab, (args.batch, args.pos), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (hf(ids).logits - model.run(ids, capture=resid.Capture.none()).logits).abs().max().item()
+    cases = {
+        "hf_eager": lambda: hf(ids),
+        "resid_no_capture": lambda: model.run(ids, capture=resid.Capture.none()),
+        "resid_default_capture": lambda: model.run(ids),
+        "resid_capture_all": lambda: model.run(ids, capture=resid.Capture.all()),
+    }
+    times = {name: [] for name in cases}
+    with torch.no_grad():
+        for fn in cases.values():  # warm-up
+            fn()
+        for _ in range(args.repeats):  # interleaved so drift hits every case alike
+            for name, fn in cases.items():
+                times[name] += timed(fn, 1)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    print(f"max |logit diff| resid vs HF: {diff:.2e}")
+    for name, value in median.items():
+        print(f"{name:<24} {value * 1000:8.1f} ms   {value / median['hf_eager']:.3f}x HF")
+    print(f"cold GGUF load: resid {load_s:.2f} s (with import {load_with_import_s:.2f} s), "
+          f"transformers {hf_load_s:.2f} s ({hf_load_s / load_s:.1f}x slower)")
+    print(
+        "targets: no capture <= 1.05x "
+        f"[{'ok' if median['resid_no_capture'] / median['hf_eager'] <= 1.05 else 'MISSED'}], capture all <= 1.15x "
+        f"[{'ok' if median['resid_capture_all'] / median['hf_eager'] <= 1.15 else 'MISSED'}], cold load <= 3 s "
+        f"[{'ok' if load_s <= 3 else 'MISSED'}]"
+    )
+
+
+if __name__ == "__main__":
+    main()
