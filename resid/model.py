@@ -140,7 +140,8 @@ class Transformer(nn.Module):
         cos = sin = None
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(tokens.position_ids, resid.dtype)
-        ctx = AttnContext(allowed_keys(tokens.attention_mask, cfg.sliding_window), cos, sin)
+        allowed = allowed_keys(tokens.attention_mask, cfg.sliding_window)
+        ctx = AttnContext(allowed, ~allowed, cos, sin)
         records = []
         for layer, block in enumerate(self.blocks):
             kept = capture.keeps_layer(layer, cfg.n_layers)

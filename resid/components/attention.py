@@ -24,6 +24,7 @@ class AttnContext:
     """What every attention layer of one run shares."""
 
     allowed: Bool[Tensor, "batch 1 pos key_pos"]  # True where a query may read a key
+    blocked: Bool[Tensor, "batch 1 pos key_pos"]  # ~allowed, computed once per run for the explicit path
     cos: Tensor | None  # rotary angles for these position ids, or None for learned positions
     sin: Tensor | None
 
@@ -109,7 +110,7 @@ class Attention(nn.Module):
             group = self.n_heads // self.n_kv_heads
             k_r, v_r = k_h.repeat_interleave(group, dim=1), v_h.repeat_interleave(group, dim=1)
             scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
-            scores = scores.masked_fill(~ctx.allowed, float("-inf"))
+            scores = scores.masked_fill(ctx.blocked, float("-inf"))
             pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             z_h = pattern @ v_r
         else:
