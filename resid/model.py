@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor, nn
 
 from resid.capture import Capture
