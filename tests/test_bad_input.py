@@ -9,7 +9,7 @@ import torch
 import resid
 from resid.load import registry
 
-from conftest import make_random_model
+from random_models import make_random_model
 
 
 def test_unknown_model_name_lists_known_names():

@@ -32,7 +32,8 @@ class Norm(nn.Module):
         if self.centre:
             x32 = x32 - x32.mean(-1, keepdim=True)
         scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        normalized = x32 * scale * self.gain.float()
+        # The gain in float32 before adding the offset: Gemma's 1 + w rounded to bfloat16 would lose most of w.
+        normalized = x32 * scale * (self.w.float() + self.gain_offset)
         if self.b is not None:
             normalized = normalized + self.b.float()
         return normalized.to(x.dtype), scale.to(x.dtype)

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from resid.errors import ResidError
-from resid.load.families import Family, llama
+from resid.load.families import Family, gemma, gpt2, gpt_neox, llama
 
-FAMILIES: tuple[Family, ...] = (llama.FAMILY,)
+FAMILIES: tuple[Family, ...] = (llama.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, gemma.FAMILY)
 
 
 def supported_model_types() -> list[str]:

@@ -1,0 +1,129 @@
+"""Parity with Hugging Face transformers on tiny random models of every supported variant: resid.load() of
+the saved folder gives the same logits and the same residual stream, unpadded and left-padded."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import resid
+from tiny_fixtures import N_POS, Tiny, random_ids, tiny  # noqa: F401  (tiny is a fixture)
+
+ATOL = 1e-4
+
+# (n_heads, n_kv_heads, d_head) the loader must read from each tiny config.json.
+EXPECTED_HEADS = {
+    "gpt2": (4, 4, 12),
+    "llama": (4, 4, 12),
+    "llama_gqa_tied": (4, 2, 12),
+    "llama_bias": (4, 2, 12),
+    "mistral": (4, 2, 12),
+    "qwen2": (4, 2, 12),
+    "gpt_neox_parallel": (4, 4, 16),
+    "gpt_neox_sequential": (4, 4, 16),
+    "gemma": (4, 2, 16),  # head_dim 16 != d_model / n_heads = 12
+}
+
+
+def _hf(tiny: Tiny, ids: torch.Tensor, **kwargs):
+    with torch.no_grad():
+        return tiny.hf(ids, output_hidden_states=True, **kwargs)
+
+
+def test_logits_and_residual_stream_match_hf(tiny: Tiny):
+    ids = random_ids()
+    out = _hf(tiny, ids)
+    run = tiny.model.run(ids)
+    torch.testing.assert_close(run.logits, out.logits, atol=ATOL, rtol=0)
+    n_layers = tiny.model.config.n_layers
+    assert len(out.hidden_states) == n_layers + 1
+    for layer in range(n_layers):
+        torch.testing.assert_close(run.stream.resid_pre(layer), out.hidden_states[layer], atol=ATOL, rtol=0)
+    # Hugging Face's last entry is taken after the final norm, so compare it with the normalized final().
+    normalized, _ = tiny.model.ln_final(run.stream.final())
+    torch.testing.assert_close(normalized, out.hidden_states[n_layers], atol=ATOL, rtol=0)
+
+
+def test_left_padded_batch_matches_hf(tiny: Tiny):
+    ids = random_ids(seed=1)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :5] = False  # the second prompt is 11 tokens, left-padded
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = _hf(tiny, ids, attention_mask=mask.long(), position_ids=positions)
+    run = tiny.model.run(resid.Tokens(ids, mask, positions))
+    torch.testing.assert_close(run.logits[mask], out.logits[mask], atol=ATOL, rtol=0)
+    for layer in range(tiny.model.config.n_layers):
+        resid_pre = run.stream.resid_pre(layer)
+        torch.testing.assert_close(resid_pre[mask], out.hidden_states[layer][mask], atol=ATOL, rtol=0)
+    # The padded prompt also equals itself alone, unpadded.
+    alone = tiny.model.run(ids[1:, 5:]).logits[0]
+    torch.testing.assert_close(run.logits[1, 5:], alone, atol=ATOL, rtol=0)
+
+
+def test_config_is_read_correctly(tiny: Tiny):
+    config, hf = tiny.model.config, tiny.hf.config
+    assert (config.n_heads, config.n_kv_heads, config.d_head) == EXPECTED_HEADS[tiny.variant]
+    assert config.d_model == hf.hidden_size
+    assert config.n_layers == hf.num_hidden_layers
+    assert config.d_vocab == 50257 and config.n_ctx == 128
+    assert config.architecture == hf.model_type
+    assert (tiny.model.unembed.weight is tiny.model.embed.W_E) == hf.tie_word_embeddings
+    assert tiny.model.blocks[0].attn.W_Q.shape == (config.n_heads, config.d_model, config.d_head)
+    assert tiny.model.blocks[0].attn.W_K.shape == (config.n_kv_heads, config.d_model, config.d_head)
+    expected = {
+        "gpt2": dict(positions="learned", norm="layernorm", block="sequential", act="gelu_new", attn_qkv_bias=True),
+        "llama_bias": dict(attn_qkv_bias=True, attn_out_bias=True, mlp_bias=True),
+        "mistral": dict(sliding_window=4),
+        "qwen2": dict(attn_qkv_bias=True, attn_out_bias=False, sliding_window=None),
+        "gpt_neox_parallel": dict(block="parallel", rotary_dim=4, rotary_base=10000.0, act="gelu", gated_mlp=False),
+        "gpt_neox_sequential": dict(block="sequential", rotary_dim=8, rotary_base=1000.0, norm="layernorm"),
+        "gemma": dict(norm_gain_offset=1.0, embed_scale=48**0.5, act="gelu_new", tie_embeddings=True),
+        "llama": dict(rotary_base=500.0, tie_embeddings=False),
+    }.get(tiny.variant, {})
+    assert {name: getattr(config, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize("tiny", ["mistral"], indirect=True)
+def test_sliding_window_matters_in_the_mistral_test(tiny: Tiny):
+    """Guard for the parity tests above: with a window of 4 over 16 tokens, the window changes the logits,
+    so matching Hugging Face means resid applies it."""
+    ids = random_ids()
+    windowed = _hf(tiny, ids).logits
+    tiny.hf.config.sliding_window = None
+    try:
+        full = _hf(tiny, ids).logits
+    finally:
+        tiny.hf.config.sliding_window = 4
+    assert N_POS > 4
+    assert (windowed - full).abs().max() > 1e-2
+
+
+def _rewrite_config(tiny: Tiny, folder: Path, edit) -> Path:
+    shutil.copytree(tiny.folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+LEGACY_CONFIGS = {
+    # Pythia's config.json predates rope_parameters.
+    "gpt_neox_sequential": lambda c: c.update(rotary_pct=0.5, rotary_emb_base=1000, rope_parameters=None),
+    # Released Gemma configs say "gelu" and mean the tanh approximation.
+    "gemma": lambda c: c.update(hidden_act="gelu"),
+    # The original GPT-2 config.json also has n_ctx and no tie_word_embeddings.
+    "gpt2": lambda c: (c.update(n_ctx=c["n_positions"]), c.pop("tie_word_embeddings")),
+}
+
+
+@pytest.mark.parametrize("tiny", sorted(LEGACY_CONFIGS), indirect=True)
+def test_legacy_config_names_read_as_hf_reads_them(tiny: Tiny, tmp_path: Path):
+    folder = _rewrite_config(tiny, tmp_path / "legacy", LEGACY_CONFIGS[tiny.variant])
+    assert resid.load(folder).config == tiny.model.config
+    # transformers reads the legacy file as the modern one, so the parity tests above cover it too.
+    legacy, modern = transformers.AutoConfig.from_pretrained(folder), tiny.hf.config
+    for name in ("rope_parameters", "hidden_act", "tie_word_embeddings", "n_positions"):
+        assert getattr(legacy, name, None) == getattr(modern, name, None), name

@@ -1,0 +1,41 @@
+"""The `tiny` fixture: one tiny random model per variant, as a Hugging Face model and as resid.load() of its
+saved folder. Test modules import it (`from tiny_fixtures import tiny`); each variant is built, saved and
+loaded once per session, whichever module asks first (the cache below outlives the per-module fixtures)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import resid
+from tiny_models import D_VOCAB, VARIANTS, build
+
+N_BATCH, N_POS = 2, 16
+
+
+@dataclass(frozen=True)
+class Tiny:
+    variant: str
+    folder: Path
+    hf: transformers.PreTrainedModel  # the oracle: eval mode, float32, eager attention
+    model: resid.Transformer  # resid.load(folder)
+
+
+_BUILT: dict[str, Tiny] = {}
+
+
+@pytest.fixture(scope="session", params=VARIANTS)
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    variant = request.param
+    if variant not in _BUILT:
+        folder = tmp_path_factory.mktemp(f"tiny_{variant}")
+        hf = build(variant, folder)
+        _BUILT[variant] = Tiny(variant, folder, hf, resid.load(folder))
+    return _BUILT[variant]
+
+
+def random_ids(seed: int = 0) -> torch.Tensor:
+    """[N_BATCH N_POS] token ids, the same for every call with the same seed."""
+    return torch.randint(0, D_VOCAB, (N_BATCH, N_POS), generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,142 @@
+"""Tiny random-weight Hugging Face models, one per architecture variant resid reads, saved as local folders.
+
+Not a test file: the parity, exactness and bad-weights tests build their folders with `build(variant, folder)`.
+Every model has the GPT-2 vocabulary (50257) so the GPT-2 tokenizer.json can sit next to it, a small width
+(48-64), 2 layers and 128 positions. All parameters are re-drawn with a fixed seed and a large spread
+(norm gains around 1, biases around 0), so that a mis-mapped bias, gain or transposed matrix shows in the logits.
+"""
+
+import shutil
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+
+TOKENIZER = Path("/work/shared/models/gpt2-tokenizer/tokenizer.json")
+D_VOCAB = 50257
+N_CTX = 128
+
+VARIANTS: list[str] = [
+    "gpt2",
+    "llama",
+    "llama_gqa_tied",
+    "llama_bias",
+    "mistral",
+    "qwen2",
+    "gpt_neox_parallel",
+    "gpt_neox_sequential",
+    "gemma",
+]
+
+_COMMON = dict(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, num_hidden_layers=2, intermediate_size=96)
+_LLAMA = dict(_COMMON, hidden_size=48, num_attention_heads=4, rms_norm_eps=1e-6)
+
+
+def hf_config(variant: str) -> transformers.PretrainedConfig:
+    """The Hugging Face config of the tiny `variant`."""
+    if variant == "gpt2":
+        return transformers.GPT2Config(
+            vocab_size=D_VOCAB, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=4, activation_function="gelu_new"
+        )
+    if variant == "llama":
+        return transformers.LlamaConfig(
+            **_LLAMA,
+            num_key_value_heads=4,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        )
+    if variant == "llama_gqa_tied":
+        return transformers.LlamaConfig(**_LLAMA, num_key_value_heads=2, tie_word_embeddings=True)
+    if variant == "llama_bias":
+        return transformers.LlamaConfig(
+            **_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, attention_bias=True, mlp_bias=True
+        )
+    if variant == "mistral":
+        # A window of 4 keys, far shorter than the 16-token test sequences, so the window changes the logits.
+        return transformers.MistralConfig(**_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, sliding_window=4)
+    if variant == "qwen2":
+        return transformers.Qwen2Config(
+            **_LLAMA, num_key_value_heads=2, tie_word_embeddings=False, use_sliding_window=False
+        )
+    if variant in ("gpt_neox_parallel", "gpt_neox_sequential"):
+        # d_head = 16, so both partial rotary fractions give an even number of rotating dims (4 and 8).
+        parallel = variant == "gpt_neox_parallel"
+        return transformers.GPTNeoXConfig(
+            **_COMMON,
+            hidden_size=64,
+            num_attention_heads=4,
+            hidden_act="gelu",
+            use_parallel_residual=parallel,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0 if parallel else 1000.0,
+                "partial_rotary_factor": 0.25 if parallel else 0.5,
+            },
+        )
+    if variant == "gemma":
+        # head_dim 16 != hidden_size / heads = 12, as in the real Gemmas.
+        return transformers.GemmaConfig(
+            **_LLAMA, num_key_value_heads=2, head_dim=16, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True
+        )
+    raise ValueError(f"unknown tiny variant {variant!r}; choose from {VARIANTS}")
+
+
+def _reinit(model: nn.Module, seed: int) -> None:
+    """Redraw every parameter: norm gains ~ 1 + N(0, 0.2) (Gemma stores gain - 1, so ~ N(0, 0.2)), everything
+    else ~ N(0, 0.15), biases included."""
+    generator = torch.Generator().manual_seed(seed)
+    gemma_gain = isinstance(model, transformers.GemmaForCausalLM)
+    with torch.no_grad():
+        for module in model.modules():
+            is_norm = "Norm" in type(module).__name__
+            for name, param in module.named_parameters(recurse=False):
+                noise = torch.randn(param.shape, generator=generator)
+                if is_norm and name == "weight":
+                    param.copy_((0.0 if gemma_gain else 1.0) + 0.2 * noise)
+                else:
+                    param.copy_(0.15 * noise)
+
+
+def build(variant: str, folder: Path) -> transformers.PreTrainedModel:
+    """Build the tiny `variant`, save it (safetensors + the GPT-2 tokenizer.json) into `folder`, and return
+    the Hugging Face model in eval mode, float32, with eager attention."""
+    config = hf_config(variant)
+    torch.manual_seed(VARIANTS.index(variant))
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    _reinit(model, seed=1000 + VARIANTS.index(variant))
+    model.eval()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    transformers.utils.logging.disable_progress_bar()
+    model.save_pretrained(folder, safe_serialization=True)
+    shutil.copy(TOKENIZER, folder / "tokenizer.json")
+    return model
+
+
+# Where each family keeps its blocks and sublayers, for hooks in the tests.
+
+
+def hf_layers(model: transformers.PreTrainedModel) -> nn.ModuleList:
+    base = model.base_model
+    return base.h if hasattr(base, "h") else base.layers
+
+
+def hf_attn(model: transformers.PreTrainedModel, layer: int) -> nn.Module:
+    block = hf_layers(model)[layer]
+    for name in ("self_attn", "attn", "attention"):
+        if hasattr(block, name):
+            return getattr(block, name)
+    raise AttributeError(f"no attention module in {type(block).__name__}")
+
+
+def hf_mlp(model: transformers.PreTrainedModel, layer: int) -> nn.Module:
+    return hf_layers(model)[layer].mlp
+
+
+def hf_final_norm(model: transformers.PreTrainedModel) -> nn.Module:
+    base = model.base_model
+    for name in ("norm", "ln_f", "final_layer_norm"):
+        if hasattr(base, name):
+            return getattr(base, name)
+    raise AttributeError(f"no final norm in {type(base).__name__}")
