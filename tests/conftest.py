@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-import torch
 
 import resid
 from random_models import RANDOM_CONFIGS, make_random_model

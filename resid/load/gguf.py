@@ -103,7 +103,7 @@ def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: t
         return weight
 
     model = Transformer(config, name=name, weight_files=(Path(path),))
-    assign(model, llama.keys(config), get, available=hf_names, where=f"The GGUF file {Path(path).name}")
+    assign(model, llama.keys(config), get, available=hf_names, where=f"the GGUF file {Path(path).name}")
     model.tokenizer = _tokenizer(gguf)
     return model.to(device=device or "cpu", dtype=dtype).eval()
 

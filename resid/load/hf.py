@@ -29,14 +29,14 @@ def load_hf_folder(folder: Path, name: str, device: torch.device | str | None, d
     tensors = _SafetensorsIndex(files)
     model = Transformer(config)
     ignore = family.ignore + (tuple(k.replace(".", r"\.") for k in family.head_keys) if config.tie_embeddings else ())
-    canonical = {_canonical(n, family): n for n in tensors.names}
+    canonical = {_canonical(n, family): n for n in tensors.names}  # table name -> name in the file
     assign(
         model,
         family.keys(config),
         get=lambda key: tensors.get(canonical[key]) if key in canonical else None,
         available=canonical,
         ignore=ignore,
-        where=f"The weights in {folder}",
+        where=f"the checkpoint in {folder}",
     )
     model.tokenizer = _tokenizer(folder, hf, family)
     model.name, model.weight_files = name, tuple(files)

@@ -8,7 +8,7 @@ c_attn, GPT-NeoX's query_key_value) is split with `pick`.
 """
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import einops
@@ -58,11 +58,12 @@ def assign(
     model: torch.nn.Module,
     keys: list[Key],
     get: Callable[[str], Tensor | None],
-    available: Iterable[str],
+    available: Mapping[str, str],
     ignore: Iterable[str] = (),
     where: str = "the checkpoint",
 ) -> None:
-    """Copy every key's source into its target. Missing, mis-shaped and unexpected tensors are errors."""
+    """Copy every key's source into its target. Missing, mis-shaped and unexpected tensors are errors.
+    `available` maps each tensor's table name to its name in the file (shown in messages)."""
     sizes = axis_sizes(model.config)
     used = set()
     with torch.no_grad():
@@ -70,24 +71,29 @@ def assign(
             source = get(key.source)
             if source is None:
                 raise ResidError(
-                    f"{where} has no tensor {key.source!r} (needed for {key.target}). The file is incomplete or "
+                    f"{where[:1].upper() + where[1:]} has no tensor {key.source!r} (needed for {key.target}). The file is incomplete or "
                     "belongs to a different architecture or size than its config.json says; re-export it."
                 )
             used.add(key.source)
-            value = _rearrange(source, key, sizes, where)
+            value = _rearrange(source, key, sizes, f"In {where}")
             target = resolve(model, key.target)
             if tuple(value.shape) != tuple(target.shape):
+                layout = f" (laid out as '{key.pattern}', that is {tuple(value.shape)})" if key.pattern else ""
                 raise ResidError(
-                    f"{where}: tensor {key.source!r} has shape {tuple(source.shape)}, but {key.target} needs "
-                    f"{tuple(target.shape)} for this config. The weights do not match config.json; re-export them."
+                    f"In {where}, tensor {available.get(key.source, key.source)!r} has shape {tuple(source.shape)}"
+                    f"{layout}, but {key.target} is {tuple(target.shape)} for this config. The weights do not "
+                    "match their config; re-export them."
                 )
             target.copy_(value.to(target.dtype))
     patterns = [re.compile(p) for p in ignore]
-    unexpected = sorted(n for n in available if n not in used and not any(p.fullmatch(n) for p in patterns))
+    unexpected = sorted(
+        in_file for name, in_file in available.items()
+        if name not in used and not any(p.fullmatch(in_file) or p.fullmatch(name) for p in patterns)
+    )
     if unexpected:
         shown = ", ".join(repr(n) for n in unexpected[:5])
         raise ResidError(
-            f"{where} has {len(unexpected)} tensor(s) this architecture does not use ({shown}"
+            f"{where[:1].upper() + where[1:]} has {len(unexpected)} tensor(s) this architecture does not use ({shown}"
             f"{', ...' if len(unexpected) > 5 else ''}). The config.json model_type may be wrong for these weights."
         )
 
@@ -102,7 +108,7 @@ def _rearrange(source: Tensor, key: Key, sizes: dict[str, int], where: str) -> T
             value = einops.rearrange(source, key.pattern, **lengths)
         except einops.EinopsError:
             raise ResidError(
-                f"{where}: tensor {key.source!r} has shape {tuple(source.shape)}, which does not fit the layout "
+                f"{where}, tensor {key.source!r} has shape {tuple(source.shape)}, which does not fit the layout "
                 f"'{key.pattern}' with {lengths}. The weights do not match config.json; re-export them."
             ) from None
     return value if key.pick is None else value[key.pick]
