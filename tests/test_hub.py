@@ -1,0 +1,30 @@
+"""Hub ids go through huggingface_hub's cache. No network here, so the cache is pre-filled with a tiny
+model saved by transformers (exactly the layout snapshot_download leaves) and the Hub is set offline."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tiny_models import build
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_hub_id_loads_from_the_hub_cache(tmp_path):
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-llama"
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    build("llama", snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    script = "import resid; m = resid.load('tiny-org/tiny-llama'); print(m.config.architecture, m.config.n_layers, m.name)"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["llama", "2", "tiny-org/tiny-llama"]
+    shutil.rmtree(snapshot)
+    missing = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert "resid.errors.ResidError" in missing.stderr and "could not be reached" in missing.stderr
+    assert Path(tmp_path / "hub").exists()
