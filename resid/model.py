@@ -30,6 +30,7 @@ from resid.tokenizer import Tokenizer, Tokens
 # Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
 # dtype reaches as_tokens' own check, which says what to pass, rather than a type checker's traceback.
 Inputs = str | Sequence[str] | Tokens | Tensor
+LogitsAt = str | Tensor | None  # None: every position; "last": each prompt's last real token; [batch (k)] positions
 
 
 @dataclass(frozen=True)
@@ -113,62 +114,129 @@ class Transformer(nn.Module):
         capture: Capture | None = None,
         interventions: Sequence[Intervention] = (),
         grad: bool = False,
+        logits_at: LogitsAt = None,
     ) -> Run:
         """Forward pass recording what `capture` asks for (default: the residual writes), with
-        `interventions` applied. Gradients are off unless grad=True."""
+        `interventions` applied. Gradients are off unless grad=True.
+
+        logits_at: None for logits at every position; "last" for each prompt's last real token; or a
+        [batch] / [batch k] tensor of padded positions. run.logits is then [batch k d_vocab]: the unembedding
+        (often the largest matmul) runs only where it is needed."""
         capture = Capture() if capture is None else capture
         tokens = self.as_tokens(inputs)
-        n_pos = tokens.ids.shape[1]
-        capture.validate(self.config.n_layers, n_pos)
+        capture.validate(self.config.n_layers, tokens.ids.shape[1])
         edits = plan(interventions, self.config)
         with torch.set_grad_enabled(grad):
-            run = self._run(tokens, capture, edits)
-        if self.dtype in (torch.float16, torch.bfloat16) and not torch.isfinite(run.logits).all():
-            # Half precision overflows silently; a NaN logit would otherwise flow into every analysis.
-            raise ResidError(
-                f"The forward pass in {self.dtype} produced NaN or infinite logits (an overflow in half "
-                "precision). Load the model with dtype=torch.float32 (or bfloat16 if this was float16)."
-            )
-        return run
-
-    def _run(self, tokens: Tokens, capture: Capture, edits: dict[tuple[int, str], list[Intervention]]) -> Run:
-        cfg = self.config
-        keep = _position_selector(capture.positions, tokens.ids.shape[1], self.device)
-        embed = self.embed(tokens.ids)
-        pos_embed = self.pos_embed(tokens.position_ids) if self.pos_embed is not None else None
-        resid = embed if pos_embed is None else embed + pos_embed
-        cos = sin = None
-        if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(tokens.position_ids, resid.dtype)
-        allowed = allowed_keys(tokens.attention_mask, cfg.sliding_window)
-        ctx = AttnContext(allowed, ~allowed, cos, sin)
-        records = []
-        for layer, block in enumerate(self.blocks):
-            kept = capture.keeps_layer(layer, cfg.n_layers)
-            want_attn = capture.attn if kept else frozenset()
-            want_mlp = capture.mlp if kept else frozenset()
-            resid, attn_values, mlp_values = block(
-                resid, ctx, want_attn, want_mlp, edits.get((layer, "attn"), ()), edits.get((layer, "mlp"), ())
-            )
-            records.append(self._record(layer, attn_values, mlp_values, keep))
-        normalized, final_scale = self.ln_final(resid)
-        logits = self.unembed(normalized)
+            embed, pos_embed, ctx = self._prepare(tokens)
+            resid = embed if pos_embed is None else embed + pos_embed
+            keep = _position_selector(capture.positions, tokens.ids.shape[1], self.device)
+            resid, records = self._blocks(resid, ctx, 0, edits, capture, keep)
+            logits, final_scale = self._unembed(resid, tokens, logits_at)
         stream = ResidualStream(
             embed_=keep(embed) if capture.embed else None,
             pos_embed_=keep(pos_embed) if capture.embed and pos_embed is not None else None,
             layers=tuple(records),
             final_norm_scale_=keep(final_scale) if capture.final_norm_scale else None,
-            parallel=cfg.block == "parallel",
-            learned_positions=cfg.positions == "learned",
+            parallel=self.config.block == "parallel",
+            learned_positions=self.config.positions == "learned",
             positions=capture.positions,
         )
         return Run(logits, stream, tokens)
+
+    def resume(
+        self,
+        layer: int,
+        resid_pre: Float[Tensor, "batch pos d_model"],
+        inputs: Inputs,
+        interventions: Sequence[Intervention] = (),
+        logits_at: LogitsAt = None,
+    ) -> Float[Tensor, "batch k d_vocab"]:
+        """Logits of a forward pass that starts from `resid_pre` entering `layer` (e.g. a clean run's
+        stream.resid_pre(layer)) and runs only layers >= layer. `inputs` gives the mask and positions."""
+        n = self.config.n_layers
+        if not 0 <= layer < n:
+            raise ResidError(f"resume(layer={layer}) is out of range: the model has {n} layers (0..{n - 1}).")
+        tokens = self.as_tokens(inputs)
+        if tuple(resid_pre.shape) != (*tokens.ids.shape, self.config.d_model):
+            raise ResidError(
+                f"resume got resid_pre of shape {tuple(resid_pre.shape)}, but the tokens need "
+                f"{(*tokens.ids.shape, self.config.d_model)} (batch, pos, d_model)."
+            )
+        edits = plan(interventions, self.config)
+        early = sorted({l for l, _ in edits if l < layer})
+        if early:
+            raise ResidError(
+                f"Interventions at layers {early} come before layer {layer}, where this resumed run starts: "
+                "they would have no effect. Apply them in the run that produced resid_pre."
+            )
+        with torch.no_grad():
+            _, _, ctx = self._prepare(tokens, embed=False)
+            resid, _ = self._blocks(resid_pre.to(self.dtype), ctx, layer, edits, Capture.none(), None)
+            return self._unembed(resid, tokens, logits_at)[0]
+
+    def _prepare(self, tokens: Tokens, embed: bool = True) -> tuple[Tensor | None, Tensor | None, AttnContext]:
+        cfg = self.config
+        tok_embed = self.embed(tokens.ids) if embed else None
+        pos_embed = self.pos_embed(tokens.position_ids) if embed and self.pos_embed is not None else None
+        cos = sin = None
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(tokens.position_ids, self.dtype)
+        allowed = allowed_keys(tokens.attention_mask, cfg.sliding_window)
+        return tok_embed, pos_embed, AttnContext(allowed, ~allowed, cos, sin)
+
+    def _blocks(self, resid: Tensor, ctx: AttnContext, start: int, edits: dict, capture: Capture, keep):
+        records = []
+        for layer in range(start, self.config.n_layers):
+            kept = capture.keeps_layer(layer, self.config.n_layers)
+            resid, attn_values, mlp_values = self.blocks[layer](
+                resid,
+                ctx,
+                capture.attn if kept else frozenset(),
+                capture.mlp if kept else frozenset(),
+                edits.get((layer, "attn"), ()),
+                edits.get((layer, "mlp"), ()),
+            )
+            if keep is not None:
+                records.append(self._record(layer, attn_values, mlp_values, keep))
+        return resid, records
+
+    def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple[Tensor, Tensor]:
+        normalized, final_scale = self.ln_final(resid)
+        index = _logit_index(logits_at, tokens)
+        if index is not None:
+            normalized = normalized.gather(1, index[..., None].expand(-1, -1, normalized.shape[-1]))
+        logits = self.unembed(normalized)
+        if self.dtype in (torch.float16, torch.bfloat16) and not torch.isfinite(logits).all():
+            # Half precision overflows silently; a NaN logit would otherwise flow into every analysis.
+            raise ResidError(
+                f"The forward pass in {self.dtype} produced NaN or infinite logits (an overflow in half "
+                "precision). Load the model with dtype=torch.float32 (or bfloat16 if this was float16)."
+            )
+        return logits, final_scale
 
     def _record(self, layer: int, attn: dict, mlp: dict, keep) -> LayerRecord:
         attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in attn.items()}
         mlp = {name: keep(t) for name, t in mlp.items()}
         no_gate = {} if self.config.gated_mlp else {"gate": "this model's MLP is not gated (post = act(pre))"}
         return LayerRecord(AttnRecord(layer, attn), MLPRecord(layer, mlp, no_gate))
+
+
+def _logit_index(logits_at: "LogitsAt", tokens: Tokens) -> Tensor | None:
+    """[batch k] padded positions whose logits are computed, or None for all."""
+    if logits_at is None:
+        return None
+    batch, n_pos = tokens.ids.shape
+    if isinstance(logits_at, str):
+        if logits_at != "last":
+            raise ResidError(f"logits_at must be None, 'last' or a tensor of positions, got {logits_at!r}.")
+        return tokens.last_positions()[:, None]
+    index = torch.as_tensor(logits_at, device=tokens.ids.device).long()
+    index = index[:, None] if index.ndim == 1 else index
+    if index.ndim != 2 or index.shape[0] != batch:
+        raise ResidError(f"logits_at positions must have shape [batch] or [batch k] with batch={batch}.")
+    if index.numel() and (index.min() < -n_pos or index.max() >= n_pos):
+        raise ResidError(f"logits_at positions must lie in -{n_pos}..{n_pos - 1}.")
+    return index % n_pos
 
 
 def _position_selector(positions: tuple[int, ...] | None, n_pos: int, device: torch.device):
