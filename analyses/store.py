@@ -1,0 +1,300 @@
+"""A crash-safe, resumable result store for long sweeps (ablation sweeps write thousands of rows over hours).
+
+Kill the process at any moment and run the same command again: `done()` names the rows already stored, the
+sweep skips them, and `finish()` writes every row exactly once.
+
+Glossary:
+    out        the final file, `*.parquet` or `*.csv`; written only by `finish()`.
+    chunk      one `write()`, stored as `<out>.parts/chunk-NNNNNN.<suffix>` (same format as out), in write order.
+    key        the tuple of a row's `key_columns` values, in that order; it names the row across runs.
+    signature  a JSON dict describing the sweep (model, prompts hash, method, ...); resuming needs an equal one.
+
+Beside the chunks, `<out>.parts/` holds signature.json (signature, key columns; written before the first chunk)
+and schema.json (columns, text columns; written before any chunk that changes it). After `finish()` the sidecar
+`<out>.sweep.json` holds all of these for `out`, and the parts folder is gone. Every file is written to a
+`.tmp-*` name in its own folder, flushed, fsync'd, then `os.replace`d: a kill leaves the old file or the new one,
+never a torn one. Leftover `.tmp-*` files are never read and are deleted when a store is opened. Chunks are
+deleted only after `out` and its sidecar are on disk.
+
+Dtypes of the frame `finish()` returns: int columns stay int64, float columns float64, string columns `str`.
+A key column of whole numbers with missing values (`head`, None for an MLP row) becomes nullable Int64,
+whatever mix of int / float / None the chunks held. Parquet keeps every other dtype; CSV reads numbers back as
+int64 / float64 (floats are written with `repr`, so values are exact, -0.0 included), and in CSV an empty
+string reads back as missing. The DataFrame index is not stored.
+
+One process per `out` at a time: two writers would race for chunk names.
+"""
+
+import io
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from resid.errors import ResidError
+
+SUFFIXES = (".parquet", ".csv")
+_TMP = ".tmp-"
+_CHUNK = re.compile(r"^chunk-(\d+)(\.parquet|\.csv)$")
+# pandas < 3 parses CSV floats with a fast routine that can be off by one ulp; pandas 3 is exact by default
+# and deprecates the option.
+_PANDAS_3 = int(pd.__version__.split(".")[0]) >= 3
+_CSV_READ_OPTIONS = {} if _PANDAS_3 else {"float_precision": "round_trip"}
+# pandas 3's "str" keeps NaN as missing; pandas 2's astype(str) would turn NaN into the string "nan".
+_TEXT_DTYPE = "str" if _PANDAS_3 else object
+
+
+def _fsync_dir(folder: Path) -> None:
+    # os.replace is durable only once the folder's own entry list reaches the disk.
+    if os.name == "nt":  # Windows cannot open a folder; there the replace itself is the best available
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, fill: Callable[[io.BufferedIOBase], None]) -> None:
+    tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as handle:
+            fill(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when filling failed
+    _fsync_dir(path.parent)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _atomic_write(path, lambda handle: handle.write(json.dumps(data, sort_keys=True, indent=1).encode()))
+
+
+def _key_value(value: object) -> object:
+    """One key value as plain Python, so a caller's (3, "attn", None) equals what CSV / Parquet gave back."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
+        return None
+    # An optional-int column read back as float64: 2.0 -> 2 (equal with the same hash anyway, but prints as given).
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _is_text(column: pd.Series) -> bool:
+    # Recorded so CSV reads "1" or "NA" back as strings; an all-missing column says nothing and is skipped.
+    values = column.dropna().tolist()
+    return bool(values) and all(isinstance(value, str) for value in values)
+
+
+def _is_optional_int(column: pd.Series) -> bool:
+    values = column.dropna().tolist()
+    whole = (isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values)
+    return 0 < len(values) < len(column) and all(whole)
+
+
+class ResultStore:
+    """Rows of one sweep, persisted chunk by chunk and merged into `out` by `finish()`; see the module docstring."""
+
+    def __init__(self, out: str | os.PathLike, key_columns: Sequence[str], signature: dict[str, object]):
+        self.out = Path(out)
+        self.suffix = self.out.suffix.lower()
+        if self.suffix not in SUFFIXES:
+            raise ResidError(
+                f"ResultStore cannot write {str(self.out)!r}: the output path must end in one of "
+                f"{', '.join(SUFFIXES)}, which also picks the format of the chunks. Rename the output path."
+            )
+        if isinstance(key_columns, str) or not key_columns or len(set(key_columns)) != len(key_columns):
+            raise ResidError(
+                f"ResultStore needs key_columns as a non-empty list of distinct column names, got {key_columns!r}. "
+                "Pass the columns that together name one result row, e.g. ['prompt', 'layer', 'component', 'head']."
+            )
+        self.key_columns = tuple(key_columns)
+        try:  # compare the JSON form, since that is what a later run reads back (tuples become lists, ...)
+            self.signature = json.loads(json.dumps(signature, sort_keys=True))
+        except (TypeError, ValueError) as error:
+            raise ResidError(
+                f"The ResultStore signature must be JSON-serializable ({error}). Describe the sweep with plain "
+                "strings, numbers, lists and dicts (e.g. a hash of the prompts instead of the prompts tensor)."
+            ) from error
+        self.parts = Path(f"{self.out}.parts")
+        self.sidecar = Path(f"{self.out}.sweep.json")
+        self._next_chunk: int | None = None
+        for leftover in [*self.out.parent.glob(f"{_TMP}{self.out.name}-*"), *self.parts.glob(f"{_TMP}*")]:
+            leftover.unlink(missing_ok=True)  # a write killed before its os.replace; never part of the results
+        if (self.parts / "signature.json").exists():
+            self._check_signature(self.parts / "signature.json", f"the unfinished chunks in {self.parts}")
+        elif self._chunks():
+            raise ResidError(
+                f"{self.parts} holds result chunks but no signature.json, so ResultStore cannot tell which sweep "
+                f"they belong to. Delete {self.parts} (or move it away) or choose another output path."
+            )
+        # A sidecar without `out` is stale (the user deleted the results) and is simply overwritten by finish().
+        if self.out.exists():
+            if not self.sidecar.exists():
+                raise ResidError(
+                    f"{self.out} exists but has no {self.sidecar.name} beside it, so it was not written by "
+                    "ResultStore (or the sidecar was deleted) and may hold results of a different sweep. Delete "
+                    f"{self.out} or choose another output path."
+                )
+            self._check_signature(self.sidecar, str(self.out))
+
+    def done(self) -> set[tuple]:
+        """Keys of the rows in complete chunks and in a finished `out`; a missing value (NaN, NA) reads as None."""
+        keys = set()
+        for frame in self._frames(columns=list(self.key_columns)):
+            columns = [frame[name].tolist() for name in self.key_columns]
+            keys.update(tuple(_key_value(value) for value in row) for row in zip(*columns))
+        return keys
+
+    def write(self, rows: pd.DataFrame) -> None:
+        """Persist one chunk: after this returns, the rows survive a kill. An empty frame writes nothing."""
+        if rows.empty:
+            return
+        if not all(isinstance(name, str) for name in rows.columns):
+            raise ResidError(f"ResultStore.write needs string column names, got {list(rows.columns)!r}.")
+        missing = [name for name in self.key_columns if name not in rows.columns]
+        if missing:
+            raise ResidError(
+                f"ResultStore.write got rows without the key column(s) {missing}; every chunk needs all of "
+                f"{list(self.key_columns)} so that resuming can tell which rows are done."
+            )
+        repeated = rows.duplicated(subset=list(self.key_columns))
+        if repeated.any():
+            first = tuple(_key_value(value) for value in rows.loc[repeated, list(self.key_columns)].iloc[0])
+            raise ResidError(
+                f"ResultStore.write got {int(repeated.sum())} row(s) whose key repeats within the chunk, e.g. "
+                f"{first}; keys {list(self.key_columns)} must name one row each. Add the column that tells these "
+                "rows apart to key_columns."
+            )
+        self.parts.mkdir(parents=True, exist_ok=True)
+        if not (self.parts / "signature.json").exists():
+            _write_json(self.parts / "signature.json", {"signature": self.signature, "key_columns": self.key_columns})
+        columns, text = self._schema()
+        if columns is None and self.out.exists():  # resuming after finish: new rows must match `out`
+            columns = json.loads(self.sidecar.read_text())["columns"]
+        if columns is None:
+            columns = list(rows.columns)
+        elif set(columns) != set(rows.columns):
+            raise ResidError(
+                f"ResultStore.write got columns {sorted(rows.columns)} but this sweep's earlier rows have "
+                f"{sorted(columns)}; every chunk of one sweep needs the same columns (missing: "
+                f"{sorted(set(columns) - set(rows.columns))}, extra: {sorted(set(rows.columns) - set(columns))})."
+            )
+        new_text = text | {name for name in rows.columns if _is_text(rows[name])}
+        if not (self.parts / "schema.json").exists() or new_text != text:
+            # Before the chunk, so no chunk on disk has a text column the schema does not know.
+            _write_json(self.parts / "schema.json", {"columns": columns, "text_columns": sorted(new_text)})
+        if self._next_chunk is None:
+            self._next_chunk = max((index + 1 for index, _ in self._chunks()), default=0)
+        path = self.parts / f"chunk-{self._next_chunk:06d}{self.suffix}"
+        frame = rows.reset_index(drop=True)[columns]
+        _atomic_write(path, lambda handle: self._dump(frame, handle))
+        self._next_chunk += 1
+
+    def finish(self) -> pd.DataFrame:
+        """Merge `out` (if any) and all chunks, in order and each key once, into `out`; return the merged frame.
+
+        With no chunks this returns `out` as stored, or, if nothing was ever written, an empty frame with only
+        the key columns (and writes no file).
+        """
+        chunks = self._chunks()
+        if not chunks:
+            frame = self._read_out() if self.out.exists() else pd.DataFrame(columns=list(self.key_columns))
+            shutil.rmtree(self.parts, ignore_errors=True)  # only metadata and temporaries: nothing to lose
+            return frame
+        columns, text = self._schema()
+        if self.out.exists():
+            stored = json.loads(self.sidecar.read_text())
+            columns, text = stored["columns"], text | set(stored["text_columns"])
+        frames = list(self._frames())
+        merged = self._normalise(pd.concat(frames, ignore_index=True), text)
+        merged = merged.drop_duplicates(subset=list(self.key_columns), keep="first").reset_index(drop=True)
+        merged = merged[columns]
+        # Sidecar first: a kill between the two leaves a sidecar of this sweep beside the old `out` (or none),
+        # which the next run accepts, and the chunks are still there to be merged again.
+        sidecar = {"signature": self.signature, "key_columns": self.key_columns, "columns": columns}
+        _write_json(self.sidecar, {**sidecar, "text_columns": sorted(text)})
+        _atomic_write(self.out, lambda handle: self._dump(merged, handle))
+        shutil.rmtree(self.parts)
+        self._next_chunk = None
+        return merged
+
+    def _check_signature(self, path: Path, holder: str) -> None:
+        stored = json.loads(path.read_text())
+        # Different key columns make done() compare other tuples: as much a different sweep as another model.
+        old = {**stored["signature"], "(key_columns)": stored["key_columns"]}
+        new = {**self.signature, "(key_columns)": list(self.key_columns)}
+        differ = [name for name in sorted(set(old) | set(new)) if old.get(name, ...) != new.get(name, ...)]
+        if differ:
+            shown = "; ".join(
+                f"{name!r}: stored {old.get(name, '<absent>')!r:.80}, now {new.get(name, '<absent>')!r:.80}"
+                for name in differ
+            )
+            raise ResidError(
+                f"{self.out} holds results of a different sweep: {holder} were written with a signature that "
+                f"differs in {shown}. Delete {self.out}, {self.sidecar.name} and {self.parts.name} to start over, "
+                "or choose another output path."
+            )
+
+    def _chunks(self) -> list[tuple[int, Path]]:
+        if not self.parts.is_dir():
+            return []
+        found = [(_CHUNK.match(path.name), path) for path in self.parts.iterdir()]
+        return sorted((int(match[1]), path) for match, path in found if match and match[2] == self.suffix)
+
+    def _schema(self) -> tuple[list[str] | None, set[str]]:
+        path = self.parts / "schema.json"
+        if not path.exists():
+            return None, set()
+        schema = json.loads(path.read_text())
+        return schema["columns"], set(schema["text_columns"])
+
+    def _frames(self, columns: list[str] | None = None):
+        """`out` (when it exists; the constructor checked its sidecar) then every chunk, in write order."""
+        if self.out.exists():
+            yield self._read_out(columns)
+        _, text = self._schema()
+        for _, path in self._chunks():
+            yield self._read(path, text, columns)
+
+    def _read_out(self, columns: list[str] | None = None) -> pd.DataFrame:
+        stored = json.loads(self.sidecar.read_text())
+        text = set(stored["text_columns"])
+        frame = self._normalise(self._read(self.out, text, columns), text)
+        return frame if columns is not None else frame[stored["columns"]]
+
+    def _read(self, path: Path, text: set[str], columns: list[str] | None) -> pd.DataFrame:
+        if self.suffix == ".parquet":
+            return pd.read_parquet(path, columns=columns)
+        wanted = text if columns is None else text & set(columns)
+        # Only the empty field is missing: "NA", "null" or "nan" in a text column are strings.
+        options = {"keep_default_na": False, "na_values": [""], **_CSV_READ_OPTIONS}
+        return pd.read_csv(path, usecols=columns, dtype={name: "str" for name in wanted}, **options)
+
+    def _dump(self, frame: pd.DataFrame, handle: io.BufferedIOBase) -> None:
+        if self.suffix == ".parquet":
+            frame.to_parquet(handle, index=False)
+        else:
+            # repr is the shortest string that parses back to the same double (and keeps 1.0 a float).
+            as_repr = lambda value: repr(float(value))
+            frame.to_csv(handle, index=False, float_format=as_repr, mode="wb", encoding="utf-8")
+
+    def _normalise(self, frame: pd.DataFrame, text: set[str]) -> pd.DataFrame:
+        # Chunks disagree on dtypes (a chunk of MLP rows has head all None, one of heads has int64); settle them
+        # once on the merged frame so every run and both formats give the same dtypes.
+        frame = frame.copy()
+        for name in frame.columns:
+            if name in text:
+                frame[name] = frame[name].astype(_TEXT_DTYPE)
+            elif name in self.key_columns and _is_optional_int(frame[name]):
+                frame[name] = frame[name].astype("Int64")
+        return frame
