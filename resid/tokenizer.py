@@ -32,6 +32,16 @@ class Tokens:
     def to(self, device: torch.device | str) -> "Tokens":
         return Tokens(self.ids.to(device), self.attention_mask.to(device), self.position_ids.to(device))
 
+    def rows(self, index: Int[Tensor, "rows"]) -> "Tokens":
+        """These prompts (by batch index, repeats allowed), keeping the padding they were tokenized with."""
+        index = index.to(self.ids.device)
+        return Tokens(self.ids[index], self.attention_mask[index], self.position_ids[index])
+
+    @property
+    def lengths(self) -> Int[Tensor, "batch"]:
+        """Number of real (non-padding) tokens of each prompt."""
+        return self.attention_mask.sum(dim=1)
+
     def last_positions(self) -> Int[Tensor, "batch"]:
         """Index of each prompt's last real token (whatever the padding side)."""
         n = self.ids.shape[1]

@@ -1,0 +1,126 @@
+"""What an ablated write is replaced with: nothing (zero), its mean over reference text, or its value on
+another prompt (resample).
+
+A "unit" is what one Site edits: a sublayer write `out` [batch pos d_model], a head's `z` [batch pos d_head]
+or a neuron's coefficient `post` [batch pos]. Means come in two kinds:
+- "agnostic" (default): one vector per unit, averaged over every real token of the reference texts;
+- "per_position": one vector per position id (0 = first real token), so a prompt's position p is replaced
+  by the reference mean at p; the reference texts must reach every position the prompts use.
+Reference texts are cut to the longest prompt's token count, so both kinds see the same positions.
+"""
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.interventions import Site
+from resid.model import Transformer
+from resid.tokenizer import Tokens
+
+Unit = tuple[int, str, int | None, int | None]  # (layer, part, head, neuron)
+
+
+def unit_of(site: Site) -> Unit:
+    return (site.layer, site.part, site.head, site.neuron)
+
+
+def capture_for(units: Iterable[Unit], n_layers: int) -> Capture:
+    """The smallest Capture that records every unit (plus the residual writes)."""
+    units = list(units)
+    attn, mlp = {"out"}, {"out"}
+    attn |= {"z"} if any(u[1] == "attn" and u[2] is not None for u in units) else set()
+    mlp |= {"post"} if any(u[1] == "mlp" and u[3] is not None for u in units) else set()
+    return Capture(attn=attn, mlp=mlp)
+
+
+def read_unit(stream, unit: Unit) -> Tensor:
+    """The unit's clean value from a stream: [batch pos d_model], [batch pos d_head] or [batch pos]."""
+    layer, part, head, neuron = unit
+    record = getattr(stream.layers[layer], part)
+    if head is not None:
+        return record.z[:, :, head]
+    if neuron is not None:
+        return record.post[:, :, neuron]
+    return record.out
+
+
+def read_reference(reference: Sequence[str] | str | Path) -> list[str]:
+    """Reference texts: a list of strings, or a text file with one text per non-empty line."""
+    if isinstance(reference, (str, Path)) and Path(reference).is_file():
+        texts = [line.strip() for line in Path(reference).read_text(encoding="utf-8").splitlines()]
+        texts = [t for t in texts if t]
+        if not texts:
+            raise ResidError(f"The reference file {reference} has no non-empty lines.")
+        return texts
+    if isinstance(reference, str):
+        raise ResidError(f"reference {reference!r} is not a file; pass a list of texts or a path to a text file.")
+    texts = [t for t in reference if isinstance(t, str) and t.strip()]
+    if not texts:
+        raise ResidError("The reference texts are empty: give at least one non-empty text.")
+    return texts
+
+
+def reference_tokens(model: Transformer, texts: list[str], max_tokens: int, batch: int) -> Iterable[Tokens]:
+    """Right-padded batches of the texts, each cut to its first `max_tokens` tokens."""
+    tokenizer = model._need_tokenizer()
+    encoded = [ids[:max_tokens] for ids in (tokenizer.encode(t) for t in texts) if ids]
+    for start in range(0, len(encoded), batch):
+        chunk = encoded[start : start + batch]
+        width = max(len(ids) for ids in chunk)
+        ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.bool)
+        for row, seq in enumerate(chunk):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = True
+        yield Tokens(ids, mask, (mask.long().cumsum(1) - 1).clamp(min=0))
+
+
+def reference_means(
+    model: Transformer, units: list[Unit], batches: Iterable[Tokens], per_position: bool, n_positions: int
+) -> dict[Unit, Tensor]:
+    """Streaming means of each unit over the real tokens of the reference batches (nothing else is kept).
+    Agnostic: {unit: [dim...]}; per position: {unit: [n_positions dim...]}."""
+    sums: dict[Unit, Tensor] = {}
+    counts = torch.zeros(n_positions if per_position else 1, dtype=torch.float64)
+    capture = capture_for(units, model.config.n_layers)
+    for tokens in batches:
+        tokens = tokens.to(model.device)
+        stream = model.run(tokens, capture=capture, logits_at="last").stream
+        mask = tokens.attention_mask
+        slot = tokens.position_ids[mask] if per_position else torch.zeros(int(mask.sum()), dtype=torch.long)
+        counts += torch.bincount(slot.cpu(), minlength=counts.shape[0])[: counts.shape[0]].double()
+        for unit in units:
+            values = read_unit(stream, unit)[mask].double()  # [tokens dim...]
+            total = sums.setdefault(unit, torch.zeros((counts.shape[0], *values.shape[1:]), dtype=torch.float64))
+            total.index_add_(0, slot.cpu(), values.cpu())
+    if counts.sum() == 0:
+        raise ResidError("The reference texts gave no tokens to average over.")
+    if per_position and (counts == 0).any():
+        first = int((counts == 0).nonzero()[0])
+        raise ResidError(
+            f"Per-position means need reference texts at least as long as the prompts ({n_positions} tokens); "
+            f"no reference text reaches position {first}. Add longer texts or use position-agnostic means."
+        )
+    shape = (-1,) + (1,) * (next(iter(sums.values())).ndim - 1) if sums else (-1,)
+    means = {unit: (total / counts.view(shape)).to(model.dtype).to(model.device) for unit, total in sums.items()}
+    return means if per_position else {unit: mean[0] for unit, mean in means.items()}
+
+
+def random_donors(lengths: Sequence[int], seed: int) -> list[int]:
+    """For each prompt, another prompt of the same token length, drawn with `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    donors = []
+    for i, length in enumerate(lengths):
+        candidates = [j for j, other in enumerate(lengths) if j != i and other == length]
+        if not candidates:
+            raise ResidError(
+                f"Resample ablation needs, for prompt {i} ({length} tokens), another prompt with the same number "
+                "of tokens to take writes from; none has. Use prompts of equal token length, or pass the donor "
+                "prompts explicitly with reference=[...] (one per prompt)."
+            )
+        donors.append(candidates[int(torch.randint(len(candidates), (1,), generator=generator))])
+    return donors

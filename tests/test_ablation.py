@@ -1,0 +1,117 @@
+"""Every number an ablation sweep reports equals a brute-force recomputation: one full forward of the
+prompt alone with that single ablation, no prefix reuse, no batching."""
+
+import pandas as pd
+import pytest
+import torch
+
+import resid
+from analyses import ablation
+from analyses.ablation_sites import expand_sites
+from analyses.metrics import metric_values
+from resid import Replace, Site, ZeroAblate
+from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+
+# Prompts 0/1 and 2/3 are name-swapped pairs with equal token counts: each is the other's resample donor.
+PROMPTS = [
+    "When Mary and John went to the store, John gave a drink to",
+    "When John and Mary went to the store, Mary gave a drink to",
+    "The cat and the dog sat on the mat, the cat looked at",
+    "The dog and the cat sat on the mat, the dog looked at",
+]
+DONORS = [PROMPTS[1], PROMPTS[0], PROMPTS[3], PROMPTS[2]]
+TARGETS, BASELINES = [" Mary", " John", " the", " the"], [" John", " Mary", " a", " a"]
+REFERENCE = ["Reference text one is here, and it is long enough to cover every position.", "More words."]
+TOL = dict(atol=1e-5, rtol=1e-5)
+CAPTURE_UNITS = resid.Capture(attn={"out", "z"}, mlp={"out", "post"})
+
+
+def _unit(stream, site: Site) -> torch.Tensor:
+    record = getattr(stream.layers[site.layer], site.part)
+    if site.head is not None:
+        return record.z[:, :, site.head]
+    if site.neuron is not None:
+        return record.post[:, :, site.neuron]
+    return record.out
+
+
+def _reference_mean(model, site: Site) -> torch.Tensor:
+    """Plain mean over every real token of every reference text, each text run alone and cut, like the
+    sweep's, to the longest prompt's token count."""
+    longest = max(len(model.tokenizer.encode(p)) for p in PROMPTS)
+    values = [
+        _unit(model.run(torch.tensor(model.tokenizer.encode(text)[:longest]), capture=CAPTURE_UNITS).stream, site)[0]
+        for text in REFERENCE
+    ]
+    return torch.cat(values).double().mean(0).to(model.dtype)
+
+
+def brute_force(model, prompt_idx: int, sites: tuple[Site, ...], method: str, metric: str = "logit_diff") -> float:
+    if method == "zero":
+        edits = [ZeroAblate(s) for s in sites]
+    elif method == "mean":
+        edits = [Replace(s, _reference_mean(model, s)) for s in sites]
+    else:
+        donor = model.run(DONORS[prompt_idx], capture=CAPTURE_UNITS).stream
+        edits = [Replace(s, _unit(donor, s)) for s in sites]
+    logits = model.run(PROMPTS[prompt_idx], interventions=edits, logits_at="last").logits[:, 0]
+    target, baseline = (torch.tensor(model.tokenizer.encode(t[prompt_idx], prepend_bos=False)) for t in (TARGETS, BASELINES))
+    return metric_values(metric, logits, target, baseline).item()
+
+
+def check_rows(model, df: pd.DataFrame, method: str, sites=None, metric: str = "logit_diff") -> None:
+    by_label = {}
+    for kind in ("layers", "sublayers", "heads"):
+        by_label |= {a.label: a.sites for a in expand_sites(kind, model.config)}
+    by_label |= {a.label: a.sites for a in expand_sites(sites, model.config)} if sites is not None else {}
+    for row in df.itertuples():
+        expected = brute_force(model, row.prompt_idx, by_label[row.site], method, metric)
+        torch.testing.assert_close(row.ablated_metric, expected, **TOL)
+        torch.testing.assert_close(row.delta, row.ablated_metric - row.clean_metric, **TOL)
+
+
+def run_sweep(model, method: str, **options) -> pd.DataFrame:
+    reference = {"zero": None, "mean": REFERENCE, "resample": DONORS}[method]
+    return ablation.sweep(model, PROMPTS, TARGETS, BASELINES, method=method, reference=reference,
+                          progress=False, **options)
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("kind", ["layers", "sublayers", "heads"])
+def test_sweep_equals_brute_force_on_every_family(tiny: Tiny, method: str, kind: str):  # noqa: F811
+    model = tiny.model
+    for prompt, donor in zip(PROMPTS, DONORS):
+        assert len(model.tokenizer.encode(prompt)) == len(model.tokenizer.encode(donor))
+    df = run_sweep(model, method, sites=kind, batch_size=5)
+    cfg = model.config
+    per_prompt = {"layers": cfg.n_layers, "sublayers": 2 * cfg.n_layers, "heads": cfg.n_layers * cfg.n_heads}[kind]
+    assert len(df) == len(PROMPTS) * per_prompt and not df.duplicated(["prompt_idx", "site"]).any()
+    assert list(df.prompt_idx) == sorted(df.prompt_idx)
+    check_rows(model, df, method)
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+def test_sweep_on_smollm2(smollm2, method: str):
+    sites = [Site(0, "attn"), Site(14, "mlp"), Site(29, "attn", head=3), Site(9, "mlp", neuron=100), Site(-1, "mlp")]
+    df = run_sweep(smollm2, method, sites=sites, batch_size=3)
+    assert len(df) == len(PROMPTS) * len(sites)
+    assert set(df.site) == {"layers[0].attn", "layers[14].mlp", "layers[29].attn head 3",
+                            "layers[9].mlp neuron 100", "layers[29].mlp"}
+    check_rows(smollm2, df, method, sites)
+
+
+def test_metrics_and_clean_values(tiny: Tiny):  # noqa: F811
+    model = tiny.model
+    for metric in ("target_prob", "loss", "logit"):
+        df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], sites="layers", metric=metric, progress=False)
+        check_rows(model, df, "zero", metric=metric)
+    clean = model.run(PROMPTS[0], logits_at="last").logits[0, 0].softmax(-1)
+    df = ablation.sweep(model, PROMPTS[:1], TARGETS[0], sites="layers", progress=False)  # default: target_prob
+    assert (df.metric == "target_prob").all()
+    torch.testing.assert_close(df.clean_metric.iloc[0], clean[model.tokenizer.encode(" Mary", prepend_bos=False)[0]].item(), **TOL)
+
+
+def test_batch_size_invariance(tiny: Tiny):  # noqa: F811
+    one = run_sweep(tiny.model, "mean", sites="heads", batch_size=1)
+    auto = run_sweep(tiny.model, "mean", sites="heads")
+    pd.testing.assert_frame_equal(one, auto, atol=1e-5, rtol=1e-5)
