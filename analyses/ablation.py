@@ -21,13 +21,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from analyses import ablation_values as values
 from analyses.ablation_sites import Ablation, expand_sites, signature
 from analyses.metrics import METRICS, metric_values
 from analyses.store import ResultStore
 from analyses.tokens import token_ids
-from resid.batching import auto_batch_size, run_batched
+from resid.batching import BatchSize, auto_batch_size, run_batched, with_backoff
 from resid.errors import ResidError
 from resid.interventions import Add, Scale, Site
 from resid.model import Transformer
@@ -42,6 +43,7 @@ class _Context:
     metric: str
     means: dict
     per_position: bool
+    size: BatchSize  # rows per forward pass, shared so an out-of-memory halving sticks
 
 
 def sweep(
@@ -81,8 +83,7 @@ def sweep(
         batch_size = auto_batch_size(
             model.device, max(lengths), cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
         )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ResidError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}.")
+    size = BatchSize(batch_size)
     settings = dict(method=method, metric=metric, seed=seed, mean_positions=mean_positions)
     store = None
     if out is not None:
@@ -94,19 +95,34 @@ def sweep(
         if reference is None:
             raise ResidError("method='mean' needs reference texts (a list of strings or a text file) to average over.")
         units = sorted({values.unit_of(s) for a in ablations for s in a.sites}, key=str)
-        batches = values.reference_tokens(model, values.read_reference(reference), max(lengths), batch_size)
-        means = values.reference_means(model, units, batches, mean_positions == "per_position", max(lengths))
-    ctx = _Context(model, method, metric, means, mean_positions == "per_position")
+        texts = values.read_reference(reference)
+        means = with_backoff(
+            lambda rows: values.reference_means(
+                model, units, values.reference_tokens(model, texts, max(lengths), rows),
+                mean_positions == "per_position", max(lengths),
+            ),
+            size,
+        )
+    ctx = _Context(model, method, metric, means, mean_positions == "per_position", size)
     frames = []
-    for start in range(0, n, batch_size):
-        group = list(range(start, min(n, start + batch_size)))
-        todo = [(p, a) for p in group for a in ablations if (p, a.label) not in done]
-        if not todo:
-            continue
-        for frame in _sweep_group(ctx, prompts, group, todo, target_ids, baseline_ids, donors, batch_size, progress):
-            if store is not None:
-                store.write(frame)
-            frames.append(frame)
+    pending = sum(1 for p in range(n) for a in ablations if (p, a.label) not in done)
+    with tqdm(total=pending, desc="ablation sweep", disable=not progress) as bar:
+        start = 0
+        while start < n:
+            group_prompts = list(range(start, min(n, start + size.value)))
+            todo = [(p, a) for p in group_prompts for a in ablations if (p, a.label) not in done]
+            if todo:
+                try:
+                    group = _clean_pass(ctx, prompts, group_prompts, todo, target_ids, baseline_ids, donors)
+                except torch.cuda.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    size.halve()  # fewer prompts per clean pass; retry this group
+                    continue
+                for frame in _ablate_group(ctx, group, todo, bar.update):
+                    if store is not None:
+                        store.write(frame)
+                    frames.append(frame)
+            start = group_prompts[-1] + 1
     result = store.finish() if store is not None else pd.concat(frames, ignore_index=True) if frames else None
     if result is None or result.empty:
         return pd.DataFrame(columns=[*KEY, "layer", "part", "head", "neuron", "method", "metric",
@@ -116,40 +132,62 @@ def sweep(
     return result.drop(columns="_order").reset_index(drop=True)
 
 
-def _sweep_group(ctx, prompts, group, todo, target_ids, baseline_ids, donors, batch_size, progress):
-    """Clean pass over one group of prompts, then every pending ablation, layer by layer."""
+@dataclass
+class _Group:
+    """One group of prompts after its clean pass."""
+
+    prompts: list[int]  # global prompt indices; row i of the tensors below is prompts[i]
+    tokens: object  # Tokens of the group's prompts
+    clean: object  # the clean Run (donor rows appended after the prompts for resample ablation)
+    donor_stream: object | None
+    targets: Tensor
+    baselines: Tensor | None
+    clean_metric: Tensor
+
+
+def _clean_pass(ctx, prompts, group, todo, target_ids, baseline_ids, donors) -> _Group:
     model = ctx.model
     texts = [prompts[p] for p in group]
-    units = {values.unit_of(s) for _, a in todo for s in a.sites}
     if donors is not None:
         texts += [prompts[donors[p]] if isinstance(donors[p], int) else donors[p] for p in group]
     tokens = model.to_tokens(texts)
-    capture = values.capture_for(units, model.config.n_layers)
+    capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites}, model.config.n_layers)
     clean = model.run(tokens, capture=capture, logits_at="last")
     k = len(group)
-    donor_stream = None
-    if donors is not None:
-        donor_stream, tokens = clean.stream, tokens.rows(torch.arange(k))
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
     baselines = None if baseline_ids is None else torch.tensor([baseline_ids[p] for p in group], device=model.device)
-    clean_metric = metric_values(ctx.metric, clean.logits[:k, 0], targets, baselines)
-    local = {p: i for i, p in enumerate(group)}
+    return _Group(
+        prompts=group,
+        tokens=tokens.rows(torch.arange(k)) if donors is not None else tokens,
+        clean=clean,
+        donor_stream=clean.stream if donors is not None else None,
+        targets=targets,
+        baselines=baselines,
+        clean_metric=metric_values(ctx.metric, clean.logits[:k, 0], targets, baselines),
+    )
+
+
+def _ablate_group(ctx, group: _Group, todo, on_progress):
+    """Every pending ablation of the group, layer by layer, each resumed from the clean residual."""
+    model, k = ctx.model, len(group.prompts)
+    local = {p: i for i, p in enumerate(group.prompts)}
     by_layer: dict[int, list] = {}
     for p, a in todo:
         by_layer.setdefault(a.start_layer, []).append((local[p], a))
-    resid = clean.stream.resid_pre(0)
+    stream = group.clean.stream
+    resid = stream.resid_pre(0)[:k]
     for layer in range(model.config.n_layers):
         if layer in by_layer:
             def work(rows, layer=layer, resid_pre=resid):
                 index = torch.tensor([i for i, _ in rows], device=model.device)
-                edits = _edits(ctx, [a for _, a in rows], index, tokens, donor_stream, k)
-                logits = model.resume(layer, resid_pre[index], tokens.rows(index), edits, logits_at="last")[:, 0]
-                return metric_values(ctx.metric, logits, targets[index], None if baselines is None else baselines[index])
+                edits = _edits(ctx, [a for _, a in rows], index, group.tokens, group.donor_stream, k)
+                logits = model.resume(layer, resid_pre[index], group.tokens.rows(index), edits, logits_at="last")
+                baselines = None if group.baselines is None else group.baselines[index]
+                return metric_values(ctx.metric, logits[:, 0], group.targets[index], baselines)
 
-            for rows, ablated in run_batched(by_layer[layer], work, batch_size, progress, f"layer {layer}"):
-                yield _frame(ctx, rows, group, clean_metric, ablated)
-        record = clean.stream.layers[layer]
-        resid = resid + record.attn.out + record.mlp.out
+            for rows, ablated in run_batched(by_layer[layer], work, ctx.size, on_progress):
+                yield _frame(ctx, rows, group.prompts, group.clean_metric, ablated)
+        resid = resid + stream.layers[layer].attn.out[:k] + stream.layers[layer].mlp.out[:k]
 
 
 def _edits(ctx, ablations: list[Ablation], index: Tensor, tokens, donor_stream, k: int) -> list:

@@ -1,24 +1,43 @@
 """Batching for large sweeps: chunking, an automatic batch size per device, and out-of-memory back-off.
 
-`run_batched(items, work, batch_size)` calls `work(chunk)` on consecutive chunks of `items`. With
-batch_size="auto" the first chunk size comes from the device (free CUDA memory, or a token budget on
-CPU); a CUDA out-of-memory error halves the size and retries the same chunk, so no item is lost or done
-twice. Results come back in order, chunk by chunk, for the caller to persist as they arrive.
+`run_batched(items, work, size)` calls `work(chunk)` on consecutive chunks of `items`. A CUDA
+out-of-memory error halves `size` (a shared BatchSize, so later calls start from the size that fit) and
+retries the same chunk: no item is lost or done twice. Results come back in order, chunk by chunk, for the
+caller to persist as they arrive.
 """
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-from tqdm.auto import tqdm
 
 from resid.errors import ResidError
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-CPU_TOKENS_PER_BATCH = 4096  # large enough to amortize Python overhead, small enough to stay in cache-friendly sizes
+CPU_TOKENS_PER_BATCH = 4096  # enough rows to amortize per-call overhead without growing the working set
 MAX_BATCH = 1024
+
+
+@dataclass
+class BatchSize:
+    """Rows per forward pass; shrinks on out-of-memory and stays shrunk for the rest of the sweep."""
+
+    value: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, int) or self.value < 1:
+            raise ResidError(f"batch_size must be a positive integer or 'auto', got {self.value!r}.")
+
+    def halve(self) -> None:
+        if self.value == 1:
+            raise ResidError(
+                "Out of GPU memory even with a batch of one row: use shorter prompts, a smaller model, "
+                "dtype=torch.bfloat16, or run on the CPU (device='cpu')."
+            )
+        self.value = max(1, self.value // 2)
 
 
 def auto_batch_size(
@@ -34,34 +53,27 @@ def auto_batch_size(
     return max(1, min(MAX_BATCH, int(0.5 * free // per_row)))
 
 
+def with_backoff(work: Callable[[int], Result], size: BatchSize) -> Result:
+    """work(size.value), halving the size and retrying on CUDA out-of-memory."""
+    while True:
+        try:
+            return work(size.value)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            size.halve()
+
+
 def run_batched(
     items: Sequence[Item],
     work: Callable[[Sequence[Item]], Result],
-    batch_size: int,
-    progress: bool = True,
-    description: str = "",
+    size: BatchSize,
+    on_progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[Sequence[Item], Result]]:
     """Yield (chunk, work(chunk)) over `items` in order, halving the chunk size on CUDA out-of-memory."""
-    if batch_size < 1:
-        raise ResidError(f"batch_size must be a positive integer or 'auto', got {batch_size}.")
-    bar = tqdm(total=len(items), desc=description, disable=not progress, leave=False)
     start = 0
-    try:
-        while start < len(items):
-            chunk = items[start : start + batch_size]
-            try:
-                result = work(chunk)
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                if batch_size == 1:
-                    raise ResidError(
-                        "Out of GPU memory even with a batch of one row: use shorter prompts, a smaller model, "
-                        "dtype=torch.bfloat16, or run on the CPU (device='cpu')."
-                    ) from None
-                batch_size = max(1, batch_size // 2)
-                continue
-            start += len(chunk)
-            bar.update(len(chunk))
-            yield chunk, result
-    finally:
-        bar.close()
+    while start < len(items):
+        chunk, result = with_backoff(lambda n: (items[start : start + n], work(items[start : start + n])), size)
+        start += len(chunk)
+        if on_progress is not None:
+            on_progress(len(chunk))
+        yield chunk, result

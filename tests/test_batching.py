@@ -1,0 +1,57 @@
+"""Batching: chunks in order, out-of-memory back-off that neither loses nor repeats work."""
+
+import pytest
+import torch
+
+import resid
+from analyses import ablation
+from resid.batching import BatchSize, auto_batch_size, run_batched
+
+
+def test_run_batched_halves_on_out_of_memory_and_keeps_order():
+    calls = []
+
+    def work(chunk):
+        calls.append(list(chunk))
+        if len(chunk) > 3:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return [x * 10 for x in chunk]
+
+    size = BatchSize(16)
+    results = list(run_batched(list(range(11)), work, size))
+    assert [x for chunk, _ in results for x in chunk] == list(range(11))
+    assert [y for _, out in results for y in out] == [x * 10 for x in range(11)]
+    assert size.value == 2  # 16 -> 8 -> 4 -> 2 and it stays there
+    assert calls[:3] == [list(range(11)), list(range(8)), list(range(4))]
+
+
+def test_batch_size_one_out_of_memory_is_a_clear_error():
+    def work(chunk):
+        raise torch.cuda.OutOfMemoryError("simulated")
+
+    with pytest.raises(resid.ResidError, match="Out of GPU memory even with a batch of one row"):
+        list(run_batched([1, 2], work, BatchSize(2)))
+    with pytest.raises(resid.ResidError, match="positive integer"):
+        BatchSize(0)
+
+
+def test_auto_batch_size_on_cpu():
+    assert auto_batch_size(torch.device("cpu"), 64, 576, 1536, 9, 49152, 4) == 64
+    assert auto_batch_size(torch.device("cpu"), 100_000, 576, 1536, 9, 49152, 4) == 1
+
+
+def test_sweep_survives_out_of_memory(random_model, monkeypatch):
+    prompts = ["The quick brown fox jumps", "A slow green turtle walks", "One two three four five"]
+    expected = ablation.sweep(random_model, prompts, " over", sites="sublayers", batch_size=1, progress=False)
+    real_resume = random_model.resume
+
+    def small_memory_resume(layer, resid_pre, *args, **kwargs):
+        if resid_pre.shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("simulated")
+        return real_resume(layer, resid_pre, *args, **kwargs)
+
+    monkeypatch.setattr(random_model, "resume", small_memory_resume)
+    got = ablation.sweep(random_model, prompts, " over", sites="sublayers", batch_size=8, progress=False)
+    assert len(got) == len(expected) == 3 * 2 * random_model.config.n_layers
+    torch.testing.assert_close(torch.tensor(got.ablated_metric.to_numpy()),
+                               torch.tensor(expected.ablated_metric.to_numpy()), atol=1e-5, rtol=1e-5)
