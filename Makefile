@@ -32,6 +32,7 @@ test: $(VENV)/.test
 bench: $(VENV)/.test
 	$(PIP) install -e '.[test,bench]'
 	$(PY) benchmarks/bench_core.py
+	$(PY) benchmarks/bench_ablation.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,9 +5,16 @@
 Prints median wall times and the ratios the core issue targets:
   run() without capture <= 1.05x HF eager forward; run(Capture.all()) <= 1.15x; cold GGUF load <= 3 s.
 The cold load is timed in fresh subprocesses (import excluded and included), transformers' GGUF load in-process.
+
+Allocator note: with glibc's default settings, large freed blocks go back to the OS and the next forward
+pass faults them in again (zeroed pages). That costs every framework alike, but it costs a run that keeps
+what it captures (Capture.all: ~500 MB here) more. The comparison is therefore printed twice: with the
+default allocator and, in a subprocess, with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set so freed
+memory is reused (both sides of the comparison run under the same settings).
 """
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -47,9 +54,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--pos", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tuned-allocator-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.tuned_allocator_only:
+        measure(args, "default glibc allocator")
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+        argv = [sys.executable, __file__, "--batch", str(args.batch), "--pos", str(args.pos),
+                "--repeats", str(args.repeats), "--tuned-allocator-only"]
+        subprocess.run(argv, env=env, check=True)
+    else:
+        measure(args, "glibc allocator keeping freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)")
+
+
+def measure(args, allocator: str) -> None:
     from transformers import AutoModelForCausalLM
 
+    print(f"== {allocator}")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch} x {args.pos} tokens")
     load_s, load_with_import_s = cold_load(3)
     path = _smollm2_path()
