@@ -128,3 +128,39 @@ def test_batch_size_invariance(tiny: Tiny):  # noqa: F811
     one = run_sweep(tiny.model, "resample", sites="sublayers", batch_size=1)
     auto = run_sweep(tiny.model, "resample", sites="sublayers")
     pd.testing.assert_frame_equal(one, auto, atol=1e-5, rtol=1e-5)
+
+
+def test_per_position_means_equal_brute_force(tiny: Tiny):  # noqa: F811
+    model = tiny.model
+    longest = max(len(model.tokenizer.encode(p)) for p in PROMPTS[:2])
+    reference = [" ".join(["word"] * (longest + 3)), "Short text.", " ".join(["other words"] * longest)]
+    df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="sublayers", method="mean",
+                        reference=reference, mean_positions="per_position", batch_size=3, progress=False)
+    for row in df.itertuples():
+        site = Site(row.layer, row.part)
+        per_text = [_unit(model.run(torch.tensor(model.tokenizer.encode(t)[:longest]), capture=CAPTURE_UNITS).stream,
+                          site)[0] for t in reference]
+        means = torch.stack([
+            torch.stack([v[p] for v in per_text if v.shape[0] > p]).double().mean(0) for p in range(longest)
+        ]).float()
+        n_tokens = len(model.tokenizer.encode(PROMPTS[row.prompt_idx]))
+        logits = model.run(PROMPTS[row.prompt_idx], interventions=[Replace(site, means[:n_tokens])],
+                           logits_at="last").logits[:, 0]
+        ids = [torch.tensor(model.tokenizer.encode(t[row.prompt_idx], prepend_bos=False)) for t in (TARGETS, BASELINES)]
+        torch.testing.assert_close(row.ablated_metric, metric_values("logit_diff", logits, *ids).item(), **TOL)
+    with pytest.raises(resid.ResidError, match="no reference text reaches position"):
+        ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], method="mean", reference=["Short."],
+                       mean_positions="per_position", progress=False)
+
+
+def test_random_donors_have_equal_length_and_follow_the_seed():
+    from analyses.ablation_values import random_donors
+
+    lengths = [5, 5, 7, 7, 7]
+    donors = random_donors(lengths, seed=3)
+    assert donors[:2] == [1, 0]
+    assert all(lengths[d] == lengths[i] and d != i for i, d in enumerate(donors))
+    assert random_donors(lengths, seed=3) == donors
+    assert len({tuple(random_donors(lengths, seed=s)) for s in range(20)}) > 1
+    with pytest.raises(resid.ResidError, match="another prompt with the same number of tokens"):
+        random_donors([5, 6], seed=0)
