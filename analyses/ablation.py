@@ -150,9 +150,9 @@ def _clean_pass(ctx, prompts, group, todo, target_ids, baseline_ids, donors) -> 
     texts = [prompts[p] for p in group]
     if donors is not None:
         texts += [prompts[donors[p]] if isinstance(donors[p], int) else donors[p] for p in group]
-    tokens = model.to_tokens(texts)
     capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites}, model.config.n_layers)
-    clean = model.run(tokens, capture=capture, logits_at="last")
+    clean = model.run(model.to_tokens(texts), capture=capture, logits_at="last")
+    tokens = clean.tokens  # on the model's device, like every index built from it below
     k = len(group)
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
     baselines = None if baseline_ids is None else torch.tensor([baseline_ids[p] for p in group], device=model.device)

@@ -80,7 +80,7 @@ class Replace:
 
     def edit(self, target: Tensor) -> Tensor:
         _check_broadcast(self, self.value, target)
-        return self.value.to(target.dtype).expand_as(target)
+        return self.value.to(target.device, target.dtype).expand_as(target)
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,7 @@ class Scale:
     def edit(self, target: Tensor) -> Tensor:
         if isinstance(self.factor, Tensor):
             _check_broadcast(self, self.factor, target)
+            return target * self.factor.to(target.device, target.dtype)
         return target * self.factor
 
 
@@ -101,7 +102,7 @@ class Add:
 
     def edit(self, target: Tensor) -> Tensor:
         _check_broadcast(self, self.vector, target)
-        return target + self.vector.to(target.dtype)
+        return target + self.vector.to(target.device, target.dtype)
 
 
 Intervention = ZeroAblate | Replace | Scale | Add

@@ -55,3 +55,14 @@ def test_sweep_survives_out_of_memory(random_model, monkeypatch):
     assert len(got) == len(expected) == 3 * 2 * random_model.config.n_layers
     torch.testing.assert_close(torch.tensor(got.ablated_metric.to_numpy()),
                                torch.tensor(expected.ablated_metric.to_numpy()), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sweep_on_cuda_matches_cpu(random_model):
+    prompts = ["The quick brown fox jumps", "A slow green turtle walks"]
+    cpu = ablation.sweep(random_model, prompts, " over", sites="heads", method="resample",
+                         reference=prompts[::-1], progress=False)
+    gpu = ablation.sweep(random_model.to("cuda"), prompts, " over", sites="heads", method="resample",
+                         reference=prompts[::-1], progress=False)
+    torch.testing.assert_close(torch.tensor(gpu.ablated_metric.to_numpy()),
+                               torch.tensor(cpu.ablated_metric.to_numpy()), atol=1e-4, rtol=1e-4)
