@@ -45,18 +45,20 @@ class _Record:
         return f"{type(self).__name__}(layer={self.layer}, {fields})"
 
 
-class AttnRecord(_Record):
-    _part = "attn"
-
     @property
     def normalized(self) -> Float[Tensor, "batch pos d_model"]:
-        """The attention input: resid_pre after the norm (gain and bias applied)."""
+        """The sublayer's input after its norm (gain and bias applied). Attention reads resid_pre; the MLP
+        reads resid_mid (resid_pre in parallel blocks)."""
         return self._get("normalized")
 
     @property
     def norm_scale(self) -> Float[Tensor, "batch pos 1"]:
-        """The norm's 1/sigma (LayerNorm) or 1/rms (RMSNorm) of resid_pre."""
+        """The sublayer norm's 1/sigma (LayerNorm) or 1/rms (RMSNorm) of the residual it reads."""
         return self._get("norm_scale")
+
+
+class AttnRecord(_Record):
+    _part = "attn"
 
     @property
     def q(self) -> Float[Tensor, "batch pos head d_head"]:
@@ -90,15 +92,6 @@ class AttnRecord(_Record):
 
 class MLPRecord(_Record):
     _part = "mlp"
-
-    @property
-    def normalized(self) -> Float[Tensor, "batch pos d_model"]:
-        """The MLP input: resid_mid (resid_pre for parallel blocks) after the norm."""
-        return self._get("normalized")
-
-    @property
-    def norm_scale(self) -> Float[Tensor, "batch pos 1"]:
-        return self._get("norm_scale")
 
     @property
     def pre(self) -> Float[Tensor, "batch pos d_mlp"]:
