@@ -31,7 +31,9 @@ from analyses.tokens import token_ids
 from resid.batching import BatchSize, auto_batch_size, run_batched, with_backoff
 from resid.errors import ResidError
 from resid.interventions import Add, Scale, Site
-from resid.model import Transformer
+from resid.model import Run, Transformer
+from resid.stream import ResidualStream
+from resid.tokenizer import Tokens
 
 KEY = ("prompt_idx", "site")
 
@@ -76,7 +78,7 @@ def sweep(
     if mean_positions not in ("agnostic", "per_position"):
         raise ResidError(f"mean_positions must be 'agnostic' or 'per_position', got {mean_positions!r}.")
     ablations = expand_sites(sites, model.config)
-    lengths = [len(model._need_tokenizer().encode(p)) for p in prompts]
+    lengths = [len(model.require_tokenizer().encode(p)) for p in prompts]
     donors = _donors(method, reference, prompts, lengths, model, seed)
     if batch_size == "auto":
         cfg = model.config
@@ -137,9 +139,9 @@ class _Group:
     """One group of prompts after its clean pass."""
 
     prompts: list[int]  # global prompt indices; row i of the tensors below is prompts[i]
-    tokens: object  # Tokens of the group's prompts
-    clean: object  # the clean Run (donor rows appended after the prompts for resample ablation)
-    donor_stream: object | None
+    tokens: Tokens  # the group's prompts, on the model's device
+    clean: Run  # the clean run (donor rows appended after the prompts for resample ablation)
+    donor_stream: ResidualStream | None
     targets: Tensor
     baselines: Tensor | None
     clean_metric: Tensor
@@ -150,7 +152,7 @@ def _clean_pass(ctx, prompts, group, todo, target_ids, baseline_ids, donors) -> 
     texts = [prompts[p] for p in group]
     if donors is not None:
         texts += [prompts[donors[p]] if isinstance(donors[p], int) else donors[p] for p in group]
-    capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites}, model.config.n_layers)
+    capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites})
     clean = model.run(model.to_tokens(texts), capture=capture, logits_at="last")
     tokens = clean.tokens  # on the model's device, like every index built from it below
     k = len(group)
@@ -175,6 +177,7 @@ def _ablate_group(ctx, group: _Group, todo, on_progress):
     for p, a in todo:
         by_layer.setdefault(a.start_layer, []).append((local[p], a))
     stream = group.clean.stream
+    # resid_pre(layer) kept as a running sum: stream.resid_pre(layer) would re-add every earlier write each time.
     resid = stream.resid_pre(0)[:k]
     for layer in range(model.config.n_layers):
         if layer in by_layer:
@@ -259,6 +262,6 @@ def _donors(method, reference, prompts, lengths, model, seed):
     if donors is None or len(donors) != len(prompts):
         raise ResidError("For resample ablation, reference must list one donor prompt per prompt (same order).")
     for i, (donor, length) in enumerate(zip(donors, lengths)):
-        if len(model._need_tokenizer().encode(donor)) != length:
+        if len(model.require_tokenizer().encode(donor)) != length:
             raise ResidError(f"Donor prompt {i} {donor!r} does not have the same token count as prompt {i} ({length}).")
     return donors

@@ -28,7 +28,7 @@ def unit_of(site: Site) -> Unit:
     return (site.layer, site.part, site.head, site.neuron)
 
 
-def capture_for(units: Iterable[Unit], n_layers: int) -> Capture:
+def capture_for(units: Iterable[Unit]) -> Capture:
     """The smallest Capture that records every unit (plus the residual writes)."""
     units = list(units)
     attn, mlp = {"out"}, {"out"}
@@ -66,7 +66,7 @@ def read_reference(reference: Sequence[str] | str | Path) -> list[str]:
 
 def reference_tokens(model: Transformer, texts: list[str], max_tokens: int, batch: int) -> Iterable[Tokens]:
     """Right-padded batches of the texts, each cut to its first `max_tokens` tokens."""
-    tokenizer = model._need_tokenizer()
+    tokenizer = model.require_tokenizer()
     encoded = [ids[:max_tokens] for ids in (tokenizer.encode(t) for t in texts) if ids]
     for start in range(0, len(encoded), batch):
         chunk = encoded[start : start + batch]
@@ -86,7 +86,7 @@ def reference_means(
     Agnostic: {unit: [dim...]}; per position: {unit: [n_positions dim...]}."""
     sums: dict[Unit, Tensor] = {}
     counts = torch.zeros(n_positions if per_position else 1, dtype=torch.float64)
-    capture = capture_for(units, model.config.n_layers)
+    capture = capture_for(units)
     for tokens in batches:
         tokens = tokens.to(model.device)
         stream = model.run(tokens, capture=capture, logits_at="last").stream

@@ -15,7 +15,7 @@ def single_token_id(model: Transformer, token: str | int, role: str = "target") 
         return token
     if not isinstance(token, str) or token == "":
         raise ResidError(f"The {role} must be a non-empty string or a token id, got {token!r}.")
-    ids = model._need_tokenizer().encode(token, prepend_bos=False)
+    ids = model.require_tokenizer().encode(token, prepend_bos=False)
     if len(ids) != 1:
         pieces = model.to_str_tokens(ids)
         raise ResidError(

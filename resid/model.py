@@ -68,7 +68,8 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.W_E.dtype
 
-    def _need_tokenizer(self) -> Tokenizer:
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer, or an error saying how to run without one."""
         if self.tokenizer is None:
             raise ResidError(
                 f"Model {self.name!r} has no tokenizer (no tokenizer.json was found next to its weights): "
@@ -77,10 +78,10 @@ class Transformer(nn.Module):
         return self.tokenizer
 
     def to_tokens(self, texts: str | Sequence[str], padding_side: str = "left", prepend_bos: bool | None = None) -> Tokens:
-        return self._need_tokenizer().to_tokens(texts, padding_side, prepend_bos)
+        return self.require_tokenizer().to_tokens(texts, padding_side, prepend_bos)
 
     def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:
-        return self._need_tokenizer().to_str_tokens(text_or_ids, prepend_bos)
+        return self.require_tokenizer().to_str_tokens(text_or_ids, prepend_bos)
 
     def as_tokens(self, inputs: Inputs) -> Tokens:
         """Prompts (left-padded), ready-made Tokens, or a tensor of ids, as Tokens on the model's device."""

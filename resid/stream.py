@@ -37,9 +37,6 @@ class _Record:
             "or resid.Capture.all()."
         )
 
-    def has(self, name: str) -> bool:
-        return self._values.get(name) is not None
-
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}{list(v.shape)}" for k, v in self._values.items() if v is not None)
         return f"{type(self).__name__}(layer={self.layer}, {fields})"
