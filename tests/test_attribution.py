@@ -1,0 +1,160 @@
+"""Direct attribution: completeness (rows sum to the model's logit) on every architecture and on SmolLM2,
+per-head and per-neuron values against a brute force that materializes each write, padding invariance,
+and bad input."""
+
+import pytest
+import torch
+from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+
+import resid
+from analyses import attribution
+from analyses.tokens import single_token_id
+
+PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
+LEVELS = ("sublayer", "head", "neuron")
+
+
+def _assert_complete(df, rel=1e-5):
+    sums = df.groupby("prompt_idx").agg(total=("value", "sum"), logit=("logit", "first"))
+    err = ((sums["total"] - sums["logit"]).abs() / sums["logit"].abs().clip(lower=1.0)).max()
+    assert err < rel, sums
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_rows_sum_to_the_logit_on_every_family(tiny: Tiny, level):
+    _assert_complete(attribution.direct(tiny.model, PROMPTS, target=" the", level=level))
+    _assert_complete(attribution.direct(tiny.model, PROMPTS, target=" the", baseline=" a", level=level, pos=2))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_rows_sum_to_the_logit_on_random_architectures(random_model, level):
+    df = attribution.direct(random_model, PROMPTS, target=None, baseline=" a", level=level)
+    _assert_complete(df)
+    # The actual logit difference is the model's own.
+    logits = random_model.run(PROMPTS[1], logits_at="last").logits[0, 0]
+    row = df[df.prompt_idx == 1].iloc[0]
+    assert row["logit"] == pytest.approx((logits[row["target_id"]] - logits[row["baseline_id"]]).item(), abs=1e-5)
+
+
+def test_rows_sum_to_the_logit_on_smollm2(smollm2):
+    prompts = ["The Eiffel Tower is located in the city of", "When Mary and John went to the store, John gave a drink to"]
+    for level in LEVELS:
+        _assert_complete(attribution.direct(smollm2, prompts, target=None, level=level))
+    df = attribution.direct(smollm2, prompts[1], target=" Mary", baseline=" John", level="head")
+    _assert_complete(df)
+    assert df["logit"].iloc[0] > 0  # the model prefers the indirect object
+
+
+def test_levels_refine_each_other(random_model):
+    sub = attribution.direct(random_model, PROMPTS, " the", level="sublayer").set_index(["prompt_idx", "component"])
+    fine = attribution.direct(random_model, PROMPTS, " the", level="neuron")
+    grouped = fine[fine.layer.notna()].groupby(["prompt_idx", "layer", "part"])["value"].sum()
+    for (prompt, layer, part), value in grouped.items():
+        assert value == pytest.approx(sub.loc[(prompt, f"layers[{layer}].{part}.out"), "value"], abs=1e-5)
+
+
+@torch.no_grad()
+def _brute_force(model, text, target, level):
+    """Every head's and neuron's write materialized in d_model, then sent through the final norm with its
+    scale frozen and dotted with the unembedding column: no folded direction involved."""
+    run = model.run(text, capture=resid.Capture.all())
+    stream, last = run.stream, run.tokens.last_positions()[0]
+    scale = stream.final_norm_scale[0, last]
+    ln = model.ln_final
+
+    def logit_of(write):  # [..., d_model]
+        if ln.centre:
+            write = write - write.mean(-1, keepdim=True)
+        return (write * scale * ln.gain) @ model.unembed.W_U[:, target]
+
+    values = {}
+    for layer, record in enumerate(stream.layers):
+        if level == "head":
+            z = record.attn.z[0, last]  # [head d_head]
+            writes = torch.stack([z[h] @ model.blocks[layer].attn.W_O[h] for h in range(z.shape[0])])
+            for h, v in enumerate(logit_of(writes).tolist()):
+                values[f"layers[{layer}].attn.head[{h}]"] = v
+        else:
+            post = record.mlp.post[0, last]
+            writes = post[:, None] * model.blocks[layer].mlp.W_out  # [d_mlp d_model]
+            for i, v in enumerate(logit_of(writes).tolist()):
+                values[f"layers[{layer}].mlp.neuron[{i}]"] = v
+    return values
+
+
+@pytest.mark.parametrize("level", ["head", "neuron"])
+def test_projected_values_equal_brute_force(random_model, level):
+    text, target = PROMPTS[0], single_token_id(random_model, " the")
+    expected = _brute_force(random_model, text, target, level)
+    df = attribution.direct(random_model, text, target, level=level).set_index("component")
+    got = df.loc[list(expected), "value"]
+    torch.testing.assert_close(torch.tensor(got.values), torch.tensor(list(expected.values()), dtype=torch.float64),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_head_values_on_smollm2_equal_brute_force(smollm2):
+    text = "The Eiffel Tower is located in the city of"
+    target = single_token_id(smollm2, " Paris")
+    expected = _brute_force(smollm2, text, target, "head")
+    df = attribution.direct(smollm2, text, " Paris", level="head").set_index("component")
+    got = torch.tensor(df.loc[list(expected), "value"].values)
+    torch.testing.assert_close(got, torch.tensor(list(expected.values()), dtype=torch.float64), atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
+    batch = attribution.direct(random_model, PROMPTS, " the", level="head", pos=1)
+    for i, text in enumerate(PROMPTS):
+        alone = attribution.direct(random_model, text, " the", level="head", pos=1)
+        mine = batch[batch.prompt_idx == i].reset_index(drop=True)
+        assert list(mine["component"]) == list(alone["component"])
+        torch.testing.assert_close(torch.tensor(mine["value"].values), torch.tensor(alone["value"].values),
+                                   atol=1e-5, rtol=1e-5)
+        assert mine["token"].iloc[0] == random_model.to_str_tokens(text)[1]
+
+
+def test_batch_size_does_not_change_results(random_model):
+    one = attribution.direct(random_model, PROMPTS, " the", level="neuron", batch_size=1)
+    auto = attribution.direct(random_model, PROMPTS, " the", level="neuron")
+    torch.testing.assert_close(torch.tensor(one["value"].values), torch.tensor(auto["value"].values),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_components_and_columns(smollm2):
+    df = attribution.direct(smollm2, "The Eiffel Tower is located in the city of", level="head")
+    cfg = smollm2.config
+    assert len(df) == 1 + cfg.n_layers * (cfg.n_heads + 1) + 1  # embed, heads + MLP per layer, final_bias
+    assert df["component"].iloc[0] == "embed" and df["component"].iloc[-1] == "final_bias"
+    assert df["target"].iloc[0] == " Paris" and df["token"].iloc[0] == " of"
+    assert df["baseline"].isna().all() and df["final_bias" == df.component]["value"].eq(0).all()
+    assert df.attrs["provenance"]["analysis"] == "attribution.direct"
+    assert df.attrs["provenance"]["parameters"] == {"level": "head", "pos": -1}
+
+
+def test_learned_positions_and_biases_have_their_rows(gpt2_tokenizer):
+    from random_models import make_random_model
+
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    df = attribution.direct(model, PROMPTS[0], " the", level="neuron")
+    components = set(df["component"])
+    assert {"pos_embed", "layers[0].attn.b_O", "layers[2].mlp.b_out", "final_bias"} <= components
+    assert df.set_index("component").loc["final_bias", "value"] != 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(target=" Parisian"), "is 2 tokens"),
+        (dict(target=10**6), "is not a token"),
+        (dict(target=" Paris", baseline=" Eiffel Tower"), "baseline ' Eiffel Tower' is"),
+        (dict(target=" Paris", pos=50), "out of range for prompt 0"),
+        (dict(target=" Paris", level="layer"), "level must be one of"),
+    ],
+)
+def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
+    with pytest.raises(resid.ResidError, match=message):
+        attribution.direct(smollm2, "The Eiffel Tower is located in the city of", **kwargs)
+
+
+def test_empty_prompt_is_a_clear_error(smollm2):
+    with pytest.raises(resid.ResidError, match="Prompt 1 is empty"):
+        attribution.direct(smollm2, ["fine", "  "], " Paris")

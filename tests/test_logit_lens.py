@@ -1,0 +1,105 @@
+"""Logit lens: the last site equals the model's own distribution (both norms, every family), intermediate
+sites equal a brute-force decode of the stream, the frozen lens is the running sum of direct attributions,
+padding invariance, and bad input."""
+
+import pytest
+import torch
+from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+
+import resid
+from analyses import attribution, logit_lens
+
+PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
+
+
+def _top1(df):
+    return df[df["rank"] == 1]
+
+
+@pytest.mark.parametrize("norm", ["recompute", "frozen"])
+def test_last_site_is_the_models_distribution(tiny: Tiny, norm):
+    model = tiny.model
+    df = logit_lens.run(model, PROMPTS, positions="all", norm=norm, k=3)
+    last = df[(df.site == "resid_post") & (df.layer == model.config.n_layers - 1)]
+    for (prompt, pos), rows in last.groupby(["prompt_idx", "pos"]):
+        probs = torch.softmax(model.run(PROMPTS[prompt]).logits[0, pos].double(), -1)
+        top = probs.topk(3)
+        assert list(rows["token_id"]) == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor(rows["prob"].values), top.values, atol=1e-5, rtol=0)
+        assert rows["kl_to_final"].abs().max() < 1e-5 and (rows["target_rank"] == 1).all()
+    assert set(df["norm"]) == {norm}
+
+
+def test_sites_follow_the_stream(random_model):
+    n = random_model.config.n_layers
+    df = _top1(logit_lens.run(random_model, PROMPTS[0], sites="sublayer"))
+    parallel = random_model.config.block == "parallel"
+    expected = [(0, "resid_pre")] + [(l, s) for l in range(n) for s in (("resid_post",) if parallel else
+                                                                        ("resid_mid", "resid_post"))]
+    assert list(zip(df["layer"], df["site"])) == expected
+    layers = _top1(logit_lens.run(random_model, PROMPTS[0], sites="layer"))
+    assert list(zip(layers["layer"], layers["site"])) == [(0, "resid_pre")] + [(l, "resid_post") for l in range(n)]
+
+
+@torch.no_grad()
+def test_recompute_equals_decoding_the_stream(random_model):
+    text, layer = PROMPTS[0], 1
+    df = logit_lens.run(random_model, text, positions=[2], k=4)
+    rows = df[(df.layer == layer) & (df.site == "resid_post")]
+    resid_post = random_model.run(text, capture=resid.Capture.all()).stream.resid_post(layer)[0, 2]
+    normalized, _ = random_model.ln_final(resid_post[None, None])
+    logp = torch.log_softmax(random_model.unembed(normalized)[0, 0].double(), -1)
+    top = logp.topk(4)
+    assert list(rows["token_id"]) == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(rows["prob"].values), top.values.exp(), atol=1e-6, rtol=1e-5)
+    entropy = -(logp.exp() * logp).sum().item()
+    assert rows["entropy"].iloc[0] == pytest.approx(entropy, rel=1e-5)
+
+
+def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
+    """With the final scale frozen, the lens's target logit at resid_post(l) is the embedding, every write
+    up to layer l and the bias term: the partial sums of attribution.direct."""
+    text = PROMPTS[2]
+    lens = _top1(logit_lens.run(random_model, text, target=" the", norm="frozen"))
+    attr = attribution.direct(random_model, text, " the", level="sublayer")
+    bias = attr.loc[attr.component == "final_bias", "value"].item()
+    embeds = attr.loc[attr.part == "embed", "value"].sum()
+    for layer in range(random_model.config.n_layers):
+        upto = attr.loc[attr.layer.notna() & (attr.layer <= layer), "value"].sum()
+        got = lens[(lens.layer == layer) & (lens.site == "resid_post")]["target_logit"].item()
+        assert got == pytest.approx(embeds + upto + bias, abs=1e-4)
+
+
+def test_smollm2_forms_paris_late(smollm2):
+    df = _top1(logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", target=" Paris"))
+    final = df.iloc[-1]
+    assert final["token"] == " Paris" and final["prob"] == pytest.approx(0.70, abs=0.01)
+    assert df.iloc[0]["target_rank"] > 100  # the embeddings alone do not predict it
+
+
+def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
+    batch = logit_lens.run(random_model, PROMPTS, positions=[0, -1], k=2)
+    for i, text in enumerate(PROMPTS):
+        alone = logit_lens.run(random_model, text, positions=[0, -1], k=2)
+        mine = batch[batch.prompt_idx == i].reset_index(drop=True)
+        assert list(mine["token_id"]) == list(alone["token_id"])
+        assert list(mine["pos"]) == list(alone["pos"])
+        for col in ("prob", "target_logit", "kl_to_final"):
+            torch.testing.assert_close(torch.tensor(mine[col].values), torch.tensor(alone[col].values),
+                                       atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(target=" Parisian"), "is 2 tokens"),
+        (dict(positions=[0, 40]), r"Position\(s\) \[40\] are out of range"),
+        (dict(positions=[]), "positions is empty"),
+        (dict(norm="tuned"), "norm must be one of"),
+        (dict(sites="head"), "sites must be one of"),
+        (dict(k=0), "k must be a positive integer"),
+    ],
+)
+def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
+    with pytest.raises(resid.ResidError, match=message):
+        logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)
