@@ -1,5 +1,5 @@
 # Two entry points, each doing all set-up on a fresh machine:
-#   make demo   -- venv + install + predict with the embedded default model (SmolLM2-135M, GGUF)
+#   make demo   -- venv + install + decompose a prediction of the embedded default model (SmolLM2-135M, GGUF)
 #   make test   -- venv + install with test extras + the whole test suite
 # TORCH pins the CPU wheel these machines carry; on a GPU box use e.g. `make test TORCH=torch`.
 
@@ -24,7 +24,7 @@ $(VENV)/.test: $(VENV)/.base
 	touch $@
 
 demo: $(VENV)/.base
-	$(VENV)/bin/resid predict "$(PROMPT)" --model smollm2-135m --top 10
+	$(VENV)/bin/resid decompose "$(PROMPT)" --model smollm2-135m --top 10
 
 test: $(VENV)/.test
 	$(PY) -m pytest -q

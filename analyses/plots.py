@@ -44,3 +44,107 @@ def save_html(fig: go.Figure, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(path, include_plotlyjs=True, full_html=True)
     return path
+
+
+def _site_label(layer: int, site: str) -> str:
+    return "embed" if site == "resid_pre" else f"L{layer} {site.removeprefix('resid_')}"
+
+
+def _visible(token: str) -> str:
+    """Cell text for a token: escapes shown (\\n), and a whitespace-only token as one ␣ per character."""
+    return "␣" * len(token) if token.isspace() else repr(token)[1:-1]
+
+
+def logit_lens_heatmap(df: pd.DataFrame, prompt_idx: int = 0) -> go.Figure:
+    """Sites (layers) x positions of one prompt from logit_lens.run: cell text = the lens's top token, colour
+    = the target's probability, hover = the top-k tokens with probabilities."""
+    rows = df[df["prompt_idx"] == prompt_idx]
+    if rows.empty:
+        raise ResidError(f"The logit-lens table has no rows for prompt_idx={prompt_idx}.")
+    cells = rows.groupby(["pos", "layer", "site"], sort=False)
+    positions = list(dict.fromkeys(rows["pos"]))
+    sites = list(dict.fromkeys(zip(rows["layer"], rows["site"])))
+    z = [[None] * len(positions) for _ in sites]
+    text = [[""] * len(positions) for _ in sites]
+    hover = [[""] * len(positions) for _ in sites]
+    for (pos, layer, site), cell in cells:
+        i, j = sites.index((layer, site)), positions.index(pos)
+        first = cell.iloc[0]
+        z[i][j] = first["target_prob"]
+        text[i][j] = _visible(first["token"])
+        top = "<br>".join(f"{r['rank']}. {r['token']!r} {r['prob']:.3f}" for _, r in cell.iterrows())
+        hover[i][j] = (f"{_site_label(layer, site)}, pos {pos} ({first['input']!r})<br>{top}<br>"
+                       f"target {first['target']!r}: p={first['target_prob']:.3g}, rank {first['target_rank']}")
+    inputs = rows.drop_duplicates("pos").set_index("pos")["input"]
+    targets = rows["target"].unique()
+    target = repr(targets[0]) if len(targets) == 1 else "the final top token"
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[f"{p}: {inputs[p]!r}" for p in positions], y=[_site_label(l, s) for l, s in sites],
+        text=text, texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        colorscale="Blues", zmin=0, zmax=1, colorbar=dict(title="p(target)"),
+    ))
+    fig.update_layout(
+        title=f"Logit lens ({rows['norm'].iloc[0]} final norm): top token per site, colour = p({target})",
+        xaxis_title="position: input token", yaxis_title="site", height=max(400, 18 * len(sites) + 150),
+    )
+    return fig
+
+
+def head_attribution_heatmap(df: pd.DataFrame, prompt_idx: int | None = None) -> go.Figure:
+    """Layer x head direct attribution from attribution.direct(level="head" or "neuron"): one prompt, or the
+    mean over prompts when prompt_idx is None."""
+    heads = df[df["head"].notna()]
+    if heads.empty:
+        raise ResidError("The attribution table has no per-head rows: run attribution.direct(level='head').")
+    if prompt_idx is not None:
+        heads = heads[heads["prompt_idx"] == prompt_idx]
+    grid = heads.groupby(["layer", "head"])["value"].mean().unstack("head")
+    what = f"prompt {prompt_idx}" if prompt_idx is not None else f"mean over {heads['prompt_idx'].nunique()} prompts"
+    fig = go.Figure(go.Heatmap(
+        z=grid.values, x=[f"H{h}" for h in grid.columns], y=[f"L{l}" for l in grid.index],
+        colorscale="RdBu", zmid=0, colorbar=dict(title="logit"),
+        hovertemplate="layer %{y} head %{x}<br>%{z:+.4f} logit<extra></extra>",
+    ))
+    fig.update_layout(title=f"Direct attribution per head to {_metric_name(df)} ({what})",
+                      xaxis_title="head", yaxis_title="layer", height=max(400, 16 * len(grid) + 150))
+    return fig
+
+
+def layer_attribution_bars(df: pd.DataFrame, prompt_idx: int | None = None) -> go.Figure:
+    """Per layer, the direct attribution of attention and of the MLP (any level, summed), side by side."""
+    rows = df if prompt_idx is None else df[df["prompt_idx"] == prompt_idx]
+    n_prompts = rows["prompt_idx"].nunique()
+    layers = rows[rows["layer"].notna()]
+    sums = layers.groupby(["layer", "part"])["value"].sum().unstack("part").fillna(0) / n_prompts
+    other = rows[rows["layer"].isna()].groupby("component")["value"].sum() / n_prompts
+    fig = go.Figure([
+        go.Bar(x=sums.index, y=sums[part], name=part, hovertemplate=f"{part} L%{{x}}: %{{y:+.4f}}<extra></extra>")
+        for part in ("attn", "mlp") if part in sums
+    ])
+    extras = ", ".join(f"{name} {value:+.3f}" for name, value in other.items())
+    what = f"prompt {prompt_idx}" if prompt_idx is not None else f"mean over {n_prompts} prompts"
+    fig.update_layout(barmode="group", title=f"Direct attribution per layer to {_metric_name(df)} ({what}); {extras}",
+                      xaxis_title="layer", yaxis_title="logit")
+    return fig
+
+
+def _metric_name(df: pd.DataFrame) -> str:
+    targets = df["target"].unique()
+    target = repr(targets[0]) if len(targets) == 1 else "the target"
+    baselines = df["baseline"].dropna().unique() if "baseline" in df else []
+    if len(baselines) == 1:
+        return f"logit({target}) - logit({baselines[0]!r})"
+    return f"logit({target})" + (" - logit(baseline)" if len(baselines) else "")
+
+
+def report_html(figures: list[go.Figure], path: str | Path, title: str, preamble: str = "") -> Path:
+    """Several figures in one self-contained HTML page (plotly.js embedded once)."""
+    import html
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+            f"<h2>{html.escape(title)}</h2><pre>{html.escape(preamble)}</pre>" + "".join(parts) + "</body></html>")
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-COMMANDS = ("predict", "info", "ablate")  # modules of resid.commands, in the order --help lists them
+COMMANDS = ("decompose", "predict", "info", "ablate")  # modules of resid.commands, in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,95 @@
+"""`resid decompose "prompt"`: where a prediction comes from. The top next tokens, a compact logit lens, the
+components with the largest direct attribution, and a completeness check (components sum to the logit).
+With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and an HTML report of figures."""
+
+from pathlib import Path
+
+import torch
+
+from resid.capture import Capture
+from resid.errors import ResidError
+
+
+def add_parser(commands, common) -> None:
+    parser = commands.add_parser("decompose", parents=[common], help="decompose a prediction: lens + attribution")
+    parser.add_argument("text")
+    parser.add_argument("--target", default=None, help="target token, e.g. ' Paris' (default: the top prediction)")
+    parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")
+    parser.add_argument("--top", type=int, default=10, help="how many tokens and components to list (default 10)")
+    parser.add_argument("--level", default="head", choices=["sublayer", "head", "neuron"],
+                        help="attribution detail: heads + MLPs (default), sublayers, or heads + neurons")
+    parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"], help="logit-lens final norm")
+    parser.add_argument("--out", default=None, help="folder for tables (CSV, LaTeX) and report.html")
+
+
+def run(model, args) -> str:
+    from analyses import attribution, logit_lens
+
+    if args.top < 1:
+        raise ResidError(f"--top must be at least 1, got {args.top}.")
+    text = args.text
+    # Every position for the heatmap; the table reads the last one.
+    lens = logit_lens.run(model, text, target=args.target, positions="all", sites="layer", norm=args.norm, k=args.top)
+    attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
+    lines = _predictions(model, text, args.top)
+    lines += _lens_table(lens)
+    lines += _components(attr, args.top)
+    if args.out is not None:
+        lines += _write(model, text, lens, attr, Path(args.out))
+    return "\n".join(lines)
+
+
+def _predictions(model, text: str, top: int) -> list[str]:
+    probs = torch.softmax(model.run(text, capture=Capture.none(), logits_at="last").logits[0, 0].float(), -1)
+    values, ids = probs.topk(min(top, probs.shape[-1]))
+    pieces = model.to_str_tokens(text)
+    lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "", "top next tokens:"]
+    lines += [f"  {p:7.4f}  {model.tokenizer.decode([i])!r}" for p, i in zip(values.tolist(), ids.tolist())]
+    return lines
+
+
+def _lens_table(lens) -> list[str]:
+    top = lens[(lens["rank"] == 1) & (lens["pos"] == lens["pos"].max())]
+    target = top["target"].iloc[0]
+    lines = ["", f"logit lens at the last token ({top['norm'].iloc[0]} final norm), target {target!r}:",
+             f"  {'layer':<6} {'top token':<16} {'p(top)':>7} {'p(target)':>10} {'rank':>6}"]
+    for _, row in top.iterrows():
+        layer = "embed" if row["site"] == "resid_pre" else str(row["layer"])
+        lines.append(f"  {layer:<6} {row['token']!r:<16} {row['prob']:7.4f} {row['target_prob']:10.3g} "
+                     f"{row['target_rank']:>6}")
+    return lines
+
+
+def _components(attr, top: int) -> list[str]:
+    first = attr.iloc[0]
+    metric = f"logit({first['target']!r})"
+    if first["baseline"] is not None and first["baseline"] == first["baseline"]:
+        metric += f" - logit({first['baseline']!r})"
+    ranked = attr.reindex(attr["value"].abs().sort_values(ascending=False).index).head(top)
+    lines = ["", f"top {len(ranked)} components by direct attribution to {metric}:"]
+    lines += [f"  {row['value']:+9.4f}  {row['component']}" for _, row in ranked.iterrows()]
+    total, actual = attr["value"].sum(), first["logit"]
+    lines += ["", f"completeness: sum of {len(attr)} components = {total:.6f}; model {metric} = {actual:.6f}; "
+                  f"difference {total - actual:+.2e}"]
+    return lines
+
+
+def _write(model, text: str, lens, attr, out: Path) -> list[str]:
+    from analyses import plots, tables
+
+    # CSV: the full tables. LaTeX: what fits a paper, the top components and the lens's top-1 per layer.
+    top = attr.reindex(attr["value"].abs().sort_values(ascending=False).index).head(20)
+    lens_top = lens[(lens["rank"] == 1) & (lens["pos"] == lens["pos"].max())]
+    files = [
+        tables.export(attr, out / "attribution.csv"),
+        tables.export(top[["component", "layer", "part", "head", "value"]], out / "attribution.tex",
+                      attr.attrs.get("provenance")),
+        tables.export(lens, out / "logit_lens.csv"),
+        tables.export(lens_top[["layer", "site", "token", "prob", "target_prob", "target_rank"]],
+                      out / "logit_lens.tex", lens.attrs.get("provenance")),
+    ]
+    figures = [plots.logit_lens_heatmap(lens), plots.layer_attribution_bars(attr)]
+    if attr["head"].notna().any():
+        figures.append(plots.head_attribution_heatmap(attr))
+    files.append(plots.report_html(figures, out / "report.html", f"resid decompose: {text!r} ({model.name})"))
+    return ["", "wrote " + ", ".join(str(f) for f in files)]
