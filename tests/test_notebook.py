@@ -1,0 +1,19 @@
+"""The notebook runs top to bottom in a fresh kernel (nbclient); any failing cell fails the test."""
+
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "decompose_prediction.ipynb"
+
+
+def test_decompose_notebook_runs(tmp_path):
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    assert "sum of components" in printed and r"\toprule" in printed
+    figures = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+               if "application/vnd.plotly.v1+json" in out.get("data", {})]
+    assert len(figures) == 4
+    assert (tmp_path / "exports" / "ioi_heads.tex.json").exists()
