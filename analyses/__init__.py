@@ -1,5 +1,11 @@
 """Analyses over resid runs: pure functions (model, inputs, options) -> tidy pandas DataFrame.
 
+    attribution    direct logit attribution to embeddings, heads / sublayers, neurons (exact, projected)
+    directions     logit directions through the final norm with its scale frozen
+    logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL
+    provenance     how a result was produced (model hash, analysis, parameters), for tables' sidecars
+    prompts        prompt lists and prompt-relative positions in padded batches
+    tables         CSV / Parquet / LaTeX / Markdown export with a provenance sidecar; exact read-back
     ablation       layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
     ablation_sites what a sweep ablates, and its signature for resuming
     ablation_values replacement values: reference means (agnostic or per position) and resample donors

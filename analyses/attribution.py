@@ -117,14 +117,16 @@ def _attribute(
         actual = actual - logits[rows, baseline_ids.to(model.device)]
     blocks = _components(model, stream, rows, column, direction.direction, level)
     blocks.append(_Block(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    decode = model.require_tokenizer().decode
+    baseline_list = None if baseline_ids is None else baseline_ids.tolist()
     meta = {
         "prompt_idx": list(chunk),
         "pos": [r[0] for r in rel],
         "token": [t[0] for t in input_tokens(model, tokens, index)],
-        "target": [model.tokenizer.decode([i]) for i in target_ids.tolist()],
+        "target": [decode([i]) for i in target_ids.tolist()],
         "target_id": target_ids.tolist(),
-        "baseline": [None] * len(chunk) if baseline_ids is None else [model.tokenizer.decode([i]) for i in baseline_ids.tolist()],
-        "baseline_id": pd.array([None] * len(chunk) if baseline_ids is None else baseline_ids.tolist(), dtype="Int64"),
+        "baseline": [None] * len(chunk) if baseline_list is None else [decode([i]) for i in baseline_list],
+        "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
     return _frame(meta, blocks, actual)
 

@@ -37,7 +37,8 @@ def test_rows_sum_to_the_logit_on_random_architectures(random_model, level):
 
 
 def test_rows_sum_to_the_logit_on_smollm2(smollm2):
-    prompts = ["The Eiffel Tower is located in the city of", "When Mary and John went to the store, John gave a drink to"]
+    prompts = ["The Eiffel Tower is located in the city of",
+               "When Mary and John went to the store, John gave a drink to"]
     for level in LEVELS:
         _assert_complete(attribution.direct(smollm2, prompts, target=None, level=level))
     df = attribution.direct(smollm2, prompts[1], target=" Mary", baseline=" John", level="head")

@@ -34,11 +34,11 @@ def test_sites_follow_the_stream(random_model):
     n = random_model.config.n_layers
     df = _top1(logit_lens.run(random_model, PROMPTS[0], sites="sublayer"))
     parallel = random_model.config.block == "parallel"
-    expected = [(0, "resid_pre")] + [(l, s) for l in range(n) for s in (("resid_post",) if parallel else
-                                                                        ("resid_mid", "resid_post"))]
+    per_layer = ("resid_post",) if parallel else ("resid_mid", "resid_post")
+    expected = [(0, "resid_pre")] + [(layer, site) for layer in range(n) for site in per_layer]
     assert list(zip(df["layer"], df["site"])) == expected
     layers = _top1(logit_lens.run(random_model, PROMPTS[0], sites="layer"))
-    assert list(zip(layers["layer"], layers["site"])) == [(0, "resid_pre")] + [(l, "resid_post") for l in range(n)]
+    assert list(zip(layers["layer"], layers["site"])) == [(0, "resid_pre")] + [(layer, "resid_post") for layer in range(n)]
 
 
 @torch.no_grad()
