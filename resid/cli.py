@@ -1,5 +1,8 @@
 """The `resid` command.
 
+    resid decompose "The Eiffel Tower is located in the city of" [--target T] [--baseline B] [--out DIR]
+    resid attribute "prompt" | --prompts x.jsonl [--level head] [--out table.csv]
+    resid lens "prompt" [--target T] [--positions all] [--norm frozen] [--out lens.csv]
     resid predict "The Eiffel Tower is located in the city of" [--model M] [--top K]
     resid info [--model M]
     resid ablate --prompts prompts.jsonl [--sites sublayers] [--method mean --reference corpus.txt]
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-COMMANDS = ("decompose", "predict", "info", "ablate")  # modules of resid.commands, in the order --help lists them
+COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate")  # modules of resid.commands, in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:

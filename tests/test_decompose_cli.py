@@ -48,3 +48,38 @@ def test_multi_token_target_is_one_clear_error(capsys):
     assert main(["decompose", PROMPT, "--target", " Parisian"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("resid: error: The target ' Parisian' is 2 tokens") and "first token" in err
+
+
+def test_attribute_writes_a_table_for_a_prompt_set(tmp_path, capsys):
+    prompts = tmp_path / "ioi.jsonl"
+    prompts.write_text('{"prompt": "When Mary and John went to the store, John gave a drink to", '
+                       '"target": " Mary", "baseline": " John"}\n'
+                       '{"prompt": "When Tom and Anna sat in the park, Anna handed a book to", '
+                       '"target": " Tom", "baseline": " Anna"}\n')
+    out = tmp_path / "heads.parquet"
+    assert main(["attribute", "--prompts", str(prompts), "--level", "sublayer", "--top", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "prompt 1: logit(' Tom') - logit(' Anna')" in printed and f"wrote {out} (124 rows)" in printed
+    df = tables.read(out)
+    sums = df.groupby("prompt_idx").agg(total=("value", "sum"), logit=("logit", "first"))
+    assert ((sums.total - sums.logit).abs() < 1e-4).all() and (sums.logit > 0).all()
+
+
+def test_attribute_needs_exactly_one_source(capsys):
+    assert main(["attribute"]) == 2
+    assert "Give either one prompt or --prompts" in capsys.readouterr().err
+
+
+def test_lens_prints_and_writes(tmp_path, capsys):
+    out = tmp_path / "lens.csv"
+    assert main(["lens", PROMPT, "--target", " Paris", "--positions", "0,-1", "--norm", "frozen",
+                 "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "frozen final norm" in lines[0] and "' Paris'" in lines[0]
+    assert len(lines) == 2 + 2 * 31 + 1 and "L29 post" in lines[-2] and "' Paris'" in lines[-2]
+    assert set(tables.read(out)["pos"]) == {0, 9} and (tmp_path / "lens.html").exists()
+
+
+def test_lens_bad_positions_is_one_clear_error(capsys):
+    assert main(["lens", PROMPT, "--positions", "last"]) == 2
+    assert "--positions must be 'all' or comma-separated integers" in capsys.readouterr().err

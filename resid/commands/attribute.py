@@ -1,0 +1,47 @@
+"""`resid attribute`: direct attribution for one prompt or a JSONL prompt set, written as a table.
+
+    resid attribute "When Mary and John went to the store, John gave a drink to" --target " Mary" --baseline " John"
+    resid attribute --prompts ioi.jsonl --level head --out heads.parquet      # .csv .parquet .tex .md
+"""
+
+from resid.errors import ResidError
+
+
+def add_parser(commands, common) -> None:
+    parser = commands.add_parser("attribute", parents=[common], help="direct attribution table (scripts)")
+    parser.add_argument("text", nargs="?", default=None, help="one prompt (or use --prompts)")
+    parser.add_argument("--prompts", default=None, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}')
+    parser.add_argument("--target", default=None, help="target token (default: each prompt's top prediction)")
+    parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")
+    parser.add_argument("--level", default="head", choices=["sublayer", "head", "neuron"])
+    parser.add_argument("--pos", type=int, default=-1, help="prompt position to attribute (default -1, the last)")
+    parser.add_argument("--top", type=int, default=10, help="components listed per prompt (default 10)")
+    parser.add_argument("--out", default=None, help="table file: .csv .parquet .tex .md (+ a .json provenance)")
+
+
+def run(model, args) -> str:
+    from analyses import attribution, tables
+    from analyses.prompts_file import read_jsonl
+
+    if (args.text is None) == (args.prompts is None):
+        raise ResidError("Give either one prompt or --prompts FILE.jsonl (not both).")
+    if args.prompts is not None:
+        if args.target is not None or args.baseline is not None:
+            raise ResidError("With --prompts, targets and baselines come from the JSONL file, not --target.")
+        prompt_set = read_jsonl(args.prompts)
+        prompts, target, baseline = prompt_set.prompts, prompt_set.targets, prompt_set.baselines
+    else:
+        prompts, target, baseline = [args.text], args.target, args.baseline
+    df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos)
+    lines = []
+    for prompt_idx, rows in df.groupby("prompt_idx", sort=True):
+        first = rows.iloc[0]
+        metric = f"logit({first['target']!r})" + ("" if rows["baseline"].isna().all() else
+                                                   f" - logit({first['baseline']!r})")
+        lines.append(f"prompt {prompt_idx}: {metric} = {first['logit']:.4f} "
+                     f"(sum of {len(rows)} components {rows['value'].sum():.4f})")
+        ranked = rows.reindex(rows["value"].abs().sort_values(ascending=False).index).head(args.top)
+        lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["component"])]
+    if args.out is not None:
+        lines.append(f"wrote {tables.export(df, args.out)} ({len(df)} rows)")
+    return "\n".join(lines)

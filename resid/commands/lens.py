@@ -1,0 +1,47 @@
+"""`resid lens "prompt"`: the logit lens as a compact table, optionally written as a table and a heatmap.
+
+    resid lens "The Eiffel Tower is located in the city of" --target " Paris" --norm frozen
+    resid lens "..." --positions all --out lens.csv          # + lens.csv.json and lens.html (heatmap)
+"""
+
+from pathlib import Path
+
+from resid.errors import ResidError
+
+
+def add_parser(commands, common) -> None:
+    parser = commands.add_parser("lens", parents=[common], help="logit lens table and heatmap (scripts)")
+    parser.add_argument("text")
+    parser.add_argument("--target", default=None, help="target token (default: the top prediction at each position)")
+    parser.add_argument("--positions", default="-1", help="'all', or comma-separated prompt positions (default -1)")
+    parser.add_argument("--sites", default="layer", choices=["layer", "sublayer"])
+    parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"])
+    parser.add_argument("--k", type=int, default=5, help="top tokens kept per site (default 5)")
+    parser.add_argument("--out", default=None, help="table file: .csv .parquet .tex .md; the heatmap goes beside it")
+
+
+def run(model, args) -> str:
+    from analyses import logit_lens, plots, tables
+
+    positions = args.positions if args.positions == "all" else _positions(args.positions)
+    df = logit_lens.run(model, args.text, target=args.target, positions=positions, sites=args.sites,
+                        norm=args.norm, k=args.k)
+    top = df[df["rank"] == 1]
+    lines = [f"logit lens ({args.norm} final norm), target {top['target'].iloc[-1]!r} at the last position:",
+             f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>7} {'p(target)':>10} {'rank':>6}"]
+    for _, row in top.iterrows():
+        site = "embed" if row["site"] == "resid_pre" else f"L{row['layer']} {row['site'].removeprefix('resid_')}"
+        lines.append(f"  {row['pos']:>4} {site:<16} {row['token']!r:<16} {row['prob']:7.4f} "
+                     f"{row['target_prob']:10.3g} {row['target_rank']:>6}")
+    if args.out is not None:
+        table = tables.export(df, args.out)
+        figure = plots.save_html(plots.logit_lens_heatmap(df), Path(args.out).with_suffix(".html"))
+        lines.append(f"wrote {table} ({len(df)} rows) and {figure}")
+    return "\n".join(lines)
+
+
+def _positions(text: str) -> list[int]:
+    try:
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise ResidError(f"--positions must be 'all' or comma-separated integers like 0,-1; got {text!r}.") from None
