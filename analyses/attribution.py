@@ -95,36 +95,31 @@ def _attribute(
     rel = prompt_positions(tokens.lengths.tolist(), [pos])
     index = padded_index(tokens, rel)  # [batch 1]
     kept = sorted(set(index[:, 0].tolist()))
-    capture = Capture(
+    capture = Capture(  # heads need z, neurons post; whole sublayers their write
         positions=kept,
-        attn={"z", "out"} if level != "sublayer" else {"out"},
-        mlp={"post", "out"} if level == "neuron" else {"out"},
+        attn={"z"} if level != "sublayer" else {"out"},
+        mlp={"post"} if level == "neuron" else {"out"},
     )
     run = model.run(tokens, capture=capture, logits_at=index)
     column = torch.tensor([kept.index(p) for p in index[:, 0].tolist()], device=model.device)
     rows = torch.arange(len(chunk), device=model.device)
     logits = run.logits[:, 0].float()
-    target_ids = logits.argmax(-1) if targets is None else torch.tensor([targets[i] for i in chunk])
-    baseline_ids = None if baselines is None else torch.tensor([baselines[i] for i in chunk])
-    target_ids = target_ids.to(model.device)
+    target_list = logits.argmax(-1).tolist() if targets is None else [targets[i] for i in chunk]
+    baseline_list = None if baselines is None else [baselines[i] for i in chunk]
     stream = run.stream
-    direction = logit_direction(
-        model, target_ids.tolist(), stream.final_norm_scale[rows, column],
-        None if baseline_ids is None else baseline_ids.tolist(),
-    )
-    actual = logits[rows, target_ids]
-    if baseline_ids is not None:
-        actual = actual - logits[rows, baseline_ids.to(model.device)]
+    direction = logit_direction(model, target_list, stream.final_norm_scale[rows, column], baseline_list)
+    actual = logits[rows, torch.tensor(target_list, device=model.device)]
+    if baseline_list is not None:
+        actual = actual - logits[rows, torch.tensor(baseline_list, device=model.device)]
     blocks = _components(model, stream, rows, column, direction.direction, level)
     blocks.append(_Block(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
     decode = model.require_tokenizer().decode
-    baseline_list = None if baseline_ids is None else baseline_ids.tolist()
     meta = {
         "prompt_idx": list(chunk),
         "pos": [r[0] for r in rel],
         "token": [t[0] for t in input_tokens(model, tokens, index)],
-        "target": [decode([i]) for i in target_ids.tolist()],
-        "target_id": target_ids.tolist(),
+        "target": [decode([i]) for i in target_list],
+        "target_id": target_list,
         "baseline": [None] * len(chunk) if baseline_list is None else [decode([i]) for i in baseline_list],
         "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
