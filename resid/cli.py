@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate")  # modules of resid.commands, in the order --help lists them
+COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "neurons")  # modules of resid.commands, in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,141 @@
+"""Promote or suppress FFN memories by editing their coefficients (Geva et al. 2022, section 5: turning
+on "promoting" sub-updates steers the prediction toward the concepts their values encode).
+
+Glossary: neuron i of a layer writes m_i * v_i, m_i = post[i] its coefficient (resid.components.mlp).
+*Setting* a coefficient replaces m_i by a value; *scaling* multiplies it (0 switches the memory off).
+
+    edits = neuron_edits.set_coefficients(model, prompts, [(20, 5), (21, 7)], value=10.0, positions=[-1])
+    df = neuron_edits.prediction_change(model, prompts, edits, k=10)
+
+Positions are prompt-relative (0 = a prompt's first real token, -1 its last), so they mean the same token
+in every prompt whatever the padding. The edits are resid.Scale / resid.Add interventions on neuron sites
+that carry one [batch pos] tensor each: 1 / 0 where nothing changes (an exact no-op there) and the new
+factor / value at the chosen tokens. They are tied to the batch they were built for: run them on the same
+prompts (or the same Tokens).
+"""
+
+from collections.abc import Sequence
+from numbers import Real
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from analyses.neuron_values import check_k, decode_ids
+from analyses.provenance import describe
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.interventions import Add, Intervention, Scale, Site
+from resid.model import Inputs, Transformer
+
+Neurons = Sequence[Sequence[int]]  # (layer, neuron) pairs (checked here, for a clearer error than a type check)
+
+
+def set_coefficients(
+    model: Transformer,
+    prompts: Inputs,
+    neurons: Neurons,
+    value: Real | Sequence[Real],
+    positions: Sequence[int] | None = None,
+) -> list[Intervention]:
+    """Interventions that set each neuron's coefficient to `value` (one, or one per neuron) at the
+    prompt-relative `positions` of every prompt (None: at every real token)."""
+    mask, sites = _targets(model, prompts, neurons, positions)
+    values = _per_neuron(value, len(sites), "value")
+    keep = (~mask).to(model.dtype)
+    return [iv for site, v in zip(sites, values) for iv in (Scale(site, keep), Add(site, mask.to(model.dtype) * v))]
+
+
+def scale_coefficients(
+    model: Transformer,
+    prompts: Inputs,
+    neurons: Neurons,
+    factor: Real | Sequence[Real],
+    positions: Sequence[int] | None = None,
+) -> list[Intervention]:
+    """Interventions that multiply each neuron's coefficient by `factor` (0 suppresses, > 1 promotes) at
+    the prompt-relative `positions` of every prompt (None: at every real token)."""
+    mask, sites = _targets(model, prompts, neurons, positions)
+    factors = _per_neuron(factor, len(sites), "factor")
+    return [Scale(site, torch.where(mask, f, 1.0).to(model.dtype)) for site, f in zip(sites, factors)]
+
+
+def prediction_change(
+    model: Transformer, prompts: Inputs, interventions: Sequence[Intervention], k: int = 10
+) -> pd.DataFrame:
+    """How the next-token prediction at each prompt's last token changes under `interventions`.
+
+    One row per (prompt, token) for the union of the clean and the edited top-k: prompt_idx token_id token
+    clean_rank edited_rank (1 = most likely) clean_prob edited_prob prob_delta clean_logit edited_logit
+    logit_delta, ordered by prompt and edited rank."""
+    k = check_k(k, "k", model.config.d_vocab)
+    tokens = model.as_tokens(prompts)
+    clean = model.run(tokens, capture=Capture.none(), logits_at="last").logits[:, 0].float()
+    edited = model.run(tokens, capture=Capture.none(), interventions=interventions, logits_at="last").logits[:, 0]
+    edited = edited.float()
+    frames = []
+    for row in range(clean.shape[0]):
+        ids = torch.cat([clean[row].topk(k).indices, edited[row].topk(k).indices]).unique()
+        frames.append(_compare(clean[row], edited[row], ids, row))
+    df = pd.concat(frames, ignore_index=True)
+    df.insert(2, "token", decode_ids(model, df["token_id"].to_numpy()))
+    df = df.sort_values(["prompt_idx", "edited_rank"], ignore_index=True)
+    sites = [f"{type(iv).__name__} {iv.site.describe()}" for iv in interventions]
+    texts = prompts if isinstance(prompts, (str, list, tuple)) else None
+    parameters = {"k": k, "interventions": sites}
+    df.attrs["provenance"] = describe(model, "neurons.prediction_change", parameters, texts)
+    return df
+
+
+def _compare(clean: Tensor, edited: Tensor, ids: Tensor, row: int) -> pd.DataFrame:
+    columns = {"prompt_idx": np.full(len(ids), row, dtype=np.int64), "token_id": ids.cpu().numpy().astype(np.int64)}
+    for name, logits in (("clean", clean), ("edited", edited)):
+        chosen = logits[ids]
+        columns[f"{name}_rank"] = ((logits[None, :] > chosen[:, None]).sum(-1) + 1).cpu().numpy().astype(np.int64)
+        columns[f"{name}_prob"] = torch.softmax(logits, -1)[ids].double().cpu().numpy()
+        columns[f"{name}_logit"] = chosen.double().cpu().numpy()
+    columns["prob_delta"] = columns["edited_prob"] - columns["clean_prob"]
+    columns["logit_delta"] = columns["edited_logit"] - columns["clean_logit"]
+    order = ["prompt_idx", "token_id", "clean_rank", "edited_rank", "clean_prob", "edited_prob", "prob_delta",
+             "clean_logit", "edited_logit", "logit_delta"]
+    return pd.DataFrame({name: columns[name] for name in order})
+
+
+def _targets(
+    model: Transformer, prompts: Inputs, neurons: Neurons, positions: Sequence[int] | None
+) -> tuple[Bool[Tensor, "batch pos"], list[Site]]:
+    """The [batch pos] mask of the padded positions to edit, and one checked Site per neuron."""
+    pairs = list(neurons)
+    if not pairs:
+        raise ResidError("No neurons given: pass a non-empty list of (layer, neuron) pairs.")
+    sites = []
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(x, int) for x in pair)):
+            raise ResidError(f"Neurons must be (layer, neuron) pairs of integers, got {pair!r}.")
+        site = Site(pair[0], "mlp", neuron=pair[1])
+        site.validate(model.config)
+        sites.append(site)
+    tokens = model.as_tokens(prompts)
+    mask = tokens.attention_mask.clone()
+    if positions is not None:
+        chosen = torch.zeros_like(mask)
+        for row in range(mask.shape[0]):
+            real = mask[row].nonzero()[:, 0]
+            bad = [p for p in positions if not -len(real) <= p < len(real)]
+            if bad:
+                raise ResidError(
+                    f"Positions {bad} are out of range for prompt {row}, which has {len(real)} tokens "
+                    f"(use 0..{len(real) - 1}, or -{len(real)}..-1 from its last token)."
+                )
+            chosen[row, real[torch.tensor(list(positions), dtype=torch.long) % len(real)]] = True
+        mask = chosen
+    return mask, sites
+
+
+def _per_neuron(value: Real | Sequence[Real], n: int, name: str) -> list[float]:
+    values = [value] * n if isinstance(value, Real) else list(value)
+    if len(values) != n:
+        raise ResidError(f"Got {len(values)} {name}s for {n} neurons: give one {name}, or one per neuron.")
+    return [float(v) for v in values]

@@ -1,0 +1,278 @@
+"""FFN keys as pattern detectors: the corpus tokens that activate a neuron most (Geva et al. 2021,
+"Transformer Feed-Forward Layers Are Key-Value Memories", section 3: a key's trigger examples).
+
+Glossary: the *coefficient* m_i = post[i] of neuron i at a token says how strongly the token's prefix
+matches the neuron's key; a *trigger* is a token with one of the k largest coefficients over the corpus;
+its *context* is the text before it (and a little after), with the trigger marked ⟦like this⟧.
+
+    df = neurons.top_activating(model, corpus.demo(), layers=[20], neurons=[5, 7], k=20)
+
+Streaming: documents are tokenized (with BOS if the model prepends one), cut into windows of at most
+`window` tokens (a long document becomes consecutive windows; each window is a separate forward pass, so a
+trigger's context never reaches into the previous window), sorted by length and run in padded batches.
+Only the chosen layers' `post` is captured and only the last token is unembedded (the forward still runs
+every layer: stopping early would take a hook resid does not offer, and bench_neurons.py shows the
+bookkeeping is cheap next to the forward). A running top-k per
+(layer, neuron) is kept on the model's device and merged with each batch's own top-k: memory is
+O(k x neurons), never O(tokens x neurons). Padding and BOS positions never count as triggers (a BOS
+token's activations are attention-sink outliers that would fill every list).
+
+Ranking (`sign`): "positive" (default) ranks by m, largest first, as Geva et al. do; "negative" by -m
+(for gated MLPs, whose coefficients take both signs, a negative m adds -v); "abs" by |m|.
+"""
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from analyses import corpus as corpora
+from analyses.neuron_values import check_k, decode_ids, select_layers, select_neurons
+from analyses.provenance import describe
+from resid.batching import BatchSize, auto_batch_size, with_backoff
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.model import Transformer
+from resid.tokenizer import Tokens
+
+SIGNS = ("positive", "negative", "abs")
+MARK = ("⟦", "⟧")
+
+
+@dataclass(frozen=True)
+class Window:
+    doc: int  # index of the document in the corpus
+    start: int  # index in the document's tokens (BOS excluded) of the window's first real token
+    ids: np.ndarray  # token ids fed to the model (BOS first if the model prepends one)
+    bos: bool  # whether ids[0] is a BOS added here
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def top_activating(
+    model: Transformer,
+    corpus: corpora.Source,
+    layers: int | Sequence[int] | None,
+    neurons: int | Sequence[int] | None = None,
+    k: int = 20,
+    context: int = 12,
+    after: int = 4,
+    sign: str = "positive",
+    window: int = 256,
+    batch_size: int | str = "auto",
+    progress: bool = True,
+) -> pd.DataFrame:
+    """The k corpus tokens with the largest coefficients of each chosen neuron (see the module docstring).
+
+    corpus: a list of strings or a .txt / .jsonl path (analyses.corpus.load). layers: an index, a list, or
+    None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
+    layer neuron rank coefficient token_id token doc pos (token index in the document, BOS excluded)
+    context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it)."""
+    if sign not in SIGNS:
+        raise ResidError(f"sign must be one of {SIGNS}, got {sign!r}.")
+    layer_list = select_layers(model, layers)
+    neuron_list = select_neurons(model, neurons)
+    k = check_k(k, "k")
+    for name, value in (("context", context), ("after", after)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
+    texts = corpora.load(corpus)
+    pieces = windows(model, texts, window)
+    best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress)
+    df = _frame(model, pieces, best, layer_list, neuron_list, context, after)
+    parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
+                  "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}
+    df.attrs["provenance"] = describe(model, "neurons.top_activating", parameters)
+    return df
+
+
+def scan(
+    model: Transformer,
+    pieces: Sequence[Window],
+    layers: list[int],
+    neurons: list[int] | None,
+    k: int,
+    sign: str = "positive",
+    batch_size: int | str = "auto",
+    progress: bool = True,
+) -> dict[int, "TopK"]:
+    """The streaming part of top_activating: run `pieces` (from `windows`) in batches and keep each
+    layer's running top-k (checked layers and neurons, as from select_layers / select_neurons)."""
+    size = _batch_size(model, batch_size, max(len(w) for w in pieces), len(layers))
+    index = None if neurons is None else torch.tensor(neurons, device=model.device)
+    n_neurons = model.config.d_mlp if neurons is None else len(neurons)
+    best = {layer: TopK.empty(k, n_neurons, model.device) for layer in layers}
+    capture = Capture(layers=layers, attn=frozenset(), mlp={"post"}, embed=False, final_norm_scale=False)
+    with tqdm(total=sum(len(w) for w in pieces), desc="top activating", unit="tok", disable=not progress) as bar:
+        start = 0
+        while start < len(pieces):
+            def work(rows: int, start: int = start) -> int:
+                chunk = pieces[start : start + rows]
+                tokens, valid = batch_tokens(chunk, model.device)
+                run = model.run(tokens, capture=capture, logits_at="last")  # unembed one row, not all
+                flat_ids = _flat_ids(start, len(chunk), tokens.ids.shape[1], model.device)
+                merged = {}  # committed only once every layer is done: an out-of-memory retry must not count twice
+                for layer in layers:
+                    post = run.stream.layers[layer].mlp.post
+                    post = post if index is None else post.index_select(-1, index)
+                    merged[layer] = best[layer].merge(post, valid, flat_ids, sign)
+                best.update(merged)
+                return len(chunk)
+
+            done = with_backoff(work, size)
+            bar.update(sum(len(w) for w in pieces[start : start + done]))
+            start += done
+    return best
+
+
+def windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list[Window]:
+    """Every document's tokens cut into windows of at most `window` tokens (BOS included), longest first."""
+    tokenizer = model.require_tokenizer()
+    limit = min(window, model.config.n_ctx) if isinstance(window, int) and not isinstance(window, bool) else 0
+    bos = tokenizer.prepend_bos
+    if limit < 1 + bos:
+        raise ResidError(f"window must be an integer of at least {1 + bos} tokens, got {window!r}.")
+    encoded = tokenizer.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    step = limit - bos
+    pieces = []
+    for doc, encoding in enumerate(encoded):
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        for start in range(0, len(ids), step):
+            body = ids[start : start + step]
+            full = np.concatenate([[tokenizer.bos_token_id], body]) if bos else body
+            pieces.append(Window(doc, start, full, bos))
+    if not pieces:
+        raise ResidError("The corpus tokenizes to no tokens at all: give documents with some text.")
+    order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i].ids))  # stable: ties keep corpus order
+    return [pieces[i] for i in order]
+
+
+def batch_tokens(chunk: Sequence[Window], device: torch.device) -> tuple[Tokens, Bool[Tensor, "batch pos"]]:
+    """Right-padded Tokens for a chunk of windows, and the mask of positions that may be triggers
+    (real tokens that are not an added BOS) [batch pos]."""
+    width = max(len(w.ids) for w in chunk)
+    ids = torch.zeros((len(chunk), width), dtype=torch.long)
+    mask = torch.zeros((len(chunk), width), dtype=torch.bool)
+    for row, w in enumerate(chunk):
+        ids[row, : len(w.ids)] = torch.from_numpy(w.ids)
+        mask[row, : len(w.ids)] = True
+    valid = mask.clone()
+    valid[:, 0] &= torch.tensor([not w.bos for w in chunk])
+    positions = torch.arange(width).expand(len(chunk), width)
+    tokens = Tokens(ids, mask, torch.where(mask, positions, 0))
+    return tokens.to(device), valid.to(device)
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Running top-k of one layer: [k neuron] scores (-inf: empty), coefficients and flat token ids."""
+
+    score: Float[Tensor, "k neuron"]
+    coefficient: Float[Tensor, "k neuron"]
+    flat: Int[Tensor, "k neuron"]  # window index * 2^20 + position (see _flat_ids); -1: empty
+
+    @classmethod
+    def empty(cls, k: int, n: int, device: torch.device) -> "TopK":
+        score = torch.full((k, n), -torch.inf, device=device)
+        return cls(score, torch.zeros((k, n), device=device), torch.full((k, n), -1, device=device))
+
+    def merge(self, post: Tensor, valid: Tensor, flat_ids: Tensor, sign: str) -> "TopK":
+        return _merge(self, post, valid, flat_ids, sign)
+
+
+def _merge(
+    best: TopK,
+    post: Float[Tensor, "batch pos neuron"],
+    valid: Bool[Tensor, "batch pos"],
+    flat_ids: Int[Tensor, "batch pos"],
+    sign: str,
+) -> TopK:
+    k = best.score.shape[0]
+    post = post.reshape(-1, post.shape[-1]).float()  # [tokens neuron]
+    score = post if sign == "positive" else -post if sign == "negative" else post.abs()
+    score = score.masked_fill(~valid.reshape(-1, 1), -torch.inf)
+    top = score.topk(min(k, score.shape[0]), dim=0)  # per neuron: this batch's best tokens
+    score = torch.cat([best.score, top.values])
+    coefficient = torch.cat([best.coefficient, post.gather(0, top.indices)])
+    flat = torch.cat([best.flat, flat_ids.reshape(-1)[top.indices]])
+    keep = score.topk(k, dim=0).indices
+    return TopK(score.gather(0, keep), coefficient.gather(0, keep), flat.gather(0, keep))
+
+
+def _flat_ids(start: int, rows: int, width: int, device: torch.device) -> Int[Tensor, "batch pos"]:
+    """window index * 2^20 + position: which token a score came from, as one int64."""
+    window_index = torch.arange(start, start + rows, device=device)[:, None]
+    return window_index * 2**20 + torch.arange(width, device=device)
+
+
+def _batch_size(model: Transformer, batch_size: int | str, width: int, n_layers: int) -> BatchSize:
+    if batch_size != "auto":
+        return BatchSize(batch_size)
+    cfg = model.config
+    rows = auto_batch_size(model.device, width, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize)
+    if model.device.type == "cuda":
+        # The captured `post` of every chosen layer lives until the batch is folded in.
+        free, _ = torch.cuda.mem_get_info(model.device)
+        rows = min(rows, max(1, int(0.25 * free // (n_layers * cfg.d_mlp * width * model.dtype.itemsize))))
+    return BatchSize(rows)
+
+
+def _frame(model, pieces, best, layers, neurons, context: int, after: int) -> pd.DataFrame:
+    frames = []
+    for layer in layers:
+        b = best[layer]
+        score, coefficient, flat = (t.cpu().numpy() for t in (b.score, b.coefficient, b.flat))
+        rank, column = np.nonzero(np.isfinite(score))  # fewer than k tokens in the corpus leave -inf
+        neuron_ids = np.arange(score.shape[1]) if neurons is None else np.asarray(neurons)
+        frames.append(pd.DataFrame({
+            "layer": np.full(len(rank), layer, dtype=np.int64),
+            "neuron": neuron_ids[column].astype(np.int64),
+            "rank": (rank + 1).astype(np.int64),
+            "coefficient": coefficient[rank, column].astype(np.float64),
+            "_flat": flat[rank, column],
+        }))
+    df = pd.concat(frames, ignore_index=True).sort_values(["layer", "neuron", "rank"], ignore_index=True)
+    flat = df.pop("_flat").to_numpy()
+    window_index, pos = flat >> 20, flat & (2**20 - 1)
+    # All windows as one [window width] array (-1 past each end), so snippets are gathered, not looped.
+    lengths = np.array([len(w.ids) for w in pieces])
+    ids = np.full((len(pieces), lengths.max()), -1, dtype=np.int64)
+    for row, w in enumerate(pieces):
+        ids[row, : len(w)] = w.ids
+    first = np.array([int(w.bos) for w in pieces])[window_index]  # the first position a snippet may show
+    trigger = ids[window_index, pos]
+    df.insert(4, "token_id", trigger)
+    df.insert(5, "token", decode_ids(model, trigger))
+    df["doc"] = np.array([w.doc for w in pieces], dtype=np.int64)[window_index]
+    df["pos"] = np.array([w.start for w in pieces], dtype=np.int64)[window_index] + pos - first
+    before = _snippets(ids, window_index, pos, np.arange(-context, 0), first)
+    later = _snippets(ids, window_index, pos, np.arange(1, after + 1), first)
+    tokenizer = model.require_tokenizer().tokenizer
+    before, later = (tokenizer.decode_batch(x, skip_special_tokens=False) if x else [] for x in (before, later))
+    df["context"] = [f"{b}{MARK[0]}{t}{MARK[1]}{a}" for b, t, a in zip(before, df["token"], later)]
+    return df
+
+
+def _snippets(ids: np.ndarray, window: np.ndarray, pos: np.ndarray, offsets: np.ndarray, first: np.ndarray):
+    """Per row, the token ids at pos + offsets inside its window (from `first` on), as lists. The valid
+    ids of a row are contiguous (cut only at the window's start or end), so each row is one slice."""
+    at = pos[:, None] + offsets[None, :]
+    inside = (at >= first[:, None]) & (at < ids.shape[1])
+    gathered = np.where(inside, ids[window[:, None], np.clip(at, 0, ids.shape[1] - 1)], -1)
+    count = (gathered >= 0).sum(1).tolist()
+    if offsets.size and offsets[0] < 0:  # before the trigger: invalid ids lead
+        return [row[len(row) - n :] for row, n in zip(gathered.tolist(), count)]
+    return [row[:n] for row, n in zip(gathered.tolist(), count)]
+
+
+def iter_batches(model: Transformer, texts: Sequence[str], window: int, rows: int) -> Iterator[Tokens]:
+    """The padded batches top_activating runs (for benchmarks that time a plain forward on the same ones)."""
+    pieces = windows(model, texts, window)
+    for start in range(0, len(pieces), rows):
+        yield batch_tokens(pieces[start : start + rows], model.device)[0]

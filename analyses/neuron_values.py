@@ -1,0 +1,183 @@
+"""FFN values in vocabulary space (Geva et al. 2021, "Transformer Feed-Forward Layers Are Key-Value
+Memories"; Geva et al. 2022, "Transformer Feed-Forward Layers Build Predictions by Promoting Concepts in the
+Vocabulary Space").
+
+Glossary (resid.components.mlp): neuron i of layer l has *key* W_in[:, i] (with W_gate[:, i] for gated
+MLPs), *value* v_i = W_out[i] [d_model] and *coefficient* m_i = post[i]; the MLP writes sum_i m_i v_i + b_out.
+The value's *logits* are what v_i alone would add to each token's logit:
+
+    through_final_norm=False:   v_i @ W_U
+    through_final_norm=True:    (g * centre(v_i)) @ W_U      (g: the final norm's gain; centre: minus the
+                                                             mean over d_model, LayerNorm only)
+
+The final norm's scale (1/rms or 1/sigma) is left out: it depends on the input, is positive, and only
+rescales every token's logit alike, so the ranking is the same. Bias terms (b_U, the norm's bias) do not
+depend on the neuron and are left out too. Everything is computed in float32.
+
+`value_top_tokens` gives each neuron's top-k and bottom-k tokens. It streams over chunks of neurons so that
+the [chunk d_vocab] logit block stays within `chunk_bytes` (default 256 MB): all 46,080 neurons of SmolLM2
+take the effective unembedding (d_model x d_vocab) plus one chunk of memory.
+"""
+
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from analyses.provenance import describe
+from resid.errors import ResidError
+from resid.model import Transformer
+
+CHUNK_BYTES = 256 * 2**20
+_VOCAB: "weakref.WeakKeyDictionary[object, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
+def value_top_tokens(
+    model: Transformer,
+    layers: int | Sequence[int] | None = None,
+    neurons: int | Sequence[int] | None = None,
+    k: int = 20,
+    through_final_norm: bool = True,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> pd.DataFrame:
+    """Each neuron's value read in vocabulary space: its k highest and k lowest token logits.
+
+    layers / neurons: None for all, an index or a list (the same neurons in every chosen layer).
+    One row per (layer, neuron, direction, rank): layer neuron direction ("top" | "bottom") rank (1 = the
+    extreme) token_id token value (the logit that v_i adds), ordered in that order."""
+    layer_list = select_layers(model, layers)
+    neuron_list = select_neurons(model, neurons)
+    k = check_k(k, "k", model.config.d_vocab)
+    unembed = value_unembedding(model, through_final_norm)
+    index = None if neuron_list is None else torch.tensor(neuron_list, device=model.device)
+    n_neurons = model.config.d_mlp if neuron_list is None else len(neuron_list)
+    rows = max(1, chunk_bytes // (4 * model.config.d_vocab))
+    top_values, top_ids, bottom_values, bottom_ids = [], [], [], []
+    with torch.no_grad():
+        for layer in layer_list:
+            w_out = model.blocks[layer].mlp.W_out
+            w_out = w_out if index is None else w_out.index_select(0, index)
+            for start in range(0, n_neurons, rows):
+                logits = w_out[start : start + rows].float() @ unembed
+                top = logits.topk(k, dim=-1)
+                bottom = logits.topk(k, dim=-1, largest=False)
+                top_values.append(top.values.cpu())
+                top_ids.append(top.indices.cpu())
+                bottom_values.append(bottom.values.cpu())
+                bottom_ids.append(bottom.indices.cpu())
+                del logits
+    values = torch.stack([torch.cat(top_values), torch.cat(bottom_values)], dim=1)  # [n 2 k]
+    ids = torch.stack([torch.cat(top_ids), torch.cat(bottom_ids)], dim=1)
+    neuron_ids = np.arange(n_neurons) if neuron_list is None else np.asarray(neuron_list)
+    df = _frame(model, layer_list, neuron_ids, values.numpy(), ids.numpy())
+    parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "through_final_norm": through_final_norm}
+    df.attrs["provenance"] = describe(model, "neurons.value_top_tokens", parameters)
+    return df
+
+
+def value_unembedding(model: Transformer, through_final_norm: bool = True) -> Float[Tensor, "d_model d_vocab"]:
+    """The matrix U with value logits = v @ U (float32): W_U, or with the final norm's gain (and for
+    LayerNorm its centering) folded in: centre(v) * g @ W_U == v @ (g[:, None] * W_U - column means)."""
+    with torch.no_grad():
+        unembed = model.unembed.W_U.float()
+        if not through_final_norm:
+            return unembed
+        norm = model.ln_final
+        unembed = norm.gain.float()[:, None] * unembed
+        if norm.centre:
+            # centre(v) . u == v . (u - mean(u)): centering the value equals centering each column.
+            unembed = unembed - unembed.mean(0, keepdim=True)
+        return unembed
+
+
+def value_logits(
+    model: Transformer, vectors: Float[Tensor, "n d_model"], through_final_norm: bool = True
+) -> Float[Tensor, "n d_vocab"]:
+    """What each vector (a value, or a sub-update m_i * v_i) adds to every token's logit, as in
+    value_top_tokens but with the norm's gain and centering applied to the few vectors, not to W_U."""
+    with torch.no_grad():
+        vectors = vectors.float()
+        if through_final_norm:
+            norm = model.ln_final
+            if norm.centre:
+                vectors = vectors - vectors.mean(-1, keepdim=True)
+            vectors = vectors * norm.gain.float()
+        return vectors @ model.unembed.W_U.float()
+
+
+def vocabulary(model: Transformer) -> np.ndarray:
+    """Every token id decoded on its own (object array [d_vocab]); ids the tokenizer lacks are ''. Cached
+    per tokenizer, so building a large table decodes by indexing rather than one call per row."""
+    tokenizer = model.require_tokenizer()
+    vocab = _VOCAB.get(tokenizer)
+    if vocab is None or len(vocab) < model.config.d_vocab:
+        known = min(tokenizer.vocab_size, model.config.d_vocab)
+        decoded = tokenizer.tokenizer.decode_batch([[i] for i in range(known)], skip_special_tokens=False)
+        vocab = np.array(decoded + [""] * (model.config.d_vocab - known), dtype=object)
+        _VOCAB[tokenizer] = vocab
+    return vocab
+
+
+def decode_ids(model: Transformer, ids: np.ndarray) -> np.ndarray:
+    """The decoded token of each id (same shape); '<id>' placeholders for a model without a tokenizer."""
+    if model.tokenizer is None:
+        return np.char.add(np.char.add("<", ids.astype(str)), ">").astype(object)
+    return vocabulary(model)[ids]
+
+
+def select_layers(model: Transformer, layers: int | Sequence[int] | None) -> list[int]:
+    """Layer indices (negative ones counted from the end), checked; None means every layer."""
+    n = model.config.n_layers
+    if layers is None:
+        return list(range(n))
+    chosen = [layers] if isinstance(layers, int) else list(layers)
+    if not chosen:
+        raise ResidError("No layers given: pass None for every layer, a layer index or a non-empty list.")
+    bad = [l for l in chosen if not isinstance(l, int) or isinstance(l, bool) or not -n <= l < n]
+    if bad:
+        raise ResidError(f"Layers {bad} are out of range: the model has {n} layers (0..{n - 1}, or -{n}..-1).")
+    return sorted({l % n for l in chosen})
+
+
+def select_neurons(model: Transformer, neurons: int | Sequence[int] | None) -> list[int] | None:
+    """Neuron indices, checked (None: every neuron)."""
+    if neurons is None:
+        return None
+    d_mlp = model.config.d_mlp
+    chosen = [neurons] if isinstance(neurons, int) else list(neurons)
+    if not chosen:
+        raise ResidError("No neurons given: pass None for every neuron, a neuron index or a non-empty list.")
+    bad = [i for i in chosen if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < d_mlp]
+    if bad:
+        raise ResidError(f"Neurons {bad} are out of range: the MLP has {d_mlp} neurons (0..{d_mlp - 1}).")
+    return sorted(set(chosen))
+
+
+def check_k(k: int, name: str = "k", upper: int | None = None) -> int:
+    """A positive count, capped at `upper` (e.g. the vocabulary size)."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ResidError(f"{name} must be a positive integer, got {k!r}.")
+    return k if upper is None else min(k, upper)
+
+
+def _frame(
+    model: Transformer, layers: list[int], neurons: np.ndarray, values: np.ndarray, ids: np.ndarray
+) -> pd.DataFrame:
+    """Rows from [layer*neuron 2 k] arrays, built column-wise (1.8M rows for SmolLM2 at k=20)."""
+    n_rows, _, k = values.shape
+    per_neuron = 2 * k
+    return pd.DataFrame({
+        "layer": np.repeat(np.asarray(layers, dtype=np.int64), len(neurons) * per_neuron),
+        "neuron": np.tile(np.repeat(neurons.astype(np.int64), per_neuron), len(layers)),
+        "direction": pd.Categorical.from_codes(
+            np.tile(np.repeat(np.array([0, 1], dtype=np.int8), k), n_rows), categories=["top", "bottom"]
+        ),
+        "rank": np.tile(np.arange(1, k + 1, dtype=np.int64), 2 * n_rows),
+        "token_id": ids.reshape(-1).astype(np.int64),
+        "token": decode_ids(model, ids.reshape(-1)),
+        "value": values.reshape(-1).astype(np.float64),
+    })

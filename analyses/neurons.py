@@ -1,0 +1,155 @@
+"""FFN key-value neuron inspection (Geva et al. 2021, "Transformer Feed-Forward Layers Are Key-Value
+Memories"; Geva et al. 2022, "Transformer Feed-Forward Layers Build Predictions by Promoting Concepts in the
+Vocabulary Space").
+
+Glossary (resid.components.mlp): neuron i of layer l has a *key* W_in[:, i] (with W_gate[:, i] for gated
+MLPs), a *value* v_i = W_out[i] and, at each token, a *coefficient* m_i = post[i]. The MLP's output at a
+token is the sum of its *sub-updates* m_i * v_i, plus b_out.
+
+    from analyses import neurons
+    neurons.value_top_tokens(model, layers=[20], k=10)        # values read in vocabulary space
+    neurons.top_activating(model, texts, layers=[20], k=20)   # keys: the corpus tokens that trigger them
+    neurons.sub_updates(model, "The capital of France is")    # which memories build this prediction
+    edits = neurons.set_coefficients(model, prompt, [(20, 5)], value=8.0, positions=[-1])
+    neurons.prediction_change(model, prompt, edits)          # promote / suppress, and what changes
+
+`sub_updates` ranks each layer's sub-updates at one token two ways: by size, |m_i| * ||v_i|| (Geva et al.
+2022), and by direct contribution to the target's logit, m_i * (v_i . u') with u' the target's logit
+direction through the final norm with its scale frozen (analyses.directions), so the contributions of all
+neurons, of b_out and of every other write sum exactly to the logit. For each ranking it reports what
+share of the layer's update its top-k carry:
+
+    explained_norm   = <S_k, U> / <U, U>     U = sum_i m_i v_i (the update without b_out), S_k = top-k sum
+    explained_target = (S_k . u') / (U . u')
+
+(1 when k covers every neuron; the first is the part of U along itself that the top-k provide).
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from analyses.directions import logit_direction
+from analyses.neuron_edits import prediction_change, scale_coefficients, set_coefficients
+from analyses.neuron_keys import top_activating
+from analyses.neuron_values import check_k, decode_ids, select_layers, value_logits, value_top_tokens
+from analyses.provenance import describe
+from analyses.tokens import single_token_id
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.model import Transformer
+
+__all__ = [
+    "prediction_change",
+    "scale_coefficients",
+    "set_coefficients",
+    "sub_update_vectors",
+    "sub_updates",
+    "top_activating",
+    "value_top_tokens",
+]
+
+RANKINGS = ("magnitude", "target")
+
+
+def sub_updates(
+    model: Transformer,
+    prompt: str,
+    pos: int = -1,
+    layers: int | Sequence[int] | None = None,
+    k: int = 10,
+    target: str | int | None = None,
+    value_k: int = 5,
+) -> pd.DataFrame:
+    """The top-k sub-updates m_i * v_i of each layer's MLP at token `pos` of `prompt` (see the module
+    docstring). target: a single token or id; default the model's top prediction at `pos`.
+
+    One row per (layer, ranking, rank), ranking "magnitude" (by |m_i| ||v_i||) or "target" (by the
+    contribution to the target's logit, largest first): layer ranking rank neuron coefficient value_norm
+    magnitude target_contribution promotes (the `value_k` tokens whose logits m_i v_i raises most, through
+    the final norm) explained_norm explained_target layer_norm (||U||) layer_target (U . u') pos target_id
+    target."""
+    if not isinstance(prompt, str):
+        raise ResidError(f"sub_updates takes one prompt (a string), got {type(prompt).__name__}.")
+    layer_list = select_layers(model, layers)
+    k = check_k(k, "k", model.config.d_mlp)
+    value_k = check_k(value_k, "value_k", model.config.d_vocab)
+    tokens = model.to_tokens(prompt)
+    n_pos = tokens.ids.shape[1]
+    if not isinstance(pos, int) or isinstance(pos, bool) or not -n_pos <= pos < n_pos:
+        raise ResidError(
+            f"pos {pos!r} is out of range for the prompt's {n_pos} tokens (use 0..{n_pos - 1}, or -{n_pos}..-1)."
+        )
+    pos = pos % n_pos
+    capture = Capture(layers=layer_list, positions=[pos], attn=frozenset(), mlp={"post"}, embed=False)
+    run = model.run(tokens, capture=capture, logits_at=torch.tensor([pos]))
+    target_id = int(run.logits[0, 0].argmax()) if target is None else single_token_id(model, target, "target")
+    direction = logit_direction(model, [target_id], run.stream.final_norm_scale[:, 0]).direction[0]
+    frames = []
+    with torch.no_grad():
+        for layer in layer_list:
+            post = run.stream.layers[layer].mlp.post[0, 0].float()
+            frames += _rank_layer(model, layer, post, direction, k, value_k)
+    df = pd.concat(frames, ignore_index=True)
+    df["pos"] = np.int64(pos)
+    df["target_id"] = np.int64(target_id)
+    df["target"] = str(decode_ids(model, np.array([target_id]))[0])
+    parameters = {"pos": pos, "layers": layer_list, "k": k, "value_k": value_k}
+    df.attrs["provenance"] = describe(model, "neurons.sub_updates", parameters, prompt, target_id)
+    return df
+
+
+def sub_update_vectors(
+    model: Transformer, layer: int, post: Float[Tensor, "d_mlp"]
+) -> Float[Tensor, "d_mlp d_model"]:
+    """m_i * v_i for every neuron of `layer` (float32), given the coefficients `post` at one token: they
+    sum, with b_out, to the MLP's output there."""
+    layer = select_layers(model, layer)[0]
+    with torch.no_grad():
+        return post.float()[:, None] * model.blocks[layer].mlp.W_out.float()
+
+
+def _rank_layer(
+    model: Transformer,
+    layer: int,
+    post: Float[Tensor, "d_mlp"],
+    direction: Float[Tensor, "d_model"],
+    k: int,
+    value_k: int,
+) -> list[pd.DataFrame]:
+    updates = sub_update_vectors(model, layer, post)
+    value_norm = model.blocks[layer].mlp.W_out.float().norm(dim=-1)
+    magnitude = updates.norm(dim=-1)  # |m_i| * ||v_i||
+    contribution = updates @ direction
+    total = updates.sum(0)
+    total_target = total @ direction
+    frames = []
+    for ranking, scores in zip(RANKINGS, (magnitude, contribution)):
+        chosen = scores.topk(k).indices
+        covered = updates[chosen].sum(0)
+        promoted = value_logits(model, updates[chosen]).topk(value_k, dim=-1).indices.cpu().numpy()
+        frames.append(pd.DataFrame({
+            "layer": np.full(k, layer, dtype=np.int64),
+            "ranking": ranking,
+            "rank": np.arange(1, k + 1, dtype=np.int64),
+            "neuron": chosen.cpu().numpy().astype(np.int64),
+            "coefficient": post[chosen].double().cpu().numpy(),
+            "value_norm": value_norm[chosen].double().cpu().numpy(),
+            "magnitude": magnitude[chosen].double().cpu().numpy(),
+            "target_contribution": contribution[chosen].double().cpu().numpy(),
+            "promotes": [" ".join(repr(t) for t in row) for row in decode_ids(model, promoted)],
+            "explained_norm": _ratio(covered @ total, total @ total),
+            "explained_target": _ratio(covered @ direction, total_target),
+            "layer_norm": float(total.norm()),
+            "layer_target": float(total_target),
+        }))
+    return frames
+
+
+def _ratio(part: Tensor, whole: Tensor) -> float:
+    whole = float(whole)
+    return float(part) / whole if whole != 0.0 else float("nan")

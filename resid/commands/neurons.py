@@ -1,0 +1,197 @@
+"""`resid neurons ...`: FFN neurons as key-value memories (Geva et al. 2021, 2022; see analyses.neurons).
+
+    resid neurons values --layers 20 [--neurons 5,7] [--k 10]            value's top / bottom tokens
+    resid neurons top --layers 20 --neurons 5,7 [--corpus FILE] [--k 10]  top-activating contexts
+    resid neurons explain "The capital of France is" [--target " Paris"]  a prediction's sub-updates
+    resid neurons edit "The capital of France is" --neurons 20:5 --set 8  promote / suppress, then compare
+
+Each prints a compact table; with --out DIR it also writes the full table (tables.export, with its
+provenance sidecar) and, for values / top, an HTML figure per neuron (at most FIGURES of them).
+"""
+
+from pathlib import Path
+
+from resid.errors import ResidError
+
+FIGURES = 10
+SHOWN = 40  # lines printed before "... more"
+
+
+def add_parser(commands, common) -> None:
+    neurons = commands.add_parser("neurons", help="FFN key-value neurons: values, top contexts, sub-updates")
+    actions = neurons.add_subparsers(dest="action", required=True)
+    out = {"default": None, "help": "folder for the full table (+ sidecar) and figures"}
+    fmt = {"default": "parquet", "choices": ["parquet", "csv", "md", "tex"], "help": "table format for --out"}
+
+    values = actions.add_parser("values", parents=[common], help="each neuron's value read as tokens")
+    values.add_argument("--layers", required=True, help="'20', '20,21' or 'all'")
+    values.add_argument("--neurons", default=None, help="'5' or '5,7' (default: all)")
+    values.add_argument("--k", type=int, default=10, help="top and bottom tokens per neuron (default 10)")
+    values.add_argument("--raw", action="store_true", help="plain W_out @ W_U, without the final norm's gain")
+
+    top = actions.add_parser("top", parents=[common], help="the corpus tokens that activate neurons most")
+    top.add_argument("--layers", required=True, help="'20', '20,21' or 'all'")
+    top.add_argument("--neurons", default=None, help="'5' or '5,7' (default: all)")
+    top.add_argument("--corpus", default=None, help=".txt (blank-line paragraphs) or .jsonl {'text': ...}; "
+                     "default: the demo corpus (State of the Union addresses)")
+    top.add_argument("--max-docs", type=int, default=300, help="demo corpus: documents to use (default 300)")
+    top.add_argument("--k", type=int, default=10, help="contexts per neuron (default 10)")
+    top.add_argument("--context", type=int, default=12, help="tokens shown before the trigger (default 12)")
+    top.add_argument("--sign", default="positive", choices=["positive", "negative", "abs"])
+    top.add_argument("--batch-size", default="auto", help="windows per forward pass, or auto")
+    top.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    explain = actions.add_parser("explain", parents=[common], help="sub-updates m_i v_i behind a prediction")
+    explain.add_argument("prompt")
+    explain.add_argument("--pos", type=int, default=-1, help="token position (default -1, the last)")
+    target = explain.add_mutually_exclusive_group()
+    target.add_argument("--target", default=None, help="target token, e.g. ' Paris' (default: the top prediction)")
+    target.add_argument("--target-id", type=int, default=None, help="target token id")
+    explain.add_argument("--layers", default="all", help="'20', '20,21' or 'all' (default)")
+    explain.add_argument("--k", type=int, default=5, help="sub-updates per layer and ranking (default 5)")
+
+    edit = actions.add_parser("edit", parents=[common], help="set / scale coefficients, compare predictions")
+    edit.add_argument("prompt")
+    edit.add_argument("--neurons", required=True, help="layer:neuron pairs, e.g. '20:5,21:7'")
+    change = edit.add_mutually_exclusive_group(required=True)
+    change.add_argument("--set", type=float, default=None, help="set the coefficients to this value")
+    change.add_argument("--scale", type=float, default=None, help="multiply the coefficients (0 = off)")
+    edit.add_argument("--pos", type=int, default=None, help="edit only this position (default: every token)")
+    edit.add_argument("--k", type=int, default=10, help="top predictions compared (default 10)")
+    for parser in (values, top, explain, edit):
+        parser.add_argument("--out", **out)
+        parser.add_argument("--format", **fmt)
+
+
+def run(model, args) -> str:
+    return {"values": _values, "top": _top, "explain": _explain, "edit": _edit}[args.action](model, args)
+
+
+def _values(model, args) -> str:
+    from analyses import neurons
+
+    df = neurons.value_top_tokens(model, _layers(args.layers), _ints(args.neurons, "--neurons"), k=args.k,
+                                  through_final_norm=not args.raw)
+    pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
+    lines = [f"value tokens of {len(pairs)} neurons ({'W_out @ W_U' if args.raw else 'through the final norm'}):"]
+    grouped = df.groupby(["layer", "neuron", "direction"], observed=True, sort=False)["token"].apply(list)
+    for layer, neuron in pairs[:SHOWN]:
+        top, bottom = (" ".join(repr(t) for t in grouped[(layer, neuron, d)]) for d in ("top", "bottom"))
+        lines.append(f"L{layer} N{neuron}  top: {top}\n{'':>{len(f'L{layer} N{neuron}')}}  bottom: {bottom}")
+    lines += _more(len(pairs))
+    if args.out:
+        from analyses import neuron_plots
+
+        lines += _export(df, args, "neuron_values")
+        for layer, neuron in pairs[:FIGURES]:
+            lines.append(_figure(neuron_plots.value_bars(df, layer, neuron), args, f"values_L{layer}_N{neuron}"))
+    return "\n".join(lines)
+
+
+def _top(model, args) -> str:
+    from analyses import corpus, neurons
+
+    if args.max_docs < 1:
+        raise ResidError(f"--max-docs must be at least 1, got {args.max_docs}.")
+    texts = corpus.load(args.corpus) if args.corpus else corpus.demo(max_documents=args.max_docs)
+    batch_size = args.batch_size if args.batch_size == "auto" else _ints(args.batch_size, "--batch-size")[0]
+    layers, chosen = _layers(args.layers), _ints(args.neurons, "--neurons")
+    df = neurons.top_activating(model, texts, layers, chosen, k=args.k, context=args.context, sign=args.sign,
+                                batch_size=batch_size, progress=not args.quiet)
+    pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
+    lines = [f"top-activating tokens of {len(pairs)} neurons over {len(texts)} documents (sign={args.sign}):"]
+    shown = df[df["rank"] <= 3] if len(pairs) > 1 else df
+    for row in shown.head(SHOWN * 3).itertuples():
+        lines.append(f"L{row.layer} N{row.neuron} #{row.rank}  m={row.coefficient:+.3f}  {row.context!r}")
+    lines += _more(len(shown), SHOWN * 3)
+    if args.out:
+        from analyses import neuron_plots
+
+        lines += _export(df, args, "neuron_contexts")
+        values = neurons.value_top_tokens(model, layers, [n for _, n in pairs[:FIGURES]], k=10)
+        for layer, neuron in pairs[:FIGURES]:
+            card = neuron_plots.neuron_card(values, df, layer, neuron)
+            lines.append(_figure(card, args, f"neuron_L{layer}_N{neuron}"))
+    return "\n".join(lines)
+
+
+def _explain(model, args) -> str:
+    from analyses import neurons
+
+    target = args.target_id if args.target_id is not None else args.target
+    df = neurons.sub_updates(model, args.prompt, pos=args.pos, layers=_layers(args.layers), k=args.k, target=target)
+    first = df.iloc[0]
+    lines = [f"sub-updates at position {first['pos']} for target {first['target']!r} (id {first['target_id']}):",
+             "layer ranking   rank neuron     m_i   |m|·|v|  to target  promotes"]
+    for row in df.itertuples():
+        lines.append(f"{row.layer:>5} {row.ranking:<9} {row.rank:>4} {row.neuron:>6} {row.coefficient:>8.3f} "
+                     f"{row.magnitude:>8.3f} {row.target_contribution:>+10.4f}  {row.promotes}")
+    per_layer = df.groupby(["layer", "ranking"], sort=False)[["explained_norm", "explained_target"]].first()
+    lines.append(f"share of each layer's update carried by the top {args.k} (norm / target logit):")
+    for (layer, ranking), row in per_layer.iterrows():
+        lines.append(f"  L{layer} by {ranking:<9}  {row['explained_norm']:+.3f} / {row['explained_target']:+.3f}")
+    if args.out:
+        lines += _export(df, args, "sub_updates")
+    return "\n".join(lines)
+
+
+def _edit(model, args) -> str:
+    from analyses import neurons
+
+    pairs = _pairs(args.neurons)
+    positions = None if args.pos is None else [args.pos]
+    if args.set is not None:
+        edits = neurons.set_coefficients(model, args.prompt, pairs, args.set, positions)
+    else:
+        edits = neurons.scale_coefficients(model, args.prompt, pairs, args.scale, positions)
+    df = neurons.prediction_change(model, args.prompt, edits, k=args.k)
+    how = f"set to {args.set}" if args.set is not None else f"scaled by {args.scale}"
+    where = "every token" if args.pos is None else f"position {args.pos}"
+    lines = [f"coefficients of {', '.join(f'L{l} N{n}' for l, n in pairs)} {how} at {where}:",
+             "  clean -> edited rank   clean -> edited prob   token"]
+    for row in df.itertuples():
+        lines.append(f"  {row.clean_rank:>5} -> {row.edited_rank:<6}     {row.clean_prob:.4f} -> "
+                     f"{row.edited_prob:.4f}      {row.token!r}")
+    if args.out:
+        lines += _export(df, args, "prediction_change")
+    return "\n".join(lines)
+
+
+def _layers(text: str) -> list[int] | None:
+    return None if text.strip().lower() == "all" else _ints(text, "--layers")
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.lstrip("-").isdigit() for p in parts):
+        raise ResidError(f"{flag} must be integers separated by commas (e.g. '5' or '5,7'), got {text!r}.")
+    return [int(p) for p in parts]
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for part in text.split(","):
+        layer, _, neuron = part.strip().partition(":")
+        if not (layer.lstrip("-").isdigit() and neuron.isdigit()):
+            raise ResidError(f"--neurons must be layer:neuron pairs such as '20:5,21:7', got {text!r}.")
+        pairs.append((int(layer), int(neuron)))
+    return pairs
+
+
+def _more(total: int, shown: int = SHOWN) -> list[str]:
+    return [f"... {total - shown} more (--out DIR writes the full table)"] if total > shown else []
+
+
+def _export(df, args, name: str) -> list[str]:
+    from analyses import tables
+
+    path = tables.export(df, Path(args.out) / f"{name}.{args.format}")
+    return [f"table -> {path} (+ {path.name}.json)"]
+
+
+def _figure(fig, args, name: str) -> str:
+    from analyses import plots
+
+    return f"figure -> {plots.save_html(fig, Path(args.out) / f'{name}.html')}"
