@@ -33,6 +33,8 @@ bench: $(VENV)/.test
 	$(PIP) install -e '.[test,bench]'
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_ablation.py
+	$(PY) benchmarks/bench_decompose.py
+	$(PY) benchmarks/bench_neurons.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,8 +1,11 @@
 """Analyses over resid runs: pure functions (model, inputs, options) -> tidy pandas DataFrame.
 
     attribution    direct logit attribution to embeddings, heads / sublayers, neurons (exact, projected)
+    corpus         text corpora for neuron scans (lists, .txt, .jsonl) and the public-domain demo corpus
     directions     logit directions through the final norm with its scale frozen
     logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL
+    neurons        FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
+    neuron_*       their parts: neuron_values, neuron_keys, neuron_edits, neuron_plots
     provenance     how a result was produced (model hash, analysis, parameters), for tables' sidecars
     prompts        prompt lists and prompt-relative positions in padded batches
     tables         CSV / Parquet / LaTeX / Markdown export with a provenance sidecar; exact read-back
