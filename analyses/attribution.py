@@ -27,9 +27,9 @@ from torch import Tensor
 
 from analyses import provenance
 from analyses.directions import logit_direction
-from analyses.prompts import as_prompt_list, input_tokens, padded_index, prompt_positions
+from analyses.prompts import as_prompt_list, batch_size_for, input_tokens, padded_index, prompt_positions
 from analyses.tokens import token_ids
-from resid.batching import BatchSize, auto_batch_size, run_batched
+from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -61,17 +61,11 @@ def direct(
     n = len(texts)
     targets = None if target is None else token_ids(model, target, n, "target")
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
-    if batch_size == "auto":
-        longest = max(len(model.require_tokenizer().encode(t)) for t in texts)
-        cfg = model.config
-        batch_size = auto_batch_size(
-            model.device, longest, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
-        )
     frames = []
     chunks = run_batched(
         list(range(n)),
         lambda chunk: _attribute(model, texts, chunk, targets, baselines, level, pos),
-        BatchSize(batch_size),
+        batch_size_for(model, texts, batch_size),
     )
     for _, frame in chunks:
         frames.append(frame)

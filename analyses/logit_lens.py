@@ -22,9 +22,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analyses import provenance
-from analyses.prompts import as_prompt_list, prompt_positions
+from analyses.prompts import as_prompt_list, batch_size_for, first_positions, prompt_positions
 from analyses.tokens import token_ids
-from resid.batching import BatchSize, auto_batch_size, run_batched
+from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -63,17 +63,11 @@ def run(
     wanted = positions if isinstance(positions, str) else [positions] if isinstance(positions, int) else list(positions)
     if not isinstance(wanted, str) and not wanted:
         raise ResidError("positions is empty: give an index, a list of indices, or 'all'.")
-    if batch_size == "auto":
-        longest = max(len(model.require_tokenizer().encode(t)) for t in texts)
-        cfg = model.config
-        batch_size = auto_batch_size(
-            model.device, longest, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
-        )
     k = min(k, model.config.d_vocab)
     chunks = run_batched(
         list(range(len(texts))),
         lambda chunk: _lens(model, [texts[i] for i in chunk], list(chunk), targets, wanted, sites, norm, k),
-        BatchSize(batch_size),
+        batch_size_for(model, texts, batch_size),
     )
     df = pd.concat([frame for _, frame in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
@@ -104,7 +98,7 @@ def _lens(
 ) -> pd.DataFrame:
     tokens = model.to_tokens(texts)
     rel = prompt_positions(tokens.lengths.tolist(), wanted)
-    first = (tokens.last_positions() - tokens.lengths + 1).tolist()
+    first = first_positions(tokens)
     # Every (prompt, position) pair: batch row, prompt-relative position, padded position.
     rows = [b for b, ps in enumerate(rel) for _ in ps]
     rel_pos = [p for ps in rel for p in ps]

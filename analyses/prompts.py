@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from resid.batching import BatchSize, auto_batch_size
 from resid.errors import ResidError
 from resid.model import Transformer
 from resid.tokenizer import Tokens
@@ -25,6 +26,17 @@ def as_prompt_list(prompts: str | Sequence[str]) -> list[str]:
         if not isinstance(text, str) or not text.strip():
             raise ResidError(f"Prompt {i} is empty ({text!r}): give text to analyse.")
     return texts
+
+
+def batch_size_for(model: Transformer, texts: Sequence[str], batch_size: int | str) -> BatchSize:
+    """Prompts per forward pass: as given, or "auto" from the longest prompt and the device."""
+    if batch_size == "auto":
+        longest = max(len(model.require_tokenizer().encode(t)) for t in texts)
+        cfg = model.config
+        batch_size = auto_batch_size(
+            model.device, longest, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
+        )
+    return BatchSize(batch_size)
 
 
 def prompt_positions(lengths: Sequence[int], positions: Sequence[int] | str) -> list[list[int]]:
@@ -47,11 +59,15 @@ def prompt_positions(lengths: Sequence[int], positions: Sequence[int] | str) -> 
 
 
 def padded_index(tokens: Tokens, rel: Sequence[Sequence[int]]) -> Int[Tensor, "batch k"]:
-    """Padded-batch indices of prompt-relative positions (each prompt has the same count k). The real
-    tokens of a prompt are contiguous whichever side is padded, so they start at last - length + 1."""
-    first = (tokens.last_positions() - tokens.lengths + 1).tolist()
-    rows = [[start + p for p in ps] for start, ps in zip(first, rel)]
+    """Padded-batch indices of prompt-relative positions (each prompt has the same count k)."""
+    rows = [[start + p for p in ps] for start, ps in zip(first_positions(tokens), rel)]
     return torch.tensor(rows, dtype=torch.long, device=tokens.ids.device)
+
+
+def first_positions(tokens: Tokens) -> list[int]:
+    """Each prompt's first real token in the padded batch. The real tokens are contiguous whichever side is
+    padded, so they start at last - length + 1."""
+    return (tokens.last_positions() - tokens.lengths + 1).tolist()
 
 
 def input_tokens(model: Transformer, tokens: Tokens, index: Int[Tensor, "batch k"]) -> list[list[str]]:
