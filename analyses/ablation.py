@@ -28,7 +28,7 @@ from analyses.ablation_sites import Ablation, expand_sites, signature
 from analyses.metrics import METRICS, metric_values
 from analyses.store import ResultStore
 from analyses.tokens import token_ids
-from resid.batching import BatchSize, auto_batch_size, run_batched, with_backoff
+from resid.batching import BatchSize, model_batch_size, run_batched, with_backoff
 from resid.errors import ResidError
 from resid.interventions import Add, Scale, Site
 from resid.model import Run, Transformer
@@ -80,12 +80,7 @@ def sweep(
     ablations = expand_sites(sites, model.config)
     lengths = [len(model.require_tokenizer().encode(p)) for p in prompts]
     donors = _donors(method, reference, prompts, lengths, model, seed)
-    if batch_size == "auto":
-        cfg = model.config
-        batch_size = auto_batch_size(
-            model.device, max(lengths), cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
-        )
-    size = BatchSize(batch_size)
+    size = BatchSize(model_batch_size(model, max(lengths)) if batch_size == "auto" else batch_size)
     settings = dict(method=method, metric=metric, seed=seed, mean_positions=mean_positions)
     store = None
     if out is not None:

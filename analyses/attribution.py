@@ -28,7 +28,7 @@ from torch import Tensor
 from analyses import provenance
 from analyses.directions import logit_direction
 from analyses.prompts import as_prompt_list, batch_size_for, input_tokens, padded_index, prompt_positions
-from analyses.tokens import token_ids
+from analyses.tokens import Token, decode_ids, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -36,7 +36,6 @@ from resid.model import Transformer
 from resid.stream import ResidualStream
 
 LEVELS = ("sublayer", "head", "neuron")
-Token = str | int
 
 
 @torch.no_grad()
@@ -107,14 +106,13 @@ def _attribute(
         actual = actual - logits[rows, torch.tensor(baseline_list, device=model.device)]
     blocks = _components(model, stream, rows, column, direction.direction, level)
     blocks.append(_Block(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
-    decode = model.require_tokenizer().decode
     meta = {
         "prompt_idx": list(chunk),
         "pos": [r[0] for r in rel],
         "token": [t[0] for t in input_tokens(model, tokens, index)],
-        "target": [decode([i]) for i in target_list],
+        "target": list(decode_ids(model, np.array(target_list))),
         "target_id": target_list,
-        "baseline": [None] * len(chunk) if baseline_list is None else [decode([i]) for i in baseline_list],
+        "baseline": [None] * len(chunk) if baseline_list is None else list(decode_ids(model, np.array(baseline_list))),
         "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
     return _frame(meta, blocks, actual)

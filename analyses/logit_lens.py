@@ -23,7 +23,7 @@ from torch import Tensor
 
 from analyses import provenance
 from analyses.prompts import as_prompt_list, batch_size_for, first_positions, prompt_positions
-from analyses.tokens import token_ids
+from analyses.tokens import Token, decode_ids, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -33,7 +33,6 @@ from resid.tokenizer import Tokens
 
 SITES = ("layer", "sublayer")
 NORMS = ("recompute", "frozen")
-Token = str | int
 
 
 @torch.no_grad()
@@ -190,28 +189,25 @@ def _frame(
     def per_rank(values: np.ndarray) -> np.ndarray:
         return np.repeat(values.reshape(-1), k)
 
-    decode = model.require_tokenizer().decode
-    names: dict[int, str] = {}
     ids = stacked("token_id").reshape(-1)
-    for i in set(ids.tolist()) | set(target.tolist()) | set(tokens.ids.flatten().tolist()):
-        names[i] = decode([i])
-    input_ids = [tokens.ids[b, p].item() for b, p in zip(rows, padded)]
+    input_ids = np.array([tokens.ids[b, p].item() for b, p in zip(rows, padded)], dtype=np.int64)
+    target_ids = target.cpu().numpy()
     per_pair = n_sites * k
     df = pd.DataFrame({
         "prompt_idx": np.repeat([prompt_idx[b] for b in rows], per_pair).astype("int64"),
         "pos": np.repeat(rel_pos, per_pair).astype("int64"),
-        "input": np.repeat(np.array([names[i] for i in input_ids], dtype=object), per_pair).astype(str),
+        "input": np.repeat(decode_ids(model, input_ids), per_pair).astype(str),
         "layer": np.tile(np.repeat([layer for layer, _ in sites], k), n_pairs).astype("int64"),
         "site": np.tile(np.repeat([site for _, site in sites], k), n_pairs).astype(str),
         "norm": norm,
         "rank": np.tile(np.arange(1, k + 1), n_pairs * n_sites).astype("int64"),
         "token_id": ids.astype("int64"),
-        "token": np.array([names[i] for i in ids.tolist()], dtype=object).astype(str),
+        "token": decode_ids(model, ids).astype(str),
         "prob": stacked("prob").reshape(-1).astype("float64"),
         "logit": stacked("logit").reshape(-1).astype("float64"),
-        "target_id": np.repeat(target.cpu().numpy(), per_pair).astype("int64"),
+        "target": np.repeat(decode_ids(model, target_ids), per_pair).astype(str),
+        "target_id": np.repeat(target_ids, per_pair).astype("int64"),
     })
-    df.insert(len(df.columns) - 1, "target", df["target_id"].map(names).astype(str))
     for name in ("target_prob", "target_logit", "target_rank", "entropy", "kl_to_final"):
         values = per_rank(stacked(name))
         df[name] = values.astype("int64" if name == "target_rank" else "float64")

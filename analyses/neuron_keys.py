@@ -32,9 +32,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import corpus as corpora
-from analyses.neuron_values import check_k, decode_ids, select_layers, select_neurons
+from analyses.neuron_values import check_k, select_layers, select_neurons
 from analyses.provenance import describe
-from resid.batching import BatchSize, auto_batch_size, with_backoff
+from analyses.tokens import decode_ids
+from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -215,7 +216,7 @@ def _batch_size(model: Transformer, batch_size: int | str, width: int, n_layers:
     if batch_size != "auto":
         return BatchSize(batch_size)
     cfg = model.config
-    rows = auto_batch_size(model.device, width, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize)
+    rows = model_batch_size(model, width)
     if model.device.type == "cuda":
         # The captured `post` of every chosen layer lives until the batch is folded in.
         free, _ = torch.cuda.mem_get_info(model.device)

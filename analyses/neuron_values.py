@@ -19,7 +19,6 @@ the [chunk d_vocab] logit block stays within `chunk_bytes` (default 256 MB): all
 take the effective unembedding (d_model x d_vocab) plus one chunk of memory.
 """
 
-import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,11 +28,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analyses.provenance import describe
+from analyses.tokens import decode_ids
 from resid.errors import ResidError
 from resid.model import Transformer
 
 CHUNK_BYTES = 256 * 2**20
-_VOCAB: "weakref.WeakKeyDictionary[object, np.ndarray]" = weakref.WeakKeyDictionary()
 
 
 def value_top_tokens(
@@ -107,26 +106,6 @@ def value_logits(
                 vectors = vectors - vectors.mean(-1, keepdim=True)
             vectors = vectors * norm.gain.float()
         return vectors @ model.unembed.W_U.float()
-
-
-def vocabulary(model: Transformer) -> np.ndarray:
-    """Every token id decoded on its own (object array [d_vocab]); ids the tokenizer lacks are ''. Cached
-    per tokenizer, so building a large table decodes by indexing rather than one call per row."""
-    tokenizer = model.require_tokenizer()
-    vocab = _VOCAB.get(tokenizer)
-    if vocab is None or len(vocab) < model.config.d_vocab:
-        known = min(tokenizer.vocab_size, model.config.d_vocab)
-        decoded = tokenizer.tokenizer.decode_batch([[i] for i in range(known)], skip_special_tokens=False)
-        vocab = np.array(decoded + [""] * (model.config.d_vocab - known), dtype=object)
-        _VOCAB[tokenizer] = vocab
-    return vocab
-
-
-def decode_ids(model: Transformer, ids: np.ndarray) -> np.ndarray:
-    """The decoded token of each id (same shape); '<id>' placeholders for a model without a tokenizer."""
-    if model.tokenizer is None:
-        return np.char.add(np.char.add("<", ids.astype(str)), ">").astype(object)
-    return vocabulary(model)[ids]
 
 
 def select_layers(model: Transformer, layers: int | Sequence[int] | None) -> list[int]:

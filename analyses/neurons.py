@@ -36,9 +36,9 @@ from torch import Tensor
 from analyses.directions import logit_direction
 from analyses.neuron_edits import prediction_change, scale_coefficients, set_coefficients
 from analyses.neuron_keys import top_activating
-from analyses.neuron_values import check_k, decode_ids, select_layers, value_logits, value_top_tokens
+from analyses.neuron_values import check_k, select_layers, value_logits, value_top_tokens
 from analyses.provenance import describe
-from analyses.tokens import single_token_id
+from analyses.tokens import decode_ids, single_token_id
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer

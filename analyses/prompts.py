@@ -11,7 +11,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from resid.batching import BatchSize, auto_batch_size
+from analyses.tokens import decode_ids
+from resid.batching import BatchSize, model_batch_size
 from resid.errors import ResidError
 from resid.model import Transformer
 from resid.tokenizer import Tokens
@@ -31,11 +32,7 @@ def as_prompt_list(prompts: str | Sequence[str]) -> list[str]:
 def batch_size_for(model: Transformer, texts: Sequence[str], batch_size: int | str) -> BatchSize:
     """Prompts per forward pass: as given, or "auto" from the longest prompt and the device."""
     if batch_size == "auto":
-        longest = max(len(model.require_tokenizer().encode(t)) for t in texts)
-        cfg = model.config
-        batch_size = auto_batch_size(
-            model.device, longest, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
-        )
+        batch_size = model_batch_size(model, max(len(model.require_tokenizer().encode(t)) for t in texts))
     return BatchSize(batch_size)
 
 
@@ -72,6 +69,4 @@ def first_positions(tokens: Tokens) -> list[int]:
 
 def input_tokens(model: Transformer, tokens: Tokens, index: Int[Tensor, "batch k"]) -> list[list[str]]:
     """The decoded input token at each selected padded position."""
-    ids = tokens.ids.gather(1, index).tolist()
-    decode = model.require_tokenizer().decode
-    return [[decode([i]) for i in row] for row in ids]
+    return decode_ids(model, tokens.ids.gather(1, index).cpu().numpy()).tolist()

@@ -13,6 +13,7 @@ from typing import TypeVar
 import torch
 
 from resid.errors import ResidError
+from resid.model import Transformer
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -51,6 +52,14 @@ def auto_batch_size(
     # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
     per_row = bytes_per_value * (n_pos * (8 * d_model + 4 * d_mlp + 2 * n_heads * n_pos) + 2 * d_vocab)
     return max(1, min(MAX_BATCH, int(0.5 * free // per_row)))
+
+
+def model_batch_size(model: Transformer, n_pos: int) -> int:
+    """auto_batch_size for this model's shapes, device and dtype."""
+    cfg = model.config
+    return auto_batch_size(
+        model.device, n_pos, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
+    )
 
 
 def with_backoff(work: Callable[[int], Result], size: BatchSize) -> Result:
