@@ -75,6 +75,22 @@ def direct(
     return df
 
 
+def metric_name(df: pd.DataFrame) -> str:
+    """What the rows of `df` attribute, e.g. "logit(' Mary') - logit(' John')" ("the target" when the
+    prompts have different ones)."""
+    targets = df["target"].unique()
+    target = repr(targets[0]) if len(targets) == 1 else "the target"
+    baselines = df["baseline"].dropna().unique()
+    if len(baselines) == 1:
+        return f"logit({target}) - logit({baselines[0]!r})"
+    return f"logit({target})" + (" - logit(baseline)" if len(baselines) else "")
+
+
+def top_components(df: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The n rows with the largest |value|, largest first."""
+    return df.reindex(df["value"].abs().sort_values(ascending=False).index).head(n)
+
+
 def _attribute(
     model: Transformer,
     texts: list[str],

@@ -75,6 +75,11 @@ def run(
     return df
 
 
+def site_label(layer: int, site: str) -> str:
+    """A short name for a site: "embed" for the embeddings, else e.g. "L3 mid" or "L3 post"."""
+    return "embed" if site == "resid_pre" else f"L{layer} {site.removeprefix('resid_')}"
+
+
 def site_list(model: Transformer, sites: str) -> list[tuple[int, str]]:
     """(layer, site) pairs in stream order."""
     result = [(0, "resid_pre")]

@@ -5,6 +5,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from analyses.attribution import metric_name
+from analyses.logit_lens import site_label
 from resid.errors import ResidError
 
 
@@ -46,10 +48,6 @@ def save_html(fig: go.Figure, path: str | Path) -> Path:
     return path
 
 
-def _site_label(layer: int, site: str) -> str:
-    return "embed" if site == "resid_pre" else f"L{layer} {site.removeprefix('resid_')}"
-
-
 def _visible(token: str) -> str:
     """Cell text for a token: escapes shown (\\n), and a whitespace-only token as one ␣ per character."""
     return "␣" * len(token) if token.isspace() else repr(token)[1:-1]
@@ -73,13 +71,13 @@ def logit_lens_heatmap(df: pd.DataFrame, prompt_idx: int = 0) -> go.Figure:
         z[i][j] = first["target_prob"]
         text[i][j] = _visible(first["token"])
         top = "<br>".join(f"{r['rank']}. {r['token']!r} {r['prob']:.3f}" for _, r in cell.iterrows())
-        hover[i][j] = (f"{_site_label(layer, site)}, pos {pos} ({first['input']!r})<br>{top}<br>"
+        hover[i][j] = (f"{site_label(layer, site)}, pos {pos} ({first['input']!r})<br>{top}<br>"
                        f"target {first['target']!r}: p={first['target_prob']:.3g}, rank {first['target_rank']}")
     inputs = rows.drop_duplicates("pos").set_index("pos")["input"]
     targets = rows["target"].unique()
     target = repr(targets[0]) if len(targets) == 1 else "the final top token"
     fig = go.Figure(go.Heatmap(
-        z=z, x=[f"{p}: {inputs[p]!r}" for p in positions], y=[_site_label(l, s) for l, s in sites],
+        z=z, x=[f"{p}: {inputs[p]!r}" for p in positions], y=[site_label(l, s) for l, s in sites],
         text=text, texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
         colorscale="Blues", zmin=0, zmax=1, colorbar=dict(title="p(target)"),
     ))
@@ -105,7 +103,7 @@ def head_attribution_heatmap(df: pd.DataFrame, prompt_idx: int | None = None) ->
         colorscale="RdBu", zmid=0, colorbar=dict(title="logit"),
         hovertemplate="layer %{y} head %{x}<br>%{z:+.4f} logit<extra></extra>",
     ))
-    fig.update_layout(title=f"Direct attribution per head to {_metric_name(df)} ({what})",
+    fig.update_layout(title=f"Direct attribution per head to {metric_name(df)} ({what})",
                       xaxis_title="head", yaxis_title="layer", height=max(400, 16 * len(grid) + 150))
     return fig
 
@@ -123,18 +121,9 @@ def layer_attribution_bars(df: pd.DataFrame, prompt_idx: int | None = None) -> g
     ])
     extras = ", ".join(f"{name} {value:+.3f}" for name, value in other.items())
     what = f"prompt {prompt_idx}" if prompt_idx is not None else f"mean over {n_prompts} prompts"
-    fig.update_layout(barmode="group", title=f"Direct attribution per layer to {_metric_name(df)} ({what}); {extras}",
+    fig.update_layout(barmode="group", title=f"Direct attribution per layer to {metric_name(df)} ({what}); {extras}",
                       xaxis_title="layer", yaxis_title="logit")
     return fig
-
-
-def _metric_name(df: pd.DataFrame) -> str:
-    targets = df["target"].unique()
-    target = repr(targets[0]) if len(targets) == 1 else "the target"
-    baselines = df["baseline"].dropna().unique() if "baseline" in df else []
-    if len(baselines) == 1:
-        return f"logit({target}) - logit({baselines[0]!r})"
-    return f"logit({target})" + (" - logit(baseline)" if len(baselines) else "")
 
 
 def report_html(figures: list[go.Figure], path: str | Path, title: str, preamble: str = "") -> Path:

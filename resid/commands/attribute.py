@@ -35,12 +35,9 @@ def run(model, args) -> str:
     df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos)
     lines = []
     for prompt_idx, rows in df.groupby("prompt_idx", sort=True):
-        first = rows.iloc[0]
-        metric = f"logit({first['target']!r})" + ("" if rows["baseline"].isna().all() else
-                                                   f" - logit({first['baseline']!r})")
-        lines.append(f"prompt {prompt_idx}: {metric} = {first['logit']:.4f} "
+        lines.append(f"prompt {prompt_idx}: {attribution.metric_name(rows)} = {rows['logit'].iloc[0]:.4f} "
                      f"(sum of {len(rows)} components {rows['value'].sum():.4f})")
-        ranked = rows.reindex(rows["value"].abs().sort_values(ascending=False).index).head(args.top)
+        ranked = attribution.top_components(rows, args.top)
         lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["component"])]
     if args.out is not None:
         lines.append(f"wrote {tables.export(df, args.out)} ({len(df)} rows)")

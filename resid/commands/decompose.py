@@ -4,9 +4,6 @@ With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and
 
 from pathlib import Path
 
-import torch
-
-from resid.capture import Capture
 from resid.errors import ResidError
 
 
@@ -31,7 +28,7 @@ def run(model, args) -> str:
     # Every position for the heatmap; the table reads the last one.
     lens = logit_lens.run(model, text, target=args.target, positions="all", sites="layer", norm=args.norm, k=args.top)
     attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
-    lines = _predictions(model, text, args.top)
+    lines = _predictions(model, text, lens)
     lines += _lens_table(lens)
     lines += _components(attr, args.top)
     if args.out is not None:
@@ -39,12 +36,13 @@ def run(model, args) -> str:
     return "\n".join(lines)
 
 
-def _predictions(model, text: str, top: int) -> list[str]:
-    probs = torch.softmax(model.run(text, capture=Capture.none(), logits_at="last").logits[0, 0].float(), -1)
-    values, ids = probs.topk(min(top, probs.shape[-1]))
+def _predictions(model, text: str, lens) -> list[str]:
+    # The lens's last site at the last token is the model's own next-token distribution (tested exact).
+    final = lens[(lens["pos"] == lens["pos"].max()) & (lens["site"] == "resid_post")
+                 & (lens["layer"] == model.config.n_layers - 1)]
     pieces = model.to_str_tokens(text)
     lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "", "top next tokens:"]
-    lines += [f"  {p:7.4f}  {model.tokenizer.decode([i])!r}" for p, i in zip(values.tolist(), ids.tolist())]
+    lines += [f"  {p:7.4f}  {token!r}" for p, token in zip(final["prob"], final["token"])]
     return lines
 
 
@@ -61,11 +59,10 @@ def _lens_table(lens) -> list[str]:
 
 
 def _components(attr, top: int) -> list[str]:
-    first = attr.iloc[0]
-    metric = f"logit({first['target']!r})"
-    if first["baseline"] is not None and first["baseline"] == first["baseline"]:
-        metric += f" - logit({first['baseline']!r})"
-    ranked = attr.reindex(attr["value"].abs().sort_values(ascending=False).index).head(top)
+    from analyses.attribution import metric_name, top_components
+
+    first, metric = attr.iloc[0], metric_name(attr)
+    ranked = top_components(attr, top)
     lines = ["", f"top {len(ranked)} components by direct attribution to {metric}:"]
     lines += [f"  {row['value']:+9.4f}  {row['component']}" for _, row in ranked.iterrows()]
     total, actual = attr["value"].sum(), first["logit"]
@@ -75,10 +72,10 @@ def _components(attr, top: int) -> list[str]:
 
 
 def _write(model, text: str, lens, attr, out: Path) -> list[str]:
-    from analyses import plots, tables
+    from analyses import attribution, plots, tables
 
     # CSV: the full tables. LaTeX: what fits a paper, the top components and the lens's top-1 per layer.
-    top = attr.reindex(attr["value"].abs().sort_values(ascending=False).index).head(20)
+    top = attribution.top_components(attr, 20)
     lens_top = lens[(lens["rank"] == 1) & (lens["pos"] == lens["pos"].max())]
     files = [
         tables.export(attr, out / "attribution.csv"),

@@ -30,7 +30,7 @@ def run(model, args) -> str:
     lines = [f"logit lens ({args.norm} final norm), target {top['target'].iloc[-1]!r} at the last position:",
              f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>7} {'p(target)':>10} {'rank':>6}"]
     for _, row in top.iterrows():
-        site = "embed" if row["site"] == "resid_pre" else f"L{row['layer']} {row['site'].removeprefix('resid_')}"
+        site = logit_lens.site_label(row["layer"], row["site"])
         lines.append(f"  {row['pos']:>4} {site:<16} {row['token']!r:<16} {row['prob']:7.4f} "
                      f"{row['target_prob']:10.3g} {row['target_rank']:>6}")
     if args.out is not None:
