@@ -21,9 +21,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses import provenance
+from analyses.io import provenance
 from analyses.prompts import as_prompt_list, batch_size_for, first_positions, prompt_positions
-from analyses.tokens import Token, decode_ids, token_ids
+from analyses.vocab import Token, decode_ids, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError

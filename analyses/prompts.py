@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from analyses.tokens import decode_ids
+from analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size
 from resid.errors import ResidError
 from resid.model import Transformer

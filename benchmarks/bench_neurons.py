@@ -25,8 +25,8 @@ import torch
 
 import resid
 from analyses import corpus, neurons
-from analyses.neuron_keys import batch_tokens, scan, windows
-from analyses.neuron_values import CHUNK_BYTES
+from analyses.neurons.keys import batch_tokens, scan, windows
+from analyses.neurons.values import CHUNK_BYTES
 
 
 class PeakRSS:

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from resid.cli import main
+from analyses.cli.main import main
 
 
 def test_predict_prints_paris(capsys):
@@ -21,7 +21,7 @@ def test_info_prints_config(capsys):
 
 def test_errors_are_one_line_with_exit_status_2():
     result = subprocess.run(
-        [sys.executable, "-m", "resid.cli", "predict", "hi", "--model", "no-such-model"],
+        [sys.executable, "-m", "analyses.cli.main", "predict", "hi", "--model", "no-such-model"],
         capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": ""},
     )
     assert result.returncode == 2

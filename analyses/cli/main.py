@@ -8,7 +8,7 @@
     resid ablate --prompts prompts.jsonl [--sites sublayers] [--method mean --reference corpus.txt]
                  --out results.parquet [--figure effects.html]
 
-Each subcommand lives in resid/commands/. Bad input ends in one line `resid: error: ...` and exit status 2,
+Each subcommand is a module of analyses/cli/. Bad input ends in one line `resid: error: ...` and exit status 2,
 never a traceback.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "neurons")  # modules of resid.commands, in the order --help lists them
+COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "neurons")  # modules of analyses.cli, in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(name: str):
-    return importlib.import_module(f"resid.commands.{name}")
+    return importlib.import_module(f"analyses.cli.{name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "decompose_prediction.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "decompose_prediction.ipynb"
 
 
 def test_decompose_notebook_runs(tmp_path):

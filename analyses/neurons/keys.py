@@ -31,10 +31,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from analyses import corpus as corpora
-from analyses.neuron_values import check_k, select_layers, select_neurons
-from analyses.provenance import describe
-from analyses.tokens import decode_ids
+from analyses.io import corpus as corpora
+from analyses.neurons.values import check_k, select_layers, select_neurons
+from analyses.io.provenance import describe
+from analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
 from resid.errors import ResidError

@@ -1,29 +1,5 @@
-"""FFN key-value neuron inspection (Geva et al. 2021, "Transformer Feed-Forward Layers Are Key-Value
-Memories"; Geva et al. 2022, "Transformer Feed-Forward Layers Build Predictions by Promoting Concepts in the
-Vocabulary Space").
-
-Glossary (resid.components.mlp): neuron i of layer l has a *key* W_in[:, i] (with W_gate[:, i] for gated
-MLPs), a *value* v_i = W_out[i] and, at each token, a *coefficient* m_i = post[i]. The MLP's output at a
-token is the sum of its *sub-updates* m_i * v_i, plus b_out.
-
-    from analyses import neurons
-    neurons.value_top_tokens(model, layers=[20], k=10)        # values read in vocabulary space
-    neurons.top_activating(model, texts, layers=[20], k=20)   # keys: the corpus tokens that trigger them
-    neurons.sub_updates(model, "The capital of France is")    # which memories build this prediction
-    edits = neurons.set_coefficients(model, prompt, [(20, 5)], value=8.0, positions=[-1])
-    neurons.prediction_change(model, prompt, edits)          # promote / suppress, and what changes
-
-`sub_updates` ranks each layer's sub-updates at one token two ways: by size, |m_i| * ||v_i|| (Geva et al.
-2022), and by direct contribution to the target's logit, m_i * (v_i . u') with u' the target's logit
-direction through the final norm with its scale frozen (analyses.directions), so the contributions of all
-neurons, of b_out and of every other write sum exactly to the logit. For each ranking it reports what
-share of the layer's update its top-k carry:
-
-    explained_norm   = <S_k, U> / <U, U>     U = sum_i m_i v_i (the update without b_out), S_k = top-k sum
-    explained_target = (S_k . u') / (U . u')
-
-(1 when k covers every neuron; the first is the part of U along itself that the top-k provide).
-"""
+"""Sub-updates (Geva et al. 2022): an MLP's output at one token split into its neurons' m_i * v_i, ranked by
+size and by direct contribution to a target logit. See analyses.neurons for the glossary."""
 
 from collections.abc import Sequence
 
@@ -34,24 +10,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from analyses.directions import logit_direction
-from analyses.neuron_edits import prediction_change, scale_coefficients, set_coefficients
-from analyses.neuron_keys import top_activating
-from analyses.neuron_values import check_k, select_layers, value_logits, value_top_tokens
-from analyses.provenance import describe
-from analyses.tokens import decode_ids, single_token_id
+from analyses.neurons.values import check_k, select_layers, value_logits
+from analyses.io.provenance import describe
+from analyses.vocab import decode_ids, single_token_id
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
-
-__all__ = [
-    "prediction_change",
-    "scale_coefficients",
-    "set_coefficients",
-    "sub_update_vectors",
-    "sub_updates",
-    "top_activating",
-    "value_top_tokens",
-]
 
 RANKINGS = ("magnitude", "target")
 

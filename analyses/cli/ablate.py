@@ -22,7 +22,7 @@ def add_parser(commands, common) -> None:
 
 def run(model, args) -> str:
     from analyses import ablation, plots
-    from analyses.prompts_file import read_jsonl
+    from analyses.io.prompts_file import read_jsonl
 
     batch_size = args.batch_size if args.batch_size == "auto" else positive_int(args.batch_size, "--batch-size")
     prompt_set = read_jsonl(args.prompts)

@@ -7,7 +7,7 @@ from tiny_fixtures import Tiny, tiny  # noqa: F401
 
 import resid
 from analyses import neurons
-from analyses.neuron_values import value_unembedding
+from analyses.neurons.values import value_unembedding
 from resid.errors import ResidError
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "Hello there"]

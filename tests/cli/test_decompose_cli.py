@@ -5,7 +5,7 @@ import re
 import pandas as pd
 
 from analyses import attribution, tables
-from resid.cli import main
+from analyses.cli.main import main
 
 PROMPT = "The Eiffel Tower is located in the city of"
 

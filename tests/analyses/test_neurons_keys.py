@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import resid
-from analyses import corpus, neuron_plots, neurons, plots
-from analyses.neuron_keys import windows
-from resid.cli import main
+from analyses import corpus, neurons, plots
+from analyses.neurons import plots as neuron_plots
+from analyses.neurons.keys import windows
+from analyses.cli.main import main
 from resid.errors import ResidError
 
 TEXTS = [
@@ -173,7 +174,7 @@ def test_cli_neurons(tmp_path, capsys):
 
 
 def test_value_logits_match_the_folded_unembedding(random_model):
-    from analyses.neuron_values import value_logits, value_unembedding
+    from analyses.neurons.values import value_logits, value_unembedding
 
     vectors = random_model.blocks[0].mlp.W_out[:5].detach()
     torch.testing.assert_close(value_logits(random_model, vectors), vectors @ value_unembedding(random_model),

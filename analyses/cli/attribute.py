@@ -21,7 +21,7 @@ def add_parser(commands, common) -> None:
 
 def run(model, args) -> str:
     from analyses import attribution, tables
-    from analyses.prompts_file import read_jsonl
+    from analyses.io.prompts_file import read_jsonl
 
     if (args.text is None) == (args.prompts is None):
         raise ResidError("Give either one prompt or --prompts FILE.jsonl (not both).")

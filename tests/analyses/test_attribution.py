@@ -8,7 +8,7 @@ from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 import resid
 from analyses import attribution
-from analyses.tokens import single_token_id
+from analyses.vocab import single_token_id
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
 LEVELS = ("sublayer", "head", "neuron")

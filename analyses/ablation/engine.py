@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from analyses import ablation_values as values
-from analyses.ablation_sites import Ablation, expand_sites, signature
+from analyses.ablation import values
+from analyses.ablation.sites import Ablation, expand_sites, signature
 from analyses.metrics import METRICS, metric_values
-from analyses.store import ResultStore
-from analyses.tokens import token_ids
+from analyses.io.store import ResultStore
+from analyses.vocab import token_ids
 from resid.batching import BatchSize, model_batch_size, run_batched, with_backoff
 from resid.errors import ResidError
 from resid.interventions import Add, Scale, Site

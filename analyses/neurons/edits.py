@@ -23,9 +23,9 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from analyses.neuron_values import check_k
-from analyses.provenance import describe
-from analyses.tokens import decode_ids
+from analyses.neurons.values import check_k
+from analyses.io.provenance import describe
+from analyses.vocab import decode_ids
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Add, Intervention, Scale, Site

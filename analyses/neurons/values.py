@@ -27,8 +27,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.provenance import describe
-from analyses.tokens import decode_ids
+from analyses.io.provenance import describe
+from analyses.vocab import decode_ids
 from resid.errors import ResidError
 from resid.model import Transformer
 

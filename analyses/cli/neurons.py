@@ -80,7 +80,7 @@ def _values(model, args) -> str:
         lines.append(f"L{layer} N{neuron}  top: {top}\n{'':>{len(f'L{layer} N{neuron}')}}  bottom: {bottom}")
     lines += _more(len(pairs))
     if args.out:
-        from analyses import neuron_plots
+        from analyses.neurons import plots as neuron_plots
 
         lines += _export(df, args, "neuron_values")
         for layer, neuron in pairs[:FIGURES]:
@@ -105,7 +105,7 @@ def _top(model, args) -> str:
         lines.append(f"L{row.layer} N{row.neuron} #{row.rank}  m={row.coefficient:+.3f}  {row.context!r}")
     lines += _more(len(shown), SHOWN * 3)
     if args.out:
-        from analyses import neuron_plots
+        from analyses.neurons import plots as neuron_plots
 
         lines += _export(df, args, "neuron_contexts")
         values = neurons.value_top_tokens(model, layers, [n for _, n in pairs[:FIGURES]], k=10)

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.store import ResultStore
+from analyses.io.store import ResultStore
 from resid.errors import ResidError
 
 KEYS = ["prompt", "site", "layer", "component", "head"]
 SIGNATURE = {"model": "smollm2-135m", "prompts": "sha256:ab12", "method": "zero"}
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def chunk(prompt: int) -> pd.DataFrame:
@@ -143,7 +143,7 @@ CHILD = textwrap.dedent(
     # The store needs only resid.errors; skipping resid/__init__ (it imports torch, ~1.5 s) keeps the test fast.
     sys.modules["resid"] = types.ModuleType("resid")
     sys.modules["resid"].__path__ = [sys.argv[4] + "/resid"]
-    from analyses.store import ResultStore
+    from analyses.io.store import ResultStore
 
     store = ResultStore(sys.argv[1], ["step", "row"], {"sweep": "kill-test"})
     done = store.done()
