@@ -31,6 +31,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -38,7 +39,8 @@ from torch import Tensor
 import resid
 from resid.load.registry import _smollm2_path
 
-REFERENCE = "/work/shared/models/smollm2-135m-reference"  # config.json + tokenizer of SmolLM2-135M
+# config.json + tokenizer of SmolLM2-135M, committed with the tests so that no Hub download is needed
+REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "smollm2-135m"
 TL_NAME = "HuggingFaceTB/SmolLM2-135M"  # only names the adapter; hf_model= keeps TL off the Hub
 TEMPLATES = [  # each 14 tokens with single-token names, places and objects; the answer is the non-repeated name
     "When {a} and {b} went to the {place}, {b} gave a {obj} to",

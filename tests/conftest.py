@@ -1,5 +1,5 @@
-"""Shared fixtures: the real SmolLM2 (loaded once), the shared reference data, and small random models
-built directly from a ModelConfig (no transformers needed)."""
+"""Shared fixtures: the real SmolLM2 (loaded once), the reference data committed under tests/data, and small
+random models built directly from a ModelConfig (no transformers needed)."""
 
 import json
 import os
@@ -11,8 +11,7 @@ import tokenizers
 import resid
 from random_models import RANDOM_CONFIGS, make_random_model
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-MODELS = SHARED / "models"
+DATA = Path(__file__).resolve().parent / "data"
 
 # Tests never reach the network: a Hub id must fail fast and clearly.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,14 +24,14 @@ def smollm2() -> resid.Transformer:
 
 @pytest.fixture(scope="session")
 def smollm2_reference() -> dict:
-    path = MODELS / "smollm2-135m-reference" / "reference_outputs.json"
-    assert path.exists(), f"{path} is missing: CI needs ../shared beside the checkout"
+    path = DATA / "smollm2-135m" / "reference_outputs.json"
+    assert path.exists(), f"{path} is missing; regenerate it with tests/data/make_smollm2_reference.py"
     return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="session")
 def gpt2_tokenizer() -> resid.Tokenizer:
-    raw = tokenizers.Tokenizer.from_file(str(MODELS / "gpt2-tokenizer" / "tokenizer.json"))
+    raw = tokenizers.Tokenizer.from_file(str(DATA / "gpt2-tokenizer" / "tokenizer.json"))
     return resid.Tokenizer(raw, bos_token_id=50256, prepend_bos=False, eos_token_id=50256)
 
 

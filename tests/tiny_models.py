@@ -13,7 +13,7 @@ import torch
 import transformers
 from torch import nn
 
-TOKENIZER = Path("/work/shared/models/gpt2-tokenizer/tokenizer.json")
+TOKENIZER = Path(__file__).resolve().parent / "data" / "gpt2-tokenizer" / "tokenizer.json"
 D_VOCAB = 50257
 N_CTX = 128
 

@@ -10,7 +10,7 @@ from resid.errors import ResidError
 from resid.load.gguf_format import GGUFFile
 from resid.load.gguf_vocab import tokenizer_from_gguf
 
-REFERENCE_TOKENIZER = Path("/work/shared/models/smollm2-135m-reference/tokenizer.json")
+REFERENCE_TOKENIZER = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "tokenizer.json"
 EIFFEL = "The Eiffel Tower is located in the city of"
 
 TEXTS = [
