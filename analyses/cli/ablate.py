@@ -2,15 +2,20 @@
 
 from pathlib import Path
 
+from analyses.cli import arguments
 from resid.errors import ResidError
 
 
 def add_parser(commands, common) -> None:
     ablate = commands.add_parser("ablate", parents=[common], help="ablation sweep over prompts (crash-safe)")
     ablate.add_argument("--prompts", required=True, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}')
-    ablate.add_argument("--sites", default="sublayers", choices=["layers", "sublayers", "heads"])
+    ablate.add_argument("--sites", default="sublayer", choices=["layer", "sublayer", "head"],
+                        help="ablate whole layers, each attention / MLP write (default), or each head")
     ablate.add_argument("--method", default="zero", choices=["zero", "mean", "resample"])
-    ablate.add_argument("--reference", default=None, help="mean: text file (one text per line); resample: unused")
+    ablate.add_argument("--reference", default=None,
+                        help="mean: the texts to average each write over; resample: one donor prompt per prompt, in "
+                        "order (default: a random prompt of the same length). A .txt (paragraphs, or one text per line "
+                        "when it has no blank line) or .jsonl {\"text\": ...} file")
     ablate.add_argument("--mean-positions", default="agnostic", choices=["agnostic", "per_position"])
     ablate.add_argument("--metric", default=None, choices=["logit_diff", "logit", "target_prob", "loss"])
     ablate.add_argument("--batch-size", default="auto", help="rows per forward pass, or auto")
@@ -20,15 +25,33 @@ def add_parser(commands, common) -> None:
     ablate.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def check(args) -> None:
+    """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`."""
+    from analyses.io.prompts_file import read_jsonl
+    from analyses.io.store import SUFFIXES
+
+    args.batch_size = arguments.batch_size(args.batch_size)  # 'auto' or an int from here on
+    arguments.out_path(args.out, SUFFIXES)
+    arguments.out_path(args.figure, (".html",), "--figure")
+    if args.method == "mean" and args.reference is None:
+        raise ResidError("--method mean needs --reference FILE (.txt or .jsonl texts) to average each write over.")
+    if args.method == "zero" and args.reference is not None:
+        raise ResidError("--reference is not used by --method zero; drop it, or choose --method mean.")
+    if args.reference is not None:
+        arguments.existing_file(args.reference, "--reference")
+    args.prompt_set = read_jsonl(args.prompts)
+    if args.metric == "logit_diff" and args.prompt_set.baselines is None:
+        raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.prompts}; '
+                         "or use --metric logit, target_prob or loss.")
+
+
 def run(model, args) -> str:
     from analyses import ablation, plots
-    from analyses.io.prompts_file import read_jsonl
 
-    batch_size = args.batch_size if args.batch_size == "auto" else positive_int(args.batch_size, "--batch-size")
-    prompt_set = read_jsonl(args.prompts)
+    prompt_set = args.prompt_set
     df = ablation.sweep(
         model, prompt_set.prompts, prompt_set.targets, prompt_set.baselines, sites=args.sites,
-        method=args.method, reference=args.reference, metric=args.metric, batch_size=batch_size,
+        method=args.method, reference=args.reference, metric=args.metric, batch_size=args.batch_size,
         out=args.out, seed=args.seed, mean_positions=args.mean_positions, progress=not args.quiet,
     )
     figure = plots.save_html(plots.ablation_effects(df), args.figure or Path(args.out).with_suffix(".html"))
@@ -38,8 +61,3 @@ def run(model, args) -> str:
     lines += [f"  {site:<28} {delta:+.4f}" for site, delta in top.items()]
     return "\n".join(lines)
 
-
-def positive_int(text: str, flag: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ResidError(f"{flag} must be a positive integer or 'auto', got {text!r}.")
-    return int(text)

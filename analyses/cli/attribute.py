@@ -4,6 +4,7 @@
     resid attribute --prompts ioi.jsonl --level head --out heads.parquet      # .csv .parquet .tex .md
 """
 
+from analyses.cli import arguments
 from resid.errors import ResidError
 
 
@@ -19,17 +20,25 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--out", default=None, help="table file: .csv .parquet .tex .md (+ a .json provenance)")
 
 
-def run(model, args) -> str:
-    from analyses import attribution, tables
+def check(args) -> None:
+    """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`."""
+    from analyses import tables
     from analyses.io.prompts_file import read_jsonl
 
     if (args.text is None) == (args.prompts is None):
         raise ResidError("Give either one prompt or --prompts FILE.jsonl (not both).")
-    if args.prompts is not None:
-        if args.target is not None or args.baseline is not None:
-            raise ResidError("With --prompts, targets and baselines come from the JSONL file, not --target.")
-        prompt_set = read_jsonl(args.prompts)
-        prompts, target, baseline = prompt_set.prompts, prompt_set.targets, prompt_set.baselines
+    if args.prompts is not None and (args.target is not None or args.baseline is not None):
+        raise ResidError("With --prompts, targets and baselines come from the JSONL file, not --target.")
+    arguments.at_least(args.top, 1, "--top")
+    arguments.out_path(args.out, tables.SUFFIXES)
+    args.prompt_set = read_jsonl(args.prompts) if args.prompts is not None else None
+
+
+def run(model, args) -> str:
+    from analyses import attribution, tables
+
+    if args.prompt_set is not None:
+        prompts, target, baseline = args.prompt_set.prompts, args.prompt_set.targets, args.prompt_set.baselines
     else:
         prompts, target, baseline = [args.text], args.target, args.baseline
     df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos)

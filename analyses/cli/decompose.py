@@ -4,12 +4,12 @@ With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and
 
 from pathlib import Path
 
-from resid.errors import ResidError
+from analyses.cli import arguments
 
 
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("decompose", parents=[common], help="decompose a prediction: lens + attribution")
-    parser.add_argument("text")
+    parser.add_argument("text", help="the prompt whose next-token prediction is decomposed")
     parser.add_argument("--target", default=None, help="target token, e.g. ' Paris' (default: the top prediction)")
     parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")
     parser.add_argument("--top", type=int, default=10, help="how many tokens and components to list (default 10)")
@@ -19,14 +19,16 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--out", default=None, help="folder for tables (CSV, LaTeX) and report.html")
 
 
+def check(args) -> None:
+    arguments.at_least(args.top, 1, "--top")
+
+
 def run(model, args) -> str:
     from analyses import attribution, logit_lens
 
-    if args.top < 1:
-        raise ResidError(f"--top must be at least 1, got {args.top}.")
     text = args.text
     # Every position for the heatmap; the table reads the last one.
-    lens = logit_lens.run(model, text, target=args.target, positions="all", sites="layer", norm=args.norm, k=args.top)
+    lens = logit_lens.run(model, text, target=args.target, positions="all", level="layer", norm=args.norm, k=args.top)
     attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
     lines = _predictions(model, text, lens)
     lines += _lens_table(lens)
@@ -66,8 +68,8 @@ def _components(attr, top: int) -> list[str]:
     lines = ["", f"top {len(ranked)} components by direct attribution to {metric}:"]
     lines += [f"  {row['value']:+9.4f}  {row['component']}" for _, row in ranked.iterrows()]
     total, actual = attr["value"].sum(), first["logit"]
-    lines += ["", f"completeness: sum of {len(attr)} components = {total:.6f}; model {metric} = {actual:.6f}; "
-                  f"difference {total - actual:+.2e}"]
+    lines += ["", (f"completeness: sum of {len(attr)} components = {total:.6f}; model {metric} = {actual:.6f}; "
+                   f"difference {total - actual:+.2e}")]
     return lines
 
 

@@ -5,6 +5,10 @@ def add_parser(commands, common) -> None:
     commands.add_parser("info", parents=[common], help="print the model's config")
 
 
+def check(args) -> None:
+    """Only the common options, which need the model to be checked."""
+
+
 def run(model, args) -> str:
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     lines = [f"model: {model.name}", f"weights: {', '.join(str(f) for f in model.weight_files) or '-'}"]

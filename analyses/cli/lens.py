@@ -6,25 +6,35 @@
 
 from pathlib import Path
 
-from resid.errors import ResidError
+from analyses.cli import arguments
 
 
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("lens", parents=[common], help="logit lens table and heatmap (scripts)")
-    parser.add_argument("text")
+    parser.add_argument("text", help="the prompt to read through the lens")
     parser.add_argument("--target", default=None, help="target token (default: the top prediction at each position)")
     parser.add_argument("--positions", default="-1", help="'all', or comma-separated prompt positions (default -1)")
-    parser.add_argument("--sites", default="layer", choices=["layer", "sublayer"])
-    parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"])
+    parser.add_argument("--level", default="layer", choices=["layer", "sublayer"],
+                        help="read the residual after every layer (default), or also between attention and MLP")
+    parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"],
+                        help="final norm: recomputed on each partial residual (default), or its scale frozen "
+                             "from the full run")
     parser.add_argument("--k", type=int, default=5, help="top tokens kept per site (default 5)")
     parser.add_argument("--out", default=None, help="table file: .csv .parquet .tex .md; the heatmap goes beside it")
+
+
+def check(args) -> None:
+    from analyses import tables
+
+    args.positions = arguments.positions(args.positions)  # 'all' or a list of ints from here on
+    arguments.at_least(args.k, 1, "--k")
+    arguments.out_path(args.out, tables.SUFFIXES)
 
 
 def run(model, args) -> str:
     from analyses import logit_lens, plots, tables
 
-    positions = args.positions if args.positions == "all" else _positions(args.positions)
-    df = logit_lens.run(model, args.text, target=args.target, positions=positions, sites=args.sites,
+    df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, level=args.level,
                         norm=args.norm, k=args.k)
     top = df[df["rank"] == 1]
     lines = [f"logit lens ({args.norm} final norm), target {top['target'].iloc[-1]!r} at the last position:",
@@ -39,9 +49,3 @@ def run(model, args) -> str:
         lines.append(f"wrote {table} ({len(df)} rows) and {figure}")
     return "\n".join(lines)
 
-
-def _positions(text: str) -> list[int]:
-    try:
-        return [int(p) for p in text.split(",")]
-    except ValueError:
-        raise ResidError(f"--positions must be 'all' or comma-separated integers like 0,-1; got {text!r}.") from None

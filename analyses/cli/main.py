@@ -2,14 +2,16 @@
 
     resid decompose "The Eiffel Tower is located in the city of" [--target T] [--baseline B] [--out DIR]
     resid attribute "prompt" | --prompts x.jsonl [--level head] [--out table.csv]
-    resid lens "prompt" [--target T] [--positions all] [--norm frozen] [--out lens.csv]
+    resid lens "prompt" [--target T] [--positions all] [--level sublayer] [--norm frozen] [--out lens.csv]
     resid predict "The Eiffel Tower is located in the city of" [--model M] [--top K]
     resid info [--model M]
-    resid ablate --prompts prompts.jsonl [--sites sublayers] [--method mean --reference corpus.txt]
+    resid ablate --prompts prompts.jsonl [--sites sublayer] [--method mean --reference corpus.txt]
                  --out results.parquet [--figure effects.html]
+    resid neurons values|top|explain|edit ...
 
-Each subcommand is a module of analyses/cli/. Bad input ends in one line `resid: error: ...` and exit status 2,
-never a traceback.
+Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
+that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
+Bad input ends in one line `resid: error: ...` and exit status 2, never a traceback.
 """
 
 import argparse
@@ -20,14 +22,16 @@ from collections.abc import Sequence
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "neurons")  # modules of analyses.cli, in the order --help lists them
+# Modules of analyses.cli, in the order --help lists them.
+COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "neurons")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resid", description="Residual-stream interpretability toolkit.")
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", default=DEFAULT_MODEL, help="resid name, folder, .gguf file or Hub id")
+    common.add_argument("--model", default=DEFAULT_MODEL,
+                        help="resid name, folder, .gguf file or Hub id (default: %(default)s)")
     common.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     common.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     for name in COMMANDS:
@@ -41,11 +45,13 @@ def _command(name: str):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    command = _command(args.command)
     try:
+        command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
         from resid.load import load
 
         model = load(args.model, device=args.device, dtype=args.dtype)
-        print(_command(args.command).run(model, args))
+        print(command.run(model, args))
     except ResidError as err:
         print(f"resid: error: {err}", file=sys.stderr)
         return 2

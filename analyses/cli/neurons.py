@@ -11,7 +11,7 @@ provenance sidecar) and, for values / top, an HTML figure per neuron (at most FI
 
 from pathlib import Path
 
-from resid.errors import ResidError
+from analyses.cli import arguments
 
 FIGURES = 10
 SHOWN = 40  # lines printed before "... more"
@@ -42,7 +42,7 @@ def add_parser(commands, common) -> None:
     top.add_argument("--quiet", action="store_true", help="no progress bar")
 
     explain = actions.add_parser("explain", parents=[common], help="sub-updates m_i v_i behind a prediction")
-    explain.add_argument("prompt")
+    explain.add_argument("prompt", help="the prompt whose prediction is explained")
     explain.add_argument("--pos", type=int, default=-1, help="token position (default -1, the last)")
     target = explain.add_mutually_exclusive_group()
     target.add_argument("--target", default=None, help="target token, e.g. ' Paris' (default: the top prediction)")
@@ -51,7 +51,7 @@ def add_parser(commands, common) -> None:
     explain.add_argument("--k", type=int, default=5, help="sub-updates per layer and ranking (default 5)")
 
     edit = actions.add_parser("edit", parents=[common], help="set / scale coefficients, compare predictions")
-    edit.add_argument("prompt")
+    edit.add_argument("prompt", help="the prompt run with and without the edit")
     edit.add_argument("--neurons", required=True, help="layer:neuron pairs, e.g. '20:5,21:7'")
     change = edit.add_mutually_exclusive_group(required=True)
     change.add_argument("--set", type=float, default=None, help="set the coefficients to this value")
@@ -63,6 +63,25 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--format", **fmt)
 
 
+def check(args) -> None:
+    """Normalizes in place: --layers and --neurons become lists of ints (None for all; layer:neuron pairs
+    for edit), --batch-size 'auto' or an int; --corpus is read into `args.texts` (None: the demo corpus)."""
+    arguments.at_least(args.k, 1, "--k")
+    if args.action in ("values", "top", "explain"):
+        args.layers = arguments.layers(args.layers)
+    if args.action in ("values", "top"):
+        args.neurons = arguments.ints(args.neurons, "--neurons")
+    if args.action == "top":
+        from analyses import corpus
+
+        arguments.at_least(args.max_docs, 1, "--max-docs")
+        arguments.at_least(args.context, 0, "--context")
+        args.batch_size = arguments.batch_size(args.batch_size)
+        args.texts = corpus.load(args.corpus) if args.corpus else None  # the demo is read in run, if needed
+    if args.action == "edit":
+        args.neurons = arguments.neuron_pairs(args.neurons)
+
+
 def run(model, args) -> str:
     return {"values": _values, "top": _top, "explain": _explain, "edit": _edit}[args.action](model, args)
 
@@ -70,8 +89,7 @@ def run(model, args) -> str:
 def _values(model, args) -> str:
     from analyses import neurons
 
-    df = neurons.value_top_tokens(model, _layers(args.layers), _ints(args.neurons, "--neurons"), k=args.k,
-                                  through_final_norm=not args.raw)
+    df = neurons.value_top_tokens(model, args.layers, args.neurons, k=args.k, through_final_norm=not args.raw)
     pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
     lines = [f"value tokens of {len(pairs)} neurons ({'W_out @ W_U' if args.raw else 'through the final norm'}):"]
     grouped = df.groupby(["layer", "neuron", "direction"], observed=True, sort=False)["token"].apply(list)
@@ -91,13 +109,9 @@ def _values(model, args) -> str:
 def _top(model, args) -> str:
     from analyses import corpus, neurons
 
-    if args.max_docs < 1:
-        raise ResidError(f"--max-docs must be at least 1, got {args.max_docs}.")
-    texts = corpus.load(args.corpus) if args.corpus else corpus.demo(max_documents=args.max_docs)
-    batch_size = args.batch_size if args.batch_size == "auto" else _ints(args.batch_size, "--batch-size")[0]
-    layers, chosen = _layers(args.layers), _ints(args.neurons, "--neurons")
-    df = neurons.top_activating(model, texts, layers, chosen, k=args.k, context=args.context, sign=args.sign,
-                                batch_size=batch_size, progress=not args.quiet)
+    texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
+    df = neurons.top_activating(model, texts, args.layers, args.neurons, k=args.k, context=args.context,
+                                sign=args.sign, batch_size=args.batch_size, progress=not args.quiet)
     pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
     lines = [f"top-activating tokens of {len(pairs)} neurons over {len(texts)} documents (sign={args.sign}):"]
     shown = df[df["rank"] <= 3] if len(pairs) > 1 else df
@@ -108,7 +122,7 @@ def _top(model, args) -> str:
         from analyses.neurons import plots as neuron_plots
 
         lines += _export(df, args, "neuron_contexts")
-        values = neurons.value_top_tokens(model, layers, [n for _, n in pairs[:FIGURES]], k=10)
+        values = neurons.value_top_tokens(model, args.layers, [n for _, n in pairs[:FIGURES]], k=10)
         for layer, neuron in pairs[:FIGURES]:
             card = neuron_plots.neuron_card(values, df, layer, neuron)
             lines.append(_figure(card, args, f"neuron_L{layer}_N{neuron}"))
@@ -119,7 +133,7 @@ def _explain(model, args) -> str:
     from analyses import neurons
 
     target = args.target_id if args.target_id is not None else args.target
-    df = neurons.sub_updates(model, args.prompt, pos=args.pos, layers=_layers(args.layers), k=args.k, target=target)
+    df = neurons.sub_updates(model, args.prompt, pos=args.pos, layers=args.layers, k=args.k, target=target)
     first = df.iloc[0]
     lines = [f"sub-updates at position {first['pos']} for target {first['target']!r} (id {first['target_id']}):",
              "layer ranking   rank neuron     m_i   |m|·|v|  to target  promotes"]
@@ -138,7 +152,7 @@ def _explain(model, args) -> str:
 def _edit(model, args) -> str:
     from analyses import neurons
 
-    pairs = _pairs(args.neurons)
+    pairs = args.neurons
     positions = None if args.pos is None else [args.pos]
     if args.set is not None:
         edits = neurons.set_coefficients(model, args.prompt, pairs, args.set, positions)
@@ -155,29 +169,6 @@ def _edit(model, args) -> str:
     if args.out:
         lines += _export(df, args, "prediction_change")
     return "\n".join(lines)
-
-
-def _layers(text: str) -> list[int] | None:
-    return None if text.strip().lower() == "all" else _ints(text, "--layers")
-
-
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.lstrip("-").isdigit() for p in parts):
-        raise ResidError(f"{flag} must be integers separated by commas (e.g. '5' or '5,7'), got {text!r}.")
-    return [int(p) for p in parts]
-
-
-def _pairs(text: str) -> list[tuple[int, int]]:
-    pairs = []
-    for part in text.split(","):
-        layer, _, neuron = part.strip().partition(":")
-        if not (layer.lstrip("-").isdigit() and neuron.isdigit()):
-            raise ResidError(f"--neurons must be layer:neuron pairs such as '20:5,21:7', got {text!r}.")
-        pairs.append((int(layer), int(neuron)))
-    return pairs
 
 
 def _more(total: int, shown: int = SHOWN) -> list[str]:

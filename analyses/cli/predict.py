@@ -2,20 +2,22 @@
 
 import torch
 
+from analyses.cli import arguments
 from resid.capture import Capture
-from resid.errors import ResidError
 
 
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("predict", parents=[common], help="top next tokens with probabilities")
-    parser.add_argument("text")
+    parser.add_argument("text", help="the prompt whose next token is predicted")
     parser.add_argument("--top", type=int, default=10, help="how many tokens to list (default 10)")
+
+
+def check(args) -> None:
+    arguments.at_least(args.top, 1, "--top")
 
 
 def run(model, args) -> str:
     text, top = args.text, args.top
-    if top < 1:
-        raise ResidError(f"--top must be at least 1, got {top}.")
     result = model.run(text, capture=Capture.none(), logits_at="last")
     probs = torch.softmax(result.logits[0, 0].float(), dim=-1)
     values, ids = probs.topk(min(top, probs.shape[-1]))

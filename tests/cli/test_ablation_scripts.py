@@ -16,6 +16,7 @@ import torch
 import resid
 from analyses import ablation
 from analyses.cli.main import main
+from bad_option import BAD_OPTION
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 from tiny_models import build, hf_attn, hf_mlp
 
@@ -39,7 +40,7 @@ def _write_jsonl(path: Path, lines: list) -> Path:
 def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):  # noqa: F811
     lines = _prompt_lines(2)
     prompts, targets = [x["prompt"] for x in lines], [x["target"] for x in lines]
-    df = ablation.sweep(tiny.model, prompts, targets, sites="sublayers", metric="logit", progress=False)
+    df = ablation.sweep(tiny.model, prompts, targets, sites="sublayer", metric="logit", progress=False)
     for part, module in (("attn", hf_attn), ("mlp", hf_mlp)):
         def zero(mod, args, output):
             return (torch.zeros_like(output[0]), *output[1:]) if isinstance(output, tuple) else torch.zeros_like(output)
@@ -60,7 +61,7 @@ def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):  # noqa: F811
 def test_cli_writes_results_and_figure(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.csv"
-    assert main(["ablate", "--prompts", str(prompts), "--sites", "layers", "--out", str(out), "--quiet"]) == 0
+    assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("60 rows (2 prompts)")  # 2 prompts x 30 layers
     df = pd.read_csv(out)
     assert len(df) == 2 * 30 and set(df.part) == {"layer"} and (df.metric == "logit_diff").all()
@@ -75,7 +76,7 @@ def test_kill_and_resume(tmp_path):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(40))
     out = tmp_path / "results.parquet"
     command = [sys.executable, "-m", "analyses.cli.main", "ablate", "--model", str(folder), "--prompts", str(prompts),
-               "--sites", "heads", "--batch-size", "1", "--out", str(out), "--quiet"]
+               "--sites", "head", "--batch-size", "1", "--out", str(out), "--quiet"]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     parts = Path(str(out) + ".parts")
     deadline = time.time() + 120
@@ -93,7 +94,7 @@ def test_kill_and_resume(tmp_path):
     assert len(df) == n_rows and not df.duplicated(["prompt_idx", "site"]).any()
     lines = _prompt_lines(40)
     fresh = ablation.sweep(model, [x["prompt"] for x in lines], [x["target"] for x in lines],
-                           [x["baseline"] for x in lines], sites="heads", progress=False)
+                           [x["baseline"] for x in lines], sites="head", progress=False)
     merged = fresh.merge(df, on=["prompt_idx", "site"], suffixes=("", "_resumed"))
     assert len(merged) == n_rows
     torch.testing.assert_close(torch.tensor(merged.ablated_metric_resumed.to_numpy()),
@@ -103,7 +104,7 @@ def test_kill_and_resume(tmp_path):
 def test_bad_input(tmp_path, tiny: Tiny):  # noqa: F811
     model = tiny.model
     prompts, targets = ["When Mary and John went"], [" Mary"]
-    with pytest.raises(resid.ResidError, match="Unknown sites 'neurons'"):
+    with pytest.raises(BAD_OPTION, match=r"(?s)sites.*'neurons'"):
         ablation.sweep(model, prompts, targets, sites="neurons")
     with pytest.raises(resid.ResidError, match="out of range"):
         ablation.sweep(model, prompts, targets, sites=[resid.Site(7, "mlp")])
@@ -113,7 +114,7 @@ def test_bad_input(tmp_path, tiny: Tiny):  # noqa: F811
         ablation.sweep(model, prompts, [" Maryland is"])
     with pytest.raises(resid.ResidError, match="needs baselines"):
         ablation.sweep(model, prompts, targets, metric="logit_diff")
-    with pytest.raises(resid.ResidError, match="Unknown ablation method"):
+    with pytest.raises(BAD_OPTION, match=r"(?s)method.*'noise'"):
         ablation.sweep(model, prompts, targets, method="noise")
     bad = _write_jsonl(tmp_path / "bad.jsonl", [_prompt_lines(1)[0], '{"prompt": "x", "target": " a"', "{}"])
     from analyses.io.prompts_file import read_jsonl
@@ -125,7 +126,7 @@ def test_bad_input(tmp_path, tiny: Tiny):  # noqa: F811
 def test_errors_never_destroy_finished_results(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.parquet"
-    assert main(["ablate", "--prompts", str(prompts), "--sites", "layers", "--out", str(out), "--quiet"]) == 0
+    assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet"]) == 0
     before = out.read_bytes()
     # A different sweep aimed at the same file is refused; a malformed prompts file fails before anything runs.
     assert main(["ablate", "--prompts", str(prompts), "--method", "mean", "--reference", str(prompts),
@@ -136,5 +137,5 @@ def test_errors_never_destroy_finished_results(tmp_path, capsys):
     assert "line 1" in capsys.readouterr().err
     assert out.read_bytes() == before
     # Re-running the finished sweep recomputes nothing and returns the same rows.
-    assert main(["ablate", "--prompts", str(prompts), "--sites", "layers", "--out", str(out), "--quiet"]) == 0
+    assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet"]) == 0
     assert len(pd.read_parquet(out)) == 60

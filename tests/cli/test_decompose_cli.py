@@ -83,3 +83,11 @@ def test_lens_prints_and_writes(tmp_path, capsys):
 def test_lens_bad_positions_is_one_clear_error(capsys):
     assert main(["lens", PROMPT, "--positions", "last"]) == 2
     assert "--positions must be 'all' or comma-separated integers" in capsys.readouterr().err
+
+
+def test_lens_level_sublayer_adds_the_mid_residuals(capsys):
+    assert main(["lens", PROMPT, "--level", "sublayer"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    # The embeddings, then resid_mid and resid_post of each of the 30 layers, at the last position.
+    assert len(rows) == 1 + 2 * 30 and "L29 post" in rows[-1] and "' Paris'" in rows[-1]
+    assert sum("mid" in row for row in rows) == 30

@@ -1,0 +1,73 @@
+"""Checks of command-line arguments that need no model, shared by the subcommands' `check(args)`.
+
+Each one turns an argument string into the value `run` uses (or raises a one-line ResidError naming the
+flag), so main can validate everything before `load` spends seconds reading weights.
+"""
+
+from pathlib import Path
+
+from resid.errors import ResidError
+
+
+def at_least(value: int, minimum: int, flag: str) -> int:
+    if value < minimum:
+        raise ResidError(f"{flag} must be at least {minimum}, got {value}.")
+    return value
+
+
+def batch_size(text: str, flag: str = "--batch-size") -> int | str:
+    """'auto' or a positive integer."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ResidError(f"{flag} must be a positive integer or 'auto', got {text!r}.")
+    return int(text)
+
+
+def ints(text: str | None, flag: str) -> list[int] | None:
+    """'5' or '5,-7' -> [5, -7]; None stays None (the flag's "all")."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.lstrip("-").isdigit() for p in parts):
+        raise ResidError(f"{flag} must be integers separated by commas (e.g. '5' or '5,7'), got {text!r}.")
+    return [int(p) for p in parts]
+
+
+def layers(text: str, flag: str = "--layers") -> list[int] | None:
+    """'all' -> None (every layer), else a list of layer indices."""
+    return None if text.strip().lower() == "all" else ints(text, flag)
+
+
+def positions(text: str, flag: str = "--positions") -> list[int] | str:
+    """'all', or comma-separated prompt positions (negative from the end)."""
+    if text == "all":
+        return text
+    try:
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise ResidError(f"{flag} must be 'all' or comma-separated integers like 0,-1; got {text!r}.") from None
+
+
+def neuron_pairs(text: str, flag: str = "--neurons") -> list[tuple[int, int]]:
+    """'20:5,21:7' -> [(20, 5), (21, 7)]."""
+    pairs = []
+    for part in text.split(","):
+        layer, _, neuron = part.strip().partition(":")
+        if not (layer.lstrip("-").isdigit() and neuron.isdigit()):
+            raise ResidError(f"{flag} must be layer:neuron pairs such as '20:5,21:7', got {text!r}.")
+        pairs.append((int(layer), int(neuron)))
+    return pairs
+
+
+def out_path(path: str | None, suffixes: tuple[str, ...], flag: str = "--out") -> str | None:
+    """A file whose suffix picks its format: refused now rather than after the model has run."""
+    if path is not None and Path(path).suffix.lower() not in suffixes:
+        raise ResidError(f"{flag} {path!r} must end in one of {', '.join(suffixes)} (the suffix picks the format).")
+    return path
+
+
+def existing_file(path: str, flag: str) -> str:
+    if not Path(path).is_file():
+        raise ResidError(f"{flag} {path} does not exist or is not a file.")
+    return path

@@ -1,0 +1,106 @@
+"""The layers of DESIGN.md: resid (0) <- analyses (1) <- analyses.cli (2). A module may import its own layer
+or a lower one, never a higher one: resid never imports analyses, analyses never imports analyses.cli.
+
+Read from the source (ast), not by importing, so an import inside a function, behind `if TYPE_CHECKING` or
+through `importlib.import_module("...")` counts too."""
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("resid", "analyses")  # the folders scanned, under the repository root
+LAYERS = (("analyses.cli", 2), ("analyses", 1), ("resid", 0))  # the most specific prefix first
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a dotted module name; None for anything outside resid (torch, pandas, ...)."""
+    for prefix, layer in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return None
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of everything the module imports. `from a import b` yields `a.b`, since b may be a
+    submodule (`from analyses import cli`); a.b is never in a lower layer than a."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing package
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield from ((node.lineno, base if alias.name == "*" else f"{base}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            name = _leading_text(node.args[0])
+            if name:
+                yield node.lineno, name.rstrip(".")
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
+    )
+
+
+def _leading_text(arg: ast.expr) -> str | None:
+    """The literal start of a module-name argument: "a.b" or f"a.b.{name}" -> "a.b."."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value)
+    return None
+
+
+def violations(root: Path) -> list[str]:
+    """'file:line: module (layer a) imports name (layer b)' for every import of a higher layer."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(path, root)
+            own = layer_of(module)
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for line, name in imported_names(tree, module, path.name == "__init__.py"):
+                target = layer_of(name)
+                if own is not None and target is not None and target > own:
+                    found.append(f"{path.relative_to(root)}:{line}: {module} (layer {own}) imports {name} "
+                                 f"(layer {target})")
+    return sorted(set(found))
+
+
+def test_no_module_imports_a_higher_layer():
+    assert (ROOT / "resid" / "__init__.py").is_file() and (ROOT / "analyses" / "cli" / "main.py").is_file()
+    found = violations(ROOT)
+    assert not found, "imports against the layers resid <- analyses <- analyses.cli:\n" + "\n".join(found)
+
+
+def test_the_checker_catches_upward_imports(tmp_path):
+    files = {
+        "resid/__init__.py": "",
+        "resid/bad.py": "import torch\n\nfrom analyses import x\n",
+        "resid/sub/__init__.py": "def f():\n    import analyses.io.tables\n",
+        "resid/dynamic.py": "import importlib\nimportlib.import_module('analyses.plots')\n",
+        "analyses/__init__.py": "from . import cli\n",
+        "analyses/ok.py": "import resid\nfrom resid.errors import ResidError\nfrom analyses import tables\n",
+        "analyses/lazy.py": "from importlib import import_module\nimport_module(f'analyses.cli.{name}')\n",
+        "analyses/cli/__init__.py": "",
+        "analyses/cli/main.py": "import analyses\nfrom analyses.io import tables\nfrom resid import load\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = violations(tmp_path)
+    assert [f.split(": ")[0] for f in found] == [
+        "analyses/__init__.py:1", "analyses/lazy.py:2", "resid/bad.py:3", "resid/dynamic.py:2",
+        "resid/sub/__init__.py:2",
+    ], found
+    assert "resid.bad (layer 0) imports analyses.x (layer 1)" in found[2]
+    assert "imports analyses.cli (layer 2)" in found[1]
