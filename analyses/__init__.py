@@ -16,6 +16,7 @@
 Layers: resid <- analyses <- analyses.cli; nothing here is imported by resid.
 """
 
+import resid  # noqa: F401  (first: with RESID_TYPECHECK=1 its import hook must be in place before ours load)
 from analyses.io import corpus, provenance, tables
 
 __all__ = ["corpus", "provenance", "tables"]

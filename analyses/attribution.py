@@ -1,6 +1,6 @@
 """Direct logit attribution: how much each write into the residual stream adds to one logit (difference).
 
-With the final norm's scale frozen from the forward pass (analyses.directions), the logit of `target` (minus
+With the final norm's scale frozen from the forward pass (resid.readout), the logit of `target` (minus
 `baseline`) at a position is linear in the final residual, which is the sum of every write. So
 
     logit = sum over components c of (c . u') + bias term
@@ -17,60 +17,63 @@ the attributed position is captured. Projections run in float32 whatever the mod
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
-import einops
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from analyses.checks import check_choice
+from analyses.inputs import batch_size_for, input_tokens, prompts as as_prompts
 from analyses.io import provenance
-from analyses.directions import logit_direction
-from analyses.prompts import as_prompt_list, batch_size_for, input_tokens, padded_index, prompt_positions
 from analyses.vocab import Token, decode_ids, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
-from resid.errors import ResidError
-from resid.model import Transformer
+from resid.model import Inputs, Transformer
+from resid.readout import Direction
 from resid.stream import ResidualStream
+from resid.tokenizer import Tokens
 
-LEVELS = ("sublayer", "head", "neuron")
+Level = Literal["sublayer", "head", "neuron"]
+LEVELS: tuple[str, ...] = ("sublayer", "head", "neuron")
+# One row per (prompt, component). value: the component's direct contribution; logit: the model's own logit
+# (difference), which each prompt's values sum to; layer/head/neuron are <NA> where they do not apply.
+COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "baseline_id", "component", "layer",
+           "part", "head", "neuron", "value", "logit")
 
 
 @torch.no_grad()
 def direct(
     model: Transformer,
-    prompts: str | Sequence[str],
+    prompts: Inputs,
     target: Token | Sequence[Token] | None = None,
     baseline: Token | Sequence[Token] | None = None,
-    level: str = "sublayer",
+    level: Level = "sublayer",
     pos: int = -1,
     batch_size: int | str = "auto",
 ) -> pd.DataFrame:
     """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos`.
 
-    target / baseline: one token (string or id) for all prompts, or one per prompt; target=None takes the
-    model's top prediction at `pos`. One row per (prompt, component), in logit units:
-    prompt_idx pos token target target_id baseline baseline_id component layer part head neuron value logit,
-    where `logit` is the model's own logit (difference), which each prompt's `value`s sum to."""
-    if level not in LEVELS:
-        raise ResidError(f"level must be one of {LEVELS}, got {level!r}.")
-    texts = as_prompt_list(prompts)
-    n = len(texts)
+    prompts: texts, resid.Tokens or token ids. target / baseline: one token (string or id) for all prompts,
+    or one per prompt; target=None takes the model's top prediction at `pos`. One row per (prompt,
+    component), in logit units, with the columns of COLUMNS."""
+    check_choice(level, "level", LEVELS)
+    given = as_prompts(model, prompts)
+    n = len(given)
     targets = None if target is None else token_ids(model, target, n, "target")
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
-    frames = []
+    given.tokens.padded_index([pos])  # an out-of-range position fails here, before any forward pass
     chunks = run_batched(
         list(range(n)),
-        lambda chunk: _attribute(model, texts, chunk, targets, baselines, level, pos),
-        batch_size_for(model, texts, batch_size),
+        lambda chunk: _attribute(model, given.batch(chunk), chunk, targets, baselines, level, pos),
+        batch_size_for(model, given.tokens, batch_size),
     )
-    for _, frame in chunks:
-        frames.append(frame)
-    df = pd.concat(frames, ignore_index=True)
+    df = pd.concat([frame for _, frame in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
-        model, "attribution.direct", {"level": level, "pos": pos}, texts, target, baseline
+        model, "attribution.direct", {"level": level, "pos": pos}, given.record(), target, baseline
     )
     return df
 
@@ -93,103 +96,97 @@ def top_components(df: pd.DataFrame, n: int) -> pd.DataFrame:
 
 def _attribute(
     model: Transformer,
-    texts: list[str],
+    tokens: Tokens,
     chunk: Sequence[int],
     targets: list[int] | None,
     baselines: list[int] | None,
     level: str,
     pos: int,
 ) -> pd.DataFrame:
-    tokens = model.to_tokens([texts[i] for i in chunk])
-    rel = prompt_positions(tokens.lengths.tolist(), [pos])
-    index = padded_index(tokens, rel)  # [batch 1]
-    kept = sorted(set(index[:, 0].tolist()))
-    capture = Capture(  # heads need z, neurons post; whole sublayers their write
-        positions=kept,
+    capture = Capture(  # heads need z, neurons post; whole sublayers their write; only at `pos`
+        positions=[pos],
         attn={"z"} if level != "sublayer" else {"out"},
         mlp={"post"} if level == "neuron" else {"out"},
     )
-    run = model.run(tokens, capture=capture, logits_at=index)
-    column = torch.tensor([kept.index(p) for p in index[:, 0].tolist()], device=model.device)
-    rows = torch.arange(len(chunk), device=model.device)
+    run = model.run(tokens, capture=capture, logits_at=[pos])
     logits = run.logits[:, 0].float()
     target_list = logits.argmax(-1).tolist() if targets is None else [targets[i] for i in chunk]
     baseline_list = None if baselines is None else [baselines[i] for i in chunk]
     stream = run.stream
-    direction = logit_direction(model, target_list, stream.final_norm_scale[rows, column], baseline_list)
+    direction = model.readout.logit_direction(target_list, stream.final_norm_scale[:, 0], baseline_list)
+    rows = torch.arange(len(chunk), device=model.device)
     actual = logits[rows, torch.tensor(target_list, device=model.device)]
     if baseline_list is not None:
         actual = actual - logits[rows, torch.tensor(baseline_list, device=model.device)]
-    blocks = _components(model, stream, rows, column, direction.direction, level)
-    blocks.append(_Block(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    groups = _components(model, stream, direction, level)
+    groups.append(_Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    index = stream.captured  # [batch 1] padded index of `pos`
     meta = {
         "prompt_idx": list(chunk),
-        "pos": [r[0] for r in rel],
-        "token": [t[0] for t in input_tokens(model, tokens, index)],
+        "pos": (index[:, 0] - tokens.first_positions()).tolist(),
+        "token": list(input_tokens(model, tokens, index)[:, 0]),
         "target": list(decode_ids(model, np.array(target_list))),
         "target_id": target_list,
         "baseline": [None] * len(chunk) if baseline_list is None else list(decode_ids(model, np.array(baseline_list))),
         "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
-    return _frame(meta, blocks, actual)
+    return _frame(meta, groups, actual)
 
 
-class _Block:
-    """Contributions of a group of components: labels, their layer/part/head/neuron, values [batch m]."""
+@dataclass(frozen=True)
+class _Contributions:
+    """A group of components: labels, their layer/part/head/neuron, and their values [batch m]."""
 
-    def __init__(self, labels, layer, part, heads, neurons, values: Float[Tensor, "batch m"]):
-        self.labels, self.layer, self.part, self.heads, self.neurons, self.values = (
-            labels, layer, part, heads, neurons, values
-        )
+    labels: list[str]
+    layer: int | None
+    part: str
+    heads: np.ndarray | None
+    neurons: np.ndarray | None
+    values: Float[Tensor, "batch m"]
 
 
-def _components(
-    model: Transformer,
-    stream: ResidualStream,
-    rows: Tensor,
-    column: Tensor,
-    u: Float[Tensor, "batch d_model"],
-    level: str,
-) -> list[_Block]:
-    def dot(write: Tensor) -> Tensor:  # [batch kept d_model] -> [batch 1]
-        return (write[rows, column].float() * u).sum(-1, keepdim=True)
+def _components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[_Contributions]:
+    """Every component's contribution at the one captured position (the stream's pos axis has length 1)."""
 
-    blocks = [_Block(["embed"], None, "embed", None, None, dot(stream.embed))]
+    def dot(write: Tensor) -> Tensor:  # [batch 1 d_model] -> [batch 1]
+        return direction.project(write[:, 0])[:, None]
+
+    groups = [_Contributions(["embed"], None, "embed", None, None, dot(stream.embed))]
     if stream.pos_embed is not None:
-        blocks.append(_Block(["pos_embed"], None, "embed", None, None, dot(stream.pos_embed)))
+        groups.append(_Contributions(["pos_embed"], None, "embed", None, None, dot(stream.pos_embed)))
     for layer, record in enumerate(stream.layers):
         attn, mlp = model.blocks[layer].attn, model.blocks[layer].mlp
         if level == "sublayer":
-            blocks.append(_Block([f"layers[{layer}].attn.out"], layer, "attn", None, None, dot(record.attn.out)))
+            groups.append(_Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, dot(record.attn.out)))
         else:
-            # z[h] @ (W_O[h] @ u'): project W_O onto the direction first, a [batch head d_head] tensor.
-            w_o_u = einops.einsum(attn.W_O.float(), u, "head d_head d_model, batch d_model -> batch head d_head")
-            z = record.attn.z[rows, column].float()
-            heads = einops.einsum(z, w_o_u, "batch head d_head, batch head d_head -> batch head")
+            # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch head d_head] tensor.
+            heads = (record.attn.z[:, 0].float() * direction.through(attn.W_O)).sum(-1)
             n_heads = heads.shape[1]
             labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
-            blocks.append(_Block(labels, layer, "attn", np.arange(n_heads), None, heads))
+            groups.append(_Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
             if attn.b_O is not None:
-                bias = (attn.b_O.float() @ u.T)[:, None]
-                blocks.append(_Block([f"layers[{layer}].attn.b_O"], layer, "attn", None, None, bias))
+                groups.append(_Contributions(
+                    [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, direction.through(attn.b_O)[:, None]
+                ))
         if level != "neuron":
-            blocks.append(_Block([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
+            groups.append(_Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
             continue
         # post[i] * (W_out[i] . u')
-        neurons = record.mlp.post[rows, column].float() * (u @ mlp.W_out.float().T)
+        neurons = record.mlp.post[:, 0].float() * direction.through(mlp.W_out)
         d_mlp = neurons.shape[1]
         labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
-        blocks.append(_Block(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
+        groups.append(_Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
         if mlp.b_out is not None:
-            bias = (mlp.b_out.float() @ u.T)[:, None]
-            blocks.append(_Block([f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, bias))
-    return blocks
+            groups.append(_Contributions(
+                [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, direction.through(mlp.b_out)[:, None]
+            ))
+    return groups
 
 
-def _frame(meta: dict, blocks: list[_Block], actual: Float[Tensor, "batch"]) -> pd.DataFrame:
-    """Long format: every prompt of the chunk times every component."""
+def _frame(meta: dict, blocks: list[_Contributions], actual: Float[Tensor, "batch"]) -> pd.DataFrame:
+    """Long format (COLUMNS): every prompt of the chunk times every component."""
 
-    def per_component(block: _Block, values, fill) -> np.ndarray:
+    def per_component(block: _Contributions, values, fill) -> np.ndarray:
         m = len(block.labels)
         return np.full(m, fill, dtype=object) if values is None else np.asarray(values, dtype=object)
 

@@ -1,9 +1,12 @@
 """Scalar metrics of a next-token prediction, one per row of logits."""
 
+from typing import Literal
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+Metric = Literal["logit_diff", "logit", "target_prob", "loss"]
 METRICS = {
     "logit_diff": "logit(target) - logit(baseline)",
     "logit": "logit(target)",

@@ -6,7 +6,7 @@ weights, same inputs.
 The sweep zero-ablates each layer's attention write and each layer's MLP write of SmolLM2-135M, one site at a
 time (2 x 30 sites), on IOI-style prompts of one token length (no padding), and measures the logit difference
 target - baseline (" Mary" - " John") at the last token. Every case computes the same 60 x prompts deltas:
-  resid_sweep     analyses.ablation.sweep(..., sites="sublayers", method="zero", metric="logit_diff")
+  resid_sweep     analyses.ablation.sweep(..., sites="sublayer", method="zero", metric="logit_diff")
   resid_loop      one model.run(..., interventions=[ZeroAblate(Site(layer, part))]) per site
   tl_bridge       TransformerLens 4.3 (HookedTransformer was removed in 4.0): TransformerBridge.boot_transformers
                   around the transformers LlamaForCausalLM, TL's default raw weights, run_with_hooks per site
@@ -90,7 +90,7 @@ def resid_sweep(model, prompts, targets, baselines) -> Callable[[], Deltas]:
 
     def fn() -> Deltas:
         df = ablation.sweep(
-            model, prompts, targets, baselines, sites="sublayers", method="zero", metric="logit_diff", progress=False
+            model, prompts, targets, baselines, sites="sublayer", method="zero", metric="logit_diff", progress=False
         )
         assert len(df) == 2 * n_layers * len(prompts), f"expected {2 * n_layers * len(prompts)} rows, got {len(df)}"
         deltas = torch.full((n_layers, 2, len(prompts)), float("nan"))

@@ -1,5 +1,29 @@
 """resid: a hooked Transformer whose every sublayer writes named, typed tensors into an explicit
-residual-stream object. See README.md and DESIGN.md."""
+residual-stream object. See README.md.
+
+Axes (every shape annotation and einsum in resid and its analyses names them):
+
+    batch     prompts in a padded batch
+    pos       residual positions: padded sequence indices (or the captured positions, in the order asked)
+    key_pos   key positions an attention head reads from
+    head      attention heads (n_heads); kv_head: key/value heads, fewer under grouped-query attention
+    d_head    per-head width;  d_model: residual stream width;  d_vocab: vocabulary size
+    d_mlp     MLP hidden width; one neuron (Geva's key/value memory) per index
+    component one write into the residual stream (embedding, a sublayer, a head, ...)
+
+Positions given to any public API (Capture, Site, logits_at lists, every analysis) are prompt-relative:
+0 is a prompt's first real token and -1 its last, whatever the padding (resid.Tokens maps them).
+"""
+
+import os
+
+# RESID_TYPECHECK=1: the jaxtyping + beartype runtime checks that pytest runs with
+# (--jaxtyping-packages=resid,analyses,beartype.beartype), in any process. The hook instruments only modules
+# imported after it is installed, so it comes before every import of resid's own submodules below.
+if os.environ.get("RESID_TYPECHECK") == "1":
+    import jaxtyping
+
+    jaxtyping.install_import_hook(["resid", "analyses"], "beartype.beartype")
 
 from resid.capture import Capture
 from resid.config import ModelConfig

@@ -41,25 +41,21 @@ class BatchSize:
         self.value = max(1, self.value // 2)
 
 
-def auto_batch_size(
-    device: torch.device, n_pos: int, d_model: int, d_mlp: int, n_heads: int, d_vocab: int, bytes_per_value: int
-) -> int:
-    """A first guess at rows per forward pass; OOM back-off corrects it on CUDA."""
+def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0) -> int:
+    """A first guess at rows per forward pass of `model` on sequences of `n_pos` tokens; the OOM back-off
+    corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working set
+    (e.g. captured activations of many layers), which may take at most a quarter of the free memory."""
     n_pos = max(n_pos, 1)
-    if device.type != "cuda":
+    if model.device.type != "cuda":
         return max(1, min(MAX_BATCH, CPU_TOKENS_PER_BATCH // n_pos))
-    free, _ = torch.cuda.mem_get_info(device)
-    # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
-    per_row = bytes_per_value * (n_pos * (8 * d_model + 4 * d_mlp + 2 * n_heads * n_pos) + 2 * d_vocab)
-    return max(1, min(MAX_BATCH, int(0.5 * free // per_row)))
-
-
-def model_batch_size(model: Transformer, n_pos: int) -> int:
-    """auto_batch_size for this model's shapes, device and dtype."""
     cfg = model.config
-    return auto_batch_size(
-        model.device, n_pos, cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_vocab, model.dtype.itemsize
-    )
+    free, _ = torch.cuda.mem_get_info(model.device)
+    # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
+    per_row = model.dtype.itemsize * (n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos) + 2 * cfg.d_vocab)
+    rows = int(0.5 * free // per_row)
+    if kept_bytes_per_row:
+        rows = min(rows, int(0.25 * free // kept_bytes_per_row))
+    return max(1, min(MAX_BATCH, rows))
 
 
 def with_backoff(work: Callable[[int], Result], size: BatchSize) -> Result:

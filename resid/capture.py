@@ -21,7 +21,7 @@ MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
 class Capture:
     # Any collection is accepted and stored as a tuple / frozenset.
     layers: Sequence[int] | None = None  # layers whose records are kept; None = all
-    positions: Sequence[int] | None = None  # padded-sequence positions kept (negative from the end); None = all
+    positions: Sequence[int] | None = None  # prompt-relative positions kept (-1: each prompt's last); None = all
     attn: Collection[str] = frozenset({"out"})  # subset of AttnField
     mlp: Collection[str] = frozenset({"out"})  # subset of MLPField
     embed: bool = True  # the embedding write(s): embed and pos_embed
@@ -57,16 +57,11 @@ class Capture:
     def keeps_layer(self, layer: int, n_layers: int) -> bool:
         return self.layers is None or layer in {l % n_layers for l in self.layers}
 
-    def validate(self, n_layers: int, n_pos: int) -> None:
+    def validate(self, n_layers: int) -> None:
+        """Layers are checked here; positions against each prompt by Tokens.padded_index."""
         if self.layers is not None:
             bad = [l for l in self.layers if not -n_layers <= l < n_layers]
             if bad:
                 raise ResidError(
                     f"Capture(layers=...) has {bad} out of range: the model has {n_layers} layers (0..{n_layers - 1})."
-                )
-        if self.positions is not None:
-            bad = [p for p in self.positions if not -n_pos <= p < n_pos]
-            if bad:
-                raise ResidError(
-                    f"Capture(positions=...) has {bad} out of range for {n_pos} positions (0..{n_pos - 1} or negative)."
                 )

@@ -3,7 +3,10 @@
 A `Site` names what is edited: a sublayer's write (`part="attn"|"mlp"`), one head's `z` (the head's
 attention-weighted value mix, before W_O, so its write is `z[h] @ W_O[h]`), or one neuron's coefficient
 `post[i]` (Geva et al.'s memory coefficient, so its write is `post[i] * W_out[i]`); optionally only at
-some positions (indices into the padded sequence; negative counts from the end).
+some prompt-relative positions (0 = each prompt's first real token, -1 its last, whatever the padding).
+
+The edited slice a tensor value must broadcast to is [batch pos d_model] for a whole write, [batch pos d_head]
+for a head and [batch pos] for a neuron, where pos is the sequence, or the chosen positions in the order given.
 
 Nothing is attached to the model: `run` hands each sublayer the edits for it, so an intervention cannot
 outlive the call that asked for it.
@@ -18,6 +21,7 @@ from torch import Tensor
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
+from resid.tokenizer import Tokens
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class Site:
     part: str  # "attn" or "mlp" (checked here, so a typo is a ResidError, not a type-checker traceback)
     head: int | None = None  # attn only: edit this head's z instead of the whole write
     neuron: int | None = None  # mlp only: edit this neuron's coefficient post[i]
-    positions: Sequence[int] | None = None  # None = every position; stored as a tuple
+    positions: Sequence[int] | None = None  # prompt-relative (-1: each prompt's last token); None = every position
 
     def __post_init__(self) -> None:
         if self.part not in ("attn", "mlp"):
@@ -39,9 +43,9 @@ class Site:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
     @property
-    def unit(self) -> Literal["head", "neuron", None]:
-        """What the site edits: one head's z, one neuron's coefficient, or (None) the whole write."""
-        return "head" if self.head is not None else "neuron" if self.neuron is not None else None
+    def kind(self) -> Literal["write", "head", "neuron"]:
+        """What the site edits: the sublayer's whole write, one head's z, or one neuron's coefficient."""
+        return "head" if self.head is not None else "neuron" if self.neuron is not None else "write"
 
     def describe(self) -> str:
         where = f"layers[{self.layer}].{self.part}"
@@ -121,40 +125,35 @@ def _check_broadcast(iv: Intervention, value: Tensor, target: Tensor) -> None:
         )
 
 
-def plan(interventions: Sequence[Intervention], config: ModelConfig) -> dict[tuple[int, str], list[Intervention]]:
-    """Validate every intervention and group them by (layer, part), layers made non-negative."""
-    grouped: dict[tuple[int, str], list[Intervention]] = {}
+Edit = tuple[Intervention, Tensor | None]  # an intervention and the [batch k] padded indices it edits (None: all)
+
+
+def plan(
+    interventions: Sequence[Intervention], config: ModelConfig, tokens: Tokens
+) -> dict[tuple[int, str], list[Edit]]:
+    """Validate every intervention, resolve its prompt-relative positions against this batch, and group them by
+    (layer, part), layers made non-negative."""
+    grouped: dict[tuple[int, str], list[Edit]] = {}
     for iv in interventions:
         if not isinstance(iv, (ZeroAblate, Replace, Scale, Add)):
             raise ResidError(
                 f"Unknown intervention {iv!r}: use resid.ZeroAblate, resid.Replace, resid.Scale or resid.Add."
             )
         iv.site.validate(config)
-        grouped.setdefault((iv.site.layer % config.n_layers, iv.site.part), []).append(iv)
+        index = None if iv.site.positions is None else tokens.padded_index(iv.site.positions)
+        grouped.setdefault((iv.site.layer % config.n_layers, iv.site.part), []).append((iv, index))
     return grouped
 
 
-def apply_edits(tensor: Tensor, edits: Sequence[Intervention], unit: Literal["head", "neuron", None]) -> Tensor:
-    """Apply the edits whose site unit matches (head / neuron / whole write) to `tensor` [batch pos ...]."""
-    for iv in edits:
-        if iv.site.unit != unit:
+def apply_edits(tensor: Tensor, edits: Sequence[Edit], kind: Literal["write", "head", "neuron"]) -> Tensor:
+    """Apply the edits of this kind (whole write / head / neuron) to `tensor` [batch pos ...]."""
+    for iv, index in edits:
+        if iv.site.kind != kind:
             continue
-        index = iv.site.head if unit == "head" else iv.site.neuron
-        region = _region(iv.site.positions, tensor.shape[1], index, tensor.device)
+        unit = iv.site.head if kind == "head" else iv.site.neuron
+        rows = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
+        region = (slice(None), slice(None)) if index is None else (rows, index)
+        region = region if unit is None else (*region, unit)
         tensor = tensor.clone()
         tensor[region] = iv.edit(tensor[region])
     return tensor
-
-
-def _region(positions: tuple[int, ...] | None, n_pos: int, index: int | None, device: torch.device) -> tuple:
-    if positions is None:
-        pos: slice | Tensor = slice(None)
-    else:
-        bad = [p for p in positions if not -n_pos <= p < n_pos]
-        if bad:
-            raise ResidError(
-                f"Intervention positions {bad} are out of range for a sequence of {n_pos} positions "
-                f"(use 0..{n_pos - 1}, or negative indices from the end)."
-            )
-        pos = torch.tensor(positions, device=device) % n_pos
-    return (slice(None), pos) if index is None else (slice(None), pos, index)

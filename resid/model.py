@@ -24,18 +24,22 @@ from resid.components.rotary import Rotary
 from resid.config import ModelConfig
 from resid.errors import ResidError
 from resid.interventions import Intervention, plan
+from resid.readout import Readout
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
 # Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
 # dtype reaches as_tokens' own check, which says what to pass, rather than a type checker's traceback.
 Inputs = str | Sequence[str] | Tokens | Tensor
-LogitsAt = str | Tensor | None  # None: every position; "last": each prompt's last real token; [batch (k)] positions
+# None: every position; "last": each prompt's last real token; a list of prompt-relative positions (the same for
+# every prompt); or a [batch] / [batch k] tensor of padded indices (for callers that already hold them).
+LogitsAt = str | Sequence[int] | Tensor | None
 
 
 @dataclass(frozen=True)
 class Run:
-    logits: Float[Tensor, "batch pos d_vocab"]
+    # [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k d_vocab]
+    logits: Float[Tensor, "batch n d_vocab"]
     stream: ResidualStream
     tokens: Tokens
 
@@ -67,6 +71,11 @@ class Transformer(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.W_E.dtype
+
+    @property
+    def readout(self) -> Readout:
+        """Final norm + unembedding: logits of residual vectors and directions on the stream (resid.readout)."""
+        return Readout(self.ln_final, self.unembed)
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or an error saying how to run without one."""
@@ -120,17 +129,23 @@ class Transformer(nn.Module):
         """Forward pass recording what `capture` asks for (default: the residual writes), with
         `interventions` applied. Gradients are off unless grad=True.
 
-        logits_at: None for logits at every position; "last" for each prompt's last real token; or a
-        [batch] / [batch k] tensor of padded positions. run.logits is then [batch k d_vocab]: the unembedding
-        (often the largest matmul) runs only where it is needed."""
+        logits_at: None for logits at every position; "last" for each prompt's last real token; a list of
+        prompt-relative positions; or a [batch] / [batch k] tensor of padded indices. run.logits is then
+        [batch k d_vocab]: the unembedding (often the largest matmul) runs only where it is needed."""
         capture = Capture() if capture is None else capture
+        if not isinstance(capture, Capture):
+            raise ResidError(
+                f"capture must be a resid.Capture, got {capture!r}: e.g. resid.Capture.all(), resid.Capture() "
+                "(the residual writes), or resid.Capture(layers=[3], attn={'z'})."
+            )
         tokens = self.as_tokens(inputs)
-        capture.validate(self.config.n_layers, tokens.ids.shape[1])
-        edits = plan(interventions, self.config)
+        capture.validate(self.config.n_layers)
+        edits = plan(interventions, self.config, tokens)
         with torch.set_grad_enabled(grad):
             embed, pos_embed, ctx = self._prepare(tokens)
             resid = embed if pos_embed is None else embed + pos_embed
-            keep = _position_selector(capture.positions, tokens.ids.shape[1], self.device)
+            captured = None if capture.positions is None else tokens.padded_index(capture.positions)
+            keep = _position_selector(captured)
             resid, records = self._blocks(resid, ctx, 0, edits, capture, keep)
             logits, final_scale = self._unembed(resid, tokens, logits_at)
         stream = ResidualStream(
@@ -140,7 +155,7 @@ class Transformer(nn.Module):
             final_norm_scale_=keep(final_scale) if capture.final_norm_scale else None,
             parallel=self.config.block == "parallel",
             learned_positions=self.config.positions == "learned",
-            positions=capture.positions,
+            captured=captured,
         )
         return Run(logits, stream, tokens)
 
@@ -163,7 +178,7 @@ class Transformer(nn.Module):
                 f"resume got resid_pre of shape {tuple(resid_pre.shape)}, but the tokens need "
                 f"{(*tokens.ids.shape, self.config.d_model)} (batch, pos, d_model)."
             )
-        edits = plan(interventions, self.config)
+        edits = plan(interventions, self.config, tokens)
         early = sorted({l for l, _ in edits if l < layer})
         if early:
             raise ResidError(
@@ -202,11 +217,12 @@ class Transformer(nn.Module):
         return resid, records
 
     def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple[Tensor, Tensor]:
-        normalized, final_scale = self.ln_final(resid)
+        readout = self.readout
+        normalized, final_scale = readout.normalize(resid)
         index = _logit_index(logits_at, tokens)
         if index is not None:
             normalized = normalized.gather(1, index[..., None].expand(-1, -1, normalized.shape[-1]))
-        logits = self.unembed(normalized)
+        logits = readout.unembed(normalized)
         if self.dtype in (torch.float16, torch.bfloat16) and not torch.isfinite(logits).all():
             # Half precision overflows silently; a NaN logit would otherwise flow into every analysis.
             raise ResidError(
@@ -229,8 +245,10 @@ def _logit_index(logits_at: "LogitsAt", tokens: Tokens) -> Tensor | None:
     batch, n_pos = tokens.ids.shape
     if isinstance(logits_at, str):
         if logits_at != "last":
-            raise ResidError(f"logits_at must be None, 'last' or a tensor of positions, got {logits_at!r}.")
+            raise ResidError(f"logits_at must be None, 'last', a list of positions or a tensor, got {logits_at!r}.")
         return tokens.last_positions()[:, None]
+    if isinstance(logits_at, (list, tuple)):
+        return tokens.padded_index(logits_at)
     index = torch.as_tensor(logits_at, device=tokens.ids.device).long()
     index = index[:, None] if index.ndim == 1 else index
     if index.ndim != 2 or index.shape[0] != batch:
@@ -240,8 +258,16 @@ def _logit_index(logits_at: "LogitsAt", tokens: Tokens) -> Tensor | None:
     return index % n_pos
 
 
-def _position_selector(positions: tuple[int, ...] | None, n_pos: int, device: torch.device):
-    if positions is None:
+def _position_selector(index: Tensor | None):
+    """keep(tensor, axis): the tensor at the padded positions `index` [batch k] along `axis` (all if None)."""
+    if index is None:
         return lambda tensor, axis=1: tensor
-    index = torch.tensor([p % n_pos for p in positions], device=device)
-    return lambda tensor, axis=1: tensor.index_select(axis, index)
+
+    def keep(tensor: Tensor, axis: int = 1) -> Tensor:
+        shape = [1] * tensor.ndim
+        shape[0], shape[axis] = index.shape
+        size = list(tensor.shape)
+        size[axis] = index.shape[1]
+        return tensor.gather(axis, index.view(shape).expand(size))
+
+    return keep

@@ -3,16 +3,23 @@
 The final residual is a sum of writes, `embed + pos_embed + sum_l (attn_l.out + mlp_l.out)`, so resid_pre,
 resid_mid, resid_post and final() are derived sums, never stored twice. Each record keeps only what its
 Capture asked for; reading anything else raises a ResidError that names the Capture option to set.
-Shapes use the axis glossary of resid.types; with Capture(positions=...), `pos` is the captured positions.
+Shapes use the axis glossary of resid (see resid/__init__.py); with Capture(positions=...), `pos` is the
+captured positions, in the order given, for every prompt (their padded indices are `captured`).
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from resid.errors import ResidError
+
+Level = Literal["layer", "sublayer"]  # read the stream after every layer, or after every sublayer
+LEVELS: tuple[str, ...] = ("layer", "sublayer")
+SiteName = Literal["resid_pre", "resid_mid", "resid_post"]
 
 
 class _Record:
@@ -92,7 +99,8 @@ class MLPRecord(_Record):
 
     @property
     def pre(self) -> Float[Tensor, "batch pos d_mlp"]:
-        """Key scores: normalized @ W_in + b_in (for gated MLPs, the linear 'up' branch)."""
+        """Key scores: normalized @ W_in + b_in. For gated MLPs this is the linear 'up' branch, which the gate
+        multiplies; TransformerLens's hook_pre is the gate's input instead (resid's `gate`)."""
         return self._get("pre")
 
     @property
@@ -125,7 +133,7 @@ class ResidualStream:
     final_norm_scale_: Tensor | None
     parallel: bool  # parallel blocks: no resid_mid
     learned_positions: bool
-    positions: tuple[int, ...] | None  # captured padded-sequence positions (None = all)
+    captured: Tensor | None  # [batch k] padded indices of the Capture(positions=...) kept (None = all)
 
     @property
     def embed(self) -> Float[Tensor, "batch pos d_model"]:
@@ -160,26 +168,56 @@ class ResidualStream:
         pos = self.pos_embed
         return self.embed if pos is None else self.embed + pos
 
+    def running(self, level: Level = "sublayer") -> Iterator[tuple[int, SiteName, Tensor]]:
+        """(layer, site, residual) in stream order, each residual the previous one plus the writes between
+        them (one addition per write, never re-summed from the embeddings). The sites: resid_pre of layer 0
+        (the embeddings); with level="sublayer", each layer's resid_mid (not for parallel blocks, which have
+        none); each layer's resid_post. resid_pre(l) of a later layer is resid_post(l - 1)."""
+        if level not in LEVELS:
+            raise ResidError(f"level must be one of {LEVELS}, got {level!r}.")
+        resid = self._embeddings()
+        yield 0, "resid_pre", resid
+        for layer, record in enumerate(self.layers):
+            if level == "sublayer" and not self.parallel:
+                resid = resid + record.attn.out
+                yield layer, "resid_mid", resid
+                resid = resid + record.mlp.out
+            else:
+                resid = resid + record.attn.out + record.mlp.out
+            yield layer, "resid_post", resid
+
+    def accumulated(self, level: Level = "layer") -> tuple[list[str], Float[Tensor, "site batch pos d_model"]]:
+        """The running residual at every site of `running(level)`, stacked, with labels like "resid_pre 0",
+        "resid_mid 3" (TransformerLens's accumulated_resid, computed in one pass)."""
+        labels, sums = [], []
+        for layer, site, resid in self.running(level):
+            labels.append(f"{site} {layer}")
+            sums.append(resid)
+        return labels, torch.stack(sums)
+
+    def _site(self, layer: int, site: SiteName) -> Tensor:
+        """The running residual at (layer, site), walking only as far as it lies."""
+        for at_layer, at_site, resid in self.running("sublayer"):
+            if (at_layer, at_site) == (layer, site):
+                return resid
+        raise AssertionError(f"no site {site} at layer {layer}")  # unreachable for checked arguments
+
     def resid_pre(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
-        """The residual stream entering `layer`: embeddings plus every earlier sublayer's write."""
+        """The residual stream entering `layer` (layer == n_layers: the final residual)."""
         n = len(self.layers)
         if layer == n:
             return self.final()
         layer = self._layer(layer).attn.layer
-        total = self._embeddings()
-        for record in self.layers[:layer]:
-            total = total + record.attn.out + record.mlp.out
-        return total
+        return self._site(0, "resid_pre") if layer == 0 else self._site(layer - 1, "resid_post")
 
     def resid_mid(self, layer: int) -> Float[Tensor, "batch pos d_model"] | None:
         """Between attention and MLP; None for parallel blocks, where both read resid_pre."""
         if self.parallel:
             return None
-        return self.resid_pre(layer) + self._layer(layer).attn.out
+        return self._site(self._layer(layer).attn.layer, "resid_mid")
 
     def resid_post(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
-        record = self._layer(layer)
-        return self.resid_pre(layer) + record.attn.out + record.mlp.out
+        return self._site(self._layer(layer).attn.layer, "resid_post")
 
     def final(self) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering the final norm."""

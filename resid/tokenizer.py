@@ -19,6 +19,11 @@ from resid.errors import ResidError
 
 @dataclass(frozen=True)
 class Tokens:
+    """A padded batch of prompts. Positions come in two kinds: *padded* indices into the batch's `pos` axis,
+    and *prompt-relative* positions (0 = a prompt's first real token, BOS included when prepended; negative
+    counts back from its last token), the kind every public API takes. `padded_index` maps one to the other;
+    nothing else in resid or its analyses does."""
+
     ids: Int[Tensor, "batch pos"]
     attention_mask: Bool[Tensor, "batch pos"]  # False at padding
     position_ids: Int[Tensor, "batch pos"]  # 0 at each prompt's first real token
@@ -29,13 +34,38 @@ class Tokens:
         positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape)
         return cls(ids, torch.ones_like(ids, dtype=torch.bool), positions)
 
+    @classmethod
+    def pad(
+        cls, sequences: Sequence[Sequence[int]], pad_token_id: int, padding_side: Literal["left", "right"] = "left"
+    ) -> "Tokens":
+        """Token id sequences (each non-empty) as one padded batch; position ids count real tokens only, so a
+        prompt's logits at its real positions do not depend on the padding."""
+        if padding_side not in ("left", "right"):
+            raise ResidError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+        width = max(len(seq) for seq in sequences)
+        ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+        for row, seq in enumerate(sequences):
+            span = slice(width - len(seq), width) if padding_side == "left" else slice(0, len(seq))
+            ids[row, span] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, span] = True
+        return cls(ids, mask, (mask.long().cumsum(dim=1) - 1).clamp(min=0))
+
     def to(self, device: torch.device | str) -> "Tokens":
         return Tokens(self.ids.to(device), self.attention_mask.to(device), self.position_ids.to(device))
 
-    def rows(self, index: Int[Tensor, "rows"]) -> "Tokens":
+    def rows(self, index: Int[Tensor, "rows"] | Sequence[int]) -> "Tokens":
         """These prompts (by batch index, repeats allowed), keeping the padding they were tokenized with."""
-        index = index.to(self.ids.device)
+        index = torch.as_tensor(index, device=self.ids.device).long()
         return Tokens(self.ids[index], self.attention_mask[index], self.position_ids[index])
+
+    def trim(self) -> "Tokens":
+        """Without the columns that are padding in every row (e.g. after `rows` picked short prompts)."""
+        real = self.attention_mask.any(dim=0).nonzero()[:, 0]
+        if len(real) == self.ids.shape[1]:
+            return self
+        span = slice(int(real[0]), int(real[-1]) + 1)
+        return Tokens(self.ids[:, span], self.attention_mask[:, span], self.position_ids[:, span])
 
     @property
     def lengths(self) -> Int[Tensor, "batch"]:
@@ -43,10 +73,33 @@ class Tokens:
         return self.attention_mask.sum(dim=1)
 
     def last_positions(self) -> Int[Tensor, "batch"]:
-        """Index of each prompt's last real token (whatever the padding side)."""
+        """Padded index of each prompt's last real token (whatever the padding side)."""
         n = self.ids.shape[1]
         index = torch.arange(n, device=self.ids.device).expand(self.ids.shape)
         return torch.where(self.attention_mask, index, -1).max(dim=1).values
+
+    def first_positions(self) -> Int[Tensor, "batch"]:
+        """Padded index of each prompt's first real token. Real tokens are contiguous whichever side is
+        padded, so they start at last - length + 1."""
+        return self.last_positions() - self.lengths + 1
+
+    def padded_index(self, positions: Sequence[int] | Sequence[Sequence[int]]) -> Int[Tensor, "batch k"]:
+        """Padded indices of prompt-relative positions: one list for every prompt, or one list per prompt
+        (each of the same length k). A position outside a prompt is an error naming the prompt."""
+        per_prompt = [list(p) for p in positions] if positions and not isinstance(positions[0], int) else None
+        lengths = self.lengths.tolist()
+        rows = []
+        for i, n in enumerate(lengths):
+            wanted = per_prompt[i] if per_prompt is not None else list(positions)
+            bad = [p for p in wanted if not -n <= p < n]
+            if bad:
+                raise ResidError(
+                    f"Position(s) {bad} are out of range for prompt {i}, which has {n} tokens: use 0..{n - 1}, "
+                    f"or -{n}..-1 from its last token (see model.to_str_tokens(prompt))."
+                )
+            rows.append([p % n for p in wanted])
+        first = self.first_positions()[:, None]
+        return first + torch.tensor(rows, dtype=torch.long, device=self.ids.device).view(len(lengths), -1)
 
 
 class Tokenizer:
@@ -88,8 +141,6 @@ class Tokenizer:
         padding_side: Literal["left", "right"] = "left",
         prepend_bos: bool | None = None,
     ) -> Tokens:
-        if padding_side not in ("left", "right"):
-            raise ResidError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
         if isinstance(texts, str):
             texts = [texts]
         if len(texts) == 0:
@@ -98,15 +149,7 @@ class Tokenizer:
         empty = [i for i, ids in enumerate(encoded) if not ids]
         if empty:
             raise ResidError(f"Prompt(s) {empty} tokenize to nothing: give non-empty text (or prepend_bos=True).")
-        width = max(len(ids) for ids in encoded)
-        ids = torch.full((len(encoded), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(encoded), width), dtype=torch.bool)
-        for row, seq in enumerate(encoded):
-            span = slice(width - len(seq), width) if padding_side == "left" else slice(0, len(seq))
-            ids[row, span] = torch.tensor(seq, dtype=torch.long)
-            mask[row, span] = True
-        position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        return Tokens(ids, mask, position_ids)
+        return Tokens.pad(encoded, self.pad_token_id, padding_side)
 
     def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:
         """One string per token, e.g. ['The', ' E', 'iff', 'el'] (byte-level pieces decoded one by one)."""

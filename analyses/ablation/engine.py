@@ -1,7 +1,7 @@
 """Ablation sweeps: knock out layers, sublayers, heads or neurons one at a time over many prompts and
 measure what each does to a metric of the next-token prediction.
 
-    df = ablation.sweep(model, prompts, targets, baselines, sites="sublayers", method="mean",
+    df = ablation.sweep(model, prompts, targets, baselines, sites="sublayer", method="mean",
                         reference=texts, out="results.parquet")
 
 One row per (prompt, ablation): prompt_idx, site, layer, part, head, neuron, method, metric, clean_metric,
@@ -17,6 +17,7 @@ token. With `out=` results are written chunk by chunk, atomically; re-running th
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 import torch
@@ -24,18 +25,24 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses.ablation import values
-from analyses.ablation.sites import Ablation, expand_sites, signature
-from analyses.metrics import METRICS, metric_values
+from analyses.ablation.sites import Ablation, SiteKind, expand_sites, signature
+from analyses.checks import check_choice
+from analyses.inputs import Prompts, batch_size_for, prompts as as_prompts
 from analyses.io.store import ResultStore
+from analyses.metrics import METRICS, Metric, metric_values
 from analyses.vocab import token_ids
-from resid.batching import BatchSize, model_batch_size, run_batched, with_backoff
+from resid.batching import BatchSize, run_batched, with_backoff
 from resid.errors import ResidError
 from resid.interventions import Add, Scale, Site
-from resid.model import Run, Transformer
+from resid.model import Inputs, Run, Transformer
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokens
 
+Method = Literal["zero", "mean", "resample"]
+MeanPositions = Literal["agnostic", "per_position"]
 KEY = ("prompt_idx", "site")
+# One row per (prompt, ablation); delta = ablated_metric - clean_metric; head/neuron are <NA> where they do not apply.
+COLUMNS = (*KEY, "layer", "part", "head", "neuron", "method", "metric", "clean_metric", "ablated_metric", "delta")
 
 
 @dataclass
@@ -50,41 +57,39 @@ class _Context:
 
 def sweep(
     model: Transformer,
-    prompts: Sequence[str],
+    prompts: Inputs,
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
-    sites: str | Sequence[Site] = "sublayers",
-    method: str = "zero",
+    sites: SiteKind | Sequence[Site] = "sublayer",
+    method: Method = "zero",
     reference: Sequence[str] | str | Path | None = None,
-    metric: str | None = None,
+    metric: Metric | None = None,
     batch_size: int | str = "auto",
     out: str | Path | None = None,
     seed: int = 0,
-    mean_positions: str = "agnostic",
+    mean_positions: MeanPositions = "agnostic",
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Run every ablation of `sites` on every prompt; see the module docstring."""
-    prompts = _check_prompts(prompts)
-    n = len(prompts)
+    """Run every ablation of `sites` on every prompt (texts, resid.Tokens or token ids); see the module
+    docstring. Returns the columns of COLUMNS."""
+    given = as_prompts(model, prompts)
+    n = len(given)
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
     metric = metric or ("logit_diff" if baselines is not None else "target_prob")
-    if metric not in METRICS:
-        raise ResidError(f"Unknown metric {metric!r}; choose from {sorted(METRICS)}.")
+    check_choice(metric, "metric", tuple(METRICS))
     if metric == "logit_diff" and baseline_ids is None:
         raise ResidError("metric='logit_diff' needs baselines (one per prompt); or use metric='target_prob'.")
-    if method not in ("zero", "mean", "resample"):
-        raise ResidError(f"Unknown ablation method {method!r}; choose 'zero', 'mean' or 'resample'.")
-    if mean_positions not in ("agnostic", "per_position"):
-        raise ResidError(f"mean_positions must be 'agnostic' or 'per_position', got {mean_positions!r}.")
+    check_choice(method, "method", ("zero", "mean", "resample"))
+    check_choice(mean_positions, "mean_positions", ("agnostic", "per_position"))
     ablations = expand_sites(sites, model.config)
-    lengths = [len(model.require_tokenizer().encode(p)) for p in prompts]
-    donors = _donors(method, reference, prompts, lengths, model, seed)
-    size = BatchSize(model_batch_size(model, max(lengths)) if batch_size == "auto" else batch_size)
+    lengths = given.tokens.lengths.tolist()
+    donors = _donors(method, reference, given, model, seed)
+    size = batch_size_for(model, given.tokens, batch_size)
     settings = dict(method=method, metric=metric, seed=seed, mean_positions=mean_positions)
     store = None
     if out is not None:
-        sig = signature(model, prompts, target_ids, baseline_ids, ablations, reference, donors, settings)
+        sig = signature(model, given.record(), target_ids, baseline_ids, ablations, reference, donors, settings)
         store = ResultStore(out, KEY, sig)
     done = store.done() if store is not None else set()
     means = {}
@@ -106,15 +111,14 @@ def sweep(
     with tqdm(total=pending, desc="ablation sweep", disable=not progress) as bar:
         start = 0
         while start < n:
-            group_prompts = list(range(start, min(n, start + size.value)))
-            todo = [(p, a) for p in group_prompts for a in ablations if (p, a.label) not in done]
-            if todo:
-                try:
-                    group = _clean_pass(ctx, prompts, group_prompts, todo, target_ids, baseline_ids, donors)
-                except torch.cuda.OutOfMemoryError:
-                    torch.cuda.empty_cache()
-                    size.halve()  # fewer prompts per clean pass; retry this group
-                    continue
+            def clean(rows: int, start: int = start):
+                group_prompts = list(range(start, min(n, start + rows)))
+                todo = [(p, a) for p in group_prompts for a in ablations if (p, a.label) not in done]
+                group = _clean_pass(ctx, given, group_prompts, todo, target_ids, baseline_ids, donors) if todo else None
+                return group_prompts, todo, group
+
+            group_prompts, todo, group = with_backoff(clean, size)  # out of memory: fewer prompts per clean pass
+            if group is not None:
                 for frame in _ablate_group(ctx, group, todo, bar.update):
                     if store is not None:
                         store.write(frame)
@@ -122,8 +126,7 @@ def sweep(
             start = group_prompts[-1] + 1
     result = store.finish() if store is not None else pd.concat(frames, ignore_index=True) if frames else None
     if result is None or result.empty:
-        return pd.DataFrame(columns=[*KEY, "layer", "part", "head", "neuron", "method", "metric",
-                                     "clean_metric", "ablated_metric", "delta"])
+        return pd.DataFrame(columns=list(COLUMNS))
     order = {a.label: i for i, a in enumerate(ablations)}
     result = result.assign(_order=result["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
     return result.drop(columns="_order").reset_index(drop=True)
@@ -142,13 +145,15 @@ class _Group:
     clean_metric: Tensor
 
 
-def _clean_pass(ctx, prompts, group, todo, target_ids, baseline_ids, donors) -> _Group:
+def _clean_pass(ctx, given: Prompts, group, todo, target_ids, baseline_ids, donors) -> _Group:
+    """The group's prompts (then, for resample, their donors: same lengths, so the same padded positions) in
+    one clean run."""
     model = ctx.model
-    texts = [prompts[p] for p in group]
+    sequences = given.sequences(group)
     if donors is not None:
-        texts += [prompts[donors[p]] if isinstance(donors[p], int) else donors[p] for p in group]
+        sequences += [given.sequences([d])[0] if isinstance(d, int) else d for d in (donors[p] for p in group)]
     capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites})
-    clean = model.run(model.to_tokens(texts), capture=capture, logits_at="last")
+    clean = model.run(Tokens.pad(sequences, given.pad_token_id), capture=capture, logits_at="last")
     tokens = clean.tokens  # on the model's device, like every index built from it below
     k = len(group)
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
@@ -171,10 +176,10 @@ def _ablate_group(ctx, group: _Group, todo, on_progress):
     by_layer: dict[int, list] = {}
     for p, a in todo:
         by_layer.setdefault(a.start_layer, []).append((local[p], a))
-    stream = group.clean.stream
-    # resid_pre(layer) kept as a running sum: stream.resid_pre(layer) would re-add every earlier write each time.
-    resid = stream.resid_pre(0)[:k]
-    for layer in range(model.config.n_layers):
+    # The i-th residual of running("layer") is resid_pre(i): one addition per layer, never re-summed.
+    entering = zip(range(model.config.n_layers), group.clean.stream.running("layer"))
+    for layer, (_, _, resid) in entering:
+        resid = resid[:k]
         if layer in by_layer:
             def work(rows, layer=layer, resid_pre=resid):
                 index = torch.tensor([i for i, _ in rows], device=model.device)
@@ -185,7 +190,6 @@ def _ablate_group(ctx, group: _Group, todo, on_progress):
 
             for rows, ablated in run_batched(by_layer[layer], work, ctx.size, on_progress):
                 yield _frame(ctx, rows, group.prompts, group.clean_metric, ablated)
-        resid = resid + stream.layers[layer].attn.out[:k] + stream.layers[layer].mlp.out[:k]
 
 
 def _edits(ctx, ablations: list[Ablation], index: Tensor, tokens, donor_stream, k: int) -> list:
@@ -210,7 +214,10 @@ def _edits(ctx, ablations: list[Ablation], index: Tensor, tokens, donor_stream, 
         else:
             replacement = values.read_unit(donor_stream, unit)[index + k]
         if site.positions is not None and replacement.ndim == (2 if site.neuron is not None else 3):
-            replacement = replacement[:, torch.tensor(site.positions, device=model.device) % tokens.ids.shape[1]]
+            # Per-position replacements are in the batch's padded layout; the site edits its prompt positions.
+            at = tokens.rows(index).padded_index(site.positions)
+            at = at.view(*at.shape, *([1] * (replacement.ndim - 2))).expand(-1, -1, *replacement.shape[2:])
+            replacement = replacement.gather(1, at)
         edits.append(Add(site, replacement * rows.to(model.dtype).view(shape)))
     return edits
 
@@ -234,29 +241,23 @@ def _frame(ctx, rows, group, clean_metric: Tensor, ablated: Tensor) -> pd.DataFr
     })
 
 
-def _check_prompts(prompts: Sequence[str]) -> list[str]:
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if not prompts:
-        raise ResidError("No prompts given: pass a non-empty list of strings.")
-    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()]
-    if bad:
-        raise ResidError(f"Prompt(s) {bad[:10]} are empty or not strings.")
-    return prompts
-
-
-def _donors(method, reference, prompts, lengths, model, seed):
+def _donors(method, reference, given: Prompts, model, seed) -> list[int] | list[list[int]] | None:
+    """Resample donors: per prompt, another prompt's index, or the token ids of the given donor text."""
     if method != "resample":
         if method == "zero" and reference is not None:
             raise ResidError("reference is used by mean and resample ablation only; drop it for method='zero'.")
         return None
+    lengths = given.tokens.lengths.tolist()
     if reference is None:
         return values.random_donors(lengths, seed)
-    donors = list(reference) if not isinstance(reference, (str, Path)) else None
-    if donors is None or len(donors) != len(prompts):
-        raise ResidError("For resample ablation, reference must list one donor prompt per prompt (same order).")
-    for i, (donor, length) in enumerate(zip(donors, lengths)):
-        if len(model.require_tokenizer().encode(donor)) != length:
+    donors = values.read_reference(reference)
+    if len(donors) != len(lengths):
+        raise ResidError(
+            f"For resample ablation, reference must give one donor prompt per prompt, in order: got {len(donors)} "
+            f"donors for {len(lengths)} prompts."
+        )
+    donor_ids = [list(model.as_tokens(d).ids[0].tolist()) for d in donors]
+    for i, (donor, ids, length) in enumerate(zip(donors, donor_ids, lengths)):
+        if len(ids) != length:
             raise ResidError(f"Donor prompt {i} {donor!r} does not have the same token count as prompt {i} ({length}).")
-    return donors
+    return donor_ids

@@ -1,5 +1,5 @@
-"""What a sweep ablates: "layers" (both sublayers of a layer together), "sublayers" (each attention and
-MLP write), "heads" (each head's z), or an explicit list of resid.Site (sublayers, heads or neurons, one
+"""What a sweep ablates: "layer" (both sublayers of each layer together), "sublayer" (each attention and
+MLP write), "head" (each head's z), or an explicit list of resid.Site (sublayers, heads or neurons, one
 ablation each). Plus the sweep's signature, which tells a resumed sweep from a different one."""
 
 import hashlib
@@ -7,13 +7,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
 from resid.interventions import Site
 from resid.model import Transformer
 
-SITE_KINDS = ("layers", "sublayers", "heads")
+SiteKind = Literal["layer", "sublayer", "head"]  # the granularity words of attribution's `level` and the lens
+SITE_KINDS: tuple[str, ...] = ("layer", "sublayer", "head")
 
 
 @dataclass(frozen=True)
@@ -31,18 +33,18 @@ class Ablation:
         return min(site.layer for site in self.sites)
 
 
-def expand_sites(sites: str | Sequence[Site], config: ModelConfig) -> list[Ablation]:
+def expand_sites(sites: SiteKind | Sequence[Site], config: ModelConfig) -> list[Ablation]:
     n = config.n_layers
     if isinstance(sites, str):
-        if sites == "layers":
+        if sites == "layer":
             return [Ablation(f"layers[{l}]", l, "layer", None, None, (Site(l, "attn"), Site(l, "mlp"))) for l in range(n)]
-        if sites == "sublayers":
+        if sites == "sublayer":
             return [
                 Ablation(f"layers[{l}].{part}", l, part, None, None, (Site(l, part),))
                 for l in range(n)
                 for part in ("attn", "mlp")
             ]
-        if sites == "heads":
+        if sites == "head":
             return [
                 Ablation(f"layers[{l}].attn head {h}", l, "attn", h, None, (Site(l, "attn", head=h),))
                 for l in range(n)

@@ -15,16 +15,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from analyses.io import texts as text_files
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Site
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
-Unit = tuple[int, str, int | None, int | None]  # (layer, part, head, neuron)
+Unit = tuple[int, str, int | None, int | None]  # (layer, part, head, neuron): a Site without its positions
 
 
 def unit_of(site: Site) -> Unit:
+    """The value a site edits, whatever its positions (means and donors are read per unit)."""
     return (site.layer, site.part, site.head, site.neuron)
 
 
@@ -49,15 +51,16 @@ def read_unit(stream, unit: Unit) -> Tensor:
 
 
 def read_reference(reference: Sequence[str] | str | Path) -> list[str]:
-    """Reference texts: a list of strings, or a text file with one text per non-empty line."""
-    if isinstance(reference, (str, Path)) and Path(reference).is_file():
-        texts = [line.strip() for line in Path(reference).read_text(encoding="utf-8").splitlines()]
-        texts = [t for t in texts if t]
+    """Reference texts: a list of strings, or a .txt / .jsonl file read by the rules of `analyses.io.texts`
+    (the ones `--corpus` follows). Blank texts are dropped."""
+    if isinstance(reference, (str, Path)):
+        if not Path(reference).is_file():
+            raise ResidError(f"reference {str(reference)!r} is not a file; pass a list of texts or a path to a .txt "
+                             "or .jsonl file.")
+        texts = [t for t in text_files.read(reference, "reference") if t.strip()]
         if not texts:
-            raise ResidError(f"The reference file {reference} has no non-empty lines.")
+            raise ResidError(f"The reference file {reference} has no non-blank texts.")
         return texts
-    if isinstance(reference, str):
-        raise ResidError(f"reference {reference!r} is not a file; pass a list of texts or a path to a text file.")
     texts = [t for t in reference if isinstance(t, str) and t.strip()]
     if not texts:
         raise ResidError("The reference texts are empty: give at least one non-empty text.")
@@ -69,14 +72,7 @@ def reference_tokens(model: Transformer, texts: list[str], max_tokens: int, batc
     tokenizer = model.require_tokenizer()
     encoded = [ids[:max_tokens] for ids in (tokenizer.encode(t) for t in texts) if ids]
     for start in range(0, len(encoded), batch):
-        chunk = encoded[start : start + batch]
-        width = max(len(ids) for ids in chunk)
-        ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for row, seq in enumerate(chunk):
-            ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = True
-        yield Tokens(ids, mask, (mask.long().cumsum(1) - 1).clamp(min=0))
+        yield Tokens.pad(encoded[start : start + batch], tokenizer.pad_token_id, "right")
 
 
 def reference_means(

@@ -8,10 +8,9 @@ Glossary: neuron i of a layer writes m_i * v_i, m_i = post[i] its coefficient (r
     df = neuron_edits.prediction_change(model, prompts, edits, k=10)
 
 Positions are prompt-relative (0 = a prompt's first real token, -1 its last), so they mean the same token
-in every prompt whatever the padding. The edits are resid.Scale / resid.Add interventions on neuron sites
-that carry one [batch pos] tensor each: 1 / 0 where nothing changes (an exact no-op there) and the new
-factor / value at the chosen tokens. They are tied to the batch they were built for: run them on the same
-prompts (or the same Tokens).
+in every prompt whatever the padding. The edits are plain resid.Replace / resid.Scale interventions on neuron
+sites with those positions (resid.Site resolves them per batch), so they can be run on any prompts; `prompts`
+is only used to check the positions exist in every prompt.
 """
 
 from collections.abc import Sequence
@@ -20,15 +19,15 @@ from numbers import Real
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool
 from torch import Tensor
 
-from analyses.neurons.values import check_k
+from analyses.checks import check_k
+from analyses.inputs import prompts as as_prompts
 from analyses.io.provenance import describe
 from analyses.vocab import decode_ids
 from resid.capture import Capture
 from resid.errors import ResidError
-from resid.interventions import Add, Intervention, Scale, Site
+from resid.interventions import Intervention, Replace, Scale, Site
 from resid.model import Inputs, Transformer
 
 Neurons = Sequence[Sequence[int]]  # (layer, neuron) pairs (checked here, for a clearer error than a type check)
@@ -42,11 +41,10 @@ def set_coefficients(
     positions: Sequence[int] | None = None,
 ) -> list[Intervention]:
     """Interventions that set each neuron's coefficient to `value` (one, or one per neuron) at the
-    prompt-relative `positions` of every prompt (None: at every real token)."""
-    mask, sites = _targets(model, prompts, neurons, positions)
+    prompt-relative `positions` of every prompt (None: at every token)."""
+    sites = _sites(model, prompts, neurons, positions)
     values = _per_neuron(value, len(sites), "value")
-    keep = (~mask).to(model.dtype)
-    return [iv for site, v in zip(sites, values) for iv in (Scale(site, keep), Add(site, mask.to(model.dtype) * v))]
+    return [Replace(site, torch.tensor(v)) for site, v in zip(sites, values)]
 
 
 def scale_coefficients(
@@ -57,10 +55,10 @@ def scale_coefficients(
     positions: Sequence[int] | None = None,
 ) -> list[Intervention]:
     """Interventions that multiply each neuron's coefficient by `factor` (0 suppresses, > 1 promotes) at
-    the prompt-relative `positions` of every prompt (None: at every real token)."""
-    mask, sites = _targets(model, prompts, neurons, positions)
+    the prompt-relative `positions` of every prompt (None: at every token)."""
+    sites = _sites(model, prompts, neurons, positions)
     factors = _per_neuron(factor, len(sites), "factor")
-    return [Scale(site, torch.where(mask, f, 1.0).to(model.dtype)) for site, f in zip(sites, factors)]
+    return [Scale(site, f) for site, f in zip(sites, factors)]
 
 
 def prediction_change(
@@ -72,7 +70,8 @@ def prediction_change(
     clean_rank edited_rank (1 = most likely) clean_prob edited_prob prob_delta clean_logit edited_logit
     logit_delta, ordered by prompt and edited rank."""
     k = check_k(k, "k", model.config.d_vocab)
-    tokens = model.as_tokens(prompts)
+    given = as_prompts(model, prompts)
+    tokens = given.tokens
     clean = model.run(tokens, capture=Capture.none(), logits_at="last").logits[:, 0].float()
     edited = model.run(tokens, capture=Capture.none(), interventions=interventions, logits_at="last").logits[:, 0]
     edited = edited.float()
@@ -84,9 +83,8 @@ def prediction_change(
     df.insert(2, "token", decode_ids(model, df["token_id"].to_numpy()))
     df = df.sort_values(["prompt_idx", "edited_rank"], ignore_index=True)
     sites = [f"{type(iv).__name__} {iv.site.describe()}" for iv in interventions]
-    texts = prompts if isinstance(prompts, (str, list, tuple)) else None
     parameters = {"k": k, "interventions": sites}
-    df.attrs["provenance"] = describe(model, "neurons.prediction_change", parameters, texts)
+    df.attrs["provenance"] = describe(model, "neurons.prediction_change", parameters, given.record())
     return df
 
 
@@ -104,10 +102,8 @@ def _compare(clean: Tensor, edited: Tensor, ids: Tensor, row: int) -> pd.DataFra
     return pd.DataFrame({name: columns[name] for name in order})
 
 
-def _targets(
-    model: Transformer, prompts: Inputs, neurons: Neurons, positions: Sequence[int] | None
-) -> tuple[Bool[Tensor, "batch pos"], list[Site]]:
-    """The [batch pos] mask of the padded positions to edit, and one checked Site per neuron."""
+def _sites(model: Transformer, prompts: Inputs, neurons: Neurons, positions: Sequence[int] | None) -> list[Site]:
+    """One checked Site per neuron at `positions`, which must exist in every prompt."""
     pairs = list(neurons)
     if not pairs:
         raise ResidError("No neurons given: pass a non-empty list of (layer, neuron) pairs.")
@@ -115,24 +111,12 @@ def _targets(
     for pair in pairs:
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(x, int) for x in pair)):
             raise ResidError(f"Neurons must be (layer, neuron) pairs of integers, got {pair!r}.")
-        site = Site(pair[0], "mlp", neuron=pair[1])
+        site = Site(pair[0], "mlp", neuron=pair[1], positions=positions)
         site.validate(model.config)
         sites.append(site)
-    tokens = model.as_tokens(prompts)
-    mask = tokens.attention_mask.clone()
     if positions is not None:
-        chosen = torch.zeros_like(mask)
-        for row in range(mask.shape[0]):
-            real = mask[row].nonzero()[:, 0]
-            bad = [p for p in positions if not -len(real) <= p < len(real)]
-            if bad:
-                raise ResidError(
-                    f"Positions {bad} are out of range for prompt {row}, which has {len(real)} tokens "
-                    f"(use 0..{len(real) - 1}, or -{len(real)}..-1 from its last token)."
-                )
-            chosen[row, real[torch.tensor(list(positions), dtype=torch.long) % len(real)]] = True
-        mask = chosen
-    return mask, sites
+        model.as_tokens(prompts).padded_index(list(positions))
+    return sites
 
 
 def _per_neuron(value: Real | Sequence[Real], n: int, name: str) -> list[float]:

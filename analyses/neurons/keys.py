@@ -32,7 +32,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses.io import corpus as corpora
-from analyses.neurons.values import check_k, select_layers, select_neurons
+from analyses.checks import check_k, select_layers, select_neurons
 from analyses.io.provenance import describe
 from analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size, with_backoff
@@ -115,7 +115,7 @@ def scan(
         while start < len(pieces):
             def work(rows: int, start: int = start) -> int:
                 chunk = pieces[start : start + rows]
-                tokens, valid = batch_tokens(chunk, model.device)
+                tokens, valid = batch_tokens(chunk, model.require_tokenizer().pad_token_id, model.device)
                 run = model.run(tokens, capture=capture, logits_at="last")  # unembed one row, not all
                 flat_ids = _flat_ids(start, len(chunk), tokens.ids.shape[1], model.device)
                 merged = {}  # committed only once every layer is done: an out-of-memory retry must not count twice
@@ -154,20 +154,13 @@ def windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list
     return [pieces[i] for i in order]
 
 
-def batch_tokens(chunk: Sequence[Window], device: torch.device) -> tuple[Tokens, Bool[Tensor, "batch pos"]]:
+def batch_tokens(chunk: Sequence[Window], pad_token_id: int, device: torch.device) -> tuple[Tokens, Bool[Tensor, "batch pos"]]:
     """Right-padded Tokens for a chunk of windows, and the mask of positions that may be triggers
     (real tokens that are not an added BOS) [batch pos]."""
-    width = max(len(w.ids) for w in chunk)
-    ids = torch.zeros((len(chunk), width), dtype=torch.long)
-    mask = torch.zeros((len(chunk), width), dtype=torch.bool)
-    for row, w in enumerate(chunk):
-        ids[row, : len(w.ids)] = torch.from_numpy(w.ids)
-        mask[row, : len(w.ids)] = True
-    valid = mask.clone()
-    valid[:, 0] &= torch.tensor([not w.bos for w in chunk])
-    positions = torch.arange(width).expand(len(chunk), width)
-    tokens = Tokens(ids, mask, torch.where(mask, positions, 0))
-    return tokens.to(device), valid.to(device)
+    tokens = Tokens.pad([w.ids.tolist() for w in chunk], pad_token_id, "right").to(device)
+    valid = tokens.attention_mask.clone()
+    valid[:, 0] &= torch.tensor([not w.bos for w in chunk], device=device)
+    return tokens, valid
 
 
 @dataclass(frozen=True)
@@ -215,13 +208,9 @@ def _flat_ids(start: int, rows: int, width: int, device: torch.device) -> Int[Te
 def _batch_size(model: Transformer, batch_size: int | str, width: int, n_layers: int) -> BatchSize:
     if batch_size != "auto":
         return BatchSize(batch_size)
-    cfg = model.config
-    rows = model_batch_size(model, width)
-    if model.device.type == "cuda":
-        # The captured `post` of every chosen layer lives until the batch is folded in.
-        free, _ = torch.cuda.mem_get_info(model.device)
-        rows = min(rows, max(1, int(0.25 * free // (n_layers * cfg.d_mlp * width * model.dtype.itemsize))))
-    return BatchSize(rows)
+    # The captured `post` of every chosen layer lives until the batch is folded in.
+    kept = n_layers * model.config.d_mlp * width * model.dtype.itemsize
+    return BatchSize(model_batch_size(model, width, kept_bytes_per_row=kept))
 
 
 def _frame(model, pieces, best, layers, neurons, context: int, after: int) -> pd.DataFrame:
@@ -276,4 +265,4 @@ def iter_batches(model: Transformer, texts: Sequence[str], window: int, rows: in
     """The padded batches top_activating runs (for benchmarks that time a plain forward on the same ones)."""
     pieces = windows(model, texts, window)
     for start in range(0, len(pieces), rows):
-        yield batch_tokens(pieces[start : start + rows], model.device)[0]
+        yield batch_tokens(pieces[start : start + rows], model.require_tokenizer().pad_token_id, model.device)[0]

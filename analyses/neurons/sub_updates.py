@@ -9,50 +9,45 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.directions import logit_direction
-from analyses.neurons.values import check_k, select_layers, value_logits
+from analyses.checks import check_k, select_layers
+from analyses.inputs import prompts as as_prompts
 from analyses.io.provenance import describe
 from analyses.vocab import decode_ids, single_token_id
 from resid.capture import Capture
 from resid.errors import ResidError
-from resid.model import Transformer
+from resid.model import Inputs, Transformer
 
 RANKINGS = ("magnitude", "target")
 
 
 def sub_updates(
     model: Transformer,
-    prompt: str,
+    prompt: Inputs,
     pos: int = -1,
     layers: int | Sequence[int] | None = None,
     k: int = 10,
     target: str | int | None = None,
     value_k: int = 5,
 ) -> pd.DataFrame:
-    """The top-k sub-updates m_i * v_i of each layer's MLP at token `pos` of `prompt` (see the module
-    docstring). target: a single token or id; default the model's top prediction at `pos`.
+    """The top-k sub-updates m_i * v_i of each layer's MLP at token `pos` of one prompt (a text, or a
+    one-row Tokens or id tensor; see the module docstring). target: a single token or id; default the model's top prediction at `pos`.
 
     One row per (layer, ranking, rank), ranking "magnitude" (by |m_i| ||v_i||) or "target" (by the
     contribution to the target's logit, largest first): layer ranking rank neuron coefficient value_norm
     magnitude target_contribution promotes (the `value_k` tokens whose logits m_i v_i raises most, through
     the final norm) explained_norm explained_target layer_norm (||U||) layer_target (U . u') pos target_id
     target."""
-    if not isinstance(prompt, str):
-        raise ResidError(f"sub_updates takes one prompt (a string), got {type(prompt).__name__}.")
     layer_list = select_layers(model, layers)
     k = check_k(k, "k", model.config.d_mlp)
     value_k = check_k(value_k, "value_k", model.config.d_vocab)
-    tokens = model.to_tokens(prompt)
-    n_pos = tokens.ids.shape[1]
-    if not isinstance(pos, int) or isinstance(pos, bool) or not -n_pos <= pos < n_pos:
-        raise ResidError(
-            f"pos {pos!r} is out of range for the prompt's {n_pos} tokens (use 0..{n_pos - 1}, or -{n_pos}..-1)."
-        )
-    pos = pos % n_pos
+    given = as_prompts(model, prompt)
+    if len(given) != 1:
+        raise ResidError(f"sub_updates takes one prompt, got {len(given)}: call it once per prompt.")
+    pos = int(given.tokens.padded_index([pos])[0, 0] - given.tokens.first_positions()[0])
     capture = Capture(layers=layer_list, positions=[pos], attn=frozenset(), mlp={"post"}, embed=False)
-    run = model.run(tokens, capture=capture, logits_at=torch.tensor([pos]))
+    run = model.run(given.tokens, capture=capture, logits_at=[pos])
     target_id = int(run.logits[0, 0].argmax()) if target is None else single_token_id(model, target, "target")
-    direction = logit_direction(model, [target_id], run.stream.final_norm_scale[:, 0]).direction[0]
+    direction = model.readout.logit_direction([target_id], run.stream.final_norm_scale[:, 0]).vector[0]
     frames = []
     with torch.no_grad():
         for layer in layer_list:
@@ -63,7 +58,7 @@ def sub_updates(
     df["target_id"] = np.int64(target_id)
     df["target"] = str(decode_ids(model, np.array([target_id]))[0])
     parameters = {"pos": pos, "layers": layer_list, "k": k, "value_k": value_k}
-    df.attrs["provenance"] = describe(model, "neurons.sub_updates", parameters, prompt, target_id)
+    df.attrs["provenance"] = describe(model, "neurons.sub_updates", parameters, given.record(), target_id)
     return df
 
 
@@ -95,7 +90,7 @@ def _rank_layer(
     for ranking, scores in zip(RANKINGS, (magnitude, contribution)):
         chosen = scores.topk(k).indices
         covered = updates[chosen].sum(0)
-        promoted = value_logits(model, updates[chosen]).topk(value_k, dim=-1).indices.cpu().numpy()
+        promoted = model.readout.vector_logits(updates[chosen]).topk(value_k, dim=-1).indices.cpu().numpy()
         frames.append(pd.DataFrame({
             "layer": np.full(k, layer, dtype=np.int64),
             "ranking": ranking,

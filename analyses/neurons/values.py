@@ -12,7 +12,8 @@ The value's *logits* are what v_i alone would add to each token's logit:
 
 The final norm's scale (1/rms or 1/sigma) is left out: it depends on the input, is positive, and only
 rescales every token's logit alike, so the ranking is the same. Bias terms (b_U, the norm's bias) do not
-depend on the neuron and are left out too. Everything is computed in float32.
+depend on the neuron and are left out too (model.readout.unembedding / vector_logits). Everything is computed
+in float32.
 
 `value_top_tokens` gives each neuron's top-k and bottom-k tokens. It streams over chunks of neurons so that
 the [chunk d_vocab] logit block stays within `chunk_bytes` (default 256 MB): all 46,080 neurons of SmolLM2
@@ -27,12 +28,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from analyses.checks import check_k, select_layers, select_neurons
 from analyses.io.provenance import describe
 from analyses.vocab import decode_ids
-from resid.errors import ResidError
 from resid.model import Transformer
 
 CHUNK_BYTES = 256 * 2**20
+# direction: "top" | "bottom"; rank: 1 = the extreme; value: the logit that v_i adds to token_id
+COLUMNS = ("layer", "neuron", "direction", "rank", "token_id", "token", "value")
 
 
 def value_top_tokens(
@@ -46,12 +49,11 @@ def value_top_tokens(
     """Each neuron's value read in vocabulary space: its k highest and k lowest token logits.
 
     layers / neurons: None for all, an index or a list (the same neurons in every chosen layer).
-    One row per (layer, neuron, direction, rank): layer neuron direction ("top" | "bottom") rank (1 = the
-    extreme) token_id token value (the logit that v_i adds), ordered in that order."""
+    One row per (layer, neuron, direction, rank), the columns of COLUMNS, in that order."""
     layer_list = select_layers(model, layers)
     neuron_list = select_neurons(model, neurons)
     k = check_k(k, "k", model.config.d_vocab)
-    unembed = value_unembedding(model, through_final_norm)
+    unembed = model.readout.unembedding(through_final_norm)
     index = None if neuron_list is None else torch.tensor(neuron_list, device=model.device)
     n_neurons = model.config.d_mlp if neuron_list is None else len(neuron_list)
     rows = max(1, chunk_bytes // (4 * model.config.d_vocab))
@@ -76,71 +78,6 @@ def value_top_tokens(
     parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "through_final_norm": through_final_norm}
     df.attrs["provenance"] = describe(model, "neurons.value_top_tokens", parameters)
     return df
-
-
-def value_unembedding(model: Transformer, through_final_norm: bool = True) -> Float[Tensor, "d_model d_vocab"]:
-    """The matrix U with value logits = v @ U (float32): W_U, or with the final norm's gain (and for
-    LayerNorm its centering) folded in: centre(v) * g @ W_U == v @ (g[:, None] * W_U - column means)."""
-    with torch.no_grad():
-        unembed = model.unembed.W_U.float()
-        if not through_final_norm:
-            return unembed
-        norm = model.ln_final
-        unembed = norm.gain.float()[:, None] * unembed
-        if norm.centre:
-            # centre(v) . u == v . (u - mean(u)): centering the value equals centering each column.
-            unembed = unembed - unembed.mean(0, keepdim=True)
-        return unembed
-
-
-def value_logits(
-    model: Transformer, vectors: Float[Tensor, "n d_model"], through_final_norm: bool = True
-) -> Float[Tensor, "n d_vocab"]:
-    """What each vector (a value, or a sub-update m_i * v_i) adds to every token's logit, as in
-    value_top_tokens but with the norm's gain and centering applied to the few vectors, not to W_U."""
-    with torch.no_grad():
-        vectors = vectors.float()
-        if through_final_norm:
-            norm = model.ln_final
-            if norm.centre:
-                vectors = vectors - vectors.mean(-1, keepdim=True)
-            vectors = vectors * norm.gain.float()
-        return vectors @ model.unembed.W_U.float()
-
-
-def select_layers(model: Transformer, layers: int | Sequence[int] | None) -> list[int]:
-    """Layer indices (negative ones counted from the end), checked; None means every layer."""
-    n = model.config.n_layers
-    if layers is None:
-        return list(range(n))
-    chosen = [layers] if isinstance(layers, int) else list(layers)
-    if not chosen:
-        raise ResidError("No layers given: pass None for every layer, a layer index or a non-empty list.")
-    bad = [l for l in chosen if not isinstance(l, int) or isinstance(l, bool) or not -n <= l < n]
-    if bad:
-        raise ResidError(f"Layers {bad} are out of range: the model has {n} layers (0..{n - 1}, or -{n}..-1).")
-    return sorted({l % n for l in chosen})
-
-
-def select_neurons(model: Transformer, neurons: int | Sequence[int] | None) -> list[int] | None:
-    """Neuron indices, checked (None: every neuron)."""
-    if neurons is None:
-        return None
-    d_mlp = model.config.d_mlp
-    chosen = [neurons] if isinstance(neurons, int) else list(neurons)
-    if not chosen:
-        raise ResidError("No neurons given: pass None for every neuron, a neuron index or a non-empty list.")
-    bad = [i for i in chosen if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < d_mlp]
-    if bad:
-        raise ResidError(f"Neurons {bad} are out of range: the MLP has {d_mlp} neurons (0..{d_mlp - 1}).")
-    return sorted(set(chosen))
-
-
-def check_k(k: int, name: str = "k", upper: int | None = None) -> int:
-    """A positive count, capped at `upper` (e.g. the vocabulary size)."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ResidError(f"{name} must be a positive integer, got {k!r}.")
-    return k if upper is None else min(k, upper)
 
 
 def _frame(

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from resid.components.rotary import Rotary
 from resid.config import ModelConfig
-from resid.interventions import Intervention, apply_edits
+from resid.interventions import Edit, apply_edits
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Attention(nn.Module):
         normalized: Float[Tensor, "batch pos d_model"],
         ctx: AttnContext,
         want: frozenset[str],
-        edits: Sequence[Intervention],
+        edits: Sequence[Edit],
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
         batch, n_pos, _ = normalized.shape
         q = F.linear(normalized, self.w_q, self.bias_q).view(batch, n_pos, self.n_heads, self.d_head)
@@ -105,20 +105,22 @@ class Attention(nn.Module):
             q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        pattern = None
-        if "pattern" in want:
-            group = self.n_heads // self.n_kv_heads
-            k_r, v_r = k_h.repeat_interleave(group, dim=1), v_h.repeat_interleave(group, dim=1)
-            scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
-            scores = scores.masked_fill(ctx.blocked, float("-inf"))
-            pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            z_h = pattern @ v_r
-        else:
-            z_h = F.scaled_dot_product_attention(
-                q_h, k_h, v_h, attn_mask=ctx.allowed, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
-            )
+        # z always comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
+        z_h = F.scaled_dot_product_attention(
+            q_h, k_h, v_h, attn_mask=ctx.allowed, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+        )
+        pattern = self._pattern(q_h, k_h, ctx) if "pattern" in want else None
         z = apply_edits(z_h.transpose(1, 2), edits, "head")
         out = F.linear(z.reshape(batch, n_pos, -1), self.w_o, self.b_O)
-        out = apply_edits(out, edits, None)
+        out = apply_edits(out, edits, "write")
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z, "out": out}
         return out, {name: values[name] for name in want if values.get(name) is not None}
+
+    def _pattern(
+        self, q_h: Float[Tensor, "batch head pos d_head"], k_h: Float[Tensor, "batch kv_head key_pos d_head"], ctx: AttnContext
+    ) -> Float[Tensor, "batch head pos key_pos"]:
+        """softmax(q k^T * scale) over the allowed keys, in float32, as the eager Hugging Face attention does."""
+        k_r = k_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(ctx.blocked, float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_h.dtype)

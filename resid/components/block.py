@@ -17,7 +17,7 @@ from resid.components.attention import Attention, AttnContext
 from resid.components.mlp import MLP
 from resid.components.norm import Norm
 from resid.config import ModelConfig
-from resid.interventions import Intervention
+from resid.interventions import Edit
 
 
 class Block(nn.Module):
@@ -36,8 +36,8 @@ class Block(nn.Module):
         ctx: AttnContext,
         want_attn: frozenset[str],
         want_mlp: frozenset[str],
-        edits_attn: Sequence[Intervention] = (),
-        edits_mlp: Sequence[Intervention] = (),
+        edits_attn: Sequence[Edit] = (),
+        edits_mlp: Sequence[Edit] = (),
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor], dict[str, Tensor]]:
         attn_in, attn_scale = self.ln_attn(resid_pre)
         attn_out, attn_values = self.attn(attn_in, ctx, want_attn, edits_attn)

@@ -47,5 +47,5 @@ class Unembed(nn.Module):
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.weight.T
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
         return F.linear(x, self.weight, self.b_U)

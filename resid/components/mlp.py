@@ -14,7 +14,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from resid.config import ModelConfig
-from resid.interventions import Intervention, apply_edits
+from resid.interventions import Edit, apply_edits
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -50,7 +50,7 @@ class MLP(nn.Module):
         return self.w_out.T
 
     def forward(
-        self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Intervention]
+        self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Edit]
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
         pre = F.linear(normalized, self.w_in, self.b_in)
         gate = None
@@ -61,6 +61,6 @@ class MLP(nn.Module):
             post = self.act(pre)
         post = apply_edits(post, edits, "neuron")
         out = F.linear(post, self.w_out, self.b_out)
-        out = apply_edits(out, edits, None)
+        out = apply_edits(out, edits, "write")
         values = {"pre": pre, "gate": gate, "post": post, "out": out}
         return out, {name: values[name] for name in want if values.get(name) is not None}

@@ -1,7 +1,13 @@
 """LayerNorm and RMSNorm that also return their scale (1/sigma or 1/rms), so it can be frozen.
 
-With the scale frozen a norm is affine in its input, which is what makes direct attribution exact.
-Statistics are computed in float32 whatever the model dtype, as Hugging Face does.
+With the scale s frozen, a norm is affine in its input x:
+
+    norm(x) = s * linear(x) + b        linear(x) = g * centre(x)   (centre: minus the mean; LayerNorm only)
+
+which is what makes direct attribution exact. The algebra of that affine map lives here and nowhere else:
+`forward(x, scale)` applies it with a given (frozen) scale, `linear` is its scale-free linear part, and
+`fold(u)` is the adjoint of `linear`: linear(x) . u == x . fold(u), so a direction u read after the norm is
+fold(u) * s before it. Statistics are computed in float32 whatever the model dtype, as Hugging Face does.
 """
 
 import torch
@@ -22,18 +28,43 @@ class Norm(nn.Module):
 
     @property
     def gain(self) -> Float[Tensor, "d_model"]:
-        """The effective multiplier: w, or 1 + w for Gemma-style stored gains."""
+        """The effective multiplier g: w, or 1 + w for Gemma-style stored gains."""
         return self.w + self.gain_offset if self.gain_offset else self.w
 
+    def _gain32(self) -> Float[Tensor, "d_model"]:
+        # The gain in float32 before adding the offset: Gemma's 1 + w rounded to bfloat16 would lose most of w.
+        return self.w.float() + self.gain_offset
+
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"]
-    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos 1"]]:
+        self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
+    ) -> tuple[Float[Tensor, "*batch d_model"], Float[Tensor, "*batch 1"]]:
+        """(normalized x, the scale used). With `scale` given it is used as is (frozen) instead of being
+        computed from x, in the same float32 arithmetic."""
         x32 = x.float()
         if self.centre:
             x32 = x32 - x32.mean(-1, keepdim=True)
-        scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        # The gain in float32 before adding the offset: Gemma's 1 + w rounded to bfloat16 would lose most of w.
-        normalized = x32 * scale * (self.w.float() + self.gain_offset)
+        if scale is None:
+            scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        normalized = x32 * scale.float() * self._gain32()
         if self.b is not None:
             normalized = normalized + self.b.float()
         return normalized.to(x.dtype), scale.to(x.dtype)
+
+    def linear(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """g * centre(x) in float32: the norm without its scale and bias (what a write becomes, up to s)."""
+        x32 = x.float()
+        if self.centre:
+            x32 = x32 - x32.mean(-1, keepdim=True)
+        return x32 * self._gain32()
+
+    def fold(self, u: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """The adjoint of `linear`, in float32: linear(x) . u == x . fold(u). Centering is self-adjoint, so
+        fold(u) = centre(g * u)."""
+        gained = u.float() * self._gain32()
+        return gained - gained.mean(-1, keepdim=True) if self.centre else gained
+
+    def bias_dot(self, u: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
+        """b . u (zero for RMSNorm), in float32."""
+        if self.b is None:
+            return torch.zeros(u.shape[:-1], device=u.device)
+        return u.float() @ self.b.float()

@@ -72,7 +72,7 @@ def brute_force(model, prompt_idx: int, sites: tuple[Site, ...], method: str, me
 
 def check_rows(model, df: pd.DataFrame, method: str, sites=None, metric: str = "logit_diff") -> None:
     by_label = {}
-    for kind in ("layers", "sublayers", "heads"):
+    for kind in ("layer", "sublayer", "head"):
         by_label |= {a.label: a.sites for a in expand_sites(kind, model.config)}
     by_label |= {a.label: a.sites for a in expand_sites(sites, model.config)} if sites is not None else {}
     for row in df.itertuples():
@@ -89,15 +89,15 @@ def run_sweep(model, method: str, n: int = 4, **options) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
-@pytest.mark.parametrize("kind", ["layers", "sublayers", "heads"])
+@pytest.mark.parametrize("kind", ["layer", "sublayer", "head"])
 def test_sweep_equals_brute_force_on_every_family(tiny: Tiny, method: str, kind: str):  # noqa: F811
     model = tiny.model
     for prompt, donor in zip(PROMPTS, DONORS):
         assert len(model.tokenizer.encode(prompt)) == len(model.tokenizer.encode(donor))
-    n = 2 if kind == "heads" else 4  # heads give many rows per prompt: two prompts keep the brute force quick
+    n = 2 if kind == "head" else 4  # heads give many rows per prompt: two prompts keep the brute force quick
     df = run_sweep(model, method, n, sites=kind, batch_size=5)
     cfg = model.config
-    per_prompt = {"layers": cfg.n_layers, "sublayers": 2 * cfg.n_layers, "heads": cfg.n_layers * cfg.n_heads}[kind]
+    per_prompt = {"layer": cfg.n_layers, "sublayer": 2 * cfg.n_layers, "head": cfg.n_layers * cfg.n_heads}[kind]
     assert len(df) == n * per_prompt and not df.duplicated(["prompt_idx", "site"]).any()
     assert list(df.prompt_idx) == sorted(df.prompt_idx)
     check_rows(model, df, method)
@@ -116,17 +116,17 @@ def test_sweep_on_smollm2(smollm2, method: str):
 def test_metrics_and_clean_values(tiny: Tiny):  # noqa: F811
     model = tiny.model
     for metric in ("target_prob", "loss", "logit"):
-        df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], sites="layers", metric=metric, progress=False)
+        df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], sites="layer", metric=metric, progress=False)
         check_rows(model, df, "zero", metric=metric)
     clean = model.run(PROMPTS[0], logits_at="last").logits[0, 0].softmax(-1)
-    df = ablation.sweep(model, PROMPTS[:1], TARGETS[0], sites="layers", progress=False)  # default: target_prob
+    df = ablation.sweep(model, PROMPTS[:1], TARGETS[0], sites="layer", progress=False)  # default: target_prob
     assert (df.metric == "target_prob").all()
     torch.testing.assert_close(df.clean_metric.iloc[0], clean[model.tokenizer.encode(" Mary", prepend_bos=False)[0]].item(), **TOL)
 
 
 def test_batch_size_invariance(tiny: Tiny):  # noqa: F811
-    one = run_sweep(tiny.model, "resample", sites="sublayers", batch_size=1)
-    auto = run_sweep(tiny.model, "resample", sites="sublayers")
+    one = run_sweep(tiny.model, "resample", sites="sublayer", batch_size=1)
+    auto = run_sweep(tiny.model, "resample", sites="sublayer")
     pd.testing.assert_frame_equal(one, auto, atol=1e-5, rtol=1e-5)
 
 
@@ -134,7 +134,7 @@ def test_per_position_means_equal_brute_force(tiny: Tiny):  # noqa: F811
     model = tiny.model
     longest = max(len(model.tokenizer.encode(p)) for p in PROMPTS[:2])
     reference = [" ".join(["word"] * (longest + 3)), "Short text.", " ".join(["other words"] * longest)]
-    df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="sublayers", method="mean",
+    df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="sublayer", method="mean",
                         reference=reference, mean_positions="per_position", batch_size=3, progress=False)
     for row in df.itertuples():
         site = Site(row.layer, row.part)

@@ -7,6 +7,7 @@ import torch
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 import resid
+from bad_option import BAD_OPTION
 from analyses import attribution
 from analyses.vocab import single_token_id
 
@@ -148,7 +149,6 @@ def test_learned_positions_and_biases_have_their_rows(gpt2_tokenizer):
         (dict(target=10**6), "is not a token"),
         (dict(target=" Paris", baseline=" Eiffel Tower"), "baseline ' Eiffel Tower' is"),
         (dict(target=" Paris", pos=50), "out of range for prompt 0"),
-        (dict(target=" Paris", level="layer"), "level must be one of"),
     ],
 )
 def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
@@ -156,6 +156,12 @@ def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
         attribution.direct(smollm2, "The Eiffel Tower is located in the city of", **kwargs)
 
 
+def test_bad_level_names_the_option(smollm2):
+    with pytest.raises(BAD_OPTION, match="level"):
+        attribution.direct(smollm2, "The Eiffel Tower is located in the city of", " Paris", level="layer")
+
+
 def test_empty_prompt_is_a_clear_error(smollm2):
-    with pytest.raises(resid.ResidError, match="Prompt 1 is empty"):
-        attribution.direct(smollm2, ["fine", "  "], " Paris")
+    # The one rule of model.run: a prompt is empty when it tokenizes to nothing (whitespace is text).
+    with pytest.raises(resid.ResidError, match=r"Prompt\(s\) \[1\] tokenize to nothing"):
+        attribution.direct(smollm2, ["fine", ""], " Paris")

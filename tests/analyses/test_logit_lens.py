@@ -7,6 +7,7 @@ import torch
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 import resid
+from bad_option import BAD_OPTION
 from analyses import attribution, logit_lens
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
@@ -32,12 +33,12 @@ def test_last_site_is_the_models_distribution(tiny: Tiny, norm):
 
 def test_sites_follow_the_stream(random_model):
     n = random_model.config.n_layers
-    df = _top1(logit_lens.run(random_model, PROMPTS[0], sites="sublayer"))
+    df = _top1(logit_lens.run(random_model, PROMPTS[0], level="sublayer"))
     parallel = random_model.config.block == "parallel"
     per_layer = ("resid_post",) if parallel else ("resid_mid", "resid_post")
     expected = [(0, "resid_pre")] + [(layer, site) for layer in range(n) for site in per_layer]
     assert list(zip(df["layer"], df["site"])) == expected
-    layers = _top1(logit_lens.run(random_model, PROMPTS[0], sites="layer"))
+    layers = _top1(logit_lens.run(random_model, PROMPTS[0], level="layer"))
     assert list(zip(layers["layer"], layers["site"])) == [(0, "resid_pre")] + [(layer, "resid_post") for layer in range(n)]
 
 
@@ -95,11 +96,15 @@ def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
         (dict(target=" Parisian"), "is 2 tokens"),
         (dict(positions=[0, 40]), r"Position\(s\) \[40\] are out of range"),
         (dict(positions=[]), "positions is empty"),
-        (dict(norm="tuned"), "norm must be one of"),
-        (dict(sites="head"), "sites must be one of"),
         (dict(k=0), "k must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
     with pytest.raises(resid.ResidError, match=message):
+        logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, option", [(dict(norm="tuned"), "norm"), (dict(level="head"), "level")])
+def test_bad_option_names_it(smollm2, kwargs, option):
+    with pytest.raises(BAD_OPTION, match=option):
         logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)

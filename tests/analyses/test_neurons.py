@@ -7,7 +7,6 @@ from tiny_fixtures import Tiny, tiny  # noqa: F401
 
 import resid
 from analyses import neurons
-from analyses.neurons.values import value_unembedding
 from resid.errors import ResidError
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "Hello there"]
@@ -57,7 +56,7 @@ def test_value_top_tokens_on_every_loaded_family(tiny: Tiny):  # noqa: F811
 
 def test_value_top_tokens_subset_on_smollm2(smollm2):
     df = neurons.value_top_tokens(smollm2, layers=[-1], neurons=[7, 3], k=3)
-    unembed = value_unembedding(smollm2)
+    unembed = smollm2.readout.unembedding()
     expected = (smollm2.blocks[29].mlp.W_out[[3, 7]].detach() @ unembed).topk(3, dim=-1)
     top = df[df["direction"] == "top"]
     assert top["layer"].unique().tolist() == [29] and top["neuron"].unique().tolist() == [3, 7]
@@ -190,11 +189,11 @@ def test_bad_input_is_explained(random_model):
         neurons.value_top_tokens(random_model, k=0)
     with pytest.raises(ResidError, match="No layers given"):
         neurons.value_top_tokens(random_model, layers=[])
-    with pytest.raises(ResidError, match=r"pos 9 is out of range for the prompt's 2 tokens"):
+    with pytest.raises(ResidError, match=r"Position\(s\) \[9\] are out of range for prompt 0, which has 2 tokens"):
         neurons.sub_updates(random_model, "Hello there", pos=9)
     with pytest.raises(ResidError, match="must be one token"):
         neurons.sub_updates(random_model, "Hello there", target=" Eiffel Tower")
-    with pytest.raises(ResidError, match=r"Positions \[5\] are out of range for prompt 1, which has 2 tokens"):
+    with pytest.raises(ResidError, match=r"Position\(s\) \[5\] are out of range for prompt 1, which has 2 tokens"):
         neurons.set_coefficients(random_model, PROMPTS, [(0, 1)], 1.0, positions=[5])
     with pytest.raises(ResidError, match="Site neuron 99 is out of range"):
         neurons.scale_coefficients(random_model, PROMPTS, [(0, 99)], 0.0)

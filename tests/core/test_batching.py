@@ -5,7 +5,7 @@ import torch
 
 import resid
 from analyses import ablation
-from resid.batching import BatchSize, auto_batch_size, run_batched
+from resid.batching import BatchSize, model_batch_size, run_batched
 
 
 def test_run_batched_halves_on_out_of_memory_and_keeps_order():
@@ -35,14 +35,15 @@ def test_batch_size_one_out_of_memory_is_a_clear_error():
         BatchSize(0)
 
 
-def test_auto_batch_size_on_cpu():
-    assert auto_batch_size(torch.device("cpu"), 64, 576, 1536, 9, 49152, 4) == 64
-    assert auto_batch_size(torch.device("cpu"), 100_000, 576, 1536, 9, 49152, 4) == 1
+def test_auto_batch_size_on_cpu(random_model):
+    assert model_batch_size(random_model, 64) == 64
+    assert model_batch_size(random_model, 100_000) == 1
+    assert model_batch_size(random_model, 64, kept_bytes_per_row=10**9) == 64  # only bounds CUDA memory
 
 
 def test_sweep_survives_out_of_memory(random_model, monkeypatch):
     prompts = ["The quick brown fox jumps", "A slow green turtle walks", "One two three four five"]
-    expected = ablation.sweep(random_model, prompts, " over", sites="sublayers", batch_size=1, progress=False)
+    expected = ablation.sweep(random_model, prompts, " over", sites="sublayer", batch_size=1, progress=False)
     real_resume = random_model.resume
 
     def small_memory_resume(layer, resid_pre, *args, **kwargs):
@@ -51,7 +52,7 @@ def test_sweep_survives_out_of_memory(random_model, monkeypatch):
         return real_resume(layer, resid_pre, *args, **kwargs)
 
     monkeypatch.setattr(random_model, "resume", small_memory_resume)
-    got = ablation.sweep(random_model, prompts, " over", sites="sublayers", batch_size=8, progress=False)
+    got = ablation.sweep(random_model, prompts, " over", sites="sublayer", batch_size=8, progress=False)
     assert len(got) == len(expected) == 3 * 2 * random_model.config.n_layers
     torch.testing.assert_close(torch.tensor(got.ablated_metric.to_numpy()),
                                torch.tensor(expected.ablated_metric.to_numpy()), atol=1e-5, rtol=1e-5)
@@ -60,9 +61,9 @@ def test_sweep_survives_out_of_memory(random_model, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_sweep_on_cuda_matches_cpu(random_model):
     prompts = ["The quick brown fox jumps", "A slow green turtle walks"]
-    cpu = ablation.sweep(random_model, prompts, " over", sites="heads", method="resample",
+    cpu = ablation.sweep(random_model, prompts, " over", sites="head", method="resample",
                          reference=prompts[::-1], progress=False)
-    gpu = ablation.sweep(random_model.to("cuda"), prompts, " over", sites="heads", method="resample",
+    gpu = ablation.sweep(random_model.to("cuda"), prompts, " over", sites="head", method="resample",
                          reference=prompts[::-1], progress=False)
     torch.testing.assert_close(torch.tensor(gpu.ablated_metric.to_numpy()),
                                torch.tensor(cpu.ablated_metric.to_numpy()), atol=1e-4, rtol=1e-4)

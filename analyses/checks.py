@@ -1,0 +1,47 @@
+"""Argument checks shared by the analyses: layers, neurons and counts, each with an error that says what to pass."""
+
+from collections.abc import Sequence
+
+from resid.errors import ResidError
+from resid.model import Transformer
+
+
+def select_layers(model: Transformer, layers: int | Sequence[int] | None) -> list[int]:
+    """Layer indices (negative ones counted from the end), checked and sorted; None means every layer."""
+    n = model.config.n_layers
+    if layers is None:
+        return list(range(n))
+    chosen = [layers] if isinstance(layers, int) else list(layers)
+    if not chosen:
+        raise ResidError("No layers given: pass None for every layer, a layer index or a non-empty list.")
+    bad = [l for l in chosen if not isinstance(l, int) or isinstance(l, bool) or not -n <= l < n]
+    if bad:
+        raise ResidError(f"Layers {bad} are out of range: the model has {n} layers (0..{n - 1}, or -{n}..-1).")
+    return sorted({l % n for l in chosen})
+
+
+def select_neurons(model: Transformer, neurons: int | Sequence[int] | None) -> list[int] | None:
+    """Neuron indices, checked and sorted (None: every neuron)."""
+    if neurons is None:
+        return None
+    d_mlp = model.config.d_mlp
+    chosen = [neurons] if isinstance(neurons, int) else list(neurons)
+    if not chosen:
+        raise ResidError("No neurons given: pass None for every neuron, a neuron index or a non-empty list.")
+    bad = [i for i in chosen if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < d_mlp]
+    if bad:
+        raise ResidError(f"Neurons {bad} are out of range: the MLP has {d_mlp} neurons (0..{d_mlp - 1}).")
+    return sorted(set(chosen))
+
+
+def check_k(k: int, name: str = "k", upper: int | None = None) -> int:
+    """A positive count, capped at `upper` (e.g. the vocabulary size)."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ResidError(f"{name} must be a positive integer, got {k!r}.")
+    return k if upper is None else min(k, upper)
+
+
+def check_choice(value: object, name: str, choices: Sequence[str]) -> None:
+    """`value` is one of `choices` (an option typed as a Literal), or an error listing them."""
+    if value not in choices:
+        raise ResidError(f"{name} must be one of {tuple(choices)}, got {value!r}.")

@@ -1,0 +1,68 @@
+"""What every analysis takes: what `model.run` takes (texts, `resid.Tokens`, or a tensor of token ids),
+tokenized once per call, then cut into batches of prompts.
+
+Positions in every analysis are prompt-relative (0 = a prompt's first token, -1 its last); `resid.Tokens`
+maps them to padded indices.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from jaxtyping import Int
+from torch import Tensor
+
+from analyses.vocab import decode_ids
+from resid.batching import BatchSize, model_batch_size
+from resid.errors import ResidError
+from resid.model import Inputs, Transformer
+from resid.tokenizer import Tokens
+
+
+@dataclass(frozen=True)
+class Prompts:
+    tokens: Tokens  # every prompt, left-padded (unless given otherwise), on the model's device
+    texts: list[str] | None  # the texts when texts were given (provenance, error messages)
+    pad_token_id: int  # for re-padding some of the prompts together (any id works: padding is masked)
+
+    def __len__(self) -> int:
+        return self.tokens.ids.shape[0]
+
+    def batch(self, rows: Sequence[int]) -> Tokens:
+        """These prompts, without the padding columns none of them needs."""
+        return self.tokens.rows(list(rows)).trim()
+
+    def sequences(self, rows: Sequence[int]) -> list[list[int]]:
+        """The real token ids of these prompts (no padding)."""
+        picked = self.tokens.rows(list(rows))
+        return [ids[keep].tolist() for ids, keep in zip(picked.ids.cpu(), picked.attention_mask.cpu())]
+
+    def record(self) -> list[str] | list[list[int]]:
+        """The prompts for provenance: the texts, or each prompt's real token ids."""
+        return self.texts if self.texts is not None else self.sequences(range(len(self)))
+
+
+def prompts(model: Transformer, inputs: Inputs) -> Prompts:
+    """Texts (a string or a list of strings), Tokens, or ids [batch pos] / [pos], checked and tokenized once."""
+    texts = None
+    if isinstance(inputs, str) or (isinstance(inputs, Sequence) and not isinstance(inputs, Tokens)):
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        bad = [i for i, text in enumerate(texts) if not isinstance(text, str)]
+        if bad:
+            raise ResidError(
+                f"Prompt(s) {bad[:10]} are not strings: pass texts, a resid.Tokens, or a [batch pos] tensor of ids."
+            )
+    pad = model.tokenizer.pad_token_id if model.tokenizer is not None else 0
+    return Prompts(model.as_tokens(texts if texts is not None else inputs), texts, pad)
+
+
+def batch_size_for(model: Transformer, tokens: Tokens, batch_size: int | str) -> BatchSize:
+    """Prompts per forward pass: as given, or "auto" from the batch's width and the device."""
+    if batch_size == "auto":
+        batch_size = model_batch_size(model, tokens.ids.shape[1])
+    return BatchSize(batch_size)
+
+
+def input_tokens(model: Transformer, tokens: Tokens, index: Int[Tensor, "batch k"]) -> np.ndarray:
+    """The decoded input token at each padded position of `index` ([batch k] object array)."""
+    return decode_ids(model, tokens.ids.gather(1, index).cpu().numpy())

@@ -1,0 +1,126 @@
+"""The readout: the one place that turns residual vectors into logits, and logits into directions on the
+residual stream. Every analysis goes through it; none touches a norm's internals.
+
+    readout = model.readout
+    readout.logits(resid)                    final norm (recomputed) + unembedding: the logit lens
+    readout.logits(resid, scale)             the same with the final norm's scale frozen from a run
+    d = readout.logit_direction(targets, scale, baselines)
+    d.project(write)                         what a write adds to logit(target) - logit(baseline)
+    d.through(W_O)                           the direction pulled back through a weight: [batch head d_head]
+
+Glossary: a *direction* is a linear read-out of the final residual x at one position of each prompt,
+value = x . vector + bias. With the final norm's scale s frozen (stream.final_norm_scale), the norm is affine
+(resid.components.norm), so a logit difference is exactly such a read-out:
+
+    u      = W_U[:, target] - W_U[:, baseline]                    (the direction in the unembedding's input)
+    vector = s * fold(u)                                          fold = the norm's gain and centering, adjoint
+    bias   = b_final . u + b_U[target] - b_U[baseline]
+
+and every write into the stream contributes `write . vector`; the contributions plus the bias sum to the logit.
+Any other vector u in the final space (a probe, an embedding difference) is read out the same way
+(`direction`). Projections run in float32 whatever the model dtype.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import einops
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from resid.components.embed import Unembed
+from resid.components.norm import Norm
+
+
+@dataclass(frozen=True)
+class Direction:
+    """value = resid . vector + bias, one row per prompt (float32)."""
+
+    vector: Float[Tensor, "batch d_model"]
+    bias: Float[Tensor, "batch"]  # what no write carries: the final norm's bias and b_U, projected
+
+    def project(self, write: Float[Tensor, "batch *rest d_model"]) -> Float[Tensor, "batch *rest"]:
+        """write . vector, row by row: the write's contribution to the value."""
+        return einops.einsum(write.float(), self.vector, "batch ... d_model, batch d_model -> batch ...")
+
+    def through(self, weight: Float[Tensor, "*rest d_model"]) -> Float[Tensor, "batch *rest"]:
+        """weight @ vector per row, e.g. W_O [head d_head d_model] -> [batch head d_head], so that a head's
+        contribution is z[h] . through(W_O)[h] without building its d_model write."""
+        return einops.einsum(weight.float(), self.vector, "... d_model, batch d_model -> batch ...")
+
+
+class Readout:
+    """Final norm + unembedding: from the final residual to the logits, and back to directions."""
+
+    def __init__(self, norm: Norm, unembed: Unembed):
+        self.norm = norm
+        self.unembed = unembed
+
+    def normalize(
+        self, resid: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
+    ) -> tuple[Float[Tensor, "*batch d_model"], Float[Tensor, "*batch 1"]]:
+        """The final norm of `resid` (its scale recomputed, or `scale` frozen) and the scale used."""
+        return self.norm(resid, scale)
+
+    def logits(
+        self, resid: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
+    ) -> Float[Tensor, "*batch d_vocab"]:
+        """Logits of residual vectors, as if each were the final residual (recomputed or frozen scale)."""
+        normalized, _ = self.normalize(resid, scale)
+        return self.unembed(normalized)
+
+    @torch.no_grad()
+    def token_direction(
+        self, targets: Sequence[int] | Int[Tensor, "batch"], baselines: Sequence[int] | Int[Tensor, "batch"] | None = None
+    ) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch"]]:
+        """u = W_U[:, t] - W_U[:, b] (the unembedding's input side) and b_U[t] - b_U[b] (zero without b_U)."""
+        weight = self.unembed.weight.float()  # [d_vocab d_model]
+        b_u = self.unembed.b_U
+        t = torch.as_tensor(targets, device=weight.device).long()
+        u = weight[t]
+        bias = b_u.float()[t] if b_u is not None else torch.zeros(len(t), device=weight.device)
+        if baselines is not None:
+            b = torch.as_tensor(baselines, device=weight.device).long()
+            u = u - weight[b]
+            if b_u is not None:
+                bias = bias - b_u.float()[b]
+        return u, bias
+
+    @torch.no_grad()
+    def direction(
+        self,
+        u: Float[Tensor, "batch d_model"],
+        scale: Float[Tensor, "batch 1"],
+        bias: Float[Tensor, "batch"] | None = None,
+    ) -> Direction:
+        """The read-out normalized_final . u (+ bias) as a direction on the final residual, exact with the
+        final norm's scale frozen at `scale` (one row per prompt)."""
+        bias = torch.zeros(u.shape[0], device=u.device) if bias is None else bias.float()
+        return Direction(self.norm.fold(u) * scale.float(), bias + self.norm.bias_dot(u))
+
+    def logit_direction(
+        self,
+        targets: Sequence[int] | Int[Tensor, "batch"],
+        scale: Float[Tensor, "batch 1"],
+        baselines: Sequence[int] | Int[Tensor, "batch"] | None = None,
+    ) -> Direction:
+        """logit(target) - logit(baseline) == final_resid . vector + bias at a position whose frozen final norm
+        scale is `scale`."""
+        u, bias = self.token_direction(targets, baselines)
+        return self.direction(u, scale, bias)
+
+    @torch.no_grad()
+    def vector_logits(self, vectors: Float[Tensor, "n d_model"], through_norm: bool = True) -> Float[Tensor, "n d_vocab"]:
+        """What each vector (a neuron's value, a sub-update) adds to every token's logit: linear(v) @ W_U,
+        the final norm's gain and centering applied (through_norm) but not its input-dependent scale, which
+        rescales every token alike, nor the biases, which no vector carries."""
+        vectors = self.norm.linear(vectors) if through_norm else vectors.float()
+        return vectors @ self.unembed.W_U.float()
+
+    @torch.no_grad()
+    def unembedding(self, through_norm: bool = True) -> Float[Tensor, "d_model d_vocab"]:
+        """The matrix U with vector_logits(v) == v @ U: W_U with the final norm's gain and centering folded
+        into it (fold is applied to each token's column), for reading many vectors at once."""
+        w_u = self.unembed.W_U.float()
+        return self.norm.fold(w_u.T).T if through_norm else w_u
