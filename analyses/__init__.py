@@ -16,7 +16,15 @@
 Layers: resid <- analyses <- analyses.cli; nothing here is imported by resid.
 """
 
-import resid  # noqa: F401  (first: with RESID_TYPECHECK=1 its import hook must be in place before ours load)
-from analyses.io import corpus, provenance, tables
+import os
+
+import resid  # noqa: F401  (first, so that with RESID_TYPECHECK=1 the core is checked too)
+
+if os.environ.get("RESID_TYPECHECK") == "1":  # see resid/__init__.py: before any analyses module is imported
+    import jaxtyping
+
+    jaxtyping.install_import_hook("analyses", "beartype.beartype")
+
+from analyses.io import corpus, provenance, tables  # noqa: E402  (after the type-check hook)
 
 __all__ = ["corpus", "provenance", "tables"]

@@ -19,11 +19,12 @@ import os
 
 # RESID_TYPECHECK=1: the jaxtyping + beartype runtime checks that pytest runs with
 # (--jaxtyping-packages=resid,analyses,beartype.beartype), in any process. The hook instruments only modules
-# imported after it is installed, so it comes before every import of resid's own submodules below.
+# imported after it is installed, so it comes before every import of resid's own submodules below; the
+# analyses package installs its own the same way (the core names no package above it).
 if os.environ.get("RESID_TYPECHECK") == "1":
     import jaxtyping
 
-    jaxtyping.install_import_hook(["resid", "analyses"], "beartype.beartype")
+    jaxtyping.install_import_hook("resid", "beartype.beartype")
 
 from resid.capture import Capture
 from resid.config import ModelConfig

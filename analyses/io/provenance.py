@@ -31,7 +31,7 @@ def describe(
     model: Transformer,
     analysis: str,
     parameters: dict,
-    prompts: Sequence[str] | str | None = None,
+    prompts: Sequence[str] | Sequence[Sequence[int]] | str | None = None,  # texts, or token ids per prompt
     target: object = None,
     baseline: object = None,
 ) -> dict:
