@@ -16,15 +16,24 @@
 Layers: resid <- analyses <- analyses.cli; nothing here is imported by resid.
 """
 
+import importlib
 import os
-
-import resid  # noqa: F401  (first, so that with RESID_TYPECHECK=1 the core is checked too)
 
 if os.environ.get("RESID_TYPECHECK") == "1":  # see resid/__init__.py: before any analyses module is imported
     import jaxtyping
 
+    import resid  # noqa: F401  (installs the core's hook first, so the core is checked too)
+
     jaxtyping.install_import_hook("analyses", "beartype.beartype")
 
-from analyses.io import corpus, provenance, tables  # noqa: E402  (after the type-check hook)
+_IO = ("corpus", "provenance", "tables")  # analyses.io modules also reachable as `from analyses import tables`
 
-__all__ = ["corpus", "provenance", "tables"]
+
+def __getattr__(name: str):
+    # Lazy, so that importing one small module (e.g. analyses.io.store in a worker) does not load them all.
+    if name in _IO:
+        return importlib.import_module(f"analyses.io.{name}")
+    raise AttributeError(f"module 'analyses' has no attribute {name!r}")
+
+
+__all__ = list(_IO)
