@@ -107,11 +107,11 @@ def _lens(
     norm: str,
     k: int,
 ) -> pd.DataFrame:
-    lengths = tokens.lengths.tolist()
+    lengths, first = tokens.lengths.tolist(), tokens.first_positions().tolist()
     # Every (prompt, position) pair: batch row, prompt-relative position, and its column in the captured stream.
     if wanted is None:  # every position of every prompt: capture all, read each prompt's real ones
         rel = [list(range(n)) for n in lengths]
-        columns = [[int(tokens.first_positions()[b]) + p for p in ps] for b, ps in enumerate(rel)]
+        columns = [[first[b] + p for p in ps] for b, ps in enumerate(rel)]
         capture, logits_at = Capture(), None
     else:
         rel = [[p % n for p in wanted] for n in lengths]
@@ -132,9 +132,8 @@ def _lens(
     for _, _, resid in run.stream.running(level):
         lens_logits = model.readout.logits(resid[row_t, col_t], scale).float()
         stats.append(_statistics(lens_logits, final_logp, target_t, k))
-    padded = (tokens.first_positions()[row_t] + torch.tensor([p for ps in rel for p in ps], device=model.device))
-    input_ids = tokens.ids[row_t, padded].cpu().numpy()
     rel_pos = [p for ps in rel for p in ps]
+    input_ids = tokens.ids[rows, [first[b] + p for b, p in zip(rows, rel_pos)]].cpu().numpy()
     return _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, level), stats, target_t, norm)
 
 

@@ -10,6 +10,7 @@ No weight processing happens by default: the logits equal Hugging Face's for the
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from jaxtyping import Float
@@ -86,7 +87,9 @@ class Transformer(nn.Module):
             )
         return self.tokenizer
 
-    def to_tokens(self, texts: str | Sequence[str], padding_side: str = "left", prepend_bos: bool | None = None) -> Tokens:
+    def to_tokens(
+        self, texts: str | Sequence[str], padding_side: Literal["left", "right"] = "left", prepend_bos: bool | None = None
+    ) -> Tokens:
         return self.require_tokenizer().to_tokens(texts, padding_side, prepend_bos)
 
     def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:

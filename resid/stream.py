@@ -223,7 +223,7 @@ class ResidualStream:
         """The residual stream entering the final norm."""
         return self.resid_post(len(self.layers) - 1)
 
-    def components(self, level: str = "sublayer") -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
+    def components(self, level: Literal["sublayer", "head", "neuron"] = "sublayer") -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
         """Every write, stacked; they sum to final(). Labels are the attribute paths of the writes."""
         if level != "sublayer":
             raise ResidError(

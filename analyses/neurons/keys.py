@@ -23,6 +23,7 @@ Ranking (`sign`): "positive" (default) ranks by m, largest first, as Geva et al.
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -32,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses.io import corpus as corpora
-from analyses.checks import check_k, select_layers, select_neurons
+from analyses.checks import check_choice, check_k, select_layers, select_neurons
 from analyses.io.provenance import describe
 from analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size, with_backoff
@@ -41,7 +42,8 @@ from resid.errors import ResidError
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
-SIGNS = ("positive", "negative", "abs")
+Sign = Literal["positive", "negative", "abs"]
+SIGNS: tuple[str, ...] = ("positive", "negative", "abs")
 MARK = ("⟦", "⟧")
 
 
@@ -64,7 +66,7 @@ def top_activating(
     k: int = 20,
     context: int = 12,
     after: int = 4,
-    sign: str = "positive",
+    sign: Sign = "positive",
     window: int = 256,
     batch_size: int | str = "auto",
     progress: bool = True,
@@ -75,8 +77,7 @@ def top_activating(
     None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
     layer neuron rank coefficient token_id token doc pos (token index in the document, BOS excluded)
     context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it)."""
-    if sign not in SIGNS:
-        raise ResidError(f"sign must be one of {SIGNS}, got {sign!r}.")
+    check_choice(sign, "sign", SIGNS)
     layer_list = select_layers(model, layers)
     neuron_list = select_neurons(model, neurons)
     k = check_k(k, "k")
@@ -99,7 +100,7 @@ def scan(
     layers: list[int],
     neurons: list[int] | None,
     k: int,
-    sign: str = "positive",
+    sign: Sign = "positive",
     batch_size: int | str = "auto",
     progress: bool = True,
 ) -> dict[int, "TopK"]:

@@ -1,8 +1,8 @@
 """Causal multi-head / grouped-query attention with per-head weight views.
 
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
-projection is one GEMM; the per-head tensors W_Q [head d_model d_head], W_O [head d_head d_model], ... are
-views of that storage (writing into them edits the model). Query head h reads key/value head
+projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its
+per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model). Query head h reads key/value head
 h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`.
 """
 
@@ -52,43 +52,43 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
         d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
         self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
-        self.w_q = nn.Parameter(torch.zeros(d_q, d_model))
-        self.w_k = nn.Parameter(torch.zeros(d_kv, d_model))
-        self.w_v = nn.Parameter(torch.zeros(d_kv, d_model))
-        self.w_o = nn.Parameter(torch.zeros(d_model, d_q))
+        self._w_q = nn.Parameter(torch.zeros(d_q, d_model))
+        self._w_k = nn.Parameter(torch.zeros(d_kv, d_model))
+        self._w_v = nn.Parameter(torch.zeros(d_kv, d_model))
+        self._w_o = nn.Parameter(torch.zeros(d_model, d_q))
         qkv_bias = config.attn_qkv_bias
-        self.bias_q = nn.Parameter(torch.zeros(d_q)) if qkv_bias else None
-        self.bias_k = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
-        self.bias_v = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
+        self._b_q = nn.Parameter(torch.zeros(d_q)) if qkv_bias else None
+        self._b_k = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
+        self._b_v = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self.b_O = nn.Parameter(torch.zeros(d_model)) if config.attn_out_bias else None
 
     @property
     def W_Q(self) -> Float[Tensor, "head d_model d_head"]:
-        return self.w_q.view(self.n_heads, self.d_head, -1).transpose(1, 2)
+        return self._w_q.view(self.n_heads, self.d_head, -1).transpose(1, 2)
 
     @property
     def W_K(self) -> Float[Tensor, "kv_head d_model d_head"]:
-        return self.w_k.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
+        return self._w_k.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
 
     @property
     def W_V(self) -> Float[Tensor, "kv_head d_model d_head"]:
-        return self.w_v.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
+        return self._w_v.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
 
     @property
     def W_O(self) -> Float[Tensor, "head d_head d_model"]:
-        return self.w_o.T.view(self.n_heads, self.d_head, -1)
+        return self._w_o.T.view(self.n_heads, self.d_head, -1)
 
     @property
     def b_Q(self) -> Float[Tensor, "head d_head"] | None:
-        return None if self.bias_q is None else self.bias_q.view(self.n_heads, self.d_head)
+        return None if self._b_q is None else self._b_q.view(self.n_heads, self.d_head)
 
     @property
     def b_K(self) -> Float[Tensor, "kv_head d_head"] | None:
-        return None if self.bias_k is None else self.bias_k.view(self.n_kv_heads, self.d_head)
+        return None if self._b_k is None else self._b_k.view(self.n_kv_heads, self.d_head)
 
     @property
     def b_V(self) -> Float[Tensor, "kv_head d_head"] | None:
-        return None if self.bias_v is None else self.bias_v.view(self.n_kv_heads, self.d_head)
+        return None if self._b_v is None else self._b_v.view(self.n_kv_heads, self.d_head)
 
     def forward(
         self,
@@ -98,9 +98,9 @@ class Attention(nn.Module):
         edits: Sequence[Edit],
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
         batch, n_pos, _ = normalized.shape
-        q = F.linear(normalized, self.w_q, self.bias_q).view(batch, n_pos, self.n_heads, self.d_head)
-        k = F.linear(normalized, self.w_k, self.bias_k).view(batch, n_pos, self.n_kv_heads, self.d_head)
-        v = F.linear(normalized, self.w_v, self.bias_v).view(batch, n_pos, self.n_kv_heads, self.d_head)
+        q = F.linear(normalized, self._w_q, self._b_q).view(batch, n_pos, self.n_heads, self.d_head)
+        k = F.linear(normalized, self._w_k, self._b_k).view(batch, n_pos, self.n_kv_heads, self.d_head)
+        v = F.linear(normalized, self._w_v, self._b_v).view(batch, n_pos, self.n_kv_heads, self.d_head)
         if ctx.cos is not None:
             q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
         # [batch head pos d_head] for the score matmuls
@@ -111,7 +111,7 @@ class Attention(nn.Module):
         )
         pattern = self._pattern(q_h, k_h, ctx) if "pattern" in want else None
         z = apply_edits(z_h.transpose(1, 2), edits, "head")
-        out = F.linear(z.reshape(batch, n_pos, -1), self.w_o, self.b_O)
+        out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         out = apply_edits(out, edits, "write")
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z, "out": out}
         return out, {name: values[name] for name in want if values.get(name) is not None}

@@ -4,6 +4,9 @@ gated MLPs), value W_out[i], and coefficient post[i]; the MLP writes sum_i post[
 Plain:  pre = x W_in + b_in,  post = act(pre).
 Gated:  pre = x W_in + b_in (the linear 'up' branch), gate = x W_gate + b_gate, post = act(gate) * pre
         (SwiGLU with silu, GeGLU with gelu).
+
+The weights are stored privately in torch's linear layout (one GEMM each); W_in, W_gate and W_out are their
+one public name, as views.
 """
 
 from collections.abc import Sequence
@@ -29,9 +32,9 @@ class MLP(nn.Module):
         super().__init__()
         self.layer = layer
         self.act = ACTIVATIONS[config.act]
-        self.w_in = nn.Parameter(torch.zeros(config.d_mlp, config.d_model))
-        self.w_gate = nn.Parameter(torch.zeros(config.d_mlp, config.d_model)) if config.gated_mlp else None
-        self.w_out = nn.Parameter(torch.zeros(config.d_model, config.d_mlp))
+        self._w_in = nn.Parameter(torch.zeros(config.d_mlp, config.d_model))
+        self._w_gate = nn.Parameter(torch.zeros(config.d_mlp, config.d_model)) if config.gated_mlp else None
+        self._w_out = nn.Parameter(torch.zeros(config.d_model, config.d_mlp))
         bias = config.mlp_bias
         self.b_in = nn.Parameter(torch.zeros(config.d_mlp)) if bias else None
         self.b_gate = nn.Parameter(torch.zeros(config.d_mlp)) if bias and config.gated_mlp else None
@@ -39,28 +42,28 @@ class MLP(nn.Module):
 
     @property
     def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
-        return self.w_in.T
+        return self._w_in.T
 
     @property
     def W_gate(self) -> Float[Tensor, "d_model d_mlp"] | None:
-        return None if self.w_gate is None else self.w_gate.T
+        return None if self._w_gate is None else self._w_gate.T
 
     @property
     def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
-        return self.w_out.T
+        return self._w_out.T
 
     def forward(
         self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Edit]
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
-        pre = F.linear(normalized, self.w_in, self.b_in)
+        pre = F.linear(normalized, self._w_in, self.b_in)
         gate = None
-        if self.w_gate is not None:
-            gate = F.linear(normalized, self.w_gate, self.b_gate)
+        if self._w_gate is not None:
+            gate = F.linear(normalized, self._w_gate, self.b_gate)
             post = self.act(gate) * pre
         else:
             post = self.act(pre)
         post = apply_edits(post, edits, "neuron")
-        out = F.linear(post, self.w_out, self.b_out)
+        out = F.linear(post, self._w_out, self.b_out)
         out = apply_edits(out, edits, "write")
         values = {"pre": pre, "gate": gate, "post": post, "out": out}
         return out, {name: values[name] for name in want if values.get(name) is not None}

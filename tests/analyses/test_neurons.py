@@ -153,12 +153,12 @@ def _plant(model, layer: int, neuron: int, trigger: int, value: int) -> None:
         model.unembed.weight[value] *= 3
         key = model.embed.W_E[trigger] / model.embed.W_E[trigger].norm() * 30
         mlp = model.blocks[layer].mlp
-        mlp.w_in[neuron] = key
-        if mlp.w_gate is not None:
-            mlp.w_gate[neuron] = key
+        mlp.W_in[:, neuron] = key
+        if mlp.W_gate is not None:
+            mlp.W_gate[:, neuron] = key
         if mlp.b_in is not None:
             mlp.b_in[neuron] = 0
-        mlp.w_out[:, neuron] = model.unembed.weight[value] / model.unembed.weight[value].norm() * 5
+        mlp.W_out[neuron] = model.unembed.weight[value] / model.unembed.weight[value].norm() * 5
 
 
 def test_a_planted_memory_is_found(random_model):

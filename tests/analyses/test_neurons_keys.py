@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import resid
+from bad_option import BAD_OPTION
 from analyses import corpus, neurons, plots
 from analyses.neurons import plots as neuron_plots
 from analyses.neurons.keys import windows
@@ -125,7 +126,7 @@ def test_corpus_errors(tmp_path, random_model):
         corpus.load(["fine", 3])
     with pytest.raises(ResidError, match="has no non-blank documents"):
         neurons.top_activating(random_model, ["  ", ""], layers=[0], progress=False)
-    with pytest.raises(ResidError, match="sign must be one of"):
+    with pytest.raises(BAD_OPTION, match="sign"):
         neurons.top_activating(random_model, TEXTS, layers=[0], sign="largest", progress=False)
     with pytest.raises(ResidError, match="window must be an integer of at least 1"):
         neurons.top_activating(random_model, TEXTS, layers=[0], window=0, progress=False)

@@ -97,7 +97,7 @@ def test_text_without_tokenizer():
 def test_half_precision_overflow_is_reported():
     model = make_random_model("llama_gqa").to(torch.float16)
     with torch.no_grad():
-        model.blocks[0].mlp.w_out.mul_(1e4)
-        model.blocks[1].mlp.w_out.mul_(1e4)
+        model.blocks[0].mlp.W_out.mul_(1e4)
+        model.blocks[1].mlp.W_out.mul_(1e4)
     with pytest.raises(resid.ResidError, match="NaN or infinite"):
         model.run(torch.arange(10)[None])
