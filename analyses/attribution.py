@@ -29,7 +29,7 @@ from torch import Tensor
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for, input_tokens, prompts as as_prompts
 from analyses.io import provenance
-from analyses.vocab import Token, decode_ids, token_ids
+from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.model import Inputs, Transformer
@@ -49,7 +49,7 @@ COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "bas
 def direct(
     model: Transformer,
     prompts: Inputs,
-    target: Token | Sequence[Token] | None = None,
+    target: Token | Sequence[Token | None] | None = None,
     baseline: Token | Sequence[Token] | None = None,
     level: Level = "sublayer",
     pos: int = -1,
@@ -58,23 +58,26 @@ def direct(
     """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos`.
 
     prompts: texts, resid.Tokens or token ids. target / baseline: one token (string or id) for all prompts,
-    or one per prompt; target=None takes the model's top prediction at `pos`. One row per (prompt,
-    component), in logit units, with the columns of COLUMNS."""
+    or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
+    list, for the prompts whose entry is None). One row per (prompt, component), in logit units, with the
+    columns of COLUMNS. `df.attrs["notes"]`: hints on the targets as given (analyses.vocab.spacing_hint)."""
     check_choice(level, "level", LEVELS)
     given = as_prompts(model, prompts)
     n = len(given)
-    targets = None if target is None else token_ids(model, target, n, "target")
+    targets = None if target is None else token_ids(model, target, n, "target", optional=True)
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
     given.tokens.padded_index([pos])  # an out-of-range position fails here, before any forward pass
-    chunks = run_batched(
+    as_given = as_list(target, n)
+    chunks = list(run_batched(
         list(range(n)),
-        lambda chunk: _attribute(model, given.batch(chunk), chunk, targets, baselines, level, pos),
+        lambda chunk: _attribute(model, given.batch(chunk), chunk, targets, as_given, baselines, level, pos),
         batch_size_for(model, given.tokens, batch_size),
-    )
-    df = pd.concat([frame for _, frame in chunks], ignore_index=True)
+    ))
+    df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
         model, "attribution.direct", {"level": level, "pos": pos}, given.record(), target, baseline
     )
+    df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
 
 
@@ -98,11 +101,12 @@ def _attribute(
     model: Transformer,
     tokens: Tokens,
     chunk: Sequence[int],
-    targets: list[int] | None,
+    targets: list[int | None] | None,
+    as_given: list[Token | None] | None,
     baselines: list[int] | None,
     level: str,
     pos: int,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, list[str]]:
     capture = Capture(  # heads need z, neurons post; whole sublayers their write; only at `pos`
         positions=[pos],
         attn={"z"} if level != "sublayer" else {"out"},
@@ -110,7 +114,9 @@ def _attribute(
     )
     run = model.run(tokens, capture=capture, logits_at=[pos])
     logits = run.logits[:, 0].float()
-    target_list = logits.argmax(-1).tolist() if targets is None else [targets[i] for i in chunk]
+    top = logits.argmax(-1).tolist()
+    wanted = [None] * len(chunk) if targets is None else [targets[i] for i in chunk]
+    target_list = [top[b] if t is None else t for b, t in enumerate(wanted)]  # None: the top prediction
     baseline_list = None if baselines is None else [baselines[i] for i in chunk]
     stream = run.stream
     direction = model.readout.logit_direction(target_list, stream.final_norm_scale[:, 0], baseline_list)
@@ -130,7 +136,7 @@ def _attribute(
         "baseline": [None] * len(chunk) if baseline_list is None else list(decode_ids(model, np.array(baseline_list))),
         "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
-    return _frame(meta, groups, actual)
+    return _frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
 
 
 @dataclass(frozen=True)

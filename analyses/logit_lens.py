@@ -26,7 +26,7 @@ from torch import Tensor
 from analyses.checks import check_choice, check_k
 from analyses.inputs import batch_size_for, prompts as as_prompts
 from analyses.io import provenance
-from analyses.vocab import Token, decode_ids, token_ids
+from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -57,7 +57,8 @@ def run(
     after every sublayer (level="sublayer") or every layer (level="layer").
 
     prompts: texts, resid.Tokens or token ids. One row per (prompt, position, site, rank), the columns of
-    COLUMNS. target=None follows the model's own top prediction at each position."""
+    COLUMNS. target=None follows the model's own top prediction at each position. `df.attrs["notes"]`: hints
+    on the targets as given (analyses.vocab.spacing_hint, read at each prompt's last position asked for)."""
     check_choice(level, "level", LEVELS)
     check_choice(norm, "norm", NORMS)
     k = check_k(k, "k", model.config.d_vocab)
@@ -71,14 +72,16 @@ def run(
         if not wanted:
             raise ResidError("positions is empty: give an index, a list of indices, or 'all'.")
         given.tokens.padded_index(wanted)  # out-of-range positions fail before any forward pass
-    chunks = run_batched(
+    as_given = as_list(target, len(given))
+    chunks = list(run_batched(
         list(range(len(given))),
-        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, wanted, level, norm, k),
+        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, level, norm, k),
         batch_size_for(model, given.tokens, batch_size),
-    )
-    df = pd.concat([frame for _, frame in chunks], ignore_index=True)
+    ))
+    df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
     parameters = {"positions": positions, "level": level, "norm": norm, "k": k}
     df.attrs["provenance"] = provenance.describe(model, "logit_lens.run", parameters, given.record(), target)
+    df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
 
 
@@ -102,11 +105,12 @@ def _lens(
     tokens: Tokens,
     prompt_idx: list[int],
     targets: list[int] | None,
+    as_given: list[Token] | None,
     wanted: list[int] | None,
     level: str,
     norm: str,
     k: int,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, list[str]]:
     lengths, first = tokens.lengths.tolist(), tokens.first_positions().tolist()
     # Every (prompt, position) pair: batch row, prompt-relative position, and its column in the captured stream.
     if wanted is None:  # every position of every prompt: capture all, read each prompt's real ones
@@ -134,7 +138,11 @@ def _lens(
         stats.append(_statistics(lens_logits, final_logp, target_t, k))
     rel_pos = [p for ps in rel for p in ps]
     input_ids = tokens.ids[rows, [first[b] + p for b, p in zip(rows, rel_pos)]].cpu().numpy()
-    return _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, level), stats, target_t, norm)
+    last_of_row = dict(zip(rows, range(len(rows))))  # batch row -> index of its last pair
+    last_pair = [last_of_row[b] for b in range(len(prompt_idx))]
+    notes = spacing_notes(model, as_given, final_logits[last_pair], prompt_idx)
+    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, level), stats, target_t, norm)
+    return frame, notes
 
 
 def _statistics(lens_logits: Tensor, final_logp: Tensor, target: Tensor, k: int) -> dict[str, Tensor]:

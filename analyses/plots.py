@@ -40,11 +40,12 @@ def ablation_effects(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def save_html(fig: go.Figure, path: str | Path) -> Path:
-    """A self-contained HTML file (plotly.js embedded: opens offline)."""
+def save_html(fig: go.Figure, path: str | Path, self_contained: bool = True) -> Path:
+    """An HTML file that opens offline: plotly.js (4.8 MB) embedded, or with self_contained=False a script tag
+    for the plotly.min.js written once beside it, which every page in that folder shares."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    fig.write_html(path, include_plotlyjs=True if self_contained else "directory", full_html=True)
     return path
 
 
@@ -126,14 +127,31 @@ def layer_attribution_bars(df: pd.DataFrame, prompt_idx: int | None = None) -> g
     return fig
 
 
-def report_html(figures: list[go.Figure], path: str | Path, title: str, preamble: str = "") -> Path:
-    """Several figures in one self-contained HTML page (plotly.js embedded once)."""
+def report_html(figures: list[go.Figure], path: str | Path, title: str, preamble: str = "",
+                self_contained: bool = True) -> Path:
+    """Several figures in one HTML page under `preamble` (text shown as is): plotly.js embedded once, or with
+    self_contained=False loaded from a plotly.min.js beside the page (as save_html writes it)."""
     import html
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+    if self_contained:
+        parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+    else:
+        _write_plotlyjs(path.parent)
+        parts = [fig.to_html(full_html=False, include_plotlyjs="directory" if i == 0 else False)
+                 for i, fig in enumerate(figures)]
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
             f"<h2>{html.escape(title)}</h2><pre>{html.escape(preamble)}</pre>" + "".join(parts) + "</body></html>")
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _write_plotlyjs(folder: Path) -> None:
+    """plotly.min.js beside the pages, as write_html(include_plotlyjs="directory") does (to_html writes no file);
+    an existing copy is kept, like plotly's."""
+    bundle = folder / "plotly.min.js"
+    if not bundle.exists():
+        from plotly.offline import get_plotlyjs
+
+        bundle.write_text(get_plotlyjs(), encoding="utf-8")

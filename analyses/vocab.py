@@ -1,16 +1,27 @@
-"""Tokens for the analyses: a user's target / baseline as exactly one token id (or a clear error), and token
-ids decoded for tables."""
+"""Tokens for the analyses: a user's target / baseline as exactly one token id (or a clear error), a hint when
+the same word with a leading space is the likelier token, and token ids decoded for tables.
+
+Leading spaces: byte-level BPE tokenizers (GPT-2, SmolLM2, ...) give a word after a space its own token,
+"Paris" != " Paris", and the next word of a prompt is nearly always the spaced form. A target without the
+space is still accepted as given (it may be meant: after a newline or a quote); the analyses add
+`spacing_hint` to `df.attrs["notes"]` when the spaced form is far likelier."""
 
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from resid.errors import ResidError
 from resid.model import Transformer
 
 Token = str | int  # a token as users give it: its text (which must be one token) or its id
 _VOCAB: "weakref.WeakKeyDictionary[object, np.ndarray]" = weakref.WeakKeyDictionary()
+# How much likelier the spaced form must be before spacing_hint speaks: a clear preference, not noise
+# between two unlikely tokens.
+HINT_RATIO = 10.0
 
 
 def single_token_id(model: Transformer, token: str | int, role: str = "target") -> int:
@@ -25,21 +36,74 @@ def single_token_id(model: Transformer, token: str | int, role: str = "target") 
     ids = model.require_tokenizer().encode(token, prepend_bos=False)
     if len(ids) != 1:
         pieces = model.to_str_tokens(ids)
+        spaced = _spaced_id(model, token)
+        # Only where adding the space gives one token: an emoji or an already spaced phrase gains nothing from it.
+        hint = "" if spaced is None else f" Or, with a leading space, {' ' + token!r} is one token (id {spaced})."
         raise ResidError(
             f"The {role} {token!r} is {len(ids)} tokens, {pieces} (ids {ids}), but it must be one token. Pass "
-            f"the first token, {pieces[0]!r} (id {ids[0]}), or an explicit token id. Mind the leading space: "
-            "' Paris' and 'Paris' are different tokens."
+            f"the first token, {pieces[0]!r} (id {ids[0]}), or an explicit token id.{hint}"
         )
     return ids[0]
 
 
-def token_ids(model: Transformer, tokens: Sequence[str | int] | str | int, n: int, role: str) -> list[int]:
-    """One id per prompt; a single target is used for every prompt."""
-    if isinstance(tokens, (str, int)):
-        tokens = [tokens] * n
+def _spaced_id(model: Transformer, token: str) -> int | None:
+    """The id of " " + token when the token has no leading whitespace and the spaced form is one token."""
+    if not token or token[0].isspace():
+        return None
+    ids = model.require_tokenizer().encode(" " + token, prepend_bos=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def spacing_hint(model: Transformer, token: str | int | None, logits_row: Float[Tensor, "d_vocab"]) -> str | None:
+    """A one-line note when `token` (a target string as the user gave it, one token) has no leading space,
+    " " + token is one token too, and the model (`logits_row`: its logits where the target is read) gives the
+    spaced form at least HINT_RATIO times the probability; else None. Ids and None are taken as meant."""
+    if not isinstance(token, str) or model.tokenizer is None:
+        return None
+    spaced = _spaced_id(model, token)
+    if spaced is None:
+        return None
+    given = single_token_id(model, token)
+    probs = torch.softmax(logits_row.float(), dim=-1)
+    p_given, p_spaced = probs[given].item(), probs[spaced].item()
+    if p_spaced < HINT_RATIO * p_given:
+        return None
+    return (f"target {token!r} (id {given}) has p = {p_given:.3g}, while {' ' + token!r} (id {spaced}, with a "
+            f"leading space) has p = {p_spaced:.3g}: pass {' ' + token!r} if that is the answer you mean.")
+
+
+def spacing_notes(model: Transformer, given: Sequence[str | int | None] | None,
+                  logits: Float[Tensor, "batch d_vocab"], prompt_idx: Sequence[int]) -> list[str]:
+    """`spacing_hint` for each row of `logits` (prompt `prompt_idx[b]`, whose target as given is
+    `given[prompt_idx[b]]`), each note prefixed by its prompt when there are several."""
+    if given is None:
+        return []
+    notes = []
+    for row, i in enumerate(prompt_idx):
+        hint = spacing_hint(model, given[i], logits[row])
+        if hint is not None:
+            notes.append(hint if len(given) == 1 else f"prompt {i}: {hint}")
+    return notes
+
+
+def as_list(tokens: Sequence[str | int | None] | str | int | None, n: int) -> list[str | int | None] | None:
+    """One token (or None) per prompt, as given; a single token is used for every prompt."""
+    if tokens is None:
+        return None
+    return [tokens] * n if isinstance(tokens, (str, int)) else list(tokens)
+
+
+def token_ids(model: Transformer, tokens: Sequence[str | int | None] | str | int, n: int, role: str,
+              optional: bool = False) -> list[int | None]:
+    """One id per prompt; a single target is used for every prompt. With `optional`, a None entry stays None
+    (the caller's default, e.g. that prompt's top prediction); without, it is an error naming the prompt."""
+    tokens = as_list(tokens, n)
     if len(tokens) != n:
         raise ResidError(f"Got {len(tokens)} {role}s for {n} prompts: give one per prompt (or a single one for all).")
-    return [single_token_id(model, t, role) for t in tokens]
+    if not optional and None in tokens:
+        raise ResidError(f"The {role} of prompt {tokens.index(None)} (counting from 0) is missing: this analysis "
+                         f"needs a {role} for every prompt.")
+    return [None if t is None else single_token_id(model, t, role) for t in tokens]
 
 
 def vocabulary(model: Transformer) -> np.ndarray:

@@ -29,7 +29,9 @@ if os.environ.get("RESID_TYPECHECK") == "1":
 from resid.capture import Capture
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.interventions import Add, Intervention, Replace, Scale, Site, ZeroAblate
+from resid.generate import Generation
+from resid.hook_names import HookNames
+from resid.interventions import Add, Hook, Intervention, Replace, Scale, Site, ZeroAblate
 from resid.load import known_models, load
 from resid.model import Run, Transformer
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
@@ -41,6 +43,9 @@ __all__ = [
     "Add",
     "AttnRecord",
     "Capture",
+    "Generation",
+    "Hook",
+    "HookNames",
     "Intervention",
     "LayerRecord",
     "MLPRecord",

@@ -8,11 +8,14 @@ some prompt-relative positions (0 = each prompt's first real token, -1 its last,
 The edited slice a tensor value must broadcast to is [batch pos d_model] for a whole write, [batch pos d_head]
 for a head and [batch pos] for a neuron, where pos is the sequence, or the chosen positions in the order given.
 
+`Hook(site, fn)` says what the four typed edits cannot: fn gets that same slice and the run's Tokens, and
+returns a tensor of the same shape and dtype (checked).
+
 Nothing is attached to the model: `run` hands each sublayer the edits for it, so an intervention cannot
 outlive the call that asked for it.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +29,18 @@ from resid.tokenizer import Tokens
 
 @dataclass(frozen=True)
 class Site:
+    """Where an intervention edits: `layer` and `part`, then optionally one head or one neuron, and optionally
+    some positions. The edited slice (what a Replace value must match or broadcast to):
+
+        Site(3, "attn")                 the attention write      [batch pos d_model]
+        Site(3, "mlp")                  the MLP write            [batch pos d_model]
+        Site(3, "attn", head=5)         head 5's z               [batch pos d_head]  (the head writes z @ W_O[5])
+        Site(3, "mlp", neuron=42)       neuron 42's post         [batch pos]         (it writes post * W_out[42])
+
+    With positions=[...] the pos axis holds those prompt-relative positions (0 = each prompt's first real
+    token, -1 its last, whatever the padding), in the order given: e.g. [batch 1 d_model] for positions=[-1].
+    """
+
     layer: int  # negative counts from the last layer
     part: str  # "attn" or "mlp" (checked here, so a typo is a ResidError, not a type-checker traceback)
     head: int | None = None  # attn only: edit this head's z instead of the whole write
@@ -71,6 +86,9 @@ class Site:
 
 @dataclass(frozen=True)
 class ZeroAblate:
+    """Set the site's slice to zero: a head's z or a neuron's coefficient (so its write is zero), or the
+    sublayer's whole write (its bias included)."""
+
     site: Site
 
     def edit(self, target: Tensor) -> Tensor:
@@ -79,8 +97,13 @@ class ZeroAblate:
 
 @dataclass(frozen=True)
 class Replace:
+    """Replace the site's slice with `value` (e.g. a clean run's activation, for patching). `value` must have
+    the slice's shape or broadcast to it: [batch pos d_model] or [d_model] for a whole write, [batch pos d_head]
+    or [d_head] for a head's z, [batch pos] for a neuron's coefficient; with Site(positions=[...]) pos is the
+    number of positions given (a clean run captured with the same Capture(positions=...) has that shape)."""
+
     site: Site
-    value: Tensor  # broadcastable to the edited slice, e.g. [batch pos d_model] for a sublayer write
+    value: Tensor
 
     def edit(self, target: Tensor) -> Tensor:
         _check_broadcast(self, self.value, target)
@@ -89,6 +112,9 @@ class Replace:
 
 @dataclass(frozen=True)
 class Scale:
+    """Multiply the site's slice by `factor`: a number, or a tensor that broadcasts to the slice (e.g. [batch 1
+    1] for one factor per prompt on a write)."""
+
     site: Site
     factor: float | Tensor  # a number, or a tensor broadcastable to the edited slice
 
@@ -101,15 +127,60 @@ class Scale:
 
 @dataclass(frozen=True)
 class Add:
+    """Add `vector` to the site's slice, e.g. a steering vector [d_model] on a write (at every position, or at
+    the Site's positions); [d_head] on a head's z; anything else that broadcasts to the slice."""
+
     site: Site
-    vector: Tensor  # broadcastable to the edited slice: [d_model] for a write, [d_head] for a head
+    vector: Tensor
 
     def edit(self, target: Tensor) -> Tensor:
         _check_broadcast(self, self.vector, target)
         return target + self.vector.to(target.device, target.dtype)
 
 
-Intervention = ZeroAblate | Replace | Scale | Add
+@dataclass(frozen=True)
+class Hook:
+    """Any function of the site's slice: `fn(slice, tokens)` gets the slice the typed interventions edit
+    ([batch pos d_model] for a write, [batch pos d_head] for a head, [batch pos] for a neuron; pos the Site's
+    positions if given, in order) and the run's Tokens (padded: `tokens.padded_index` maps prompt-relative
+    positions), and returns the new slice. It must not change the shape or dtype; editing in place is fine."""
+
+    site: Site
+    fn: Callable[[Tensor, Tokens], Tensor]
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ResidError(f"Hook at {self.site.describe()} needs a function fn(slice, tokens), got {self.fn!r}.")
+
+    def edit(self, target: Tensor, tokens: Tokens) -> Tensor:
+        result = self.fn(target, tokens)
+        if not (isinstance(result, Tensor) and result.shape == target.shape and result.dtype == target.dtype):
+            got = f"{tuple(result.shape)} {result.dtype}" if isinstance(result, Tensor) else type(result).__name__
+            raise ResidError(
+                f"Hook at {self.site.describe()}: fn must not change the shape or dtype of the slice it edits. It "
+                f"got {tuple(target.shape)} {target.dtype} and returned {got}; return a tensor of shape "
+                f"{tuple(target.shape)} and dtype {target.dtype} (batch, pos, ...)."
+            )
+        return result.to(target.device)
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """A Hook bound to the Tokens of the run it edits. `plan` binds it, where the Tokens are known, so that
+    the sublayers pass their edits on unchanged and `apply_edits` calls every edit the same way."""
+
+    hook: Hook
+    tokens: Tokens
+
+    @property
+    def site(self) -> Site:
+        return self.hook.site
+
+    def edit(self, target: Tensor) -> Tensor:
+        return self.hook.edit(target, self.tokens)
+
+
+Intervention = ZeroAblate | Replace | Scale | Add | Hook
 
 
 def _check_broadcast(iv: Intervention, value: Tensor, target: Tensor) -> None:
@@ -125,7 +196,8 @@ def _check_broadcast(iv: Intervention, value: Tensor, target: Tensor) -> None:
         )
 
 
-Edit = tuple[Intervention, Tensor | None]  # an intervention and the [batch k] padded indices it edits (None: all)
+# An intervention (a Hook bound to its run's Tokens) and the [batch k] padded indices it edits (None: all)
+Edit = tuple[ZeroAblate | Replace | Scale | Add | HookCall, Tensor | None]
 
 
 def plan(
@@ -135,13 +207,15 @@ def plan(
     (layer, part), layers made non-negative."""
     grouped: dict[tuple[int, str], list[Edit]] = {}
     for iv in interventions:
-        if not isinstance(iv, (ZeroAblate, Replace, Scale, Add)):
+        if not isinstance(iv, (ZeroAblate, Replace, Scale, Add, Hook)):
             raise ResidError(
-                f"Unknown intervention {iv!r}: use resid.ZeroAblate, resid.Replace, resid.Scale or resid.Add."
+                f"Unknown intervention {iv!r}: use resid.ZeroAblate, resid.Replace, resid.Scale, resid.Add or "
+                "resid.Hook."
             )
         iv.site.validate(config)
         index = None if iv.site.positions is None else tokens.padded_index(iv.site.positions)
-        grouped.setdefault((iv.site.layer % config.n_layers, iv.site.part), []).append((iv, index))
+        edit = HookCall(iv, tokens) if isinstance(iv, Hook) else iv
+        grouped.setdefault((iv.site.layer % config.n_layers, iv.site.part), []).append((edit, index))
     return grouped
 
 

@@ -24,6 +24,7 @@ from resid.components.norm import Norm
 from resid.components.rotary import Rotary
 from resid.config import ModelConfig
 from resid.errors import ResidError
+from resid.generate import Generation, generate
 from resid.interventions import Intervention, plan
 from resid.readout import Readout
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
@@ -35,6 +36,8 @@ Inputs = str | Sequence[str] | Tokens | Tensor
 # None: every position; "last": each prompt's last real token; a list of prompt-relative positions (the same for
 # every prompt); or a [batch] / [batch k] tensor of padded indices (for callers that already hold them).
 LogitsAt = str | Sequence[int] | Tensor | None
+# Capture or None; typed loosely like Inputs so that a wrong value (True, a hook name) reaches run's own check.
+CaptureArg = Capture | None | object
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,10 @@ class Transformer(nn.Module):
     def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:
         return self.require_tokenizer().to_str_tokens(text_or_ids, prepend_bos)
 
+    def to_single_token(self, text: str) -> int:
+        """The id of `text`, which must encode to exactly one token (TransformerLens's name), e.g. " Mary"."""
+        return self.require_tokenizer().token_id(text)
+
     def as_tokens(self, inputs: Inputs) -> Tokens:
         """Prompts (left-padded), ready-made Tokens, or a tensor of ids, as Tokens on the model's device."""
         if isinstance(inputs, Tokens):
@@ -119,12 +126,15 @@ class Transformer(nn.Module):
         return tokens.to(self.device)
 
     def forward(self, inputs: Inputs) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits [batch pos d_vocab] of texts (left-padded), Tokens, or ids [batch pos] / [pos], recording
+        nothing, without gradients and without interventions: `model(inputs)` as a plain nn.Module. For the
+        stream, interventions, gradients or logits at chosen positions use `run`."""
         return self.run(inputs, capture=Capture.none()).logits
 
     def run(
         self,
         inputs: Inputs,
-        capture: Capture | None = None,
+        capture: CaptureArg = None,
         interventions: Sequence[Intervention] = (),
         grad: bool = False,
         logits_at: LogitsAt = None,
@@ -161,6 +171,13 @@ class Transformer(nn.Module):
             captured=captured,
         )
         return Run(logits, stream, tokens)
+
+    def generate(
+        self, inputs: Inputs, max_new_tokens: int, interventions: Sequence[Intervention] = (), **options
+    ) -> Generation:
+        """Greedy (default) or sampled continuation with a KV cache, `interventions` applied at every step.
+        options: do_sample, temperature, top_k, seed, stop_at_eos, return_logits (see resid.generate)."""
+        return generate(self, inputs, max_new_tokens, interventions, **options)
 
     def resume(
         self,

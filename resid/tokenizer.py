@@ -166,6 +166,23 @@ class Tokenizer:
             ids = ids.flatten().tolist()
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def token_id(self, token: str) -> int | None:
-        """The id of an exact vocabulary entry (as the tokenizer spells it), or None."""
-        return self.tokenizer.token_to_id(token)
+    def token_id(self, text: str) -> int:
+        """The id of `text` when it encodes to exactly one token (no BOS), e.g. token_id(" Mary"); any other
+        text is an error showing its pieces. The text is what a prompt would contain, not the vocabulary's
+        spelling of it (byte-level BPE stores " Mary" as 'ĠMary')."""
+        if not isinstance(text, str) or text == "":
+            raise ResidError(f"token_id needs a non-empty string, got {text!r}.")
+        ids = self.encode(text, prepend_bos=False)
+        if len(ids) == 1:
+            return ids[0]
+        hints = []
+        spelled = self.tokenizer.token_to_id(text)
+        if spelled is not None:
+            # The user copied a vocabulary entry ('ĠMary'); name the text that encodes to it.
+            hints.append(f"{text!r} is the vocabulary's spelling of token {spelled}, text {self.decode(spelled)!r}")
+        if not text.startswith(" ") and len(self.encode(" " + text, prepend_bos=False)) == 1:
+            hints.append(f"{' ' + text!r} (with a leading space) is one token")
+        raise ResidError(
+            f"{text!r} is {len(ids)} tokens, {self.to_str_tokens(ids)} (ids {ids}), not one: pass text that "
+            "encodes to a single token" + "".join(f"; {hint}" for hint in hints) + "."
+        )

@@ -20,8 +20,9 @@ def add_parser(commands, common) -> None:
     ablate.add_argument("--metric", default=None, choices=["logit_diff", "logit", "target_prob", "loss"])
     ablate.add_argument("--batch-size", default="auto", help="rows per forward pass, or auto")
     ablate.add_argument("--seed", type=int, default=0)
-    ablate.add_argument("--out", required=True, help="results file, .parquet or .csv (re-running resumes)")
-    ablate.add_argument("--figure", default=None, help="HTML figure of the effect per layer (default: OUT.html)")
+    ablate.add_argument("--out", required=True, help="a file (.parquet .csv): the results (re-running resumes)")
+    ablate.add_argument("--figure", default=None, help="a file (.html): the effect per layer (default: OUT.html)")
+    arguments.self_contained(ablate)
     ablate.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -36,10 +37,11 @@ def check(args) -> None:
     if args.method == "mean" and args.reference is None:
         raise ResidError("--method mean needs --reference FILE (.txt or .jsonl texts) to average each write over.")
     if args.method == "zero" and args.reference is not None:
-        raise ResidError("--reference is not used by --method zero; drop it, or choose --method mean.")
+        raise ResidError("--reference is not used by --method zero; drop it, or choose --method mean or resample.")
     if args.reference is not None:
         arguments.existing_file(args.reference, "--reference")
     args.prompt_set = read_jsonl(args.prompts)
+    args.prompt_set.require_targets("resid ablate")
     if args.metric == "logit_diff" and args.prompt_set.baselines is None:
         raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.prompts}; '
                          "or use --metric logit, target_prob or loss.")
@@ -54,7 +56,8 @@ def run(model, args) -> str:
         method=args.method, reference=args.reference, metric=args.metric, batch_size=args.batch_size,
         out=args.out, seed=args.seed, mean_positions=args.mean_positions, progress=not args.quiet,
     )
-    figure = plots.save_html(plots.ablation_effects(df), args.figure or Path(args.out).with_suffix(".html"))
+    figure = plots.save_html(plots.ablation_effects(df), args.figure or Path(args.out).with_suffix(".html"),
+                             self_contained=args.self_contained)
     top = df.groupby("site", sort=False)["delta"].mean().sort_values(key=abs, ascending=False).head(10)
     lines = [f"{len(df)} rows ({len(prompt_set.prompts)} prompts) -> {args.out}; figure -> {figure}",
              f"largest mean effects on {df['metric'].iloc[0]}:"]

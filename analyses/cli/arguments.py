@@ -71,3 +71,10 @@ def existing_file(path: str, flag: str) -> str:
     if not Path(path).is_file():
         raise ResidError(f"{flag} {path} does not exist or is not a file.")
     return path
+
+
+def self_contained(parser) -> None:
+    """--self-contained, for the subcommands that write HTML figures."""
+    parser.add_argument("--self-contained", action="store_true",
+                        help="embed plotly.js (4.8 MB) in every HTML page; default: pages share one plotly.min.js "
+                             "written beside them (keep it with them)")

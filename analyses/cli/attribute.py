@@ -4,20 +4,22 @@
     resid attribute --prompts ioi.jsonl --level head --out heads.parquet      # .csv .parquet .tex .md
 """
 
-from analyses.cli import arguments
+from analyses.cli import arguments, output
 from resid.errors import ResidError
 
 
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("attribute", parents=[common], help="direct attribution table (scripts)")
     parser.add_argument("text", nargs="?", default=None, help="one prompt (or use --prompts)")
-    parser.add_argument("--prompts", default=None, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}')
+    parser.add_argument("--prompts", default=None, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}; target optional '
+                        "(default: that prompt's top prediction)")
     parser.add_argument("--target", default=None, help="target token (default: each prompt's top prediction)")
     parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")
     parser.add_argument("--level", default="head", choices=["sublayer", "head", "neuron"])
     parser.add_argument("--pos", type=int, default=-1, help="prompt position to attribute (default -1, the last)")
     parser.add_argument("--top", type=int, default=10, help="components listed per prompt (default 10)")
-    parser.add_argument("--out", default=None, help="table file: .csv .parquet .tex .md (+ a .json provenance)")
+    parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md): the table, "
+                        "plus a .json provenance sidecar")
 
 
 def check(args) -> None:
@@ -50,4 +52,4 @@ def run(model, args) -> str:
         lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["component"])]
     if args.out is not None:
         lines.append(f"wrote {tables.export(df, args.out)} ({len(df)} rows)")
-    return "\n".join(lines)
+    return "\n".join(lines + output.notes(df))

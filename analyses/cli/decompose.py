@@ -4,7 +4,7 @@ With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and
 
 from pathlib import Path
 
-from analyses.cli import arguments
+from analyses.cli import arguments, output
 
 
 def add_parser(commands, common) -> None:
@@ -16,7 +16,8 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--level", default="head", choices=["sublayer", "head", "neuron"],
                         help="attribution detail: heads + MLPs (default), sublayers, or heads + neurons")
     parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"], help="logit-lens final norm")
-    parser.add_argument("--out", default=None, help="folder for tables (CSV, LaTeX) and report.html")
+    parser.add_argument("--out", default=None, help="a folder: the tables (CSV, LaTeX) and report.html go in it")
+    arguments.self_contained(parser)
 
 
 def check(args) -> None:
@@ -33,8 +34,10 @@ def run(model, args) -> str:
     lines = _predictions(model, text, lens)
     lines += _lens_table(lens)
     lines += _components(attr, args.top)
+    notes = output.notes(lens, attr)
+    lines += ([""] + notes) if notes else []
     if args.out is not None:
-        lines += _write(model, text, lens, attr, Path(args.out))
+        lines += _write(model, text, lens, attr, Path(args.out), "\n".join(lines), args.self_contained)
     return "\n".join(lines)
 
 
@@ -52,10 +55,10 @@ def _lens_table(lens) -> list[str]:
     top = lens[(lens["rank"] == 1) & (lens["pos"] == lens["pos"].max())]
     target = top["target"].iloc[0]
     lines = ["", f"logit lens at the last token ({top['norm'].iloc[0]} final norm), target {target!r}:",
-             f"  {'layer':<6} {'top token':<16} {'p(top)':>7} {'p(target)':>10} {'rank':>6}"]
+             f"  {'layer':<6} {'top token':<16} {'p(top)':>9} {'p(target)':>9} {'rank':>6}"]
     for _, row in top.iterrows():
         layer = "embed" if row["site"] == "resid_pre" else str(row["layer"])
-        lines.append(f"  {layer:<6} {row['token']!r:<16} {row['prob']:7.4f} {row['target_prob']:10.3g} "
+        lines.append(f"  {layer:<6} {row['token']!r:<16} {output.prob(row['prob'])} {output.prob(row['target_prob'])} "
                      f"{row['target_rank']:>6}")
     return lines
 
@@ -73,7 +76,7 @@ def _components(attr, top: int) -> list[str]:
     return lines
 
 
-def _write(model, text: str, lens, attr, out: Path) -> list[str]:
+def _write(model, text: str, lens, attr, out: Path, summary: str, self_contained: bool) -> list[str]:
     from analyses import attribution, plots, tables
 
     # CSV: the full tables. LaTeX: what fits a paper, the top components and the lens's top-1 per layer.
@@ -90,5 +93,6 @@ def _write(model, text: str, lens, attr, out: Path) -> list[str]:
     figures = [plots.logit_lens_heatmap(lens), plots.layer_attribution_bars(attr)]
     if attr["head"].notna().any():
         figures.append(plots.head_attribution_heatmap(attr))
-    files.append(plots.report_html(figures, out / "report.html", f"resid decompose: {text!r} ({model.name})"))
+    title = f"resid decompose: {text!r} ({model.name})"
+    files.append(plots.report_html(figures, out / "report.html", title, summary, self_contained))
     return ["", "wrote " + ", ".join(str(f) for f in files)]

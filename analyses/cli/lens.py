@@ -1,12 +1,12 @@
 """`resid lens "prompt"`: the logit lens as a compact table, optionally written as a table and a heatmap.
 
     resid lens "The Eiffel Tower is located in the city of" --target " Paris" --norm frozen
-    resid lens "..." --positions all --out lens.csv          # + lens.csv.json and lens.html (heatmap)
+    resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (heatmap), plotly.min.js
 """
 
 from pathlib import Path
 
-from analyses.cli import arguments
+from analyses.cli import arguments, output
 
 
 def add_parser(commands, common) -> None:
@@ -20,7 +20,9 @@ def add_parser(commands, common) -> None:
                         help="final norm: recomputed on each partial residual (default), or its scale frozen "
                              "from the full run")
     parser.add_argument("--k", type=int, default=5, help="top tokens kept per site (default 5)")
-    parser.add_argument("--out", default=None, help="table file: .csv .parquet .tex .md; the heatmap goes beside it")
+    parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md): the table; the heatmap (.html) "
+                        "goes beside it")
+    arguments.self_contained(parser)
 
 
 def check(args) -> None:
@@ -37,15 +39,23 @@ def run(model, args) -> str:
     df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, level=args.level,
                         norm=args.norm, k=args.k)
     top = df[df["rank"] == 1]
-    lines = [f"logit lens ({args.norm} final norm), target {top['target'].iloc[-1]!r} at the last position:",
-             f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>7} {'p(target)':>10} {'rank':>6}"]
+    if args.target is not None:
+        lines = [f"logit lens ({args.norm} final norm), target {top['target'].iloc[0]!r}:",
+                 f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>9} {'p(target)':>9} {'rank':>6}"]
+    else:
+        # Without --target each position has its own target (the model's final prediction there): show it.
+        lines = [f"logit lens ({args.norm} final norm), target: the model's top prediction at each position:",
+                 f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>9} {'target':<16} {'p(target)':>9} "
+                 f"{'rank':>6}"]
     for _, row in top.iterrows():
         site = logit_lens.site_label(row["layer"], row["site"])
-        lines.append(f"  {row['pos']:>4} {site:<16} {row['token']!r:<16} {row['prob']:7.4f} "
-                     f"{row['target_prob']:10.3g} {row['target_rank']:>6}")
+        target = "" if args.target is not None else f" {row['target']!r:<16}"
+        lines.append(f"  {row['pos']:>4} {site:<16} {row['token']!r:<16} {output.prob(row['prob'])}{target} "
+                     f"{output.prob(row['target_prob'])} {row['target_rank']:>6}")
     if args.out is not None:
         table = tables.export(df, args.out)
-        figure = plots.save_html(plots.logit_lens_heatmap(df), Path(args.out).with_suffix(".html"))
+        figure = plots.save_html(plots.logit_lens_heatmap(df), Path(args.out).with_suffix(".html"),
+                                 self_contained=args.self_contained)
         lines.append(f"wrote {table} ({len(df)} rows) and {figure}")
-    return "\n".join(lines)
+    return "\n".join(lines + output.notes(df))
 

@@ -11,7 +11,13 @@
 
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
 that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
-Bad input ends in one line `resid: error: ...` and exit status 2, never a traceback.
+Bad input ends in one line `resid: error: ...` and exit status 2, never a traceback; an analysis's error is
+reworded for the command line (analyses.cli.errors: `--reference`, not `reference=`).
+
+--out is a folder for the commands that write several files (decompose: tables and report.html; neurons: a
+table and figures), and a file whose suffix picks the format for those that write one table (attribute, lens:
+.csv .parquet .tex .md; ablate: .parquet .csv), with any figure written beside it. Each --out help says which.
+HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
 """
 
 import argparse
@@ -19,6 +25,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from analyses.cli.errors import for_cli
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -53,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = load(args.model, device=args.device, dtype=args.dtype)
         print(command.run(model, args))
     except ResidError as err:
-        print(f"resid: error: {err}", file=sys.stderr)
+        print(f"resid: error: {for_cli(str(err))}", file=sys.stderr)
         return 2
     return 0
 

@@ -15,12 +15,13 @@ from analyses.cli import arguments
 
 FIGURES = 10
 SHOWN = 40  # lines printed before "... more"
+EXPLAINED = 3  # layers `explain` prints without --all
 
 
 def add_parser(commands, common) -> None:
     neurons = commands.add_parser("neurons", help="FFN key-value neurons: values, top contexts, sub-updates")
     actions = neurons.add_subparsers(dest="action", required=True)
-    out = {"default": None, "help": "folder for the full table (+ sidecar) and figures"}
+    out = {"default": None, "help": "a folder: the full table (+ its .json sidecar) and any figures go in it"}
     fmt = {"default": "parquet", "choices": ["parquet", "csv", "md", "tex"], "help": "table format for --out"}
 
     values = actions.add_parser("values", parents=[common], help="each neuron's value read as tokens")
@@ -58,9 +59,13 @@ def add_parser(commands, common) -> None:
     change.add_argument("--scale", type=float, default=None, help="multiply the coefficients (0 = off)")
     edit.add_argument("--pos", type=int, default=None, help="edit only this position (default: every token)")
     edit.add_argument("--k", type=int, default=10, help="top predictions compared (default 10)")
+    explain.add_argument("--all", action="store_true", help=f"every layer (default: the {EXPLAINED} layers with "
+                         "the largest |update to the target logit|)")
     for parser in (values, top, explain, edit):
         parser.add_argument("--out", **out)
         parser.add_argument("--format", **fmt)
+    for parser in (values, top):  # the two that write HTML figures
+        arguments.self_contained(parser)
 
 
 def check(args) -> None:
@@ -135,15 +140,24 @@ def _explain(model, args) -> str:
     target = args.target_id if args.target_id is not None else args.target
     df = neurons.sub_updates(model, args.prompt, pos=args.pos, layers=args.layers, k=args.k, target=target)
     first = df.iloc[0]
-    lines = [f"sub-updates at position {first['pos']} for target {first['target']!r} (id {first['target_id']}):",
+    # 30 layers x 2 rankings x k rows is hundreds of lines; the layers that move the target most tell the story.
+    layer_target = df.groupby("layer", sort=False)["layer_target"].first()
+    kept = layer_target if args.all else layer_target[layer_target.abs().nlargest(EXPLAINED).index]
+    shown = df[df["layer"].isin(kept.index)]
+    which = "every layer" if len(kept) == len(layer_target) else \
+        f"the {len(kept)} layers whose update moves the target logit most"
+    lines = [f"sub-updates at position {first['pos']} for target {first['target']!r} (id {first['target_id']}), "
+             f"{which}:",
              "layer ranking   rank neuron     m_i   |m|·|v|  to target  promotes"]
-    for row in df.itertuples():
+    for row in shown.itertuples():
         lines.append(f"{row.layer:>5} {row.ranking:<9} {row.rank:>4} {row.neuron:>6} {row.coefficient:>8.3f} "
                      f"{row.magnitude:>8.3f} {row.target_contribution:>+10.4f}  {row.promotes}")
-    per_layer = df.groupby(["layer", "ranking"], sort=False)[["explained_norm", "explained_target"]].first()
+    per_layer = shown.groupby(["layer", "ranking"], sort=False)[["explained_norm", "explained_target"]].first()
     lines.append(f"share of each layer's update carried by the top {args.k} (norm / target logit):")
     for (layer, ranking), row in per_layer.iterrows():
         lines.append(f"  L{layer} by {ranking:<9}  {row['explained_norm']:+.3f} / {row['explained_target']:+.3f}")
+    if len(kept) < len(layer_target):
+        lines.append(f"... {len(layer_target) - len(kept)} more layers (--all prints them; --out DIR writes them)")
     if args.out:
         lines += _export(df, args, "sub_updates")
     return "\n".join(lines)
@@ -185,4 +199,4 @@ def _export(df, args, name: str) -> list[str]:
 def _figure(fig, args, name: str) -> str:
     from analyses import plots
 
-    return f"figure -> {plots.save_html(fig, Path(args.out) / f'{name}.html')}"
+    return f"figure -> {plots.save_html(fig, Path(args.out) / f'{name}.html', self_contained=args.self_contained)}"

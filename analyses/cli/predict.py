@@ -1,4 +1,5 @@
-"""`resid predict "text" [--top K]`: the top next tokens with probabilities."""
+"""`resid predict "text" [--top K] [--target T]`: the top next tokens with probabilities, and where a target
+stands among them (TransformerLens's `test_prompt`)."""
 
 import torch
 
@@ -10,6 +11,8 @@ def add_parser(commands, common) -> None:
     parser = commands.add_parser("predict", parents=[common], help="top next tokens with probabilities")
     parser.add_argument("text", help="the prompt whose next token is predicted")
     parser.add_argument("--top", type=int, default=10, help="how many tokens to list (default 10)")
+    parser.add_argument("--target", default=None, help="also print this token's rank, probability and logit, "
+                        "e.g. ' Mary' (one token)")
 
 
 def check(args) -> None:
@@ -17,12 +20,22 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
+    from analyses.vocab import single_token_id
+
     text, top = args.text, args.top
+    # Before the forward pass: a multi-token target is reported without running the model.
+    target_id = None if args.target is None else single_token_id(model, args.target)
     result = model.run(text, capture=Capture.none(), logits_at="last")
-    probs = torch.softmax(result.logits[0, 0].float(), dim=-1)
+    logits = result.logits[0, 0].float()
+    probs = torch.softmax(logits, dim=-1)
     values, ids = probs.topk(min(top, probs.shape[-1]))
     pieces = model.to_str_tokens(text)
     lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "rank  prob     id      token"]
     for rank, (p, i) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
         lines.append(f"{rank:>4}  {p:7.4f}  {i:>6}  {model.tokenizer.decode([i])!r}")
+    if target_id is not None:
+        # Rank 1 = the top token; ties count in the target's favour, as in the lens's target_rank.
+        rank = int((logits > logits[target_id]).sum()) + 1
+        lines.append(f"target {model.tokenizer.decode([target_id])!r} (id {target_id}): rank {rank}, "
+                     f"prob {probs[target_id].item():.3g}, logit {logits[target_id].item():.4f}")
     return "\n".join(lines)

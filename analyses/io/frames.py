@@ -10,6 +10,10 @@ Glossary:
                   "Int64", ...), or None: "as pandas infers it" (numbers: int64 / float64, bool). `missing`,
                   text columns only: the rows whose cell was missing, by kind, `{"None"|"NaN"|"NA": [rows]}`,
                   since a missing cell and "" are the same empty field in the file.
+    categorical   a `category` column with string categories (e.g. neurons.value_top_tokens' "direction", kept
+                  categorical there for memory: 1.8M rows). The file holds its values as text (readable in any
+                  CSV tool); the schema adds "categories" (in order), their "categories_dtype" and "ordered",
+                  and "missing" as for text, so `read` restores the same dtype, codes and all.
 
 CSV floats: float32 / float16 are widened to float64 (exact) and written as the shortest repr that parses
 back to the same double; pandas < 3 needs `float_precision="round_trip"` for that parse (its default parser
@@ -42,6 +46,16 @@ def is_text(dtype: object) -> bool:
     return isinstance(dtype, pd.StringDtype) or dtype == object
 
 
+def _is_categorical(dtype: object) -> bool:
+    return isinstance(dtype, pd.CategoricalDtype)
+
+
+def _categorical(column: dict) -> pd.CategoricalDtype:
+    """The categorical dtype a schema entry records."""
+    categories = pd.Index(column["categories"], dtype=column["categories_dtype"])
+    return pd.CategoricalDtype(categories, ordered=column["ordered"])
+
+
 def _dtype_name(dtype: object) -> str:
     # str() of both "string" storages is "string"; name the storage so read() restores the same dtype
     if isinstance(dtype, pd.StringDtype) and dtype.na_value is pd.NA:
@@ -55,8 +69,13 @@ def schema(df: pd.DataFrame) -> list[dict]:
     for i, name in enumerate(df.columns):
         series = df.iloc[:, i]
         column = {"name": name, "dtype": _dtype_name(series.dtype)}
+        if _is_categorical(series.dtype):
+            categories = series.cat.categories
+            column.update(categories=categories.tolist(), categories_dtype=_dtype_name(categories.dtype),
+                          ordered=bool(series.cat.ordered))
         missing: dict[str, list[int]] = {}
-        for row in np.flatnonzero(series.isna().to_numpy()) if is_text(series.dtype) else []:
+        kept = is_text(series.dtype) or _is_categorical(series.dtype)
+        for row in np.flatnonzero(series.isna().to_numpy()) if kept else []:
             value = series.iat[row]
             missing.setdefault("None" if value is None else "NA" if value is pd.NA else "NaN", []).append(int(row))
         columns.append({**column, "missing": missing} if missing else column)
@@ -64,13 +83,20 @@ def schema(df: pd.DataFrame) -> list[dict]:
 
 
 def check(df: pd.DataFrame, path: Path) -> None:
-    """Raise unless `read(write(df))` gives `df` back exactly: unique string names; numeric or text columns."""
+    """Raise unless `read(write(df))` gives `df` back exactly: unique string names; numeric, text or
+    categorical (of string categories) columns."""
     names = list(df.columns)
     if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise ResidError(f"Cannot write {path.name}: CSV and Parquet need unique string column names, got "
                          f"{names!r}. Rename the columns (df.columns = [...]) and export again.")
     for name in names:
         dtype = df[name].dtype
+        if _is_categorical(dtype):
+            if not all(isinstance(c, str) for c in dtype.categories):
+                raise ResidError(f"Cannot write {path.name} exactly: categorical column {name!r} has categories "
+                                 f"that are not strings ({list(dtype.categories[:5])!r}...). Convert it "
+                                 "(.astype(str), or .astype(the categories' dtype)) or drop it.")
+            continue
         numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
         strings = dtype != object or all(isinstance(v, str) for v in df[name].dropna())
         if not (numeric or is_text(dtype)) or not strings:
@@ -110,6 +136,9 @@ def read(path: str | os.PathLike, columns: list[dict], only: list[str] | None = 
         dtypes, na = {}, {}
         for c in wanted:
             dtype = c.get("dtype")
+            if dtype == "category":  # its values as text; _restore turns them into the recorded categories
+                dtypes[c["name"]] = TEXT_DTYPE
+                continue
             if dtype is not None:  # CSV holds float64 reprs; _restore narrows float32 / float16 exactly
                 dtypes[c["name"]] = "float64" if dtype.startswith("float") else dtype
             if dtype is None or not is_text(pd.api.types.pandas_dtype(dtype)):
@@ -134,7 +163,8 @@ def _restore(df: pd.DataFrame, columns: list[dict]) -> pd.DataFrame:
     for i, column in enumerate(columns):
         series = df.iloc[:, i]
         if column.get("dtype") is not None:
-            dtype = pd.api.types.pandas_dtype(column["dtype"])
+            category = column["dtype"] == "category"
+            dtype = _categorical(column) if category else pd.api.types.pandas_dtype(column["dtype"])
             series = series.astype(dtype)
             if column.get("missing"):
                 values = series.to_numpy(dtype=object, copy=True)

@@ -1,6 +1,8 @@
 """Reading prompts for scripted sweeps: a JSONL file (read by `analyses.io.texts`, which states the line rules)
-of objects with a string "prompt", a "target" and an optional "baseline" (a token string or id each). A
-malformed line is an error naming its line number; nothing is half-read."""
+of objects with a string "prompt", an optional "target" and an optional "baseline" (a token string or id
+each). A line without a target means that prompt's top prediction where an analysis allows it (attribution);
+analyses that need targets (ablation) call `require_targets`. A malformed line is an error naming its line
+number; nothing is half-read."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,19 +16,29 @@ EXAMPLE = '{"prompt": "The Eiffel Tower is in", "target": " Paris", "baseline": 
 @dataclass(frozen=True)
 class PromptSet:
     prompts: list[str]
-    targets: list[str | int]
+    targets: list[str | int | None]  # None: no "target" on that line
     baselines: list[str | int] | None  # None when no line has a baseline
+    path: Path
+    lines: list[int]  # the file line of each prompt, for errors
+
+    def require_targets(self, needed_by: str) -> None:
+        """Raise, naming the first line without a "target", unless every prompt has one."""
+        if None in self.targets:
+            line = self.lines[self.targets.index(None)]
+            raise ResidError(f'{self.path}, line {line} has no "target": {needed_by} needs a target on every line, '
+                             f"like {EXAMPLE}.")
 
 
 def read_jsonl(path: str | Path) -> PromptSet:
-    records = [record for _, record in texts.records(path, {"prompt": str, "target": object}, EXAMPLE, "prompts")]
-    if not records:
+    found = texts.records(path, {"prompt": str}, EXAMPLE, "prompts")
+    if not found:
         raise ResidError(f"{path} holds no prompts: give one {EXAMPLE} object per line.")
+    records = [record for _, record in found]
     baselines = [record.get("baseline") for record in records]
     given = [b is not None for b in baselines]
     if any(given) and not all(given):
         first = given.index(False)
         raise ResidError(f"{path}: some lines have a baseline and some do not (e.g. prompt {first + 1}); "
                          "give every line a baseline, or none.")
-    prompts, targets = [r["prompt"] for r in records], [r["target"] for r in records]
-    return PromptSet(prompts, targets, baselines if all(given) else None)
+    prompts, targets = [r["prompt"] for r in records], [r.get("target") for r in records]
+    return PromptSet(prompts, targets, baselines if all(given) else None, Path(path), [n for n, _ in found])

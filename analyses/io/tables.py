@@ -5,9 +5,10 @@ sidecar: `path + ".json"` (`attr.csv.json`) = the provenance (the argument, else
 file name, format, rows written, sha256 of the file, `columns`: the codec's schema (`analyses.io.frames`).
 
 Exactness: `read(export(df, p))` equals `df`, dtypes included; `analyses.io.frames` says how CSV and Parquet
-keep floats, text ("", "nan", "NA" stay strings) and missing cells (the schema lists them, by kind). Files are
-written atomically (`analyses.io.atomic`), table first, sidecar second: a crash leaves no half table, and `read`
-raises on any mismatch (sha256, rows, columns). The index is not stored (a named index or MultiIndex is refused:
+keep floats, text ("", "nan", "NA" stay strings), categoricals (their values as text, the categories in the
+schema) and missing cells (the schema lists them, by kind). Files are written atomically (`analyses.io.atomic`),
+table first, sidecar second: a crash leaves no half table, and `read` raises on any mismatch (sha256, rows,
+columns). The index is not stored (a named index or MultiIndex is refused:
 `reset_index()`). Dtypes come from the schema, so a CSV without its sidecar raises (`pandas.read_csv` reads it
 best-effort); a Parquet without one is read as pyarrow stores it (no provenance; object text columns come back
 as `str`).

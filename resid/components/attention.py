@@ -19,6 +19,35 @@ from resid.config import ModelConfig
 from resid.interventions import Edit, apply_edits
 
 
+@dataclass
+class KVCache:
+    """Keys (after rotary) and values of every layer for the positions run so far (resid.generate). Storage for
+    the whole generation is allocated once, so a step writes one position instead of copying the past."""
+
+    keys: list[Float[Tensor, "batch kv_head max_pos d_head"]]  # one per layer
+    values: list[Float[Tensor, "batch kv_head max_pos d_head"]]
+    filled: list[int]  # positions written so far, per layer
+
+    @classmethod
+    def empty(
+        cls, config: ModelConfig, batch: int, max_pos: int, dtype: torch.dtype, device: torch.device
+    ) -> "KVCache":
+        shape = (batch, config.n_kv_heads, max_pos, config.d_head)
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        return cls(keys, values, [0] * config.n_layers)
+
+    def extend(
+        self, layer: int, k_h: Float[Tensor, "batch kv_head pos d_head"], v_h: Float[Tensor, "batch kv_head pos d_head"]
+    ) -> tuple[Float[Tensor, "batch kv_head key_pos d_head"], Float[Tensor, "batch kv_head key_pos d_head"]]:
+        """Append this pass's keys/values to the layer's cache; return every cached position's."""
+        start, end = self.filled[layer], self.filled[layer] + k_h.shape[2]
+        self.keys[layer][:, :, start:end] = k_h
+        self.values[layer][:, :, start:end] = v_h
+        self.filled[layer] = end
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+
 @dataclass(frozen=True)
 class AttnContext:
     """What every attention layer of one run shares."""
@@ -27,6 +56,7 @@ class AttnContext:
     blocked: Bool[Tensor, "batch 1 pos key_pos"]  # ~allowed, computed once per run for the explicit path
     cos: Tensor | None  # rotary angles for these position ids, or None for learned positions
     sin: Tensor | None
+    cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
 
 
 def allowed_keys(
@@ -105,6 +135,9 @@ class Attention(nn.Module):
             q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if ctx.cache is not None:
+            # Cached keys were rotated at their own positions, so the new queries read them as they are.
+            k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         # z always comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
         z_h = F.scaled_dot_product_attention(
             q_h, k_h, v_h, attn_mask=ctx.allowed, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads

@@ -82,9 +82,34 @@ def load(
         return load_gguf(path, name, device, torch_dtype)
     if path.is_file():
         raise ResidError(f"{path} is a file but not a .gguf; pass a GGUF file or a Hugging Face model folder.")
-    if isinstance(name_or_path, str) and HUB_ID.match(name) and not name.startswith((".", "~")):
-        return load_hf_folder(fetch(name, _unknown_message(name)), name, device, torch_dtype)
+    if _is_path(name_or_path):
+        raise ResidError(_missing_path_message(name, path))
+    if HUB_ID.match(name):
+        # "org/model" is a Hub id or a relative path; nothing is there locally, so the Hub is asked.
+        missing = f"Nothing exists at the local path {name!r} ({path.absolute()}). " if "/" in name else ""
+        return load_hf_folder(fetch(name, missing + _unknown_message(name)), name, device, torch_dtype)
     raise ResidError(_unknown_message(name))
+
+
+def _is_path(name_or_path: str | Path) -> bool:
+    """Only a path, never a Hub id: a Path, '.', '~' or '/' first, a backslash, two '/', or a weight-file suffix."""
+    name = str(name_or_path)
+    return (
+        isinstance(name_or_path, Path)
+        or name.startswith((".", "~", "/"))
+        or "\\" in name
+        or name.count("/") > 1
+        or name.lower().endswith((".gguf", ".safetensors"))
+    )
+
+
+def _missing_path_message(name: str, path: Path) -> str:
+    parent = next(p for p in path.absolute().parents if p.is_dir())  # the root at worst
+    return (
+        f"The path {name!r} does not exist ({path.absolute()}; the nearest existing folder is {parent}). "
+        "Check the path: resid.load takes a folder with config.json + *.safetensors + tokenizer.json, a .gguf "
+        f"file, a resid model name ({', '.join(repr(n) for n in KNOWN)}) or a Hugging Face Hub id such as 'gpt2'."
+    )
 
 
 def _unknown_message(name: str) -> str:

@@ -1,15 +1,16 @@
 """Direct attribution: completeness (rows sum to the model's logit) on every architecture and on SmolLM2,
 per-head and per-neuron values against a brute force that materializes each write, padding invariance,
-and bad input."""
+per-prompt targets with some left to the top prediction, the leading-space hints, and bad input."""
 
 import pytest
 import torch
+from random_models import make_random_model
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 import resid
 from bad_option import BAD_OPTION
-from analyses import attribution
-from analyses.vocab import single_token_id
+from analyses import attribution, logit_lens
+from analyses.vocab import single_token_id, spacing_hint, token_ids
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
 LEVELS = ("sublayer", "head", "neuron")
@@ -165,3 +166,69 @@ def test_empty_prompt_is_a_clear_error(smollm2):
     # The one rule of model.run: a prompt is empty when it tokenizes to nothing (whitespace is text).
     with pytest.raises(resid.ResidError, match=r"Prompt\(s\) \[1\] tokenize to nothing"):
         attribution.direct(smollm2, ["fine", ""], " Paris")
+
+
+def test_per_prompt_targets_may_leave_some_to_the_top_prediction(gpt2_tokenizer):
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    df = attribution.direct(model, PROMPTS, target=[" the", None, 11], baseline=" a", level="head")
+    _assert_complete(df)
+    for i, target in enumerate([" the", None, 11]):
+        alone = attribution.direct(model, PROMPTS[i], target=target, baseline=" a", level="head")
+        rows = df[df.prompt_idx == i].reset_index(drop=True)
+        assert rows["target_id"].iloc[0] == alone["target_id"].iloc[0]
+        assert rows["value"].to_numpy() == pytest.approx(alone["value"].to_numpy(), abs=1e-5)
+    top = model.run(PROMPTS[1], logits_at="last").logits[0, 0].argmax().item()
+    assert df[df.prompt_idx == 1]["target_id"].iloc[0] == top
+    # Analyses that need every target (ablation.sweep checks its targets this way) name the prompt without one.
+    with pytest.raises(resid.ResidError, match=r"target of prompt 1 \(counting from 0\) is missing"):
+        token_ids(model, [" the", None, 11], 3, "target")
+
+
+def _spaced_paris_model(gpt2_tokenizer, boost: float) -> resid.Transformer:
+    """A random model whose unembedding bias makes ' Paris' (id 6342) likely by `boost` logits."""
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    with torch.no_grad():
+        model.unembed.b_U[6342] += boost
+    return model
+
+
+def test_an_unspaced_target_gets_a_note_when_the_spaced_form_is_far_likelier(gpt2_tokenizer):
+    model = _spaced_paris_model(gpt2_tokenizer, boost=30.0)
+    prompt = "The Eiffel Tower is in"
+    df = attribution.direct(model, prompt, target="Paris")
+    assert df["target"].iloc[0] == "Paris"  # accepted as given
+    [note] = df.attrs["notes"]
+    assert "'Paris' (id 40313)" in note and "' Paris' (id 6342, with a leading space)" in note
+    lens = logit_lens.run(model, [prompt, prompt], target="Paris", k=1)
+    assert [n.split(":")[0] for n in lens.attrs["notes"]] == ["prompt 0", "prompt 1"]
+    # No note for the spaced target, an id, the top prediction, or when the spaced form is not far likelier.
+    assert attribution.direct(model, prompt, target=" Paris").attrs["notes"] == []
+    assert attribution.direct(model, prompt, target=40313).attrs["notes"] == []
+    assert logit_lens.run(model, prompt, k=1).attrs["notes"] == []
+    plain = _spaced_paris_model(gpt2_tokenizer, boost=0.0)
+    logits = plain.run(prompt, logits_at="last").logits[0, 0]
+    assert logits.softmax(-1)[6342] < 10 * logits.softmax(-1)[40313]  # this random model has no preference
+    assert attribution.direct(plain, prompt, target="Paris").attrs["notes"] == []
+
+
+def test_spacing_hint_threshold(gpt2_tokenizer):
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    logits = torch.zeros(model.config.d_vocab)
+    assert spacing_hint(model, "Paris", logits) is None  # equally likely
+    logits[6342] = torch.log(torch.tensor(10.0))  # exactly HINT_RATIO times likelier
+    assert "pass ' Paris'" in spacing_hint(model, "Paris", logits)
+    assert spacing_hint(model, " Paris", logits) is None and spacing_hint(model, 40313, logits) is None
+    assert spacing_hint(model, "😀", logits) is None  # " 😀" is two tokens
+
+
+@pytest.mark.parametrize("target, hint", [
+    ("Tokyo", "with a leading space, ' Tokyo' is one token (id 11790)"),  # 'Tokyo' is 2 tokens, ' Tokyo' one
+    ("😀", None),  # ' 😀' is 2 tokens as well: the space would not help
+    (" Eiffel Tower", None),  # already spaced
+])
+def test_the_multi_token_error_mentions_the_space_only_where_it_helps(gpt2_tokenizer, target, hint):
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    with pytest.raises(resid.ResidError, match="must be one token") as error:
+        single_token_id(model, target)
+    message = str(error.value)
+    assert (hint in message) if hint is not None else ("leading space" not in message)

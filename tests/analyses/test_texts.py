@@ -137,9 +137,11 @@ def test_prompt_sets_use_the_same_line_reader(tmp_path):
     assert (prompt_set.prompts, prompt_set.targets, prompt_set.baselines) == (["a", "b"], [" x", 3], [7, " y"])
     path.write_text(json.dumps({"prompt": "a", "target": " x"}) + "\n")
     assert read_jsonl(path).baselines is None
-    path.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps({"prompt": "c"}) + "\n")
-    with pytest.raises(ResidError, match=r'p\.jsonl, line 3 has no field "target"'):
-        read_jsonl(path)
+    path.write_text(json.dumps({"prompt": "a", "target": " x"}) + "\n\n" + json.dumps({"prompt": "c"}) + "\n")
+    prompt_set = read_jsonl(path)  # no target: that prompt's top prediction, where the analysis allows it
+    assert prompt_set.targets == [" x", None] and prompt_set.lines == [1, 3]
+    with pytest.raises(ResidError, match=r'p\.jsonl, line 3 has no "target": resid ablate needs a target on every'):
+        prompt_set.require_targets("resid ablate")
     path.write_text(json.dumps({"prompt": 1, "target": " x"}) + "\n")
     with pytest.raises(ResidError, match=r'line 1 has no string field "prompt"'):
         read_jsonl(path)

@@ -66,7 +66,8 @@ def test_cli_writes_results_and_figure(tmp_path, capsys):
     df = pd.read_csv(out)
     assert len(df) == 2 * 30 and set(df.part) == {"layer"} and (df.metric == "logit_diff").all()
     html = (tmp_path / "r.html").read_text()
-    assert "plotly" in html and len(html) > 1_000_000  # self-contained: plotly.js embedded
+    assert "plotly" in html and len(html) < 1_000_000  # plotly.js is in the shared plotly.min.js beside it
+    assert (tmp_path / "plotly.min.js").exists()
 
 
 def test_kill_and_resume(tmp_path):

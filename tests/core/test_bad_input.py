@@ -101,3 +101,13 @@ def test_half_precision_overflow_is_reported():
         model.blocks[1].mlp.W_out.mul_(1e4)
     with pytest.raises(resid.ResidError, match="NaN or infinite"):
         model.run(torch.arange(10)[None])
+
+
+@pytest.mark.parametrize("capture", [True, "blocks.3.hook_resid_pre"])
+def test_capture_that_is_not_a_capture(capture):
+    model = make_random_model("llama_gqa")
+    with pytest.raises(resid.ResidError) as err:
+        model.run(torch.arange(5)[None], capture=capture)
+    message = str(err.value)
+    assert f"capture must be a resid.Capture, got {capture!r}" in message
+    assert "resid.Capture.all()" in message and "resid.Capture(layers=[3]" in message

@@ -5,6 +5,7 @@ import torch
 
 import resid
 from bad_option import BAD_OPTION
+from random_models import make_random_model
 from resid.tokenizer import Tokens
 
 SEQUENCES = [[5, 6, 7], [8], [9, 10]]
@@ -57,3 +58,28 @@ def test_to_tokens_uses_the_same_padding(gpt2_tokenizer):
     assert torch.equal(tokens.ids, expected.ids) and torch.equal(tokens.position_ids, expected.position_ids)
     with pytest.raises(resid.ResidError, match=r"Prompt\(s\) \[1\] tokenize to nothing"):
         gpt2_tokenizer.to_tokens(["fine", ""])
+
+
+def test_token_id_takes_the_text_a_prompt_contains(gpt2_tokenizer):
+    mary = gpt2_tokenizer.token_id(" Mary")
+    assert gpt2_tokenizer.encode(" Mary") == [mary] and gpt2_tokenizer.decode(mary) == " Mary"
+    assert gpt2_tokenizer.token_id("<|endoftext|>") == 50256  # special tokens are text too
+
+
+def test_token_id_refuses_several_tokens_and_shows_the_pieces(gpt2_tokenizer):
+    with pytest.raises(resid.ResidError, match=r"' Maryland is' is 2 tokens, \[' Maryland', ' is'\]"):
+        gpt2_tokenizer.token_id(" Maryland is")
+    # The vocabulary's byte-level spelling is not the text; the error names the text that is.
+    with pytest.raises(resid.ResidError, match=r"spelling of token \d+, text ' Mary'"):
+        gpt2_tokenizer.token_id("ĠMary")
+    with pytest.raises(resid.ResidError, match="non-empty string"):
+        gpt2_tokenizer.token_id("")
+
+
+def test_to_single_token(gpt2_tokenizer):
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    assert model.to_single_token(" Mary") == gpt2_tokenizer.encode(" Mary")[0]
+    with pytest.raises(resid.ResidError, match="3 tokens"):
+        model.to_single_token("ĠMary")
+    with pytest.raises(resid.ResidError, match="no tokenizer"):
+        make_random_model("gpt2_like").to_single_token(" Mary")

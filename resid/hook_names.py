@@ -1,0 +1,158 @@
+"""TransformerLens hook names as a read-only view of one run's typed stream: the bridge for TL users.
+
+    names = resid.hook_names.view(run, model)
+    names["blocks.3.hook_resid_pre"]        # run.stream.resid_pre(3)
+    names["blocks.3.attn.hook_z"]           # run.stream.layers[3].attn.z
+    list(names)                             # every name this model has, in forward order
+
+The typed stream stays the primary interface; this view only renames it. Values are computed when read
+(resid_pre/mid/post are sums of writes), and a name whose field was not captured raises the stream's own error,
+which names the Capture option to set. The mapping, with where resid's fields differ, is docs/hook_names.md.
+
+Where TransformerLens's conventions differ from resid's field names, the view follows TransformerLens:
+- `ln*.hook_scale` is sigma (or rms), the reciprocal of resid's `norm_scale` (1/sigma).
+- `ln*.hook_normalized` is (x - mean) / sigma (x / rms for RMSNorm) before the gain and bias; resid's
+  `normalized` is after them (what the sublayer reads).
+- gated MLPs: `mlp.hook_pre` is the gate's input (resid's `gate`), `mlp.hook_pre_linear` the up branch
+  (resid's `pre`).
+- rotary models: resid records q and k after the rotary embedding, TL's `attn.hook_rot_q` / `hook_rot_k`;
+  TL's `attn.hook_q` / `hook_k` (before rotary) are not recorded.
+"""
+
+import difflib
+import re
+from collections.abc import Callable, Iterator, Mapping
+
+from jaxtyping import Float
+from torch import Tensor
+
+from resid.config import ModelConfig
+from resid.errors import ResidError
+from resid.model import Run, Transformer
+from resid.stream import ResidualStream
+
+# TransformerLens names (after "blocks.{l}.") that resid does not record, and what to read instead.
+NOT_RECORDED = {
+    "attn.hook_attn_scores": "resid records the attention probabilities (attn.hook_pattern), not the scores",
+    "attn.hook_result": "per-head writes are not stored: head h writes attn.hook_z[:, :, h] @ W_O[h] "
+    "(model.blocks[l].attn.W_O), and analyses.attribution computes them projected",
+    "hook_attn_in": "it is hook_resid_pre (resid keeps no per-head copies)",
+    "hook_q_input": "it is hook_resid_pre (resid keeps no per-head copies)",
+    "hook_k_input": "it is hook_resid_pre (resid keeps no per-head copies)",
+    "hook_v_input": "it is hook_resid_pre (resid keeps no per-head copies)",
+    "hook_mlp_in": "it is hook_resid_mid (hook_resid_pre in parallel blocks)",
+}
+
+
+class HookNameError(ResidError, KeyError):
+    """A name this model's view does not have. A KeyError too, so that `view.get(name)` works as for a dict."""
+
+    __str__ = ResidError.__str__  # KeyError's would print the message in quotes
+
+
+class HookNames(Mapping[str, Tensor]):
+    """Read-only mapping from TransformerLens hook names to the tensors of one run (see the module docstring)."""
+
+    def __init__(self, stream: ResidualStream, config: ModelConfig):
+        self._stream = stream
+        self._centre = config.norm == "layernorm"
+        self._rotary = config.positions == "rotary"
+        self._gated = config.gated_mlp
+        self._parallel = config.block == "parallel"
+        self._n_layers = config.n_layers
+        self._getters: dict[str, Callable[[], Tensor]] = {"hook_embed": lambda: stream.embed}
+        if not self._rotary:
+            self._getters["hook_pos_embed"] = lambda: stream.pos_embed
+        for layer in range(config.n_layers):
+            self._getters.update(self._layer(layer))
+        self._getters["ln_final.hook_scale"] = lambda: 1 / stream.final_norm_scale
+        self._getters["ln_final.hook_normalized"] = lambda: self._unit(stream.final(), stream.final_norm_scale)
+
+    def _layer(self, layer: int) -> dict[str, Callable[[], Tensor]]:
+        stream, at = self._stream, f"blocks.{layer}."
+        attn, mlp = stream.layers[layer].attn, stream.layers[layer].mlp
+        mlp_reads = stream.resid_pre if self._parallel else stream.resid_mid
+        rot = "rot_" if self._rotary else ""
+        names = {
+            "hook_resid_pre": lambda: stream.resid_pre(layer),
+            "ln1.hook_scale": lambda: 1 / attn.norm_scale,
+            "ln1.hook_normalized": lambda: self._unit(stream.resid_pre(layer), attn.norm_scale),
+            f"attn.hook_{rot}q": lambda: attn.q,
+            f"attn.hook_{rot}k": lambda: attn.k,
+            "attn.hook_v": lambda: attn.v,
+            "attn.hook_pattern": lambda: attn.pattern,
+            "attn.hook_z": lambda: attn.z,
+            "hook_attn_out": lambda: attn.out,
+            "hook_resid_mid": lambda: stream.resid_mid(layer),
+            "ln2.hook_scale": lambda: 1 / mlp.norm_scale,
+            "ln2.hook_normalized": lambda: self._unit(mlp_reads(layer), mlp.norm_scale),
+            "mlp.hook_pre": (lambda: mlp.gate) if self._gated else (lambda: mlp.pre),
+            "mlp.hook_pre_linear": lambda: mlp.pre,
+            "mlp.hook_post": lambda: mlp.post,
+            "hook_mlp_out": lambda: mlp.out,
+            "hook_resid_post": lambda: stream.resid_post(layer),
+        }
+        if self._parallel:
+            del names["hook_resid_mid"]
+        if not self._gated:
+            del names["mlp.hook_pre_linear"]
+        return {at + name: get for name, get in names.items()}
+
+    def _unit(
+        self, x: Float[Tensor, "batch pos d_model"], scale: Float[Tensor, "batch pos 1"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """TransformerLens's hook_normalized: the norm's input centred (LayerNorm) and times 1/sigma, before the
+        gain and bias, in float32 as resid's Norm computes it."""
+        x32 = x.float()
+        if self._centre:
+            x32 = x32 - x32.mean(-1, keepdim=True)
+        return (x32 * scale.float()).to(x.dtype)
+
+    def __getitem__(self, name: str) -> Tensor:
+        get = self._getters.get(name)
+        if get is None:
+            raise HookNameError(self._why_missing(name))
+        return get()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._getters  # without computing the value (Mapping's default would)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._getters)
+
+    def __len__(self) -> int:
+        return len(self._getters)
+
+    def __repr__(self) -> str:
+        return f"HookNames({len(self)} TransformerLens names over {self._n_layers} layers)"
+
+    def _why_missing(self, name: str) -> str:
+        per_layer = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
+        suffix = per_layer.group(2) if per_layer else name
+        if per_layer and f"blocks.0.{suffix}" in self._getters and int(per_layer.group(1)) >= self._n_layers:
+            n = self._n_layers
+            return f"{name!r}: layer {per_layer.group(1)} is out of range; the model has {n} layers (0..{n - 1})."
+        reason = NOT_RECORDED.get(suffix) or self._not_in_this_model(suffix)
+        if reason:
+            return f"{name!r} is a TransformerLens name this view does not have: {reason}."
+        close = difflib.get_close_matches(name, self._getters, n=5, cutoff=0.6)
+        hint = f"Did you mean {', '.join(map(repr, close))}?" if close else "list(view) shows every name."
+        return f"{name!r} is not a TransformerLens hook name of this model. {hint} (see docs/hook_names.md)"
+
+    def _not_in_this_model(self, suffix: str) -> str | None:
+        """Names TransformerLens has for other architectures, and what this model has instead."""
+        reasons = {
+            "attn.hook_q": self._rotary and "resid records queries after rotary, TransformerLens's attn.hook_rot_q",
+            "attn.hook_k": self._rotary and "resid records keys after rotary, TransformerLens's attn.hook_rot_k",
+            "attn.hook_rot_q": not self._rotary and "this model has no rotary embedding: use attn.hook_q",
+            "attn.hook_rot_k": not self._rotary and "this model has no rotary embedding: use attn.hook_k",
+            "hook_resid_mid": self._parallel and "parallel blocks have no resid_mid: both sublayers read resid_pre",
+            "mlp.hook_pre_linear": not self._gated and "this MLP is not gated; mlp.hook_pre is its only input",
+            "hook_pos_embed": self._rotary and "this model has rotary positions, no positional embedding write",
+        }
+        return reasons.get(suffix) or None
+
+
+def view(run: Run, model: Transformer) -> HookNames:
+    """The run's stream by TransformerLens hook names, e.g. view(run, model)["blocks.3.hook_resid_pre"]."""
+    return HookNames(run.stream, model.config)

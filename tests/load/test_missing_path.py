@@ -1,0 +1,34 @@
+"""A path that does not exist is reported as a missing path first, not as an unknown model or an offline Hub."""
+
+import pytest
+
+import resid
+
+
+MISSING = ["./no/such/folder", "x/model.gguf", "~/no-such-resid-model", "a/b/c", "w.safetensors"]
+
+
+@pytest.mark.parametrize("name", MISSING)
+def test_missing_path_says_so_first(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(resid.ResidError) as err:
+        resid.load(name)
+    message = str(err.value)
+    assert message.startswith(f"The path {name!r} does not exist")
+    assert "Hub could not be reached" not in message and "Unknown model" not in message
+
+
+def test_missing_path_names_the_nearest_existing_folder(tmp_path):
+    (tmp_path / "models").mkdir()
+    with pytest.raises(resid.ResidError, match=f"nearest existing folder is {tmp_path / 'models'}"):
+        resid.load(tmp_path / "models" / "gpt2-smal" / "weights")
+
+
+def test_org_slash_name_is_still_a_hub_id_but_the_message_leads_with_the_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(resid.ResidError) as err:
+        resid.load("no-such-org/no-such-model")
+    message = str(err.value)
+    assert message.startswith("Nothing exists at the local path 'no-such-org/no-such-model'")
+    assert "could not be reached" in message  # and then the Hub was tried
