@@ -35,6 +35,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_ablation.py
 	$(PY) benchmarks/bench_decompose.py
 	$(PY) benchmarks/bench_neurons.py
+	$(PY) benchmarks/bench_generate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
