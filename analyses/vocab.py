@@ -33,25 +33,7 @@ def single_token_id(model: Transformer, token: str | int, role: str = "target") 
         return token
     if not isinstance(token, str) or token == "":
         raise ResidError(f"The {role} must be a non-empty string or a token id, got {token!r}.")
-    ids = model.require_tokenizer().encode(token, prepend_bos=False)
-    if len(ids) != 1:
-        pieces = model.to_str_tokens(ids)
-        spaced = _spaced_id(model, token)
-        # Only where adding the space gives one token: an emoji or an already spaced phrase gains nothing from it.
-        hint = "" if spaced is None else f" Or, with a leading space, {' ' + token!r} is one token (id {spaced})."
-        raise ResidError(
-            f"The {role} {token!r} is {len(ids)} tokens, {pieces} (ids {ids}), but it must be one token. Pass "
-            f"the first token, {pieces[0]!r} (id {ids[0]}), or an explicit token id.{hint}"
-        )
-    return ids[0]
-
-
-def _spaced_id(model: Transformer, token: str) -> int | None:
-    """The id of " " + token when the token has no leading whitespace and the spaced form is one token."""
-    if not token or token[0].isspace():
-        return None
-    ids = model.require_tokenizer().encode(" " + token, prepend_bos=False)
-    return ids[0] if len(ids) == 1 else None
+    return model.require_tokenizer().token_id(token, role)
 
 
 def spacing_hint(model: Transformer, token: str | int | None, logits_row: Float[Tensor, "d_vocab"]) -> str | None:
@@ -60,7 +42,7 @@ def spacing_hint(model: Transformer, token: str | int | None, logits_row: Float[
     spaced form at least HINT_RATIO times the probability; else None. Ids and None are taken as meant."""
     if not isinstance(token, str) or model.tokenizer is None:
         return None
-    spaced = _spaced_id(model, token)
+    spaced = model.tokenizer.spaced_id(token)
     if spaced is None:
         return None
     given = single_token_id(model, token)

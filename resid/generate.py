@@ -24,7 +24,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from resid.capture import Capture
-from resid.components.attention import AttnContext, KVCache
+from resid.components.attention import KVCache
 from resid.errors import ResidError
 from resid.interventions import HookCall, Intervention, plan
 from resid.tokenizer import Tokens
@@ -161,19 +161,16 @@ def _allowed_last(
 
 def _step(model, ids: Tensor, position_ids: Tensor, allowed: Tensor, cache: KVCache, edits: dict) -> Tensor:
     """Logits [batch d_vocab] after one new position per row, reading the earlier ones from the cache."""
-    resid = model.embed(ids)
-    if model.pos_embed is not None:
-        resid = resid + model.pos_embed(position_ids)
-    cos = sin = None
-    if model.rotary is not None:
-        cos, sin = model.rotary.cos_sin(position_ids, model.dtype)
-    ctx = AttnContext(allowed, ~allowed, cos, sin, cache)
     step = Tokens(ids, torch.ones_like(ids, dtype=torch.bool), position_ids)
+    embed, pos_embed, ctx = model._prepare(step)
+    # The step's own mask would let it see only itself; it reads the cached keys through `allowed`.
+    ctx = dataclasses.replace(ctx, allowed=allowed, blocked=~allowed, cache=cache)
     # A Hook was bound to the prompt's Tokens by `plan`; at this step it edits (and is told about) the new token.
     edits = {key: [(HookCall(iv.hook, step) if isinstance(iv, HookCall) else iv, index) for iv, index in group]
              for key, group in edits.items()}
+    resid = embed if pos_embed is None else embed + pos_embed
     resid, _ = model._blocks(resid, ctx, 0, edits, Capture.none(), None)
-    return model._unembed(resid, Tokens.from_ids(ids), None)[0][:, 0]
+    return model._unembed(resid, step, None)[0][:, 0]
 
 
 def _grown_tokens(tokens: Tokens, new: Tensor, eos: int | None) -> Tokens:

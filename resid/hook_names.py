@@ -23,10 +23,8 @@ import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 
-from jaxtyping import Float
 from torch import Tensor
 
-from resid.config import ModelConfig
 from resid.errors import ResidError
 from resid.model import Run, Transformer
 from resid.stream import ResidualStream
@@ -53,9 +51,10 @@ class HookNameError(ResidError, KeyError):
 class HookNames(Mapping[str, Tensor]):
     """Read-only mapping from TransformerLens hook names to the tensors of one run (see the module docstring)."""
 
-    def __init__(self, stream: ResidualStream, config: ModelConfig):
+    def __init__(self, stream: ResidualStream, model: Transformer):
+        config = model.config
         self._stream = stream
-        self._centre = config.norm == "layernorm"
+        self._model = model
         self._rotary = config.positions == "rotary"
         self._gated = config.gated_mlp
         self._parallel = config.block == "parallel"
@@ -66,17 +65,19 @@ class HookNames(Mapping[str, Tensor]):
         for layer in range(config.n_layers):
             self._getters.update(self._layer(layer))
         self._getters["ln_final.hook_scale"] = lambda: 1 / stream.final_norm_scale
-        self._getters["ln_final.hook_normalized"] = lambda: self._unit(stream.final(), stream.final_norm_scale)
+        self._getters["ln_final.hook_normalized"] = lambda: model.ln_final.standardized(
+            stream.final(), stream.final_norm_scale
+        )
 
     def _layer(self, layer: int) -> dict[str, Callable[[], Tensor]]:
-        stream, at = self._stream, f"blocks.{layer}."
+        stream, at, block = self._stream, f"blocks.{layer}.", self._model.blocks[layer]
         attn, mlp = stream.layers[layer].attn, stream.layers[layer].mlp
         mlp_reads = stream.resid_pre if self._parallel else stream.resid_mid
         rot = "rot_" if self._rotary else ""
         names = {
             "hook_resid_pre": lambda: stream.resid_pre(layer),
             "ln1.hook_scale": lambda: 1 / attn.norm_scale,
-            "ln1.hook_normalized": lambda: self._unit(stream.resid_pre(layer), attn.norm_scale),
+            "ln1.hook_normalized": lambda: block.ln_attn.standardized(stream.resid_pre(layer), attn.norm_scale),
             f"attn.hook_{rot}q": lambda: attn.q,
             f"attn.hook_{rot}k": lambda: attn.k,
             "attn.hook_v": lambda: attn.v,
@@ -85,7 +86,7 @@ class HookNames(Mapping[str, Tensor]):
             "hook_attn_out": lambda: attn.out,
             "hook_resid_mid": lambda: stream.resid_mid(layer),
             "ln2.hook_scale": lambda: 1 / mlp.norm_scale,
-            "ln2.hook_normalized": lambda: self._unit(mlp_reads(layer), mlp.norm_scale),
+            "ln2.hook_normalized": lambda: block.ln_mlp.standardized(mlp_reads(layer), mlp.norm_scale),
             "mlp.hook_pre": (lambda: mlp.gate) if self._gated else (lambda: mlp.pre),
             "mlp.hook_pre_linear": lambda: mlp.pre,
             "mlp.hook_post": lambda: mlp.post,
@@ -97,16 +98,6 @@ class HookNames(Mapping[str, Tensor]):
         if not self._gated:
             del names["mlp.hook_pre_linear"]
         return {at + name: get for name, get in names.items()}
-
-    def _unit(
-        self, x: Float[Tensor, "batch pos d_model"], scale: Float[Tensor, "batch pos 1"]
-    ) -> Float[Tensor, "batch pos d_model"]:
-        """TransformerLens's hook_normalized: the norm's input centred (LayerNorm) and times 1/sigma, before the
-        gain and bias, in float32 as resid's Norm computes it."""
-        x32 = x.float()
-        if self._centre:
-            x32 = x32 - x32.mean(-1, keepdim=True)
-        return (x32 * scale.float()).to(x.dtype)
 
     def __getitem__(self, name: str) -> Tensor:
         get = self._getters.get(name)
@@ -155,4 +146,4 @@ class HookNames(Mapping[str, Tensor]):
 
 def view(run: Run, model: Transformer) -> HookNames:
     """The run's stream by TransformerLens hook names, e.g. view(run, model)["blocks.3.hook_resid_pre"]."""
-    return HookNames(run.stream, model.config)
+    return HookNames(run.stream, model)

@@ -166,23 +166,31 @@ class Tokenizer:
             ids = ids.flatten().tolist()
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def token_id(self, text: str) -> int:
+    def token_id(self, text: str, role: str = "text") -> int:
         """The id of `text` when it encodes to exactly one token (no BOS), e.g. token_id(" Mary"); any other
-        text is an error showing its pieces. The text is what a prompt would contain, not the vocabulary's
-        spelling of it (byte-level BPE stores " Mary" as 'ĠMary')."""
+        text is an error showing its pieces (`role` names it there: "target", "baseline", ...). The text is what
+        a prompt would contain, not the vocabulary's spelling of it (byte-level BPE stores " Mary" as 'ĠMary')."""
         if not isinstance(text, str) or text == "":
-            raise ResidError(f"token_id needs a non-empty string, got {text!r}.")
+            raise ResidError(f"The {role} must be a non-empty string, got {text!r}.")
         ids = self.encode(text, prepend_bos=False)
         if len(ids) == 1:
             return ids[0]
-        hints = []
+        pieces = self.to_str_tokens(ids)
+        hints = ""
         spelled = self.tokenizer.token_to_id(text)
-        if spelled is not None:
-            # The user copied a vocabulary entry ('ĠMary'); name the text that encodes to it.
-            hints.append(f"{text!r} is the vocabulary's spelling of token {spelled}, text {self.decode(spelled)!r}")
-        if not text.startswith(" ") and len(self.encode(" " + text, prepend_bos=False)) == 1:
-            hints.append(f"{' ' + text!r} (with a leading space) is one token")
+        if spelled is not None:  # the user copied a vocabulary entry ('ĠMary'): name the text that encodes to it
+            hints += f" {text!r} is the vocabulary's spelling of token {spelled}, text {self.decode(spelled)!r}."
+        spaced = self.spaced_id(text)
+        if spaced is not None:  # only where the space helps: an emoji or a spaced phrase gains nothing from it
+            hints += f" Or, with a leading space, {' ' + text!r} is one token (id {spaced})."
         raise ResidError(
-            f"{text!r} is {len(ids)} tokens, {self.to_str_tokens(ids)} (ids {ids}), not one: pass text that "
-            "encodes to a single token" + "".join(f"; {hint}" for hint in hints) + "."
+            f"The {role} {text!r} is {len(ids)} tokens, {pieces} (ids {ids}), but it must be one token. Pass the "
+            f"first token, {pieces[0]!r} (id {ids[0]}), or an explicit token id.{hints}"
         )
+
+    def spaced_id(self, text: str) -> int | None:
+        """The id of " " + text when text has no leading whitespace and the spaced form is one token."""
+        if not text or text[0].isspace():
+            return None
+        ids = self.encode(" " + text, prepend_bos=False)
+        return ids[0] if len(ids) == 1 else None

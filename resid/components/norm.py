@@ -35,14 +35,16 @@ class Norm(nn.Module):
         # The gain in float32 before adding the offset: Gemma's 1 + w rounded to bfloat16 would lose most of w.
         return self.w.float() + self.gain_offset
 
+    def _centred(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        x32 = x.float()
+        return x32 - x32.mean(-1, keepdim=True) if self.centre else x32
+
     def forward(
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
     ) -> tuple[Float[Tensor, "*batch d_model"], Float[Tensor, "*batch 1"]]:
         """(normalized x, the scale used). With `scale` given it is used as is (frozen) instead of being
         computed from x, in the same float32 arithmetic."""
-        x32 = x.float()
-        if self.centre:
-            x32 = x32 - x32.mean(-1, keepdim=True)
+        x32 = self._centred(x)
         if scale is None:
             scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         normalized = x32 * scale.float() * self._gain32()
@@ -50,12 +52,15 @@ class Norm(nn.Module):
             normalized = normalized + self.b.float()
         return normalized.to(x.dtype), scale.to(x.dtype)
 
+    def standardized(
+        self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]
+    ) -> Float[Tensor, "*batch d_model"]:
+        """centre(x) * scale: the norm before its gain and bias (TransformerLens's hook_normalized)."""
+        return (self._centred(x) * scale.float()).to(x.dtype)
+
     def linear(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """g * centre(x) in float32: the norm without its scale and bias (what a write becomes, up to s)."""
-        x32 = x.float()
-        if self.centre:
-            x32 = x32 - x32.mean(-1, keepdim=True)
-        return x32 * self._gain32()
+        return self._centred(x) * self._gain32()
 
     def fold(self, u: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The adjoint of `linear`, in float32: linear(x) . u == x . fold(u). Centering is self-adjoint, so
