@@ -11,8 +11,8 @@ from typing import Literal, get_args
 
 from resid.errors import ResidError
 
-AttnField = Literal["normalized", "norm_scale", "q", "k", "v", "pattern", "z", "out"]
-MLPField = Literal["normalized", "norm_scale", "pre", "gate", "post", "out"]
+AttnField = Literal["normalized", "norm_scale", "q", "k", "v", "pattern", "z", "post_norm_scale", "out"]
+MLPField = Literal["normalized", "norm_scale", "pre", "gate", "post", "post_norm_scale", "out"]
 ATTN_FIELDS: frozenset[str] = frozenset(get_args(AttnField))
 MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
 

@@ -1,7 +1,8 @@
 """ModelConfig: everything that distinguishes one decoder-only architecture from another.
 
-An architecture in resid is a config plus a weight-key table (resid/load/), never a branch in the forward
-pass: GPT-2, Llama, Mistral, Qwen2, GPT-NeoX and Gemma differ only in the values below.
+An architecture in resid is a config plus a weight-key table (resid/load/), never a branch on its name in the
+forward pass: GPT-2, Llama 1-3, Mistral, Qwen2/3, GPT-NeoX, Gemma 1-3, Phi-3, OLMo 2 and Mixtral differ only
+in the values below (norm placement, q/k norms, soft caps, per-layer windows and rope bases, experts).
 """
 
 import dataclasses
@@ -9,6 +10,31 @@ from dataclasses import dataclass
 from typing import Literal
 
 from resid.errors import ResidError
+
+LayerType = Literal["full", "sliding"]  # global attention, or a sliding window (and the local rope base)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary scaling as transformers computes it (modeling_rope_utils), for the layers it applies to:
+
+    linear   every frequency divided by `factor` (position interpolation)
+    dynamic  NTK-aware: past `original_n_ctx` positions the base grows with the sequence length
+    llama3   low frequencies divided by `factor`, high ones kept, a smooth ramp between (Llama 3.1+)
+    yarn     NTK-by-parts ramp between interpolation and extrapolation, cos/sin times `attention_factor`
+    """
+
+    kind: Literal["linear", "dynamic", "llama3", "yarn"]
+    factor: float
+    original_n_ctx: int | None = None  # the pre-training context (llama3, yarn, dynamic)
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: None = 0.1 ln(factor) + 1 (or the mscale ratio)
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dims
 
 
 @dataclass(frozen=True)
@@ -28,20 +54,44 @@ class ModelConfig:
     block: Literal["sequential", "parallel"] = "sequential"  # parallel: attn and MLP both read resid_pre
     positions: Literal["learned", "rotary"] = "rotary"  # learned: W_pos added to the embedding
     rotary_dim: int | None = None  # leading dims of each head that rotate (partial rotary); None = d_head
-    rotary_base: float = 10000.0  # theta of the rotary frequencies
+    rotary_base: float = 10000.0  # theta of the rotary frequencies (of "full" layers, when they differ)
+    rope_scaling: RopeScaling | None = None  # scaling of the "full" layers' rotary frequencies
+    rotary_base_local: float | None = None  # "sliding" layers' theta, unscaled (Gemma 3); None = as "full"
     attn_qkv_bias: bool = False  # q, k and v projections have biases (GPT-2, Qwen2, GPT-NeoX)
     attn_out_bias: bool = False  # output projection has a bias (GPT-2, GPT-NeoX)
     attn_scale: float | None = None  # multiplies q.k; None = 1 / sqrt(d_head)
     sliding_window: int | None = None  # each query sees at most this many keys (itself included)
+    layer_types: tuple[LayerType, ...] | None = None  # per layer; None = all "sliding" with a window, else "full"
+    pre_norms: bool = True  # each sublayer reads a norm of the residual (OLMo 2 reads the residual itself)
+    post_norms: bool = False  # each sublayer's output is normed before it is written (Gemma 2/3, OLMo 2)
+    qk_norm: Literal["none", "head", "all"] = "none"  # RMSNorm of q and k before rotary: per head (Qwen3,
+    # Gemma 3) or over all heads together (OLMo 2)
+    attn_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2)
     act: Literal["gelu", "gelu_new", "relu", "silu"] = "silu"  # gelu_new is the tanh approximation
     gated_mlp: bool = True  # post = act(x W_gate) * (x W_in): SwiGLU with silu, GeGLU with gelu(_new)
     mlp_bias: bool = False  # W_in, W_gate and W_out have biases
     tie_embeddings: bool = False  # W_U is W_E transposed (one tensor)
     unembed_bias: bool = False  # the unembedding has a bias b_U
     embed_scale: float = 1.0  # the token embedding is multiplied by this (Gemma: sqrt(d_model))
+    n_experts: int = 0  # > 0: each MLP is a sparse mixture of this many experts of width d_mlp (Mixtral)
+    experts_per_token: int = 0  # experts each token is routed to (top-k of the router's softmax)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # from to_dict()
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         problems = []
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.n_layers or not set(self.layer_types) <= {"full", "sliding"}:
+                problems.append(f"layer_types must give 'full' or 'sliding' for each of the {self.n_layers} layers")
+            elif "sliding" in self.layer_types and self.sliding_window is None:
+                problems.append("layer_types has 'sliding' layers but sliding_window is None")
+        if self.n_experts and not 0 < self.experts_per_token <= self.n_experts:
+            problems.append(f"experts_per_token={self.experts_per_token} must be in 1..n_experts={self.n_experts}")
+        if not self.pre_norms and not self.post_norms:
+            problems.append("a model needs pre_norms or post_norms")
         if self.n_heads % self.n_kv_heads:
             problems.append(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         rotary_dim = self.rotary_dim if self.rotary_dim is not None else self.d_head
@@ -59,6 +109,19 @@ class ModelConfig:
         if self.positions != "rotary":
             return 0
         return self.rotary_dim if self.rotary_dim is not None else self.d_head
+
+    def layer_type(self, layer: int) -> LayerType:
+        """Whether `layer` attends globally or within the sliding window (with the local rope base)."""
+        if self.layer_types is not None:
+            return self.layer_types[layer]
+        return "sliding" if self.sliding_window is not None else "full"
+
+    @property
+    def layer_types_used(self) -> frozenset[str]:
+        return frozenset(self.layer_type(layer) for layer in range(self.n_layers))
+
+    def window(self, layer_type: LayerType) -> int | None:
+        return self.sliding_window if layer_type == "sliding" else None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -82,7 +82,8 @@ def generate(
             if step == max_new_tokens - 1 or (eos is not None and bool(done.all())):
                 break
             position_ids = position_ids + 1
-            allowed = _allowed_last(mask[:, : n_prompt + step + 1], model.config.sliding_window)
+            cfg = model.config
+            allowed = {kind: _allowed_last(mask[:, : n_prompt + step + 1], cfg.window(kind)) for kind in cfg.layer_types_used}
             logits = _step(model, next_ids[:, None], position_ids, allowed, cache, step_edits)
     new = torch.stack(new_ids, dim=1)
     return Generation(
@@ -159,12 +160,12 @@ def _allowed_last(
     return allowed[:, None, None, :]
 
 
-def _step(model, ids: Tensor, position_ids: Tensor, allowed: Tensor, cache: KVCache, edits: dict) -> Tensor:
+def _step(model, ids: Tensor, position_ids: Tensor, allowed: dict[str, Tensor], cache: KVCache, edits: dict) -> Tensor:
     """Logits [batch d_vocab] after one new position per row, reading the earlier ones from the cache."""
     step = Tokens(ids, torch.ones_like(ids, dtype=torch.bool), position_ids)
     embed, pos_embed, ctx = model._prepare(step)
     # The step's own mask would let it see only itself; it reads the cached keys through `allowed`.
-    ctx = dataclasses.replace(ctx, allowed=allowed, blocked=~allowed, cache=cache)
+    ctx = dataclasses.replace(ctx, allowed=allowed, blocked={kind: ~mask for kind, mask in allowed.items()}, cache=cache)
     # A Hook was bound to the prompt's Tokens by `plan`; at this step it edits (and is told about) the new token.
     edits = {key: [(HookCall(iv.hook, step) if isinstance(iv, HookCall) else iv, index) for iv, index in group]
              for key, group in edits.items()}

@@ -64,6 +64,9 @@ class Transformer(nn.Module):
         self.embed = Embed(config)
         self.pos_embed = PosEmbed(config) if config.positions == "learned" else None
         self.rotary = Rotary(config) if config.positions == "rotary" else None
+        # Gemma 3's sliding layers rotate with their own (local, unscaled) base
+        local = config.positions == "rotary" and config.rotary_base_local is not None
+        self.rotary_local = Rotary(config, base=config.rotary_base_local, scaled=False) if local else None
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_final = Norm(config)
         self.unembed = Unembed(config, self.embed)
@@ -214,11 +217,15 @@ class Transformer(nn.Module):
         cfg = self.config
         tok_embed = self.embed(tokens.ids) if embed else None
         pos_embed = self.pos_embed(tokens.position_ids) if embed and self.pos_embed is not None else None
-        cos = sin = None
+        kinds = cfg.layer_types_used
+        rotary = {}
         if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(tokens.position_ids, self.dtype)
-        allowed = allowed_keys(tokens.attention_mask, cfg.sliding_window)
-        return tok_embed, pos_embed, AttnContext(allowed, ~allowed, cos, sin)
+            angles = self.rotary.cos_sin(tokens.position_ids, self.dtype)
+            rotary = {kind: angles for kind in kinds}
+            if self.rotary_local is not None and "sliding" in kinds:
+                rotary["sliding"] = self.rotary_local.cos_sin(tokens.position_ids, self.dtype)
+        allowed = {kind: allowed_keys(tokens.attention_mask, cfg.window(kind)) for kind in kinds}
+        return tok_embed, pos_embed, AttnContext.build(allowed, rotary)
 
     def _blocks(self, resid: Tensor, ctx: AttnContext, start: int, edits: dict, capture: Capture, keep):
         records = []
@@ -254,8 +261,13 @@ class Transformer(nn.Module):
     def _record(self, layer: int, attn: dict, mlp: dict, keep) -> LayerRecord:
         attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in attn.items()}
         mlp = {name: keep(t) for name, t in mlp.items()}
+        absent = {}
+        if not self.config.pre_norms:
+            absent["normalized"] = absent["norm_scale"] = "this model's sublayers read the residual without a norm"
+        if not self.config.post_norms:
+            absent["post_norm_scale"] = "this model has no post-norms (its sublayer outputs are written as they are)"
         no_gate = {} if self.config.gated_mlp else {"gate": "this model's MLP is not gated (post = act(pre))"}
-        return LayerRecord(AttnRecord(layer, attn), MLPRecord(layer, mlp, no_gate))
+        return LayerRecord(AttnRecord(layer, attn, absent), MLPRecord(layer, mlp, {**absent, **no_gate}))
 
 
 def _logit_index(logits_at: "LogitsAt", tokens: Tokens) -> Tensor | None:

@@ -60,6 +60,12 @@ class _Record:
         """The sublayer norm's 1/sigma (LayerNorm) or 1/rms (RMSNorm) of the residual it reads."""
         return self._get("norm_scale")
 
+    @property
+    def post_norm_scale(self) -> Float[Tensor, "batch pos 1"]:
+        """Models with post-norms (Gemma 2/3, OLMo 2): the scale of the norm applied to the sublayer's output
+        before it is written. Frozen, it makes the write linear in the output (per-head, per-neuron writes)."""
+        return self._get("post_norm_scale")
+
 
 class AttnRecord(_Record):
     _part = "attn"
@@ -90,7 +96,8 @@ class AttnRecord(_Record):
 
     @property
     def out(self) -> Float[Tensor, "batch pos d_model"]:
-        """The sublayer's write into the residual stream (sum over heads of z @ W_O, plus b_O)."""
+        """The sublayer's write into the residual stream (sum over heads of z @ W_O, plus b_O; through the
+        post-norm in models that have one)."""
         return self._get("out")
 
 
@@ -115,7 +122,7 @@ class MLPRecord(_Record):
 
     @property
     def out(self) -> Float[Tensor, "batch pos d_model"]:
-        """The sublayer's write: post @ W_out + b_out."""
+        """The sublayer's write: post @ W_out + b_out (through the post-norm in models that have one)."""
         return self._get("out")
 
 

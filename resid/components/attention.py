@@ -1,4 +1,5 @@
-"""Causal multi-head / grouped-query attention with per-head weight views.
+"""Causal multi-head / grouped-query attention with per-head weight views, optional q/k norms (Qwen3, Gemma 3,
+OLMo 2), score soft-capping (Gemma 2) and a per-layer sliding window and rotary (Gemma 2/3, Qwen2 windows).
 
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
 projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its
@@ -14,8 +15,9 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from resid.components.norm import Norm
 from resid.components.rotary import Rotary
-from resid.config import ModelConfig
+from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
 
 
@@ -50,13 +52,16 @@ class KVCache:
 
 @dataclass(frozen=True)
 class AttnContext:
-    """What every attention layer of one run shares."""
+    """What every attention layer of one run shares, per layer type ("full" / "sliding")."""
 
-    allowed: Bool[Tensor, "batch 1 pos key_pos"]  # True where a query may read a key
-    blocked: Bool[Tensor, "batch 1 pos key_pos"]  # ~allowed, computed once per run for the explicit path
-    cos: Tensor | None  # rotary angles for these position ids, or None for learned positions
-    sin: Tensor | None
+    allowed: dict[str, Bool[Tensor, "batch 1 pos key_pos"]]  # True where a query may read a key
+    blocked: dict[str, Bool[Tensor, "batch 1 pos key_pos"]]  # ~allowed, computed once per run (explicit path)
+    rotary: dict[str, tuple[Tensor, Tensor]]  # (cos, sin) for these position ids; empty for learned positions
     cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
+
+    @classmethod
+    def build(cls, allowed: dict[str, Tensor], rotary: dict[str, tuple[Tensor, Tensor]]) -> "AttnContext":
+        return cls(allowed, {kind: ~mask for kind, mask in allowed.items()}, rotary)
 
 
 def allowed_keys(
@@ -79,9 +84,16 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
+        self.layer_type: LayerType = config.layer_type(layer)
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
         d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
         self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
+        self.softcap = config.attn_softcap
+        # q/k RMSNorm before rotary: over each head's d_head dims, or over the whole projection (OLMo 2)
+        self.qk_norm = config.qk_norm
+        per_head = config.qk_norm == "head"
+        self.q_norm = Norm(config, config.d_head if per_head else d_q, rms=True) if config.qk_norm != "none" else None
+        self.k_norm = Norm(config, config.d_head if per_head else d_kv, rms=True) if config.qk_norm != "none" else None
         self._w_q = nn.Parameter(torch.zeros(d_q, d_model))
         self._w_k = nn.Parameter(torch.zeros(d_kv, d_model))
         self._w_v = nn.Parameter(torch.zeros(d_kv, d_model))
@@ -127,33 +139,52 @@ class Attention(nn.Module):
         want: frozenset[str],
         edits: Sequence[Edit],
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
+        """The attention output before any post-norm (resid.components.block applies that, and the write edits);
+        head edits act on z here."""
         batch, n_pos, _ = normalized.shape
-        q = F.linear(normalized, self._w_q, self._b_q).view(batch, n_pos, self.n_heads, self.d_head)
-        k = F.linear(normalized, self._w_k, self._b_k).view(batch, n_pos, self.n_kv_heads, self.d_head)
+        q = F.linear(normalized, self._w_q, self._b_q)
+        k = F.linear(normalized, self._w_k, self._b_k)
         v = F.linear(normalized, self._w_v, self._b_v).view(batch, n_pos, self.n_kv_heads, self.d_head)
-        if ctx.cos is not None:
-            q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
+        if self.qk_norm == "all":
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        q = q.view(batch, n_pos, self.n_heads, self.d_head)
+        k = k.view(batch, n_pos, self.n_kv_heads, self.d_head)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        if ctx.rotary:
+            cos, sin = ctx.rotary[self.layer_type]
+            q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if ctx.cache is not None:
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
-        # z always comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
-        z_h = F.scaled_dot_product_attention(
-            q_h, k_h, v_h, attn_mask=ctx.allowed, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
-        )
-        pattern = self._pattern(q_h, k_h, ctx) if "pattern" in want else None
+        pattern = None
+        if self.softcap is not None:
+            # SDPA cannot soft-cap scores: the explicit path, as Hugging Face's eager attention computes it.
+            pattern = self._pattern(q_h, k_h, ctx)
+            z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        else:
+            # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
+            z_h = F.scaled_dot_product_attention(
+                q_h, k_h, v_h, attn_mask=ctx.allowed[self.layer_type], scale=self.scale,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )
+            if "pattern" in want:
+                pattern = self._pattern(q_h, k_h, ctx)
         z = apply_edits(z_h.transpose(1, 2), edits, "head")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
-        out = apply_edits(out, edits, "write")
-        values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z, "out": out}
+        values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z}
         return out, {name: values[name] for name in want if values.get(name) is not None}
 
     def _pattern(
         self, q_h: Float[Tensor, "batch head pos d_head"], k_h: Float[Tensor, "batch kv_head key_pos d_head"], ctx: AttnContext
     ) -> Float[Tensor, "batch head pos key_pos"]:
-        """softmax(q k^T * scale) over the allowed keys, in float32, as the eager Hugging Face attention does."""
+        """softmax(q k^T * scale) over the allowed keys (scores soft-capped first if the model caps them), in
+        float32, as the eager Hugging Face attention does."""
         k_r = k_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
-        scores = scores.masked_fill(ctx.blocked, float("-inf"))
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = scores.masked_fill(ctx.blocked[self.layer_type], float("-inf"))
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_h.dtype)

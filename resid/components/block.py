@@ -1,4 +1,4 @@
-"""One Transformer block. Sequential (pre-norm):
+"""One Transformer block. Sequential, pre-norm (GPT-2, Llama, ...):
 
     resid_mid  = resid_pre + attn(ln_attn(resid_pre))
     resid_post = resid_mid + mlp(ln_mlp(resid_mid))
@@ -6,6 +6,15 @@
 Parallel (GPT-NeoX, GPT-J): both sublayers read resid_pre, and there is no resid_mid:
 
     resid_post = resid_pre + attn(ln_attn(resid_pre)) + mlp(ln_mlp(resid_pre))
+
+With post-norms each sublayer's output is normed before it is written: Gemma 2/3 keep the pre-norms too
+("sandwich"), OLMo 2 has post-norms only (its sublayers read the residual itself):
+
+    resid_mid  = resid_pre + ln_attn_post(attn(ln_attn(resid_pre)))
+
+The write a sublayer adds to the residual (its record's `out`) is always after the post-norm; whole-write
+interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write is linear in the
+sublayer output, so per-head and per-neuron writes still sum to it (analyses.attribution).
 """
 
 from collections.abc import Sequence
@@ -17,7 +26,7 @@ from resid.components.attention import Attention, AttnContext
 from resid.components.mlp import MLP
 from resid.components.norm import Norm
 from resid.config import ModelConfig
-from resid.interventions import Edit
+from resid.interventions import Edit, apply_edits
 
 
 class Block(nn.Module):
@@ -25,10 +34,12 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.parallel = config.block == "parallel"
-        self.ln_attn = Norm(config)
+        self.ln_attn = Norm(config) if config.pre_norms else None
         self.attn = Attention(config, layer)
-        self.ln_mlp = Norm(config)
+        self.ln_attn_post = Norm(config) if config.post_norms else None
+        self.ln_mlp = Norm(config) if config.pre_norms else None
         self.mlp = MLP(config, layer)
+        self.ln_mlp_post = Norm(config) if config.post_norms else None
 
     def forward(
         self,
@@ -39,18 +50,43 @@ class Block(nn.Module):
         edits_attn: Sequence[Edit] = (),
         edits_mlp: Sequence[Edit] = (),
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor], dict[str, Tensor]]:
-        attn_in, attn_scale = self.ln_attn(resid_pre)
-        attn_out, attn_values = self.attn(attn_in, ctx, want_attn, edits_attn)
+        attn_values: dict[str, Tensor] = {}
+        mlp_values: dict[str, Tensor] = {}
+        attn_in = _pre(self.ln_attn, resid_pre, attn_values, want_attn)
+        attn_raw, found = self.attn(attn_in, ctx, want_attn, edits_attn)
+        attn_values.update(found)
+        attn_out = _post(self.ln_attn_post, attn_raw, edits_attn, attn_values, want_attn)
         mlp_reads = resid_pre if self.parallel else resid_pre + attn_out
-        mlp_in, mlp_scale = self.ln_mlp(mlp_reads)
-        mlp_out, mlp_values = self.mlp(mlp_in, want_mlp, edits_mlp)
+        mlp_in = _pre(self.ln_mlp, mlp_reads, mlp_values, want_mlp)
+        mlp_raw, found = self.mlp(mlp_in, want_mlp, edits_mlp)
+        mlp_values.update(found)
+        mlp_out = _post(self.ln_mlp_post, mlp_raw, edits_mlp, mlp_values, want_mlp)
         resid_post = (resid_pre + attn_out if self.parallel else mlp_reads) + mlp_out
-        for values, normalized, scale, want in (
-            (attn_values, attn_in, attn_scale, want_attn),
-            (mlp_values, mlp_in, mlp_scale, want_mlp),
-        ):
-            if "normalized" in want:
-                values["normalized"] = normalized
-            if "norm_scale" in want:
-                values["norm_scale"] = scale
         return resid_post, attn_values, mlp_values
+
+
+def _pre(norm: Norm | None, resid: Tensor, values: dict[str, Tensor], want: frozenset[str]) -> Tensor:
+    """The sublayer's input: the norm of the residual it reads (or the residual itself, without pre-norms)."""
+    if norm is None:
+        return resid
+    normalized, scale = norm(resid)
+    if "normalized" in want:
+        values["normalized"] = normalized
+    if "norm_scale" in want:
+        values["norm_scale"] = scale
+    return normalized
+
+
+def _post(
+    norm: Norm | None, raw: Tensor, edits: Sequence[Edit], values: dict[str, Tensor], want: frozenset[str]
+) -> Tensor:
+    """The write into the residual: the post-norm of the sublayer output (if any), then whole-write edits."""
+    out = raw
+    if norm is not None:
+        out, scale = norm(raw)
+        if "post_norm_scale" in want:
+            values["post_norm_scale"] = scale
+    out = apply_edits(out, edits, "write")
+    if "out" in want:
+        values["out"] = out
+    return out

@@ -32,8 +32,9 @@ class PosEmbed(nn.Module):
 
 
 class Unembed(nn.Module):
-    """logits = normalized_final @ W_U + b_U. W_U is stored as [d_vocab d_model] so that a tied model
-    shares one tensor with W_E; `W_U` is its [d_model d_vocab] view."""
+    """logits = normalized_final @ W_U + b_U, soft-capped to cap * tanh(logits / cap) in models with a final
+    soft cap (Gemma 2). W_U is stored as [d_vocab d_model] so that a tied model shares one tensor with W_E;
+    `W_U` is its [d_model d_vocab] view. `raw` gives the logits before the cap, which are linear in x."""
 
     def __init__(self, config: ModelConfig, embed: Embed):
         super().__init__()
@@ -42,10 +43,18 @@ class Unembed(nn.Module):
         else:
             self.weight = nn.Parameter(torch.zeros(config.d_vocab, config.d_model))
         self.b_U = nn.Parameter(torch.zeros(config.d_vocab)) if config.unembed_bias else None
+        self.softcap = config.final_softcap
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.weight.T
 
-    def forward(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
+    def raw(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
         return F.linear(x, self.weight, self.b_U)
+
+    def cap(self, logits: Float[Tensor, "*batch"]) -> Float[Tensor, "*batch"]:
+        """The final soft cap (identity for models without one)."""
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
+
+    def forward(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
+        return self.cap(self.raw(x))

@@ -55,6 +55,7 @@ class MLP(nn.Module):
     def forward(
         self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Edit]
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
+        """The MLP output before any post-norm (the block applies that, and the write edits)."""
         pre = F.linear(normalized, self._w_in, self.b_in)
         gate = None
         if self._w_gate is not None:
@@ -64,6 +65,5 @@ class MLP(nn.Module):
             post = self.act(pre)
         post = apply_edits(post, edits, "neuron")
         out = F.linear(post, self._w_out, self.b_out)
-        out = apply_edits(out, edits, "write")
-        values = {"pre": pre, "gate": gate, "post": post, "out": out}
+        values = {"pre": pre, "gate": gate, "post": post}
         return out, {name: values[name] for name in want if values.get(name) is not None}

@@ -18,13 +18,15 @@ from resid.config import ModelConfig
 
 
 class Norm(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, width: int | None = None, rms: bool = False):
+        """A norm of the residual (width d_model), or of `width` dims (q/k norms: always RMSNorm, rms=True)."""
         super().__init__()
-        self.centre = config.norm == "layernorm"
+        width = config.d_model if width is None else width
+        self.centre = config.norm == "layernorm" and not rms
         self.eps = config.norm_eps
         self.gain_offset = config.norm_gain_offset
-        self.w = nn.Parameter(torch.ones(config.d_model) - config.norm_gain_offset)
-        self.b = nn.Parameter(torch.zeros(config.d_model)) if self.centre else None
+        self.w = nn.Parameter(torch.ones(width) - config.norm_gain_offset)
+        self.b = nn.Parameter(torch.zeros(width)) if self.centre else None
 
     @property
     def gain(self) -> Float[Tensor, "d_model"]:
@@ -67,6 +69,10 @@ class Norm(nn.Module):
         fold(u) = centre(g * u)."""
         gained = u.float() * self._gain32()
         return gained - gained.mean(-1, keepdim=True) if self.centre else gained
+
+    def pull_back(self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]) -> Float[Tensor, "*batch d_model"]:
+        """fold(u) * scale: what `u` read after this norm (scale frozen) reads before it, up to bias_dot(u)."""
+        return self.fold(u) * scale.float()
 
     def bias_dot(self, u: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
         """b . u (zero for RMSNorm), in float32."""

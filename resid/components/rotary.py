@@ -1,15 +1,19 @@
-"""Rotary position embedding (Su et al. 2021) in Hugging Face's `rotate_half` layout.
+"""Rotary position embedding (Su et al. 2021) in Hugging Face's `rotate_half` layout, with the scaling schemes
+of transformers' modeling_rope_utils (linear, dynamic NTK, llama3, yarn).
 
 The first `rotary_dims` dims of each head are split in two halves (x1, x2) that rotate as complex pairs
-(x1[i], x2[i]) with frequency base^(-2i/rotary_dims); the remaining dims pass through (partial rotary,
-GPT-NeoX). llama.cpp stores Q/K rows interleaved instead; the GGUF loader un-permutes them.
+(x1[i], x2[i]) with frequency inv_freq[i] = base^(-2i/rotary_dims), rescaled by the scheme; the remaining
+dims pass through (partial rotary, GPT-NeoX, Phi). llama.cpp stores Q/K rows interleaved instead; the GGUF
+loader un-permutes them. Gemma 3 has two rotaries: its sliding layers use a local base, unscaled.
 """
+
+import math
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from resid.config import ModelConfig
+from resid.config import ModelConfig, RopeScaling
 
 
 def rotate_half(x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
@@ -17,20 +21,92 @@ def rotate_half(x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _plain(base: float, dims: int) -> Float[Tensor, "half"]:
+    return 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.int64).float() / dims))
+
+
+def inverse_frequencies(
+    base: float, dims: int, scaling: RopeScaling | None, n_ctx: int, seq_len: int | None = None
+) -> tuple[Float[Tensor, "half"], float]:
+    """(inv_freq, attention factor multiplying cos and sin), as transformers computes them for this scheme.
+    `seq_len` matters only to dynamic scaling, which changes the base once a sequence outgrows `n_ctx`."""
+    if scaling is None:
+        return _plain(base, dims), 1.0
+    factor = scaling.factor
+    if scaling.kind == "linear":
+        return _plain(base, dims) / factor, 1.0
+    if scaling.kind == "dynamic":
+        original = scaling.original_n_ctx or n_ctx
+        seq_len = max(seq_len or original, original)
+        grown = base * ((factor * seq_len / original) - (factor - 1)) ** (dims / (dims - 2))
+        return _plain(grown, dims), 1.0
+    if scaling.kind == "llama3":
+        inv_freq = _plain(base, dims)
+        old = scaling.original_n_ctx or n_ctx
+        low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    return _yarn(base, dims, scaling)
+
+
+def _yarn(base: float, dims: int, scaling: RopeScaling) -> tuple[Float[Tensor, "half"], float]:
+    factor, original = scaling.factor, scaling.original_n_ctx
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.attention_factor
+    if attention is None:
+        if scaling.mscale and scaling.mscale_all_dim:
+            attention = mscale(factor, scaling.mscale) / mscale(factor, scaling.mscale_all_dim)
+        else:
+            attention = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dims * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dims // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dims, 2).float() / dims)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention)
+
+
 class Rotary(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, base: float | None = None, scaled: bool = True):
         super().__init__()
         self.dims = config.rotary_dims
-        exponents = torch.arange(0, self.dims, 2, dtype=torch.int64).float() / self.dims
-        self.register_buffer("inv_freq", 1.0 / (config.rotary_base**exponents), persistent=False)
+        self.base = config.rotary_base if base is None else base
+        self.scaling = config.rope_scaling if scaled else None
+        self.n_ctx = config.n_ctx
+        inv_freq, self.attention_factor = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def cos_sin(
         self, position_ids: Int[Tensor, "batch pos"], dtype: torch.dtype
     ) -> tuple[Float[Tensor, "batch pos 1 rot"], Float[Tensor, "batch pos 1 rot"]]:
+        inv_freq = self.inv_freq
+        if self.scaling is not None and self.scaling.kind == "dynamic":
+            seq_len = int(position_ids.max()) + 1 if position_ids.numel() else 1
+            inv_freq, _ = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx, seq_len)
+            inv_freq = inv_freq.to(position_ids.device)
         # Angles in float32 even for half-precision models: positions times frequencies lose digits otherwise.
-        freqs = position_ids.float()[..., None] * self.inv_freq.float()
+        freqs = position_ids.float()[..., None] * inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
 
     @staticmethod
     def apply(
