@@ -14,6 +14,12 @@ holds exactly, component by component, at three levels of detail:
 and one `final_bias` row: the final norm's bias and the unembedding bias, projected (zero for models with
 neither). Heads and neurons are computed projected, never materializing [batch pos head d_model], and only
 the attributed position is captured. Projections run in float32 whatever the model dtype.
+
+Post-norms (Gemma 2/3, OLMo 2): a sublayer's write is its output through a norm; with that norm's scale frozen
+too, the direction is pulled back through it (Norm.pull_back), so heads and neurons still sum to the write
+(a LayerNorm post-norm's bias is its own `post_norm_bias` row). A final soft cap (Gemma 2) is not linear: the
+rows decompose the logit before the cap, `logit` is that value, `logit_capped` the model's capped one, and
+df.attrs["notes"] says so.
 """
 
 from collections.abc import Sequence
@@ -107,13 +113,15 @@ def _attribute(
     level: str,
     pos: int,
 ) -> tuple[pd.DataFrame, list[str]]:
-    capture = Capture(  # heads need z, neurons post; whole sublayers their write; only at `pos`
+    post = {"post_norm_scale"} if model.config.post_norms else set()
+    capture = Capture(  # heads need z, neurons post (and the post-norm scale); sublayers their write; at `pos`
         positions=[pos],
-        attn={"z"} if level != "sublayer" else {"out"},
-        mlp={"post"} if level == "neuron" else {"out"},
+        attn={"z", *post} if level != "sublayer" else {"out"},
+        mlp={"post", *post} if level == "neuron" else {"out"},
     )
     run = model.run(tokens, capture=capture, logits_at=[pos])
-    logits = run.logits[:, 0].float()
+    capped = run.uncapped_logits is not None
+    logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()
     wanted = [None] * len(chunk) if targets is None else [targets[i] for i in chunk]
     target_list = [top[b] if t is None else t for b, t in enumerate(wanted)]  # None: the top prediction
@@ -121,9 +129,13 @@ def _attribute(
     stream = run.stream
     direction = model.readout.logit_direction(target_list, stream.final_norm_scale[:, 0], baseline_list)
     rows = torch.arange(len(chunk), device=model.device)
-    actual = logits[rows, torch.tensor(target_list, device=model.device)]
-    if baseline_list is not None:
-        actual = actual - logits[rows, torch.tensor(baseline_list, device=model.device)]
+    def value(of: Tensor) -> Tensor:
+        picked = of[rows, torch.tensor(target_list, device=model.device)]
+        if baseline_list is not None:
+            picked = picked - of[rows, torch.tensor(baseline_list, device=model.device)]
+        return picked
+
+    actual = value(logits)
     groups = _components(model, stream, direction, level)
     groups.append(_Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
     index = stream.captured  # [batch 1] padded index of `pos`
@@ -136,7 +148,14 @@ def _attribute(
         "baseline": [None] * len(chunk) if baseline_list is None else list(decode_ids(model, np.array(baseline_list))),
         "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
-    return _frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
+    frame, notes = _frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
+    if capped:
+        frame["logit_capped"] = np.repeat(value(run.logits[:, 0].float()).double().cpu().numpy(), len(frame) // len(chunk))
+        notes = notes + [
+            f"{model.name} soft-caps its logits (cap * tanh(logit / cap), cap={model.config.final_softcap}): the rows "
+            "decompose the logit before the cap (column `logit`); the model's capped value is `logit_capped`."
+        ]
+    return frame, notes
 
 
 @dataclass(frozen=True)
@@ -161,32 +180,49 @@ def _components(model: Transformer, stream: ResidualStream, direction: Direction
     if stream.pos_embed is not None:
         groups.append(_Contributions(["pos_embed"], None, "embed", None, None, dot(stream.pos_embed)))
     for layer, record in enumerate(stream.layers):
-        attn, mlp = model.blocks[layer].attn, model.blocks[layer].mlp
+        block = model.blocks[layer]
+        attn, mlp = block.attn, block.mlp
         if level == "sublayer":
             groups.append(_Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, dot(record.attn.out)))
         else:
+            into = _through_post_norm(block.ln_attn_post, record.attn, direction, layer, "attn", groups)
             # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch head d_head] tensor.
-            heads = (record.attn.z[:, 0].float() * direction.through(attn.W_O)).sum(-1)
+            heads = (record.attn.z[:, 0].float() * into.through(attn.W_O)).sum(-1)
             n_heads = heads.shape[1]
             labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
             groups.append(_Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
             if attn.b_O is not None:
                 groups.append(_Contributions(
-                    [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, direction.through(attn.b_O)[:, None]
+                    [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, into.through(attn.b_O)[:, None]
                 ))
         if level != "neuron":
             groups.append(_Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
             continue
+        into = _through_post_norm(block.ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
         # post[i] * (W_out[i] . u')
-        neurons = record.mlp.post[:, 0].float() * direction.through(mlp.W_out)
+        neurons = record.mlp.post[:, 0].float() * into.through(mlp.W_out)
         d_mlp = neurons.shape[1]
         labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
         groups.append(_Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
         if mlp.b_out is not None:
             groups.append(_Contributions(
-                [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, direction.through(mlp.b_out)[:, None]
+                [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, into.through(mlp.b_out)[:, None]
             ))
     return groups
+
+
+def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
+    """The direction as the sublayer's output (before its post-norm) reads it: pulled back through the
+    post-norm with its scale frozen. A LayerNorm post-norm's bias becomes its own row. Without a post-norm,
+    the direction itself."""
+    if norm is None:
+        return direction
+    pulled = Direction(norm.pull_back(direction.vector, record.post_norm_scale[:, 0]), direction.bias)
+    if norm.b is not None:
+        groups.append(_Contributions(
+            [f"layers[{layer}].{part}.post_norm_bias"], layer, part, None, None, norm.bias_dot(direction.vector)[:, None]
+        ))
+    return pulled
 
 
 def _frame(meta: dict, blocks: list[_Contributions], actual: Float[Tensor, "batch"]) -> pd.DataFrame:

@@ -27,7 +27,7 @@ if os.environ.get("RESID_TYPECHECK") == "1":
     jaxtyping.install_import_hook("resid", "beartype.beartype")
 
 from resid.capture import Capture
-from resid.config import ModelConfig
+from resid.config import ModelConfig, RopeScaling
 from resid.errors import ResidError
 from resid.generate import Generation
 from resid.hook_names import HookNames
@@ -50,6 +50,7 @@ __all__ = [
     "LayerRecord",
     "MLPRecord",
     "ModelConfig",
+    "RopeScaling",
     "Replace",
     "ResidError",
     "ResidualStream",

@@ -46,6 +46,9 @@ class Run:
     logits: Float[Tensor, "batch n d_vocab"]
     stream: ResidualStream
     tokens: Tokens
+    # Models with a final soft cap (Gemma 2): the logits before it, which are linear in the final residual
+    # (what attribution decomposes); None for other models, whose logits are that already.
+    uncapped_logits: Float[Tensor, "batch n d_vocab"] | None = None
 
 
 class Transformer(nn.Module):
@@ -163,7 +166,7 @@ class Transformer(nn.Module):
             captured = None if capture.positions is None else tokens.padded_index(capture.positions)
             keep = _position_selector(captured)
             resid, records = self._blocks(resid, ctx, 0, edits, capture, keep)
-            logits, final_scale = self._unembed(resid, tokens, logits_at)
+            logits, final_scale, uncapped = self._unembed(resid, tokens, logits_at)
         stream = ResidualStream(
             embed_=keep(embed) if capture.embed else None,
             pos_embed_=keep(pos_embed) if capture.embed and pos_embed is not None else None,
@@ -173,7 +176,7 @@ class Transformer(nn.Module):
             learned_positions=self.config.positions == "learned",
             captured=captured,
         )
-        return Run(logits, stream, tokens)
+        return Run(logits, stream, tokens, uncapped)
 
     def generate(
         self, inputs: Inputs, max_new_tokens: int, interventions: Sequence[Intervention] = (), **options
@@ -243,20 +246,22 @@ class Transformer(nn.Module):
                 records.append(self._record(layer, attn_values, mlp_values, keep))
         return resid, records
 
-    def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple[Tensor, Tensor]:
+    def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(logits, the final norm's scale, the logits before a final soft cap or None without one)."""
         readout = self.readout
         normalized, final_scale = readout.normalize(resid)
         index = _logit_index(logits_at, tokens)
         if index is not None:
             normalized = normalized.gather(1, index[..., None].expand(-1, -1, normalized.shape[-1]))
-        logits = readout.unembed(normalized)
+        uncapped = readout.unembed.raw(normalized)
+        logits = readout.unembed.cap(uncapped)
         if self.dtype in (torch.float16, torch.bfloat16) and not torch.isfinite(logits).all():
             # Half precision overflows silently; a NaN logit would otherwise flow into every analysis.
             raise ResidError(
                 f"The forward pass in {self.dtype} produced NaN or infinite logits (an overflow in half "
                 "precision). Load the model with dtype=torch.float32 (or bfloat16 if this was float16)."
             )
-        return logits, final_scale
+        return logits, final_scale, (uncapped if readout.unembed.softcap is not None else None)
 
     def _record(self, layer: int, attn: dict, mlp: dict, keep) -> LayerRecord:
         attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in attn.items()}

@@ -27,6 +27,15 @@ VARIANTS: list[str] = [
     "gpt_neox_parallel",
     "gpt_neox_sequential",
     "gemma",
+    "llama3_scaled",
+    "llama_linear",
+    "llama_dynamic",
+    "qwen2_sliding",
+    "qwen3_yarn",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
 ]
 
 _COMMON = dict(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, num_hidden_layers=2, intermediate_size=96)
@@ -79,6 +88,53 @@ def hf_config(variant: str) -> transformers.PretrainedConfig:
         return transformers.GemmaConfig(
             **_LLAMA, num_key_value_heads=2, head_dim=16, hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True
         )
+    return _modern_config(variant)
+
+
+def _modern_config(variant: str) -> transformers.PretrainedConfig:
+    """The families of issue 10: rope scaling, per-layer windows, q/k norms, post-norms, soft caps, fused weights."""
+    gqa = dict(_LLAMA, num_key_value_heads=2, tie_word_embeddings=False)
+    if variant == "llama3_scaled":
+        # original context 16 of 128 positions, so the long wavelengths are divided by the factor
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+        return transformers.LlamaConfig(**gqa, rope_parameters=rope)
+    if variant == "llama_linear":
+        return transformers.LlamaConfig(**gqa, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0})
+    if variant == "llama_dynamic":
+        # max_position_embeddings 8 < the 16-token test sequences, so the dynamic base grows with the length
+        return transformers.LlamaConfig(
+            **{**gqa, "max_position_embeddings": 8},
+            rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0, "factor": 16.0},
+        )
+    if variant == "qwen2_sliding":
+        # layer 0 attends globally, layer 1 within a window of 4 keys (layers >= max_window_layers slide)
+        return transformers.Qwen2Config(**gqa, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    if variant == "qwen3_yarn":
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+        return transformers.Qwen3Config(**gqa, head_dim=16, rope_parameters=rope)
+    if variant == "gemma2":
+        # small caps, so that both soft caps bend the numbers; a window of 4 on the sliding layer
+        return transformers.Gemma2Config(
+            **{**gqa, "tie_word_embeddings": True}, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+            attn_logit_softcapping=5.0, final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh",
+        )
+    if variant == "gemma3":
+        rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}
+        return transformers.Gemma3TextConfig(
+            **{**gqa, "tie_word_embeddings": True}, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+        )
+    if variant == "phi3":
+        return transformers.Phi3Config(
+            **gqa, partial_rotary_factor=0.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            pad_token_id=0,
+        )
+    if variant == "olmo2":
+        return transformers.Olmo2Config(**gqa, eos_token_id=50256, pad_token_id=50256)
+    if variant == "mixtral":
+        return transformers.MixtralConfig(**gqa, num_local_experts=4, num_experts_per_tok=2)
     raise ValueError(f"unknown tiny variant {variant!r}; choose from {VARIANTS}")
 
 
@@ -86,7 +142,7 @@ def _reinit(model: nn.Module, seed: int) -> None:
     """Redraw every parameter: norm gains ~ 1 + N(0, 0.2) (Gemma stores gain - 1, so ~ N(0, 0.2)), everything
     else ~ N(0, 0.15), biases included."""
     generator = torch.Generator().manual_seed(seed)
-    gemma_gain = isinstance(model, transformers.GemmaForCausalLM)
+    gemma_gain = type(model).__name__.startswith("Gemma")  # Gemma 1-3 store gain - 1
     with torch.no_grad():
         for module in model.modules():
             is_norm = "Norm" in type(module).__name__

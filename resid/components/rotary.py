@@ -95,13 +95,17 @@ class Rotary(nn.Module):
     def cos_sin(
         self, position_ids: Int[Tensor, "batch pos"], dtype: torch.dtype
     ) -> tuple[Float[Tensor, "batch pos 1 rot"], Float[Tensor, "batch pos 1 rot"]]:
-        inv_freq = self.inv_freq
         if self.scaling is not None and self.scaling.kind == "dynamic":
-            seq_len = int(position_ids.max()) + 1 if position_ids.numel() else 1
-            inv_freq, _ = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx, seq_len)
-            inv_freq = inv_freq.to(position_ids.device)
-        # Angles in float32 even for half-precision models: positions times frequencies lose digits otherwise.
-        freqs = position_ids.float()[..., None] * inv_freq.float()
+            # Each prompt's base grows with its own length, so a prompt's numbers never depend on its batch
+            # (transformers uses the longest row of the batch; the two agree for one prompt).
+            lengths = position_ids.max(dim=1).values + 1 if position_ids.numel() else position_ids.new_ones(len(position_ids))
+            inv_freq = torch.stack([
+                inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx, int(n))[0] for n in lengths.tolist()
+            ]).to(position_ids.device)
+            freqs = position_ids.float()[..., None] * inv_freq[:, None, :]
+        else:
+            # Angles in float32 even for half-precision models: positions times frequencies lose digits otherwise.
+            freqs = position_ids.float()[..., None] * self.inv_freq.float()
         angles = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
         cos, sin = angles.cos(), angles.sin()
         if self.attention_factor != 1.0:

@@ -24,7 +24,7 @@ from resid.tokenizer import Tokenizer
 def load_hf_folder(folder: Path, name: str, device: torch.device | str | None, dtype: torch.dtype) -> Transformer:
     hf = _read_json(folder / "config.json", "config.json")
     family = family_for(hf.get("model_type"), folder)
-    config = family.config(hf)
+    config = family.read(hf, f"{folder}/config.json")
     files = _weight_files(folder)
     tensors = _SafetensorsIndex(files)
     model = Transformer(config)

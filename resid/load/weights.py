@@ -3,8 +3,9 @@
 A `Key` says where one checkpoint tensor goes: `target` is an attribute path on the model in resid's
 public per-head names ("blocks.{layer}.attn.W_Q"), `source` the checkpoint's name, and `pattern` an einops
 rearrangement from the checkpoint's layout to resid's (this is where layouts are documented: Hugging Face's
-q_proj rows are `(head d_head)`, GPT-2's Conv1D weights are transposed, ...). A fused source (GPT-2's
-c_attn, GPT-NeoX's query_key_value) is split with `pick`.
+q_proj rows are `(head d_head)`, GPT-2's Conv1D weights are transposed, ...). A fused source is split with
+`pick` when its parts are equal (GPT-2's c_attn, GPT-NeoX's query_key_value) or with `rows`, a row range
+taken first, when they are not (Phi-3's qkv_proj under grouped-query attention, its gate_up_proj).
 """
 
 import re
@@ -25,6 +26,7 @@ class Key:
     source: str  # checkpoint tensor name, with {layer}
     pattern: str | None = None  # einops pattern: checkpoint layout -> resid layout
     pick: int | None = None  # after rearranging, take this index of the leading axis (fused q/k/v)
+    rows: tuple[int, int] | None = None  # before rearranging, take rows [start, stop) of the source
 
 
 def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
@@ -33,7 +35,7 @@ def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
     for key in keys:
         if "{layer}" in key.target:
             out += [
-                Key(key.target.format(layer=l), key.source.format(layer=l), key.pattern, key.pick)
+                Key(key.target.format(layer=l), key.source.format(layer=l), key.pattern, key.pick, key.rows)
                 for l in range(n_layers)
             ]
         else:
@@ -99,6 +101,14 @@ def assign(
 
 
 def _rearrange(source: Tensor, key: Key, sizes: dict[str, int], where: str) -> Tensor:
+    if key.rows is not None:
+        start, stop = key.rows
+        if source.shape[0] != stop and stop > source.shape[0]:
+            raise ResidError(
+                f"{where}, tensor {key.source!r} has {source.shape[0]} rows, fewer than the {stop} this config "
+                "needs. The weights do not match config.json; re-export them."
+            )
+        source = source[start:stop]
     if key.pattern is None:
         value = source
     else:

@@ -53,6 +53,10 @@ def test_resid_pre_mid_post_are_consistent(tiny: Tiny):
         assert (mid is None) == parallel
         # What the MLP norm reads is resid_mid (resid_pre for parallel blocks).
         mlp_reads = stream.resid_pre(layer) if parallel else mid
+        if tiny.model.blocks[layer].ln_mlp is None:  # OLMo 2: the MLP reads resid_mid itself, and says so
+            with pytest.raises(resid.ResidError, match="without a norm"):
+                stream.layers[layer].mlp.normalized
+            continue
         normalized, _ = tiny.model.blocks[layer].ln_mlp(mlp_reads)
         torch.testing.assert_close(normalized, stream.layers[layer].mlp.normalized, atol=1e-5, rtol=0)
     assert torch.equal(stream.resid_pre(n_layers), stream.final())
@@ -109,4 +113,11 @@ def test_final_norm_recomputes_the_logits(tiny: Tiny):
     logits = normalized @ model.unembed.W_U
     if model.unembed.b_U is not None:
         logits = logits + model.unembed.b_U
-    torch.testing.assert_close(logits, run.logits, atol=1e-4, rtol=0)
+    cap = model.config.final_softcap
+    assert (run.uncapped_logits is None) == (cap is None)
+    if cap is None:
+        torch.testing.assert_close(logits, run.logits, atol=1e-4, rtol=0)
+    else:  # the affine part gives the logits before the soft cap; the cap bends them after
+        torch.testing.assert_close(logits, run.uncapped_logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(cap * torch.tanh(run.uncapped_logits / cap), run.logits, atol=1e-5, rtol=0)
+        assert (run.logits.abs() < cap).all() and (run.uncapped_logits.abs() > cap).any()

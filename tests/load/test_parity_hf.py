@@ -25,6 +25,15 @@ EXPECTED_HEADS = {
     "gpt_neox_parallel": (4, 4, 16),
     "gpt_neox_sequential": (4, 4, 16),
     "gemma": (4, 2, 16),  # head_dim 16 != d_model / n_heads = 12
+    "llama3_scaled": (4, 2, 12),
+    "llama_linear": (4, 2, 12),
+    "llama_dynamic": (4, 2, 12),
+    "qwen2_sliding": (4, 2, 12),
+    "qwen3_yarn": (4, 2, 16),
+    "gemma2": (4, 2, 16),
+    "gemma3": (4, 2, 16),
+    "phi3": (4, 2, 12),
+    "olmo2": (4, 2, 12),
 }
 
 
@@ -54,6 +63,11 @@ def test_left_padded_batch_matches_hf(tiny: Tiny):
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     out = _hf(tiny, ids, attention_mask=mask.long(), position_ids=positions)
     run = tiny.model.run(resid.Tokens(ids, mask, positions))
+    if tiny.variant == "llama_dynamic":
+        # transformers grows every row's dynamic base with the batch's longest row, resid with each row's own
+        # length (a prompt's numbers never depend on its batch): they agree on the longest row only.
+        mask = mask.clone()
+        mask[1] = False
     torch.testing.assert_close(run.logits[mask], out.logits[mask], atol=ATOL, rtol=0)
     for layer in range(tiny.model.config.n_layers):
         resid_pre = run.stream.resid_pre(layer)
@@ -82,6 +96,16 @@ def test_config_is_read_correctly(tiny: Tiny):
         "gpt_neox_sequential": dict(block="sequential", rotary_dim=8, rotary_base=1000.0, norm="layernorm"),
         "gemma": dict(norm_gain_offset=1.0, embed_scale=48**0.5, act="gelu_new", tie_embeddings=True),
         "llama": dict(rotary_base=500.0, tie_embeddings=False),
+        "llama3_scaled": dict(rope_scaling=resid.RopeScaling("llama3", 8.0, 16, low_freq_factor=1.0, high_freq_factor=4.0)),
+        "llama_dynamic": dict(rope_scaling=resid.RopeScaling("dynamic", 16.0, 8)),  # n_ctx 8 * 16: the base grows
+        "qwen2_sliding": dict(sliding_window=4, layer_types=("full", "sliding"), attn_qkv_bias=True),
+        "qwen3_yarn": dict(qk_norm="head", attn_qkv_bias=False, layer_types=None, sliding_window=None),
+        "gemma2": dict(post_norms=True, attn_softcap=5.0, final_softcap=3.0, attn_scale=24**-0.5,
+                       layer_types=("sliding", "full"), qk_norm="none"),
+        "gemma3": dict(post_norms=True, qk_norm="head", rotary_base=100000.0, rotary_base_local=1000.0,
+                       rope_scaling=resid.RopeScaling("linear", 4.0, None), attn_softcap=None, final_softcap=None),
+        "phi3": dict(rotary_dim=6, sliding_window=None),
+        "olmo2": dict(pre_norms=False, post_norms=True, qk_norm="all"),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

@@ -4,7 +4,7 @@ checkpoint tensors goes (an explicit key table). Adding a family never touches t
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resid.config import ModelConfig
+from resid.config import ModelConfig, RopeScaling
 from resid.errors import ResidError
 from resid.load.weights import Key
 
@@ -18,6 +18,12 @@ class Family:
     head_keys: tuple[str, ...] = ()  # tensors outside the backbone (the LM head)
     ignore: tuple[str, ...] = ()  # regexes of checkpoint tensors that are not weights (cached masks, ...)
     prepend_bos: bool = False  # BOS policy when tokenizer_config.json does not say (add_bos_token)
+    fields: frozenset[str] = frozenset()  # config.json fields `config` reads or checks (see check_fields)
+
+    def read(self, hf: dict, where: str = "config.json") -> ModelConfig:
+        """config.json -> ModelConfig, refusing fields this family does not know (check_fields)."""
+        check_fields(hf, self.fields, where)
+        return self.config(hf)
 
 
 def hf_get(hf: dict, *names: str, default: object = None) -> object:
@@ -43,14 +49,126 @@ def activation(name: str) -> str:
     return table[name]
 
 
-def rope_base(hf: dict) -> float:
-    """rope_theta from a config.json, refusing rope scaling schemes resid does not implement."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
+# Fields every family may meet that never change the forward pass's numbers: provenance, training-only
+# settings, token ids (read by the tokenizer), output switches. Anything else must be read by the family.
+HARMLESS = frozenset({
+    "_name_or_path", "architectures", "attention_dropout", "attn_pdrop", "bos_token_id", "chunk_size_feed_forward",
+    "classifier_dropout", "decoder_start_token_id", "dtype", "embd_pdrop", "eos_token_id", "finetuning_task",
+    "hidden_dropout", "id2label", "initializer_range", "is_decoder", "label2id", "model_type", "output_attentions",
+    "output_hidden_states", "output_router_logits", "pad_token_id", "prefix", "pretraining_tp", "problem_type",
+    "resid_pdrop", "return_dict", "router_aux_loss_coef", "router_jitter_noise", "sep_token_id", "summary_activation",
+    "summary_first_dropout", "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
+    "tokenizer_class", "torch_dtype", "torchscript", "transformers_version", "use_cache", "use_return_dict",
+    "max_length", "min_length", "do_sample", "temperature", "top_k", "top_p", "num_beams", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "num_return_sequences", "early_stopping", "tie_encoder_decoder",
+})
+# Fields that are harmless only at these values (anything else changes the architecture).
+HARMLESS_AT = {"is_encoder_decoder": (False, None), "add_cross_attention": (False, None),
+               "use_bidirectional_attention": (False, None)}
+
+
+def check_fields(hf: dict, fields: frozenset[str], where: str) -> None:
+    """Refuse a config.json field that is neither read by the family (`fields`) nor known to be harmless:
+    a new rope type, norm placement or attention variant must never load as a silently wrong model."""
+    unknown = sorted(
+        name for name, value in hf.items()
+        if name not in fields and name not in HARMLESS and not (name in HARMLESS_AT and value in HARMLESS_AT[name])
+    )
+    if unknown:
+        shown = ", ".join(f"{name}={hf[name]!r}" for name in unknown)
         raise ResidError(
-            f"Rotary scaling {rope_type!r} is not supported yet (only plain rotary embeddings are); "
-            "use a model without rope_scaling."
+            f"{where} has config field(s) resid does not know for model_type {hf.get('model_type')!r}: {shown}. "
+            "They may change the architecture, so resid refuses rather than compute a wrong model; if they are "
+            "harmless for this model, please report it (or remove them from config.json)."
         )
-    return float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+
+
+ROPE_FIELDS = frozenset({
+    "rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
+    "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate",
+    "partial_rotary_factor",
+})
+SCALINGS = ("linear", "dynamic", "llama3", "yarn")
+# config.json fields the rotary reading below handles, for each family's `fields`
+ROPE_CONFIG_FIELDS = frozenset({"rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor",
+                                "original_max_position_embeddings", "max_position_embeddings"})
+
+
+@dataclass(frozen=True)
+class Rope:
+    base: float
+    scaling: RopeScaling | None
+    partial: float  # the fraction of each head's dims that rotate
+
+
+def rope(hf: dict, layer_type: str | None = None, default_base: float = 10000.0) -> Rope:
+    """The rotary of a config.json (for one layer type when its rope_parameters are nested by layer type):
+    old style (rope_theta + rope_scaling) or transformers 5's rope_parameters. Unknown schemes and fields are
+    refused."""
+    params = dict(hf.get("rope_parameters") or {})
+    if layer_type is not None and layer_type in params:
+        params = dict(params[layer_type] or {})
+    elif any(isinstance(v, dict) for v in params.values()):
+        nested = sorted(k for k, v in params.items() if isinstance(v, dict))
+        raise ResidError(f"config.json has rope_parameters per layer type {nested}, which this family does not use.")
+    params = {**(hf.get("rope_scaling") or {}), **params}
+    unknown = sorted(set(params) - ROPE_FIELDS)
+    if unknown:
+        raise ResidError(f"config.json's rope parameters have field(s) {unknown} that resid does not know; refusing.")
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in ("default", *SCALINGS):
+        raise ResidError(
+            f"Rotary scaling {kind!r} is not supported; resid computes 'default' and {', '.join(map(repr, SCALINGS))} "
+            "as transformers does. Use a model with one of those."
+        )
+    base = float(params.get("rope_theta") or hf.get("rope_theta") or default_base)
+    partial = float(params.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0)
+    if kind == "default":
+        return Rope(base, None, partial)
+    n_ctx = hf["max_position_embeddings"]
+    original = hf.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+    if kind == "dynamic":
+        original = n_ctx  # transformers grows the base past max_position_embeddings
+    original = original or n_ctx
+    factor = params.get("factor")
+    if factor is None and kind == "yarn":
+        factor = n_ctx / original
+    if factor is None:
+        raise ResidError(f"config.json's {kind!r} rope scaling has no factor; the file is incomplete.")
+    optional = {name: params[name] for name in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                                                "attention_factor", "mscale", "mscale_all_dim", "truncate")
+                if params.get(name) is not None}
+    original = None if kind == "linear" else int(original)  # linear scaling has no pre-training context
+    return Rope(base, RopeScaling(kind, float(factor), original, **optional), partial)
+
+
+def context(hf: dict, rope_: Rope) -> int:
+    """The longest sequence resid accepts: max_position_embeddings, or past it under dynamic scaling (whose
+    base grows with the sequence)."""
+    n_ctx = hf["max_position_embeddings"]
+    if rope_.scaling is not None and rope_.scaling.kind == "dynamic":
+        return int(n_ctx * rope_.scaling.factor)
+    return n_ctx
+
+
+def layer_types(hf: dict, n_layers: int) -> tuple[str, ...] | None:
+    """config.json's layer_types as resid's "full" / "sliding" (None when absent)."""
+    given = hf.get("layer_types")
+    if given is None:
+        return None
+    names = {"full_attention": "full", "sliding_attention": "sliding"}
+    unknown = sorted(set(given) - set(names))
+    if unknown or len(given) != n_layers:
+        raise ResidError(
+            f"config.json's layer_types {given} must name 'full_attention' or 'sliding_attention' for each of its "
+            f"{n_layers} layers; {unknown or 'the count differs'}."
+        )
+    return tuple(names[t] for t in given)
+
+
+def rope_base(hf: dict) -> float:
+    """rope_theta of a config.json with plain rotary (families that take no scaling)."""
+    found = rope(hf)
+    if found.scaling is not None:
+        raise ResidError(f"Rotary scaling {found.scaling.kind!r} is not supported for this family yet.")
+    return found.base

@@ -11,7 +11,7 @@ Gemma 2 and 3 (soft-capping, sandwich norms, local/global layers) are other mode
 """
 
 from resid.config import ModelConfig
-from resid.load.families import Family, activation, hf_get, llama, rope_base
+from resid.load.families import ROPE_CONFIG_FIELDS, Family, activation, hf_get, llama, rope_base
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
@@ -51,4 +51,9 @@ FAMILY = Family(
     head_keys=("lm_head.weight",),
     ignore=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
     prepend_bos=True,
+    fields=ROPE_CONFIG_FIELDS | {
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "vocab_size", "rms_norm_eps", "attention_bias", "hidden_act", "hidden_activation",
+        "tie_word_embeddings",
+    },
 )

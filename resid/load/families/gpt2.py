@@ -91,4 +91,9 @@ FAMILY = Family(
     head_keys=("lm_head.weight",),
     ignore=(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)",),
     prepend_bos=False,
+    fields=frozenset({
+        "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx", "vocab_size", "layer_norm_epsilon",
+        "activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+        "add_cross_attention", "tie_word_embeddings",
+    }),
 )

@@ -13,7 +13,7 @@ Traps:
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.load.families import Family, activation, hf_get, rope_base
+from resid.load.families import ROPE_CONFIG_FIELDS, Family, activation, hf_get, rope_base
 from resid.load.weights import Key, per_layer
 
 
@@ -102,4 +102,9 @@ FAMILY = Family(
         r"gpt_neox\.layers\.\d+\.attention\.rotary_emb\.inv_freq",
     ),
     prepend_bos=False,
+    fields=ROPE_CONFIG_FIELDS | {
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+        "layer_norm_eps", "hidden_act", "use_parallel_residual", "attention_bias", "tie_word_embeddings",
+        "rotary_pct", "rotary_emb_base",
+    },
 )

@@ -1,0 +1,30 @@
+"""Qwen3: Llama's layout with an RMSNorm over each head's queries and keys before rotary (q_norm, k_norm), no
+q/k/v biases (attention_bias), head_dim its own field, windows as Qwen2 (use_sliding_window)."""
+
+from resid.config import ModelConfig
+from resid.load.families import Family, llama
+from resid.load.weights import Key, per_layer
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    return llama.config_from_hf(hf, architecture="qwen3", qk_norm="head")
+
+
+def keys(config: ModelConfig) -> list[Key]:
+    attn = "model.layers.{layer}.self_attn"
+    table = llama.table(config) + [
+        Key("blocks.{layer}.attn.q_norm.w", f"{attn}.q_norm.weight"),
+        Key("blocks.{layer}.attn.k_norm.w", f"{attn}.k_norm.weight"),
+    ]
+    return per_layer(table, config.n_layers)
+
+
+FAMILY = Family(
+    model_types=("qwen3",),
+    config=config_from_hf,
+    keys=keys,
+    prefix="model.",
+    head_keys=("lm_head.weight",),
+    prepend_bos=False,
+    fields=llama.FIELDS,
+)
