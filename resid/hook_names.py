@@ -17,6 +17,8 @@ Where TransformerLens's conventions differ from resid's field names, the view fo
   (resid's `pre`).
 - rotary models: resid records q and k after the rotary embedding, TL's `attn.hook_rot_q` / `hook_rot_k`;
   TL's `attn.hook_q` / `hook_k` (before rotary) are not recorded.
+- post-norms (Gemma 2/3): `ln1_post.hook_scale` / `ln2_post.hook_scale` are the post-norms' sigma; models
+  without pre-norms (OLMo 2) have no `ln1` / `ln2` names.
 """
 
 import difflib
@@ -58,6 +60,7 @@ class HookNames(Mapping[str, Tensor]):
         self._rotary = config.positions == "rotary"
         self._gated = config.gated_mlp
         self._parallel = config.block == "parallel"
+        self._pre_norms, self._post_norms = config.pre_norms, config.post_norms
         self._n_layers = config.n_layers
         self._getters: dict[str, Callable[[], Tensor]] = {"hook_embed": lambda: stream.embed}
         if not self._rotary:
@@ -93,6 +96,12 @@ class HookNames(Mapping[str, Tensor]):
             "hook_mlp_out": lambda: mlp.out,
             "hook_resid_post": lambda: stream.resid_post(layer),
         }
+        if self._post_norms:
+            names["ln1_post.hook_scale"] = lambda: 1 / attn.post_norm_scale
+            names["ln2_post.hook_scale"] = lambda: 1 / mlp.post_norm_scale
+        if not self._pre_norms:
+            for name in ("ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized"):
+                del names[name]
         if self._parallel:
             del names["hook_resid_mid"]
         if not self._gated:
@@ -140,6 +149,10 @@ class HookNames(Mapping[str, Tensor]):
             "hook_resid_mid": self._parallel and "parallel blocks have no resid_mid: both sublayers read resid_pre",
             "mlp.hook_pre_linear": not self._gated and "this MLP is not gated; mlp.hook_pre is its only input",
             "hook_pos_embed": self._rotary and "this model has rotary positions, no positional embedding write",
+            "ln1.hook_scale": not self._pre_norms and "this model's sublayers read the residual without a pre-norm",
+            "ln2.hook_scale": not self._pre_norms and "this model's sublayers read the residual without a pre-norm",
+            "ln1_post.hook_scale": not self._post_norms and "this model has no post-norms",
+            "ln2_post.hook_scale": not self._post_norms and "this model has no post-norms",
         }
         return reasons.get(suffix) or None
 

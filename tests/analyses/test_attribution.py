@@ -32,10 +32,19 @@ def test_rows_sum_to_the_logit_on_every_family(tiny: Tiny, level):
 def test_rows_sum_to_the_logit_on_random_architectures(random_model, level):
     df = attribution.direct(random_model, PROMPTS, target=None, baseline=" a", level=level)
     _assert_complete(df)
-    # The actual logit difference is the model's own.
-    logits = random_model.run(PROMPTS[1], logits_at="last").logits[0, 0]
+    # The actual logit difference is the model's own (before its final soft cap, if it has one).
+    run = random_model.run(PROMPTS[1], logits_at="last")
     row = df[df.prompt_idx == 1].iloc[0]
-    assert row["logit"] == pytest.approx((logits[row["target_id"]] - logits[row["baseline_id"]]).item(), abs=1e-5)
+
+    def difference(logits):
+        return (logits[0, 0, row["target_id"]] - logits[0, 0, row["baseline_id"]]).item()
+
+    capped = run.uncapped_logits is not None
+    assert row["logit"] == pytest.approx(difference(run.uncapped_logits if capped else run.logits), abs=1e-5)
+    assert ("logit_capped" in df) == capped
+    if capped:
+        assert row["logit_capped"] == pytest.approx(difference(run.logits), abs=1e-5)
+        assert any("soft-caps" in note for note in df.attrs["notes"])
 
 
 def test_rows_sum_to_the_logit_on_smollm2(smollm2):
@@ -70,16 +79,24 @@ def _brute_force(model, text, target, level):
             write = write - write.mean(-1, keepdim=True)
         return (write * scale * ln.gain) @ model.unembed.W_U[:, target]
 
+    def through_post_norm(norm, record, writes):  # RMSNorm post-norms (Gemma, OLMo 2): no bias
+        if norm is None:
+            return writes
+        return norm(writes, scale=record.post_norm_scale[0, last].expand(len(writes), 1))[0]
+
     values = {}
     for layer, record in enumerate(stream.layers):
+        block = model.blocks[layer]
         if level == "head":
             z = record.attn.z[0, last]  # [head d_head]
-            writes = torch.stack([z[h] @ model.blocks[layer].attn.W_O[h] for h in range(z.shape[0])])
+            writes = torch.stack([z[h] @ block.attn.W_O[h] for h in range(z.shape[0])])
+            writes = through_post_norm(block.ln_attn_post, record.attn, writes)
             for h, v in enumerate(logit_of(writes).tolist()):
                 values[f"layers[{layer}].attn.head[{h}]"] = v
         else:
             post = record.mlp.post[0, last]
-            writes = post[:, None] * model.blocks[layer].mlp.W_out  # [d_mlp d_model]
+            writes = post[:, None] * block.mlp.W_out  # [d_mlp d_model]
+            writes = through_post_norm(block.ln_mlp_post, record.mlp, writes)
             for i, v in enumerate(logit_of(writes).tolist()):
                 values[f"layers[{layer}].mlp.neuron[{i}]"] = v
     return values

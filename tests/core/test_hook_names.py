@@ -23,14 +23,12 @@ def _expected(model, stream) -> dict:
         rot = "rot_" if cfg.positions == "rotary" else ""
         expected |= {
             at + "hook_resid_pre": stream.resid_pre(l),
-            at + "ln1.hook_scale": 1 / attn.norm_scale,
             at + f"attn.hook_{rot}q": attn.q,
             at + f"attn.hook_{rot}k": attn.k,
             at + "attn.hook_v": attn.v,
             at + "attn.hook_pattern": attn.pattern,
             at + "attn.hook_z": attn.z,
             at + "hook_attn_out": attn.out,
-            at + "ln2.hook_scale": 1 / mlp.norm_scale,
             at + "mlp.hook_pre": mlp.gate if cfg.gated_mlp else mlp.pre,
             at + "mlp.hook_post": mlp.post,
             at + "hook_mlp_out": mlp.out,
@@ -38,6 +36,12 @@ def _expected(model, stream) -> dict:
         }
         if cfg.block != "parallel":
             expected[at + "hook_resid_mid"] = stream.resid_mid(l)
+        if cfg.post_norms:
+            expected[at + "ln1_post.hook_scale"] = 1 / attn.post_norm_scale
+            expected[at + "ln2_post.hook_scale"] = 1 / mlp.post_norm_scale
+        if cfg.pre_norms:  # OLMo 2's sublayers read the residual itself: no ln1 / ln2
+            expected[at + "ln1.hook_scale"] = 1 / attn.norm_scale
+            expected[at + "ln2.hook_scale"] = 1 / mlp.norm_scale
         if cfg.gated_mlp:
             expected[at + "mlp.hook_pre_linear"] = mlp.pre
     expected["ln_final.hook_scale"] = 1 / stream.final_norm_scale
@@ -49,7 +53,7 @@ def test_every_name_equals_the_typed_field_it_maps_to(random_model):
     names, expected = view(run, random_model), _expected(random_model, run.stream)
     normalized = {n for n in names if n.endswith("hook_normalized")}
     assert set(names) - normalized == set(expected)
-    assert len(normalized) == 2 * random_model.config.n_layers + 1
+    assert len(normalized) == 2 * random_model.config.n_layers * random_model.config.pre_norms + 1
     for name, tensor in expected.items():
         torch.testing.assert_close(names[name], tensor, atol=0, rtol=0, msg=name)
 
@@ -64,7 +68,7 @@ def test_norm_hooks_follow_transformerlens(random_model):
         "ln1": (stream.resid_pre, "attn", "ln_attn"),
         "ln2": (stream.resid_mid if sequential else stream.resid_pre, "mlp", "ln_mlp"),
     }
-    for l, block in enumerate(random_model.blocks):
+    for l, block in enumerate(random_model.blocks if random_model.config.pre_norms else []):
         for ln, (resid_in, part, norm_name) in reads.items():
             norm, record = getattr(block, norm_name), getattr(stream.layers[l], part)
             x = resid_in(l)

@@ -26,19 +26,26 @@ def test_capture_all_shapes_and_consistency(random_model):
         # attention rows are distributions over earlier (real) keys only
         torch.testing.assert_close(attn.pattern.sum(-1), torch.ones(batch, cfg.n_heads, n_pos))
         assert torch.triu(attn.pattern, diagonal=1).abs().max() == 0
-        # the write is the heads' z through W_O
+        # the write is the heads' z through W_O (and the post-norm, its scale as recorded)
         block = random_model.blocks[layer]
         recomputed = torch.einsum("b p h e, h e d -> b p d", attn.z, block.attn.W_O)
         if block.attn.b_O is not None:
             recomputed = recomputed + block.attn.b_O
+        if block.ln_attn_post is not None:
+            recomputed = block.ln_attn_post(recomputed, attn.post_norm_scale)[0]
         torch.testing.assert_close(recomputed, attn.out, atol=1e-5, rtol=1e-5)
-        # each neuron writes post[i] * W_out[i]
+        # each neuron writes post[i] * W_out[i] (through the post-norm)
         neuron_sum = torch.einsum("b p m, m d -> b p d", mlp.post, block.mlp.W_out)
         if block.mlp.b_out is not None:
             neuron_sum = neuron_sum + block.mlp.b_out
+        if block.ln_mlp_post is not None:
+            neuron_sum = block.ln_mlp_post(neuron_sum, mlp.post_norm_scale)[0]
         torch.testing.assert_close(neuron_sum, mlp.out, atol=1e-5, rtol=1e-5)
+        assert (cfg.post_norms and attn.post_norm_scale.shape == (batch, n_pos, 1)) or not cfg.post_norms
         # the recorded norm scale and normalized input reproduce the norm
         ln = block.ln_attn
+        if ln is None:  # no pre-norms (OLMo 2): attention reads the residual itself
+            continue
         x = stream.resid_pre(layer)
         centred = x - x.mean(-1, keepdim=True) if ln.centre else x
         expected = centred * attn.norm_scale * ln.gain + (ln.b if ln.b is not None else 0)

@@ -85,8 +85,9 @@ def test_gpt2_style_pre_tokenizers(smollm2_gguf: GGUFFile, ours: tokenizers.Toke
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("tokenizer.ggml.model", "llama", "tokenizer model 'llama' is not supported"),
-        ("tokenizer.ggml.pre", "llama-bpe", "pre-tokenizer 'llama-bpe' is not supported"),
+        ("tokenizer.ggml.model", "bert", "tokenizer model 'bert' is not supported"),
+        ("tokenizer.ggml.model", "llama", "'llama' \\(SentencePiece\\) is supported for Gemma 3 files only"),
+        ("tokenizer.ggml.pre", "deepseek-llm", "pre-tokenizer 'deepseek-llm' is not supported"),
         ("tokenizer.ggml.tokens", None, "'tokenizer.ggml.tokens' is NoneType, expected a list of strings"),
         ("tokenizer.ggml.merges", ["Ġt"], "merge 'Ġt' is not two tokens"),
         ("tokenizer.ggml.merges", ["Ġ nosuchtoken"], "does not form a valid BPE model"),

@@ -135,9 +135,11 @@ def rope(hf: dict, layer_type: str | None = None, default_base: float = 10000.0)
         factor = n_ctx / original
     if factor is None:
         raise ResidError(f"config.json's {kind!r} rope scaling has no factor; the file is incomplete.")
-    optional = {name: params[name] for name in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
-                                                "attention_factor", "mscale", "mscale_all_dim", "truncate")
+    optional = {name: float(params[name]) for name in ("low_freq_factor", "high_freq_factor", "beta_fast",
+                                                       "beta_slow", "attention_factor", "mscale", "mscale_all_dim")
                 if params.get(name) is not None}
+    if params.get("truncate") is not None:
+        optional["truncate"] = bool(params["truncate"])
     original = None if kind == "linear" else int(original)  # linear scaling has no pre-training context
     return Rope(base, RopeScaling(kind, float(factor), original, **optional), partial)
 
