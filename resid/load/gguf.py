@@ -3,7 +3,7 @@
 The file becomes a Hugging Face checkpoint in all but storage (resid/load/gguf_arch.py): its metadata a
 config.json dict, its tensor names Hugging Face's, its values un-permuted/un-shifted where llama.cpp's
 converter changed them. That dict and those names then go through the same family module as a Hugging Face
-folder (`family.config`, `family.keys`, `assign`), so an architecture has one key table, whatever the format.
+folder (`family.read`, `family.keys`, `assign`), so an architecture has one key table, whatever the format.
 Tensors are dequantized to float32 (resid/load/gguf_quants.py) one at a time, as `assign` asks for them.
 The tokenizer is rebuilt from the GGUF vocabulary (resid/load/gguf_vocab.py).
 """
@@ -35,7 +35,7 @@ def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: t
             f"(it reads {', '.join(supported_model_types())}). Upgrade resid."
         )
     family = family_for(hf["model_type"], path)
-    config = family.config(hf)
+    config = family.read(hf, f"the metadata of {path.name}")
     keys = family.keys(config)
     in_file = {hf_name(n, arch): n for n in gguf.tensors}  # Hugging Face name -> llama.cpp name
     missing = [key for key in keys if key.source not in in_file]
