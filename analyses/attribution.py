@@ -11,6 +11,10 @@ holds exactly, component by component, at three levels of detail:
     head       attention split into heads, z[h] @ (W_O[h] @ u'), plus the layer's output bias b_O
     neuron     heads as above, and each MLP split into neurons, post[i] * (W_out[i] . u'), plus b_out
 
+Mixture-of-experts MLPs (Mixtral) are split by expert at level "head", weight_e * (post_e . (W_out[e] @ u'))
+(`layers[l].mlp.expert[e]`), and by (expert, neuron) at level "neuron", weight_e * post_e[i] * (W_out[e, i] . u'),
+with weight_e the token's renormalized router weight (0 for experts it was not routed to).
+
 and one `final_bias` row: the final norm's bias and the unembedding bias, projected (zero for models with
 neither). Heads and neurons are computed projected, never materializing [batch pos head d_model], and only
 the attributed position is captured. Projections run in float32 whatever the model dtype.
@@ -46,9 +50,10 @@ from resid.tokenizer import Tokens
 Level = Literal["sublayer", "head", "neuron"]
 LEVELS: tuple[str, ...] = ("sublayer", "head", "neuron")
 # One row per (prompt, component). value: the component's direct contribution; logit: the model's own logit
-# (difference), which each prompt's values sum to; layer/head/neuron are <NA> where they do not apply.
+# (difference), which each prompt's values sum to; layer/head/expert/neuron are <NA> where they do not apply
+# (expert: mixture-of-experts MLPs only).
 COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "baseline_id", "component", "layer",
-           "part", "head", "neuron", "value", "logit")
+           "part", "head", "expert", "neuron", "value", "logit")
 
 
 @torch.no_grad()
@@ -114,10 +119,13 @@ def _attribute(
     pos: int,
 ) -> tuple[pd.DataFrame, list[str]]:
     post = {"post_norm_scale"} if model.config.post_norms else set()
+    # experts (level "head") and neurons need post and the router weights of a mixture of experts
+    split = level == "neuron" or (level == "head" and model.config.n_experts > 0)
+    experts = {"expert_weights"} if model.config.n_experts else set()
     capture = Capture(  # heads need z, neurons post (and the post-norm scale); sublayers their write; at `pos`
         positions=[pos],
         attn={"z", *post} if level != "sublayer" else {"out"},
-        mlp={"post", *post} if level == "neuron" else {"out"},
+        mlp={"post", *experts, *post} if split else {"out"},
     )
     run = model.run(tokens, capture=capture, logits_at=[pos])
     capped = run.uncapped_logits is not None
@@ -168,6 +176,7 @@ class _Contributions:
     heads: np.ndarray | None
     neurons: np.ndarray | None
     values: Float[Tensor, "batch m"]
+    experts: np.ndarray | None = None  # mixture-of-experts MLPs
 
 
 def _components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[_Contributions]:
@@ -195,10 +204,14 @@ def _components(model: Transformer, stream: ResidualStream, direction: Direction
                 groups.append(_Contributions(
                     [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, into.through(attn.b_O)[:, None]
                 ))
-        if level != "neuron":
+        moe = model.config.n_experts > 0
+        if level == "sublayer" or (level == "head" and not moe):
             groups.append(_Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
             continue
         into = _through_post_norm(block.ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
+        if moe:
+            groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
+            continue
         # post[i] * (W_out[i] . u')
         neurons = record.mlp.post[:, 0].float() * into.through(mlp.W_out)
         d_mlp = neurons.shape[1]
@@ -209,6 +222,29 @@ def _components(model: Transformer, stream: ResidualStream, direction: Direction
                 [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, into.through(mlp.b_out)[:, None]
             ))
     return groups
+
+
+def _experts(
+    layer: int,
+    post: Float[Tensor, "batch 1 expert d_mlp"],
+    weights: Float[Tensor, "batch 1 expert"],
+    w_out: Float[Tensor, "expert d_mlp d_model"],
+    into: Direction,
+    level: str,
+) -> _Contributions:
+    """A mixture of experts' rows: one per expert (level "head"), weight_e * (post_e . (W_out[e] @ u')), or one per
+    (expert, neuron) (level "neuron"), weight_e * post_e[i] * (W_out[e, i] . u'). W_out is pulled back onto the
+    direction first, a [batch expert d_mlp] tensor."""
+    per_neuron = post[:, 0].float() * into.through(w_out)
+    weight = weights[:, 0].float()
+    n_experts, d_mlp = per_neuron.shape[1:]
+    if level == "head":
+        labels = [f"layers[{layer}].mlp.expert[{e}]" for e in range(n_experts)]
+        return _Contributions(labels, layer, "mlp", None, None, weight * per_neuron.sum(-1), np.arange(n_experts))
+    labels = [f"layers[{layer}].mlp.expert[{e}].neuron[{i}]" for e in range(n_experts) for i in range(d_mlp)]
+    values = (weight[..., None] * per_neuron).flatten(1)
+    neurons, experts = np.tile(np.arange(d_mlp), n_experts), np.repeat(np.arange(n_experts), d_mlp)
+    return _Contributions(labels, layer, "mlp", None, neurons, values, experts)
 
 
 def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
@@ -236,6 +272,7 @@ def _frame(meta: dict, blocks: list[_Contributions], actual: Float[Tensor, "batc
     layer = np.concatenate([per_component(b, None, b.layer) for b in blocks])
     part = np.concatenate([per_component(b, None, b.part) for b in blocks])
     head = np.concatenate([per_component(b, b.heads, None) for b in blocks])
+    expert = np.concatenate([per_component(b, b.experts, None) for b in blocks])
     neuron = np.concatenate([per_component(b, b.neurons, None) for b in blocks])
     values = torch.cat([b.values for b in blocks], dim=1).double().cpu().numpy()  # [batch m]
     batch, m = values.shape
@@ -249,6 +286,7 @@ def _frame(meta: dict, blocks: list[_Contributions], actual: Float[Tensor, "batc
     df["layer"] = pd.array(np.tile(layer, batch), dtype="Int64")
     df["part"] = np.tile(part, batch).astype(str)
     df["head"] = pd.array(np.tile(head, batch), dtype="Int64")
+    df["expert"] = pd.array(np.tile(expert, batch), dtype="Int64")
     df["neuron"] = pd.array(np.tile(neuron, batch), dtype="Int64")
     df["value"] = values.reshape(-1)
     df["logit"] = np.repeat(actual.double().cpu().numpy(), m)

@@ -12,7 +12,11 @@ from typing import Literal, get_args
 from resid.errors import ResidError
 
 AttnField = Literal["normalized", "norm_scale", "q", "k", "v", "pattern", "z", "post_norm_scale", "out"]
-MLPField = Literal["normalized", "norm_scale", "pre", "gate", "post", "post_norm_scale", "out"]
+# router_logits, expert_weights, expert_out: mixture-of-experts MLPs only (pre and gate: dense MLPs only)
+MLPField = Literal[
+    "normalized", "norm_scale", "pre", "gate", "post", "router_logits", "expert_weights", "expert_out",
+    "post_norm_scale", "out",
+]
 ATTN_FIELDS: frozenset[str] = frozenset(get_args(AttnField))
 MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
 

@@ -17,6 +17,8 @@ Where TransformerLens's conventions differ from resid's field names, the view fo
   (resid's `pre`).
 - rotary models: resid records q and k after the rotary embedding, TL's `attn.hook_rot_q` / `hook_rot_k`;
   TL's `attn.hook_q` / `hook_k` (before rotary) are not recorded.
+- mixtures of experts (Mixtral): `mlp.hook_expert_weights` is the router's renormalized weights; the dense
+  `mlp.hook_pre` / `hook_post` do not exist (each expert's are in `stream.layers[l].mlp`).
 - post-norms (Gemma 2/3): `ln1_post.hook_scale` / `ln2_post.hook_scale` are the post-norms' sigma; models
   without pre-norms (OLMo 2) have no `ln1` / `ln2` names.
 """
@@ -61,6 +63,7 @@ class HookNames(Mapping[str, Tensor]):
         self._gated = config.gated_mlp
         self._parallel = config.block == "parallel"
         self._pre_norms, self._post_norms = config.pre_norms, config.post_norms
+        self._experts = config.n_experts > 0
         self._n_layers = config.n_layers
         self._getters: dict[str, Callable[[], Tensor]] = {"hook_embed": lambda: stream.embed}
         if not self._rotary:
@@ -99,6 +102,10 @@ class HookNames(Mapping[str, Tensor]):
         if self._post_norms:
             names["ln1_post.hook_scale"] = lambda: 1 / attn.post_norm_scale
             names["ln2_post.hook_scale"] = lambda: 1 / mlp.post_norm_scale
+        if self._experts:  # TransformerLens's Mixtral names: the router's weights; no dense pre / post
+            for name in ("mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"):
+                names.pop(name, None)
+            names["mlp.hook_expert_weights"] = lambda: mlp.expert_weights
         if not self._pre_norms:
             for name in ("ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized"):
                 del names[name]
@@ -152,6 +159,10 @@ class HookNames(Mapping[str, Tensor]):
             "ln1.hook_scale": not self._pre_norms and "this model's sublayers read the residual without a pre-norm",
             "ln2.hook_scale": not self._pre_norms and "this model's sublayers read the residual without a pre-norm",
             "ln1_post.hook_scale": not self._post_norms and "this model has no post-norms",
+            "mlp.hook_post": self._experts and "each expert has its own coefficients: read stream.layers[l].mlp.post "
+            "[batch pos expert d_mlp] (and expert_weights, expert_out)",
+            "mlp.hook_pre": self._experts and "each expert has its own MLP: read stream.layers[l].mlp.post, "
+            "expert_weights and expert_out",
             "ln2_post.hook_scale": not self._post_norms and "this model has no post-norms",
         }
         return reasons.get(suffix) or None

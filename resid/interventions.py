@@ -2,11 +2,12 @@
 
 A `Site` names what is edited: a sublayer's write (`part="attn"|"mlp"`), one head's `z` (the head's
 attention-weighted value mix, before W_O, so its write is `z[h] @ W_O[h]`), or one neuron's coefficient
-`post[i]` (Geva et al.'s memory coefficient, so its write is `post[i] * W_out[i]`); optionally only at
-some prompt-relative positions (0 = each prompt's first real token, -1 its last, whatever the padding).
+`post[i]` (Geva et al.'s memory coefficient, so its write is `post[i] * W_out[i]`); in a mixture of experts
+(Mixtral), one expert's weighted write or one expert neuron's coefficient; optionally only at some
+prompt-relative positions (0 = each prompt's first real token, -1 its last, whatever the padding).
 
 The edited slice a tensor value must broadcast to is [batch pos d_model] for a whole write, [batch pos d_head]
-for a head and [batch pos] for a neuron, where pos is the sequence, or the chosen positions in the order given.
+for a head, [batch pos d_model] for an expert's write and [batch pos] for a neuron, where pos is the sequence, or the chosen positions in the order given.
 
 `Hook(site, fn)` says what the four typed edits cannot: fn gets that same slice and the run's Tokens, and
 returns a tensor of the same shape and dtype (checked).
@@ -36,6 +37,12 @@ class Site:
         Site(3, "mlp")                  the MLP write            [batch pos d_model]
         Site(3, "attn", head=5)         head 5's z               [batch pos d_head]  (the head writes z @ W_O[5])
         Site(3, "mlp", neuron=42)       neuron 42's post         [batch pos]         (it writes post * W_out[42])
+        Site(3, "mlp", expert=2)        expert 2's weighted write [batch pos d_model] (mixture-of-experts MLPs)
+        Site(3, "mlp", expert=2, neuron=42)  expert 2's post[42] [batch pos]  (it writes weight * post * W_out[2, 42])
+
+    An expert's write is zero at tokens not routed to it. ZeroAblate of an expert removes its contribution and
+    does not renormalize the other chosen experts' weights (the router is left as it was); editing an expert
+    neuron changes nothing at tokens not routed to that expert (their weight is 0).
 
     With positions=[...] the pos axis holds those prompt-relative positions (0 = each prompt's first real
     token, -1 its last, whatever the padding), in the order given: e.g. [batch 1 d_model] for positions=[-1].
@@ -46,10 +53,13 @@ class Site:
     head: int | None = None  # attn only: edit this head's z instead of the whole write
     neuron: int | None = None  # mlp only: edit this neuron's coefficient post[i]
     positions: Sequence[int] | None = None  # prompt-relative (-1: each prompt's last token); None = every position
+    expert: int | None = None  # mlp of a mixture of experts only: this expert's write (or, with neuron, its post[i])
 
     def __post_init__(self) -> None:
         if self.part not in ("attn", "mlp"):
             raise ResidError(f"Site part must be 'attn' or 'mlp', got {self.part!r}.")
+        if self.expert is not None and self.part != "mlp":
+            raise ResidError(f"Site(layer={self.layer}, part='attn') cannot take an expert; experts are part='mlp'.")
         if self.head is not None and self.part != "attn":
             raise ResidError(f"Site(layer={self.layer}, part='mlp') cannot take a head; heads are part='attn'.")
         if self.neuron is not None and self.part != "mlp":
@@ -58,14 +68,21 @@ class Site:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
     @property
-    def kind(self) -> Literal["write", "head", "neuron"]:
-        """What the site edits: the sublayer's whole write, one head's z, or one neuron's coefficient."""
-        return "head" if self.head is not None else "neuron" if self.neuron is not None else "write"
+    def kind(self) -> Literal["write", "head", "neuron", "expert"]:
+        """What the site edits: the sublayer's whole write, one head's z, one neuron's coefficient (of the
+        expert `expert` in a mixture of experts), or one expert's whole weighted write."""
+        if self.head is not None:
+            return "head"
+        if self.neuron is not None:
+            return "neuron"
+        return "expert" if self.expert is not None else "write"
 
     def describe(self) -> str:
         where = f"layers[{self.layer}].{self.part}"
         if self.head is not None:
             where += f" head {self.head}"
+        if self.expert is not None:
+            where += f" expert {self.expert}"
         if self.neuron is not None:
             where += f" neuron {self.neuron}"
         if self.positions is not None:
@@ -82,12 +99,28 @@ class Site:
             raise ResidError(f"Site head {self.head} is out of range: the model has {config.n_heads} heads.")
         if self.neuron is not None and not 0 <= self.neuron < config.d_mlp:
             raise ResidError(f"Site neuron {self.neuron} is out of range: the MLP has {config.d_mlp} neurons.")
+        experts = config.n_experts
+        if self.expert is not None and not experts:
+            raise ResidError(
+                f"Site expert {self.expert}: this model's MLPs are dense, not mixtures of experts. Drop expert= "
+                f"(Site({self.layer}, 'mlp') or Site({self.layer}, 'mlp', neuron=i))."
+            )
+        if self.expert is not None and not 0 <= self.expert < experts:
+            raise ResidError(
+                f"Site expert {self.expert} is out of range: each MLP has {experts} experts (0..{experts - 1})."
+            )
+        if experts and self.neuron is not None and self.expert is None:
+            raise ResidError(
+                f"Site neuron {self.neuron}: layer {self.layer}'s MLP is a mixture of {experts} experts, each with "
+                f"its own neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron})."
+            )
 
 
 @dataclass(frozen=True)
 class ZeroAblate:
-    """Set the site's slice to zero: a head's z or a neuron's coefficient (so its write is zero), or the
-    sublayer's whole write (its bias included)."""
+    """Set the site's slice to zero: a head's z or a neuron's coefficient (so its write is zero), the
+    sublayer's whole write (its bias included), or one expert's weighted write (the other experts keep their
+    weights: nothing is renormalized)."""
 
     site: Site
 
@@ -141,9 +174,9 @@ class Add:
 @dataclass(frozen=True)
 class Hook:
     """Any function of the site's slice: `fn(slice, tokens)` gets the slice the typed interventions edit
-    ([batch pos d_model] for a write, [batch pos d_head] for a head, [batch pos] for a neuron; pos the Site's
-    positions if given, in order) and the run's Tokens (padded: `tokens.padded_index` maps prompt-relative
-    positions), and returns the new slice. It must not change the shape or dtype; editing in place is fine."""
+    ([batch pos d_model] for a write or an expert's write, [batch pos d_head] for a head, [batch pos] for a
+    neuron; pos the Site's positions if given, in order) and the run's Tokens (padded: `tokens.padded_index`
+    maps prompt-relative positions), and returns the new slice. It must not change the shape or dtype; editing in place is fine."""
 
     site: Site
     fn: Callable[[Tensor, Tokens], Tensor]
@@ -219,12 +252,15 @@ def plan(
     return grouped
 
 
-def apply_edits(tensor: Tensor, edits: Sequence[Edit], kind: Literal["write", "head", "neuron"]) -> Tensor:
-    """Apply the edits of this kind (whole write / head / neuron) to `tensor` [batch pos ...]."""
+def apply_edits(
+    tensor: Tensor, edits: Sequence[Edit], kind: Literal["write", "head", "neuron", "expert"]
+) -> Tensor:
+    """Apply the edits of this kind (whole write / head / neuron / expert write) to `tensor` [batch pos ...].
+    Experts: the caller passes only the edits of the expert whose tensor this is."""
     for iv, index in edits:
         if iv.site.kind != kind:
             continue
-        unit = iv.site.head if kind == "head" else iv.site.neuron
+        unit = iv.site.head if kind == "head" else iv.site.neuron if kind == "neuron" else None
         rows = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
         region = (slice(None), slice(None)) if index is None else (rows, index)
         region = region if unit is None else (*region, unit)

@@ -27,15 +27,13 @@ from resid.errors import ResidError
 from resid.generate import Generation, generate
 from resid.interventions import Intervention, plan
 from resid.readout import Readout
+from resid.selection import LogitsAt, logit_index, position_selector
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
 # Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
 # dtype reaches as_tokens' own check, which says what to pass, rather than a type checker's traceback.
 Inputs = str | Sequence[str] | Tokens | Tensor
-# None: every position; "last": each prompt's last real token; a list of prompt-relative positions (the same for
-# every prompt); or a [batch] / [batch k] tensor of padded indices (for callers that already hold them).
-LogitsAt = str | Sequence[int] | Tensor | None
 # Capture or None; typed loosely like Inputs so that a wrong value (True, a hook name) reaches run's own check.
 CaptureArg = Capture | None | object
 
@@ -164,7 +162,7 @@ class Transformer(nn.Module):
             embed, pos_embed, ctx = self._prepare(tokens)
             resid = embed if pos_embed is None else embed + pos_embed
             captured = None if capture.positions is None else tokens.padded_index(capture.positions)
-            keep = _position_selector(captured)
+            keep = position_selector(captured)
             resid, records = self._blocks(resid, ctx, 0, edits, capture, keep)
             logits, final_scale, uncapped = self._unembed(resid, tokens, logits_at)
         stream = ResidualStream(
@@ -227,8 +225,15 @@ class Transformer(nn.Module):
             rotary = {kind: angles for kind in kinds}
             if self.rotary_local is not None and "sliding" in kinds:
                 rotary["sliding"] = self.rotary_local.cos_sin(tokens.position_ids, self.dtype)
-        allowed = {kind: allowed_keys(tokens.attention_mask, cfg.window(kind)) for kind in kinds}
-        return tok_embed, pos_embed, AttnContext.build(allowed, rotary)
+        n_pos, padded = tokens.ids.shape[1], not bool(tokens.attention_mask.all())
+
+        def mask(kind: str) -> Tensor | None:  # None: plain causal, SDPA's causal kernels apply
+            window = cfg.window(kind)
+            if not padded and (window is None or window >= n_pos):
+                return None
+            return allowed_keys(tokens.attention_mask, window)
+
+        return tok_embed, pos_embed, AttnContext.build({kind: mask(kind) for kind in kinds}, rotary)
 
     def _blocks(self, resid: Tensor, ctx: AttnContext, start: int, edits: dict, capture: Capture, keep):
         records = []
@@ -250,7 +255,7 @@ class Transformer(nn.Module):
         """(logits, the final norm's scale, the logits before a final soft cap or None without one)."""
         readout = self.readout
         normalized, final_scale = readout.normalize(resid)
-        index = _logit_index(logits_at, tokens)
+        index = logit_index(logits_at, tokens)
         if index is not None:
             normalized = normalized.gather(1, index[..., None].expand(-1, -1, normalized.shape[-1]))
         uncapped = readout.unembed.raw(normalized)
@@ -271,40 +276,12 @@ class Transformer(nn.Module):
             absent["normalized"] = absent["norm_scale"] = "this model's sublayers read the residual without a norm"
         if not self.config.post_norms:
             absent["post_norm_scale"] = "this model has no post-norms (its sublayer outputs are written as they are)"
-        no_gate = {} if self.config.gated_mlp else {"gate": "this model's MLP is not gated (post = act(pre))"}
-        return LayerRecord(AttnRecord(layer, attn, absent), MLPRecord(layer, mlp, {**absent, **no_gate}))
-
-
-def _logit_index(logits_at: "LogitsAt", tokens: Tokens) -> Tensor | None:
-    """[batch k] padded positions whose logits are computed, or None for all."""
-    if logits_at is None:
-        return None
-    batch, n_pos = tokens.ids.shape
-    if isinstance(logits_at, str):
-        if logits_at != "last":
-            raise ResidError(f"logits_at must be None, 'last', a list of positions or a tensor, got {logits_at!r}.")
-        return tokens.last_positions()[:, None]
-    if isinstance(logits_at, (list, tuple)):
-        return tokens.padded_index(logits_at)
-    index = torch.as_tensor(logits_at, device=tokens.ids.device).long()
-    index = index[:, None] if index.ndim == 1 else index
-    if index.ndim != 2 or index.shape[0] != batch:
-        raise ResidError(f"logits_at positions must have shape [batch] or [batch k] with batch={batch}.")
-    if index.numel() and (index.min() < -n_pos or index.max() >= n_pos):
-        raise ResidError(f"logits_at positions must lie in -{n_pos}..{n_pos - 1}.")
-    return index % n_pos
-
-
-def _position_selector(index: Tensor | None):
-    """keep(tensor, axis): the tensor at the padded positions `index` [batch k] along `axis` (all if None)."""
-    if index is None:
-        return lambda tensor, axis=1: tensor
-
-    def keep(tensor: Tensor, axis: int = 1) -> Tensor:
-        shape = [1] * tensor.ndim
-        shape[0], shape[axis] = index.shape
-        size = list(tensor.shape)
-        size[axis] = index.shape[1]
-        return tensor.gather(axis, index.view(shape).expand(size))
-
-    return keep
+        if self.config.n_experts:
+            dense = "this model's MLP is a mixture of experts; each expert's coefficients are in `post`"
+            mlp_absent = {"pre": dense, "gate": dense}
+        else:
+            experts = "this model's MLP is dense, not a mixture of experts"
+            mlp_absent = dict.fromkeys(("router_logits", "expert_weights", "expert_out"), experts)
+            if not self.config.gated_mlp:
+                mlp_absent["gate"] = "this model's MLP is not gated (post = act(pre))"
+        return LayerRecord(AttnRecord(layer, attn, absent), MLPRecord(layer, mlp, {**absent, **mlp_absent}))

@@ -102,6 +102,9 @@ class AttnRecord(_Record):
 
 
 class MLPRecord(_Record):
+    """A dense MLP's record, or a mixture of experts' (Mixtral, resid.components.moe): `post` then has an
+    expert axis, and router_logits, expert_weights and expert_out exist (pre and gate do not)."""
+
     _part = "mlp"
 
     @property
@@ -116,13 +119,33 @@ class MLPRecord(_Record):
         return self._get("gate")
 
     @property
-    def post(self) -> Float[Tensor, "batch pos d_mlp"]:
-        """Memory coefficients m_i: act(pre), or act(gate) * pre; neuron i writes post[i] * W_out[i]."""
+    def post(self) -> Float[Tensor, "batch pos d_mlp"] | Float[Tensor, "batch pos expert d_mlp"]:
+        """Memory coefficients m_i: act(pre), or act(gate) * pre; neuron i writes post[i] * W_out[i]. Mixture
+        of experts: [batch pos expert d_mlp], each expert's act(x W_gate[e]) * (x W_in[e]), zero for experts
+        the token was not routed to; neuron i of expert e writes expert_weights[e] * post[e, i] * W_out[e, i]."""
         return self._get("post")
 
     @property
+    def router_logits(self) -> Float[Tensor, "batch pos expert"]:
+        """Mixture of experts only: normalized @ W_router, before the softmax over experts."""
+        return self._get("router_logits")
+
+    @property
+    def expert_weights(self) -> Float[Tensor, "batch pos expert"]:
+        """Mixture of experts only: the top-k router probabilities renormalized to sum to 1, zero for the experts
+        the token was not routed to (in the model dtype)."""
+        return self._get("expert_weights")
+
+    @property
+    def expert_out(self) -> Float[Tensor, "batch pos expert d_model"]:
+        """Mixture of experts only: each expert's weighted write, expert_weights[e] * post[e] @ W_out[e] (zero
+        where not routed). They sum to `out`; with post-norms, to the output before the post-norm."""
+        return self._get("expert_out")
+
+    @property
     def out(self) -> Float[Tensor, "batch pos d_model"]:
-        """The sublayer's write: post @ W_out + b_out (through the post-norm in models that have one)."""
+        """The sublayer's write: post @ W_out + b_out, or the sum of expert_out (through the post-norm in
+        models that have one)."""
         return self._get("out")
 
 

@@ -36,6 +36,7 @@ VARIANTS: list[str] = [
     "gemma3",
     "phi3",
     "olmo2",
+    "mixtral",
 ]
 
 _COMMON = dict(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, num_hidden_layers=2, intermediate_size=96)

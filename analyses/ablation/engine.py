@@ -4,7 +4,7 @@ measure what each does to a metric of the next-token prediction.
     df = ablation.sweep(model, prompts, targets, baselines, sites="sublayer", method="mean",
                         reference=texts, out="results.parquet")
 
-One row per (prompt, ablation): prompt_idx, site, layer, part, head, neuron, method, metric, clean_metric,
+One row per (prompt, ablation): prompt_idx, site, layer, part, head, expert, neuron, method, metric, clean_metric,
 ablated_metric, delta (= ablated - clean). Methods: "zero"; "mean" (the write's mean over `reference`
 texts; see ablation_values for agnostic vs per-position means); "resample" (the write from another
 prompt: `reference` gives one donor prompt per prompt, else a random prompt of equal token length).
@@ -41,8 +41,10 @@ from resid.tokenizer import Tokens
 Method = Literal["zero", "mean", "resample"]
 MeanPositions = Literal["agnostic", "per_position"]
 KEY = ("prompt_idx", "site")
-# One row per (prompt, ablation); delta = ablated_metric - clean_metric; head/neuron are <NA> where they do not apply.
-COLUMNS = (*KEY, "layer", "part", "head", "neuron", "method", "metric", "clean_metric", "ablated_metric", "delta")
+# One row per (prompt, ablation); delta = ablated_metric - clean_metric; head/expert/neuron are <NA> where they do
+# not apply (expert: mixture-of-experts MLPs only).
+COLUMNS = (*KEY, "layer", "part", "head", "expert", "neuron", "method", "metric", "clean_metric", "ablated_metric",
+           "delta")
 
 
 @dataclass
@@ -232,6 +234,7 @@ def _frame(ctx, rows, group, clean_metric: Tensor, ablated: Tensor) -> pd.DataFr
         "layer": [a.layer for _, a in rows],
         "part": [a.part for _, a in rows],
         "head": pd.array([a.head for _, a in rows], dtype="Int64"),
+        "expert": pd.array([a.expert for _, a in rows], dtype="Int64"),
         "neuron": pd.array([a.neuron for _, a in rows], dtype="Int64"),
         "method": ctx.method,
         "metric": ctx.metric,

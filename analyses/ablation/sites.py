@@ -1,7 +1,9 @@
 """What a sweep ablates: "layer" (both sublayers of each layer together), "sublayer" (each attention and
-MLP write), "head" (each head's z), or an explicit list of resid.Site (sublayers, heads or neurons, one
-ablation each). Plus the sweep's signature, which tells a resumed sweep from a different one."""
+MLP write), "head" (each head's z), "expert" (each expert's weighted write, mixture-of-experts models only; the
+other experts keep their router weights), or an explicit list of resid.Site (sublayers, heads, experts or
+neurons, one ablation each). Plus the sweep's signature, which tells a resumed sweep from a different one."""
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -14,8 +16,9 @@ from resid.errors import ResidError
 from resid.interventions import Site
 from resid.model import Transformer
 
-SiteKind = Literal["layer", "sublayer", "head"]  # the granularity words of attribution's `level` and the lens
-SITE_KINDS: tuple[str, ...] = ("layer", "sublayer", "head")
+SiteKind = Literal["layer", "sublayer", "head", "expert"]  # the granularity words of attribution's `level` and
+# the lens, plus the experts of a mixture-of-experts MLP
+SITE_KINDS: tuple[str, ...] = ("layer", "sublayer", "head", "expert")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Ablation:
     head: int | None
     neuron: int | None
     sites: tuple[Site, ...]  # the writes replaced together
+    expert: int | None = None  # mixture-of-experts MLPs: the expert (whose write, or whose neuron)
 
     @property
     def start_layer(self) -> int:
@@ -50,14 +54,23 @@ def expand_sites(sites: SiteKind | Sequence[Site], config: ModelConfig) -> list[
                 for l in range(n)
                 for h in range(config.n_heads)
             ]
+        if sites == "expert":
+            if not config.n_experts:
+                raise ResidError("sites='expert' needs a mixture-of-experts model; this model's MLPs are dense. Use "
+                                 "sites='sublayer' for the MLP writes.")
+            return [
+                Ablation(f"layers[{l}].mlp expert {e}", l, "mlp", None, None, (Site(l, "mlp", expert=e),), e)
+                for l in range(n)
+                for e in range(config.n_experts)
+            ]
         raise ResidError(f"Unknown sites {sites!r}: use one of {SITE_KINDS} or a list of resid.Site.")
     out = []
     for site in sites:
         if not isinstance(site, Site):
             raise ResidError(f"sites must be one of {SITE_KINDS} or a list of resid.Site, got an item {site!r}.")
         site.validate(config)
-        site = Site(site.layer % n, site.part, site.head, site.neuron, site.positions)
-        out.append(Ablation(site.describe(), site.layer, site.part, site.head, site.neuron, (site,)))
+        site = dataclasses.replace(site, layer=site.layer % n)
+        out.append(Ablation(site.describe(), site.layer, site.part, site.head, site.neuron, (site,), site.expert))
     labels = [a.label for a in out]
     if len(set(labels)) != len(labels):
         raise ResidError("sites lists the same site twice; each ablation must be unique.")

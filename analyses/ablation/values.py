@@ -1,8 +1,10 @@
 """What an ablated write is replaced with: nothing (zero), its mean over reference text, or its value on
 another prompt (resample).
 
-A "unit" is what one Site edits: a sublayer write `out` [batch pos d_model], a head's `z` [batch pos d_head]
-or a neuron's coefficient `post` [batch pos]. Means come in two kinds:
+A "unit" is what one Site edits: a sublayer write `out` [batch pos d_model], a head's `z` [batch pos d_head],
+a neuron's coefficient `post` [batch pos], or in a mixture of experts an expert's write `expert_out[:, :, e]`
+[batch pos d_model] or an expert neuron's `post[:, :, e, i]` [batch pos] (zero, and averaged as zero, at tokens
+not routed to the expert). Means come in two kinds:
 - "agnostic" (default): one vector per unit, averaged over every real token of the reference texts;
 - "per_position": one vector per position id (0 = first real token), so a prompt's position p is replaced
   by the reference mean at p; the reference texts must reach every position the prompts use.
@@ -22,12 +24,13 @@ from resid.interventions import Site
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
-Unit = tuple[int, str, int | None, int | None]  # (layer, part, head, neuron): a Site without its positions
+Unit = tuple[int, str, int | None, int | None, int | None]  # (layer, part, head, neuron, expert): a Site
+# without its positions
 
 
 def unit_of(site: Site) -> Unit:
     """The value a site edits, whatever its positions (means and donors are read per unit)."""
-    return (site.layer, site.part, site.head, site.neuron)
+    return (site.layer, site.part, site.head, site.neuron, site.expert)
 
 
 def capture_for(units: Iterable[Unit]) -> Capture:
@@ -36,15 +39,18 @@ def capture_for(units: Iterable[Unit]) -> Capture:
     attn, mlp = {"out"}, {"out"}
     attn |= {"z"} if any(u[1] == "attn" and u[2] is not None for u in units) else set()
     mlp |= {"post"} if any(u[1] == "mlp" and u[3] is not None for u in units) else set()
+    mlp |= {"expert_out"} if any(u[4] is not None and u[3] is None for u in units) else set()
     return Capture(attn=attn, mlp=mlp)
 
 
 def read_unit(stream, unit: Unit) -> Tensor:
     """The unit's clean value from a stream: [batch pos d_model], [batch pos d_head] or [batch pos]."""
-    layer, part, head, neuron = unit
+    layer, part, head, neuron, expert = unit
     record = getattr(stream.layers[layer], part)
     if head is not None:
         return record.z[:, :, head]
+    if expert is not None:
+        return record.expert_out[:, :, expert] if neuron is None else record.post[:, :, expert, neuron]
     if neuron is not None:
         return record.post[:, :, neuron]
     return record.out

@@ -9,8 +9,9 @@ from resid.errors import ResidError
 def add_parser(commands, common) -> None:
     ablate = commands.add_parser("ablate", parents=[common], help="ablation sweep over prompts (crash-safe)")
     ablate.add_argument("--prompts", required=True, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}')
-    ablate.add_argument("--sites", default="sublayer", choices=["layer", "sublayer", "head"],
-                        help="ablate whole layers, each attention / MLP write (default), or each head")
+    ablate.add_argument("--sites", default="sublayer", choices=["layer", "sublayer", "head", "expert"],
+                        help="ablate whole layers, each attention / MLP write (default), each head, or each "
+                        "expert of a mixture-of-experts MLP")
     ablate.add_argument("--method", default="zero", choices=["zero", "mean", "resample"])
     ablate.add_argument("--reference", default=None,
                         help="mean: the texts to average each write over; resample: one donor prompt per prompt, in "

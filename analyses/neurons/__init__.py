@@ -23,6 +23,16 @@ share of the layer's update its top-k carry:
     explained_target = (S_k . u') / (U . u')
 
 (1 when k covers every neuron; the first is the part of U along itself that the top-k provide).
+
+Post-norms (Gemma 2/3, OLMo 2): a neuron's value as written into the residual is linear_post(v_i), through the
+MLP post-norm's gain (and centering); its input-dependent scale s is left out where there is no run
+(value_top_tokens: s > 0 rescales every token alike) and frozen from the run where there is one (sub_updates:
+each neuron writes s * linear_post(m_i v_i), so the sub-updates still sum to the write).
+
+Mixture of experts (Mixtral): neurons are addressed as (expert, neuron); expert e's neuron i writes
+w_e * m_{e,i} * v_{e,i}, w_e the token's router weight (0 where not routed). value_top_tokens and top_activating
+take `experts=`, sub_updates ranks every (expert, neuron) of a layer together, and the coefficient edits take
+(layer, expert, neuron) triples; their frames get an `expert` column after `layer`.
 """
 
 from analyses.neurons.edits import prediction_change, scale_coefficients, set_coefficients

@@ -11,6 +11,11 @@ Positions are prompt-relative (0 = a prompt's first real token, -1 its last), so
 in every prompt whatever the padding. The edits are plain resid.Replace / resid.Scale interventions on neuron
 sites with those positions (resid.Site resolves them per batch), so they can be run on any prompts; `prompts`
 is only used to check the positions exist in every prompt.
+
+Mixture of experts (Mixtral): neurons are (layer, expert, neuron) triples, sites Site(layer, "mlp", expert=e,
+neuron=i); expert e's neuron writes w_e * m_{e,i} * v_{e,i}, so an edit changes nothing at tokens not routed to e
+(their router weight w_e is 0), and routing itself is never changed. Post-norms: the edited coefficient goes
+through the post-norm with the rest of the MLP output (its scale recomputed, as in any forward pass).
 """
 
 from collections.abc import Sequence
@@ -30,7 +35,9 @@ from resid.errors import ResidError
 from resid.interventions import Intervention, Replace, Scale, Site
 from resid.model import Inputs, Transformer
 
-Neurons = Sequence[Sequence[int]]  # (layer, neuron) pairs (checked here, for a clearer error than a type check)
+# (layer, neuron) pairs, or (layer, expert, neuron) triples for a mixture of experts (checked here, for a
+# clearer error than a type check)
+Neurons = Sequence[Sequence[int]]
 
 
 def set_coefficients(
@@ -108,10 +115,13 @@ def _sites(model: Transformer, prompts: Inputs, neurons: Neurons, positions: Seq
     if not pairs:
         raise ResidError("No neurons given: pass a non-empty list of (layer, neuron) pairs.")
     sites = []
+    size, shape = (3, "(layer, expert, neuron) triples") if model.config.n_experts else (2, "(layer, neuron) pairs")
     for pair in pairs:
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(x, int) for x in pair)):
-            raise ResidError(f"Neurons must be (layer, neuron) pairs of integers, got {pair!r}.")
-        site = Site(pair[0], "mlp", neuron=pair[1], positions=positions)
+        if not (isinstance(pair, (tuple, list)) and len(pair) == size and all(isinstance(x, int) for x in pair)):
+            experts = " (this model's MLPs are mixtures of experts)" if size == 3 else ""
+            raise ResidError(f"Neurons must be {shape} of integers{experts}, got {pair!r}.")
+        expert = pair[1] if size == 3 else None
+        site = Site(pair[0], "mlp", neuron=pair[-1], positions=positions, expert=expert)
         site.validate(model.config)
         sites.append(site)
     if positions is not None:

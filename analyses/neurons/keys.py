@@ -17,6 +17,11 @@ bookkeeping is cheap next to the forward). A running top-k per
 O(k x neurons), never O(tokens x neurons). Padding and BOS positions never count as triggers (a BOS
 token's activations are attention-sink outliers that would fill every list).
 
+Post-norms do not change a coefficient (the post-norm acts on the MLP's output, after m_i). Mixture of experts
+(Mixtral): neurons are (expert, neuron) pairs, m_{e,i} = post[e, i]; a token counts as a trigger of expert e's
+neurons only if it was routed to e (its coefficients elsewhere are not computed), and the rows get an `expert`
+column after `layer`.
+
 Ranking (`sign`): "positive" (default) ranks by m, largest first, as Geva et al. do; "negative" by -m
 (for gated MLPs, whose coefficients take both signs, a negative m adds -v); "abs" by |m|.
 """
@@ -35,6 +40,7 @@ from tqdm.auto import tqdm
 from analyses.io import corpus as corpora
 from analyses.checks import check_choice, check_k, select_layers, select_neurons
 from analyses.io.provenance import describe
+from analyses.neurons.values import select_experts
 from analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
@@ -70,8 +76,10 @@ def top_activating(
     window: int = 256,
     batch_size: int | str = "auto",
     progress: bool = True,
+    experts: int | Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """The k corpus tokens with the largest coefficients of each chosen neuron (see the module docstring).
+    experts (mixture-of-experts models only): None for all, an index or a list; the neurons of each.
 
     corpus: a list of strings or a .txt / .jsonl path (analyses.corpus.load). layers: an index, a list, or
     None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
@@ -80,16 +88,19 @@ def top_activating(
     check_choice(sign, "sign", SIGNS)
     layer_list = select_layers(model, layers)
     neuron_list = select_neurons(model, neurons)
+    expert_list = select_experts(model, experts)
     k = check_k(k, "k")
     for name, value in (("context", context), ("after", after)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
-    best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress)
-    df = _frame(model, pieces, best, layer_list, neuron_list, context, after)
+    best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress, expert_list)
+    df = _frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
     parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
                   "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}
+    if expert_list is not None:
+        parameters["experts"] = expert_list
     df.attrs["provenance"] = describe(model, "neurons.top_activating", parameters)
     return df
 
@@ -103,14 +114,19 @@ def scan(
     sign: Sign = "positive",
     batch_size: int | str = "auto",
     progress: bool = True,
+    experts: list[int] | None = None,
 ) -> dict[int, "TopK"]:
     """The streaming part of top_activating: run `pieces` (from `windows`) in batches and keep each
-    layer's running top-k (checked layers and neurons, as from select_layers / select_neurons)."""
+    layer's running top-k (checked layers, neurons and experts, as from select_layers / select_neurons /
+    select_experts). With experts, the neuron axis of each TopK is (expert, neuron) flattened."""
     size = _batch_size(model, batch_size, max(len(w) for w in pieces), len(layers))
     index = None if neurons is None else torch.tensor(neurons, device=model.device)
     n_neurons = model.config.d_mlp if neurons is None else len(neurons)
-    best = {layer: TopK.empty(k, n_neurons, model.device) for layer in layers}
-    capture = Capture(layers=layers, attn=frozenset(), mlp={"post"}, embed=False, final_norm_scale=False)
+    chosen = None if experts is None else torch.tensor(experts, device=model.device)
+    columns = n_neurons if experts is None else n_neurons * len(experts)
+    best = {layer: TopK.empty(k, columns, model.device) for layer in layers}
+    mlp = {"post", "expert_weights"} if experts is not None else {"post"}
+    capture = Capture(layers=layers, attn=frozenset(), mlp=mlp, embed=False, final_norm_scale=False)
     with tqdm(total=sum(len(w) for w in pieces), desc="top activating", unit="tok", disable=not progress) as bar:
         start = 0
         while start < len(pieces):
@@ -121,9 +137,16 @@ def scan(
                 flat_ids = _flat_ids(start, len(chunk), tokens.ids.shape[1], model.device)
                 merged = {}  # committed only once every layer is done: an out-of-memory retry must not count twice
                 for layer in layers:
-                    post = run.stream.layers[layer].mlp.post
+                    record = run.stream.layers[layer].mlp
+                    post = record.post
                     post = post if index is None else post.index_select(-1, index)
-                    merged[layer] = best[layer].merge(post, valid, flat_ids, sign)
+                    routed = valid
+                    if chosen is not None:  # [batch pos expert neuron] -> [batch pos (expert neuron)]
+                        post = post.index_select(2, chosen)
+                        routed = valid[..., None, None] & (record.expert_weights.index_select(2, chosen) > 0)[..., None]
+                        routed = routed.expand(post.shape).flatten(2)
+                        post = post.flatten(2)
+                    merged[layer] = best[layer].merge(post, routed, flat_ids, sign)
                 best.update(merged)
                 return len(chunk)
 
@@ -184,14 +207,14 @@ class TopK:
 def _merge(
     best: TopK,
     post: Float[Tensor, "batch pos neuron"],
-    valid: Bool[Tensor, "batch pos"],
+    valid: Bool[Tensor, "batch pos"] | Bool[Tensor, "batch pos neuron"],  # per neuron: experts' routing
     flat_ids: Int[Tensor, "batch pos"],
     sign: str,
 ) -> TopK:
     k = best.score.shape[0]
     post = post.reshape(-1, post.shape[-1]).float()  # [tokens neuron]
     score = post if sign == "positive" else -post if sign == "negative" else post.abs()
-    score = score.masked_fill(~valid.reshape(-1, 1), -torch.inf)
+    score = score.masked_fill(~valid.reshape(score.shape[0], -1), -torch.inf)
     top = score.topk(min(k, score.shape[0]), dim=0)  # per neuron: this batch's best tokens
     score = torch.cat([best.score, top.values])
     coefficient = torch.cat([best.coefficient, post.gather(0, top.indices)])
@@ -209,26 +232,31 @@ def _flat_ids(start: int, rows: int, width: int, device: torch.device) -> Int[Te
 def _batch_size(model: Transformer, batch_size: int | str, width: int, n_layers: int) -> BatchSize:
     if batch_size != "auto":
         return BatchSize(batch_size)
-    # The captured `post` of every chosen layer lives until the batch is folded in.
-    kept = n_layers * model.config.d_mlp * width * model.dtype.itemsize
+    # The captured `post` of every chosen layer lives until the batch is folded in (every expert's, with experts).
+    kept = n_layers * model.config.d_mlp * max(1, model.config.n_experts) * width * model.dtype.itemsize
     return BatchSize(model_batch_size(model, width, kept_bytes_per_row=kept))
 
 
-def _frame(model, pieces, best, layers, neurons, context: int, after: int) -> pd.DataFrame:
+def _frame(model, pieces, best, layers, neurons, context: int, after: int, experts=None) -> pd.DataFrame:
     frames = []
     for layer in layers:
         b = best[layer]
         score, coefficient, flat = (t.cpu().numpy() for t in (b.score, b.coefficient, b.flat))
         rank, column = np.nonzero(np.isfinite(score))  # fewer than k tokens in the corpus leave -inf
-        neuron_ids = np.arange(score.shape[1]) if neurons is None else np.asarray(neurons)
+        per_expert = score.shape[1] // (1 if experts is None else len(experts))
+        neuron_ids = np.arange(per_expert) if neurons is None else np.asarray(neurons)
+        where = {"layer": np.full(len(rank), layer, dtype=np.int64)}
+        if experts is not None:
+            where["expert"] = np.asarray(experts, dtype=np.int64)[column // per_expert]
         frames.append(pd.DataFrame({
-            "layer": np.full(len(rank), layer, dtype=np.int64),
-            "neuron": neuron_ids[column].astype(np.int64),
+            **where,
+            "neuron": neuron_ids[column % per_expert].astype(np.int64),
             "rank": (rank + 1).astype(np.int64),
             "coefficient": coefficient[rank, column].astype(np.float64),
             "_flat": flat[rank, column],
         }))
-    df = pd.concat(frames, ignore_index=True).sort_values(["layer", "neuron", "rank"], ignore_index=True)
+    order = ["layer", "neuron", "rank"] if experts is None else ["layer", "expert", "neuron", "rank"]
+    df = pd.concat(frames, ignore_index=True).sort_values(order, ignore_index=True)
     flat = df.pop("_flat").to_numpy()
     window_index, pos = flat >> 20, flat & (2**20 - 1)
     # All windows as one [window width] array (-1 past each end), so snippets are gathered, not looped.
@@ -238,8 +266,9 @@ def _frame(model, pieces, best, layers, neurons, context: int, after: int) -> pd
         ids[row, : len(w)] = w.ids
     first = np.array([int(w.bos) for w in pieces])[window_index]  # the first position a snippet may show
     trigger = ids[window_index, pos]
-    df.insert(4, "token_id", trigger)
-    df.insert(5, "token", decode_ids(model, trigger))
+    at = df.columns.get_loc("coefficient") + 1  # 4, or 5 with an expert column
+    df.insert(at, "token_id", trigger)
+    df.insert(at + 1, "token", decode_ids(model, trigger))
     df["doc"] = np.array([w.doc for w in pieces], dtype=np.int64)[window_index]
     df["pos"] = np.array([w.start for w in pieces], dtype=np.int64)[window_index] + pos - first
     before = _snippets(ids, window_index, pos, np.arange(-context, 0), first)

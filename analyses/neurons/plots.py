@@ -59,6 +59,11 @@ def _rows(df: pd.DataFrame, layer: int, neuron: int, source: str) -> pd.DataFram
     if df.empty:
         raise ResidError(f"The {source} table is empty: nothing to plot.")
     rows = df[(df["layer"] == layer) & (df["neuron"] == neuron)]
+    if "expert" in df and rows["expert"].nunique() > 1:
+        raise ResidError(
+            f"The {source} table has neuron {neuron} of several experts of layer {layer} (a mixture of experts): "
+            f"plot one expert's, e.g. df[df['expert'] == {int(rows['expert'].iloc[0])}]."
+        )
     if rows.empty:
         shown = sorted(set(zip(df["layer"], df["neuron"])))[:10]
         raise ResidError(

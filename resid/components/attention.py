@@ -54,14 +54,16 @@ class KVCache:
 class AttnContext:
     """What every attention layer of one run shares, per layer type ("full" / "sliding")."""
 
-    allowed: dict[str, Bool[Tensor, "batch 1 pos key_pos"]]  # True where a query may read a key
-    blocked: dict[str, Bool[Tensor, "batch 1 pos key_pos"]]  # ~allowed, computed once per run (explicit path)
+    # True where a query may read a key; None: plain causal (nothing padded, no window reaches back), which
+    # lets SDPA use its causal kernels instead of an explicit mask
+    allowed: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]
+    blocked: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]  # ~allowed, once per run (explicit path)
     rotary: dict[str, tuple[Tensor, Tensor]]  # (cos, sin) for these position ids; empty for learned positions
     cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
 
     @classmethod
-    def build(cls, allowed: dict[str, Tensor], rotary: dict[str, tuple[Tensor, Tensor]]) -> "AttnContext":
-        return cls(allowed, {kind: ~mask for kind, mask in allowed.items()}, rotary)
+    def build(cls, allowed: dict[str, Tensor | None], rotary: dict[str, tuple[Tensor, Tensor]]) -> "AttnContext":
+        return cls(allowed, {kind: None if mask is None else ~mask for kind, mask in allowed.items()}, rotary)
 
 
 def allowed_keys(
@@ -166,8 +168,9 @@ class Attention(nn.Module):
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         else:
             # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
+            mask = ctx.allowed[self.layer_type]
             z_h = F.scaled_dot_product_attention(
-                q_h, k_h, v_h, attn_mask=ctx.allowed[self.layer_type], scale=self.scale,
+                q_h, k_h, v_h, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
             if "pattern" in want:
@@ -186,5 +189,9 @@ class Attention(nn.Module):
         scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        scores = scores.masked_fill(ctx.blocked[self.layer_type], float("-inf"))
+        blocked = ctx.blocked[self.layer_type]
+        if blocked is None:  # plain causal: queries and keys are the same positions
+            n = scores.shape[-1]
+            blocked = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(blocked, float("-inf"))
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_h.dtype)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from resid.components.attention import Attention, AttnContext
 from resid.components.mlp import MLP
+from resid.components.moe import MoE
 from resid.components.norm import Norm
 from resid.config import ModelConfig
 from resid.interventions import Edit, apply_edits
@@ -38,7 +39,7 @@ class Block(nn.Module):
         self.attn = Attention(config, layer)
         self.ln_attn_post = Norm(config) if config.post_norms else None
         self.ln_mlp = Norm(config) if config.pre_norms else None
-        self.mlp = MLP(config, layer)
+        self.mlp = MoE(config, layer) if config.n_experts > 0 else MLP(config, layer)  # Mixtral: experts
         self.ln_mlp_post = Norm(config) if config.post_norms else None
 
     def forward(

@@ -16,7 +16,10 @@ def _brute_value_logits(model, through_final_norm: bool) -> list[torch.Tensor]:
     """[d_mlp d_vocab] per layer, normalizing each value vector itself (not the unembedding)."""
     out = []
     for block in model.blocks:
-        values = block.mlp.W_out.detach().double()
+        # mixture of experts: every (expert, neuron), experts first
+        values = block.mlp.W_out.detach().double().reshape(-1, model.config.d_model)
+        if block.ln_mlp_post is not None:  # a value as written: through the post-norm's gain
+            values = block.ln_mlp_post.linear(values).double()
         if through_final_norm:
             if model.ln_final.centre:
                 values = values - values.mean(-1, keepdim=True)
@@ -66,11 +69,15 @@ def test_value_top_tokens_subset_on_smollm2(smollm2):
 
 
 def test_sub_updates_sum_to_the_mlp_output(random_model):
-    run = random_model.run(PROMPTS, capture=resid.Capture(mlp={"post", "out"}))
+    post_norms = random_model.config.post_norms
+    mlp = {"post", "out", "post_norm_scale"} if post_norms else {"post", "out"}
+    run = random_model.run(PROMPTS, capture=resid.Capture(mlp=mlp))
     for layer in range(random_model.config.n_layers):
         record = run.stream.layers[layer].mlp
         for row, pos in ((0, -1), (1, 5)):
-            updates = neurons.sub_update_vectors(random_model, layer, record.post[row, pos])
+            # with a post-norm, its scale frozen: the sub-updates as written into the residual (no b_out there)
+            scale = record.post_norm_scale[row, pos] if post_norms else None
+            updates = neurons.sub_update_vectors(random_model, layer, record.post[row, pos], post_norm_scale=scale)
             b_out = random_model.blocks[layer].mlp.b_out
             total = updates.sum(0) + (0 if b_out is None else b_out.detach())
             torch.testing.assert_close(total, record.out[row, pos], atol=1e-5, rtol=1e-5)
@@ -106,14 +113,21 @@ def test_coefficient_edits_match_brute_force(random_model):
     rows = torch.arange(len(PROMPTS))
     edits = neurons.set_coefficients(random_model, PROMPTS, [(layer, neuron)], value, positions=[-1])
     edited = random_model.run(PROMPTS, interventions=edits, logits_at="last").logits[:, 0]
-    # Brute force: add (value - m) * v to the MLP's whole write at each prompt's own last token.
-    delta = value - clean.stream.layers[layer].mlp.post[rows, last, neuron]
-    vector = torch.zeros_like(clean.stream.layers[layer].mlp.out)
-    vector[rows, last] = delta[:, None] * random_model.blocks[layer].mlp.W_out[neuron].detach()
-    expected = random_model.run(PROMPTS, interventions=[resid.Add(resid.Site(layer, "mlp"), vector)],
-                                logits_at="last").logits[:, 0]
+    # Brute force: the MLP's write recomputed by hand from the edited coefficients (through the post-norm, its
+    # scale recomputed, where there is one) replaces the clean write.
+    post = clean.stream.layers[layer].mlp.post.clone()
+    post[rows, last, neuron] = value
+    expected = random_model.run(PROMPTS, interventions=[resid.Replace(resid.Site(layer, "mlp"),
+                                _write(random_model, layer, post))], logits_at="last").logits[:, 0]
     torch.testing.assert_close(edited, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(edited, clean.logits[rows, last], atol=1e-3)
+
+
+def _write(model, layer: int, post: torch.Tensor) -> torch.Tensor:
+    """The MLP's write for coefficients `post`, by hand: post @ W_out + b_out, then the post-norm if any."""
+    mlp, norm = model.blocks[layer].mlp, model.blocks[layer].ln_mlp_post
+    out = post @ mlp.W_out.detach() + (0 if mlp.b_out is None else mlp.b_out.detach())
+    return out if norm is None else norm(out)[0]
 
 
 def test_scaling_the_last_layer_matches_a_hand_computed_unembedding(random_model):
@@ -121,8 +135,10 @@ def test_scaling_the_last_layer_matches_a_hand_computed_unembedding(random_model
     clean = random_model.run(PROMPTS[0], capture=resid.Capture(mlp={"post", "out"}))
     edits = neurons.scale_coefficients(random_model, PROMPTS[0], [(layer, neuron)], factor, positions=[-2])
     edited = random_model.run(PROMPTS[0], interventions=edits).logits[0, -2]
-    m = clean.stream.layers[layer].mlp.post[0, -2, neuron]
-    final = clean.stream.final()[0, -2] + (factor - 1) * m * random_model.blocks[layer].mlp.W_out[neuron].detach()
+    record = clean.stream.layers[layer].mlp
+    post = record.post.clone()
+    post[0, -2, neuron] *= factor
+    final = clean.stream.final()[0, -2] + (_write(random_model, layer, post) - record.out)[0, -2]
     normalized, _ = random_model.ln_final(final[None, None])
     torch.testing.assert_close(edited, random_model.unembed(normalized)[0, 0], atol=1e-5, rtol=1e-5)
     # Nothing else moves: the other positions keep their clean logits.

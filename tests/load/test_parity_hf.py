@@ -34,6 +34,7 @@ EXPECTED_HEADS = {
     "gemma3": (4, 2, 16),
     "phi3": (4, 2, 12),
     "olmo2": (4, 2, 12),
+    "mixtral": (4, 2, 12),
 }
 
 

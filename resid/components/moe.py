@@ -1,0 +1,122 @@
+"""A sparse mixture-of-experts MLP (Mixtral; Jiang et al. 2024, "Mixtral of Experts"), as transformers'
+MixtralSparseMoeBlock computes it. Glossary: `expert` is the expert axis (n_experts of them); each expert is a
+gated MLP of width d_mlp with its own keys, values and coefficients (resid.components.mlp).
+
+    router_logits  = x W_router                          [expert], no bias
+    probabilities  = softmax(router_logits) in float32   over all experts
+    top-k experts; their k probabilities renormalized to sum to 1 (`expert_weights`, 0 for the others),
+                   then cast to the model dtype (as transformers does before weighting the experts)
+    post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up)
+    out            = sum over chosen e of expert_weights[e] * (post_e W_out[e])   (w2 = down)
+
+Each expert runs on the tokens routed to it only (an index per expert), so the cost is k/n_experts of a dense
+evaluation of every expert. `post` and `expert_out` are zero for the experts a token was not routed to.
+
+Interventions: an expert's write (Site(expert=e)) is expert_weights[e] * post_e W_out[e], edited before the
+experts are summed; an expert neuron's coefficient (Site(expert=e, neuron=i)) is post_e[i], edited before
+W_out[e] and the weight. A token not routed to e has weight 0, so editing post_e there changes nothing;
+ZeroAblate of an expert's write removes it without renormalizing the other experts' weights.
+
+The weights are stored privately, stacked over experts in torch's linear layout; W_router, W_in, W_gate and
+W_out are their one public name, as views.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from resid.components.mlp import ACTIVATIONS
+from resid.config import ModelConfig
+from resid.interventions import Edit, apply_edits
+
+
+class MoE(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.act = ACTIVATIONS[config.act]
+        self.n_experts = config.n_experts
+        self.top_k = config.experts_per_token
+        n, d_mlp, d_model = config.n_experts, config.d_mlp, config.d_model
+        self._w_router = nn.Parameter(torch.zeros(n, d_model))
+        self._w_in = nn.Parameter(torch.zeros(n, d_mlp, d_model))
+        self._w_gate = nn.Parameter(torch.zeros(n, d_mlp, d_model))
+        self._w_out = nn.Parameter(torch.zeros(n, d_model, d_mlp))
+
+    @property
+    def W_router(self) -> Float[Tensor, "d_model expert"]:
+        return self._w_router.T
+
+    @property
+    def W_in(self) -> Float[Tensor, "expert d_model d_mlp"]:
+        return self._w_in.transpose(1, 2)
+
+    @property
+    def W_gate(self) -> Float[Tensor, "expert d_model d_mlp"]:
+        return self._w_gate.transpose(1, 2)
+
+    @property
+    def W_out(self) -> Float[Tensor, "expert d_mlp d_model"]:
+        return self._w_out.transpose(1, 2)
+
+    def route(
+        self, normalized: Float[Tensor, "batch pos d_model"]
+    ) -> tuple[Float[Tensor, "batch pos expert"], Float[Tensor, "batch pos expert"]]:
+        """(router logits, expert weights): the renormalized top-k probabilities, zero for the other experts,
+        in the model dtype."""
+        logits = F.linear(normalized, self._w_router)
+        probabilities = torch.softmax(logits.float(), dim=-1)  # float32, as transformers
+        top, chosen = probabilities.topk(self.top_k, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        weights = torch.zeros_like(probabilities).scatter(-1, chosen, top)
+        return logits, weights.to(normalized.dtype)
+
+    def forward(
+        self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Edit]
+    ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
+        """The MoE output before any post-norm (the block applies that, and the whole-write edits)."""
+        batch, n_pos, d_model = normalized.shape
+        logits, weights = self.route(normalized)
+        x = normalized.reshape(-1, d_model)  # [token d_model], token = batch * pos
+        weight = weights.reshape(-1, self.n_experts)
+        out = torch.zeros_like(x)
+        post_all = x.new_zeros(x.shape[0], self.n_experts, self._w_in.shape[1]) if "post" in want else None
+        expert_out = x.new_zeros(x.shape[0], self.n_experts, d_model) if "expert_out" in want else None
+        for e in range(self.n_experts):
+            mine = [edit for edit in edits if edit[0].site.expert == e]
+            tokens = weight[:, e].nonzero()[:, 0]  # the tokens routed to e (index per expert)
+            if tokens.numel() == 0 and not mine:
+                continue
+            x_e = x[tokens]
+            post = self.act(F.linear(x_e, self._w_gate[e])) * F.linear(x_e, self._w_in[e])
+            if any(edit[0].site.kind == "neuron" for edit in mine):
+                full = _scatter(post, tokens, x.shape[0]).view(batch, n_pos, -1)
+                post = apply_edits(full, mine, "neuron").reshape(x.shape[0], -1)[tokens]
+            write = F.linear(post, self._w_out[e]) * weight[tokens, e, None]
+            if post_all is not None:
+                post_all[tokens, e] = post
+            if any(edit[0].site.kind == "expert" for edit in mine):
+                full = _scatter(write, tokens, x.shape[0]).view(batch, n_pos, d_model)
+                full = apply_edits(full, mine, "expert").reshape(-1, d_model)
+                out = out + full  # an edit may write where the expert was not routed
+                if expert_out is not None:
+                    expert_out[:, e] = full
+                continue
+            out.index_add_(0, tokens, write)
+            if expert_out is not None:
+                expert_out[tokens, e] = write
+        values = {
+            "router_logits": logits,
+            "expert_weights": weights,
+            "post": None if post_all is None else post_all.view(batch, n_pos, self.n_experts, -1),
+            "expert_out": None if expert_out is None else expert_out.view(batch, n_pos, self.n_experts, d_model),
+        }
+        return out.view(batch, n_pos, d_model), {name: values[name] for name in want if values.get(name) is not None}
+
+
+def _scatter(rows: Tensor, tokens: Tensor, n_tokens: int) -> Tensor:
+    """[n_tokens width]: `rows` at `tokens`, zero elsewhere."""
+    return rows.new_zeros(n_tokens, rows.shape[-1]).index_copy(0, tokens, rows)

@@ -1,0 +1,48 @@
+"""Which padded positions a run unembeds (`logits_at`) and keeps (`Capture(positions=...)`)."""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from resid.errors import ResidError
+from resid.tokenizer import Tokens
+
+# None: every position; "last": each prompt's last real token; a list of prompt-relative positions (the same for
+# every prompt); or a [batch] / [batch k] tensor of padded indices (for callers that already hold them).
+LogitsAt = str | Sequence[int] | Tensor | None
+
+
+def logit_index(logits_at: LogitsAt, tokens: Tokens) -> Tensor | None:
+    """[batch k] padded positions whose logits are computed, or None for all."""
+    if logits_at is None:
+        return None
+    batch, n_pos = tokens.ids.shape
+    if isinstance(logits_at, str):
+        if logits_at != "last":
+            raise ResidError(f"logits_at must be None, 'last', a list of positions or a tensor, got {logits_at!r}.")
+        return tokens.last_positions()[:, None]
+    if isinstance(logits_at, (list, tuple)):
+        return tokens.padded_index(logits_at)
+    index = torch.as_tensor(logits_at, device=tokens.ids.device).long()
+    index = index[:, None] if index.ndim == 1 else index
+    if index.ndim != 2 or index.shape[0] != batch:
+        raise ResidError(f"logits_at positions must have shape [batch] or [batch k] with batch={batch}.")
+    if index.numel() and (index.min() < -n_pos or index.max() >= n_pos):
+        raise ResidError(f"logits_at positions must lie in -{n_pos}..{n_pos - 1}.")
+    return index % n_pos
+
+
+def position_selector(index: Tensor | None):
+    """keep(tensor, axis): the tensor at the padded positions `index` [batch k] along `axis` (all if None)."""
+    if index is None:
+        return lambda tensor, axis=1: tensor
+
+    def keep(tensor: Tensor, axis: int = 1) -> Tensor:
+        shape = [1] * tensor.ndim
+        shape[0], shape[axis] = index.shape
+        size = list(tensor.shape)
+        size[axis] = index.shape[1]
+        return tensor.gather(axis, index.view(shape).expand(size))
+
+    return keep
