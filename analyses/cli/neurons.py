@@ -12,6 +12,7 @@ provenance sidecar) and, for values / top, an HTML figure per neuron (at most FI
 from pathlib import Path
 
 from analyses.cli import arguments
+from resid.errors import ResidError
 
 FIGURES = 10
 SHOWN = 40  # lines printed before "... more"
@@ -64,6 +65,9 @@ def add_parser(commands, common) -> None:
     for parser in (values, top, explain, edit):
         parser.add_argument("--out", **out)
         parser.add_argument("--format", **fmt)
+    for parser in (values, top):  # the two that read one expert's neurons in a mixture of experts
+        parser.add_argument("--expert", type=int, default=None,
+                            help="mixture-of-experts models (Mixtral): the expert whose neurons are read")
     for parser in (values, top):  # the two that write HTML figures
         arguments.self_contained(parser)
 
@@ -94,7 +98,8 @@ def run(model, args) -> str:
 def _values(model, args) -> str:
     from analyses import neurons
 
-    df = neurons.value_top_tokens(model, args.layers, args.neurons, k=args.k, through_final_norm=not args.raw)
+    df = neurons.value_top_tokens(model, args.layers, args.neurons, k=args.k, through_final_norm=not args.raw,
+                                  experts=_expert(model, args))
     pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
     lines = [f"value tokens of {len(pairs)} neurons ({'W_out @ W_U' if args.raw else 'through the final norm'}):"]
     grouped = df.groupby(["layer", "neuron", "direction"], observed=True, sort=False)["token"].apply(list)
@@ -111,12 +116,24 @@ def _values(model, args) -> str:
     return "\n".join(lines)
 
 
+def _expert(model, args) -> list[int] | None:
+    """The --expert of a mixture-of-experts model, as the analyses' `experts`; an error if it is missing or
+    given for a dense model."""
+    n = model.config.n_experts
+    if n and args.expert is None:
+        raise ResidError(f"{model.name}'s MLPs are mixtures of {n} experts: choose one with --expert E (0..{n - 1}).")
+    if not n and args.expert is not None:
+        raise ResidError(f"--expert is for mixture-of-experts models; {model.name}'s MLPs are dense.")
+    return None if args.expert is None else [args.expert]
+
+
 def _top(model, args) -> str:
     from analyses import corpus, neurons
 
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
     df = neurons.top_activating(model, texts, args.layers, args.neurons, k=args.k, context=args.context,
-                                sign=args.sign, batch_size=args.batch_size, progress=not args.quiet)
+                                sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
+                                experts=_expert(model, args))
     pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
     lines = [f"top-activating tokens of {len(pairs)} neurons over {len(texts)} documents (sign={args.sign}):"]
     shown = df[df["rank"] <= 3] if len(pairs) > 1 else df
@@ -127,7 +144,8 @@ def _top(model, args) -> str:
         from analyses.neurons import plots as neuron_plots
 
         lines += _export(df, args, "neuron_contexts")
-        values = neurons.value_top_tokens(model, args.layers, [n for _, n in pairs[:FIGURES]], k=10)
+        values = neurons.value_top_tokens(model, args.layers, [n for _, n in pairs[:FIGURES]], k=10,
+                                          experts=_expert(model, args))
         for layer, neuron in pairs[:FIGURES]:
             card = neuron_plots.neuron_card(values, df, layer, neuron)
             lines.append(_figure(card, args, f"neuron_L{layer}_N{neuron}"))

@@ -11,7 +11,7 @@ import pytest
 from analyses.cli.main import main
 from tiny_models import build
 
-FAMILIES = ["gemma2", "gemma3", "olmo2", "qwen3_yarn", "phi3", "llama3_scaled"]
+FAMILIES = ["gemma2", "gemma3", "olmo2", "qwen3_yarn", "phi3", "llama3_scaled", "mixtral"]
 PROMPT = "The quick brown fox jumps over the"
 
 
@@ -37,10 +37,18 @@ def test_lens_predict_decompose_and_neurons_run(folder: Path, tmp_path: Path, ca
     assert main(["lens", PROMPT, *model, "--out", str(tmp_path / "lens.csv")]) == 0
     assert len(pd.read_csv(tmp_path / "lens.csv")) > 0
     assert main(["decompose", PROMPT, *model, "--level", "head", "--out", str(tmp_path / "report")]) == 0
-    assert main(["neurons", "values", *model, "--layers", "1", "--neurons", "0,1", "--out",
-                 str(tmp_path / "values.csv"), "--format", "csv"]) == 0
+    expert = ["--expert", "1"] if "mixtral" in folder.name else []  # a mixture: one expert's neurons
+    assert main(["neurons", "values", *model, "--layers", "1", "--neurons", "0,1", *expert, "--out",
+                 str(tmp_path / "values"), "--format", "csv"]) == 0
     assert main(["neurons", "explain", PROMPT, *model, "--layers", "1"]) == 0
     capsys.readouterr()
+
+
+def test_neurons_on_a_mixture_need_an_expert(tmp_path: Path, capsys):
+    folder = tmp_path / "mixtral"
+    build("mixtral", folder)
+    assert main(["neurons", "values", "--model", str(folder), "--layers", "1"]) == 2
+    assert "--expert E (0..3)" in capsys.readouterr().err
 
 
 def test_ablate_sweeps_heads(folder: Path, tmp_path: Path):
