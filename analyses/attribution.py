@@ -24,6 +24,10 @@ too, the direction is pulled back through it (Norm.pull_back), so heads and neur
 (a LayerNorm post-norm's bias is its own `post_norm_bias` row). A final soft cap (Gemma 2) is not linear: the
 rows decompose the logit before the cap, `logit` is that value, `logit_capped` the model's capped one, and
 df.attrs["notes"] says so.
+
+A target can also be a `Probe`: any linear read-out of the final hidden state (a probe's weights, a difference
+of embeddings, a steering direction), value = final_hidden . vector + bias, where final_hidden is the final
+norm's output (what the unembedding reads; transformers' last_hidden_state). It decomposes the same way.
 """
 
 from collections.abc import Sequence
@@ -33,19 +37,30 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from analyses.checks import check_choice
+from analyses.components import Contributions, components, frame
 from analyses.inputs import batch_size_for, input_tokens, prompts as as_prompts
 from analyses.io import provenance
 from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.model import Inputs, Transformer
-from resid.readout import Direction
-from resid.stream import ResidualStream
+from resid.errors import ResidError
 from resid.tokenizer import Tokens
+
+@dataclass(frozen=True)
+class Probe:
+    """A direction target for `direct`: value = final_hidden . vector + bias at the attributed position, with
+    final_hidden the final norm's output (the unembedding's input). vector: [d_model] for every prompt, or
+    [n_prompts d_model], one per prompt. In the frame, `target` is `name`, `target_id` is -1 and `logit` is
+    the probe's value."""
+
+    vector: Tensor
+    bias: float = 0.0
+    name: str = "probe"
+
 
 Level = Literal["sublayer", "head", "neuron"]
 LEVELS: tuple[str, ...] = ("sublayer", "head", "neuron")
@@ -60,7 +75,7 @@ COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "bas
 def direct(
     model: Transformer,
     prompts: Inputs,
-    target: Token | Sequence[Token | None] | None = None,
+    target: Token | Sequence[Token | None] | Probe | None = None,
     baseline: Token | Sequence[Token] | None = None,
     level: Level = "sublayer",
     pos: int = -1,
@@ -70,20 +85,29 @@ def direct(
 
     prompts: texts, resid.Tokens or token ids. target / baseline: one token (string or id) for all prompts,
     or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
-    list, for the prompts whose entry is None). One row per (prompt, component), in logit units, with the
-    columns of COLUMNS. `df.attrs["notes"]`: hints on the targets as given (analyses.vocab.spacing_hint)."""
+    list, for the prompts whose entry is None); a `Probe` attributes its read-out instead. One row per
+    (prompt, component), in logit units, with the columns of COLUMNS. `df.attrs["notes"]`: hints on the
+    targets as given (analyses.vocab.spacing_hint)."""
     check_choice(level, "level", LEVELS)
     given = as_prompts(model, prompts)
     n = len(given)
+    if isinstance(target, Probe):
+        _check_probe(model, target, baseline, n)
+        run_chunk = lambda chunk: _attribute_probe(model, given.batch(chunk), chunk, target, level, pos)  # noqa: E731
+        return _collect(model, given, run_chunk, batch_size, level, pos, target.name, None)
     targets = None if target is None else token_ids(model, target, n, "target", optional=True)
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
-    given.tokens.padded_index([pos])  # an out-of-range position fails here, before any forward pass
     as_given = as_list(target, n)
-    chunks = list(run_batched(
-        list(range(n)),
-        lambda chunk: _attribute(model, given.batch(chunk), chunk, targets, as_given, baselines, level, pos),
-        batch_size_for(model, given.tokens, batch_size),
-    ))
+    run_chunk = lambda chunk: _attribute(  # noqa: E731
+        model, given.batch(chunk), chunk, targets, as_given, baselines, level, pos
+    )
+    return _collect(model, given, run_chunk, batch_size, level, pos, target, baseline)
+
+
+def _collect(model, given, run_chunk, batch_size, level: str, pos: int, target, baseline) -> pd.DataFrame:
+    """Run the chunks (batched, backing off on out-of-memory) and join their frames, with provenance and notes."""
+    given.tokens.padded_index([pos])  # an out-of-range position fails here, before any forward pass
+    chunks = list(run_batched(list(range(len(given))), run_chunk, batch_size_for(model, given.tokens, batch_size)))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
         model, "attribution.direct", {"level": level, "pos": pos}, given.record(), target, baseline
@@ -92,10 +116,66 @@ def direct(
     return df
 
 
+def _check_probe(model: Transformer, probe: Probe, baseline, n: int) -> None:
+    d_model = model.config.d_model
+    if baseline is not None:
+        raise ResidError("A Probe target takes no baseline: put the difference into its vector (v1 - v2).")
+    vector = probe.vector
+    if not isinstance(vector, torch.Tensor) or vector.shape not in ((d_model,), (n, d_model)):
+        shape = tuple(vector.shape) if isinstance(vector, torch.Tensor) else type(vector).__name__
+        raise ResidError(
+            f"Probe.vector must be a tensor of shape [d_model] = [{d_model}] or [n_prompts d_model] = [{n}, "
+            f"{d_model}], got {shape}."
+        )
+
+
+def _capture(model: Transformer, level: str, pos: int, final: bool) -> Capture:
+    """What a chunk records at `pos`: heads need z, neurons post (and the post-norm scale, the router weights);
+    sublayers their write; `final`: every write too, for the final hidden state."""
+    post = {"post_norm_scale"} if model.config.post_norms else set()
+    # experts (level "head") and neurons need post and the router weights of a mixture of experts
+    split = level == "neuron" or (level == "head" and model.config.n_experts > 0)
+    experts = {"expert_weights"} if model.config.n_experts else set()
+    out = {"out"} if final or level == "sublayer" else set()
+    return Capture(
+        positions=[pos],
+        attn={"z", *post, *out} if level != "sublayer" else {"out"},
+        mlp={"post", *experts, *post, *out} if split else {"out"},
+    )
+
+
+def _attribute_probe(
+    model: Transformer, tokens: Tokens, chunk: Sequence[int], probe: Probe, level: str, pos: int
+) -> tuple[pd.DataFrame, list[str]]:
+    run = model.run(tokens, capture=_capture(model, level, pos, final=True), logits_at=[pos])
+    stream = run.stream
+    vector = probe.vector.to(model.device).float()
+    vector = vector.expand(len(chunk), -1) if vector.ndim == 1 else vector[torch.as_tensor(list(chunk))]
+    scale = stream.final_norm_scale[:, 0]
+    direction = model.readout.direction(vector, scale, torch.full((len(chunk),), float(probe.bias), device=model.device))
+    hidden, _ = model.readout.normalize(stream.final()[:, 0], scale)
+    actual = (hidden.float() * vector).sum(-1) + probe.bias  # the read-out itself, from the final hidden state
+    groups = components(model, stream, direction, level)
+    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    index = stream.captured
+    meta = {
+        "prompt_idx": list(chunk),
+        "pos": (index[:, 0] - tokens.first_positions()).tolist(),
+        "token": list(input_tokens(model, tokens, index)[:, 0]),
+        "target": [probe.name] * len(chunk),
+        "target_id": [-1] * len(chunk),
+        "baseline": [None] * len(chunk),
+        "baseline_id": pd.array([None] * len(chunk), dtype="Int64"),
+    }
+    return frame(meta, groups, actual), []
+
+
 def metric_name(df: pd.DataFrame) -> str:
     """What the rows of `df` attribute, e.g. "logit(' Mary') - logit(' John')" ("the target" when the
     prompts have different ones)."""
     targets = df["target"].unique()
+    if (df["target_id"] == -1).all():  # Probe targets
+        return f"probe {targets[0]!r}" if len(targets) == 1 else "the probes"
     target = repr(targets[0]) if len(targets) == 1 else "the target"
     baselines = df["baseline"].dropna().unique()
     if len(baselines) == 1:
@@ -118,16 +198,7 @@ def _attribute(
     level: str,
     pos: int,
 ) -> tuple[pd.DataFrame, list[str]]:
-    post = {"post_norm_scale"} if model.config.post_norms else set()
-    # experts (level "head") and neurons need post and the router weights of a mixture of experts
-    split = level == "neuron" or (level == "head" and model.config.n_experts > 0)
-    experts = {"expert_weights"} if model.config.n_experts else set()
-    capture = Capture(  # heads need z, neurons post (and the post-norm scale); sublayers their write; at `pos`
-        positions=[pos],
-        attn={"z", *post} if level != "sublayer" else {"out"},
-        mlp={"post", *experts, *post} if split else {"out"},
-    )
-    run = model.run(tokens, capture=capture, logits_at=[pos])
+    run = model.run(tokens, capture=_capture(model, level, pos, final=False), logits_at=[pos])
     capped = run.uncapped_logits is not None
     logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()
@@ -144,8 +215,8 @@ def _attribute(
         return picked
 
     actual = value(logits)
-    groups = _components(model, stream, direction, level)
-    groups.append(_Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    groups = components(model, stream, direction, level)
+    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
     index = stream.captured  # [batch 1] padded index of `pos`
     meta = {
         "prompt_idx": list(chunk),
@@ -156,138 +227,11 @@ def _attribute(
         "baseline": [None] * len(chunk) if baseline_list is None else list(decode_ids(model, np.array(baseline_list))),
         "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
     }
-    frame, notes = _frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
+    table, notes = frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
     if capped:
-        frame["logit_capped"] = np.repeat(value(run.logits[:, 0].float()).double().cpu().numpy(), len(frame) // len(chunk))
+        table["logit_capped"] = np.repeat(value(run.logits[:, 0].float()).double().cpu().numpy(), len(table) // len(chunk))
         notes = notes + [
             f"{model.name} soft-caps its logits (cap * tanh(logit / cap), cap={model.config.final_softcap}): the rows "
             "decompose the logit before the cap (column `logit`); the model's capped value is `logit_capped`."
         ]
-    return frame, notes
-
-
-@dataclass(frozen=True)
-class _Contributions:
-    """A group of components: labels, their layer/part/head/neuron, and their values [batch m]."""
-
-    labels: list[str]
-    layer: int | None
-    part: str
-    heads: np.ndarray | None
-    neurons: np.ndarray | None
-    values: Float[Tensor, "batch m"]
-    experts: np.ndarray | None = None  # mixture-of-experts MLPs
-
-
-def _components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[_Contributions]:
-    """Every component's contribution at the one captured position (the stream's pos axis has length 1)."""
-
-    def dot(write: Tensor) -> Tensor:  # [batch 1 d_model] -> [batch 1]
-        return direction.project(write[:, 0])[:, None]
-
-    groups = [_Contributions(["embed"], None, "embed", None, None, dot(stream.embed))]
-    if stream.pos_embed is not None:
-        groups.append(_Contributions(["pos_embed"], None, "embed", None, None, dot(stream.pos_embed)))
-    for layer, record in enumerate(stream.layers):
-        block = model.blocks[layer]
-        attn, mlp = block.attn, block.mlp
-        if level == "sublayer":
-            groups.append(_Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, dot(record.attn.out)))
-        else:
-            into = _through_post_norm(block.ln_attn_post, record.attn, direction, layer, "attn", groups)
-            # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch head d_head] tensor.
-            heads = (record.attn.z[:, 0].float() * into.through(attn.W_O)).sum(-1)
-            n_heads = heads.shape[1]
-            labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
-            groups.append(_Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
-            if attn.b_O is not None:
-                groups.append(_Contributions(
-                    [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, into.through(attn.b_O)[:, None]
-                ))
-        moe = model.config.n_experts > 0
-        if level == "sublayer" or (level == "head" and not moe):
-            groups.append(_Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
-            continue
-        into = _through_post_norm(block.ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
-        if moe:
-            groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
-            continue
-        # post[i] * (W_out[i] . u')
-        neurons = record.mlp.post[:, 0].float() * into.through(mlp.W_out)
-        d_mlp = neurons.shape[1]
-        labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
-        groups.append(_Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
-        if mlp.b_out is not None:
-            groups.append(_Contributions(
-                [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, into.through(mlp.b_out)[:, None]
-            ))
-    return groups
-
-
-def _experts(
-    layer: int,
-    post: Float[Tensor, "batch 1 expert d_mlp"],
-    weights: Float[Tensor, "batch 1 expert"],
-    w_out: Float[Tensor, "expert d_mlp d_model"],
-    into: Direction,
-    level: str,
-) -> _Contributions:
-    """A mixture of experts' rows: one per expert (level "head"), weight_e * (post_e . (W_out[e] @ u')), or one per
-    (expert, neuron) (level "neuron"), weight_e * post_e[i] * (W_out[e, i] . u'). W_out is pulled back onto the
-    direction first, a [batch expert d_mlp] tensor."""
-    per_neuron = post[:, 0].float() * into.through(w_out)
-    weight = weights[:, 0].float()
-    n_experts, d_mlp = per_neuron.shape[1:]
-    if level == "head":
-        labels = [f"layers[{layer}].mlp.expert[{e}]" for e in range(n_experts)]
-        return _Contributions(labels, layer, "mlp", None, None, weight * per_neuron.sum(-1), np.arange(n_experts))
-    labels = [f"layers[{layer}].mlp.expert[{e}].neuron[{i}]" for e in range(n_experts) for i in range(d_mlp)]
-    values = (weight[..., None] * per_neuron).flatten(1)
-    neurons, experts = np.tile(np.arange(d_mlp), n_experts), np.repeat(np.arange(n_experts), d_mlp)
-    return _Contributions(labels, layer, "mlp", None, neurons, values, experts)
-
-
-def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
-    """The direction as the sublayer's output (before its post-norm) reads it: pulled back through the
-    post-norm with its scale frozen. A LayerNorm post-norm's bias becomes its own row. Without a post-norm,
-    the direction itself."""
-    if norm is None:
-        return direction
-    pulled = Direction(norm.pull_back(direction.vector, record.post_norm_scale[:, 0]), direction.bias)
-    if norm.b is not None:
-        groups.append(_Contributions(
-            [f"layers[{layer}].{part}.post_norm_bias"], layer, part, None, None, norm.bias_dot(direction.vector)[:, None]
-        ))
-    return pulled
-
-
-def _frame(meta: dict, blocks: list[_Contributions], actual: Float[Tensor, "batch"]) -> pd.DataFrame:
-    """Long format (COLUMNS): every prompt of the chunk times every component."""
-
-    def per_component(block: _Contributions, values, fill) -> np.ndarray:
-        m = len(block.labels)
-        return np.full(m, fill, dtype=object) if values is None else np.asarray(values, dtype=object)
-
-    labels = np.concatenate([np.asarray(b.labels, dtype=object) for b in blocks])
-    layer = np.concatenate([per_component(b, None, b.layer) for b in blocks])
-    part = np.concatenate([per_component(b, None, b.part) for b in blocks])
-    head = np.concatenate([per_component(b, b.heads, None) for b in blocks])
-    expert = np.concatenate([per_component(b, b.experts, None) for b in blocks])
-    neuron = np.concatenate([per_component(b, b.neurons, None) for b in blocks])
-    values = torch.cat([b.values for b in blocks], dim=1).double().cpu().numpy()  # [batch m]
-    batch, m = values.shape
-    df = pd.DataFrame({name: np.repeat(np.asarray(col, dtype=object), m) for name, col in meta.items()})
-    for name in ("prompt_idx", "pos", "target_id"):
-        df[name] = df[name].astype("int64")
-    df["baseline_id"] = df["baseline_id"].astype("Int64")
-    df["target"] = df["target"].astype(str)
-    df["token"] = df["token"].astype(str)
-    df["component"] = np.tile(labels, batch).astype(str)
-    df["layer"] = pd.array(np.tile(layer, batch), dtype="Int64")
-    df["part"] = np.tile(part, batch).astype(str)
-    df["head"] = pd.array(np.tile(head, batch), dtype="Int64")
-    df["expert"] = pd.array(np.tile(expert, batch), dtype="Int64")
-    df["neuron"] = pd.array(np.tile(neuron, batch), dtype="Int64")
-    df["value"] = values.reshape(-1)
-    df["logit"] = np.repeat(actual.double().cpu().numpy(), m)
-    return df
+    return table, notes

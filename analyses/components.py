@@ -1,0 +1,142 @@
+"""The components of a direct attribution (analyses.attribution): every write's contribution to a direction
+on the final residual at one position, at the level of sublayers, heads, experts or neurons, and the long
+table they make. See analyses/attribution.py for the algebra."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from resid.model import Transformer
+from resid.readout import Direction
+from resid.stream import ResidualStream
+
+
+@dataclass(frozen=True)
+class Contributions:
+    """A group of components: labels, their layer/part/head/neuron, and their values [batch m]."""
+
+    labels: list[str]
+    layer: int | None
+    part: str
+    heads: np.ndarray | None
+    neurons: np.ndarray | None
+    values: Float[Tensor, "batch m"]
+    experts: np.ndarray | None = None  # mixture-of-experts MLPs
+
+
+def components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[Contributions]:
+    """Every component's contribution at the one captured position (the stream's pos axis has length 1)."""
+
+    def dot(write: Tensor) -> Tensor:  # [batch 1 d_model] -> [batch 1]
+        return direction.project(write[:, 0])[:, None]
+
+    groups = [Contributions(["embed"], None, "embed", None, None, dot(stream.embed))]
+    if stream.pos_embed is not None:
+        groups.append(Contributions(["pos_embed"], None, "embed", None, None, dot(stream.pos_embed)))
+    for layer, record in enumerate(stream.layers):
+        block = model.blocks[layer]
+        attn, mlp = block.attn, block.mlp
+        if level == "sublayer":
+            groups.append(Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, dot(record.attn.out)))
+        else:
+            into = _through_post_norm(block.ln_attn_post, record.attn, direction, layer, "attn", groups)
+            # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch head d_head] tensor.
+            heads = (record.attn.z[:, 0].float() * into.through(attn.W_O)).sum(-1)
+            n_heads = heads.shape[1]
+            labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
+            groups.append(Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
+            if attn.b_O is not None:
+                groups.append(Contributions(
+                    [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, into.through(attn.b_O)[:, None]
+                ))
+        moe = model.config.n_experts > 0
+        if level == "sublayer" or (level == "head" and not moe):
+            groups.append(Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
+            continue
+        into = _through_post_norm(block.ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
+        if moe:
+            groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
+            continue
+        # post[i] * (W_out[i] . u')
+        neurons = record.mlp.post[:, 0].float() * into.through(mlp.W_out)
+        d_mlp = neurons.shape[1]
+        labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
+        groups.append(Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
+        if mlp.b_out is not None:
+            groups.append(Contributions(
+                [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, into.through(mlp.b_out)[:, None]
+            ))
+    return groups
+
+
+def _experts(
+    layer: int,
+    post: Float[Tensor, "batch 1 expert d_mlp"],
+    weights: Float[Tensor, "batch 1 expert"],
+    w_out: Float[Tensor, "expert d_mlp d_model"],
+    into: Direction,
+    level: str,
+) -> Contributions:
+    """A mixture of experts' rows: one per expert (level "head"), weight_e * (post_e . (W_out[e] @ u')), or one per
+    (expert, neuron) (level "neuron"), weight_e * post_e[i] * (W_out[e, i] . u'). W_out is pulled back onto the
+    direction first, a [batch expert d_mlp] tensor."""
+    per_neuron = post[:, 0].float() * into.through(w_out)
+    weight = weights[:, 0].float()
+    n_experts, d_mlp = per_neuron.shape[1:]
+    if level == "head":
+        labels = [f"layers[{layer}].mlp.expert[{e}]" for e in range(n_experts)]
+        return Contributions(labels, layer, "mlp", None, None, weight * per_neuron.sum(-1), np.arange(n_experts))
+    labels = [f"layers[{layer}].mlp.expert[{e}].neuron[{i}]" for e in range(n_experts) for i in range(d_mlp)]
+    values = (weight[..., None] * per_neuron).flatten(1)
+    neurons, experts = np.tile(np.arange(d_mlp), n_experts), np.repeat(np.arange(n_experts), d_mlp)
+    return Contributions(labels, layer, "mlp", None, neurons, values, experts)
+
+
+def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
+    """The direction as the sublayer's output (before its post-norm) reads it: pulled back through the
+    post-norm with its scale frozen. A LayerNorm post-norm's bias becomes its own row. Without a post-norm,
+    the direction itself."""
+    if norm is None:
+        return direction
+    pulled = Direction(norm.pull_back(direction.vector, record.post_norm_scale[:, 0]), direction.bias)
+    if norm.b is not None:
+        groups.append(Contributions(
+            [f"layers[{layer}].{part}.post_norm_bias"], layer, part, None, None, norm.bias_dot(direction.vector)[:, None]
+        ))
+    return pulled
+
+
+def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"]) -> pd.DataFrame:
+    """Long format (COLUMNS): every prompt of the chunk times every component."""
+
+    def per_component(block: Contributions, values, fill) -> np.ndarray:
+        m = len(block.labels)
+        return np.full(m, fill, dtype=object) if values is None else np.asarray(values, dtype=object)
+
+    labels = np.concatenate([np.asarray(b.labels, dtype=object) for b in blocks])
+    layer = np.concatenate([per_component(b, None, b.layer) for b in blocks])
+    part = np.concatenate([per_component(b, None, b.part) for b in blocks])
+    head = np.concatenate([per_component(b, b.heads, None) for b in blocks])
+    expert = np.concatenate([per_component(b, b.experts, None) for b in blocks])
+    neuron = np.concatenate([per_component(b, b.neurons, None) for b in blocks])
+    values = torch.cat([b.values for b in blocks], dim=1).double().cpu().numpy()  # [batch m]
+    batch, m = values.shape
+    df = pd.DataFrame({name: np.repeat(np.asarray(col, dtype=object), m) for name, col in meta.items()})
+    for name in ("prompt_idx", "pos", "target_id"):
+        df[name] = df[name].astype("int64")
+    df["baseline_id"] = df["baseline_id"].astype("Int64")
+    df["target"] = df["target"].astype(str)
+    df["token"] = df["token"].astype(str)
+    df["component"] = np.tile(labels, batch).astype(str)
+    df["layer"] = pd.array(np.tile(layer, batch), dtype="Int64")
+    df["part"] = np.tile(part, batch).astype(str)
+    df["head"] = pd.array(np.tile(head, batch), dtype="Int64")
+    df["expert"] = pd.array(np.tile(expert, batch), dtype="Int64")
+    df["neuron"] = pd.array(np.tile(neuron, batch), dtype="Int64")
+    df["value"] = values.reshape(-1)
+    df["logit"] = np.repeat(actual.double().cpu().numpy(), m)
+    return df
