@@ -152,7 +152,8 @@ def _attribute_probe(
     vector = probe.vector.to(model.device).float()
     vector = vector.expand(len(chunk), -1) if vector.ndim == 1 else vector[torch.as_tensor(list(chunk))]
     scale = stream.final_norm_scale[:, 0]
-    direction = model.readout.direction(vector, scale, torch.full((len(chunk),), float(probe.bias), device=model.device))
+    bias = torch.full((len(chunk),), float(probe.bias), device=model.device)
+    direction = model.readout.direction(vector, scale, bias)
     hidden, _ = model.readout.normalize(stream.final()[:, 0], scale)
     actual = (hidden.float() * vector).sum(-1) + probe.bias  # the read-out itself, from the final hidden state
     groups = components(model, stream, direction, level)
@@ -229,7 +230,8 @@ def _attribute(
     }
     table, notes = frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
     if capped:
-        table["logit_capped"] = np.repeat(value(run.logits[:, 0].float()).double().cpu().numpy(), len(table) // len(chunk))
+        capped_values = value(run.logits[:, 0].float()).double().cpu().numpy()
+        table["logit_capped"] = np.repeat(capped_values, len(table) // len(chunk))
         notes = notes + [
             f"{model.name} soft-caps its logits (cap * tanh(logit / cap), cap={model.config.final_softcap}): the rows "
             "decompose the logit before the cap (column `logit`); the model's capped value is `logit_capped`."

@@ -104,9 +104,8 @@ def _through_post_norm(norm, record, direction: Direction, layer: int, part: str
         return direction
     pulled = Direction(norm.pull_back(direction.vector, record.post_norm_scale[:, 0]), direction.bias)
     if norm.b is not None:
-        groups.append(Contributions(
-            [f"layers[{layer}].{part}.post_norm_bias"], layer, part, None, None, norm.bias_dot(direction.vector)[:, None]
-        ))
+        bias = norm.bias_dot(direction.vector)[:, None]
+        groups.append(Contributions([f"layers[{layer}].{part}.post_norm_bias"], layer, part, None, None, bias))
     return pulled
 
 

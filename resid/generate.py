@@ -82,8 +82,8 @@ def generate(
             if step == max_new_tokens - 1 or (eos is not None and bool(done.all())):
                 break
             position_ids = position_ids + 1
-            cfg = model.config
-            allowed = {kind: _allowed_last(mask[:, : n_prompt + step + 1], cfg.window(kind)) for kind in cfg.layer_types_used}
+            cfg, seen = model.config, mask[:, : n_prompt + step + 1]
+            allowed = {kind: _allowed_last(seen, cfg.window(kind)) for kind in cfg.layer_types_used}
             logits = _step(model, next_ids[:, None], position_ids, allowed, cache, step_edits)
     new = torch.stack(new_ids, dim=1)
     return Generation(
@@ -165,7 +165,8 @@ def _step(model, ids: Tensor, position_ids: Tensor, allowed: dict[str, Tensor], 
     step = Tokens(ids, torch.ones_like(ids, dtype=torch.bool), position_ids)
     embed, pos_embed, ctx = model._prepare(step)
     # The step's own mask would let it see only itself; it reads the cached keys through `allowed`.
-    ctx = dataclasses.replace(ctx, allowed=allowed, blocked={kind: ~mask for kind, mask in allowed.items()}, cache=cache)
+    blocked = {kind: ~mask for kind, mask in allowed.items()}
+    ctx = dataclasses.replace(ctx, allowed=allowed, blocked=blocked, cache=cache)
     # A Hook was bound to the prompt's Tokens by `plan`; at this step it edits (and is told about) the new token.
     edits = {key: [(HookCall(iv.hook, step) if isinstance(iv, HookCall) else iv, index) for iv, index in group]
              for key, group in edits.items()}

@@ -7,7 +7,8 @@ attention-weighted value mix, before W_O, so its write is `z[h] @ W_O[h]`), or o
 prompt-relative positions (0 = each prompt's first real token, -1 its last, whatever the padding).
 
 The edited slice a tensor value must broadcast to is [batch pos d_model] for a whole write, [batch pos d_head]
-for a head, [batch pos d_model] for an expert's write and [batch pos] for a neuron, where pos is the sequence, or the chosen positions in the order given.
+for a head, [batch pos d_model] for an expert's write and [batch pos] for a neuron, where pos is the sequence,
+or the chosen positions in the order given.
 
 `Hook(site, fn)` says what the four typed edits cannot: fn gets that same slice and the run's Tokens, and
 returns a tensor of the same shape and dtype (checked).
@@ -176,7 +177,8 @@ class Hook:
     """Any function of the site's slice: `fn(slice, tokens)` gets the slice the typed interventions edit
     ([batch pos d_model] for a write or an expert's write, [batch pos d_head] for a head, [batch pos] for a
     neuron; pos the Site's positions if given, in order) and the run's Tokens (padded: `tokens.padded_index`
-    maps prompt-relative positions), and returns the new slice. It must not change the shape or dtype; editing in place is fine."""
+    maps prompt-relative positions), and returns the new slice. It must not change the shape or dtype;
+    editing in place is fine."""
 
     site: Site
     fn: Callable[[Tensor, Tokens], Tensor]

@@ -70,7 +70,9 @@ class Norm(nn.Module):
         gained = u.float() * self._gain32()
         return gained - gained.mean(-1, keepdim=True) if self.centre else gained
 
-    def pull_back(self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]) -> Float[Tensor, "*batch d_model"]:
+    def pull_back(
+        self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]
+    ) -> Float[Tensor, "*batch d_model"]:
         """fold(u) * scale: what `u` read after this norm (scale frozen) reads before it, up to bias_dot(u)."""
         return self.fold(u) * scale.float()
 

@@ -98,10 +98,9 @@ class Rotary(nn.Module):
         if self.scaling is not None and self.scaling.kind == "dynamic":
             # Each prompt's base grows with its own length, so a prompt's numbers never depend on its batch
             # (transformers uses the longest row of the batch; the two agree for one prompt).
-            lengths = position_ids.max(dim=1).values + 1 if position_ids.numel() else position_ids.new_ones(len(position_ids))
-            inv_freq = torch.stack([
-                inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx, int(n))[0] for n in lengths.tolist()
-            ]).to(position_ids.device)
+            lengths = (position_ids.max(dim=1).values + 1).tolist() if position_ids.numel() else [1] * len(position_ids)
+            per_row = [inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx, int(n))[0] for n in lengths]
+            inv_freq = torch.stack(per_row).to(position_ids.device)
             freqs = position_ids.float()[..., None] * inv_freq[:, None, :]
         else:
             # Angles in float32 even for half-precision models: positions times frequencies lose digits otherwise.

@@ -26,7 +26,8 @@ class Key:
     source: str  # checkpoint tensor name, with {layer}
     pattern: str | None = None  # einops pattern: checkpoint layout -> resid layout
     pick: int | None = None  # after rearranging, take this index of the leading axis (fused q/k/v)
-    rows: tuple[int, int] | None = None  # before rearranging, take rows [start, stop) of the source
+    # before rearranging, take rows [start, stop) of a source that must have exactly `total` rows (fused tensors)
+    rows: tuple[int, int, int] | None = None  # (start, stop, total)
 
 
 def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
@@ -102,11 +103,11 @@ def assign(
 
 def _rearrange(source: Tensor, key: Key, sizes: dict[str, int], where: str) -> Tensor:
     if key.rows is not None:
-        start, stop = key.rows
-        if source.shape[0] != stop and stop > source.shape[0]:
+        start, stop, total = key.rows
+        if source.shape[0] != total:
             raise ResidError(
-                f"{where}, tensor {key.source!r} has {source.shape[0]} rows, fewer than the {stop} this config "
-                "needs. The weights do not match config.json; re-export them."
+                f"{where}, the fused tensor {key.source!r} has {source.shape[0]} rows, but this config needs "
+                f"{total}. The weights do not match config.json; re-export them."
             )
         source = source[start:stop]
     if key.pattern is None:

@@ -105,3 +105,17 @@ def test_unsupported_gpt2_attention_options(tmp_path: Path, flag: str):
     (tmp_path / "config.json").write_text(json.dumps(dict(config, **{flag: True})))
     message = _load_error(tmp_path)
     assert flag in message and "not support" in message
+
+
+def test_a_fused_tensor_of_the_wrong_size_is_refused(tmp_path: Path):
+    """Phi-3's qkv_proj is cut by row ranges: a checkpoint with more rows than the config (e.g. more KV heads)
+    must not load its first rows silently."""
+    good = tmp_path / "good"
+    build("phi3", good)
+
+    def grow(tensors):
+        name = "model.layers.0.self_attn.qkv_proj.weight"
+        tensors[name] = torch.cat([tensors[name], tensors[name][:12]])
+
+    message = _load_error(_copy_with_tensors(good, tmp_path / "bad", grow))
+    assert "qkv_proj" in message and "rows" in message

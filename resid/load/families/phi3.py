@@ -21,20 +21,22 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def keys(config: ModelConfig) -> list[Key]:
     attn, mlp = "model.layers.{layer}.self_attn", "model.layers.{layer}.mlp"
     d_q, d_kv, d_mlp = config.n_heads * config.d_head, config.n_kv_heads * config.d_head, config.d_mlp
+    d_qkv = d_q + 2 * d_kv
     table = [
         Key("embed.W_E", "model.embed_tokens.weight"),
         Key("blocks.{layer}.ln_attn.w", "model.layers.{layer}.input_layernorm.weight"),
         Key("blocks.{layer}.attn.W_Q", f"{attn}.qkv_proj.weight", "(head d_head) d_model -> head d_model d_head",
-            rows=(0, d_q)),
+            rows=(0, d_q, d_qkv)),
         Key("blocks.{layer}.attn.W_K", f"{attn}.qkv_proj.weight", "(kv_head d_head) d_model -> kv_head d_model d_head",
-            rows=(d_q, d_q + d_kv)),
+            rows=(d_q, d_q + d_kv, d_qkv)),
         Key("blocks.{layer}.attn.W_V", f"{attn}.qkv_proj.weight", "(kv_head d_head) d_model -> kv_head d_model d_head",
-            rows=(d_q + d_kv, d_q + 2 * d_kv)),
+            rows=(d_q + d_kv, d_qkv, d_qkv)),
         Key("blocks.{layer}.attn.W_O", f"{attn}.o_proj.weight", "d_model (head d_head) -> head d_head d_model"),
         Key("blocks.{layer}.ln_mlp.w", "model.layers.{layer}.post_attention_layernorm.weight"),
-        Key("blocks.{layer}.mlp.W_gate", f"{mlp}.gate_up_proj.weight", "d_mlp d_model -> d_model d_mlp", rows=(0, d_mlp)),
+        Key("blocks.{layer}.mlp.W_gate", f"{mlp}.gate_up_proj.weight", "d_mlp d_model -> d_model d_mlp",
+            rows=(0, d_mlp, 2 * d_mlp)),
         Key("blocks.{layer}.mlp.W_in", f"{mlp}.gate_up_proj.weight", "d_mlp d_model -> d_model d_mlp",
-            rows=(d_mlp, 2 * d_mlp)),
+            rows=(d_mlp, 2 * d_mlp, 2 * d_mlp)),
         Key("blocks.{layer}.mlp.W_out", f"{mlp}.down_proj.weight", "d_model d_mlp -> d_mlp d_model"),
         Key("ln_final.w", "model.norm.weight"),
     ]
