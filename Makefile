@@ -37,6 +37,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_neurons.py
 	$(PY) benchmarks/bench_generate.py
 	$(PY) benchmarks/bench_gemma3.py
+	$(PY) benchmarks/bench_long.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
