@@ -13,7 +13,7 @@ sqrt(d_model); GeGLU with tanh gelu; tied embeddings) plus
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.load.families import ROPE_CONFIG_FIELDS, Family, activation, context, hf_get, layer_types, rope
+from resid.load.families import ROPE_CONFIG_FIELDS, Family, activation, context, hf_get, layer_types, llama, rope
 from resid.load.weights import Key, per_layer
 
 FIELDS = ROPE_CONFIG_FIELDS | {
@@ -104,8 +104,7 @@ def keys(config: ModelConfig) -> list[Key]:
         Key("ln_final.w", "model.norm.weight"),
     ]
     if config.qk_norm == "head":
-        table += [Key("blocks.{layer}.attn.q_norm.w", f"{attn}.q_norm.weight"),
-                  Key("blocks.{layer}.attn.k_norm.w", f"{attn}.k_norm.weight")]
+        table += llama.QK_NORMS
     if config.attn_qkv_bias:
         table += [
             Key("blocks.{layer}.attn.b_Q", f"{attn}.q_proj.bias", "(head d_head) -> head d_head"),

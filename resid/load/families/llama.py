@@ -68,6 +68,13 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     return ModelConfig(**{**fields, **overrides})
 
 
+# Qwen3, Gemma 3 and OLMo 2: the q/k RMSNorm gains, under Llama's names
+QK_NORMS = [
+    Key("blocks.{layer}.attn.q_norm.w", "model.layers.{layer}.self_attn.q_norm.weight"),
+    Key("blocks.{layer}.attn.k_norm.w", "model.layers.{layer}.self_attn.k_norm.weight"),
+]
+
+
 def keys(config: ModelConfig) -> list[Key]:
     return per_layer(table(config), config.n_layers)
 

@@ -18,14 +18,12 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 
 def keys(config: ModelConfig) -> list[Key]:
-    layer, attn = "model.layers.{layer}", "model.layers.{layer}.self_attn"
+    layer = "model.layers.{layer}"
     pre_norms = ("blocks.{layer}.ln_attn.w", "blocks.{layer}.ln_mlp.w")
-    table = [key for key in llama.table(config) if key.target not in pre_norms]
+    table = [key for key in llama.table(config) if key.target not in pre_norms] + llama.QK_NORMS
     table += [
         Key("blocks.{layer}.ln_attn_post.w", f"{layer}.post_attention_layernorm.weight"),
         Key("blocks.{layer}.ln_mlp_post.w", f"{layer}.post_feedforward_layernorm.weight"),
-        Key("blocks.{layer}.attn.q_norm.w", f"{attn}.q_norm.weight"),
-        Key("blocks.{layer}.attn.k_norm.w", f"{attn}.k_norm.weight"),
     ]
     return per_layer(table, config.n_layers)
 

@@ -3,7 +3,7 @@ q/k/v biases (attention_bias), head_dim its own field, windows as Qwen2 (use_sli
 
 from resid.config import ModelConfig
 from resid.load.families import Family, llama
-from resid.load.weights import Key, per_layer
+from resid.load.weights import per_layer
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
@@ -11,12 +11,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 
 def keys(config: ModelConfig) -> list[Key]:
-    attn = "model.layers.{layer}.self_attn"
-    table = llama.table(config) + [
-        Key("blocks.{layer}.attn.q_norm.w", f"{attn}.q_norm.weight"),
-        Key("blocks.{layer}.attn.k_norm.w", f"{attn}.k_norm.weight"),
-    ]
-    return per_layer(table, config.n_layers)
+    return per_layer(llama.table(config) + llama.QK_NORMS, config.n_layers)
 
 
 FAMILY = Family(
