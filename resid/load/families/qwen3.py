@@ -3,7 +3,7 @@ q/k/v biases (attention_bias), head_dim its own field, windows as Qwen2 (use_sli
 
 from resid.config import ModelConfig
 from resid.load.families import Family, llama
-from resid.load.weights import per_layer
+from resid.load.weights import Key, per_layer
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
