@@ -44,12 +44,19 @@ def _split_then_bytes(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]
 
 # Qwen2's split (also Qwen3's): single digits, letters with one leading non-letter, newline runs. As llama.cpp
 # and transformers' GGUF tokenizer do, no NFC normalization (Qwen's tokenizer.json has one: text that is not in
-# NFC, e.g. a decomposed "é", can tokenize differently there). Llama 3 ("llama-bpe") is not listed: its
-# tokenizer also skips merges for whole-word tokens (ignore_merges), which is not reproduced here yet.
+# NFC, e.g. a decomposed "é", can tokenize differently there).
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Llama 3's ("llama-bpe"): Qwen2's with digits in runs of up to three. Its BPE also skips the merges for a word
+# that is itself a token (llama.cpp's ignore_merges for LLAMA3, `"ignore_merges": true` in Llama 3's
+# tokenizer.json; transformers' GGUF tokenizer omits it, so it is not the oracle here).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_IGNORE_MERGES = {"llama-bpe"}
 
 
 # `tokenizer.ggml.pre` -> the pre-tokenizer Hugging Face uses for models llama.cpp labels that way.
@@ -60,6 +67,7 @@ _PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     "gpt-2": _gpt2_byte_level,
     "smollm": _gpt2_byte_level,
     "qwen2": _split_then_bytes(_QWEN2_SPLIT),
+    "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
 }
 
 
@@ -74,7 +82,7 @@ def _string_list(metadata: dict[str, object], key: str) -> list[str]:
     return value
 
 
-def _bpe_model(tokens: list[str], merges: list[str]) -> models.BPE:
+def _bpe_model(tokens: list[str], merges: list[str], ignore_merges: bool = False) -> models.BPE:
     vocab = {token: token_id for token_id, token in enumerate(tokens)}
     pairs = []
     for merge in merges:
@@ -86,7 +94,9 @@ def _bpe_model(tokens: list[str], merges: list[str]) -> models.BPE:
             )
         pairs.append((left, right))
     try:
-        return models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False, byte_fallback=False)
+        return models.BPE(
+            vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False, byte_fallback=False, ignore_merges=ignore_merges
+        )
     except Exception as exc:  # tokenizers raises a bare Exception with the Rust error text
         raise ResidError(
             f"The GGUF vocabulary does not form a valid BPE model ({exc}); the file's tokens and merges "
@@ -140,7 +150,7 @@ def tokenizer_from_gguf(metadata: dict[str, object]) -> tokenizers.Tokenizer:
     merges = _string_list(metadata, "tokenizer.ggml.merges")
     token_types = _token_types(metadata, len(tokens))
 
-    tokenizer = tokenizers.Tokenizer(_bpe_model(tokens, merges))
+    tokenizer = tokenizers.Tokenizer(_bpe_model(tokens, merges, ignore_merges=pre in _IGNORE_MERGES))
     tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     # llama.cpp's add_space_prefix applies to SentencePiece vocabularies only, so it is ignored here.

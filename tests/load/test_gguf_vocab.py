@@ -99,3 +99,40 @@ def test_bad_vocabularies(smollm2_gguf: GGUFFile, key: str, value: object, messa
     metadata[key] = value
     with pytest.raises(ResidError, match=message):
         tokenizer_from_gguf(metadata)
+
+
+# Llama 3's pre-tokenizer as its tokenizer.json states it: this regex, then bytes, and "ignore_merges": true.
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+
+def _llama3_reference(tokens: list[str], merges: list[str]) -> tokenizers.Tokenizer:
+    bpe = tokenizers.models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges], ignore_merges=True
+    )
+    reference = tokenizers.Tokenizer(bpe)
+    reference.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+        tokenizers.pre_tokenizers.Split(tokenizers.Regex(LLAMA3_REGEX), behavior="isolated"),
+        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    return reference
+
+
+def test_llama3_pre_tokenizer(smollm2_gguf: GGUFFile, ours: tokenizers.Tokenizer) -> None:
+    """llama-bpe (Llama 3): digits in runs of at most three, and a word that is itself a token is that token
+    even where the merges would not build it (ignore_merges). A token no merge reaches is added to show it."""
+    metadata = dict(smollm2_gguf.metadata)
+    metadata["tokenizer.ggml.pre"] = "llama-bpe"
+    tokens = [*metadata["tokenizer.ggml.tokens"], "Ġxyzzyq"]
+    metadata["tokenizer.ggml.tokens"] = tokens
+    metadata["tokenizer.ggml.token_type"] = [*metadata["tokenizer.ggml.token_type"], 1]
+    llama3 = tokenizer_from_gguf(metadata)
+    reference = _llama3_reference(tokens, metadata["tokenizer.ggml.merges"])
+    plain = [text for text in TEXTS if "<" not in text]  # the reference has no special tokens added
+    for text in [*plain, "plugh xyzzyq 1234567"]:
+        assert llama3.encode(text, add_special_tokens=False).ids == reference.encode(text, add_special_tokens=False).ids
+    assert llama3.encode(" xyzzyq", add_special_tokens=False).ids == [len(tokens) - 1]
+    assert len(ours.encode(" xyzzyq", add_special_tokens=False).ids) > 1  # gpt-2 style: merges only
+    assert [piece for piece, _ in llama3.pre_tokenizer.pre_tokenize_str("1234567")] == ["123", "456", "7"]
