@@ -22,9 +22,11 @@ class RopeScaling:
     dynamic  NTK-aware: past `original_n_ctx` positions the base grows with the sequence length
     llama3   low frequencies divided by `factor`, high ones kept, a smooth ramp between (Llama 3.1+)
     yarn     NTK-by-parts ramp between interpolation and extrapolation, cos/sin times `attention_factor`
+    factors  each frequency divided by its own factor, given (llama.cpp's rope_freqs tensor: how GGUF files
+             store Llama 3.1+ scaling, precomputed)
     """
 
-    kind: Literal["linear", "dynamic", "llama3", "yarn"]
+    kind: Literal["linear", "dynamic", "llama3", "yarn", "factors"]
     factor: float
     original_n_ctx: int | None = None  # the pre-training context (llama3, yarn, dynamic)
     low_freq_factor: float = 1.0  # llama3
@@ -35,6 +37,7 @@ class RopeScaling:
     mscale: float | None = None  # yarn
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn: round the correction range to whole dims
+    factors: tuple[float, ...] | None = None  # factors: one divisor per rotary frequency (rotary_dims / 2)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # from to_dict()
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.factors is not None:
+            object.__setattr__(scaling, "factors", tuple(float(f) for f in scaling.factors))
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         problems = []
@@ -90,6 +96,10 @@ class ModelConfig:
                 problems.append("layer_types has 'sliding' layers but sliding_window is None")
         if self.n_experts and not 0 < self.experts_per_token <= self.n_experts:
             problems.append(f"experts_per_token={self.experts_per_token} must be in 1..n_experts={self.n_experts}")
+        if scaling is not None and (scaling.kind == "factors") != (scaling.factors is not None):
+            problems.append("rope_scaling has per-frequency factors exactly when its kind is 'factors'")
+        elif scaling is not None and scaling.kind == "factors" and len(scaling.factors) * 2 != self.rotary_dims:
+            problems.append(f"rope_scaling gives {len(scaling.factors)} factors for {self.rotary_dims // 2} frequencies")
         if not self.pre_norms and not self.post_norms:
             problems.append("a model needs pre_norms or post_norms")
         if self.n_heads % self.n_kv_heads:

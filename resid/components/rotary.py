@@ -1,5 +1,5 @@
 """Rotary position embedding (Su et al. 2021) in Hugging Face's `rotate_half` layout, with the scaling schemes
-of transformers' modeling_rope_utils (linear, dynamic NTK, llama3, yarn).
+of transformers' modeling_rope_utils (linear, dynamic NTK, llama3, yarn) and llama.cpp's per-frequency factors.
 
 The first `rotary_dims` dims of each head are split in two halves (x1, x2) that rotate as complex pairs
 (x1[i], x2[i]) with frequency inv_freq[i] = base^(-2i/rotary_dims), rescaled by the scheme; the remaining
@@ -35,6 +35,8 @@ def inverse_frequencies(
     factor = scaling.factor
     if scaling.kind == "linear":
         return _plain(base, dims) / factor, 1.0
+    if scaling.kind == "factors":
+        return _plain(base, dims) / torch.tensor(scaling.factors, dtype=torch.float32), 1.0
     if scaling.kind == "dynamic":
         original = scaling.original_n_ctx or n_ctx
         seq_len = max(seq_len or original, original)

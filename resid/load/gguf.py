@@ -8,11 +8,13 @@ Tensors are dequantized to float32 (resid/load/gguf_quants.py) one at a time, as
 The tokenizer is rebuilt from the GGUF vocabulary (resid/load/gguf_vocab.py).
 """
 
+import dataclasses
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from resid.config import ModelConfig, RopeScaling
 from resid.errors import ResidError
 from resid.load.families.registry import family_for, supported_model_types
 from resid.load.gguf_arch import arch_of, gguf_name, hf_config, hf_name, to_hf_layout
@@ -22,6 +24,8 @@ from resid.load.gguf_vocab import tokenizer_from_gguf
 from resid.load.weights import assign
 from resid.model import Transformer
 from resid.tokenizer import Tokenizer
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: the llama3 rope scaling, precomputed per frequency
 
 
 def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: torch.dtype) -> Transformer:
@@ -35,9 +39,10 @@ def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: t
             f"(it reads {', '.join(supported_model_types())}). Upgrade resid."
         )
     family = family_for(hf["model_type"], path)
-    config = family.read(hf, f"the metadata of {path.name}")
+    config = _with_rope_factors(family.read(hf, f"the metadata of {path.name}"), gguf)
     keys = family.keys(config)
-    in_file = {hf_name(n, arch): n for n in gguf.tensors}  # Hugging Face name -> llama.cpp name
+    # Hugging Face name -> llama.cpp name (rope_freqs is read into the config, not copied into a weight)
+    in_file = {hf_name(n, arch): n for n in gguf.tensors if n != ROPE_FREQS}
     missing = [key for key in keys if key.source not in in_file]
     if missing:
         key = missing[0]
@@ -56,6 +61,25 @@ def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: t
     assign(model, keys, get, available=in_file, where=f"the GGUF file {path.name}")
     model.tokenizer = _tokenizer(gguf)
     return model.to(device=device or "cpu", dtype=dtype).eval()
+
+
+def _with_rope_factors(config: ModelConfig, gguf: GGUFFile) -> ModelConfig:
+    """Llama 3.1+ files: llama.cpp's converter precomputes the llama3 rope scaling as one divisor per rotary
+    frequency (the rope_freqs tensor, inv_freq / factors), which resid applies as given."""
+    if ROPE_FREQS not in gguf.tensors:
+        return config
+    if config.rope_scaling is not None:
+        raise ResidError(
+            f"{gguf.path.name} has both rope scaling metadata ({config.rope_scaling.kind}) and a rope_freqs tensor; "
+            "llama.cpp uses one or the other. The file is inconsistent; re-export it."
+        )
+    factors = dequantize(gguf.tensors[ROPE_FREQS]).float().reshape(-1).tolist()
+    if len(factors) * 2 != config.rotary_dims:
+        raise ResidError(
+            f"{gguf.path.name}'s rope_freqs has {len(factors)} factors, but the model rotates {config.rotary_dims // 2} "
+            "frequencies per head. The file is inconsistent; re-export it."
+        )
+    return dataclasses.replace(config, rope_scaling=RopeScaling("factors", 1.0, factors=tuple(factors)))
 
 
 def _tokenizer(gguf: GGUFFile) -> Tokenizer:

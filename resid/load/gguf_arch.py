@@ -195,11 +195,6 @@ def arch_of(gguf: GGUFFile) -> tuple[str, Arch]:
 def hf_config(gguf: GGUFFile) -> dict:
     """The config.json Hugging Face would have for this file's model (only fields config.json really has)."""
     arch, spec = arch_of(gguf)
-    if "rope_freqs.weight" in gguf.tensors:
-        raise ResidError(
-            f"{gguf.path.name} stores per-dimension rope frequency factors (rope_freqs.weight, Llama 3.1-style "
-            "rope scaling), which resid does not read from GGUF files. Load the model from its Hugging Face folder."
-        )
     hf = spec.config(_Meta(gguf, arch))
     return {key: value for key, value in hf.items() if value is not None}
 
