@@ -144,6 +144,20 @@ def _capture(model: Transformer, level: str, pos: int, final: bool) -> Capture:
     )
 
 
+def _meta(model, tokens: Tokens, chunk, index, targets, target_ids, baselines, baseline_ids) -> dict:
+    """The per-prompt columns of a chunk's frame (analyses.components.frame repeats them per component)."""
+    none = [None] * len(chunk)
+    return {
+        "prompt_idx": list(chunk),
+        "pos": (index[:, 0] - tokens.first_positions()).tolist(),
+        "token": list(input_tokens(model, tokens, index)[:, 0]),
+        "target": targets,
+        "target_id": target_ids,
+        "baseline": none if baselines is None else baselines,
+        "baseline_id": pd.array(none if baseline_ids is None else baseline_ids, dtype="Int64"),
+    }
+
+
 def _attribute_probe(
     model: Transformer, tokens: Tokens, chunk: Sequence[int], probe: Probe, level: str, pos: int
 ) -> tuple[pd.DataFrame, list[str]]:
@@ -159,15 +173,7 @@ def _attribute_probe(
     groups = components(model, stream, direction, level)
     groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
     index = stream.captured
-    meta = {
-        "prompt_idx": list(chunk),
-        "pos": (index[:, 0] - tokens.first_positions()).tolist(),
-        "token": list(input_tokens(model, tokens, index)[:, 0]),
-        "target": [probe.name] * len(chunk),
-        "target_id": [-1] * len(chunk),
-        "baseline": [None] * len(chunk),
-        "baseline_id": pd.array([None] * len(chunk), dtype="Int64"),
-    }
+    meta = _meta(model, tokens, chunk, index, [probe.name] * len(chunk), [-1] * len(chunk), None, None)
     return frame(meta, groups, actual), []
 
 
@@ -219,15 +225,9 @@ def _attribute(
     groups = components(model, stream, direction, level)
     groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
     index = stream.captured  # [batch 1] padded index of `pos`
-    meta = {
-        "prompt_idx": list(chunk),
-        "pos": (index[:, 0] - tokens.first_positions()).tolist(),
-        "token": list(input_tokens(model, tokens, index)[:, 0]),
-        "target": list(decode_ids(model, np.array(target_list))),
-        "target_id": target_list,
-        "baseline": [None] * len(chunk) if baseline_list is None else list(decode_ids(model, np.array(baseline_list))),
-        "baseline_id": pd.array([None] * len(chunk) if baseline_list is None else baseline_list, dtype="Int64"),
-    }
+    baseline_names = None if baseline_list is None else list(decode_ids(model, np.array(baseline_list)))
+    target_names = list(decode_ids(model, np.array(target_list)))
+    meta = _meta(model, tokens, chunk, index, target_names, target_list, baseline_names, baseline_list)
     table, notes = frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
     if capped:
         capped_values = value(run.logits[:, 0].float()).double().cpu().numpy()

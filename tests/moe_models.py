@@ -1,9 +1,8 @@
 """A small random mixture-of-experts model built straight from a ModelConfig (no transformers needed), with
 sandwich post-norms if asked: the MoE tests' complement to the tiny Mixtral (which has no post-norms)."""
 
-import torch
-
 import resid
+from random_models import randomize
 
 
 def make_moe_model(
@@ -14,10 +13,4 @@ def make_moe_model(
         d_vocab=50257 if tokenizer is not None else 97, n_ctx=64, norm="rmsnorm", norm_eps=1e-5,
         post_norms=post_norms, n_experts=4, experts_per_token=2,
     )
-    model = resid.Transformer(config, tokenizer=tokenizer, name="random-moe")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.2 * noise if name.endswith(".w") else 0.3 * noise)
-    return model.eval()
+    return randomize(resid.Transformer(config, tokenizer=tokenizer, name="random-moe"), seed)

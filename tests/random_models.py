@@ -36,7 +36,11 @@ def make_random_model(kind: str, tokenizer: resid.Tokenizer | None = None, seed:
         d_vocab=50257 if tokenizer is not None else 97, n_ctx=64, norm_eps=1e-5,
     )
     config = resid.ModelConfig(**{**base, **RANDOM_CONFIGS[kind]})
-    model = resid.Transformer(config, tokenizer=tokenizer, name=f"random-{kind}")
+    return randomize(resid.Transformer(config, tokenizer=tokenizer, name=f"random-{kind}"), seed)
+
+
+def randomize(model: resid.Transformer, seed: int) -> resid.Transformer:
+    """Redraw every parameter with a fixed seed: norm gains ~ 1 + N(0, 0.2), everything else ~ N(0, 0.3)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():

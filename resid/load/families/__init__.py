@@ -14,9 +14,12 @@ class Family:
     model_types: tuple[str, ...]  # config.json "model_type" values this family reads
     config: Callable[[dict], ModelConfig]  # config.json -> ModelConfig
     keys: Callable[[ModelConfig], list[Key]]  # the key table, expanded per layer
-    prefix: str  # prefix of the backbone's tensors in a *ForCausalLM checkpoint ("model.", "transformer.")
-    head_keys: tuple[str, ...] = ()  # tensors outside the backbone (the LM head)
-    ignore: tuple[str, ...] = ()  # regexes of checkpoint tensors that are not weights (cached masks, ...)
+    # The defaults are the Llama layout most families share: a "model." backbone, an "lm_head" unembedding, and
+    # the rotary frequencies some older checkpoints saved as a buffer.
+    prefix: str = "model."  # prefix of the backbone's tensors in a *ForCausalLM checkpoint ("transformer.", ...)
+    head_keys: tuple[str, ...] = ("lm_head.weight",)  # tensors outside the backbone (the LM head)
+    ignore: tuple[str, ...] = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)  # regexes of checkpoint
+    # tensors that are not weights (cached masks, buffers)
     prepend_bos: bool = False  # BOS policy when tokenizer_config.json does not say (add_bos_token)
     fields: frozenset[str] = frozenset()  # config.json fields `config` reads or checks (see check_fields)
 

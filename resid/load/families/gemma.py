@@ -47,9 +47,6 @@ FAMILY = Family(
     model_types=("gemma",),
     config=config_from_hf,
     keys=llama.keys,  # same tensor names and layouts as Llama
-    prefix="model.",
-    head_keys=("lm_head.weight",),
-    ignore=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
     prepend_bos=True,
     fields=ROPE_CONFIG_FIELDS | {
         "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",

@@ -121,8 +121,6 @@ FAMILY = Family(
     model_types=("gemma2", "gemma3_text"),
     config=config_from_hf,
     keys=keys,
-    prefix="model.",
-    head_keys=("lm_head.weight",),
     prepend_bos=True,
     fields=FIELDS,
 )

@@ -118,9 +118,6 @@ FAMILY = Family(
     model_types=("llama", "mistral", "qwen2"),
     config=config_from_hf,
     keys=keys,
-    prefix="model.",
-    head_keys=("lm_head.weight",),
-    ignore=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
     prepend_bos=True,
     fields=FIELDS,
 )

@@ -32,8 +32,6 @@ FAMILY = Family(
     model_types=("olmo2",),
     config=config_from_hf,
     keys=keys,
-    prefix="model.",
-    head_keys=("lm_head.weight",),
     prepend_bos=False,
     fields=llama.FIELDS,
 )

@@ -49,8 +49,6 @@ FAMILY = Family(
     model_types=("phi3",),
     config=config_from_hf,
     keys=keys,
-    prefix="model.",
-    head_keys=("lm_head.weight",),
     prepend_bos=False,
     fields=FIELDS,
 )

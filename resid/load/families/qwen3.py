@@ -18,8 +18,6 @@ FAMILY = Family(
     model_types=("qwen3",),
     config=config_from_hf,
     keys=keys,
-    prefix="model.",
-    head_keys=("lm_head.weight",),
     prepend_bos=False,
     fields=llama.FIELDS,
 )
