@@ -27,7 +27,14 @@ df.attrs["notes"] says so.
 
 A target can also be a `Probe`: any linear read-out of the final hidden state (a probe's weights, a difference
 of embeddings, a steering direction), value = final_hidden . vector + bias, where final_hidden is the final
-norm's output (what the unembedding reads; transformers' last_hidden_state). It decomposes the same way.
+norm's output (what the unembedding reads; transformers' last_hidden_state). It decomposes the same way, at one
+position or mean-pooled over each prompt's tokens (a sentence embedding's read-out; analyses.similarity
+decomposes the similarity of two sentences' embeddings with it).
+
+Post-LN models (BERT) norm the residual after every write: the direction is pulled back through each norm with
+its scale frozen, layer by layer, and each norm's bias is a row (embed_norm_bias, layers[l].attn.resid_norm_bias,
+...). BERT's masked-LM head is frozen at the run's hidden state (resid.components.head); its biases join
+final_bias. For masked-LM models `pos` defaults to each prompt's [MASK].
 """
 
 from collections.abc import Sequence
@@ -48,6 +55,7 @@ from resid.batching import run_batched
 from resid.capture import Capture
 from resid.model import Inputs, Transformer
 from resid.errors import ResidError
+from resid.readout import Direction
 from resid.tokenizer import Tokens
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ class Probe:
     vector: Tensor
     bias: float = 0.0
     name: str = "probe"
+    # "mean": read out the mean of final_hidden over each prompt's tokens (mean pooling, as sentence-transformers
+    # embeds a sentence) instead of one position; `pos` is then -1 and `token` "<mean>" in the frame
+    pool: Literal["mean"] | None = None
+    normalize: bool = False  # pooled: divide by the pooled vector's length, frozen (cosine with a unit vector)
 
 
 Level = Literal["sublayer", "head", "neuron"]
@@ -78,35 +90,66 @@ def direct(
     target: Token | Sequence[Token | None] | Probe | None = None,
     baseline: Token | Sequence[Token] | None = None,
     level: Level = "sublayer",
-    pos: int = -1,
+    pos: int | None = None,
     batch_size: int | str = "auto",
 ) -> pd.DataFrame:
-    """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos`.
+    """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos` (default: the
+    last token; for masked-LM models, each prompt's [MASK]).
 
     prompts: texts, resid.Tokens or token ids. target / baseline: one token (string or id) for all prompts,
     or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
-    list, for the prompts whose entry is None); a `Probe` attributes its read-out instead. One row per
-    (prompt, component), in logit units, with the columns of COLUMNS. `df.attrs["notes"]`: hints on the
-    targets as given (analyses.vocab.spacing_hint)."""
+    list, for the prompts whose entry is None); a `Probe` attributes its read-out instead (embedding models
+    take only Probes). One row per (prompt, component), in logit units, with the columns of COLUMNS.
+    `df.attrs["notes"]`: hints on the targets as given (analyses.vocab.spacing_hint)."""
     check_choice(level, "level", LEVELS)
     given = as_prompts(model, prompts)
     n = len(given)
     if isinstance(target, Probe):
         _check_probe(model, target, baseline, n)
-        run_chunk = lambda chunk: _attribute_probe(model, given.batch(chunk), chunk, target, level, pos)  # noqa: E731
-        return _collect(model, given, run_chunk, batch_size, level, pos, target.name, None)
+        positions = None if target.pool else _positions(model, given, pos, mask=False)
+        run_chunk = lambda chunk: _attribute_probe(  # noqa: E731
+            model, given.batch(chunk), chunk, target, level, positions and [positions[i] for i in chunk]
+        )
+        shown = ("mean" if target.pool else -1) if pos is None else pos
+        return _collect(model, given, run_chunk, batch_size, level, shown, target.name, None)
+    if model.config.head == "none":
+        model.readout.unembed  # noqa: B018 -- raises: an embedding model has no token logits; it says what to pass
+    positions = _positions(model, given, pos, mask=model.config.head == "mlm")
     targets = None if target is None else token_ids(model, target, n, "target", optional=True)
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
     as_given = as_list(target, n)
     run_chunk = lambda chunk: _attribute(  # noqa: E731
-        model, given.batch(chunk), chunk, targets, as_given, baselines, level, pos
+        model, given.batch(chunk), chunk, targets, as_given, baselines, level, [positions[i] for i in chunk]
     )
-    return _collect(model, given, run_chunk, batch_size, level, pos, target, baseline)
+    shown = ("[MASK]" if model.config.head == "mlm" else -1) if pos is None else pos
+    return _collect(model, given, run_chunk, batch_size, level, shown, target, baseline)
 
 
-def _collect(model, given, run_chunk, batch_size, level: str, pos: int, target, baseline) -> pd.DataFrame:
+def _positions(model: Transformer, given, pos: int | None, mask: bool) -> list[int]:
+    """Each prompt's attributed position (prompt-relative): `pos`; else each prompt's one [MASK] (masked-LM
+    models); else the last token. Checked here, before any forward pass."""
+    n = len(given)
+    if pos is not None or not mask:
+        pos = -1 if pos is None else pos
+        given.tokens.padded_index([pos])  # an out-of-range position fails here
+        return [pos] * n
+    mask_id = None if model.tokenizer is None else model.tokenizer.mask_token_id
+    if mask_id is None:
+        raise ResidError(f"{model.name} is a masked-LM model but has no [MASK] token id: pass pos= explicitly.")
+    found = []
+    for i, ids in enumerate(given.sequences(range(n))):
+        at = [p for p, token in enumerate(ids) if token == mask_id]
+        if len(at) != 1:
+            raise ResidError(
+                f"Prompt {i} has {len(at)} [MASK] tokens, but a masked-LM prediction is attributed at exactly one: "
+                "put one [MASK] where the word to predict goes (e.g. 'Paris is the [MASK] of France.'), or pass pos=."
+            )
+        found.append(at[0])
+    return found
+
+
+def _collect(model, given, run_chunk, batch_size, level: str, pos, target, baseline) -> pd.DataFrame:
     """Run the chunks (batched, backing off on out-of-memory) and join their frames, with provenance and notes."""
-    given.tokens.padded_index([pos])  # an out-of-range position fails here, before any forward pass
     chunks = list(run_batched(list(range(len(given))), run_chunk, batch_size_for(model, given.tokens, batch_size)))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
@@ -129,16 +172,16 @@ def _check_probe(model: Transformer, probe: Probe, baseline, n: int) -> None:
         )
 
 
-def _capture(model: Transformer, level: str, pos: int, final: bool) -> Capture:
-    """What a chunk records at `pos`: heads need z, neurons post (and the post-norm scale, the router weights);
-    sublayers their write; `final`: every write too, for the final hidden state."""
+def _capture(model: Transformer, level: str, positions: list[int] | None) -> Capture:
+    """What a chunk records at each prompt's position (every position for None): heads need z, neurons post
+    (and the post-norm scale, the router weights); sublayers their write."""
     post = {"post_norm_scale"} if model.config.post_norms else set()
     # experts (level "head") and neurons need post and the router weights of a mixture of experts
     split = level == "neuron" or (level == "head" and model.config.n_experts > 0)
     experts = {"expert_weights"} if model.config.n_experts else set()
-    out = {"out"} if final or level == "sublayer" else set()
+    out = {"out"} if level == "sublayer" else set()
     return Capture(
-        positions=[pos],
+        positions=None if positions is None else [[p] for p in positions],
         attn={"z", *post, *out} if level != "sublayer" else {"out"},
         mlp={"post", *experts, *post, *out} if split else {"out"},
     )
@@ -159,21 +202,34 @@ def _meta(model, tokens: Tokens, chunk, index, targets, target_ids, baselines, b
 
 
 def _attribute_probe(
-    model: Transformer, tokens: Tokens, chunk: Sequence[int], probe: Probe, level: str, pos: int
+    model: Transformer, tokens: Tokens, chunk: Sequence[int], probe: Probe, level: str, positions: list[int] | None
 ) -> tuple[pd.DataFrame, list[str]]:
-    run = model.run(tokens, capture=_capture(model, level, pos, final=True), logits_at=[pos])
-    stream = run.stream
+    """A Probe's read-out of the final hidden state, at each prompt's position or mean-pooled over its tokens."""
+    index = None if positions is None else tokens.padded_index([[p] for p in positions])
+    run = model.run(tokens, capture=_capture(model, level, positions), logits_at=index)
+    stream, hidden = run.stream, run.hidden.float()  # [batch k d_model]: k = 1, or every position when pooled
     vector = probe.vector.to(model.device).float()
     vector = vector.expand(len(chunk), -1) if vector.ndim == 1 else vector[torch.as_tensor(list(chunk))]
-    scale = stream.final_norm_scale[:, 0]
+    weights = torch.ones(hidden.shape[:2], device=model.device)
+    if probe.pool == "mean":
+        mask = tokens.attention_mask.float()
+        weights = mask / mask.sum(1, keepdim=True)
+        if probe.normalize:  # the pooled vector's length, frozen like a norm's scale
+            weights = weights / (weights[..., None] * hidden).sum(1).norm(dim=-1, keepdim=True)
+    scale = stream.final_norm_scale
     bias = torch.full((len(chunk),), float(probe.bias), device=model.device)
-    direction = model.readout.direction(vector, scale, bias)
-    hidden, _ = model.readout.normalize(stream.final()[:, 0], scale)
-    actual = (hidden.float() * vector).sum(-1) + probe.bias  # the read-out itself, from the final hidden state
+    rows = model.readout.direction(
+        (weights[..., None] * vector[:, None]).flatten(0, 1), scale.flatten(0, 1), None
+    )
+    direction = Direction(rows.vector.view(*hidden.shape), rows.bias.view(hidden.shape[:2]).sum(1) + bias)
+    actual = (weights[..., None] * hidden * vector[:, None]).sum((1, 2)) + probe.bias  # the read-out itself
     groups = components(model, stream, direction, level)
     groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
-    index = stream.captured
+    if index is None:
+        index = tokens.last_positions()[:, None]
     meta = _meta(model, tokens, chunk, index, [probe.name] * len(chunk), [-1] * len(chunk), None, None)
+    if probe.pool is not None:
+        meta["pos"], meta["token"] = [-1] * len(chunk), [f"<{probe.pool}>"] * len(chunk)
     return frame(meta, groups, actual), []
 
 
@@ -203,9 +259,10 @@ def _attribute(
     as_given: list[Token | None] | None,
     baselines: list[int] | None,
     level: str,
-    pos: int,
+    positions: list[int],
 ) -> tuple[pd.DataFrame, list[str]]:
-    run = model.run(tokens, capture=_capture(model, level, pos, final=False), logits_at=[pos])
+    index = tokens.padded_index([[p] for p in positions])  # [batch 1]
+    run = model.run(tokens, capture=_capture(model, level, positions), logits_at=index)
     capped = run.uncapped_logits is not None
     logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()
@@ -213,7 +270,8 @@ def _attribute(
     target_list = [top[b] if t is None else t for b, t in enumerate(wanted)]  # None: the top prediction
     baseline_list = None if baselines is None else [baselines[i] for i in chunk]
     stream = run.stream
-    direction = model.readout.logit_direction(target_list, stream.final_norm_scale[:, 0], baseline_list)
+    at_pos = model.readout.logit_direction(target_list, stream.final_norm_scale[:, 0], baseline_list, run.hidden[:, 0])
+    direction = Direction(at_pos.vector[:, None], at_pos.bias)
     rows = torch.arange(len(chunk), device=model.device)
     def value(of: Tensor) -> Tensor:
         picked = of[rows, torch.tensor(target_list, device=model.device)]

@@ -29,71 +29,100 @@ class Contributions:
 
 
 def components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[Contributions]:
-    """Every component's contribution at the one captured position (the stream's pos axis has length 1)."""
+    """Every component's contribution to `direction`, a read-out at the stream's captured positions (its vector
+    [batch pos d_model], one row per captured position; the contributions are summed over them).
 
-    def dot(write: Tensor) -> Tensor:  # [batch 1 d_model] -> [batch 1]
-        return direction.project(write[:, 0])[:, None]
+    Post-LN models norm the residual after every write, so the direction changes along the stream: it is pulled
+    back through each norm (scale frozen) from the last layer down, and each write is read with the direction of
+    the norm that follows it; each norm's bias is a row of its own (embed_norm_bias, resid_norm_bias)."""
+    norms = stream.norms
+    groups_by_layer = []
+    for layer in reversed(range(len(stream.layers))):
+        record = stream.layers[layer]
+        bias_groups = []
+        if norms is not None:
+            direction, carried = direction.before_norm(norms.mlp[layer], record.mlp.resid_norm_scale)
+            bias_groups.append(_bias(f"layers[{layer}].mlp.resid_norm_bias", layer, "mlp", carried))
+        mlp = _mlp(model, record, direction, layer, level) + bias_groups
+        bias_groups = []
+        if norms is not None:
+            direction, carried = direction.before_norm(norms.attn[layer], record.attn.resid_norm_scale)
+            bias_groups.append(_bias(f"layers[{layer}].attn.resid_norm_bias", layer, "attn", carried))
+        groups_by_layer.append(_attn(model, record, direction, layer, level) + bias_groups + mlp)
+    bias_groups = []
+    if norms is not None and norms.embed is not None:
+        direction, carried = direction.before_norm(norms.embed, stream.embed_norm_scale)
+        bias_groups.append(_bias("embed_norm_bias", None, "embed", carried))
+    groups = [Contributions([label], None, "embed", None, None, direction.project(write)[:, None])
+              for label, write in (("embed", stream.embed), ("pos_embed", stream.pos_embed),
+                                   ("type_embed", stream.type_embed)) if write is not None]
+    groups += bias_groups
+    for layer_groups in reversed(groups_by_layer):
+        groups += layer_groups
+    return groups
 
-    groups = [Contributions(["embed"], None, "embed", None, None, dot(stream.embed))]
-    if stream.pos_embed is not None:
-        groups.append(Contributions(["pos_embed"], None, "embed", None, None, dot(stream.pos_embed)))
-    for layer, record in enumerate(stream.layers):
-        block = model.blocks[layer]
-        attn, mlp = block.attn, block.mlp
-        if level == "sublayer":
-            groups.append(Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, dot(record.attn.out)))
-        else:
-            into = _through_post_norm(block.ln_attn_post, record.attn, direction, layer, "attn", groups)
-            # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch head d_head] tensor.
-            heads = (record.attn.z[:, 0].float() * into.through(attn.W_O)).sum(-1)
-            n_heads = heads.shape[1]
-            labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
-            groups.append(Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
-            if attn.b_O is not None:
-                groups.append(Contributions(
-                    [f"layers[{layer}].attn.b_O"], layer, "attn", None, None, into.through(attn.b_O)[:, None]
-                ))
-        moe = model.config.n_experts > 0
-        if level == "sublayer" or (level == "head" and not moe):
-            groups.append(Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, dot(record.mlp.out)))
-            continue
-        into = _through_post_norm(block.ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
-        if moe:
-            groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
-            continue
-        # post[i] * (W_out[i] . u')
-        neurons = record.mlp.post[:, 0].float() * into.through(mlp.W_out)
-        d_mlp = neurons.shape[1]
-        labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
-        groups.append(Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
-        if mlp.b_out is not None:
-            groups.append(Contributions(
-                [f"layers[{layer}].mlp.b_out"], layer, "mlp", None, None, into.through(mlp.b_out)[:, None]
-            ))
+
+def _bias(label: str, layer: int | None, part: str, values: Float[Tensor, "batch"]) -> Contributions:
+    return Contributions([label], layer, part, None, None, values[:, None])
+
+
+def _attn(model: Transformer, record, direction: Direction, layer: int, level: str) -> list[Contributions]:
+    """The attention sublayer's rows: its write, or its heads (and output bias)."""
+    attn = model.blocks[layer].attn
+    if level == "sublayer":
+        return [Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, direction.project(record.attn.out)[:, None])]
+    groups: list[Contributions] = []
+    into = _through_post_norm(model.blocks[layer].ln_attn_post, record.attn, direction, layer, "attn", groups)
+    # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch pos head d_head] tensor.
+    heads = (record.attn.z.float() * into.through(attn.W_O)).sum(-1).sum(1)
+    n_heads = heads.shape[1]
+    labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
+    groups.append(Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
+    if attn.b_O is not None:
+        groups.append(_bias(f"layers[{layer}].attn.b_O", layer, "attn", into.through(attn.b_O).sum(1)))
+    return groups
+
+
+def _mlp(model: Transformer, record, direction: Direction, layer: int, level: str) -> list[Contributions]:
+    """The MLP sublayer's rows: its write, its experts, or its neurons (and output bias)."""
+    mlp = model.blocks[layer].mlp
+    moe = model.config.n_experts > 0
+    if level == "sublayer" or (level == "head" and not moe):
+        return [Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, direction.project(record.mlp.out)[:, None])]
+    groups: list[Contributions] = []
+    into = _through_post_norm(model.blocks[layer].ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
+    if moe:
+        groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
+        return groups
+    # post[i] * (W_out[i] . u')
+    neurons = (record.mlp.post.float() * into.through(mlp.W_out)).sum(1)
+    d_mlp = neurons.shape[1]
+    labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
+    groups.append(Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
+    if mlp.b_out is not None:
+        groups.append(_bias(f"layers[{layer}].mlp.b_out", layer, "mlp", into.through(mlp.b_out).sum(1)))
     return groups
 
 
 def _experts(
     layer: int,
-    post: Float[Tensor, "batch 1 expert d_mlp"],
-    weights: Float[Tensor, "batch 1 expert"],
+    post: Float[Tensor, "batch pos expert d_mlp"],
+    weights: Float[Tensor, "batch pos expert"],
     w_out: Float[Tensor, "expert d_mlp d_model"],
     into: Direction,
     level: str,
 ) -> Contributions:
     """A mixture of experts' rows: one per expert (level "head"), weight_e * (post_e . (W_out[e] @ u')), or one per
     (expert, neuron) (level "neuron"), weight_e * post_e[i] * (W_out[e, i] . u'). W_out is pulled back onto the
-    direction first, a [batch expert d_mlp] tensor."""
-    per_neuron = post[:, 0].float() * into.through(w_out)
-    weight = weights[:, 0].float()
+    direction first, a [batch pos expert d_mlp] tensor."""
+    per_neuron = (weights.float()[..., None] * post.float() * into.through(w_out)).sum(1)
     n_experts, d_mlp = per_neuron.shape[1:]
     if level == "head":
         labels = [f"layers[{layer}].mlp.expert[{e}]" for e in range(n_experts)]
-        return Contributions(labels, layer, "mlp", None, None, weight * per_neuron.sum(-1), np.arange(n_experts))
+        return Contributions(labels, layer, "mlp", None, None, per_neuron.sum(-1), np.arange(n_experts))
     labels = [f"layers[{layer}].mlp.expert[{e}].neuron[{i}]" for e in range(n_experts) for i in range(d_mlp)]
-    values = (weight[..., None] * per_neuron).flatten(1)
     neurons, experts = np.tile(np.arange(d_mlp), n_experts), np.repeat(np.arange(n_experts), d_mlp)
-    return Contributions(labels, layer, "mlp", None, neurons, values, experts)
+    return Contributions(labels, layer, "mlp", None, neurons, per_neuron.flatten(1), experts)
 
 
 def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
@@ -102,10 +131,9 @@ def _through_post_norm(norm, record, direction: Direction, layer: int, part: str
     the direction itself."""
     if norm is None:
         return direction
-    pulled = Direction(norm.pull_back(direction.vector, record.post_norm_scale[:, 0]), direction.bias)
+    pulled, carried = direction.before_norm(norm, record.post_norm_scale)
     if norm.b is not None:
-        bias = norm.bias_dot(direction.vector)[:, None]
-        groups.append(Contributions([f"layers[{layer}].{part}.post_norm_bias"], layer, part, None, None, bias))
+        groups.append(_bias(f"layers[{layer}].{part}.post_norm_bias", layer, part, carried))
     return pulled
 
 

@@ -11,11 +11,14 @@ from typing import Literal, get_args
 
 from resid.errors import ResidError
 
-AttnField = Literal["normalized", "norm_scale", "q", "k", "v", "pattern", "z", "post_norm_scale", "out"]
+# resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read)
+AttnField = Literal[
+    "normalized", "norm_scale", "q", "k", "v", "pattern", "z", "post_norm_scale", "resid_norm_scale", "out"
+]
 # router_logits, expert_weights, expert_out: mixture-of-experts MLPs only (pre and gate: dense MLPs only)
 MLPField = Literal[
     "normalized", "norm_scale", "pre", "gate", "post", "router_logits", "expert_weights", "expert_out",
-    "post_norm_scale", "out",
+    "post_norm_scale", "resid_norm_scale", "out",
 ]
 ATTN_FIELDS: frozenset[str] = frozenset(get_args(AttnField))
 MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
@@ -25,7 +28,9 @@ MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
 class Capture:
     # Any collection is accepted and stored as a tuple / frozenset.
     layers: Sequence[int] | None = None  # layers whose records are kept; None = all
-    positions: Sequence[int] | None = None  # prompt-relative positions kept (-1: each prompt's last); None = all
+    # prompt-relative positions kept (-1: each prompt's last), the same for every prompt or one list per prompt
+    # (each of the same length); None = all
+    positions: Sequence[int] | Sequence[Sequence[int]] | None = None
     attn: Collection[str] = frozenset({"out"})  # subset of AttnField
     mlp: Collection[str] = frozenset({"out"})  # subset of MLPField
     embed: bool = True  # the embedding write(s): embed and pos_embed
@@ -43,10 +48,14 @@ class Capture:
                     f"Capture({name}=...) got unknown field(s) {sorted(unknown)}; choose from {sorted(allowed)}."
                 )
             object.__setattr__(self, name, value)
-        for name in ("layers", "positions"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, tuple(int(v) for v in value))
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(v) for v in self.layers))
+        if self.positions is not None:
+            per_prompt = bool(self.positions) and isinstance(self.positions[0], (list, tuple))
+            value = tuple(tuple(int(v) for v in row) for row in self.positions) if per_prompt else tuple(
+                int(v) for v in self.positions
+            )
+            object.__setattr__(self, "positions", value)
 
     @classmethod
     def all(cls) -> "Capture":

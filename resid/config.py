@@ -1,8 +1,9 @@
-"""ModelConfig: everything that distinguishes one decoder-only architecture from another.
+"""ModelConfig: everything that distinguishes one Transformer architecture from another.
 
 An architecture in resid is a config plus a weight-key table (resid/load/), never a branch on its name in the
-forward pass: GPT-2, Llama 1-3, Mistral, Qwen2/3, GPT-NeoX, Gemma 1-3, Phi-3, OLMo 2 and Mixtral differ only
-in the values below (norm placement, q/k norms, soft caps, per-layer windows and rope bases, experts).
+forward pass: GPT-2, Llama 1-3, Mistral, Qwen2/3, GPT-NeoX, Gemma 1-3, Phi-3, OLMo 2, Mixtral and BERT differ
+only in the values below (norm placement, q/k norms, soft caps, per-layer windows and rope bases, experts,
+post-LN, bidirectional attention, the output head).
 """
 
 import dataclasses
@@ -55,7 +56,11 @@ class ModelConfig:
     norm_eps: float  # epsilon inside the square root of every norm
     norm_gain_offset: float = 0.0  # gain = offset + w; Gemma stores w - 1 and uses 1 + w
     block: Literal["sequential", "parallel"] = "sequential"  # parallel: attn and MLP both read resid_pre
-    positions: Literal["learned", "rotary"] = "rotary"  # learned: W_pos added to the embedding
+    # learned: W_pos added to the embedding; sinusoidal: the fixed table of Vaswani et al. 2017 added instead
+    positions: Literal["learned", "rotary", "sinusoidal"] = "rotary"
+    # sinusoidal table layout: sin and cos interleaved (the 2017 formula, dims 2i / 2i+1) or all sines then all
+    # cosines (Marian, fairseq)
+    sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
     rotary_dim: int | None = None  # leading dims of each head that rotate (partial rotary); None = d_head
     rotary_base: float = 10000.0  # theta of the rotary frequencies (of "full" layers, when they differ)
     rope_scaling: RopeScaling | None = None  # scaling of the "full" layers' rotary frequencies
@@ -67,6 +72,15 @@ class ModelConfig:
     layer_types: tuple[LayerType, ...] | None = None  # per layer; None = all "sliding" with a window, else "full"
     pre_norms: bool = True  # each sublayer reads a norm of the residual (OLMo 2 reads the residual itself)
     post_norms: bool = False  # each sublayer's output is normed before it is written (Gemma 2/3, OLMo 2)
+    # post-LN (the original Transformer, BERT): the residual itself is normed after each write is added,
+    # x = LN(x + sublayer(x)); the sublayers read x as it is (no pre-norms)
+    post_ln: bool = False
+    embed_norm: bool = False  # a norm of the summed embeddings before the first block (BERT)
+    final_norm: bool = True  # a norm before the head (pre-LN models); BERT ends on its last block's norm
+    causal: bool = True  # False: every position reads every real position (encoders: BERT)
+    n_token_types: int = 0  # > 0: a learned token-type (segment) embedding is added (BERT; single texts: type 0)
+    head: Literal["lm", "mlm", "none"] = "lm"  # the unembedding; "mlm": BERT's transform (dense, act, norm)
+    # before a biased decoder; "none": an embedding model, whose output is the final hidden state
     qk_norm: Literal["none", "head", "all"] = "none"  # RMSNorm of q and k before rotary: per head (Qwen3,
     # Gemma 3) or over all heads together (OLMo 2)
     attn_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
@@ -100,8 +114,12 @@ class ModelConfig:
             problems.append("rope_scaling has per-frequency factors exactly when its kind is 'factors'")
         elif scaling is not None and scaling.kind == "factors" and len(scaling.factors) * 2 != self.rotary_dims:
             problems.append(f"rope_scaling gives {len(scaling.factors)} factors for {self.rotary_dims // 2} frequencies")
-        if not self.pre_norms and not self.post_norms:
-            problems.append("a model needs pre_norms or post_norms")
+        if not (self.pre_norms or self.post_norms or self.post_ln):
+            problems.append("a model needs pre_norms, post_norms or post_ln")
+        if self.post_ln and (self.pre_norms or self.post_norms or self.block == "parallel"):
+            problems.append("post_ln blocks are sequential and have no pre_norms or post_norms")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            problems.append(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.n_heads % self.n_kv_heads:
             problems.append(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         rotary_dim = self.rotary_dim if self.rotary_dim is not None else self.d_head

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from resid.capture import Capture
 from resid.components.attention import AttnContext, allowed_keys
 from resid.components.block import Block
-from resid.components.embed import Embed, PosEmbed, Unembed
+from resid.components.embed import Embed, PosEmbed, TokenTypeEmbed, Unembed
+from resid.components.head import MLMHead
 from resid.components.norm import Norm
 from resid.components.rotary import Rotary
 from resid.config import ModelConfig
@@ -28,7 +29,8 @@ from resid.generate import Generation, generate
 from resid.interventions import Intervention, plan
 from resid.readout import Readout
 from resid.selection import LogitsAt, logit_index, position_selector
-from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
+from resid.records import AttnRecord, LayerRecord, MLPRecord, absent_fields
+from resid.stream import ResidualStream, StreamNorms
 from resid.tokenizer import Tokenizer, Tokens
 
 # Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
@@ -40,13 +42,17 @@ CaptureArg = Capture | None | object
 
 @dataclass(frozen=True)
 class Run:
-    # [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k d_vocab]
-    logits: Float[Tensor, "batch n d_vocab"]
+    # [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k d_vocab]. None for embedding
+    # models (config.head "none"), whose output is `hidden`.
+    logits: Float[Tensor, "batch n d_vocab"] | None
     stream: ResidualStream
     tokens: Tokens
     # Models with a final soft cap (Gemma 2): the logits before it, which are linear in the final residual
     # (what attribution decomposes); None for other models, whose logits are that already.
     uncapped_logits: Float[Tensor, "batch n d_vocab"] | None = None
+    # The final hidden state at the same positions: the final norm's output, what the head reads (transformers'
+    # last_hidden_state; an embedding model's output, e.g. mean-pooled into a sentence embedding)
+    hidden: Float[Tensor, "batch n d_model"] | None = None
 
 
 class Transformer(nn.Module):
@@ -63,14 +69,17 @@ class Transformer(nn.Module):
         self.name = name  # what resid.load was given, for provenance
         self.weight_files = weight_files  # files the weights were read from, for provenance
         self.embed = Embed(config)
-        self.pos_embed = PosEmbed(config) if config.positions == "learned" else None
+        self.pos_embed = PosEmbed(config) if config.positions in ("learned", "sinusoidal") else None
+        self.type_embed = TokenTypeEmbed(config) if config.n_token_types else None
+        self.ln_embed = Norm(config) if config.embed_norm else None
         self.rotary = Rotary(config) if config.positions == "rotary" else None
         # Gemma 3's sliding layers rotate with their own (local, unscaled) base
         local = config.positions == "rotary" and config.rotary_base_local is not None
         self.rotary_local = Rotary(config, base=config.rotary_base_local, scaled=False) if local else None
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
-        self.ln_final = Norm(config)
-        self.unembed = Unembed(config, self.embed)
+        self.ln_final = Norm(config) if config.final_norm else None
+        self.mlm_head = MLMHead(config) if config.head == "mlm" else None
+        self.unembed = Unembed(config, self.embed) if config.head != "none" else None
 
     @property
     def device(self) -> torch.device:
@@ -82,8 +91,8 @@ class Transformer(nn.Module):
 
     @property
     def readout(self) -> Readout:
-        """Final norm + unembedding: logits of residual vectors and directions on the stream (resid.readout)."""
-        return Readout(self.ln_final, self.unembed)
+        """Final norm + head: logits of residual vectors and directions on the stream (resid.readout)."""
+        return Readout(self.ln_final, self.unembed, self.mlm_head, self.name)
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or an error saying how to run without one."""
@@ -129,11 +138,13 @@ class Transformer(nn.Module):
             raise ResidError(f"Token ids must lie in 0..{vocab - 1} (the vocabulary size is {vocab}).")
         return tokens.to(self.device)
 
-    def forward(self, inputs: Inputs) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward(self, inputs: Inputs) -> Float[Tensor, "batch pos out"]:
         """Logits [batch pos d_vocab] of texts (left-padded), Tokens, or ids [batch pos] / [pos], recording
-        nothing, without gradients and without interventions: `model(inputs)` as a plain nn.Module. For the
-        stream, interventions, gradients or logits at chosen positions use `run`."""
-        return self.run(inputs, capture=Capture.none()).logits
+        nothing, without gradients and without interventions: `model(inputs)` as a plain nn.Module (an embedding
+        model gives its final hidden state [batch pos d_model]). For the stream, interventions, gradients or
+        logits at chosen positions use `run`."""
+        run = self.run(inputs, capture=Capture.none())
+        return run.hidden if run.logits is None else run.logits
 
     def run(
         self,
@@ -160,21 +171,32 @@ class Transformer(nn.Module):
         edits = plan(interventions, self.config, tokens)
         with torch.set_grad_enabled(grad):
             embed, pos_embed, ctx = self._prepare(tokens)
-            resid = embed if pos_embed is None else embed + pos_embed
+            type_embed = self.type_embed(tokens.ids) if self.type_embed is not None else None
+            resid = sum(w for w in (embed, pos_embed, type_embed) if w is not None)
+            embed_scale = None
+            if self.ln_embed is not None:
+                resid, embed_scale = self.ln_embed(resid)
             captured = None if capture.positions is None else tokens.padded_index(capture.positions)
             keep = position_selector(captured)
             resid, records = self._blocks(resid, ctx, 0, edits, capture, keep)
-            logits, final_scale, uncapped = self._unembed(resid, tokens, logits_at)
+            logits, final_scale, uncapped, hidden = self._unembed(resid, tokens, logits_at)
+
+        def kept(write: Tensor | None, wanted: bool = capture.embed) -> Tensor | None:
+            return keep(write) if wanted and write is not None else None
+
         stream = ResidualStream(
-            embed_=keep(embed) if capture.embed else None,
-            pos_embed_=keep(pos_embed) if capture.embed and pos_embed is not None else None,
+            embed_=kept(embed),
+            pos_embed_=kept(pos_embed),
             layers=tuple(records),
-            final_norm_scale_=keep(final_scale) if capture.final_norm_scale else None,
+            final_norm_scale_=kept(final_scale, capture.final_norm_scale),
             parallel=self.config.block == "parallel",
-            learned_positions=self.config.positions == "learned",
+            learned_positions=self.pos_embed is not None,
             captured=captured,
+            type_embed_=kept(type_embed),
+            embed_norm_scale_=kept(embed_scale),
+            norms=self._stream_norms(),
         )
-        return Run(logits, stream, tokens, uncapped)
+        return Run(logits, stream, tokens, uncapped, hidden)
 
     def generate(
         self, inputs: Inputs, max_new_tokens: int, interventions: Sequence[Intervention] = (), **options
@@ -212,7 +234,8 @@ class Transformer(nn.Module):
         with torch.no_grad():
             _, _, ctx = self._prepare(tokens, embed=False)
             resid, _ = self._blocks(resid_pre.to(self.dtype), ctx, layer, edits, Capture.none(), None)
-            return self._unembed(resid, tokens, logits_at)[0]
+            logits, _, _, hidden = self._unembed(resid, tokens, logits_at)
+            return hidden if logits is None else logits
 
     def _prepare(self, tokens: Tokens, embed: bool = True) -> tuple[Tensor | None, Tensor | None, AttnContext]:
         cfg = self.config
@@ -231,9 +254,9 @@ class Transformer(nn.Module):
             window = cfg.window(kind)
             if not padded and (window is None or window >= n_pos):
                 return None
-            return allowed_keys(tokens.attention_mask, window)
+            return allowed_keys(tokens.attention_mask, window, cfg.causal)
 
-        return tok_embed, pos_embed, AttnContext.build({kind: mask(kind) for kind in kinds}, rotary)
+        return tok_embed, pos_embed, AttnContext.build({kind: mask(kind) for kind in kinds}, rotary, cfg.causal)
 
     def _blocks(self, resid: Tensor, ctx: AttnContext, start: int, edits: dict, capture: Capture, keep):
         records = []
@@ -251,14 +274,24 @@ class Transformer(nn.Module):
                 records.append(self._record(layer, attn_values, mlp_values, keep))
         return resid, records
 
-    def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(logits, the final norm's scale, the logits before a final soft cap or None without one)."""
+    def _stream_norms(self) -> StreamNorms | None:
+        """Post-LN models: the norms the stream carries its writes through (resid.stream)."""
+        if not self.config.post_ln:
+            return None
+        blocks = self.blocks
+        return StreamNorms(self.ln_embed, tuple(b.ln_attn_resid for b in blocks), tuple(b.ln_mlp_resid for b in blocks))
+
+    def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple:
+        """(logits or None without a head, the final norm's scale, the logits before a final soft cap or None
+        without one, the final hidden state)."""
         readout = self.readout
         normalized, final_scale = readout.normalize(resid)
         index = logit_index(logits_at, tokens)
         if index is not None:
             normalized = normalized.gather(1, index[..., None].expand(-1, -1, normalized.shape[-1]))
-        uncapped = readout.unembed.raw(normalized)
+        if self.unembed is None:
+            return None, final_scale, None, normalized
+        uncapped = readout.unembed.raw(normalized if self.mlm_head is None else self.mlm_head(normalized))
         logits = readout.unembed.cap(uncapped)
         if self.dtype in (torch.float16, torch.bfloat16) and not torch.isfinite(logits).all():
             # Half precision overflows silently; a NaN logit would otherwise flow into every analysis.
@@ -266,22 +299,10 @@ class Transformer(nn.Module):
                 f"The forward pass in {self.dtype} produced NaN or infinite logits (an overflow in half "
                 "precision). Load the model with dtype=torch.float32 (or bfloat16 if this was float16)."
             )
-        return logits, final_scale, (uncapped if readout.unembed.softcap is not None else None)
+        return logits, final_scale, (uncapped if readout.unembed.softcap is not None else None), normalized
 
     def _record(self, layer: int, attn: dict, mlp: dict, keep) -> LayerRecord:
         attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in attn.items()}
         mlp = {name: keep(t) for name, t in mlp.items()}
-        absent = {}
-        if not self.config.pre_norms:
-            absent["normalized"] = absent["norm_scale"] = "this model's sublayers read the residual without a norm"
-        if not self.config.post_norms:
-            absent["post_norm_scale"] = "this model has no post-norms (its sublayer outputs are written as they are)"
-        if self.config.n_experts:
-            dense = "this model's MLP is a mixture of experts; each expert's coefficients are in `post`"
-            mlp_absent = {"pre": dense, "gate": dense}
-        else:
-            experts = "this model's MLP is dense, not a mixture of experts"
-            mlp_absent = dict.fromkeys(("router_logits", "expert_weights", "expert_out"), experts)
-            if not self.config.gated_mlp:
-                mlp_absent["gate"] = "this model's MLP is not gated (post = act(pre))"
-        return LayerRecord(AttnRecord(layer, attn, absent), MLPRecord(layer, mlp, {**absent, **mlp_absent}))
+        attn_absent, mlp_absent = absent_fields(self.config)
+        return LayerRecord(AttnRecord(layer, attn, attn_absent), MLPRecord(layer, mlp, mlp_absent))

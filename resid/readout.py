@@ -19,6 +19,12 @@ value = x . vector + bias. With the final norm's scale s frozen (stream.final_no
 and every write into the stream contributes `write . vector`; the contributions plus the bias sum to the logit.
 Any other vector u in the final space (a probe, an embedding difference) is read out the same way
 (`direction`). Projections run in float32 whatever the model dtype.
+
+Models without a final norm (BERT ends on its last block's norm) read the final residual as it is (scale 1).
+BERT's masked-LM head puts a transform, LN(act(x W + b)), between the final hidden state and the decoder; with
+its state frozen at the hidden state of the run (resid.components.head) a logit is again a read-out, exact,
+and `direction(..., hidden=...)` pulls u back through it. Embedding models have no unembedding: token logits
+raise an error saying to read a direction out instead.
 """
 
 from collections.abc import Sequence
@@ -30,45 +36,79 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from resid.components.embed import Unembed
+from resid.components.head import MLMHead
 from resid.components.norm import Norm
+from resid.errors import ResidError
 
 
 @dataclass(frozen=True)
 class Direction:
-    """value = resid . vector + bias, one row per prompt (float32)."""
+    """value = resid . vector + bias, one row per prompt (float32). The vector is [batch d_model] for a
+    read-out at one position, or [batch pos d_model] for one spread over positions (a pooled read-out: the
+    value sums every position's product, e.g. mean pooling puts 1/length into each position's vector)."""
 
-    vector: Float[Tensor, "batch d_model"]
+    vector: Float[Tensor, "batch *pos d_model"]
     bias: Float[Tensor, "batch"]  # what no write carries: the final norm's bias and b_U, projected
 
-    def project(self, write: Float[Tensor, "batch *rest d_model"]) -> Float[Tensor, "batch *rest"]:
-        """write . vector, row by row: the write's contribution to the value."""
+    def project(self, write: Float[Tensor, "batch ... d_model"]) -> Float[Tensor, "batch ..."]:
+        """write . vector, row by row: the write's contribution to the value. With a pos axis on the vector,
+        `write` has it too ([batch pos *rest d_model]) and the products are summed over it."""
+        if self.vector.ndim == 3:
+            return einops.einsum(write.float(), self.vector, "batch pos ... d_model, batch pos d_model -> batch ...")
         return einops.einsum(write.float(), self.vector, "batch ... d_model, batch d_model -> batch ...")
 
-    def through(self, weight: Float[Tensor, "*rest d_model"]) -> Float[Tensor, "batch *rest"]:
+    def through(self, weight: Float[Tensor, "... d_model"]) -> Float[Tensor, "batch ..."]:
         """weight @ vector per row, e.g. W_O [head d_head d_model] -> [batch head d_head], so that a head's
-        contribution is z[h] . through(W_O)[h] without building its d_model write."""
+        contribution is z[h] . through(W_O)[h] without building its d_model write ([batch pos *rest] with a
+        pos axis on the vector)."""
+        if self.vector.ndim == 3:
+            return einops.einsum(weight.float(), self.vector, "... d_model, batch pos d_model -> batch pos ...")
         return einops.einsum(weight.float(), self.vector, "... d_model, batch d_model -> batch ...")
+
+    def before_norm(self, norm: Norm, scale: Float[Tensor, "batch *pos 1"]) -> tuple["Direction", Float[Tensor, "batch"]]:
+        """This read-out of a norm's output, as a read-out of its input with the norm's scale frozen at `scale`:
+        (the direction on the input, the value the norm's bias carries, [batch])."""
+        carried = norm.bias_dot(self.vector)
+        carried = carried.sum(1) if carried.ndim == 2 else carried
+        return Direction(norm.pull_back(self.vector, scale), self.bias), carried
 
 
 class Readout:
-    """Final norm + unembedding: from the final residual to the logits, and back to directions."""
+    """Final norm + head: from the final residual to the logits, and back to directions."""
 
-    def __init__(self, norm: Norm, unembed: Unembed):
-        self.norm = norm
-        self.unembed = unembed
+    def __init__(self, norm: Norm | None, unembed: Unembed | None, head: MLMHead | None = None, name: str = "model"):
+        self.norm = norm  # None: the model has no final norm (post-LN encoders)
+        self._unembed = unembed  # None: an embedding model
+        self.head = head  # BERT's MLM transform, or None
+        self.name = name
+
+    @property
+    def unembed(self) -> Unembed:
+        """The unembedding, or an error for embedding models saying what to read out instead."""
+        if self._unembed is None:
+            raise ResidError(
+                f"{self.name} is an embedding model: it has no unembedding, so it has no token logits. Read a "
+                "direction out of its final hidden state instead: attribution.direct(model, prompts, "
+                "target=Probe(vector)), or attribution.similarity(model, texts, others) for embedding similarity."
+            )
+        return self._unembed
 
     def normalize(
         self, resid: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
     ) -> tuple[Float[Tensor, "*batch d_model"], Float[Tensor, "*batch 1"]]:
-        """The final norm of `resid` (its scale recomputed, or `scale` frozen) and the scale used."""
+        """The final norm of `resid` (its scale recomputed, or `scale` frozen) and the scale used (ones for models
+        without a final norm, whose final hidden state is the final residual)."""
+        if self.norm is None:
+            return resid, torch.ones(*resid.shape[:-1], 1, dtype=resid.dtype, device=resid.device)
         return self.norm(resid, scale)
 
     def logits(
         self, resid: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
     ) -> Float[Tensor, "*batch d_vocab"]:
         """Logits of residual vectors, as if each were the final residual (recomputed or frozen scale)."""
+        unembed = self.unembed
         normalized, _ = self.normalize(resid, scale)
-        return self.unembed(normalized)
+        return unembed(normalized if self.head is None else self.head(normalized))
 
     @torch.no_grad()
     def token_direction(
@@ -93,10 +133,20 @@ class Readout:
         u: Float[Tensor, "batch d_model"],
         scale: Float[Tensor, "batch 1"],
         bias: Float[Tensor, "batch"] | None = None,
+        hidden: Float[Tensor, "batch d_model"] | None = None,
+        through_head: bool = False,
     ) -> Direction:
         """The read-out normalized_final . u (+ bias) as a direction on the final residual, exact with the
-        final norm's scale frozen at `scale` (one row per prompt)."""
+        final norm's scale frozen at `scale` (one row per prompt). through_head: u is read after an MLM head's
+        transform (a token's decoder row), which is frozen at `hidden`, the final hidden state of the run."""
         bias = torch.zeros(u.shape[0], device=u.device) if bias is None else bias.float()
+        if through_head and self.head is not None:
+            if hidden is None:
+                raise ResidError("A direction through the MLM head needs the run's final hidden state (hidden=...).")
+            u, head_bias = self.head.pull_back(u, hidden)
+            bias = bias + head_bias
+        if self.norm is None:
+            return Direction(u.float() * scale.float(), bias)
         return Direction(self.norm.fold(u) * scale.float(), bias + self.norm.bias_dot(u))
 
     def logit_direction(
@@ -104,17 +154,20 @@ class Readout:
         targets: Sequence[int] | Int[Tensor, "batch"],
         scale: Float[Tensor, "batch 1"],
         baselines: Sequence[int] | Int[Tensor, "batch"] | None = None,
+        hidden: Float[Tensor, "batch d_model"] | None = None,
     ) -> Direction:
         """logit(target) - logit(baseline) == final_resid . vector + bias at a position whose frozen final norm
-        scale is `scale`."""
+        scale is `scale` (and, for an MLM head, whose final hidden state is `hidden`)."""
         u, bias = self.token_direction(targets, baselines)
-        return self.direction(u, scale, bias)
+        return self.direction(u, scale, bias, hidden, through_head=True)
 
     @torch.no_grad()
     def vector_logits(self, vectors: Float[Tensor, "n d_model"], through_norm: bool = True) -> Float[Tensor, "n d_vocab"]:
         """What each vector (a neuron's value, a sub-update) adds to every token's logit: linear(v) @ W_U,
         the final norm's gain and centering applied (through_norm) but not its input-dependent scale, which
-        rescales every token alike, nor the biases, which no vector carries."""
+        rescales every token alike, nor the biases, which no vector carries. An MLM head's transform depends on
+        the input, so these models read vectors with the decoder alone."""
+        through_norm = through_norm and self.norm is not None
         vectors = self.norm.linear(vectors) if through_norm else vectors.float()
         return vectors @ self.unembed.W_U.float()
 
@@ -123,4 +176,4 @@ class Readout:
         """The matrix U with vector_logits(v) == v @ U: W_U with the final norm's gain and centering folded
         into it (fold is applied to each token's column), for reading many vectors at once."""
         w_u = self.unembed.W_U.float()
-        return self.norm.fold(w_u.T).T if through_norm else w_u
+        return self.norm.fold(w_u.T).T if through_norm and self.norm is not None else w_u

@@ -1,10 +1,17 @@
 """The ResidualStream: every write into the residual stream of one run, as typed attributes.
 
 The final residual is a sum of writes, `embed + pos_embed + sum_l (attn_l.out + mlp_l.out)`, so resid_pre,
-resid_mid, resid_post and final() are derived sums, never stored twice. Each record keeps only what its
-Capture asked for; reading anything else raises a ResidError that names the Capture option to set.
+resid_mid, resid_post and final() are derived sums, never stored twice. Each record (resid.records) keeps only
+what its Capture asked for; reading anything else raises a ResidError that names the Capture option to set.
 Shapes use the axis glossary of resid (see resid/__init__.py); with Capture(positions=...), `pos` is the
 captured positions, in the order given, for every prompt (their padded indices are `captured`).
+
+Post-LN models (BERT, the original Transformer) norm the residual after every write, so resid_pre(0) is the
+normed embeddings, resid_mid(l) = ln(resid_pre(l) + attn.out) and resid_post(l) = ln(resid_mid(l) + mlp.out):
+each is the normed state the next sublayer reads, computed here with the norms' recorded scales (bit-identical
+to the forward pass). The final state is then no longer a plain sum of writes; with every norm's scale frozen
+each norm is affine, so it is again a sum: `components()` carries each write through the frozen norms after it
+and adds one component per norm bias (embed_norm_bias, layers[l].attn.resid_norm_bias, ...).
 """
 
 from collections.abc import Iterator
@@ -15,144 +22,24 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from resid.components.norm import Norm
 from resid.errors import ResidError
+from resid.records import AttnRecord, LayerRecord, MLPRecord
+
+__all__ = ["AttnRecord", "LayerRecord", "MLPRecord", "ResidualStream", "StreamNorms"]
 
 Level = Literal["layer", "sublayer"]  # read the stream after every layer, or after every sublayer
 LEVELS: tuple[str, ...] = ("layer", "sublayer")
 SiteName = Literal["resid_pre", "resid_mid", "resid_post"]
 
 
-class _Record:
-    """Captured tensors of one sublayer; missing ones raise an error saying how to capture them."""
-
-    _part = ""
-
-    def __init__(self, layer: int, values: dict[str, Tensor], absent: dict[str, str] | None = None):
-        self.layer = layer
-        self._values = values
-        self._absent = absent or {}  # field -> why the model has no such tensor (e.g. not a gated MLP)
-
-    def _get(self, name: str) -> Tensor:
-        value = self._values.get(name)
-        if value is not None:
-            return value
-        if name in self._absent:
-            raise ResidError(f"layers[{self.layer}].{self._part}.{name} does not exist: {self._absent[name]}.")
-        raise ResidError(
-            f"layers[{self.layer}].{self._part}.{name} was not captured. Run with "
-            f"resid.Capture({self._part}={{'{name}', ...}}) (and layer {self.layer} in Capture.layers), "
-            "or resid.Capture.all()."
-        )
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}{list(v.shape)}" for k, v in self._values.items() if v is not None)
-        return f"{type(self).__name__}(layer={self.layer}, {fields})"
-
-
-    @property
-    def normalized(self) -> Float[Tensor, "batch pos d_model"]:
-        """The sublayer's input after its norm (gain and bias applied). Attention reads resid_pre; the MLP
-        reads resid_mid (resid_pre in parallel blocks)."""
-        return self._get("normalized")
-
-    @property
-    def norm_scale(self) -> Float[Tensor, "batch pos 1"]:
-        """The sublayer norm's 1/sigma (LayerNorm) or 1/rms (RMSNorm) of the residual it reads."""
-        return self._get("norm_scale")
-
-    @property
-    def post_norm_scale(self) -> Float[Tensor, "batch pos 1"]:
-        """Models with post-norms (Gemma 2/3, OLMo 2): the scale of the norm applied to the sublayer's output
-        before it is written. Frozen, it makes the write linear in the output (per-head, per-neuron writes)."""
-        return self._get("post_norm_scale")
-
-
-class AttnRecord(_Record):
-    _part = "attn"
-
-    @property
-    def q(self) -> Float[Tensor, "batch pos head d_head"]:
-        """Queries as used in the scores (after the rotary embedding, if any)."""
-        return self._get("q")
-
-    @property
-    def k(self) -> Float[Tensor, "batch pos kv_head d_head"]:
-        """Keys as used in the scores (after rotary); kv_head < head under grouped-query attention."""
-        return self._get("k")
-
-    @property
-    def v(self) -> Float[Tensor, "batch pos kv_head d_head"]:
-        return self._get("v")
-
-    @property
-    def pattern(self) -> Float[Tensor, "batch head pos key_pos"]:
-        """Attention probabilities (each row sums to 1 over key_pos)."""
-        return self._get("pattern")
-
-    @property
-    def z(self) -> Float[Tensor, "batch pos head d_head"]:
-        """Per-head mix of values; head h writes z[..., h, :] @ W_O[h]."""
-        return self._get("z")
-
-    @property
-    def out(self) -> Float[Tensor, "batch pos d_model"]:
-        """The sublayer's write into the residual stream (sum over heads of z @ W_O, plus b_O; through the
-        post-norm in models that have one)."""
-        return self._get("out")
-
-
-class MLPRecord(_Record):
-    """A dense MLP's record, or a mixture of experts' (Mixtral, resid.components.moe): `post` then has an
-    expert axis, and router_logits, expert_weights and expert_out exist (pre and gate do not)."""
-
-    _part = "mlp"
-
-    @property
-    def pre(self) -> Float[Tensor, "batch pos d_mlp"]:
-        """Key scores: normalized @ W_in + b_in. For gated MLPs this is the linear 'up' branch, which the gate
-        multiplies; TransformerLens's hook_pre is the gate's input instead (resid's `gate`)."""
-        return self._get("pre")
-
-    @property
-    def gate(self) -> Float[Tensor, "batch pos d_mlp"]:
-        """Gated MLPs only: normalized @ W_gate + b_gate, before the activation."""
-        return self._get("gate")
-
-    @property
-    def post(self) -> Float[Tensor, "batch pos d_mlp"] | Float[Tensor, "batch pos expert d_mlp"]:
-        """Memory coefficients m_i: act(pre), or act(gate) * pre; neuron i writes post[i] * W_out[i]. Mixture
-        of experts: [batch pos expert d_mlp], each expert's act(x W_gate[e]) * (x W_in[e]), zero for experts
-        the token was not routed to; neuron i of expert e writes expert_weights[e] * post[e, i] * W_out[e, i]."""
-        return self._get("post")
-
-    @property
-    def router_logits(self) -> Float[Tensor, "batch pos expert"]:
-        """Mixture of experts only: normalized @ W_router, before the softmax over experts."""
-        return self._get("router_logits")
-
-    @property
-    def expert_weights(self) -> Float[Tensor, "batch pos expert"]:
-        """Mixture of experts only: the top-k router probabilities renormalized to sum to 1, zero for the experts
-        the token was not routed to (in the model dtype)."""
-        return self._get("expert_weights")
-
-    @property
-    def expert_out(self) -> Float[Tensor, "batch pos expert d_model"]:
-        """Mixture of experts only: each expert's weighted write, expert_weights[e] * post[e] @ W_out[e] (zero
-        where not routed). They sum to `out`; with post-norms, to the output before the post-norm."""
-        return self._get("expert_out")
-
-    @property
-    def out(self) -> Float[Tensor, "batch pos d_model"]:
-        """The sublayer's write: post @ W_out + b_out, or the sum of expert_out (through the post-norm in
-        models that have one)."""
-        return self._get("out")
-
-
 @dataclass(frozen=True)
-class LayerRecord:
-    attn: AttnRecord
-    mlp: MLPRecord
+class StreamNorms:
+    """A post-LN model's norms of the residual: after the embeddings (or None) and after each sublayer."""
+
+    embed: Norm | None
+    attn: tuple[Norm, ...]
+    mlp: tuple[Norm, ...]
 
 
 @dataclass(frozen=True)
@@ -164,6 +51,23 @@ class ResidualStream:
     parallel: bool  # parallel blocks: no resid_mid
     learned_positions: bool
     captured: Tensor | None  # [batch k] padded indices of the Capture(positions=...) kept (None = all)
+    type_embed_: Tensor | None = None  # token-type embedding (BERT)
+    embed_norm_scale_: Tensor | None = None  # the embedding norm's scale (BERT)
+    norms: StreamNorms | None = None  # post-LN models only
+
+    @property
+    def type_embed(self) -> Float[Tensor, "batch pos d_model"] | None:
+        """The token-type (segment) embedding write (BERT); None for models without one."""
+        if self.type_embed_ is None and self.embed_ is not None:
+            return None
+        return self._need(self.type_embed_, "type_embed", "resid.Capture(embed=True)")
+
+    @property
+    def embed_norm_scale(self) -> Float[Tensor, "batch pos 1"] | None:
+        """The scale of the norm of the summed embeddings (BERT); None for models without one."""
+        if self.norms is None or self.norms.embed is None:
+            return None
+        return self._need(self.embed_norm_scale_, "embed_norm_scale", "resid.Capture(embed=True)")
 
     @property
     def embed(self) -> Float[Tensor, "batch pos d_model"]:
@@ -172,7 +76,8 @@ class ResidualStream:
 
     @property
     def pos_embed(self) -> Float[Tensor, "batch pos d_model"] | None:
-        """The learned positional embedding write; None for rotary models (positions act inside attention)."""
+        """The positional embedding write (learned or sinusoidal); None for rotary models (positions act inside
+        attention)."""
         if not self.learned_positions:
             return None
         return self._need(self.pos_embed_, "pos_embed", "resid.Capture(embed=True)")
@@ -194,9 +99,26 @@ class ResidualStream:
             raise ResidError(f"Layer {layer} is out of range: the model has {n} layers (0..{n - 1}).")
         return self.layers[layer % n]
 
+    def _embedding_writes(self) -> list[tuple[str, Tensor]]:
+        writes = [("embed", self.embed), ("pos_embed", self.pos_embed), ("type_embed", self.type_embed)]
+        return [(label, write) for label, write in writes if write is not None]
+
     def _embeddings(self) -> Tensor:
-        pos = self.pos_embed
-        return self.embed if pos is None else self.embed + pos
+        """resid_pre(0): the embedding writes summed in the forward pass's order, then normed if the model does."""
+        writes = self._embedding_writes()
+        resid = writes[0][1]
+        for _, write in writes[1:]:
+            resid = resid + write
+        if self.norms is not None and self.norms.embed is not None:
+            resid = self.norms.embed(resid, self.embed_norm_scale)[0]
+        return resid
+
+    def _add(self, resid: Tensor, record: AttnRecord | MLPRecord, norms: tuple[Norm, ...] | None) -> Tensor:
+        """The residual after a sublayer's write: plus the write, then (post-LN) its frozen norm."""
+        resid = resid + record.out
+        if norms is None:
+            return resid
+        return norms[record.layer](resid, record.resid_norm_scale)[0]
 
     def running(self, level: Level = "sublayer") -> Iterator[tuple[int, SiteName, Tensor]]:
         """(layer, site, residual) in stream order, each residual the previous one plus the writes between
@@ -207,13 +129,15 @@ class ResidualStream:
             raise ResidError(f"level must be one of {LEVELS}, got {level!r}.")
         resid = self._embeddings()
         yield 0, "resid_pre", resid
+        attn_norms, mlp_norms = (None, None) if self.norms is None else (self.norms.attn, self.norms.mlp)
         for layer, record in enumerate(self.layers):
-            if level == "sublayer" and not self.parallel:
-                resid = resid + record.attn.out
-                yield layer, "resid_mid", resid
-                resid = resid + record.mlp.out
-            else:
+            if self.parallel:
                 resid = resid + record.attn.out + record.mlp.out
+            else:
+                resid = self._add(resid, record.attn, attn_norms)
+                if level == "sublayer":
+                    yield layer, "resid_mid", resid
+                resid = self._add(resid, record.mlp, mlp_norms)
             yield layer, "resid_post", resid
 
     def accumulated(self, level: Level = "layer") -> tuple[list[str], Float[Tensor, "site batch pos d_model"]]:
@@ -253,18 +177,37 @@ class ResidualStream:
         """The residual stream entering the final norm."""
         return self.resid_post(len(self.layers) - 1)
 
-    def components(self, level: Literal["sublayer", "head", "neuron"] = "sublayer") -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
-        """Every write, stacked; they sum to final(). Labels are the attribute paths of the writes."""
+    def components(
+        self, level: Literal["sublayer", "head", "neuron"] = "sublayer"
+    ) -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
+        """Every write, stacked; they sum to final(). Labels are the attribute paths of the writes. Post-LN
+        models: each write carried through the frozen norms after it, plus each norm's bias carried the same way
+        (float32 arithmetic, returned in the model dtype); they sum to final() up to rounding."""
         if level != "sublayer":
             raise ResidError(
                 f"components(level={level!r}) is not available on the stream: it holds sublayer writes. "
                 "Use level='sublayer'; per-head and per-neuron contributions come from analyses.attribution."
             )
-        labels, writes = ["embed"], [self.embed]
-        if self.pos_embed is not None:
-            labels.append("pos_embed")
-            writes.append(self.pos_embed)
+        pieces = self._embedding_writes()
+        if self.norms is None:
+            for i, record in enumerate(self.layers):
+                pieces += [(f"layers[{i}].attn.out", record.attn.out), (f"layers[{i}].mlp.out", record.mlp.out)]
+            return [label for label, _ in pieces], torch.stack([write for _, write in pieces])
+        dtype = pieces[0][1].dtype
+        pieces = [(label, write.float()) for label, write in pieces]
+        if self.norms.embed is not None:
+            pieces = _through(pieces, self.norms.embed, self.embed_norm_scale, "embed_norm_bias")
         for i, record in enumerate(self.layers):
-            labels += [f"layers[{i}].attn.out", f"layers[{i}].mlp.out"]
-            writes += [record.attn.out, record.mlp.out]
-        return labels, torch.stack(writes)
+            for part, norms in ((record.attn, self.norms.attn), (record.mlp, self.norms.mlp)):
+                pieces.append((f"layers[{i}].{part._part}.out", part.out.float()))
+                pieces = _through(pieces, norms[i], part.resid_norm_scale, f"layers[{i}].{part._part}.resid_norm_bias")
+        return [label for label, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
+
+
+def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_label: str) -> list[tuple[str, Tensor]]:
+    """Every piece carried through a norm with its scale frozen (s * g * centre(x)), and the norm's bias as a
+    piece of its own: their sum is the norm of their sum."""
+    carried = [(label, norm.linear(write) * scale.float()) for label, write in pieces]
+    if norm.b is not None:
+        carried.append((bias_label, norm.b.float().expand_as(carried[0][1])))
+    return carried

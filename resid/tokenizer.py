@@ -2,7 +2,9 @@
 
 `to_tokens` returns the token ids with their attention mask and position ids. Position ids count real
 tokens only, so a prompt gives the same logits at its real positions alone, left-padded or right-padded.
-The wrapped tokenizer never adds special tokens itself; BOS is prepended here iff `prepend_bos`.
+The wrapped tokenizer never adds special tokens itself; BOS is prepended here iff `prepend_bos`. Template
+tokenizers (BERT's) instead wrap the text in their own special tokens, [CLS] text [SEP], under the same switch.
+Padding and truncation set in a tokenizer.json are switched off: resid pads, and never cuts a prompt silently.
 """
 
 from collections.abc import Sequence
@@ -110,10 +112,16 @@ class Tokenizer:
         prepend_bos: bool,
         pad_token_id: int | None = None,
         eos_token_id: int | None = None,
+        template: bool = False,
+        mask_token_id: int | None = None,
     ):
         if prepend_bos and bos_token_id is None:
             raise ResidError("The tokenizer is set to prepend BOS but has no BOS token id; set prepend_bos=False.")
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
         self.tokenizer = tokenizer
+        self.template = template  # prepend_bos means "wrap in the template's special tokens"
+        self.mask_token_id = mask_token_id  # masked-LM models: the [MASK] token
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.prepend_bos = prepend_bos
@@ -127,8 +135,10 @@ class Tokenizer:
     def encode(self, text: str, prepend_bos: bool | None = None) -> list[int]:
         if not isinstance(text, str):
             raise ResidError(f"Expected a string to tokenize, got {type(text).__name__}.")
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         bos = self.prepend_bos if prepend_bos is None else prepend_bos
+        if self.template:
+            return self.tokenizer.encode(text, add_special_tokens=bos).ids
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if bos:
             if self.bos_token_id is None:
                 raise ResidError("prepend_bos=True, but this tokenizer has no BOS token.")

@@ -1,4 +1,4 @@
-"""Causal multi-head / grouped-query attention with per-head weight views, optional q/k norms (Qwen3, Gemma 3,
+"""Causal (or, for encoders, bidirectional) multi-head / grouped-query attention with per-head weight views, optional q/k norms (Qwen3, Gemma 3,
 OLMo 2), score soft-capping (Gemma 2) and a per-layer sliding window and rotary (Gemma 2/3, Qwen2 windows).
 
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
@@ -60,21 +60,25 @@ class AttnContext:
     blocked: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]  # ~allowed, once per run (explicit path)
     rotary: dict[str, tuple[Tensor, Tensor]]  # (cos, sin) for these position ids; empty for learned positions
     cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
+    causal: bool = True  # False (encoders): allowed None means every key is readable
 
     @classmethod
-    def build(cls, allowed: dict[str, Tensor | None], rotary: dict[str, tuple[Tensor, Tensor]]) -> "AttnContext":
-        return cls(allowed, {kind: None if mask is None else ~mask for kind, mask in allowed.items()}, rotary)
+    def build(
+        cls, allowed: dict[str, Tensor | None], rotary: dict[str, tuple[Tensor, Tensor]], causal: bool = True
+    ) -> "AttnContext":
+        blocked = {kind: None if mask is None else ~mask for kind, mask in allowed.items()}
+        return cls(allowed, blocked, rotary, causal=causal)
 
 
 def allowed_keys(
-    attention_mask: Bool[Tensor, "batch pos"], sliding_window: int | None
+    attention_mask: Bool[Tensor, "batch pos"], sliding_window: int | None, causal: bool = True
 ) -> Bool[Tensor, "batch 1 pos key_pos"]:
-    """Causal, padding and sliding-window mask. Every position may read itself, so a padding row (which
-    reads nothing real) stays finite instead of becoming NaN; real rows are unaffected."""
+    """Causal (or bidirectional), padding and sliding-window mask. Every position may read itself, so a padding
+    row (which reads nothing real) stays finite instead of becoming NaN; real rows are unaffected."""
     n = attention_mask.shape[-1]
     query = torch.arange(n, device=attention_mask.device)[:, None]
     key = torch.arange(n, device=attention_mask.device)[None, :]
-    allowed = key <= query
+    allowed = key <= query if causal else torch.ones(n, n, dtype=torch.bool, device=attention_mask.device)
     if sliding_window is not None:
         allowed = allowed & (query - key < sliding_window)
     allowed = allowed[None] & attention_mask[:, None, :]
@@ -170,7 +174,7 @@ class Attention(nn.Module):
             # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
             mask = ctx.allowed[self.layer_type]
             z_h = F.scaled_dot_product_attention(
-                q_h, k_h, v_h, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                q_h, k_h, v_h, attn_mask=mask, is_causal=mask is None and ctx.causal, scale=self.scale,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
             if "pattern" in want:
@@ -190,8 +194,9 @@ class Attention(nn.Module):
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         blocked = ctx.blocked[self.layer_type]
-        if blocked is None:  # plain causal: queries and keys are the same positions
+        if blocked is None and ctx.causal:  # plain causal: queries and keys are the same positions
             n = scores.shape[-1]
             blocked = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.masked_fill(blocked, float("-inf"))
+        if blocked is not None:
+            scores = scores.masked_fill(blocked, float("-inf"))
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_h.dtype)

@@ -12,8 +12,15 @@ With post-norms each sublayer's output is normed before it is written: Gemma 2/3
 
     resid_mid  = resid_pre + ln_attn_post(attn(ln_attn(resid_pre)))
 
-The write a sublayer adds to the residual (its record's `out`) is always after the post-norm; whole-write
-interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write is linear in the
+Post-LN (the original Transformer, BERT) norms the residual itself after each write is added; the sublayers
+read it as it is, and resid_mid / resid_post are the normed states the next sublayer reads:
+
+    resid_mid  = ln_attn_resid(resid_pre + attn(resid_pre))
+    resid_post = ln_mlp_resid(resid_mid + mlp(resid_mid))
+
+Their scales are recorded (`resid_norm_scale`), so the stream can carry every write through the frozen norms
+after it (resid.stream). The write a sublayer adds to the residual (its record's `out`) is always after any
+post-norm; whole-write interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write is linear in the
 sublayer output, so per-head and per-neuron writes still sum to it (analyses.attribution).
 """
 
@@ -41,6 +48,8 @@ class Block(nn.Module):
         self.ln_mlp = Norm(config) if config.pre_norms else None
         self.mlp = MoE(config, layer) if config.n_experts > 0 else MLP(config, layer)  # Mixtral: experts
         self.ln_mlp_post = Norm(config) if config.post_norms else None
+        self.ln_attn_resid = Norm(config) if config.post_ln else None
+        self.ln_mlp_resid = Norm(config) if config.post_ln else None
 
     def forward(
         self,
@@ -57,13 +66,21 @@ class Block(nn.Module):
         attn_raw, found = self.attn(attn_in, ctx, want_attn, edits_attn)
         attn_values.update(found)
         attn_out = _post(self.ln_attn_post, attn_raw, edits_attn, attn_values, want_attn)
-        mlp_reads = resid_pre if self.parallel else resid_pre + attn_out
+        mlp_reads = resid_pre if self.parallel else _resid_norm(self.ln_attn_resid, resid_pre + attn_out, attn_values)
         mlp_in = _pre(self.ln_mlp, mlp_reads, mlp_values, want_mlp)
         mlp_raw, found = self.mlp(mlp_in, want_mlp, edits_mlp)
         mlp_values.update(found)
         mlp_out = _post(self.ln_mlp_post, mlp_raw, edits_mlp, mlp_values, want_mlp)
         resid_post = (resid_pre + attn_out if self.parallel else mlp_reads) + mlp_out
-        return resid_post, attn_values, mlp_values
+        return _resid_norm(self.ln_mlp_resid, resid_post, mlp_values), attn_values, mlp_values
+
+
+def _resid_norm(norm: Norm | None, resid: Tensor, values: dict[str, Tensor]) -> Tensor:
+    """Post-LN: the norm of the residual after a write, its scale always kept (the stream needs it to be read)."""
+    if norm is None:
+        return resid
+    normalized, values["resid_norm_scale"] = norm(resid)
+    return normalized
 
 
 def _pre(norm: Norm | None, resid: Tensor, values: dict[str, Tensor], want: frozenset[str]) -> Tensor:

@@ -1,4 +1,6 @@
-"""Token embedding, learned positional embedding and unembedding."""
+"""Token embedding, positional (learned or sinusoidal) and token-type embeddings, and the unembedding."""
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +25,42 @@ class Embed(nn.Module):
 
 
 class PosEmbed(nn.Module):
+    """W_pos [n_ctx d_model] added to the token embedding: learned, or the fixed sinusoids of Vaswani et al. 2017
+    (a buffer, never read from a checkpoint)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.W_pos = nn.Parameter(torch.zeros(config.n_ctx, config.d_model))
+        if config.positions == "sinusoidal":
+            self.register_buffer("W_pos", sinusoids(config.n_ctx, config.d_model, config.sinusoid_layout), persistent=False)
+        else:
+            self.W_pos = nn.Parameter(torch.zeros(config.n_ctx, config.d_model))
 
     def forward(self, position_ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return F.embedding(position_ids, self.W_pos)
+
+
+def sinusoids(n_ctx: int, d_model: int, layout: str = "interleaved") -> Float[Tensor, "n_ctx d_model"]:
+    """PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d)) (Vaswani et al. 2017), computed in
+    float64. layout "halves" puts the d/2 sines first and the cosines after them (Marian, fairseq)."""
+    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]
+    frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    angles = position * frequency  # [n_ctx d_model/2]
+    if layout == "halves":
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    else:
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+    return table.float()
+
+
+class TokenTypeEmbed(nn.Module):
+    """BERT's segment embedding W_type [n_token_types d_model]; resid feeds single texts, type 0 everywhere."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.W_type = nn.Parameter(torch.zeros(config.n_token_types, config.d_model))
+
+    def forward(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.W_type[0].expand(*ids.shape, -1)
 
 
 class Unembed(nn.Module):

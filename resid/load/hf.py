@@ -117,19 +117,22 @@ def _tokenizer(folder: Path, hf: dict, family: Family) -> Tokenizer | None:
     if (folder / "tokenizer_config.json").exists():
         tok_config = _read_json(folder / "tokenizer_config.json", "tokenizer_config.json")
 
-    def token_id(field: str, config_field: str) -> int | None:
-        token = tok_config.get(field)
+    def token_id(field: str, config_field: str, default: str | None = None) -> int | None:
+        token = tok_config.get(field, default)
         if isinstance(token, dict):
             token = token.get("content")
         found = raw.token_to_id(token) if isinstance(token, str) else None
         return found if found is not None else hf.get(config_field)
 
     prepend_bos = tok_config.get("add_bos_token", family.prepend_bos)
-    bos = token_id("bos_token", "bos_token_id")
+    # Template tokenizers (BERT) open every text with [CLS], their "BOS"
+    bos = token_id("cls_token", "cls_token_id", "[CLS]") if family.template else token_id("bos_token", "bos_token_id")
     return Tokenizer(
         raw,
         bos_token_id=bos,
         prepend_bos=bool(prepend_bos) and bos is not None,
         pad_token_id=token_id("pad_token", "pad_token_id"),
-        eos_token_id=token_id("eos_token", "eos_token_id"),
+        eos_token_id=token_id("sep_token", "sep_token_id", "[SEP]") if family.template else token_id("eos_token", "eos_token_id"),
+        template=family.template,
+        mask_token_id=token_id("mask_token", "mask_token_id", "[MASK]" if family.template else None),
     )

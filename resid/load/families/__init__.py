@@ -21,6 +21,7 @@ class Family:
     ignore: tuple[str, ...] = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)  # regexes of checkpoint
     # tensors that are not weights (cached masks, buffers)
     prepend_bos: bool = False  # BOS policy when tokenizer_config.json does not say (add_bos_token)
+    template: bool = False  # the tokenizer's own template adds the special tokens ([CLS] text [SEP]) instead
     fields: frozenset[str] = frozenset()  # config.json fields `config` reads or checks (see check_fields)
 
     def read(self, hf: dict, where: str = "config.json") -> ModelConfig:
