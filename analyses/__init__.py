@@ -1,6 +1,7 @@
 """Analyses over resid runs: pure functions (model, inputs, options) -> tidy pandas DataFrame.
 
     attribution    direct logit attribution to embeddings, heads / sublayers, neurons (exact, projected)
+    similarity     sentence embeddings (mean pooling) and the exact attribution of their similarity
     logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL
     neurons/       FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
     ablation/      layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe

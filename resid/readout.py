@@ -88,8 +88,8 @@ class Readout:
         if self._unembed is None:
             raise ResidError(
                 f"{self.name} is an embedding model: it has no unembedding, so it has no token logits. Read a "
-                "direction out of its final hidden state instead: attribution.direct(model, prompts, "
-                "target=Probe(vector)), or attribution.similarity(model, texts, others) for embedding similarity."
+                "direction out of its final hidden state instead: a Probe(vector) as the target of "
+                "analyses.attribution.direct, or analyses.similarity for the similarity of two texts' embeddings."
             )
         return self._unembed
 

@@ -13,7 +13,7 @@ import torch
 import transformers
 from tokenizers import models, normalizers, pre_tokenizers, processors
 
-from tests.tiny_models import _reinit
+from tiny_models import _reinit
 
 VARIANTS = ["bert_mlm", "bert_base"]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

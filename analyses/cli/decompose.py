@@ -1,5 +1,7 @@
 """`resid decompose "prompt"`: where a prediction comes from. The top next tokens, a compact logit lens, the
 components with the largest direct attribution, and a completeness check (components sum to the logit).
+Masked-LM models (BERT) decompose the prediction at the prompt's [MASK] instead of the next token:
+`resid decompose "Paris is the [MASK] of France." --model bert-folder`.
 With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and an HTML report of figures."""
 
 from pathlib import Path
@@ -9,7 +11,7 @@ from analyses.cli import arguments, output
 
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("decompose", parents=[common], help="decompose a prediction: lens + attribution")
-    parser.add_argument("text", help="the prompt whose next-token prediction is decomposed")
+    parser.add_argument("text", help="the prompt whose next-token prediction (masked-LM models: the [MASK]) is decomposed")
     parser.add_argument("--target", default=None, help="target token, e.g. ' Paris' (default: the top prediction)")
     parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")
     parser.add_argument("--top", type=int, default=10, help="how many tokens and components to list (default 10)")
@@ -28,33 +30,34 @@ def run(model, args) -> str:
     from analyses import attribution, logit_lens
 
     text = args.text
-    # Every position for the heatmap; the table reads the last one.
-    lens = logit_lens.run(model, text, target=args.target, positions="all", level="layer", norm=args.norm, k=args.top)
     attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
-    lines = _predictions(model, text, lens)
-    lines += _lens_table(lens)
+    at = int(attr["pos"].iloc[0])  # the last token, or the [MASK] of a masked-LM model
+    # Every position for the heatmap; the table reads the attributed one.
+    lens = logit_lens.run(model, text, target=args.target, positions="all", level="layer", norm=args.norm, k=args.top)
+    lines = _predictions(model, text, lens, at)
+    lines += _lens_table(lens, at, f"the [MASK] (position {at})" if model.config.head == "mlm" else "the last token")
     lines += _components(attr, args.top)
     notes = output.notes(lens, attr)
     lines += ([""] + notes) if notes else []
     if args.out is not None:
-        lines += _write(model, text, lens, attr, Path(args.out), "\n".join(lines), args.self_contained)
+        lines += _write(model, text, lens, attr, at, Path(args.out), "\n".join(lines), args.self_contained)
     return "\n".join(lines)
 
 
-def _predictions(model, text: str, lens) -> list[str]:
-    # The lens's last site at the last token is the model's own next-token distribution (tested exact).
-    final = lens[(lens["pos"] == lens["pos"].max()) & (lens["site"] == "resid_post")
-                 & (lens["layer"] == model.config.n_layers - 1)]
+def _predictions(model, text: str, lens, at: int) -> list[str]:
+    # The lens's last site at the attributed token is the model's own prediction there (tested exact).
+    final = lens[(lens["pos"] == at) & (lens["site"] == "resid_post") & (lens["layer"] == model.config.n_layers - 1)]
     pieces = model.to_str_tokens(text)
-    lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "", "top next tokens:"]
+    what = f"top predictions for {pieces[at]!r} (position {at})" if model.config.head == "mlm" else "top next tokens"
+    lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "", f"{what}:"]
     lines += [f"  {p:7.4f}  {token!r}" for p, token in zip(final["prob"], final["token"])]
     return lines
 
 
-def _lens_table(lens) -> list[str]:
-    top = lens[(lens["rank"] == 1) & (lens["pos"] == lens["pos"].max())]
+def _lens_table(lens, at: int, where: str) -> list[str]:
+    top = lens[(lens["rank"] == 1) & (lens["pos"] == at)]
     target = top["target"].iloc[0]
-    lines = ["", f"logit lens at the last token ({top['norm'].iloc[0]} final norm), target {target!r}:",
+    lines = ["", f"logit lens at {where} ({top['norm'].iloc[0]} final norm), target {target!r}:",
              f"  {'layer':<6} {'top token':<16} {'p(top)':>9} {'p(target)':>9} {'rank':>6}"]
     for _, row in top.iterrows():
         layer = "embed" if row["site"] == "resid_pre" else str(row["layer"])
@@ -76,12 +79,12 @@ def _components(attr, top: int) -> list[str]:
     return lines
 
 
-def _write(model, text: str, lens, attr, out: Path, summary: str, self_contained: bool) -> list[str]:
+def _write(model, text: str, lens, attr, at: int, out: Path, summary: str, self_contained: bool) -> list[str]:
     from analyses import attribution, plots, tables
 
     # CSV: the full tables. LaTeX: what fits a paper, the top components and the lens's top-1 per layer.
     top = attribution.top_components(attr, 20)
-    lens_top = lens[(lens["rank"] == 1) & (lens["pos"] == lens["pos"].max())]
+    lens_top = lens[(lens["rank"] == 1) & (lens["pos"] == at)]
     files = [
         tables.export(attr, out / "attribution.csv"),
         tables.export(top[["component", "layer", "part", "head", "value"]], out / "attribution.tex",

