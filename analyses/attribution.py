@@ -172,7 +172,7 @@ def _check_probe(model: Transformer, probe: Probe, baseline, n: int) -> None:
         )
 
 
-def _capture(model: Transformer, level: str, positions: list[int] | None) -> Capture:
+def capture_for(model: Transformer, level: str, positions: list[int] | None) -> Capture:
     """What a chunk records at each prompt's position (every position for None): heads need z, neurons post
     (and the post-norm scale, the router weights); sublayers their write."""
     post = {"post_norm_scale"} if model.config.post_norms else set()
@@ -187,7 +187,7 @@ def _capture(model: Transformer, level: str, positions: list[int] | None) -> Cap
     )
 
 
-def _meta(model, tokens: Tokens, chunk, index, targets, target_ids, baselines, baseline_ids) -> dict:
+def meta_columns(model, tokens: Tokens, chunk, index, targets, target_ids, baselines, baseline_ids) -> dict:
     """The per-prompt columns of a chunk's frame (analyses.components.frame repeats them per component)."""
     none = [None] * len(chunk)
     return {
@@ -206,31 +206,43 @@ def _attribute_probe(
 ) -> tuple[pd.DataFrame, list[str]]:
     """A Probe's read-out of the final hidden state, at each prompt's position or mean-pooled over its tokens."""
     index = None if positions is None else tokens.padded_index([[p] for p in positions])
-    run = model.run(tokens, capture=_capture(model, level, positions), logits_at=index)
-    stream, hidden = run.stream, run.hidden.float()  # [batch k d_model]: k = 1, or every position when pooled
+    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index)
     vector = probe.vector.to(model.device).float()
     vector = vector.expand(len(chunk), -1) if vector.ndim == 1 else vector[torch.as_tensor(list(chunk))]
-    weights = torch.ones(hidden.shape[:2], device=model.device)
-    if probe.pool == "mean":
-        mask = tokens.attention_mask.float()
-        weights = mask / mask.sum(1, keepdim=True)
-        if probe.normalize:  # the pooled vector's length, frozen like a norm's scale
-            weights = weights / (weights[..., None] * hidden).sum(1).norm(dim=-1, keepdim=True)
-    scale = stream.final_norm_scale
     bias = torch.full((len(chunk),), float(probe.bias), device=model.device)
-    rows = model.readout.direction(
-        (weights[..., None] * vector[:, None]).flatten(0, 1), scale.flatten(0, 1), None
-    )
-    direction = Direction(rows.vector.view(*hidden.shape), rows.bias.view(hidden.shape[:2]).sum(1) + bias)
-    actual = (weights[..., None] * hidden * vector[:, None]).sum((1, 2)) + probe.bias  # the read-out itself
-    groups = components(model, stream, direction, level)
-    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    pooled = tokens.attention_mask if probe.pool == "mean" else None
+    direction, actual = read_out(model, run, vector, bias, pooled, probe.normalize)
     if index is None:
         index = tokens.last_positions()[:, None]
-    meta = _meta(model, tokens, chunk, index, [probe.name] * len(chunk), [-1] * len(chunk), None, None)
+    meta = meta_columns(model, tokens, chunk, index, [probe.name] * len(chunk), [-1] * len(chunk), None, None)
     if probe.pool is not None:
         meta["pos"], meta["token"] = [-1] * len(chunk), [f"<{probe.pool}>"] * len(chunk)
-    return frame(meta, groups, actual), []
+    return probe_frame(model, run, direction, actual, meta, level), []
+
+
+def read_out(
+    model: Transformer, run, vector: Tensor, bias: Tensor, pooled: Tensor | None, normalize: bool
+) -> tuple[Direction, Tensor]:
+    """(the direction on the stream, the value) of `vector` [batch d_model] read out of run.hidden: at its one
+    position, or, with `pooled` (the attention mask), out of the mean over the real positions (divided by that
+    mean's length, frozen, if `normalize`)."""
+    hidden = run.hidden.float()  # [batch k d_model]: k = 1, or every position when pooled
+    weights = torch.ones(hidden.shape[:2], device=hidden.device)
+    if pooled is not None:
+        weights = pooled.float() / pooled.float().sum(1, keepdim=True)
+        if normalize:  # the pooled vector's length, frozen like a norm's scale
+            weights = weights / (weights[..., None] * hidden).sum(1).norm(dim=-1, keepdim=True)
+    scale = run.stream.final_norm_scale
+    rows = model.readout.direction((weights[..., None] * vector[:, None]).flatten(0, 1), scale.flatten(0, 1), None)
+    direction = Direction(rows.vector.view(*hidden.shape), rows.bias.view(hidden.shape[:2]).sum(1) + bias)
+    return direction, (weights[..., None] * hidden * vector[:, None]).sum((1, 2)) + bias
+
+
+def probe_frame(model: Transformer, run, direction: Direction, actual: Tensor, meta: dict, level: str) -> pd.DataFrame:
+    """The frame of a read-out's components (and its final_bias row) for a run captured by `capture_for`."""
+    groups = components(model, run.stream, direction, level)
+    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    return frame(meta, groups, actual)
 
 
 def metric_name(df: pd.DataFrame) -> str:
@@ -262,7 +274,7 @@ def _attribute(
     positions: list[int],
 ) -> tuple[pd.DataFrame, list[str]]:
     index = tokens.padded_index([[p] for p in positions])  # [batch 1]
-    run = model.run(tokens, capture=_capture(model, level, positions), logits_at=index)
+    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index)
     capped = run.uncapped_logits is not None
     logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()
@@ -285,7 +297,7 @@ def _attribute(
     index = stream.captured  # [batch 1] padded index of `pos`
     baseline_names = None if baseline_list is None else list(decode_ids(model, np.array(baseline_list)))
     target_names = list(decode_ids(model, np.array(target_list)))
-    meta = _meta(model, tokens, chunk, index, target_names, target_list, baseline_names, baseline_list)
+    meta = meta_columns(model, tokens, chunk, index, target_names, target_list, baseline_names, baseline_list)
     table, notes = frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
     if capped:
         capped_values = value(run.logits[:, 0].float()).double().cpu().numpy()

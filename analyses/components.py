@@ -152,18 +152,28 @@ def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"
     neuron = np.concatenate([per_component(b, b.neurons, None) for b in blocks])
     values = torch.cat([b.values for b in blocks], dim=1).double().cpu().numpy()  # [batch m]
     batch, m = values.shape
-    df = pd.DataFrame({name: np.repeat(np.asarray(col, dtype=object), m) for name, col in meta.items()})
-    for name in ("prompt_idx", "pos", "target_id"):
-        df[name] = df[name].astype("int64")
-    df["baseline_id"] = df["baseline_id"].astype("Int64")
-    df["target"] = df["target"].astype(str)
-    df["token"] = df["token"].astype(str)
-    df["component"] = np.tile(labels, batch).astype(str)
-    df["layer"] = pd.array(np.tile(layer, batch), dtype="Int64")
-    df["part"] = np.tile(part, batch).astype(str)
-    df["head"] = pd.array(np.tile(head, batch), dtype="Int64")
-    df["expert"] = pd.array(np.tile(expert, batch), dtype="Int64")
-    df["neuron"] = pd.array(np.tile(neuron, batch), dtype="Int64")
-    df["value"] = values.reshape(-1)
-    df["logit"] = np.repeat(actual.double().cpu().numpy(), m)
-    return df
+
+    def per_prompt(name: str, dtype) -> np.ndarray:
+        return np.repeat(np.asarray(meta[name], dtype=dtype), m)
+
+    def tiled(column: np.ndarray, dtype="Int64"):  # columns with <NA> where a component has no such index
+        return pd.array(np.tile(column, batch), dtype=dtype)
+
+    columns = {
+        "prompt_idx": per_prompt("prompt_idx", np.int64),
+        "pos": per_prompt("pos", np.int64),
+        "token": per_prompt("token", str),
+        "target": per_prompt("target", str),
+        "target_id": per_prompt("target_id", np.int64),
+        "baseline": per_prompt("baseline", object),
+        "baseline_id": pd.array(np.repeat(np.asarray(meta["baseline_id"], dtype=object), m), dtype="Int64"),
+        "component": np.tile(labels, batch).astype(str),
+        "layer": tiled(layer),
+        "part": np.tile(part, batch).astype(str),
+        "head": tiled(head),
+        "expert": tiled(expert),
+        "neuron": tiled(neuron),
+        "value": values.reshape(-1),
+        "logit": np.repeat(actual.double().cpu().numpy(), m),
+    }
+    return pd.DataFrame({name: columns[name] for name in meta} | columns)

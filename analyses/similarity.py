@@ -21,9 +21,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.attribution import Level, Probe, direct
+from analyses.attribution import LEVELS, Level, capture_for, meta_columns, probe_frame, read_out
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for, prompts as as_prompts
+from analyses.io import provenance
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -50,6 +51,7 @@ def embeddings(
     return torch.nn.functional.normalize(rows, dim=-1) if normalize else rows
 
 
+@torch.no_grad()
 def similarity(
     model: Transformer,
     texts: Sequence[str],
@@ -61,17 +63,37 @@ def similarity(
     """Direct attribution of sim(embedding(texts[i]), embedding(others[i])) to the components of texts[i], with
     others[i]'s embedding held fixed. One row per (pair, component), the columns of attribution.COLUMNS plus
     `other` (the partner text); `target` is the metric's name and `logit` the similarity, which each pair's
-    values sum to exactly."""
+    values sum to exactly. Each chunk of pairs takes one forward pass, texts and partners together."""
     check_choice(metric, "metric", ("cosine", "dot"))
+    check_choice(level, "level", LEVELS)
     if isinstance(texts, str) or isinstance(others, str):
         raise ResidError("similarity takes lists of texts and of their partners, e.g. (['a cat'], ['a kitten']).")
     if len(texts) != len(others) or not texts:
         raise ResidError(f"similarity needs one partner per text: got {len(texts)} texts and {len(others)} others.")
-    cosine = metric == "cosine"
-    partners = embeddings(model, list(others), normalize=cosine, batch_size=batch_size)
-    probe = Probe(partners, name=metric, pool="mean", normalize=cosine)
-    df = direct(model, list(texts), target=probe, level=level, batch_size=batch_size)
+    n, cosine = len(texts), metric == "cosine"
+    given = as_prompts(model, list(texts) + list(others))
+
+    def pairs(chunk: Sequence[int]) -> pd.DataFrame:
+        k = len(chunk)
+        tokens = given.batch([*chunk, *(n + i for i in chunk)])  # the texts, then their partners
+        run = model.run(tokens, capture=capture_for(model, level, None))
+        mask = tokens.attention_mask
+        weights = (mask / mask.sum(1, keepdim=True))[..., None]
+        pooled = (run.hidden.float() * weights).sum(1)
+        partners = torch.cat([pooled[k:], pooled[:k]])  # each row reads its partner's embedding
+        partners = torch.nn.functional.normalize(partners, dim=-1) if cosine else partners
+        direction, actual = read_out(model, run, partners, torch.zeros(2 * k, device=model.device), mask, cosine)
+        meta = meta_columns(model, tokens, [*chunk, *chunk], tokens.last_positions()[:, None], [metric] * 2 * k,
+                            [-1] * 2 * k, None, None)
+        meta["pos"], meta["token"] = [-1] * 2 * k, ["<mean>"] * 2 * k
+        df = probe_frame(model, run, direction, actual, meta, level)
+        return df.iloc[: len(df) // 2]  # the texts' rows (the partners' decompose the same score the other way)
+
+    size = batch_size_for(model, given.tokens, batch_size)
+    df = pd.concat([part for _, part in run_batched(list(range(n)), pairs, size)], ignore_index=True)
     df["other"] = [others[i] for i in df["prompt_idx"]]
-    df.attrs["provenance"]["analysis"] = "similarity.similarity"
-    df.attrs["provenance"]["parameters"].update({"metric": metric, "others": list(others)})
+    df.attrs["provenance"] = provenance.describe(
+        model, "similarity.similarity", {"level": level, "metric": metric, "others": list(others)}, list(texts), metric
+    )
+    df.attrs["notes"] = []
     return df

@@ -53,17 +53,18 @@ class Direction:
     def project(self, write: Float[Tensor, "batch ... d_model"]) -> Float[Tensor, "batch ..."]:
         """write . vector, row by row: the write's contribution to the value. With a pos axis on the vector,
         `write` has it too ([batch pos *rest d_model]) and the products are summed over it."""
-        if self.vector.ndim == 3:
-            return einops.einsum(write.float(), self.vector, "batch pos ... d_model, batch pos d_model -> batch ...")
-        return einops.einsum(write.float(), self.vector, "batch ... d_model, batch d_model -> batch ...")
+        leading = 2 if self.vector.ndim == 3 else 1
+        extra = write.ndim - 1 - leading  # the *rest axes between the vector's axes and d_model
+        vector = self.vector.view(*self.vector.shape[:-1], *[1] * extra, self.vector.shape[-1])
+        products = torch.linalg.vecdot(write.float(), vector)
+        return products.sum(1) if leading == 2 else products
 
     def through(self, weight: Float[Tensor, "... d_model"]) -> Float[Tensor, "batch ..."]:
         """weight @ vector per row, e.g. W_O [head d_head d_model] -> [batch head d_head], so that a head's
         contribution is z[h] . through(W_O)[h] without building its d_model write ([batch pos *rest] with a
-        pos axis on the vector)."""
-        if self.vector.ndim == 3:
-            return einops.einsum(weight.float(), self.vector, "... d_model, batch pos d_model -> batch pos ...")
-        return einops.einsum(weight.float(), self.vector, "... d_model, batch d_model -> batch ...")
+        pos axis on the vector). One matmul over the flattened weight."""
+        flat = weight.float().reshape(-1, weight.shape[-1])  # [(rest) d_model]
+        return (self.vector @ flat.T).view(*self.vector.shape[:-1], *weight.shape[:-1])
 
     def before_norm(self, norm: Norm, scale: Float[Tensor, "batch *pos 1"]) -> tuple["Direction", Float[Tensor, "batch"]]:
         """This read-out of a norm's output, as a read-out of its input with the norm's scale frozen at `scale`:

@@ -45,7 +45,12 @@ class Norm(nn.Module):
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
     ) -> tuple[Float[Tensor, "*batch d_model"], Float[Tensor, "*batch 1"]]:
         """(normalized x, the scale used). With `scale` given it is used as is (frozen) instead of being
-        computed from x, in the same float32 arithmetic."""
+        computed from x, in the same float32 arithmetic. A float32 LayerNorm computing its own scale runs as
+        torch's fused kernel, which returns the scale (rstd) beside the output; it agrees with the frozen
+        arithmetic to float32 rounding."""
+        if scale is None and self.centre and x.dtype == torch.float32 and not self.gain_offset:
+            out, _, rstd = torch.native_layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+            return out, rstd
         x32 = self._centred(x)
         if scale is None:
             scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
