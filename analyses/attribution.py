@@ -180,10 +180,12 @@ def capture_for(model: Transformer, level: str, positions: list[int] | None) -> 
     split = level == "neuron" or (level == "head" and model.config.n_experts > 0)
     experts = {"expert_weights"} if model.config.n_experts else set()
     out = {"out"} if level == "sublayer" else set()
+    attn = {"z", *post, *out} if level != "sublayer" else {"out"}
     return Capture(
         positions=None if positions is None else [[p] for p in positions],
-        attn={"z", *post, *out} if level != "sublayer" else {"out"},
+        attn=attn,
         mlp={"post", *experts, *post, *out} if split else {"out"},
+        cross=attn,  # decoders' cross-attention, read like self-attention
     )
 
 

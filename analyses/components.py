@@ -43,12 +43,15 @@ def components(model: Transformer, stream: ResidualStream, direction: Direction,
         if norms is not None:
             direction, carried = direction.before_norm(norms.mlp[layer], record.mlp.resid_norm_scale)
             bias_groups.append(_bias(f"layers[{layer}].mlp.resid_norm_bias", layer, "mlp", carried))
-        mlp = _mlp(model, record, direction, layer, level) + bias_groups
-        bias_groups = []
-        if norms is not None:
-            direction, carried = direction.before_norm(norms.attn[layer], record.attn.resid_norm_scale)
-            bias_groups.append(_bias(f"layers[{layer}].attn.resid_norm_bias", layer, "attn", carried))
-        groups_by_layer.append(_attn(model, record, direction, layer, level) + bias_groups + mlp)
+        later = _mlp(model, record, direction, layer, level) + bias_groups
+        for part in ("cross", "attn") if record.cross is not None else ("attn",):
+            bias_groups = []
+            written = getattr(record, part)
+            if norms is not None:
+                direction, carried = direction.before_norm(getattr(norms, part)[layer], written.resid_norm_scale)
+                bias_groups.append(_bias(f"layers[{layer}].{part}.resid_norm_bias", layer, part, carried))
+            later = _attn(model, written, direction, layer, level, part) + bias_groups + later
+        groups_by_layer.append(later)
     bias_groups = []
     if norms is not None and norms.embed is not None:
         direction, carried = direction.before_norm(norms.embed, stream.embed_norm_scale)
@@ -66,20 +69,22 @@ def _bias(label: str, layer: int | None, part: str, values: Float[Tensor, "batch
     return Contributions([label], layer, part, None, None, values[:, None])
 
 
-def _attn(model: Transformer, record, direction: Direction, layer: int, level: str) -> list[Contributions]:
-    """The attention sublayer's rows: its write, or its heads (and output bias)."""
-    attn = model.blocks[layer].attn
+def _attn(model: Transformer, written, direction: Direction, layer: int, level: str, part: str) -> list[Contributions]:
+    """An attention sublayer's rows (self-attention, or a decoder's cross-attention: `part`): its write, or its
+    heads (and output bias). `written` is its record."""
+    block = model.blocks[layer]
+    attn, post_norm = (block.attn, block.ln_attn_post) if part == "attn" else (block.cross, block.ln_cross_post)
     if level == "sublayer":
-        return [Contributions([f"layers[{layer}].attn.out"], layer, "attn", None, None, direction.project(record.attn.out)[:, None])]
+        return [Contributions([f"layers[{layer}].{part}.out"], layer, part, None, None, direction.project(written.out)[:, None])]
     groups: list[Contributions] = []
-    into = _through_post_norm(model.blocks[layer].ln_attn_post, record.attn, direction, layer, "attn", groups)
+    into = _through_post_norm(post_norm, written, direction, layer, part, groups)
     # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch pos head d_head] tensor.
-    heads = (record.attn.z.float() * into.through(attn.W_O)).sum(-1).sum(1)
+    heads = (written.z.float() * into.through(attn.W_O)).sum(-1).sum(1)
     n_heads = heads.shape[1]
-    labels = [f"layers[{layer}].attn.head[{h}]" for h in range(n_heads)]
-    groups.append(Contributions(labels, layer, "attn", np.arange(n_heads), None, heads))
+    labels = [f"layers[{layer}].{part}.head[{h}]" for h in range(n_heads)]
+    groups.append(Contributions(labels, layer, part, np.arange(n_heads), None, heads))
     if attn.b_O is not None:
-        groups.append(_bias(f"layers[{layer}].attn.b_O", layer, "attn", into.through(attn.b_O).sum(1)))
+        groups.append(_bias(f"layers[{layer}].{part}.b_O", layer, part, into.through(attn.b_O).sum(1)))
     return groups
 
 

@@ -33,11 +33,12 @@ class Capture:
     positions: Sequence[int] | Sequence[Sequence[int]] | None = None
     attn: Collection[str] = frozenset({"out"})  # subset of AttnField
     mlp: Collection[str] = frozenset({"out"})  # subset of MLPField
+    cross: Collection[str] = frozenset({"out"})  # subset of AttnField: decoders' cross-attention (enc-dec models)
     embed: bool = True  # the embedding write(s): embed and pos_embed
     final_norm_scale: bool = True  # the final norm's 1/sigma (or 1/rms), frozen for attribution
 
     def __post_init__(self) -> None:
-        for name, allowed in (("attn", ATTN_FIELDS), ("mlp", MLP_FIELDS)):
+        for name, allowed in (("attn", ATTN_FIELDS), ("mlp", MLP_FIELDS), ("cross", ATTN_FIELDS)):
             value = getattr(self, name)
             if isinstance(value, str):
                 value = {value}
@@ -60,12 +61,16 @@ class Capture:
     @classmethod
     def all(cls) -> "Capture":
         """Everything, at every layer and position."""
-        return cls(attn=ATTN_FIELDS, mlp=MLP_FIELDS)
+        return cls(attn=ATTN_FIELDS, mlp=MLP_FIELDS, cross=ATTN_FIELDS)
 
     @classmethod
     def none(cls) -> "Capture":
         """Nothing but the logits: the fastest run."""
-        return cls(attn=frozenset(), mlp=frozenset(), embed=False, final_norm_scale=False)
+        return cls(attn=frozenset(), mlp=frozenset(), cross=frozenset(), embed=False, final_norm_scale=False)
+
+    def fields(self, part: str) -> frozenset[str]:
+        """The fields kept of a sublayer: "attn", "cross" or "mlp"."""
+        return getattr(self, part)
 
     def keeps_layer(self, layer: int, n_layers: int) -> bool:
         return self.layers is None or layer in {l % n_layers for l in self.layers}

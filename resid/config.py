@@ -78,6 +78,9 @@ class ModelConfig:
     embed_norm: bool = False  # a norm of the summed embeddings before the first block (BERT)
     final_norm: bool = True  # a norm before the head (pre-LN models); BERT ends on its last block's norm
     causal: bool = True  # False: every position reads every real position (encoders: BERT)
+    # decoders of encoder-decoder models: a cross-attention sublayer after self-attention reads the encoder's
+    # final hidden state (queries from the decoder stream, keys and values from the source)
+    cross_attention: bool = False
     n_token_types: int = 0  # > 0: a learned token-type (segment) embedding is added (BERT; single texts: type 0)
     head: Literal["lm", "mlm", "none"] = "lm"  # the unembedding; "mlm": BERT's transform (dense, act, norm)
     # before a biased decoder; "none": an embedding model, whose output is the final hidden state
@@ -118,6 +121,8 @@ class ModelConfig:
             problems.append("a model needs pre_norms, post_norms or post_ln")
         if self.post_ln and (self.pre_norms or self.post_norms or self.block == "parallel"):
             problems.append("post_ln blocks are sequential and have no pre_norms or post_norms")
+        if self.cross_attention and self.block == "parallel":
+            problems.append("cross_attention needs sequential blocks")
         if self.positions == "sinusoidal" and self.d_model % 2:
             problems.append(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.n_heads % self.n_kv_heads:

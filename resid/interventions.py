@@ -37,6 +37,8 @@ class Site:
         Site(3, "attn")                 the attention write      [batch pos d_model]
         Site(3, "mlp")                  the MLP write            [batch pos d_model]
         Site(3, "attn", head=5)         head 5's z               [batch pos d_head]  (the head writes z @ W_O[5])
+        Site(3, "cross", head=5)        a decoder's cross-attention head 5 (encoder-decoder models); "cross"
+                                        alone is that sublayer's write
         Site(3, "mlp", neuron=42)       neuron 42's post         [batch pos]         (it writes post * W_out[42])
         Site(3, "mlp", expert=2)        expert 2's weighted write [batch pos d_model] (mixture-of-experts MLPs)
         Site(3, "mlp", expert=2, neuron=42)  expert 2's post[42] [batch pos]  (it writes weight * post * W_out[2, 42])
@@ -50,21 +52,21 @@ class Site:
     """
 
     layer: int  # negative counts from the last layer
-    part: str  # "attn" or "mlp" (checked here, so a typo is a ResidError, not a type-checker traceback)
-    head: int | None = None  # attn only: edit this head's z instead of the whole write
+    part: str  # "attn", "mlp" or "cross" (checked here, so a typo is a ResidError, not a type-checker traceback)
+    head: int | None = None  # attn / cross only: edit this head's z instead of the whole write
     neuron: int | None = None  # mlp only: edit this neuron's coefficient post[i]
     positions: Sequence[int] | None = None  # prompt-relative (-1: each prompt's last token); None = every position
     expert: int | None = None  # mlp of a mixture of experts only: this expert's write (or, with neuron, its post[i])
 
     def __post_init__(self) -> None:
-        if self.part not in ("attn", "mlp"):
-            raise ResidError(f"Site part must be 'attn' or 'mlp', got {self.part!r}.")
+        if self.part not in ("attn", "mlp", "cross"):
+            raise ResidError(f"Site part must be 'attn', 'mlp' or 'cross' (decoders' cross-attention), got {self.part!r}.")
         if self.expert is not None and self.part != "mlp":
             raise ResidError(f"Site(layer={self.layer}, part='attn') cannot take an expert; experts are part='mlp'.")
-        if self.head is not None and self.part != "attn":
-            raise ResidError(f"Site(layer={self.layer}, part='mlp') cannot take a head; heads are part='attn'.")
+        if self.head is not None and self.part == "mlp":
+            raise ResidError(f"Site(layer={self.layer}, part='mlp') cannot take a head; heads are part='attn' (or 'cross').")
         if self.neuron is not None and self.part != "mlp":
-            raise ResidError(f"Site(layer={self.layer}, part='attn') cannot take a neuron; neurons are part='mlp'.")
+            raise ResidError(f"Site(layer={self.layer}, part={self.part!r}) cannot take a neuron; neurons are part='mlp'.")
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
@@ -95,6 +97,11 @@ class Site:
         if not -n <= self.layer < n:
             raise ResidError(
                 f"Site layer {self.layer} is out of range: the model has {n} layers (0..{n - 1}, or -{n}..-1)."
+            )
+        if self.part == "cross" and not config.cross_attention:
+            raise ResidError(
+                f"Site(layer={self.layer}, part='cross'): this model has no cross-attention (only decoders of "
+                "encoder-decoder models do); use part='attn' or 'mlp'."
             )
         if self.head is not None and not 0 <= self.head < config.n_heads:
             raise ResidError(f"Site head {self.head} is out of range: the model has {config.n_heads} heads.")

@@ -7,6 +7,7 @@
 No weight processing happens by default: the logits equal Hugging Face's for the same weights.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from resid.generate import Generation, generate
 from resid.interventions import Intervention, plan
 from resid.readout import Readout
 from resid.selection import LogitsAt, logit_index, position_selector
-from resid.records import AttnRecord, LayerRecord, MLPRecord, absent_fields
+from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields
 from resid.stream import ResidualStream, StreamNorms
 from resid.tokenizer import Tokenizer, Tokens
 
@@ -38,6 +39,15 @@ from resid.tokenizer import Tokenizer, Tokens
 Inputs = str | Sequence[str] | Tokens | Tensor
 # Capture or None; typed loosely like Inputs so that a wrong value (True, a hook name) reaches run's own check.
 CaptureArg = Capture | None | object
+
+
+@dataclass(frozen=True)
+class Memory:
+    """An encoded source for a decoder's cross-attention: the encoder's final hidden state and which of its
+    positions are real."""
+
+    hidden: Float[Tensor, "batch src_pos d_model"]
+    mask: Tensor  # [batch src_pos] bool, False at padding
 
 
 @dataclass(frozen=True)
@@ -153,13 +163,17 @@ class Transformer(nn.Module):
         interventions: Sequence[Intervention] = (),
         grad: bool = False,
         logits_at: LogitsAt = None,
+        memory: Memory | None = None,
     ) -> Run:
         """Forward pass recording what `capture` asks for (default: the residual writes), with
         `interventions` applied. Gradients are off unless grad=True.
 
         logits_at: None for logits at every position; "last" for each prompt's last real token; a list of
         prompt-relative positions; or a [batch] / [batch k] tensor of padded indices. run.logits is then
-        [batch k d_vocab]: the unembedding (often the largest matmul) runs only where it is needed."""
+        [batch k d_vocab]: the unembedding (often the largest matmul) runs only where it is needed.
+
+        memory: decoders of encoder-decoder models only, the encoded source their cross-attention reads (one row
+        per prompt); resid.EncoderDecoder.run passes it."""
         capture = Capture() if capture is None else capture
         if not isinstance(capture, Capture):
             raise ResidError(
@@ -170,7 +184,7 @@ class Transformer(nn.Module):
         capture.validate(self.config.n_layers)
         edits = plan(interventions, self.config, tokens)
         with torch.set_grad_enabled(grad):
-            embed, pos_embed, ctx = self._prepare(tokens)
+            embed, pos_embed, ctx = self._prepare(tokens, memory=self._check_memory(memory, tokens))
             type_embed = self.type_embed(tokens.ids) if self.type_embed is not None else None
             resid = sum(w for w in (embed, pos_embed, type_embed) if w is not None)
             embed_scale = None
@@ -237,7 +251,26 @@ class Transformer(nn.Module):
             logits, _, _, hidden = self._unembed(resid, tokens, logits_at)
             return hidden if logits is None else logits
 
-    def _prepare(self, tokens: Tokens, embed: bool = True) -> tuple[Tensor | None, Tensor | None, AttnContext]:
+    def _check_memory(self, memory: Memory | None, tokens: Tokens) -> Memory | None:
+        if not self.config.cross_attention:
+            if memory is not None:
+                raise ResidError(f"{self.name} has no cross-attention: it takes no memory (encoded source).")
+            return None
+        if memory is None:
+            raise ResidError(
+                f"{self.name} is the decoder of an encoder-decoder model: its cross-attention needs the source. Run the "
+                "whole model, model.run(source, target) on the resid.EncoderDecoder, or pass memory=encoded source."
+            )
+        if memory.hidden.shape[0] != tokens.ids.shape[0] or memory.hidden.shape[-1] != self.config.d_model:
+            raise ResidError(
+                f"The encoded source has shape {tuple(memory.hidden.shape)}, but the decoder needs one row per target "
+                f"prompt ({tokens.ids.shape[0]}) of width d_model={self.config.d_model}."
+            )
+        return memory
+
+    def _prepare(
+        self, tokens: Tokens, embed: bool = True, memory: Memory | None = None
+    ) -> tuple[Tensor | None, Tensor | None, AttnContext]:
         cfg = self.config
         tok_embed = self.embed(tokens.ids) if embed else None
         pos_embed = self.pos_embed(tokens.position_ids) if embed and self.pos_embed is not None else None
@@ -256,22 +289,22 @@ class Transformer(nn.Module):
                 return None
             return allowed_keys(tokens.attention_mask, window, cfg.causal)
 
-        return tok_embed, pos_embed, AttnContext.build({kind: mask(kind) for kind in kinds}, rotary, cfg.causal)
+        ctx = AttnContext.build({kind: mask(kind) for kind in kinds}, rotary, cfg.causal)
+        if memory is not None:
+            real = memory.mask.to(self.device)
+            allowed = None if bool(real.all()) else real[:, None, None, :]
+            ctx = dataclasses.replace(ctx, memory=memory.hidden.to(self.dtype), memory_allowed=allowed)
+        return tok_embed, pos_embed, ctx
 
     def _blocks(self, resid: Tensor, ctx: AttnContext, start: int, edits: dict, capture: Capture, keep):
         records = []
         for layer in range(start, self.config.n_layers):
             kept = capture.keeps_layer(layer, self.config.n_layers)
-            resid, attn_values, mlp_values = self.blocks[layer](
-                resid,
-                ctx,
-                capture.attn if kept else frozenset(),
-                capture.mlp if kept else frozenset(),
-                edits.get((layer, "attn"), ()),
-                edits.get((layer, "mlp"), ()),
-            )
+            block = self.blocks[layer]
+            want = {part: capture.fields(part) for part in block.parts} if kept else {}
+            resid, values = block(resid, ctx, want, {part: edits.get((layer, part), ()) for part in block.parts})
             if keep is not None:
-                records.append(self._record(layer, attn_values, mlp_values, keep))
+                records.append(self._record(layer, values, keep))
         return resid, records
 
     def _stream_norms(self) -> StreamNorms | None:
@@ -279,7 +312,10 @@ class Transformer(nn.Module):
         if not self.config.post_ln:
             return None
         blocks = self.blocks
-        return StreamNorms(self.ln_embed, tuple(b.ln_attn_resid for b in blocks), tuple(b.ln_mlp_resid for b in blocks))
+        cross = tuple(b.ln_cross_resid for b in blocks) if self.config.cross_attention else None
+        return StreamNorms(
+            self.ln_embed, tuple(b.ln_attn_resid for b in blocks), tuple(b.ln_mlp_resid for b in blocks), cross
+        )
 
     def _unembed(self, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple:
         """(logits or None without a head, the final norm's scale, the logits before a final soft cap or None
@@ -301,8 +337,16 @@ class Transformer(nn.Module):
             )
         return logits, final_scale, (uncapped if readout.unembed.softcap is not None else None), normalized
 
-    def _record(self, layer: int, attn: dict, mlp: dict, keep) -> LayerRecord:
-        attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in attn.items()}
-        mlp = {name: keep(t) for name, t in mlp.items()}
+    def _record(self, layer: int, values: dict[str, dict[str, Tensor]], keep) -> LayerRecord:
+        """The captured values of one layer at the kept positions (a cross-attention's keys and values are over
+        the source's positions, kept whole)."""
+        source = ("k", "v")
+        attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in values["attn"].items()}
+        mlp = {name: keep(t) for name, t in values["mlp"].items()}
         attn_absent, mlp_absent = absent_fields(self.config)
-        return LayerRecord(AttnRecord(layer, attn, attn_absent), MLPRecord(layer, mlp, mlp_absent))
+        cross = None
+        if "cross" in values:
+            kept = {name: t if name in source else keep(t, axis=2) if name == "pattern" else keep(t)
+                    for name, t in values["cross"].items()}
+            cross = CrossRecord(layer, kept, attn_absent)
+        return LayerRecord(AttnRecord(layer, attn, attn_absent), MLPRecord(layer, mlp, mlp_absent), cross)

@@ -146,10 +146,19 @@ class MLPRecord(_Record):
         return self._get("out")
 
 
+class CrossRecord(AttnRecord):
+    """A decoder's cross-attention (encoder-decoder models): queries from the decoder stream, keys and values
+    from the encoder's final hidden state, so k and v are [batch src_pos kv_head d_head] and the pattern is
+    [batch head pos src_pos]. Head h writes z[..., h, :] @ W_O[h] into the decoder stream, like self-attention."""
+
+    _part = "cross"
+
+
 @dataclass(frozen=True)
 class LayerRecord:
     attn: AttnRecord
     mlp: MLPRecord
+    cross: CrossRecord | None = None  # decoders of encoder-decoder models only
 
 
 def absent_fields(config: ModelConfig) -> tuple[dict[str, str], dict[str, str]]:

@@ -30,7 +30,8 @@ __all__ = ["AttnRecord", "LayerRecord", "MLPRecord", "ResidualStream", "StreamNo
 
 Level = Literal["layer", "sublayer"]  # read the stream after every layer, or after every sublayer
 LEVELS: tuple[str, ...] = ("layer", "sublayer")
-SiteName = Literal["resid_pre", "resid_mid", "resid_post"]
+SiteName = Literal["resid_pre", "resid_mid", "resid_cross", "resid_post"]  # resid_cross: after a decoder's
+# cross-attention (encoder-decoder models), what its MLP reads
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class StreamNorms:
     embed: Norm | None
     attn: tuple[Norm, ...]
     mlp: tuple[Norm, ...]
+    cross: tuple[Norm, ...] | None = None  # decoders of encoder-decoder models
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ class ResidualStream:
             raise ResidError(f"level must be one of {LEVELS}, got {level!r}.")
         resid = self._embeddings()
         yield 0, "resid_pre", resid
-        attn_norms, mlp_norms = (None, None) if self.norms is None else (self.norms.attn, self.norms.mlp)
+        norms = self.norms
+        attn_norms, mlp_norms = (None, None) if norms is None else (norms.attn, norms.mlp)
         for layer, record in enumerate(self.layers):
             if self.parallel:
                 resid = resid + record.attn.out + record.mlp.out
@@ -137,6 +140,10 @@ class ResidualStream:
                 resid = self._add(resid, record.attn, attn_norms)
                 if level == "sublayer":
                     yield layer, "resid_mid", resid
+                if record.cross is not None:
+                    resid = self._add(resid, record.cross, None if norms is None else norms.cross)
+                    if level == "sublayer":
+                        yield layer, "resid_cross", resid
                 resid = self._add(resid, record.mlp, mlp_norms)
             yield layer, "resid_post", resid
 
@@ -170,6 +177,12 @@ class ResidualStream:
             return None
         return self._site(self._layer(layer).attn.layer, "resid_mid")
 
+    def resid_cross(self, layer: int) -> Float[Tensor, "batch pos d_model"] | None:
+        """After a decoder's cross-attention, what its MLP reads (encoder-decoder models); None for other models."""
+        if self._layer(layer).cross is None:
+            return None
+        return self._site(self._layer(layer).attn.layer, "resid_cross")
+
     def resid_post(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         return self._site(self._layer(layer).attn.layer, "resid_post")
 
@@ -189,19 +202,27 @@ class ResidualStream:
                 "Use level='sublayer'; per-head and per-neuron contributions come from analyses.attribution."
             )
         pieces = self._embedding_writes()
-        if self.norms is None:
+        norms = self.norms
+        if norms is None:
             for i, record in enumerate(self.layers):
-                pieces += [(f"layers[{i}].attn.out", record.attn.out), (f"layers[{i}].mlp.out", record.mlp.out)]
+                pieces += [(f"layers[{i}].{part._part}.out", part.out) for part in _sublayers(record)]
             return [label for label, _ in pieces], torch.stack([write for _, write in pieces])
         dtype = pieces[0][1].dtype
         pieces = [(label, write.float()) for label, write in pieces]
-        if self.norms.embed is not None:
-            pieces = _through(pieces, self.norms.embed, self.embed_norm_scale, "embed_norm_bias")
+        if norms.embed is not None:
+            pieces = _through(pieces, norms.embed, self.embed_norm_scale, "embed_norm_bias")
+        by_part = {"attn": norms.attn, "cross": norms.cross, "mlp": norms.mlp}
         for i, record in enumerate(self.layers):
-            for part, norms in ((record.attn, self.norms.attn), (record.mlp, self.norms.mlp)):
-                pieces.append((f"layers[{i}].{part._part}.out", part.out.float()))
-                pieces = _through(pieces, norms[i], part.resid_norm_scale, f"layers[{i}].{part._part}.resid_norm_bias")
+            for part in _sublayers(record):
+                name = part._part
+                pieces.append((f"layers[{i}].{name}.out", part.out.float()))
+                pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, f"layers[{i}].{name}.resid_norm_bias")
         return [label for label, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
+
+
+def _sublayers(record: LayerRecord) -> list[AttnRecord | MLPRecord]:
+    """A layer's sublayer records in stream order (a decoder's cross-attention between attn and mlp)."""
+    return [record.attn, record.mlp] if record.cross is None else [record.attn, record.cross, record.mlp]
 
 
 def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_label: str) -> list[tuple[str, Tensor]]:

@@ -61,6 +61,10 @@ class AttnContext:
     rotary: dict[str, tuple[Tensor, Tensor]]  # (cos, sin) for these position ids; empty for learned positions
     cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
     causal: bool = True  # False (encoders): allowed None means every key is readable
+    # encoder-decoder decoders: the encoder's final hidden state, which cross-attention reads, and which of its
+    # positions are real (None: all)
+    memory: Float[Tensor, "batch src_pos d_model"] | None = None
+    memory_allowed: Bool[Tensor, "batch 1 1 src_pos"] | None = None
 
     @classmethod
     def build(
@@ -87,10 +91,13 @@ def allowed_keys(
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, cross: bool = False):
+        """Self-attention, or (cross=True) a decoder's cross-attention: queries from the stream, keys and values
+        from the encoder's final hidden state (AttnContext.memory), no causal mask, no rotary."""
         super().__init__()
         self.layer = layer
-        self.layer_type: LayerType = config.layer_type(layer)
+        self.cross = cross
+        self.layer_type: LayerType = "full" if cross else config.layer_type(layer)
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
         d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
         self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
@@ -148,21 +155,23 @@ class Attention(nn.Module):
         """The attention output before any post-norm (resid.components.block applies that, and the write edits);
         head edits act on z here."""
         batch, n_pos, _ = normalized.shape
+        source = ctx.memory if self.cross else normalized  # what keys and values are read from
+        n_keys = source.shape[1]
         q = F.linear(normalized, self._w_q, self._b_q)
-        k = F.linear(normalized, self._w_k, self._b_k)
-        v = F.linear(normalized, self._w_v, self._b_v).view(batch, n_pos, self.n_kv_heads, self.d_head)
+        k = F.linear(source, self._w_k, self._b_k)
+        v = F.linear(source, self._w_v, self._b_v).view(batch, n_keys, self.n_kv_heads, self.d_head)
         if self.qk_norm == "all":
             q, k = self.q_norm(q)[0], self.k_norm(k)[0]
         q = q.view(batch, n_pos, self.n_heads, self.d_head)
-        k = k.view(batch, n_pos, self.n_kv_heads, self.d_head)
+        k = k.view(batch, n_keys, self.n_kv_heads, self.d_head)
         if self.qk_norm == "head":
             q, k = self.q_norm(q)[0], self.k_norm(k)[0]
-        if ctx.rotary:
+        if ctx.rotary and not self.cross:
             cos, sin = ctx.rotary[self.layer_type]
             q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if ctx.cache is not None:
+        if ctx.cache is not None and not self.cross:
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         pattern = None
@@ -172,9 +181,10 @@ class Attention(nn.Module):
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         else:
             # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
-            mask = ctx.allowed[self.layer_type]
+            mask = ctx.memory_allowed if self.cross else ctx.allowed[self.layer_type]
+            causal = mask is None and ctx.causal and not self.cross
             z_h = F.scaled_dot_product_attention(
-                q_h, k_h, v_h, attn_mask=mask, is_causal=mask is None and ctx.causal, scale=self.scale,
+                q_h, k_h, v_h, attn_mask=mask, is_causal=causal, scale=self.scale,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
             if "pattern" in want:
@@ -193,8 +203,11 @@ class Attention(nn.Module):
         scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        blocked = ctx.blocked[self.layer_type]
-        if blocked is None and ctx.causal:  # plain causal: queries and keys are the same positions
+        if self.cross:
+            blocked = None if ctx.memory_allowed is None else ~ctx.memory_allowed
+        else:
+            blocked = ctx.blocked[self.layer_type]
+        if blocked is None and ctx.causal and not self.cross:  # plain causal: queries and keys are the same positions
             n = scores.shape[-1]
             blocked = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
         if blocked is not None:

@@ -12,6 +12,10 @@ With post-norms each sublayer's output is normed before it is written: Gemma 2/3
 
     resid_mid  = resid_pre + ln_attn_post(attn(ln_attn(resid_pre)))
 
+Decoders of encoder-decoder models (the original Transformer, Marian) have a third sublayer between the two,
+cross-attention (`cross`), whose queries read the stream and whose keys and values read the encoder's final
+hidden state; it writes into the stream like self-attention, and resid_cross is the stream after its write.
+
 Post-LN (the original Transformer, BERT) norms the residual itself after each write is added; the sublayers
 read it as it is, and resid_mid / resid_post are the normed states the next sublayer reads:
 
@@ -50,29 +54,48 @@ class Block(nn.Module):
         self.ln_mlp_post = Norm(config) if config.post_norms else None
         self.ln_attn_resid = Norm(config) if config.post_ln else None
         self.ln_mlp_resid = Norm(config) if config.post_ln else None
+        cross = config.cross_attention  # encoder-decoder decoders: a third sublayer between attn and mlp
+        self.ln_cross = Norm(config) if cross and config.pre_norms else None
+        self.cross = Attention(config, layer, cross=True) if cross else None
+        self.ln_cross_post = Norm(config) if cross and config.post_norms else None
+        self.ln_cross_resid = Norm(config) if cross and config.post_ln else None
+        self.parts = ("attn", "cross", "mlp") if cross else ("attn", "mlp")
 
     def forward(
         self,
         resid_pre: Float[Tensor, "batch pos d_model"],
         ctx: AttnContext,
-        want_attn: frozenset[str],
-        want_mlp: frozenset[str],
-        edits_attn: Sequence[Edit] = (),
-        edits_mlp: Sequence[Edit] = (),
-    ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor], dict[str, Tensor]]:
-        attn_values: dict[str, Tensor] = {}
-        mlp_values: dict[str, Tensor] = {}
-        attn_in = _pre(self.ln_attn, resid_pre, attn_values, want_attn)
-        attn_raw, found = self.attn(attn_in, ctx, want_attn, edits_attn)
-        attn_values.update(found)
-        attn_out = _post(self.ln_attn_post, attn_raw, edits_attn, attn_values, want_attn)
-        mlp_reads = resid_pre if self.parallel else _resid_norm(self.ln_attn_resid, resid_pre + attn_out, attn_values)
-        mlp_in = _pre(self.ln_mlp, mlp_reads, mlp_values, want_mlp)
-        mlp_raw, found = self.mlp(mlp_in, want_mlp, edits_mlp)
-        mlp_values.update(found)
-        mlp_out = _post(self.ln_mlp_post, mlp_raw, edits_mlp, mlp_values, want_mlp)
-        resid_post = (resid_pre + attn_out if self.parallel else mlp_reads) + mlp_out
-        return _resid_norm(self.ln_mlp_resid, resid_post, mlp_values), attn_values, mlp_values
+        want: dict[str, frozenset[str]],
+        edits: dict[str, Sequence[Edit]],
+    ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, dict[str, Tensor]]]:
+        """(resid_post, each sublayer's captured values). `want` and `edits` are keyed by part ("attn",
+        "cross", "mlp"); a missing key means nothing captured or edited there."""
+        values: dict[str, dict[str, Tensor]] = {part: {} for part in self.parts}
+        attn_out = self._attention("attn", resid_pre, ctx, want, edits, values)
+        if self.parallel:
+            mlp_out = self._mlp(resid_pre, want, edits, values)
+            return resid_pre + attn_out + mlp_out, values
+        resid = _resid_norm(self.ln_attn_resid, resid_pre + attn_out, values["attn"])
+        if self.cross is not None:
+            cross_out = self._attention("cross", resid, ctx, want, edits, values)
+            resid = _resid_norm(self.ln_cross_resid, resid + cross_out, values["cross"])
+        resid = resid + self._mlp(resid, want, edits, values)
+        return _resid_norm(self.ln_mlp_resid, resid, values["mlp"]), values
+
+    def _attention(self, part: str, resid: Tensor, ctx: AttnContext, want: dict, edits: dict, values: dict) -> Tensor:
+        """The write of the self- ("attn") or cross-attention ("cross") sublayer reading `resid`."""
+        wanted, edited, found = want.get(part, frozenset()), edits.get(part, ()), values[part]
+        pre, attention, post = (self.ln_attn, self.attn, self.ln_attn_post) if part == "attn" else (
+            self.ln_cross, self.cross, self.ln_cross_post)
+        raw, computed = attention(_pre(pre, resid, found, wanted), ctx, wanted, edited)
+        found.update(computed)
+        return _post(post, raw, edited, found, wanted)
+
+    def _mlp(self, resid: Tensor, want: dict, edits: dict, values: dict) -> Tensor:
+        wanted, edited, found = want.get("mlp", frozenset()), edits.get("mlp", ()), values["mlp"]
+        raw, computed = self.mlp(_pre(self.ln_mlp, resid, found, wanted), wanted, edited)
+        found.update(computed)
+        return _post(self.ln_mlp_post, raw, edited, found, wanted)
 
 
 def _resid_norm(norm: Norm | None, resid: Tensor, values: dict[str, Tensor]) -> Tensor:

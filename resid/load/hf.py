@@ -18,27 +18,39 @@ from resid.load.families import Family
 from resid.load.families.registry import family_for
 from resid.load.weights import assign
 from resid.model import Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokenizer
 
 
-def load_hf_folder(folder: Path, name: str, device: torch.device | str | None, dtype: torch.dtype) -> Transformer:
+def load_hf_folder(
+    folder: Path, name: str, device: torch.device | str | None, dtype: torch.dtype
+) -> Transformer | EncoderDecoder:
+    """A Transformer, or for encoder-decoder families (Marian) a resid.EncoderDecoder."""
     hf = _read_json(folder / "config.json", "config.json")
     family = family_for(hf.get("model_type"), folder)
     config = family.read(hf, f"{folder}/config.json")
     files = _weight_files(folder)
     tensors = _SafetensorsIndex(files)
-    model = Transformer(config)
+    if family.encoder is not None:
+        encoder_config = family.encoder(hf)
+        model = EncoderDecoder(Transformer(encoder_config), Transformer(config))
+        table = family.seq2seq_keys(encoder_config, config, hf)
+    else:
+        model = Transformer(config)
+        table = family.keys(config)
     ignore = family.ignore + (tuple(k.replace(".", r"\.") for k in family.head_keys) if config.tie_embeddings else ())
     canonical = {_canonical(n, family): n for n in tensors.names}  # table name -> name in the file
     assign(
         model,
-        family.keys(config),
+        table,
         get=lambda key: tensors.get(canonical[key]) if key in canonical else None,
         available=canonical,
         ignore=ignore,
         where=f"the checkpoint in {folder}",
     )
-    model.tokenizer = _tokenizer(folder, hf, family)
+    tokenizer = _tokenizer(folder, hf, family)
+    for part in (model.encoder, model.decoder) if isinstance(model, EncoderDecoder) else (model,):
+        part.tokenizer, part.name, part.weight_files = tokenizer, name, tuple(files)
     model.name, model.weight_files = name, tuple(files)
     return model.to(device=device or "cpu", dtype=dtype).eval()
 

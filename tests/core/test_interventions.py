@@ -90,7 +90,7 @@ def test_site_validation(random_model):
         random_model.run(TEXTS, interventions=[ZeroAblate(Site(0, "mlp", neuron=100_000))])
     with pytest.raises(resid.ResidError, match="cannot take a head"):
         Site(0, "mlp", head=1)
-    with pytest.raises(resid.ResidError, match="'attn' or 'mlp'"):
+    with pytest.raises(resid.ResidError, match="'attn', 'mlp' or 'cross'"):
         Site(0, "resid")
     with pytest.raises(resid.ResidError, match="does not broadcast"):
         random_model.run(TEXTS, interventions=[Replace(Site(0, "attn"), torch.zeros(7))])

@@ -23,6 +23,10 @@ class Family:
     prepend_bos: bool = False  # BOS policy when tokenizer_config.json does not say (add_bos_token)
     template: bool = False  # the tokenizer's own template adds the special tokens ([CLS] text [SEP]) instead
     fields: frozenset[str] = frozenset()  # config.json fields `config` reads or checks (see check_fields)
+    # encoder-decoder families (a resid.EncoderDecoder): `config` gives the decoder, `encoder` the encoder, and
+    # `seq2seq_keys(encoder, decoder, config.json)` the key table of both (targets under encoder. / decoder.)
+    encoder: Callable[[dict], ModelConfig] | None = None
+    seq2seq_keys: Callable[[ModelConfig, ModelConfig, dict], list[Key]] | None = None
 
     def read(self, hf: dict, where: str = "config.json") -> ModelConfig:
         """config.json -> ModelConfig, refusing fields this family does not know (check_fields)."""

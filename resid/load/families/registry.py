@@ -3,11 +3,11 @@
 from pathlib import Path
 
 from resid.errors import ResidError
-from resid.load.families import Family, bert, gemma, gemma2, gpt2, gpt_neox, llama, mixtral, olmo2, phi3, qwen3
+from resid.load.families import Family, bert, gemma, gemma2, gpt2, gpt_neox, llama, marian, mixtral, olmo2, phi3, qwen3
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, gemma.FAMILY, qwen3.FAMILY, gemma2.FAMILY, phi3.FAMILY, olmo2.FAMILY,
-    mixtral.FAMILY, bert.FAMILY,
+    mixtral.FAMILY, bert.FAMILY, marian.FAMILY,
 )
 
 

@@ -1,0 +1,100 @@
+"""EncoderDecoder: the original Transformer's shape (Vaswani et al. 2017; Marian): an encoder stream and a
+decoder stream, joined by the decoder's cross-attention.
+
+    model = resid.load("path/to/marian-folder")            # an EncoderDecoder
+    run = model.run(source_texts, target_prefixes)          # Seq2SeqRun
+    run.logits                                              # the decoder's next-token logits [batch pos d_vocab]
+    run.stream                                              # the decoder's ResidualStream (with layers[l].cross)
+    run.encoder.stream                                      # the encoder's ResidualStream
+
+Both halves are resid Transformers: the encoder is bidirectional and has no head (its output, the final hidden
+state, is the `memory` every cross-attention reads), the decoder is causal with a cross-attention sublayer per
+block (resid.components.block). Cross-attention heads are typed, capturable (Capture(cross={...})), editable
+(Site(l, "cross", head=h)) and attributable like self-attention heads. Source padding is masked in every
+cross-attention, so a pair's numbers do not depend on its batch.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.interventions import Intervention
+from resid.model import CaptureArg, Inputs, Memory, Run, Transformer
+from resid.selection import LogitsAt
+from resid.tokenizer import Tokenizer, Tokens
+
+
+@dataclass(frozen=True)
+class Seq2SeqRun:
+    logits: Tensor  # the decoder's [batch n d_vocab]
+    stream: object  # the decoder's ResidualStream
+    tokens: Tokens  # the decoder's (target) tokens
+    encoder: Run  # the encoder's run: its stream, its tokens (the source) and its final hidden state
+    hidden: Tensor | None = None  # the decoder's final hidden state
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, encoder: Transformer, decoder: Transformer, name: str = "custom", weight_files: tuple = ()):
+        super().__init__()
+        if not decoder.config.cross_attention or encoder.config.head != "none":
+            raise ResidError("An EncoderDecoder needs an encoder without a head and a decoder with cross-attention.")
+        self.encoder, self.decoder = encoder, decoder
+        self.name, self.weight_files = name, weight_files
+        self.encoder.name = self.decoder.name = name
+
+    @property
+    def config(self):
+        """The decoder's config (what the analyses of the next-token prediction read)."""
+        return self.decoder.config
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.decoder.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.device
+
+    def encode(
+        self, source: Inputs, capture: CaptureArg = None, interventions: Sequence[Intervention] = (), grad: bool = False
+    ) -> Run:
+        """The encoder's run over the source (default: nothing captured)."""
+        return self.encoder.run(source, capture=Capture.none() if capture is None else capture,
+                                interventions=interventions, grad=grad)
+
+    @staticmethod
+    def memory(encoded: Run) -> Memory:
+        """What the decoder's cross-attention reads from an encoder run."""
+        return Memory(encoded.hidden, encoded.tokens.attention_mask)
+
+    def run(
+        self,
+        source: Inputs,
+        target: Inputs,
+        capture: CaptureArg = None,
+        interventions: Sequence[Intervention] = (),
+        grad: bool = False,
+        logits_at: LogitsAt = None,
+        encoder_capture: CaptureArg = None,
+        encoder_interventions: Sequence[Intervention] = (),
+    ) -> Seq2SeqRun:
+        """Encode `source` and run the decoder over `target` (the target prefix, one per source). `capture`,
+        `interventions` and `logits_at` act on the decoder as in Transformer.run; `encoder_capture` and
+        `encoder_interventions` on the encoder."""
+        encoded = self.encode(source, encoder_capture, encoder_interventions, grad)
+        decoder_tokens = self.decoder.as_tokens(target)
+        if decoder_tokens.ids.shape[0] != encoded.tokens.ids.shape[0]:
+            raise ResidError(
+                f"Got {encoded.tokens.ids.shape[0]} sources and {decoder_tokens.ids.shape[0]} targets: an "
+                "encoder-decoder run pairs each target prefix with one source."
+            )
+        run = self.decoder.run(decoder_tokens, capture, interventions, grad, logits_at, memory=self.memory(encoded))
+        return Seq2SeqRun(run.logits, run.stream, run.tokens, encoded, run.hidden)
+
+    def forward(self, source: Inputs, target: Inputs) -> Tensor:
+        """The decoder's logits [batch pos d_vocab], nothing recorded."""
+        return self.run(source, target, capture=Capture.none()).logits
