@@ -48,12 +48,13 @@ from torch import Tensor
 
 from analyses.checks import check_choice
 from analyses.components import Contributions, components, frame
-from analyses.inputs import batch_size_for, input_tokens, prompts as as_prompts
+from analyses.inputs import batch_size_for, check_sources, decoder_of, input_tokens, prompts as as_prompts
 from analyses.io import provenance
 from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
-from resid.model import Inputs, Transformer
+from resid.model import Inputs, Memory, Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.errors import ResidError
 from resid.readout import Direction
 from resid.tokenizer import Tokens
@@ -85,16 +86,19 @@ COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "bas
 
 @torch.no_grad()
 def direct(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     prompts: Inputs,
     target: Token | Sequence[Token | None] | Probe | None = None,
     baseline: Token | Sequence[Token] | None = None,
     level: Level = "sublayer",
     pos: int | None = None,
     batch_size: int | str = "auto",
+    source: Inputs | None = None,
 ) -> pd.DataFrame:
     """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos` (default: the
-    last token; for masked-LM models, each prompt's [MASK]).
+    last token; for masked-LM models, each prompt's [MASK]). Encoder-decoder models (resid.EncoderDecoder):
+    the prompts are the decoder's target prefixes and `source` their sources, one per prompt; the rows are the
+    decoder stream's components, cross-attention heads included (`layers[l].cross.head[h]`).
 
     prompts: texts, resid.Tokens or token ids. target / baseline: one token (string or id) for all prompts,
     or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
@@ -102,13 +106,16 @@ def direct(
     take only Probes). One row per (prompt, component), in logit units, with the columns of COLUMNS.
     `df.attrs["notes"]`: hints on the targets as given (analyses.vocab.spacing_hint)."""
     check_choice(level, "level", LEVELS)
+    model, sources = decoder_of(model, source)
     given = as_prompts(model, prompts)
     n = len(given)
+    check_sources(sources, n)
+    memory = (lambda chunk: None) if sources is None else sources.memory  # noqa: E731
     if isinstance(target, Probe):
         _check_probe(model, target, baseline, n)
         positions = None if target.pool else _positions(model, given, pos, mask=False)
         run_chunk = lambda chunk: _attribute_probe(  # noqa: E731
-            model, given.batch(chunk), chunk, target, level, positions and [positions[i] for i in chunk]
+            model, given.batch(chunk), chunk, target, level, positions and [positions[i] for i in chunk], memory(chunk)
         )
         shown = ("mean" if target.pool else -1) if pos is None else pos
         return _collect(model, given, run_chunk, batch_size, level, shown, target.name, None)
@@ -119,7 +126,8 @@ def direct(
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
     as_given = as_list(target, n)
     run_chunk = lambda chunk: _attribute(  # noqa: E731
-        model, given.batch(chunk), chunk, targets, as_given, baselines, level, [positions[i] for i in chunk]
+        model, given.batch(chunk), chunk, targets, as_given, baselines, level, [positions[i] for i in chunk],
+        memory(chunk),
     )
     shown = ("[MASK]" if model.config.head == "mlm" else -1) if pos is None else pos
     return _collect(model, given, run_chunk, batch_size, level, shown, target, baseline)
@@ -204,11 +212,17 @@ def meta_columns(model, tokens: Tokens, chunk, index, targets, target_ids, basel
 
 
 def _attribute_probe(
-    model: Transformer, tokens: Tokens, chunk: Sequence[int], probe: Probe, level: str, positions: list[int] | None
+    model: Transformer,
+    tokens: Tokens,
+    chunk: Sequence[int],
+    probe: Probe,
+    level: str,
+    positions: list[int] | None,
+    memory: Memory | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """A Probe's read-out of the final hidden state, at each prompt's position or mean-pooled over its tokens."""
     index = None if positions is None else tokens.padded_index([[p] for p in positions])
-    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index)
+    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index, memory=memory)
     vector = probe.vector.to(model.device).float()
     vector = vector.expand(len(chunk), -1) if vector.ndim == 1 else vector[torch.as_tensor(list(chunk))]
     bias = torch.full((len(chunk),), float(probe.bias), device=model.device)
@@ -274,9 +288,10 @@ def _attribute(
     baselines: list[int] | None,
     level: str,
     positions: list[int],
+    memory: Memory | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     index = tokens.padded_index([[p] for p in positions])  # [batch 1]
-    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index)
+    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index, memory=memory)
     capped = run.uncapped_logits is not None
     logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()

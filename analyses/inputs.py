@@ -15,7 +15,8 @@ from torch import Tensor
 from analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size
 from resid.errors import ResidError
-from resid.model import Inputs, Transformer
+from resid.model import Inputs, Memory, Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokens
 
 
@@ -66,3 +67,37 @@ def batch_size_for(model: Transformer, tokens: Tokens, batch_size: int | str) ->
 def input_tokens(model: Transformer, tokens: Tokens, index: Int[Tensor, "batch k"]) -> np.ndarray:
     """The decoded input token at each padded position of `index` ([batch k] object array)."""
     return decode_ids(model, tokens.ids.gather(1, index).cpu().numpy())
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The sources of an encoder-decoder model's prompts (the decoder's target prefixes), one per prompt."""
+
+    model: EncoderDecoder
+    prompts: Prompts
+
+    def memory(self, rows: Sequence[int]) -> Memory:
+        """The encoded sources of these prompts, for the decoder's cross-attention."""
+        return self.model.memory(self.model.encode(self.prompts.batch(rows)))
+
+
+def decoder_of(model: Transformer | EncoderDecoder, source: Inputs | None) -> tuple[Transformer, Sources | None]:
+    """(the model whose prediction is analysed, the sources its cross-attention reads): an encoder-decoder model's
+    decoder and `source` encoded per chunk, or the model itself (which takes no source)."""
+    if isinstance(model, EncoderDecoder):
+        if source is None:
+            raise ResidError(
+                f"{model.name} is an encoder-decoder model: pass source= (one source text, or token ids, per prompt); "
+                "the prompts are then the decoder's target prefixes."
+            )
+        return model.decoder, Sources(model, prompts(model.encoder, source))
+    if source is not None:
+        raise ResidError(f"source= is for encoder-decoder models; {model.name} reads only its prompts.")
+    return model, None
+
+
+def check_sources(sources: Sources | None, n_prompts: int) -> None:
+    if sources is not None and len(sources.prompts) != n_prompts:
+        raise ResidError(
+            f"Got {len(sources.prompts)} sources for {n_prompts} prompts: give one source per target prefix."
+        )

@@ -5,6 +5,7 @@ Sites, in stream order (resid.stream's names):
 
     resid_pre  (layer 0)   the embeddings
     resid_mid  (layer l)   after layer l's attention (level="sublayer" only; absent for parallel blocks)
+    resid_cross (layer l)  after a decoder's cross-attention (encoder-decoder models, level="sublayer")
     resid_post (layer l)   after layer l; resid_post of the last layer is the final residual
 
 (the sites of ResidualStream.running, summed once per call).
@@ -24,13 +25,14 @@ import torch
 from torch import Tensor
 
 from analyses.checks import check_choice, check_k
-from analyses.inputs import batch_size_for, prompts as as_prompts
+from analyses.inputs import batch_size_for, check_sources, decoder_of, prompts as as_prompts
 from analyses.io import provenance
 from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
-from resid.model import Inputs, Transformer
+from resid.model import Inputs, Memory, Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.stream import LEVELS, Level
 from resid.tokenizer import Tokens
 
@@ -44,7 +46,7 @@ COLUMNS = ("prompt_idx", "pos", "input", "layer", "site", "norm", "rank", "token
 
 @torch.no_grad()
 def run(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     prompts: Inputs,
     target: Token | Sequence[Token] | None = None,
     positions: int | Sequence[int] | Literal["all"] = -1,
@@ -52,6 +54,7 @@ def run(
     norm: Norm = "recompute",
     k: int = 5,
     batch_size: int | str = "auto",
+    source: Inputs | None = None,
 ) -> pd.DataFrame:
     """Logit lens at the given prompt-relative `positions` (an index, a list, or "all") of every prompt, read
     after every sublayer (level="sublayer") or every layer (level="layer").
@@ -61,8 +64,10 @@ def run(
     on the targets as given (analyses.vocab.spacing_hint, read at each prompt's last position asked for)."""
     check_choice(level, "level", LEVELS)
     check_choice(norm, "norm", NORMS)
+    model, sources = decoder_of(model, source)  # encoder-decoder models: the decoder, reading `source`
     k = check_k(k, "k", model.config.d_vocab)
     given = as_prompts(model, prompts)
+    check_sources(sources, len(given))
     targets = None if target is None else token_ids(model, target, len(given), "target")
     if isinstance(positions, str):
         check_choice(positions, "positions", ("all",))
@@ -75,7 +80,8 @@ def run(
     as_given = as_list(target, len(given))
     chunks = list(run_batched(
         list(range(len(given))),
-        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, level, norm, k),
+        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, level, norm, k,
+                            None if sources is None else sources.memory(chunk)),
         batch_size_for(model, given.tokens, batch_size),
     ))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
@@ -96,6 +102,8 @@ def site_list(model: Transformer, level: str) -> list[tuple[int, str]]:
     for layer in range(model.config.n_layers):
         if level == "sublayer" and model.config.block != "parallel":
             result.append((layer, "resid_mid"))
+            if model.config.cross_attention:
+                result.append((layer, "resid_cross"))
         result.append((layer, "resid_post"))
     return result
 
@@ -110,6 +118,7 @@ def _lens(
     level: str,
     norm: str,
     k: int,
+    memory: Memory | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     lengths, first = tokens.lengths.tolist(), tokens.first_positions().tolist()
     # Every (prompt, position) pair: batch row, prompt-relative position, and its column in the captured stream.
@@ -124,7 +133,7 @@ def _lens(
     rows = [b for b, ps in enumerate(rel) for _ in ps]
     row_t = torch.tensor(rows, device=model.device)
     col_t = torch.tensor([c for cs in columns for c in cs], device=model.device)
-    run = model.run(tokens, capture=capture, logits_at=logits_at)
+    run = model.run(tokens, capture=capture, logits_at=logits_at, memory=memory)
     final_logits = run.logits[row_t, col_t].float()
     final_logp = torch.log_softmax(final_logits, dim=-1)
     if targets is None:

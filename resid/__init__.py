@@ -34,7 +34,9 @@ from resid.generate import Generation
 from resid.hook_names import HookNames
 from resid.interventions import Add, Hook, Intervention, Replace, Scale, Site, ZeroAblate
 from resid.load import known_models, load
-from resid.model import Run, Transformer
+from resid.model import Memory, Run, Transformer
+from resid.records import CrossRecord
+from resid.seq2seq import EncoderDecoder, Seq2SeqRun
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
@@ -44,12 +46,15 @@ __all__ = [
     "Add",
     "AttnRecord",
     "Capture",
+    "CrossRecord",
+    "EncoderDecoder",
     "Generation",
     "Hook",
     "HookNames",
     "Intervention",
     "LayerRecord",
     "MLPRecord",
+    "Memory",
     "ModelConfig",
     "RopeScaling",
     "Replace",
@@ -57,6 +62,7 @@ __all__ = [
     "ResidualStream",
     "Run",
     "Scale",
+    "Seq2SeqRun",
     "Site",
     "Tokenizer",
     "Tokens",

@@ -22,6 +22,7 @@ from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
 from resid.load.zip_packages import minilm_folder
 from resid.model import Transformer
+from resid.seq2seq import EncoderDecoder
 
 DTYPES = {
     None: torch.float32,
@@ -80,8 +81,9 @@ def load(
     name_or_path: str | Path,
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
-) -> Transformer:
-    """Load a model. `dtype` is float32 (default), bfloat16 or float16; `device` e.g. "cuda" (default CPU)."""
+) -> Transformer | EncoderDecoder:
+    """Load a model (an encoder-decoder family, Marian, gives a resid.EncoderDecoder). `dtype` is float32
+    (default), bfloat16 or float16; `device` e.g. "cuda" (default CPU)."""
     if dtype not in DTYPES:
         raise ResidError(f"dtype {dtype!r} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
     torch_dtype = DTYPES[dtype]
