@@ -48,7 +48,9 @@ from torch import Tensor
 
 from analyses.checks import check_choice
 from analyses.components import Contributions, components, frame
-from analyses.inputs import batch_size_for, check_sources, decoder_of, input_tokens, prompts as as_prompts
+from analyses.inputs import (
+    batch_size_for, check_sources, decoder_of, input_tokens, prediction_positions, prompts as as_prompts,
+)
 from analyses.io import provenance
 from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
@@ -113,7 +115,7 @@ def direct(
     memory = (lambda chunk: None) if sources is None else sources.memory  # noqa: E731
     if isinstance(target, Probe):
         _check_probe(model, target, baseline, n)
-        positions = None if target.pool else _positions(model, given, pos, mask=False)
+        positions = None if target.pool else prediction_positions(model, given, pos, mask=False)
         run_chunk = lambda chunk: _attribute_probe(  # noqa: E731
             model, given.batch(chunk), chunk, target, level, positions and [positions[i] for i in chunk], memory(chunk)
         )
@@ -121,7 +123,7 @@ def direct(
         return _collect(model, given, run_chunk, batch_size, level, shown, target.name, None)
     if model.config.head == "none":
         model.readout.unembed  # noqa: B018 -- raises: an embedding model has no token logits; it says what to pass
-    positions = _positions(model, given, pos, mask=model.config.head == "mlm")
+    positions = prediction_positions(model, given, pos, mask=model.config.head == "mlm")
     targets = None if target is None else token_ids(model, target, n, "target", optional=True)
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
     as_given = as_list(target, n)
@@ -131,29 +133,6 @@ def direct(
     )
     shown = ("[MASK]" if model.config.head == "mlm" else -1) if pos is None else pos
     return _collect(model, given, run_chunk, batch_size, level, shown, target, baseline)
-
-
-def _positions(model: Transformer, given, pos: int | None, mask: bool) -> list[int]:
-    """Each prompt's attributed position (prompt-relative): `pos`; else each prompt's one [MASK] (masked-LM
-    models); else the last token. Checked here, before any forward pass."""
-    n = len(given)
-    if pos is not None or not mask:
-        pos = -1 if pos is None else pos
-        given.tokens.padded_index([pos])  # an out-of-range position fails here
-        return [pos] * n
-    mask_id = None if model.tokenizer is None else model.tokenizer.mask_token_id
-    if mask_id is None:
-        raise ResidError(f"{model.name} is a masked-LM model but has no [MASK] token id: pass pos= explicitly.")
-    found = []
-    for i, ids in enumerate(given.sequences(range(n))):
-        at = [p for p, token in enumerate(ids) if token == mask_id]
-        if len(at) != 1:
-            raise ResidError(
-                f"Prompt {i} has {len(at)} [MASK] tokens, but a masked-LM prediction is attributed at exactly one: "
-                "put one [MASK] where the word to predict goes (e.g. 'Paris is the [MASK] of France.'), or pass pos=."
-            )
-        found.append(at[0])
-    return found
 
 
 def _collect(model, given, run_chunk, batch_size, level: str, pos, target, baseline) -> pd.DataFrame:

@@ -65,6 +65,7 @@ def run(
     check_choice(level, "level", LEVELS)
     check_choice(norm, "norm", NORMS)
     model, sources = decoder_of(model, source)  # encoder-decoder models: the decoder, reading `source`
+    model.readout.unembed  # noqa: B018 -- raises for embedding models, which have no token logits to lens
     k = check_k(k, "k", model.config.d_vocab)
     given = as_prompts(model, prompts)
     check_sources(sources, len(given))

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from analyses.ablation import values
 from analyses.ablation.sites import Ablation, SiteKind, expand_sites, signature
 from analyses.checks import check_choice
-from analyses.inputs import Prompts, batch_size_for, prompts as as_prompts
+from analyses.inputs import Prompts, batch_size_for, prediction_positions, prompts as as_prompts
 from analyses.io.store import ResultStore
 from analyses.metrics import METRICS, Metric, metric_values
 from analyses.vocab import token_ids
@@ -35,6 +35,7 @@ from resid.batching import BatchSize, run_batched, with_backoff
 from resid.errors import ResidError
 from resid.interventions import Add, Scale, Site
 from resid.model import Inputs, Run, Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokens
 
@@ -55,6 +56,7 @@ class _Context:
     means: dict
     per_position: bool
     size: BatchSize  # rows per forward pass, shared so an out-of-memory halving sticks
+    positions: list[int] | None = None  # masked-LM models: each prompt's [MASK] (None: each prompt's last token)
 
 
 def sweep(
@@ -73,9 +75,11 @@ def sweep(
     progress: bool = True,
 ) -> pd.DataFrame:
     """Run every ablation of `sites` on every prompt (texts, resid.Tokens or token ids); see the module
-    docstring. Returns the columns of COLUMNS."""
+    docstring. Returns the columns of COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK]."""
+    _check_model(model)
     given = as_prompts(model, prompts)
     n = len(given)
+    positions = prediction_positions(model, given, None, mask=True) if model.config.head == "mlm" else None
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
     metric = metric or ("logit_diff" if baselines is not None else "target_prob")
@@ -89,6 +93,8 @@ def sweep(
     donors = _donors(method, reference, given, model, seed)
     size = batch_size_for(model, given.tokens, batch_size)
     settings = dict(method=method, metric=metric, seed=seed, mean_positions=mean_positions)
+    if positions is not None:
+        settings["positions"] = positions
     store = None
     if out is not None:
         sig = signature(model, given.record(), target_ids, baseline_ids, ablations, reference, donors, settings)
@@ -107,7 +113,7 @@ def sweep(
             ),
             size,
         )
-    ctx = _Context(model, method, metric, means, mean_positions == "per_position", size)
+    ctx = _Context(model, method, metric, means, mean_positions == "per_position", size, positions)
     frames = []
     pending = sum(1 for p in range(n) for a in ablations if (p, a.label) not in done)
     with tqdm(total=pending, desc="ablation sweep", disable=not progress) as bar:
@@ -145,6 +151,17 @@ class _Group:
     targets: Tensor
     baselines: Tensor | None
     clean_metric: Tensor
+    at: Tensor | None = None  # masked-LM models: [k 1] padded index of each prompt's [MASK]
+
+
+def _check_model(model) -> None:
+    """Ablation metrics read token logits of one stream: refuse, clearly, models that have neither."""
+    if isinstance(model, EncoderDecoder):
+        raise ResidError(
+            f"ablation.sweep does not take encoder-decoder models ({model.name}) yet. Ablate with interventions, "
+            "e.g. model.run(source, target, interventions=[resid.ZeroAblate(resid.Site(l, 'cross', head=h))])."
+        )
+    model.readout.unembed  # noqa: B018 -- raises for embedding models, saying what to read out instead
 
 
 def _clean_pass(ctx, given: Prompts, group, todo, target_ids, baseline_ids, donors) -> _Group:
@@ -155,9 +172,13 @@ def _clean_pass(ctx, given: Prompts, group, todo, target_ids, baseline_ids, dono
     if donors is not None:
         sequences += [given.sequences([d])[0] if isinstance(d, int) else d for d in (donors[p] for p in group)]
     capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites})
-    clean = model.run(Tokens.pad(sequences, given.pad_token_id), capture=capture, logits_at="last")
-    tokens = clean.tokens  # on the model's device, like every index built from it below
+    padded = Tokens.pad(sequences, given.pad_token_id)
     k = len(group)
+    at = "last"
+    if ctx.positions is not None:  # donors (same lengths) are read where their prompt is
+        at = padded.padded_index([[ctx.positions[group[i % k]]] for i in range(len(sequences))]).to(model.device)
+    clean = model.run(padded, capture=capture, logits_at=at)
+    tokens = clean.tokens  # on the model's device, like every index built from it below
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
     baselines = None if baseline_ids is None else torch.tensor([baseline_ids[p] for p in group], device=model.device)
     return _Group(
@@ -168,6 +189,7 @@ def _clean_pass(ctx, given: Prompts, group, todo, target_ids, baseline_ids, dono
         targets=targets,
         baselines=baselines,
         clean_metric=metric_values(ctx.metric, clean.logits[:k, 0], targets, baselines),
+        at=None if ctx.positions is None else at[:k],
     )
 
 
@@ -186,7 +208,8 @@ def _ablate_group(ctx, group: _Group, todo, on_progress):
             def work(rows, layer=layer, resid_pre=resid):
                 index = torch.tensor([i for i, _ in rows], device=model.device)
                 edits = _edits(ctx, [a for _, a in rows], index, group.tokens, group.donor_stream, k)
-                logits = model.resume(layer, resid_pre[index], group.tokens.rows(index), edits, logits_at="last")
+                at = "last" if group.at is None else group.at[index]
+                logits = model.resume(layer, resid_pre[index], group.tokens.rows(index), edits, logits_at=at)
                 baselines = None if group.baselines is None else group.baselines[index]
                 return metric_values(ctx.metric, logits[:, 0], group.targets[index], baselines)
 
