@@ -60,7 +60,7 @@ class _Context:
 
 
 def sweep(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     prompts: Inputs,
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
