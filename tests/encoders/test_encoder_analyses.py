@@ -5,6 +5,7 @@ an analysis needs what it does not have."""
 import re
 
 import pytest
+import torch
 
 import resid
 from analyses import ablation, attribution, logit_lens
@@ -42,7 +43,7 @@ def test_embedding_and_encoder_decoder_models_are_refused_clearly(bert_base, tmp
 
     _, seq2seq = vanilla()
     with pytest.raises(ResidError, match="does not take encoder-decoder models.*Site"):
-        ablation.sweep(seq2seq, [[1, 2]], [3], progress=False)
+        ablation.sweep(seq2seq, torch.tensor([[1, 2]]), [3], progress=False)
 
 
 def test_decompose_cli_at_the_mask(bert_mlm, capsys):
