@@ -39,6 +39,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_generate.py
 	$(PY) benchmarks/bench_gemma3.py
 	$(PY) benchmarks/bench_long.py
+	$(PY) benchmarks/bench_minilm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
