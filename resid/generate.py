@@ -96,6 +96,14 @@ def generate(
 
 def _check(model, tokens: Tokens, max_new_tokens: int, do_sample: bool, temperature: float, top_k, stop_at_eos):
     """Validate the request; the eos id to stop at, or None."""
+    config = model.config
+    if config.cross_attention or not config.causal or config.head != "lm":
+        what = ("an encoder-decoder model's decoder" if config.cross_attention
+                else "an encoder (bidirectional attention)" if not config.causal else "a model without an LM head")
+        raise ResidError(
+            f"generate() continues text with a causal language model; {model.name} is {what}. Read its predictions "
+            "with model.run instead."
+        )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ResidError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
     n_prompt, n_ctx = tokens.ids.shape[1], model.config.n_ctx

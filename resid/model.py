@@ -230,6 +230,8 @@ class Transformer(nn.Module):
         """Logits of a forward pass that starts from `resid_pre` entering `layer` (e.g. a clean run's
         stream.resid_pre(layer)) and runs only layers >= layer. `inputs` gives the mask and positions."""
         n = self.config.n_layers
+        if self.config.cross_attention:
+            raise ResidError("resume() does not take a decoder with cross-attention yet: run the EncoderDecoder.")
         if not 0 <= layer < n:
             raise ResidError(f"resume(layer={layer}) is out of range: the model has {n} layers (0..{n - 1}).")
         tokens = self.as_tokens(inputs)

@@ -62,3 +62,8 @@ def test_decompose_cli_errors(bert_mlm, bert_base, capsys):
     assert "0 [MASK] tokens" in capsys.readouterr().err
     assert main(["decompose", "paris is the capital", "--model", str(bert_base.folder)]) == 2
     assert "embedding model" in capsys.readouterr().err
+
+
+def test_generate_refuses_encoders(bert_mlm):
+    with pytest.raises(ResidError, match="causal language model.*encoder"):
+        bert_mlm.model.generate("paris is the", max_new_tokens=2)
