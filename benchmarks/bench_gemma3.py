@@ -17,12 +17,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
 import resid
 from resid.load.gguf_packages import gemma3_270m_path
+from timing import interleaved
 
 RESID_COLD = """
 import sys, time; t0 = time.perf_counter(); import resid, torch; torch.set_num_threads(int(sys.argv[1]))
@@ -54,17 +54,9 @@ def forward(model, hf, batch: int, pos: int, repeats: int) -> dict[str, float]:
         "resid_no_capture": lambda: model(ids),
         "resid_capture_all": lambda: model.run(ids, capture=resid.Capture.all()).logits,
     }
-    times = {name: [] for name in cases}
     with torch.no_grad():
         diff = (cases["hf_eager"]() - cases["resid_no_capture"]()).abs().max().item()
-        for fn in cases.values():  # warm-up
-            fn()
-        for _ in range(repeats):
-            for name, fn in cases.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    median = {name: statistics.median(t) for name, t in times.items()}
+    median = interleaved(cases, repeats)
     print(f"-- batch {batch} x {pos} tokens: max |logit diff| resid vs HF {diff:.2e}")
     for name, value in median.items():
         print(f"   {name:<20} {value * 1000:9.1f} ms   {value / median['hf_eager']:.3f}x HF")

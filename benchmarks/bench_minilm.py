@@ -13,8 +13,6 @@ hits all alike):
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 import transformers
@@ -22,6 +20,7 @@ import transformers
 import resid
 from analyses import similarity
 from resid.load.zip_packages import minilm_folder
+from timing import interleaved
 
 WORDS = ("the a man woman child dog cat is was eating riding playing guitar food horse street park on in with "
          "quickly slowly happily bread music under over near city river today yesterday").split()
@@ -33,19 +32,6 @@ def sentences(n: int, seed: int = 0) -> list[str]:
     lengths = torch.randint(5, 31, (n,), generator=generator).tolist()
     return [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (k,), generator=generator).tolist()) + "."
             for k in lengths]
-
-
-def timed(cases: dict, repeats: int) -> dict[str, float]:
-    times = {name: [] for name in cases}
-    with torch.no_grad():
-        for fn in cases.values():  # warm-up
-            fn()
-        for _ in range(repeats):
-            for name, fn in cases.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def report(title: str, median: dict[str, float], reference: str) -> None:
@@ -72,7 +58,7 @@ def main() -> None:
     ids, mask = tokens.ids, tokens.attention_mask.long()
     with torch.no_grad():
         diff = (hf_sdpa(input_ids=ids, attention_mask=mask).last_hidden_state - model(tokens))[tokens.attention_mask]
-    median = timed({
+    median = interleaved({
         "hf_sdpa": lambda: hf_sdpa(input_ids=ids, attention_mask=mask).last_hidden_state,
         "hf_eager": lambda: hf_eager(input_ids=ids, attention_mask=mask).last_hidden_state,
         "resid_no_capture": lambda: model(tokens),
@@ -84,7 +70,7 @@ def main() -> None:
     a, b = "A man is playing a guitar in the park today.", "A woman is playing music on the street."
     pair = model.to_tokens([a, b], padding_side="right")
     pair_ids, pair_mask = pair.ids, pair.attention_mask.long()
-    median = timed({
+    median = interleaved({
         "hf_sdpa_pair_forward": lambda: hf_sdpa(input_ids=pair_ids, attention_mask=pair_mask).last_hidden_state,
         "resid_pair_forward": lambda: model(pair),
         "resid_similarity_heads": lambda: similarity.similarity(model, [a], [b], level="head"),
@@ -95,7 +81,7 @@ def main() -> None:
     firsts, seconds = texts[:16], sentences(16, seed=1)
     both = model.to_tokens(firsts + seconds, padding_side="right")
     both_ids, both_mask = both.ids, both.attention_mask.long()
-    median = timed({
+    median = interleaved({
         "hf_sdpa_pairs_forward": lambda: hf_sdpa(input_ids=both_ids, attention_mask=both_mask).last_hidden_state,
         "resid_similarity_heads": lambda: similarity.similarity(model, firsts, seconds, level="head"),
     }, args.repeats)
