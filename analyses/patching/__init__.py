@@ -1,0 +1,13 @@
+"""Causal analyses: activation patching (exact) and attribution patching (AtP, a gradient estimate of every
+site's patching effect at once), checked against each other with `compare`.
+
+    exact = patching.activation(model, clean, corrupt, targets, baselines, sites="head")
+    estimate = patching.attribution(model, clean, corrupt, targets, baselines, sites=("head",))
+    patching.compare(estimate, exact, k=20)     # rank correlation, top-k overlap, false negatives
+"""
+
+from analyses.patching.compare import compare, site_effects
+from analyses.patching.exact import COLUMNS, activation
+from analyses.patching.gradient import attribution
+
+__all__ = ["COLUMNS", "activation", "attribution", "compare", "site_effects"]

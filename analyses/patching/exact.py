@@ -1,0 +1,167 @@
+"""Activation patching (exact): run one prompt of a (clean, corrupt) pair, put the other prompt's activation in at
+one site, and measure how much of the clean behaviour that restores.
+
+    direction="denoise"  run the corrupt prompt, patch in the clean activation (what is sufficient)
+    direction="noise"    run the clean prompt, patch in the corrupt activation (what is necessary)
+
+score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 1 the clean run's, in both
+directions. Sites:
+
+    "resid_pre"   the residual stream entering each layer, one position at a time (the layer x position map)
+    "sublayer", "head", "layer", or a list of resid.Site (writes, heads, neurons; with positions=[...] for one
+                  position): the activation of the other prompt, by the ablation engine's resample path
+                  (batched rows, the clean prefix reused, the last token unembedded, out-of-memory back-off,
+                  `out=` for a crash-safe, resumable table)
+
+The pairs must have the same token length (the positions correspond one to one).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from analyses.ablation import sweep
+from analyses.checks import check_choice
+from analyses.inputs import batch_size_for, prompts as as_prompts
+from analyses.metrics import METRICS, metric_values
+from analyses.vocab import token_ids
+from resid.batching import run_batched
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.model import Transformer
+from resid.tokenizer import Tokens
+
+Direction = Literal["denoise", "noise"]
+# One row per (pair, site); patched_metric is the metric with the site patched, score its normalized value.
+COLUMNS = ("prompt_idx", "site", "layer", "part", "head", "neuron", "position", "direction", "metric",
+           "clean_metric", "corrupt_metric", "patched_metric", "score")
+
+
+def activation(
+    model: Transformer,
+    clean: Sequence[str],
+    corrupt: Sequence[str],
+    targets: Sequence[str | int] | str | int,
+    baselines: Sequence[str | int] | str | int | None = None,
+    sites: str | Sequence = "resid_pre",
+    direction: Direction = "denoise",
+    metric: str | None = None,
+    batch_size: int | str = "auto",
+    out: str | Path | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS."""
+    check_choice(direction, "direction", ("denoise", "noise"))
+    pairs = Pairs.of(model, clean, corrupt)
+    n = len(pairs.clean)
+    target_ids = token_ids(model, targets, n, "target")
+    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
+    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
+    check_choice(metric, "metric", tuple(METRICS))
+    if metric == "logit_diff" and baseline_ids is None:
+        raise ResidError("metric='logit_diff' needs baselines (one per pair); or use metric='target_prob'.")
+    clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
+    corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
+    base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+    if isinstance(sites, str) and sites == "resid_pre":
+        if out is not None:
+            raise ResidError("out= is for the engine's sites (sublayer, head, layer, Sites); resid_pre runs in memory.")
+        df = _resid_pre(model, pairs, base, donor, target_ids, baseline_ids, metric, batch_size)
+    else:
+        df = sweep(model, pairs.texts(base), targets, baselines, sites=sites, method="resample",
+                   reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress)
+        df = df.rename(columns={"ablated_metric": "patched_metric"}).drop(columns=["clean_metric", "delta", "method"])
+        df["position"] = pd.array([None] * len(df), dtype="Int64")
+    df["direction"] = direction
+    df["metric"] = metric
+    df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
+    df["corrupt_metric"] = corrupt_metric[df["prompt_idx"].to_numpy()]
+    span = df["clean_metric"] - df["corrupt_metric"]
+    df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
+    return df[list(COLUMNS)].reset_index(drop=True)
+
+
+class Pairs:
+    """(clean, corrupt) prompt pairs of equal token lengths, tokenized once."""
+
+    def __init__(self, clean, corrupt):
+        self.clean, self.corrupt = clean, corrupt
+
+    @classmethod
+    def of(cls, model: Transformer, clean: Sequence[str], corrupt: Sequence[str]) -> "Pairs":
+        if isinstance(clean, str) or isinstance(corrupt, str):
+            clean, corrupt = [clean] if isinstance(clean, str) else clean, [corrupt] if isinstance(corrupt, str) else corrupt
+        if len(clean) != len(corrupt) or not len(clean):
+            raise ResidError(f"Patching needs one corrupt prompt per clean prompt: got {len(clean)} and {len(corrupt)}.")
+        pairs = cls(as_prompts(model, list(clean)), as_prompts(model, list(corrupt)))
+        if pairs.clean.texts is None:
+            raise ResidError("Patching takes the pairs as texts (lists of strings).")
+        lengths = zip(pairs.clean.tokens.lengths.tolist(), pairs.corrupt.tokens.lengths.tolist())
+        for i, (a, b) in enumerate(lengths):
+            if a != b:
+                raise ResidError(
+                    f"Pair {i}: the clean prompt has {a} tokens and the corrupt one {b}. Patching puts position p of one "
+                    "into position p of the other, so each pair needs the same token length (e.g. swap names that are "
+                    "one token each)."
+                )
+        return pairs
+
+    def texts(self, which: str) -> list[str]:
+        return getattr(self, which).texts
+
+    def metric(self, model: Transformer, which: str, metric: str, targets, baselines) -> np.ndarray:
+        """Each pair's `which` prompt's metric, unpatched (float64)."""
+        prompts = getattr(self, which)
+        run = model.run(prompts.tokens, capture=Capture.none(), logits_at="last")
+        t = torch.tensor(targets, device=model.device)
+        b = None if baselines is None else torch.tensor(baselines, device=model.device)
+        return metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
+
+    def batch(self, which: str, rows: Sequence[int]) -> Tokens:
+        """These pairs' `which` prompts, left-padded to the chunk's width: both sides get the same layout."""
+        prompts = getattr(self, which)
+        return Tokens.pad(prompts.sequences(rows), prompts.pad_token_id, "left")
+
+
+def _resid_pre(model, pairs: Pairs, base: str, donor: str, targets, baselines, metric, batch_size) -> pd.DataFrame:
+    """Each layer's entering residual, patched at one position at a time: resumed from that layer (the prefix is
+    the base run's), one row per (pair, layer, position)."""
+    n, n_layers = len(pairs.clean), model.config.n_layers
+    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    frames = []
+    for chunk, frame in run_batched(list(range(n)), lambda chunk: _resid_chunk(
+            model, pairs, base, donor, chunk, targets, baselines, metric, n_layers), size):
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+@torch.no_grad()
+def _resid_chunk(model, pairs, base, donor, chunk, targets, baselines, metric, n_layers) -> pd.DataFrame:
+    base_tokens, donor_tokens = pairs.batch(base, chunk), pairs.batch(donor, chunk)
+    base_run = model.run(base_tokens, capture=Capture(final_norm_scale=False), logits_at="last")
+    donor_run = model.run(donor_tokens, capture=Capture(final_norm_scale=False), logits_at="last")
+    first, lengths = base_tokens.first_positions().tolist(), base_tokens.lengths.tolist()
+    rows = [(b, p) for b in range(len(chunk)) for p in range(lengths[b])]  # (row in chunk, prompt position)
+    prompt_rows = torch.tensor([b for b, _ in rows], device=model.device)
+    columns = torch.tensor([first[b] + p for b, p in rows], device=model.device)
+    t = torch.tensor([targets[chunk[b]] for b, _ in rows], device=model.device)
+    bl = None if baselines is None else torch.tensor([baselines[chunk[b]] for b, _ in rows], device=model.device)
+    records = []
+    running = zip(base_run.stream.running("layer"), donor_run.stream.running("layer"))
+    for layer, ((_, _, resid), (_, _, patch)) in zip(range(n_layers), running):
+        patched = resid[prompt_rows].clone()
+        patched[torch.arange(len(rows), device=model.device), columns] = patch[prompt_rows, columns]
+        logits = model.resume(layer, patched, base_tokens.rows(prompt_rows), logits_at="last")
+        values = metric_values(metric, logits[:, 0], t, bl).double().cpu().numpy()
+        records += [(chunk[b], f"resid_pre {layer} pos {p}", layer, p, v) for (b, p), v in zip(rows, values)]
+    frame = pd.DataFrame(records, columns=["prompt_idx", "site", "layer", "position", "patched_metric"])
+    frame["part"] = "resid_pre"
+    for name in ("head", "neuron"):
+        frame[name] = pd.array([None] * len(frame), dtype="Int64")
+    frame["layer"] = frame["layer"].astype("Int64")
+    frame["position"] = frame["position"].astype("Int64")
+    return frame

@@ -1,0 +1,131 @@
+"""Activation patching and attribution patching (analyses.patching): exactness, agreement with one forward per
+site written independently here, AtP against finite differences, compare, and bad input."""
+
+import pytest
+import torch
+
+import resid
+from analyses import patching
+from resid.errors import ResidError
+
+NAMES = [(" Mary", " John"), (" Alice", " Bob")]
+CLEAN = [f"When{a} and{b} went to the store,{b} gave a drink to" for a, b in NAMES]
+CORRUPT = [f"When{a} and{b} went to the store,{a} gave a drink to" for a, b in NAMES]
+TARGETS, BASELINES = [a for a, _ in NAMES], [b for _, b in NAMES]
+S2 = 9  # the one position where each pair differs (prompt-relative)
+
+
+def _patch(model, sites, **options):
+    return patching.activation(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=sites, **options)
+
+
+def test_pairs_differ_at_one_position(random_model):
+    clean, corrupt = random_model.to_tokens(CLEAN).ids, random_model.to_tokens(CORRUPT).ids
+    assert (clean != corrupt).nonzero()[:, 1].unique().tolist() == [clean.shape[1] - (14 - S2)]
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_patching_the_one_differing_embedding_restores_the_other_run(random_model, direction):
+    """resid_pre 0 differs only at S2, so patching it there gives exactly the donor run: score 1 denoising,
+    0 noising; every other position changes nothing."""
+    df = _patch(random_model, "resid_pre", direction=direction).set_index(["prompt_idx", "site"])
+    for prompt in range(len(NAMES)):
+        row = df.loc[(prompt, f"resid_pre 0 pos {S2}")]
+        assert row["score"] == pytest.approx(1.0 if direction == "denoise" else 0.0, abs=1e-5)
+        other = df.loc[(prompt, "resid_pre 0 pos 3")]
+        base = other["corrupt_metric"] if direction == "denoise" else other["clean_metric"]
+        assert other["patched_metric"] == pytest.approx(base, abs=1e-5)
+
+
+@pytest.mark.parametrize("sites", ["resid_pre", "head"])
+def test_patching_a_run_with_itself_changes_nothing(random_model, sites):
+    df = patching.activation(random_model, CLEAN, CLEAN, TARGETS, BASELINES, sites=sites)
+    assert (df["patched_metric"] - df["clean_metric"]).abs().max() < 1e-5
+    assert df["score"].isna().all()  # clean == corrupt: no span to normalize by
+
+
+def test_head_patching_equals_one_forward_per_site(random_model):
+    df = _patch(random_model, "head").set_index(["prompt_idx", "site"])
+    clean_z = random_model.run(CLEAN, capture=resid.Capture(attn={"z"})).stream
+    for layer, head in [(0, 1), (2, 3)]:
+        z = clean_z.layers[layer].attn.z[..., head, :]
+        site = resid.Site(layer, "attn", head=head)
+        logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, z)], logits_at="last").logits[:, 0]
+        for i, (a, b) in enumerate(NAMES):
+            expected = logits[i, random_model.to_single_token(a)] - logits[i, random_model.to_single_token(b)]
+            assert df.loc[(i, f"layers[{layer}].attn head {head}"), "patched_metric"] == pytest.approx(
+                expected.item(), abs=1e-5)
+
+
+def test_resid_patching_equals_one_forward_per_site(random_model):
+    """resid_pre(l) at position p is set to the clean value by adding the difference to the write before it,
+    layers[l-1].mlp.out, in an ordinary forward pass."""
+    df = _patch(random_model, "resid_pre").set_index(["prompt_idx", "site"])
+    clean, corrupt = random_model.run(CLEAN).stream, random_model.run(CORRUPT).stream
+    for layer, position in [(1, S2), (2, S2), (2, 12)]:
+        at = random_model.to_tokens(CLEAN).padded_index([position])[:, 0]
+        rows = torch.arange(len(NAMES))
+        delta = (clean.resid_pre(layer) - corrupt.resid_pre(layer))[rows, at][:, None]
+        site = resid.Site(layer - 1, "mlp", positions=[position])
+        logits = random_model.run(CORRUPT, interventions=[resid.Add(site, delta)], logits_at="last").logits[:, 0]
+        for i, (a, b) in enumerate(NAMES):
+            expected = logits[i, random_model.to_single_token(a)] - logits[i, random_model.to_single_token(b)]
+            assert df.loc[(i, f"resid_pre {layer} pos {position}"), "patched_metric"] == pytest.approx(
+                expected.item(), abs=1e-4)
+
+
+def test_atp_is_the_linear_limit_of_patching(random_model):
+    """Patching z of one head a fraction alpha of the way to the clean value: exact / alpha tends to AtP's
+    estimate as alpha shrinks (the error falls with alpha)."""
+    estimate = patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head",))
+    estimate = estimate.set_index(["prompt_idx", "site"])
+    clean_z = random_model.run(CLEAN, capture=resid.Capture(attn={"z"})).stream
+    corrupt_z = random_model.run(CORRUPT, capture=resid.Capture(attn={"z"})).stream
+    layer, head = 1, 2
+    delta = (clean_z.layers[layer].attn.z - corrupt_z.layers[layer].attn.z)[..., head, :]
+    ids = [(random_model.to_single_token(a), random_model.to_single_token(b)) for a, b in NAMES]
+
+    def metric(logits):
+        return torch.stack([logits[i, a] - logits[i, b] for i, (a, b) in enumerate(ids)])
+
+    base = metric(random_model.run(CORRUPT, logits_at="last").logits[:, 0])
+    atp = torch.tensor([estimate.loc[(i, f"layers[{layer}].attn head {head}"), "patched_metric"] for i in range(2)])
+    errors = []
+    for alpha in (0.3, 0.03, 0.003):
+        site = resid.Site(layer, "attn", head=head)
+        logits = random_model.run(CORRUPT, interventions=[resid.Add(site, alpha * delta)], logits_at="last").logits
+        slope = (metric(logits[:, 0]) - base) / alpha
+        errors.append((slope - (atp - base)).abs().max().item())
+    # the error shrinks with alpha (linearly) until float32 noise, and ends small against the effect itself
+    assert errors[1] <= max(errors[0] / 3, 1e-3) and errors[2] <= max(errors[1] / 3, 1e-3)
+    assert min(errors) < 0.02 * (atp - base).abs().max().item() + 1e-3
+
+
+def test_atp_covers_every_site_and_compare_scores_it(random_model):
+    estimate = patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES)
+    n_layers, n_heads = random_model.config.n_layers, random_model.config.n_heads
+    per_pair = n_layers * (2 + n_heads + 14)
+    assert len(estimate) == 2 * per_pair
+    exact = _patch(random_model, "head")
+    same = patching.compare(exact, exact, k=5)
+    assert same["spearman"] == pytest.approx(1.0) and same["top_k_overlap"] == 1.0 and same["false_negatives"] == []
+    scored = patching.compare(estimate, exact, k=5)
+    assert scored["sites"] == n_layers * n_heads and -1 <= scored["spearman"] <= 1
+
+
+def test_atp_on_smollm2_ioi_finds_the_exact_top_heads(smollm2):
+    exact = patching.activation(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
+    estimate = patching.attribution(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head",))
+    scored = patching.compare(estimate, exact, k=20)
+    assert scored["top_k_overlap"] >= 0.75 and scored["spearman"] > 0.8
+
+
+def test_bad_input(random_model):
+    with pytest.raises(ResidError, match="Pair 0: the clean prompt has 14 tokens and the corrupt one 15"):
+        patching.activation(random_model, CLEAN[:1], [CORRUPT[0] + " the"], TARGETS[:1], BASELINES[:1])
+    with pytest.raises(ResidError, match="one corrupt prompt per clean prompt"):
+        patching.activation(random_model, CLEAN, CORRUPT[:1], TARGETS, BASELINES)
+    with pytest.raises(ResidError, match="out of range"):
+        _patch(random_model, [resid.Site(9, "attn")])
+    with pytest.raises(ResidError, match="needs baselines"):
+        patching.activation(random_model, CLEAN, CORRUPT, TARGETS, metric="logit_diff")
