@@ -40,6 +40,32 @@ def ablation_effects(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def patching_heatmap(df: pd.DataFrame) -> go.Figure:
+    """The mean normalized score over pairs (analyses.patching; 0 = corrupt run, 1 = clean run): layer x position
+    for the residual stream, layer x head for heads, a line per part for sublayer writes."""
+    if df.empty:
+        raise ResidError("The patching results are empty: nothing to plot.")
+    title = (f"{df['direction'].iloc[0]} patching, {df['metric'].iloc[0]}: mean score over "
+             f"{df['prompt_idx'].nunique()} pairs (0 = corrupt, 1 = clean)")
+    for kind, axis in (("position", "position"), ("head", "head")):
+        rows = df[df[kind].notna()]
+        if not rows.empty:
+            grid = rows.groupby(["layer", kind])["score"].mean().unstack(kind)
+            fig = go.Figure(go.Heatmap(
+                z=grid.values, x=[str(c) for c in grid.columns], y=[f"L{l}" for l in grid.index], colorscale="RdBu",
+                zmid=0, colorbar=dict(title="score"),
+                hovertemplate=f"layer %{{y}} {axis} %{{x}}<br>score %{{z:.3f}}<extra></extra>",
+            ))
+            fig.update_layout(title=title, xaxis_title=axis, yaxis_title="layer")
+            return fig
+    fig = go.Figure()
+    for part, rows in df.groupby("part", sort=False):
+        means = rows.groupby("layer")["score"].mean()
+        fig.add_trace(go.Scatter(x=means.index, y=means.values, mode="lines+markers", name=part))
+    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="score")
+    return fig
+
+
 def save_html(fig: go.Figure, path: str | Path, self_contained: bool = True) -> Path:
     """An HTML file that opens offline: plotly.js (4.8 MB) embedded, or with self_contained=False a script tag
     for the plotly.min.js written once beside it, which every page in that folder shares."""

@@ -7,6 +7,7 @@
     resid info [--model M]
     resid ablate --prompts prompts.jsonl [--sites sublayer] [--method mean --reference corpus.txt]
                  --out results.parquet [--figure effects.html]
+    resid patch --pairs pairs.jsonl [--sites resid_pre|sublayer|head] [--method exact|atp] --out results.parquet
     resid neurons values|top|explain|edit ...
 
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
@@ -30,7 +31,7 @@ from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
 # Modules of analyses.cli, in the order --help lists them.
-COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "neurons")
+COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "patch", "neurons")
 
 
 def _parser() -> argparse.ArgumentParser:

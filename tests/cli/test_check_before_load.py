@@ -23,6 +23,7 @@ def files(tmp_path) -> dict[str, str]:
         "good": _jsonl(tmp_path / "good.jsonl", [{"prompt": "When Mary and John went", "target": " Mary"}]),
         "broken": _jsonl(tmp_path / "broken.jsonl", [{"prompt": "a", "target": " b"}, '{"prompt": "x"']),
         "corpus": _jsonl(tmp_path / "corpus.csv", ["some text"]),
+        "pairs": _jsonl(tmp_path / "pairs.jsonl", [{"clean": "a b", "corrupt": "a c", "target": " d"}]),
     }
 
 
@@ -49,6 +50,9 @@ BAD = [
      "--reference nope.txt does not exist"),
     (["ablate", "--prompts", "{good}", "--out", "r.csv", "--metric", "logit_diff"],
      '--metric logit_diff needs a "baseline"'),
+    (["patch", "--pairs", "{good}", "--out", "p.csv"], 'line 1 has no string field "clean"'),
+    (["patch", "--pairs", "{pairs}", "--out", "p.tex"], "--out 'p.tex' must end in one of .parquet, .csv"),
+    (["patch", "--pairs", "{pairs}", "--out", "p.csv", "--metric", "logit_diff"], '--metric logit_diff needs a'),
     (["neurons", "values", "--layers", "x"], "--layers must be integers separated by commas"),
     (["neurons", "values", "--layers", "1", "--neurons", "5;7"], "--neurons must be integers separated by commas"),
     (["neurons", "values", "--layers", "1", "--k", "0"], "--k must be at least 1"),
@@ -74,6 +78,7 @@ def test_bad_argument_is_reported_before_the_model_loads(argv, message, files, c
     ["lens", "hi", "--positions", "0,-1", "--out", "lens.md"],
     ["attribute", "--prompts", "{good}", "--out", "t.csv"],
     ["ablate", "--prompts", "{good}", "--out", "r.csv", "--batch-size", "4"],
+    ["patch", "--pairs", "{pairs}", "--out", "p.csv", "--method", "atp"],
     ["neurons", "edit", "hi", "--neurons", "20:5", "--scale", "0"],
     ["info"],
 ])

@@ -1,0 +1,72 @@
+"""`resid patch --pairs pairs.jsonl --out results.parquet`: activation patching (exact) or attribution patching
+(AtP) of (clean, corrupt) prompt pairs, plus a heatmap: layer x position for the residual stream, layer x head
+for heads, a line per part for sublayers. pairs.jsonl has one {"clean": ..., "corrupt": ..., "target": ...,
+"baseline": ...} object per line (baseline optional; the two prompts of a pair have the same token length)."""
+
+from pathlib import Path
+
+from analyses.cli import arguments
+from resid.errors import ResidError
+
+EXAMPLE = '{"clean": "When Mary and John went to the store, John gave a drink to", "corrupt": "When Mary and John ' \
+          'went to the store, Mary gave a drink to", "target": " Mary", "baseline": " John"}'
+SUFFIXES = (".parquet", ".csv")
+
+
+def add_parser(commands, common) -> None:
+    patch = commands.add_parser("patch", parents=[common], help="activation / attribution patching of prompt pairs")
+    patch.add_argument("--pairs", required=True, help='JSONL: {"clean": ..., "corrupt": ..., "target": ..., '
+                       '"baseline": ...}')
+    patch.add_argument("--sites", default="resid_pre", choices=["resid_pre", "sublayer", "head"],
+                       help="the residual stream by layer and position (default), each attention / MLP write, or "
+                       "each head")
+    patch.add_argument("--method", default="exact", choices=["exact", "atp"],
+                       help="exact activation patching (one patched run per site), or AtP (one backward pass)")
+    patch.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
+                       help="denoise: patch clean activations into the corrupt run; noise: the reverse")
+    patch.add_argument("--metric", default=None, choices=["logit_diff", "logit", "target_prob", "loss"])
+    patch.add_argument("--batch-size", default="auto", help="rows per forward pass, or auto")
+    patch.add_argument("--out", required=True, help="a file (.parquet .csv): one row per (pair, site)")
+    patch.add_argument("--figure", default=None, help="a file (.html): the heatmap (default: OUT.html)")
+    arguments.self_contained(patch)
+
+
+def check(args) -> None:
+    """Also reads --pairs (a bad line is reported before the model loads) into `args.pairs_read`."""
+    from analyses.io import texts
+
+    args.batch_size = arguments.batch_size(args.batch_size)
+    arguments.out_path(args.out, SUFFIXES)
+    arguments.out_path(args.figure, (".html",), "--figure")
+    found = [record for _, record in texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object},
+                                                   EXAMPLE, "pairs")]
+    if not found:
+        raise ResidError(f"{args.pairs} holds no pairs: give one {EXAMPLE} object per line.")
+    with_baseline = [r.get("baseline") is not None for r in found]
+    if any(with_baseline) and not all(with_baseline):
+        raise ResidError(f"{args.pairs}: give every line a baseline, or none.")
+    if args.metric == "logit_diff" and not all(with_baseline):
+        raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.pairs}.')
+    args.pairs_read = found
+
+
+def run(model, args) -> str:
+    from analyses import patching, plots, tables
+
+    found = args.pairs_read
+    clean, corrupt = [r["clean"] for r in found], [r["corrupt"] for r in found]
+    targets = [r["target"] for r in found]
+    baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
+    options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size)
+    if args.method == "exact":
+        df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites, **options)
+    else:
+        df = patching.attribution(model, clean, corrupt, targets, baselines, sites=(args.sites,), **options)
+    out = tables.export(df, args.out)
+    figure = plots.save_html(plots.patching_heatmap(df), args.figure or Path(args.out).with_suffix(".html"),
+                             self_contained=args.self_contained)
+    top = patching.site_effects(df).sort_values(key=abs, ascending=False).head(10)
+    lines = [f"{len(df)} rows ({len(found)} pairs, {args.method}) -> {out}; figure -> {figure}",
+             f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}):"]
+    lines += [f"  {site:<28} {effect:+.4f}" for site, effect in top.items()]
+    return "\n".join(lines)

@@ -1,0 +1,35 @@
+"""`resid patch`: the table and heatmap it writes, on SmolLM2 and IOI pairs, equal analyses.patching's."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from analyses import patching
+from analyses.cli.main import main
+
+PAIRS = [
+    {"clean": "When Mary and John went to the store, John gave a drink to",
+     "corrupt": "When Mary and John went to the store, Mary gave a drink to", "target": " Mary", "baseline": " John"},
+    {"clean": "When Alice and Bob went to the store, Bob gave a drink to",
+     "corrupt": "When Alice and Bob went to the store, Alice gave a drink to", "target": " Alice", "baseline": " Bob"},
+]
+
+
+@pytest.mark.parametrize("method", ["exact", "atp"])
+def test_patch_writes_the_table_and_heatmap(tmp_path, capsys, smollm2, method):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in PAIRS) + "\n")
+    out = tmp_path / "resid.csv"
+    assert main(["patch", "--pairs", str(pairs), "--method", method, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "largest mean effects on logit_diff (denoise)" in printed and "resid_pre" in printed
+    df = pd.read_csv(out)
+    assert list(df.columns) == list(patching.COLUMNS) and len(df) == 2 * 30 * 14
+    assert (tmp_path / "resid.html").stat().st_size > 10_000
+    if method == "exact":
+        expected = patching.activation(smollm2, [p["clean"] for p in PAIRS], [p["corrupt"] for p in PAIRS],
+                                       [p["target"] for p in PAIRS], [p["baseline"] for p in PAIRS])
+        assert df["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-4)
+        s2 = df[(df.layer == 0) & (df.position == 9)]  # the one embedding where the pairs differ: the clean run
+        assert s2["score"].to_numpy() == pytest.approx(1.0, abs=1e-4)
