@@ -57,11 +57,7 @@ def attribution(
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
     work = lambda chunk: _chunk(model, pairs, base, donor, chunk, target_ids, baseline_ids, metric, sites)  # noqa: E731
     df = pd.concat([frame for _, frame in run_batched(list(range(n)), work, size)], ignore_index=True)
-    clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
-    corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
     df["direction"], df["metric"] = direction, metric
-    df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
-    df["corrupt_metric"] = corrupt_metric[df["prompt_idx"].to_numpy()]
     span = df["clean_metric"] - df["corrupt_metric"]
     df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
     return df[list(COLUMNS)].reset_index(drop=True)
@@ -71,12 +67,14 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
     heads = "head" in sites
     capture = Capture(attn={"z", "out"} if heads else {"out"}, mlp={"out"}, final_norm_scale=False)
     base_tokens, donor_tokens = pairs.batch(base, chunk), pairs.batch(donor, chunk)
-    with torch.no_grad():
-        donor_stream = model.run(donor_tokens, capture=capture, logits_at="last").stream
-    run = model.run(base_tokens, capture=capture, logits_at="last", grad=True)
     t = torch.tensor([targets[i] for i in chunk], device=model.device)
     b = None if baselines is None else torch.tensor([baselines[i] for i in chunk], device=model.device)
+    with torch.no_grad():
+        donor_run = model.run(donor_tokens, capture=capture, logits_at="last")
+    donor_stream = donor_run.stream
+    run = model.run(base_tokens, capture=capture, logits_at="last", grad=True)
     value = metric_values(metric, run.logits[:, 0], t, b)
+    donor_value = metric_values(metric, donor_run.logits[:, 0], t, b).double().cpu().numpy()
     stream, layers = run.stream, run.stream.layers
     wrt = {("embed",): stream.embed}
     for l, record in enumerate(layers):
@@ -109,12 +107,17 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
         donor_resid = [r for _, _, r in donor_stream.running("layer")]
         for l in range(len(layers)):
             grad = grads[("embed",)] if l == 0 else grads[(l - 1, "mlp")]
-            per_position = ((donor_resid[l] - base_resid[l]) * grad).sum(-1)  # [batch pos]
+            per_position = ((donor_resid[l] - base_resid[l]) * grad).sum(-1).double().cpu().numpy()  # [batch pos]
             for row in range(len(chunk)):
-                for p in range(lengths[row]):
-                    effect = per_position[row, first[row] + p].item()
-                    records.append((chunk[row], f"resid_pre {l} pos {p}", l, "resid_pre", None, p, value[row] + effect))
+                effects = per_position[row, first[row] : first[row] + lengths[row]]
+                records += [(chunk[row], f"resid_pre {l} pos {p}", l, "resid_pre", None, p, value[row] + e)
+                            for p, e in enumerate(effects)]
     frame = pd.DataFrame(records, columns=["prompt_idx", "site", "layer", "part", "head", "position", "patched_metric"])
+    index = {prompt: row for row, prompt in enumerate(chunk)}
+    rows = frame["prompt_idx"].map(index).to_numpy()
+    base_metric, donor_metric = value[rows], donor_value[rows]
+    frame["clean_metric"] = donor_metric if base == "corrupt" else base_metric
+    frame["corrupt_metric"] = base_metric if base == "corrupt" else donor_metric
     for name in ("layer", "head", "position"):
         frame[name] = frame[name].astype("Int64")
     frame["neuron"] = pd.array([None] * len(frame), dtype="Int64")
