@@ -40,6 +40,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_gemma3.py
 	$(PY) benchmarks/bench_long.py
 	$(PY) benchmarks/bench_minilm.py
+	$(PY) benchmarks/bench_patching.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,6 +5,7 @@
     logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL
     neurons/       FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
     ablation/      layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
+    patching/      activation patching (exact) and attribution patching (AtP), compared with each other
     io/            tables (CSV / Parquet / LaTeX / Markdown), the crash-safe result store, provenance,
                    prompt and corpus files, one atomic write
     inputs         what every analysis accepts (texts, Tokens, ids), tokenized once; prompt-relative positions
