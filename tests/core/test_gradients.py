@@ -14,13 +14,12 @@ def test_embedding_gradient_matches_transformers(tiny):  # noqa: F811
     logits = tiny.hf(input_ids=ids).logits[:, -1]
     (logits[:, target] - logits[:, baseline]).sum().backward()
     expected = tiny.hf.get_input_embeddings().weight.grad
+    tiny.hf.zero_grad()  # the test leaves no gradients on the shared fixtures
     model = tiny.model
     model.zero_grad()
-    tiny.hf.zero_grad()
     ours = model.run(ids, grad=True, logits_at="last").logits[:, 0]
     (ours[:, target] - ours[:, baseline]).sum().backward()
     got = model.embed.W_E.grad
     scale = expected.abs().max()
     assert torch.allclose(got, expected, atol=1e-4 * scale + 1e-6), (got - expected).abs().max() / scale
     model.zero_grad()
-    tiny.hf.zero_grad()
