@@ -37,6 +37,8 @@ class Site:
         Site(3, "attn")                 the attention write      [batch pos d_model]
         Site(3, "mlp")                  the MLP write            [batch pos d_model]
         Site(3, "attn", head=5)         head 5's z               [batch pos d_head]  (the head writes z @ W_O[5])
+        Site(3, "attn", head=5, input="q")  head 5's query       [batch pos d_head]  (after rotary; "k" / "v":
+                                        key / value head 5, shared by its query heads under grouped-query attention)
         Site(3, "cross", head=5)        a decoder's cross-attention head 5 (encoder-decoder models); "cross"
                                         alone is that sublayer's write
         Site(3, "mlp", neuron=42)       neuron 42's post         [batch pos]         (it writes post * W_out[42])
@@ -57,6 +59,9 @@ class Site:
     neuron: int | None = None  # mlp only: edit this neuron's coefficient post[i]
     positions: Sequence[int] | None = None  # prompt-relative (-1: each prompt's last token); None = every position
     expert: int | None = None  # mlp of a mixture of experts only: this expert's write (or, with neuron, its post[i])
+    # attn / cross with head only: edit the head's query ("q"), or the key / value ("k", "v") of the key/value head
+    # `head` (grouped-query models share it among query heads), as the scores read them (after rotary)
+    input: str | None = None
 
     def __post_init__(self) -> None:
         if self.part not in ("attn", "mlp", "cross"):
@@ -67,13 +72,18 @@ class Site:
             raise ResidError(f"Site(layer={self.layer}, part='mlp') cannot take a head; heads are part='attn' (or 'cross').")
         if self.neuron is not None and self.part != "mlp":
             raise ResidError(f"Site(layer={self.layer}, part={self.part!r}) cannot take a neuron; neurons are part='mlp'.")
+        if self.input is not None and (self.input not in ("q", "k", "v") or self.head is None):
+            raise ResidError(f"Site input must be 'q', 'k' or 'v' with a head (Site(l, 'attn', head=h, input='q')), "
+                             f"got input={self.input!r}, head={self.head!r}.")
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
     @property
-    def kind(self) -> Literal["write", "head", "neuron", "expert"]:
+    def kind(self) -> Literal["write", "head", "neuron", "expert", "q", "k", "v"]:
         """What the site edits: the sublayer's whole write, one head's z, one neuron's coefficient (of the
-        expert `expert` in a mixture of experts), or one expert's whole weighted write."""
+        expert `expert` in a mixture of experts), one expert's whole weighted write, or a head's q, k or v."""
+        if self.input is not None:
+            return self.input
         if self.head is not None:
             return "head"
         if self.neuron is not None:
@@ -83,7 +93,7 @@ class Site:
     def describe(self) -> str:
         where = f"layers[{self.layer}].{self.part}"
         if self.head is not None:
-            where += f" head {self.head}"
+            where += f" head {self.head}" + (f" {self.input}" if self.input is not None else "")
         if self.expert is not None:
             where += f" expert {self.expert}"
         if self.neuron is not None:
@@ -103,6 +113,9 @@ class Site:
                 f"Site(layer={self.layer}, part='cross'): this model has no cross-attention (only decoders of "
                 "encoder-decoder models do); use part='attn' or 'mlp'."
             )
+        if self.input in ("k", "v") and not 0 <= self.head < config.n_kv_heads:
+            raise ResidError(f"Site head {self.head} is out of range for input={self.input!r}: keys and values have "
+                             f"{config.n_kv_heads} heads.")
         if self.head is not None and not 0 <= self.head < config.n_heads:
             raise ResidError(f"Site head {self.head} is out of range: the model has {config.n_heads} heads.")
         if self.neuron is not None and not 0 <= self.neuron < config.d_mlp:
@@ -262,14 +275,14 @@ def plan(
 
 
 def apply_edits(
-    tensor: Tensor, edits: Sequence[Edit], kind: Literal["write", "head", "neuron", "expert"]
+    tensor: Tensor, edits: Sequence[Edit], kind: Literal["write", "head", "neuron", "expert", "q", "k", "v"]
 ) -> Tensor:
     """Apply the edits of this kind (whole write / head / neuron / expert write) to `tensor` [batch pos ...].
     Experts: the caller passes only the edits of the expert whose tensor this is."""
     for iv, index in edits:
         if iv.site.kind != kind:
             continue
-        unit = iv.site.head if kind == "head" else iv.site.neuron if kind == "neuron" else None
+        unit = iv.site.head if kind in ("head", "q", "k", "v") else iv.site.neuron if kind == "neuron" else None
         rows = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
         region = (slice(None), slice(None)) if index is None else (rows, index)
         region = region if unit is None else (*region, unit)

@@ -9,5 +9,6 @@ site's patching effect at once), checked against each other with `compare`.
 from analyses.patching.compare import compare, site_effects
 from analyses.patching.exact import COLUMNS, activation
 from analyses.patching.gradient import attribution
+from analyses.patching.path import path
 
-__all__ = ["COLUMNS", "activation", "attribution", "compare", "site_effects"]
+__all__ = ["COLUMNS", "activation", "attribution", "compare", "path", "site_effects"]

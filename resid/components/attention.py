@@ -169,6 +169,8 @@ class Attention(nn.Module):
         if ctx.rotary and not self.cross:
             cos, sin = ctx.rotary[self.layer_type]
             q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
+        if edits:  # a head's q, k or v, as the scores read them (Site(..., input="q"))
+            q, k, v = apply_edits(q, edits, "q"), apply_edits(k, edits, "k"), apply_edits(v, edits, "v")
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if ctx.cache is not None and not self.cross:

@@ -1,0 +1,93 @@
+"""Path patching (Wang et al. 2022, the IOI circuit): the effect of sender heads on the answer *through* chosen
+receivers only, every other path held at the base run.
+
+With a base prompt and a donor prompt of each pair (direction="noise", as Wang et al.: the clean prompt is
+the base, the corrupt one the donor; "denoise" swaps them):
+
+  1. run the base prompt with the senders' z taken from the donor run and every other head's z frozen at the
+     base run's (MLPs are recomputed);
+  2. receivers "logits": that run's metric is the answer (the senders' direct path and their paths through MLPs);
+     receivers (layer, head, "q" | "k" | "v"): record those inputs in run 1, then run the base prompt once more
+     with only them replaced: the metric of that run.
+
+One row per (pair, sender set), with clean / corrupt / patched metric and score (0 = the corrupt run, 1 = the
+clean run).
+"""
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from analyses.checks import check_choice
+from analyses.metrics import METRICS, metric_values
+from analyses.patching.exact import Direction, Pairs
+from analyses.vocab import token_ids
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.interventions import Replace, Site
+from resid.model import Transformer
+
+Head = tuple[int, int]  # (layer, head)
+Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v")
+
+
+def path(
+    model: Transformer,
+    clean: Sequence[str],
+    corrupt: Sequence[str],
+    targets: Sequence[str | int] | str | int,
+    baselines: Sequence[str | int] | str | int | None = None,
+    senders: Sequence[Head] | Sequence[Sequence[Head]] = (),
+    receivers: str | Sequence[Receiver] = "logits",
+    direction: Direction = "noise",
+    metric: str | None = None,
+) -> pd.DataFrame:
+    """Path patching from each sender set (a (layer, head), or a list of them patched together) to `receivers`."""
+    check_choice(direction, "direction", ("denoise", "noise"))
+    sets = [[tuple(s)] if isinstance(s[0], int) else [tuple(h) for h in s] for s in senders]
+    if not sets:
+        raise ResidError("path patching needs senders: a list of (layer, head), or of lists of them.")
+    pairs = Pairs.of(model, clean, corrupt)
+    n, config = len(pairs.clean), model.config
+    for layer, head in (h for group in sets for h in group):
+        Site(layer, "attn", head=head).validate(config)
+    if receivers != "logits":
+        receivers = [tuple(r) for r in receivers]
+        for layer, head, kind in receivers:
+            Site(layer, "attn", head=head, input=kind).validate(config)
+    target_ids = token_ids(model, targets, n, "target")
+    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
+    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
+    check_choice(metric, "metric", tuple(METRICS))
+    base, donor = ("clean", "corrupt") if direction == "noise" else ("corrupt", "clean")
+    rows = range(n)
+    base_tokens, donor_tokens = pairs.batch(base, rows), pairs.batch(donor, rows)
+    z_capture = Capture(attn={"z"}, mlp=frozenset(), embed=False, final_norm_scale=False)
+    base_z = [r.attn.z for r in model.run(base_tokens, capture=z_capture).stream.layers]
+    donor_z = [r.attn.z for r in model.run(donor_tokens, capture=z_capture).stream.layers]
+    t = torch.tensor(target_ids, device=model.device)
+    b = None if baseline_ids is None else torch.tensor(baseline_ids, device=model.device)
+    wanted = {"q", "k", "v"} if receivers != "logits" else set()
+    records = []
+    for group in sets:
+        patched = [Replace(Site(l, "attn", head=h), (donor_z if (l, h) in group else base_z)[l][..., h, :])
+                   for l in range(config.n_layers) for h in range(config.n_heads)]
+        run = model.run(base_tokens, capture=Capture(attn=wanted, mlp=frozenset(), embed=False,
+                                                     final_norm_scale=False), interventions=patched, logits_at="last")
+        logits = run.logits
+        if receivers != "logits":
+            inputs = [Replace(Site(l, "attn", head=h, input=kind), getattr(run.stream.layers[l].attn, kind)[..., h, :])
+                      for l, h, kind in receivers]
+            logits = model.run(base_tokens, capture=Capture.none(), interventions=inputs, logits_at="last").logits
+        values = metric_values(metric, logits[:, 0], t, b).double().cpu().numpy()
+        label = " + ".join(f"layers[{l}].attn head {h}" for l, h in group)
+        records += [(i, label, values[i]) for i in range(n)]
+    df = pd.DataFrame(records, columns=["prompt_idx", "senders", "patched_metric"])
+    df["receivers"] = "logits" if receivers == "logits" else ", ".join(f"L{l}H{h}.{k}" for l, h, k in receivers)
+    df["direction"], df["metric"] = direction, metric
+    df["clean_metric"] = pairs.metric(model, "clean", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
+    df["corrupt_metric"] = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
+    span = df["clean_metric"] - df["corrupt_metric"]
+    df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
+    return df
