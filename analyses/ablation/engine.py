@@ -14,7 +14,7 @@ ablation at layer L starts from the clean residual entering L (model.resume) and
 token. With `out=` results are written chunk by chunk, atomically; re-running the same call resumes.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,7 +29,7 @@ from analyses.ablation.sites import Ablation, SiteKind, expand_sites, signature
 from analyses.checks import check_choice
 from analyses.inputs import Prompts, batch_size_for, prediction_positions, prompts as as_prompts
 from analyses.io.store import ResultStore
-from analyses.metrics import METRICS, Metric, metric_values
+from analyses.metrics import Metric, check_metric, metric_values
 from analyses.vocab import token_ids
 from resid.batching import BatchSize, run_batched, with_backoff
 from resid.errors import ResidError
@@ -52,7 +52,7 @@ COLUMNS = (*KEY, "layer", "part", "head", "expert", "neuron", "method", "metric"
 class _Context:
     model: Transformer
     method: str
-    metric: str
+    metric: str | Callable  # a name of analyses.metrics.METRICS, or a function of the logits
     means: dict
     per_position: bool
     size: BatchSize  # rows per forward pass, shared so an out-of-memory halving sticks
@@ -67,7 +67,7 @@ def sweep(
     sites: SiteKind | Sequence[Site] = "sublayer",
     method: Method = "zero",
     reference: Sequence[str] | str | Path | None = None,
-    metric: Metric | None = None,
+    metric: Metric | Callable | None = None,
     batch_size: int | str = "auto",
     out: str | Path | None = None,
     seed: int = 0,
@@ -83,16 +83,14 @@ def sweep(
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
     metric = metric or ("logit_diff" if baselines is not None else "target_prob")
-    check_choice(metric, "metric", tuple(METRICS))
-    if metric == "logit_diff" and baseline_ids is None:
-        raise ResidError("metric='logit_diff' needs baselines (one per prompt); or use metric='target_prob'.")
+    metric_label = check_metric(metric, baseline_ids is not None)
     check_choice(method, "method", ("zero", "mean", "resample"))
     check_choice(mean_positions, "mean_positions", ("agnostic", "per_position"))
     ablations = expand_sites(sites, model.config)
     lengths = given.tokens.lengths.tolist()
     donors = _donors(method, reference, given, model, seed)
     size = batch_size_for(model, given.tokens, batch_size)
-    settings = dict(method=method, metric=metric, seed=seed, mean_positions=mean_positions)
+    settings = dict(method=method, metric=metric_label, seed=seed, mean_positions=mean_positions)
     if positions is not None:
         settings["positions"] = positions
     store = None
@@ -260,7 +258,7 @@ def _frame(ctx, rows, group, clean_metric: Tensor, ablated: Tensor) -> pd.DataFr
         "expert": pd.array([a.expert for _, a in rows], dtype="Int64"),
         "neuron": pd.array([a.neuron for _, a in rows], dtype="Int64"),
         "method": ctx.method,
-        "metric": ctx.metric,
+        "metric": check_metric(ctx.metric, True),
         "clean_metric": clean,
         "ablated_metric": ablated,
         "delta": ablated - clean,

@@ -24,20 +24,21 @@ from resid.interventions import Site
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
-Unit = tuple[int, str, int | None, int | None, int | None]  # (layer, part, head, neuron, expert): a Site
-# without its positions
+Unit = tuple[int, str, int | None, int | None, int | None, str | None]  # (layer, part, head, neuron, expert,
+# input): a Site without its positions
 
 
 def unit_of(site: Site) -> Unit:
     """The value a site edits, whatever its positions (means and donors are read per unit)."""
-    return (site.layer, site.part, site.head, site.neuron, site.expert)
+    return (site.layer, site.part, site.head, site.neuron, site.expert, site.input)
 
 
 def capture_for(units: Iterable[Unit]) -> Capture:
     """The smallest Capture that records every unit (plus the residual writes)."""
     units = list(units)
     attn, mlp = {"out"}, {"out"}
-    attn |= {"z"} if any(u[1] == "attn" and u[2] is not None for u in units) else set()
+    attn |= {"z"} if any(u[1] == "attn" and u[2] is not None and u[5] is None for u in units) else set()
+    attn |= {u[5] for u in units if u[5] is not None}  # a head's q, k or v
     mlp |= {"post"} if any(u[1] == "mlp" and u[3] is not None for u in units) else set()
     mlp |= {"expert_out"} if any(u[4] is not None and u[3] is None for u in units) else set()
     return Capture(attn=attn, mlp=mlp)
@@ -45,8 +46,10 @@ def capture_for(units: Iterable[Unit]) -> Capture:
 
 def read_unit(stream, unit: Unit) -> Tensor:
     """The unit's clean value from a stream: [batch pos d_model], [batch pos d_head] or [batch pos]."""
-    layer, part, head, neuron, expert = unit
+    layer, part, head, neuron, expert, head_input = unit
     record = getattr(stream.layers[layer], part)
+    if head_input is not None:
+        return getattr(record, head_input)[:, :, head]
     if head is not None:
         return record.z[:, :, head]
     if expert is not None:

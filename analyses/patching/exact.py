@@ -16,7 +16,7 @@ directions. Sites:
 The pairs must have the same token length (the positions correspond one to one).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -27,7 +27,7 @@ import torch
 from analyses.ablation import sweep
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for, prompts as as_prompts
-from analyses.metrics import METRICS, metric_values
+from analyses.metrics import check_metric, metric_values
 from analyses.vocab import token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
@@ -49,7 +49,7 @@ def activation(
     baselines: Sequence[str | int] | str | int | None = None,
     sites: str | Sequence = "resid_pre",
     direction: Direction = "denoise",
-    metric: str | None = None,
+    metric: str | Callable | None = None,
     batch_size: int | str = "auto",
     out: str | Path | None = None,
     progress: bool = False,
@@ -61,9 +61,7 @@ def activation(
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
     metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    check_choice(metric, "metric", tuple(METRICS))
-    if metric == "logit_diff" and baseline_ids is None:
-        raise ResidError("metric='logit_diff' needs baselines (one per pair); or use metric='target_prob'.")
+    label = check_metric(metric, baseline_ids is not None)
     clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
     corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
@@ -77,7 +75,7 @@ def activation(
         df = df.rename(columns={"ablated_metric": "patched_metric"}).drop(columns=["clean_metric", "delta", "method"])
         df["position"] = pd.array([None] * len(df), dtype="Int64")
     df["direction"] = direction
-    df["metric"] = metric
+    df["metric"] = label
     df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
     df["corrupt_metric"] = corrupt_metric[df["prompt_idx"].to_numpy()]
     span = df["clean_metric"] - df["corrupt_metric"]
@@ -113,7 +111,7 @@ class Pairs:
     def texts(self, which: str) -> list[str]:
         return getattr(self, which).texts
 
-    def metric(self, model: Transformer, which: str, metric: str, targets, baselines) -> np.ndarray:
+    def metric(self, model: Transformer, which: str, metric: str | Callable, targets, baselines) -> np.ndarray:
         """Each pair's `which` prompt's metric, unpatched (float64)."""
         prompts = getattr(self, which)
         run = model.run(prompts.tokens, capture=Capture.none(), logits_at="last")

@@ -9,14 +9,14 @@ it, layers[l-1].mlp.out, or of the embedding for layer 0: exact for models whose
 post-LN models are refused), "sublayer" (each attention / MLP write) and "head" (each head's z).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
 
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for
-from analyses.metrics import METRICS, metric_values
+from analyses.metrics import check_metric, metric_values
 from analyses.patching.exact import COLUMNS, Direction, Pairs
 from analyses.vocab import token_ids
 from resid.batching import run_batched
@@ -35,7 +35,7 @@ def attribution(
     baselines: Sequence[str | int] | str | int | None = None,
     sites: Sequence[str] = SITES,
     direction: Direction = "denoise",
-    metric: str | None = None,
+    metric: str | Callable | None = None,
     batch_size: int | str = "auto",
 ) -> pd.DataFrame:
     """AtP estimates for every site of `sites`, one row per (pair, site) with the columns of
@@ -52,12 +52,12 @@ def attribution(
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
     metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    check_choice(metric, "metric", tuple(METRICS))
+    label = check_metric(metric, baseline_ids is not None)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
     work = lambda chunk: _chunk(model, pairs, base, donor, chunk, target_ids, baseline_ids, metric, sites)  # noqa: E731
     df = pd.concat([frame for _, frame in run_batched(list(range(n)), work, size)], ignore_index=True)
-    df["direction"], df["metric"] = direction, metric
+    df["direction"], df["metric"] = direction, label
     span = df["clean_metric"] - df["corrupt_metric"]
     df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
     return df[list(COLUMNS)].reset_index(drop=True)

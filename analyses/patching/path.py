@@ -14,13 +14,13 @@ One row per (pair, sender set), with clean / corrupt / patched metric and score 
 clean run).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
 
 from analyses.checks import check_choice
-from analyses.metrics import METRICS, metric_values
+from analyses.metrics import check_metric, metric_values
 from analyses.patching.exact import Direction, Pairs
 from analyses.vocab import token_ids
 from resid.capture import Capture
@@ -41,7 +41,7 @@ def path(
     senders: Sequence[Head] | Sequence[Sequence[Head]] = (),
     receivers: str | Sequence[Receiver] = "logits",
     direction: Direction = "noise",
-    metric: str | None = None,
+    metric: str | Callable | None = None,
 ) -> pd.DataFrame:
     """Path patching from each sender set (a (layer, head), or a list of them patched together) to `receivers`."""
     check_choice(direction, "direction", ("denoise", "noise"))
@@ -59,7 +59,7 @@ def path(
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
     metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    check_choice(metric, "metric", tuple(METRICS))
+    label = check_metric(metric, baseline_ids is not None)
     base, donor = ("clean", "corrupt") if direction == "noise" else ("corrupt", "clean")
     rows = range(n)
     base_tokens, donor_tokens = pairs.batch(base, rows), pairs.batch(donor, rows)
@@ -85,7 +85,7 @@ def path(
         records += [(i, label, values[i]) for i in range(n)]
     df = pd.DataFrame(records, columns=["prompt_idx", "senders", "patched_metric"])
     df["receivers"] = "logits" if receivers == "logits" else ", ".join(f"L{l}H{h}.{k}" for l, h, k in receivers)
-    df["direction"], df["metric"] = direction, metric
+    df["direction"], df["metric"] = direction, label
     df["clean_metric"] = pairs.metric(model, "clean", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
     df["corrupt_metric"] = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
     span = df["clean_metric"] - df["corrupt_metric"]

@@ -129,3 +129,30 @@ def test_bad_input(random_model):
         _patch(random_model, [resid.Site(9, "attn")])
     with pytest.raises(ResidError, match="needs baselines"):
         patching.activation(random_model, CLEAN, CORRUPT, TARGETS, metric="logit_diff")
+
+
+def test_head_inputs_are_patched_like_one_forward_per_site(random_model):
+    """q / k / v of a head (Site(..., input=...)) through the engine equal one Replace of the clean value each."""
+    sites = [resid.Site(1, "attn", head=2, input="q"), resid.Site(1, "attn", head=0, input="k"),
+             resid.Site(2, "attn", head=1, input="v")]
+    df = _patch(random_model, sites).set_index(["prompt_idx", "site"])
+    clean = random_model.run(CLEAN, capture=resid.Capture(attn={"q", "k", "v"})).stream
+    for site in sites:
+        value = getattr(clean.layers[site.layer].attn, site.input)[..., site.head, :]
+        logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
+        for i, (a, b) in enumerate(NAMES):
+            expected = logits[i, random_model.to_single_token(a)] - logits[i, random_model.to_single_token(b)]
+            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_a_metric_function_of_the_logits(random_model):
+    def margin(logits, targets, baselines):
+        rows = torch.arange(len(targets))
+        return logits[rows, targets] - logits[rows, baselines]
+
+    custom = _patch(random_model, "head", metric=margin)
+    named = _patch(random_model, "head", metric="logit_diff")
+    assert (custom["metric"] == "margin").all()
+    assert custom["patched_metric"].to_numpy() == pytest.approx(named["patched_metric"].to_numpy(), abs=1e-6)
+    with pytest.raises(ResidError, match="must return one number per prompt"):
+        _patch(random_model, "resid_pre", metric=lambda logits, t, b: logits.sum())
