@@ -15,5 +15,5 @@ def test_decompose_notebook_runs(tmp_path):
     assert "sum of components" in printed and r"\toprule" in printed
     figures = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
                if "application/vnd.plotly.v1+json" in out.get("data", {})]
-    assert len(figures) == 4
+    assert len(figures) == 6  # four decomposition figures, two patching heatmaps
     assert (tmp_path / "exports" / "ioi_heads.tex.json").exists()
