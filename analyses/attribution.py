@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from analyses.checks import check_choice
-from analyses.components import Contributions, components, frame
+from analyses.components import Contributions, components, frame, probe_frame, read_out
 from analyses.inputs import (
     batch_size_for, check_sources, decoder_of, input_tokens, prediction_positions, prompts as as_prompts,
 )
@@ -213,31 +213,6 @@ def _attribute_probe(
     if probe.pool is not None:
         meta["pos"], meta["token"] = [-1] * len(chunk), [f"<{probe.pool}>"] * len(chunk)
     return probe_frame(model, run, direction, actual, meta, level), []
-
-
-def read_out(
-    model: Transformer, run, vector: Tensor, bias: Tensor, pooled: Tensor | None, normalize: bool
-) -> tuple[Direction, Tensor]:
-    """(the direction on the stream, the value) of `vector` [batch d_model] read out of run.hidden: at its one
-    position, or, with `pooled` (the attention mask), out of the mean over the real positions (divided by that
-    mean's length, frozen, if `normalize`)."""
-    hidden = run.hidden.float()  # [batch k d_model]: k = 1, or every position when pooled
-    weights = torch.ones(hidden.shape[:2], device=hidden.device)
-    if pooled is not None:
-        weights = pooled.float() / pooled.float().sum(1, keepdim=True)
-        if normalize:  # the pooled vector's length, frozen like a norm's scale
-            weights = weights / (weights[..., None] * hidden).sum(1).norm(dim=-1, keepdim=True)
-    scale = run.stream.final_norm_scale
-    rows = model.readout.direction((weights[..., None] * vector[:, None]).flatten(0, 1), scale.flatten(0, 1), None)
-    direction = Direction(rows.vector.view(*hidden.shape), rows.bias.view(hidden.shape[:2]).sum(1) + bias)
-    return direction, (weights[..., None] * hidden * vector[:, None]).sum((1, 2)) + bias
-
-
-def probe_frame(model: Transformer, run, direction: Direction, actual: Tensor, meta: dict, level: str) -> pd.DataFrame:
-    """The frame of a read-out's components (and its final_bias row) for a run captured by `capture_for`."""
-    groups = components(model, run.stream, direction, level)
-    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
-    return frame(meta, groups, actual)
 
 
 def metric_name(df: pd.DataFrame) -> str:

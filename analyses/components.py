@@ -1,6 +1,7 @@
 """The components of a direct attribution (analyses.attribution): every write's contribution to a direction
-on the final residual at one position, at the level of sublayers, heads, experts or neurons, and the long
-table they make. See analyses/attribution.py for the algebra."""
+on the final residual (at one position, or pooled over positions), at the level of sublayers, heads, experts or
+neurons, and the long table they make; `read_out` turns a vector read out of the final hidden state into such
+a direction. See analyses/attribution.py for the algebra."""
 
 from dataclasses import dataclass
 
@@ -182,3 +183,30 @@ def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"
         "logit": np.repeat(actual.double().cpu().numpy(), m),
     }
     return pd.DataFrame({name: columns[name] for name in meta} | columns)
+
+
+def read_out(
+    model: Transformer, run, vector: Tensor, bias: Tensor, pooled: Tensor | None, normalize: bool
+) -> tuple[Direction, Tensor]:
+    """(the direction on the stream, the value) of `vector` [batch d_model] read out of run.hidden: at its one
+    position, or, with `pooled` (the attention mask), out of the mean over the real positions (divided by that
+    mean's length, frozen, if `normalize`)."""
+    hidden = run.hidden.float()  # [batch k d_model]: k = 1, or every position when pooled
+    weights = torch.ones(hidden.shape[:2], device=hidden.device)
+    if pooled is not None:
+        weights = pooled.float() / pooled.float().sum(1, keepdim=True)
+        if normalize:  # the pooled vector's length, frozen like a norm's scale
+            weights = weights / (weights[..., None] * hidden).sum(1).norm(dim=-1, keepdim=True)
+    scale = run.stream.final_norm_scale
+    rows = model.readout.direction((weights[..., None] * vector[:, None]).flatten(0, 1), scale.flatten(0, 1), None)
+    direction = Direction(rows.vector.view(*hidden.shape), rows.bias.view(hidden.shape[:2]).sum(1) + bias)
+    return direction, (weights[..., None] * hidden * vector[:, None]).sum((1, 2)) + bias
+
+
+def probe_frame(
+    model: Transformer, run, direction: Direction, actual: Tensor, meta: dict, level: str
+) -> pd.DataFrame:
+    """The frame of a read-out's components (and its final_bias row) for a run captured by `capture_for`."""
+    groups = components(model, run.stream, direction, level)
+    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    return frame(meta, groups, actual)

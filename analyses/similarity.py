@@ -21,7 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.attribution import LEVELS, Level, capture_for, meta_columns, probe_frame, read_out
+from analyses.attribution import LEVELS, Level, capture_for, meta_columns
+from analyses.components import probe_frame, read_out
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for, prompts as as_prompts
 from analyses.io import provenance

@@ -9,9 +9,7 @@ No weight processing happens by default: the logits equal Hugging Face's for the
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from jaxtyping import Float
@@ -29,43 +27,16 @@ from resid.errors import ResidError
 from resid.generate import Generation, generate
 from resid.interventions import Intervention, plan
 from resid.readout import Readout
-from resid.selection import LogitsAt, logit_index, position_selector
 from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields
+from resid.run import CaptureArg, Inputs, Memory, Run, TokenInputs, check_memory
+from resid.selection import LogitsAt, logit_index, position_selector
 from resid.stream import ResidualStream, StreamNorms
 from resid.tokenizer import Tokenizer, Tokens
 
-# Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
-# dtype reaches as_tokens' own check, which says what to pass, rather than a type checker's traceback.
-Inputs = str | Sequence[str] | Tokens | Tensor
-# Capture or None; typed loosely like Inputs so that a wrong value (True, a hook name) reaches run's own check.
-CaptureArg = Capture | None | object
+__all__ = ["CaptureArg", "Inputs", "Memory", "Run", "Transformer"]  # Run and its inputs live in resid.run
 
 
-@dataclass(frozen=True)
-class Memory:
-    """An encoded source for a decoder's cross-attention: the encoder's final hidden state and which of its
-    positions are real."""
-
-    hidden: Float[Tensor, "batch src_pos d_model"]
-    mask: Tensor  # [batch src_pos] bool, False at padding
-
-
-@dataclass(frozen=True)
-class Run:
-    # [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k d_vocab]. None for embedding
-    # models (config.head "none"), whose output is `hidden`.
-    logits: Float[Tensor, "batch n d_vocab"] | None
-    stream: ResidualStream
-    tokens: Tokens
-    # Models with a final soft cap (Gemma 2): the logits before it, which are linear in the final residual
-    # (what attribution decomposes); None for other models, whose logits are that already.
-    uncapped_logits: Float[Tensor, "batch n d_vocab"] | None = None
-    # The final hidden state at the same positions: the final norm's output, what the head reads (transformers'
-    # last_hidden_state; an embedding model's output, e.g. mean-pooled into a sentence embedding)
-    hidden: Float[Tensor, "batch n d_model"] | None = None
-
-
-class Transformer(nn.Module):
+class Transformer(TokenInputs, nn.Module):
     def __init__(
         self,
         config: ModelConfig,
@@ -104,50 +75,6 @@ class Transformer(nn.Module):
         """Final norm + head: logits of residual vectors and directions on the stream (resid.readout)."""
         return Readout(self.ln_final, self.unembed, self.mlm_head, self.name)
 
-    def require_tokenizer(self) -> Tokenizer:
-        """The tokenizer, or an error saying how to run without one."""
-        if self.tokenizer is None:
-            raise ResidError(
-                f"Model {self.name!r} has no tokenizer (no tokenizer.json was found next to its weights): "
-                "pass token ids as a [batch pos] tensor, or add tokenizer.json to the model folder."
-            )
-        return self.tokenizer
-
-    def to_tokens(
-        self, texts: str | Sequence[str], padding_side: Literal["left", "right"] = "left", prepend_bos: bool | None = None
-    ) -> Tokens:
-        return self.require_tokenizer().to_tokens(texts, padding_side, prepend_bos)
-
-    def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:
-        return self.require_tokenizer().to_str_tokens(text_or_ids, prepend_bos)
-
-    def to_single_token(self, text: str) -> int:
-        """The id of `text`, which must encode to exactly one token (TransformerLens's name), e.g. " Mary"."""
-        return self.require_tokenizer().token_id(text)
-
-    def as_tokens(self, inputs: Inputs) -> Tokens:
-        """Prompts (left-padded), ready-made Tokens, or a tensor of ids, as Tokens on the model's device."""
-        if isinstance(inputs, Tokens):
-            tokens = inputs
-        elif isinstance(inputs, Tensor):
-            if inputs.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
-                raise ResidError(f"Token ids must be an integer tensor, got dtype {inputs.dtype}.")
-            ids = inputs[None] if inputs.ndim == 1 else inputs
-            if ids.ndim != 2 or ids.shape[1] == 0:
-                raise ResidError(f"Token ids must have shape [batch pos] or [pos], got {tuple(inputs.shape)}.")
-            tokens = Tokens.from_ids(ids.long())
-        else:
-            tokens = self.to_tokens(inputs)
-        n_pos, vocab = tokens.ids.shape[1], self.config.d_vocab
-        if n_pos > self.config.n_ctx:
-            raise ResidError(
-                f"The input has {n_pos} tokens but {self.name} has a context of {self.config.n_ctx}: "
-                f"shorten the prompt (e.g. keep its last {self.config.n_ctx} tokens) or split it."
-            )
-        if tokens.ids.numel() and (tokens.ids.min() < 0 or tokens.ids.max() >= vocab):
-            raise ResidError(f"Token ids must lie in 0..{vocab - 1} (the vocabulary size is {vocab}).")
-        return tokens.to(self.device)
-
     def forward(self, inputs: Inputs) -> Float[Tensor, "batch pos out"]:
         """Logits [batch pos d_vocab] of texts (left-padded), Tokens, or ids [batch pos] / [pos], recording
         nothing, without gradients and without interventions: `model(inputs)` as a plain nn.Module (an embedding
@@ -184,7 +111,7 @@ class Transformer(nn.Module):
         capture.validate(self.config.n_layers)
         edits = plan(interventions, self.config, tokens)
         with torch.set_grad_enabled(grad):
-            embed, pos_embed, ctx = self._prepare(tokens, memory=self._check_memory(memory, tokens))
+            embed, pos_embed, ctx = self._prepare(tokens, memory=check_memory(self, memory, tokens))
             type_embed = self.type_embed(tokens.ids) if self.type_embed is not None else None
             resid = sum(w for w in (embed, pos_embed, type_embed) if w is not None)
             embed_scale = None
@@ -252,23 +179,6 @@ class Transformer(nn.Module):
             resid, _ = self._blocks(resid_pre.to(self.dtype), ctx, layer, edits, Capture.none(), None)
             logits, _, _, hidden = self._unembed(resid, tokens, logits_at)
             return hidden if logits is None else logits
-
-    def _check_memory(self, memory: Memory | None, tokens: Tokens) -> Memory | None:
-        if not self.config.cross_attention:
-            if memory is not None:
-                raise ResidError(f"{self.name} has no cross-attention: it takes no memory (encoded source).")
-            return None
-        if memory is None:
-            raise ResidError(
-                f"{self.name} is the decoder of an encoder-decoder model: its cross-attention needs the source. Run the "
-                "whole model, model.run(source, target) on the resid.EncoderDecoder, or pass memory=encoded source."
-            )
-        if memory.hidden.shape[0] != tokens.ids.shape[0] or memory.hidden.shape[-1] != self.config.d_model:
-            raise ResidError(
-                f"The encoded source has shape {tuple(memory.hidden.shape)}, but the decoder needs one row per target "
-                f"prompt ({tokens.ids.shape[0]}) of width d_model={self.config.d_model}."
-            )
-        return memory
 
     def _prepare(
         self, tokens: Tokens, embed: bool = True, memory: Memory | None = None

@@ -30,7 +30,6 @@ raise an error saying to read a direction out instead.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor

@@ -55,13 +55,8 @@ def activation(
     progress: bool = False,
 ) -> pd.DataFrame:
     """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS."""
-    check_choice(direction, "direction", ("denoise", "noise"))
-    pairs = Pairs.of(model, clean, corrupt)
-    n = len(pairs.clean)
-    target_ids = token_ids(model, targets, n, "target")
-    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
-    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    label = check_metric(metric, baseline_ids is not None)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
+                                                              direction)
     clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
     corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
@@ -74,13 +69,29 @@ def activation(
                    reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress)
         df = df.rename(columns={"ablated_metric": "patched_metric"}).drop(columns=["clean_metric", "delta", "method"])
         df["position"] = pd.array([None] * len(df), dtype="Int64")
-    df["direction"] = direction
-    df["metric"] = label
     df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
     df["corrupt_metric"] = corrupt_metric[df["prompt_idx"].to_numpy()]
+    return scored(df, direction, label)[list(COLUMNS)].reset_index(drop=True)
+
+
+def prepare(model: Transformer, clean, corrupt, targets, baselines, metric, direction: str) -> tuple:
+    """What every patching analysis checks first: (the pairs, target ids, baseline ids or None, the metric, its
+    name for the table)."""
+    check_choice(direction, "direction", ("denoise", "noise"))
+    pairs = Pairs.of(model, clean, corrupt)
+    n = len(pairs.clean)
+    target_ids = token_ids(model, targets, n, "target")
+    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
+    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
+    return pairs, target_ids, baseline_ids, metric, check_metric(metric, baseline_ids is not None)
+
+
+def scored(df: pd.DataFrame, direction: str, label: str) -> pd.DataFrame:
+    """The direction and metric columns, and score = (patched - corrupt) / (clean - corrupt) (NaN without a span)."""
+    df["direction"], df["metric"] = direction, label
     span = df["clean_metric"] - df["corrupt_metric"]
     df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
-    return df[list(COLUMNS)].reset_index(drop=True)
+    return df
 
 
 class Pairs:

@@ -16,9 +16,8 @@ import torch
 
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for
-from analyses.metrics import check_metric, metric_values
-from analyses.patching.exact import COLUMNS, Direction, Pairs
-from analyses.vocab import token_ids
+from analyses.metrics import metric_values
+from analyses.patching.exact import COLUMNS, Direction, Pairs, prepare, scored
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -40,27 +39,20 @@ def attribution(
 ) -> pd.DataFrame:
     """AtP estimates for every site of `sites`, one row per (pair, site) with the columns of
     analyses.patching.COLUMNS; patched_metric is the base run's metric plus the estimated effect."""
-    check_choice(direction, "direction", ("denoise", "noise"))
     sites = [sites] if isinstance(sites, str) else list(sites)
     for kind in sites:
         check_choice(kind, "sites", SITES)
     if "resid_pre" in sites and model.config.post_ln:
         raise ResidError("AtP of resid_pre needs a stream that is a sum of writes; post-LN models norm it after each "
                          "write. Use sites=('sublayer', 'head'), or exact activation patching.")
-    pairs = Pairs.of(model, clean, corrupt)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
+                                                              direction)
     n = len(pairs.clean)
-    target_ids = token_ids(model, targets, n, "target")
-    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
-    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    label = check_metric(metric, baseline_ids is not None)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
     work = lambda chunk: _chunk(model, pairs, base, donor, chunk, target_ids, baseline_ids, metric, sites)  # noqa: E731
     df = pd.concat([frame for _, frame in run_batched(list(range(n)), work, size)], ignore_index=True)
-    df["direction"], df["metric"] = direction, label
-    span = df["clean_metric"] - df["corrupt_metric"]
-    df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
-    return df[list(COLUMNS)].reset_index(drop=True)
+    return scored(df, direction, label)[list(COLUMNS)].reset_index(drop=True)
 
 
 def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, sites) -> pd.DataFrame:

@@ -19,10 +19,8 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from analyses.checks import check_choice
-from analyses.metrics import check_metric, metric_values
-from analyses.patching.exact import Direction, Pairs
-from analyses.vocab import token_ids
+from analyses.metrics import metric_values
+from analyses.patching.exact import Direction, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace, Site
@@ -44,11 +42,11 @@ def path(
     metric: str | Callable | None = None,
 ) -> pd.DataFrame:
     """Path patching from each sender set (a (layer, head), or a list of them patched together) to `receivers`."""
-    check_choice(direction, "direction", ("denoise", "noise"))
     sets = [[tuple(s)] if isinstance(s[0], int) else [tuple(h) for h in s] for s in senders]
     if not sets:
         raise ResidError("path patching needs senders: a list of (layer, head), or of lists of them.")
-    pairs = Pairs.of(model, clean, corrupt)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
+                                                              direction)
     n, config = len(pairs.clean), model.config
     for layer, head in (h for group in sets for h in group):
         Site(layer, "attn", head=head).validate(config)
@@ -56,10 +54,6 @@ def path(
         receivers = [tuple(r) for r in receivers]
         for layer, head, kind in receivers:
             Site(layer, "attn", head=head, input=kind).validate(config)
-    target_ids = token_ids(model, targets, n, "target")
-    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
-    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    label = check_metric(metric, baseline_ids is not None)
     base, donor = ("clean", "corrupt") if direction == "noise" else ("corrupt", "clean")
     rows = range(n)
     base_tokens, donor_tokens = pairs.batch(base, rows), pairs.batch(donor, rows)
@@ -85,9 +79,6 @@ def path(
         records += [(i, label, values[i]) for i in range(n)]
     df = pd.DataFrame(records, columns=["prompt_idx", "senders", "patched_metric"])
     df["receivers"] = "logits" if receivers == "logits" else ", ".join(f"L{l}H{h}.{k}" for l, h, k in receivers)
-    df["direction"], df["metric"] = direction, label
     df["clean_metric"] = pairs.metric(model, "clean", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
     df["corrupt_metric"] = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
-    span = df["clean_metric"] - df["corrupt_metric"]
-    df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
-    return df
+    return scored(df, direction, label)

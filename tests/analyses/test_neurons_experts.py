@@ -3,7 +3,6 @@ the post-norm) and on mixtures of experts (neurons addressed as (expert, neuron)
 
 import pytest
 import torch
-from moe_models import make_moe_model
 from random_models import make_random_model
 from tiny_fixtures import Tiny, tiny  # noqa: F401
 

@@ -3,7 +3,6 @@ figures and the `resid neurons` command work end to end."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
 

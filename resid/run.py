@@ -1,0 +1,114 @@
+"""What a Transformer takes and gives: its inputs (texts, Tokens or ids, as Tokens), a run's result, and the
+encoded source a decoder's cross-attention reads."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.stream import ResidualStream
+from resid.tokenizer import Tokenizer, Tokens
+
+# Token ids are an integer Tensor [batch pos] or [pos]; kept as plain Tensor here so that a wrong shape or
+# dtype reaches as_tokens' own check, which says what to pass, rather than a type checker's traceback.
+Inputs = str | Sequence[str] | Tokens | Tensor
+# Capture or None; typed loosely like Inputs so that a wrong value (True, a hook name) reaches run's own check.
+CaptureArg = Capture | None | object
+
+
+@dataclass(frozen=True)
+class Memory:
+    """An encoded source for a decoder's cross-attention: the encoder's final hidden state and which of its
+    positions are real."""
+
+    hidden: Float[Tensor, "batch src_pos d_model"]
+    mask: Tensor  # [batch src_pos] bool, False at padding
+
+
+@dataclass(frozen=True)
+class Run:
+    # [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k d_vocab]. None for embedding
+    # models (config.head "none"), whose output is `hidden`.
+    logits: Float[Tensor, "batch n d_vocab"] | None
+    stream: ResidualStream
+    tokens: Tokens
+    # Models with a final soft cap (Gemma 2): the logits before it, which are linear in the final residual
+    # (what attribution decomposes); None for other models, whose logits are that already.
+    uncapped_logits: Float[Tensor, "batch n d_vocab"] | None = None
+    # The final hidden state at the same positions: the final norm's output, what the head reads (transformers'
+    # last_hidden_state; an embedding model's output, e.g. mean-pooled into a sentence embedding)
+    hidden: Float[Tensor, "batch n d_model"] | None = None
+
+
+class TokenInputs:
+    """A model's text and token-id inputs, through its tokenizer (`self.tokenizer`, `self.config`, `self.name`,
+    `self.device`)."""
+
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer, or an error saying how to run without one."""
+        if self.tokenizer is None:
+            raise ResidError(
+                f"Model {self.name!r} has no tokenizer (no tokenizer.json was found next to its weights): "
+                "pass token ids as a [batch pos] tensor, or add tokenizer.json to the model folder."
+            )
+        return self.tokenizer
+
+    def to_tokens(
+        self, texts: str | Sequence[str], padding_side: Literal["left", "right"] = "left", prepend_bos: bool | None = None
+    ) -> Tokens:
+        return self.require_tokenizer().to_tokens(texts, padding_side, prepend_bos)
+
+    def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:
+        return self.require_tokenizer().to_str_tokens(text_or_ids, prepend_bos)
+
+    def to_single_token(self, text: str) -> int:
+        """The id of `text`, which must encode to exactly one token (TransformerLens's name), e.g. " Mary"."""
+        return self.require_tokenizer().token_id(text)
+
+    def as_tokens(self, inputs: Inputs) -> Tokens:
+        """Prompts (left-padded), ready-made Tokens, or a tensor of ids, as Tokens on the model's device."""
+        if isinstance(inputs, Tokens):
+            tokens = inputs
+        elif isinstance(inputs, Tensor):
+            if inputs.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+                raise ResidError(f"Token ids must be an integer tensor, got dtype {inputs.dtype}.")
+            ids = inputs[None] if inputs.ndim == 1 else inputs
+            if ids.ndim != 2 or ids.shape[1] == 0:
+                raise ResidError(f"Token ids must have shape [batch pos] or [pos], got {tuple(inputs.shape)}.")
+            tokens = Tokens.from_ids(ids.long())
+        else:
+            tokens = self.to_tokens(inputs)
+        n_pos, vocab = tokens.ids.shape[1], self.config.d_vocab
+        if n_pos > self.config.n_ctx:
+            raise ResidError(
+                f"The input has {n_pos} tokens but {self.name} has a context of {self.config.n_ctx}: "
+                f"shorten the prompt (e.g. keep its last {self.config.n_ctx} tokens) or split it."
+            )
+        if tokens.ids.numel() and (tokens.ids.min() < 0 or tokens.ids.max() >= vocab):
+            raise ResidError(f"Token ids must lie in 0..{vocab - 1} (the vocabulary size is {vocab}).")
+        return tokens.to(self.device)
+
+
+def check_memory(model, memory: Memory | None, tokens: Tokens) -> Memory | None:
+    """The encoded source of a decoder with cross-attention, checked against its tokens; None for other models,
+    which must not be given one."""
+    if not model.config.cross_attention:
+        if memory is not None:
+            raise ResidError(f"{model.name} has no cross-attention: it takes no memory (encoded source).")
+        return None
+    if memory is None:
+        raise ResidError(
+            f"{model.name} is the decoder of an encoder-decoder model: its cross-attention needs the source. Run the "
+            "whole model, model.run(source, target) on the resid.EncoderDecoder, or pass memory=encoded source."
+        )
+    if memory.hidden.shape[0] != tokens.ids.shape[0] or memory.hidden.shape[-1] != model.config.d_model:
+        raise ResidError(
+            f"The encoded source has shape {tuple(memory.hidden.shape)}, but the decoder needs one row per target "
+            f"prompt ({tokens.ids.shape[0]}) of width d_model={model.config.d_model}."
+        )
+    return memory
