@@ -76,7 +76,8 @@ def _attn(model: Transformer, written, direction: Direction, layer: int, level: 
     block = model.blocks[layer]
     attn, post_norm = (block.attn, block.ln_attn_post) if part == "attn" else (block.cross, block.ln_cross_post)
     if level == "sublayer":
-        return [Contributions([f"layers[{layer}].{part}.out"], layer, part, None, None, direction.project(written.out)[:, None])]
+        value = direction.project(written.out)[:, None]
+        return [Contributions([f"layers[{layer}].{part}.out"], layer, part, None, None, value)]
     groups: list[Contributions] = []
     into = _through_post_norm(post_norm, written, direction, layer, part, groups)
     # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch pos head d_head] tensor.
@@ -94,7 +95,8 @@ def _mlp(model: Transformer, record, direction: Direction, layer: int, level: st
     mlp = model.blocks[layer].mlp
     moe = model.config.n_experts > 0
     if level == "sublayer" or (level == "head" and not moe):
-        return [Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, direction.project(record.mlp.out)[:, None])]
+        value = direction.project(record.mlp.out)[:, None]
+        return [Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, value)]
     groups: list[Contributions] = []
     into = _through_post_norm(model.blocks[layer].ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
     if moe:

@@ -49,8 +49,10 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     model = resid.load("all-minilm-l6-v2")
     folder = minilm_folder()
-    hf_sdpa = transformers.BertModel.from_pretrained(folder, add_pooling_layer=False, attn_implementation="sdpa").eval()
-    hf_eager = transformers.BertModel.from_pretrained(folder, add_pooling_layer=False, attn_implementation="eager").eval()
+    hf_sdpa, hf_eager = (
+        transformers.BertModel.from_pretrained(folder, add_pooling_layer=False, attn_implementation=kind).eval()
+        for kind in ("sdpa", "eager")
+    )
     print(f"all-MiniLM-L6-v2, fp32, {args.threads} threads, median of {args.repeats}")
 
     texts = sentences(32)

@@ -87,7 +87,8 @@ def main() -> None:
     print(f"forward (corrupt prompts)      {forward_s * 1000:9.1f} ms")
     print(f"resid_exact, {config.n_layers * config.n_heads} heads        {exact_s:9.2f} s   multiply-add bound "
           f"{bound_s:.2f} s ({exact_s / bound_s:.2f}x the bound)")
-    print(f"resid_atp, {len(estimate) // args.pairs} sites per pair   {atp_s:9.2f} s   {atp_s / forward_s:.2f}x one forward")
+    print(f"resid_atp, {len(estimate) // args.pairs} sites per pair   {atp_s:9.2f} s   "
+          f"{atp_s / forward_s:.2f}x one forward")
     print(f"AtP vs exact heads: Spearman {agreement['spearman']:.3f}, top-20 overlap "
           f"{round(agreement['top_k_overlap'] * 20)}/20, missed {agreement['false_negatives']}")
 
@@ -108,7 +109,8 @@ def main() -> None:
                                 z[:, :, head] = clean_z[:, :, head]
                                 return z
 
-                            logits = bridge.run_with_hooks(ids_corrupt, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", patch)])
+                            hooks = [(f"blocks.{layer}.attn.hook_z", patch)]
+                            logits = bridge.run_with_hooks(ids_corrupt, fwd_hooks=hooks)
                             results.append(logit_diff(logits[:, -1], target_ids, baseline_ids))
                     return torch.stack(results).T.reshape(-1)  # [pair (layer head)]
 

@@ -65,13 +65,19 @@ class Site:
 
     def __post_init__(self) -> None:
         if self.part not in ("attn", "mlp", "cross"):
-            raise ResidError(f"Site part must be 'attn', 'mlp' or 'cross' (decoders' cross-attention), got {self.part!r}.")
+            raise ResidError(
+                f"Site part must be 'attn', 'mlp' or 'cross' (decoders' cross-attention), got {self.part!r}."
+            )
         if self.expert is not None and self.part != "mlp":
             raise ResidError(f"Site(layer={self.layer}, part='attn') cannot take an expert; experts are part='mlp'.")
         if self.head is not None and self.part == "mlp":
-            raise ResidError(f"Site(layer={self.layer}, part='mlp') cannot take a head; heads are part='attn' (or 'cross').")
+            raise ResidError(
+                f"Site(layer={self.layer}, part='mlp') cannot take a head; heads are part='attn' (or 'cross')."
+            )
         if self.neuron is not None and self.part != "mlp":
-            raise ResidError(f"Site(layer={self.layer}, part={self.part!r}) cannot take a neuron; neurons are part='mlp'.")
+            raise ResidError(
+                f"Site(layer={self.layer}, part={self.part!r}) cannot take a neuron; neurons are part='mlp'."
+            )
         if self.input is not None and (self.input not in ("q", "k", "v") or self.head is None):
             raise ResidError(f"Site input must be 'q', 'k' or 'v' with a head (Site(l, 'attn', head=h, input='q')), "
                              f"got input={self.input!r}, head={self.head!r}.")

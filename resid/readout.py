@@ -65,7 +65,9 @@ class Direction:
         flat = weight.float().reshape(-1, weight.shape[-1])  # [(rest) d_model]
         return (self.vector @ flat.T).view(*self.vector.shape[:-1], *weight.shape[:-1])
 
-    def before_norm(self, norm: Norm, scale: Float[Tensor, "batch *pos 1"]) -> tuple["Direction", Float[Tensor, "batch"]]:
+    def before_norm(
+        self, norm: Norm, scale: Float[Tensor, "batch *pos 1"]
+    ) -> tuple["Direction", Float[Tensor, "batch"]]:
         """This read-out of a norm's output, as a read-out of its input with the norm's scale frozen at `scale`:
         (the direction on the input, the value the norm's bias carries, [batch])."""
         carried = norm.bias_dot(self.vector)

@@ -8,9 +8,10 @@ captured positions, in the order given, for every prompt (their padded indices a
 
 Post-LN models (BERT, the original Transformer) norm the residual after every write, so resid_pre(0) is the
 normed embeddings, resid_mid(l) = ln(resid_pre(l) + attn.out) and resid_post(l) = ln(resid_mid(l) + mlp.out):
-each is the normed state the next sublayer reads, computed here with the norms' recorded scales (bit-identical
-to the forward pass). The final state is then no longer a plain sum of writes; with every norm's scale frozen
-each norm is affine, so it is again a sum: `components()` carries each write through the frozen norms after it
+each is the normed state the next sublayer reads, computed here with the norms' recorded scales (equal to the
+forward pass's to float32 rounding). The final state is then no longer a plain sum of writes; with every norm's
+scale frozen each norm is affine, so it is again a sum: `components()` carries each write through the frozen
+norms after it
 and adds one component per norm bias (embed_norm_bias, layers[l].attn.resid_norm_bias, ...).
 """
 
@@ -216,7 +217,8 @@ class ResidualStream:
             for part in _sublayers(record):
                 name = part._part
                 pieces.append((f"layers[{i}].{name}.out", part.out.float()))
-                pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, f"layers[{i}].{name}.resid_norm_bias")
+                bias = f"layers[{i}].{name}.resid_norm_bias"
+                pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, bias)
         return [label for label, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
 
 

@@ -11,7 +11,8 @@ from analyses.cli import arguments, output
 
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("decompose", parents=[common], help="decompose a prediction: lens + attribution")
-    parser.add_argument("text", help="the prompt whose next-token prediction (masked-LM models: the [MASK]) is decomposed")
+    parser.add_argument("text",
+                        help="the prompt whose next-token prediction (masked-LM models: the [MASK]) is decomposed")
     parser.add_argument("--target", default=None, help="target token, e.g. ' Paris' (default: the top prediction)")
     parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")
     parser.add_argument("--top", type=int, default=10, help="how many tokens and components to list (default 10)")

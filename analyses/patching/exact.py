@@ -102,10 +102,12 @@ class Pairs:
 
     @classmethod
     def of(cls, model: Transformer, clean: Sequence[str], corrupt: Sequence[str]) -> "Pairs":
-        if isinstance(clean, str) or isinstance(corrupt, str):
-            clean, corrupt = [clean] if isinstance(clean, str) else clean, [corrupt] if isinstance(corrupt, str) else corrupt
+        clean = [clean] if isinstance(clean, str) else clean
+        corrupt = [corrupt] if isinstance(corrupt, str) else corrupt
         if len(clean) != len(corrupt) or not len(clean):
-            raise ResidError(f"Patching needs one corrupt prompt per clean prompt: got {len(clean)} and {len(corrupt)}.")
+            raise ResidError(
+                f"Patching needs one corrupt prompt per clean prompt: got {len(clean)} and {len(corrupt)}."
+            )
         pairs = cls(as_prompts(model, list(clean)), as_prompts(model, list(corrupt)))
         if pairs.clean.texts is None:
             raise ResidError("Patching takes the pairs as texts (lists of strings).")
@@ -113,9 +115,9 @@ class Pairs:
         for i, (a, b) in enumerate(lengths):
             if a != b:
                 raise ResidError(
-                    f"Pair {i}: the clean prompt has {a} tokens and the corrupt one {b}. Patching puts position p of one "
-                    "into position p of the other, so each pair needs the same token length (e.g. swap names that are "
-                    "one token each)."
+                    f"Pair {i}: the clean prompt has {a} tokens and the corrupt one {b}. Patching puts position p of "
+                    "one into position p of the other, so each pair needs the same token length (e.g. swap names "
+                    "that are one token each)."
                 )
         return pairs
 

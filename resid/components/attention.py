@@ -1,5 +1,6 @@
-"""Causal (or, for encoders, bidirectional) multi-head / grouped-query attention with per-head weight views, optional q/k norms (Qwen3, Gemma 3,
-OLMo 2), score soft-capping (Gemma 2) and a per-layer sliding window and rotary (Gemma 2/3, Qwen2 windows).
+"""Causal (or, for encoders, bidirectional) multi-head / grouped-query attention with per-head weight views,
+optional q/k norms (Qwen3, Gemma 3, OLMo 2), score soft-capping (Gemma 2), a per-layer sliding window and rotary
+(Gemma 2/3, Qwen2 windows), and decoders' cross-attention (keys and values from an encoder's output).
 
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
 projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its

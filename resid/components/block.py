@@ -24,7 +24,8 @@ read it as it is, and resid_mid / resid_post are the normed states the next subl
 
 Their scales are recorded (`resid_norm_scale`), so the stream can carry every write through the frozen norms
 after it (resid.stream). The write a sublayer adds to the residual (its record's `out`) is always after any
-post-norm; whole-write interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write is linear in the
+post-norm; whole-write interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write
+is linear in the
 sublayer output, so per-head and per-neuron writes still sum to it (analyses.attribution).
 """
 

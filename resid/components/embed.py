@@ -31,7 +31,8 @@ class PosEmbed(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.positions == "sinusoidal":
-            self.register_buffer("W_pos", sinusoids(config.n_ctx, config.d_model, config.sinusoid_layout), persistent=False)
+            table = sinusoids(config.n_ctx, config.d_model, config.sinusoid_layout)
+            self.register_buffer("W_pos", table, persistent=False)
         else:
             self.W_pos = nn.Parameter(torch.zeros(config.n_ctx, config.d_model))
 

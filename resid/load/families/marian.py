@@ -59,7 +59,8 @@ def decoder_config(hf: dict) -> ModelConfig:
     if hf.get("static_position_embeddings") is False:
         raise ResidError("This Marian config.json sets static_position_embeddings=false (learned positions); resid "
                          "reads Marian's sinusoidal positions only.")
-    if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]) and hf.get("share_encoder_decoder_embeddings", True):
+    shared = hf.get("share_encoder_decoder_embeddings", True)
+    if shared and hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]):
         raise ResidError("config.json shares the embeddings but gives the decoder a different vocabulary size.")
     return _half(hf, "decoder")
 
