@@ -11,8 +11,7 @@ normed embeddings, resid_mid(l) = ln(resid_pre(l) + attn.out) and resid_post(l) 
 each is the normed state the next sublayer reads, computed here with the norms' recorded scales (equal to the
 forward pass's to float32 rounding). The final state is then no longer a plain sum of writes; with every norm's
 scale frozen each norm is affine, so it is again a sum: `components()` carries each write through the frozen
-norms after it
-and adds one component per norm bias (embed_norm_bias, layers[l].attn.resid_norm_bias, ...).
+norms after it and adds one component per norm bias (embed_norm_bias, layers[l].attn.resid_norm_bias, ...).
 """
 
 from collections.abc import Iterator
