@@ -156,3 +156,19 @@ def test_a_metric_function_of_the_logits(random_model):
     assert custom["patched_metric"].to_numpy() == pytest.approx(named["patched_metric"].to_numpy(), abs=1e-6)
     with pytest.raises(ResidError, match="must return one number per prompt"):
         _patch(random_model, "resid_pre", metric=lambda logits, t, b: logits.sum())
+
+
+def test_smollm2_engine_equals_one_forward_per_site(smollm2):
+    sites = [resid.Site(20, "attn", head=0), resid.Site(17, "attn", head=4), resid.Site(12, "mlp", positions=[9])]
+    df = _patch(smollm2, sites).set_index(["prompt_idx", "site"])
+    clean = smollm2.run(CLEAN, capture=resid.Capture(attn={"z"})).stream
+    for site in sites:
+        if site.head is not None:
+            value = clean.layers[site.layer].attn.z[..., site.head, :]
+        else:
+            at = smollm2.to_tokens(CLEAN).padded_index(site.positions)[:, 0]
+            value = clean.layers[site.layer].mlp.out[torch.arange(len(NAMES)), at][:, None]
+        logits = smollm2.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
+        for i, (a, b) in enumerate(NAMES):
+            expected = logits[i, smollm2.to_single_token(a)] - logits[i, smollm2.to_single_token(b)]
+            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected.item(), abs=1e-5)
