@@ -28,9 +28,12 @@ def _metric(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
-    """clean, corrupt: resid.Tokens (left-padded the same way), fed with their masks and position ids."""
+    """clean, corrupt: resid.Tokens (left-padded the same way), fed with their masks and position ids. A sender
+    is (layer, head), (layer, "attn") for all its heads, or (layer, "mlp") for its output."""
     layers = hf.model.layers
-    z = {}
+    n_heads = hf.config.num_attention_heads
+    heads = {(l, h) for l, u in senders for h in ([u] if isinstance(u, int) else range(n_heads) if u == "attn" else [])}
+    z, mlp_out = {}, {}
 
     def run(tokens):
         return hf(input_ids=tokens.ids, attention_mask=tokens.attention_mask.long(), position_ids=tokens.position_ids)
@@ -41,6 +44,8 @@ def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
 
     for which, tokens in (("clean", clean), ("corrupt", corrupt)):
         handles = record(which)
+        handles += [layer.mlp.register_forward_hook(lambda m, a, out, i=i, w=which: mlp_out.__setitem__((w, i), out))
+                    for i, layer in enumerate(layers)]
         with torch.no_grad():
             run(tokens)
         for h in handles:
@@ -49,7 +54,7 @@ def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
     def frozen(i):
         def hook(module, args):
             value = z[("clean", i)].clone()
-            for layer, head in senders:
+            for layer, head in heads:
                 if layer == i:
                     span = slice(head * d_head, (head + 1) * d_head)
                     value[..., span] = z[("corrupt", i)][..., span]
@@ -57,6 +62,8 @@ def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
         return hook
 
     handles = [layer.self_attn.o_proj.register_forward_pre_hook(frozen(i)) for i, layer in enumerate(layers)]
+    handles += [layers[l].mlp.register_forward_hook(lambda m, a, out, l=l: mlp_out[("corrupt", l)])
+                for l, u in senders if u == "mlp"]
     seen = {}
     for layer, head, kind in receivers:
         proj = getattr(layers[layer].self_attn, f"{kind}_proj")
@@ -89,12 +96,12 @@ def _brute_force(hf, clean, corrupt, senders, receivers, d_head):
 def test_path_patching_equals_the_brute_force(llama, receivers):
     hf, model = llama
     clean, corrupt = model.to_tokens(CLEAN), model.to_tokens(CORRUPT)
-    senders = [[(0, 1)], [(0, 2), (0, 3)], [(0, 0), (1, 1)]]
+    senders = [[(0, 1)], [(0, 2), (0, 3)], [(0, 0), (1, 1)], [(0, "mlp")], [(0, "attn"), (1, 2)]]
     df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders, receivers=receivers)
     for group in senders:
         expected = _brute_force(hf, clean, corrupt, group, [] if receivers == "logits" else receivers,
                                 model.config.d_head)
-        label = " + ".join(f"layers[{l}].attn head {h}" for l, h in group)
+        label = " + ".join(f"layers[{l}].attn head {u}" if isinstance(u, int) else f"layers[{l}].{u}" for l, u in group)
         got = df[df.senders == label].sort_values("prompt_idx")["patched_metric"].to_numpy()
         assert got == pytest.approx(expected.double().numpy(), abs=1e-4)
 
@@ -105,6 +112,7 @@ def test_no_path_and_every_path(llama):
     _, model = llama
     same = patching.path(model, CLEAN, CLEAN, TARGET, BASELINE, senders=[(1, 0)])
     assert (same["patched_metric"] - same["clean_metric"]).abs().max() < 1e-5
+    assert (same["metric"] == "logit_diff").all() and (same["direction"] == "noise").all()
     every = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
     df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[every])
     corrupt_z = model.run(CORRUPT, capture=resid.Capture(attn={"z"})).stream
@@ -119,5 +127,7 @@ def test_bad_input(llama):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[])
     with pytest.raises(ResidError, match="out of range"):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(5, 0)])
+    with pytest.raises(ResidError, match="A sender is"):
+        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(0, "ffn")])
     with pytest.raises(ResidError, match="input must be 'q', 'k' or 'v'"):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(0, 0)], receivers=[(1, 0, "z")])
