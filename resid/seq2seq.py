@@ -25,13 +25,14 @@ from resid.errors import ResidError
 from resid.interventions import Intervention
 from resid.model import CaptureArg, Inputs, Memory, Run, Transformer
 from resid.selection import LogitsAt
+from resid.stream import ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
 
 @dataclass(frozen=True)
 class Seq2SeqRun:
     logits: Tensor  # the decoder's [batch n d_vocab]
-    stream: object  # the decoder's ResidualStream
+    stream: ResidualStream  # the decoder's
     tokens: Tokens  # the decoder's (target) tokens
     encoder: Run  # the encoder's run: its stream, its tokens (the source) and its final hidden state
     hidden: Tensor | None = None  # the decoder's final hidden state
