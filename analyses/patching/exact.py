@@ -10,12 +10,18 @@ directions. Sites:
     "resid_pre"   the residual stream entering each layer, one position at a time (the layer x position map)
     "sublayer", "head", "layer", or a list of resid.Site (writes, heads, neurons; with positions=[...] for one
                   position): the activation of the other prompt, by the ablation engine's resample path
-                  (batched rows, the clean prefix reused, the last token unembedded, out-of-memory back-off,
-                  `out=` for a crash-safe, resumable table)
+                  (batched rows, the clean prefix reused, the last token unembedded, out-of-memory back-off)
+
+With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk, for every kind of site: a killed
+run, called again the same way, resumes where it stopped. The file holds each (pair, site)'s patched metric (for
+the engine's sites, in the ablation sweep's columns); the returned frame adds the clean and corrupt metrics and
+the score.
 
 The pairs must have the same token length (the positions correspond one to one).
 """
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -27,6 +33,7 @@ import torch
 from analyses.ablation import sweep
 from analyses.checks import check_choice
 from analyses.inputs import batch_size_for, prompts as as_prompts
+from analyses.io.store import ResultStore
 from analyses.metrics import check_metric, metric_values
 from analyses.vocab import token_ids
 from resid.batching import run_batched
@@ -61,9 +68,15 @@ def activation(
     corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     if isinstance(sites, str) and sites == "resid_pre":
+        store = None
         if out is not None:
-            raise ResidError("out= is for the engine's sites (sublayer, head, layer, Sites); resid_pre runs in memory.")
-        df = _resid_pre(model, pairs, base, donor, target_ids, baseline_ids, metric, batch_size)
+            record = [pairs.texts("clean"), pairs.texts("corrupt"), target_ids, baseline_ids]
+            digest = hashlib.sha256(json.dumps(record, default=str).encode()).hexdigest()[:16]
+            store = ResultStore(out, ("prompt_idx", "site"), {
+                "model": model.name, "dtype": str(model.dtype), "analysis": "patching.activation resid_pre",
+                "pairs": digest, "direction": direction, "metric": label,
+            })
+        df = _resid_pre(model, pairs, base, donor, target_ids, baseline_ids, metric, batch_size, store)
     else:
         df = sweep(model, pairs.texts(base), targets, baselines, sites=sites, method="resample",
                    reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress)
@@ -138,16 +151,26 @@ class Pairs:
         return Tokens.pad(prompts.sequences(rows), prompts.pad_token_id, "left")
 
 
-def _resid_pre(model, pairs: Pairs, base: str, donor: str, targets, baselines, metric, batch_size) -> pd.DataFrame:
+def _resid_pre(model, pairs: Pairs, base: str, donor: str, targets, baselines, metric, batch_size,
+               store: ResultStore | None) -> pd.DataFrame:
     """Each layer's entering residual, patched at one position at a time: resumed from that layer (the prefix is
-    the base run's), one row per (pair, layer, position)."""
+    the base run's), one row per (pair, layer, position). A chunk's pairs are stored whole, so a pair with any
+    stored row is done."""
     n, n_layers = len(pairs.clean), model.config.n_layers
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    done = {prompt for prompt, _ in store.done()} if store is not None else set()
+    todo = [i for i in range(n) if i not in done]
     frames = []
-    for chunk, frame in run_batched(list(range(n)), lambda chunk: _resid_chunk(
+    for chunk, frame in run_batched(todo, lambda chunk: _resid_chunk(
             model, pairs, base, donor, chunk, targets, baselines, metric, n_layers), size):
+        if store is not None:
+            store.write(frame)
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    if store is not None:
+        df = store.finish().astype({name: "Int64" for name in ("layer", "position", "head", "neuron")})
+    else:
+        df = pd.concat(frames, ignore_index=True)
+    return df.sort_values(["prompt_idx", "layer", "position"], kind="stable").reset_index(drop=True)  # pair-major
 
 
 @torch.no_grad()

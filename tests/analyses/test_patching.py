@@ -172,3 +172,32 @@ def test_smollm2_engine_equals_one_forward_per_site(smollm2):
         for i, (a, b) in enumerate(NAMES):
             expected = logits[i, smollm2.to_single_token(a)] - logits[i, smollm2.to_single_token(b)]
             assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected.item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypatch, suffix):
+    """With out=, a run killed after its first chunk resumes: the finished pair is not computed again and the
+    result equals an uninterrupted run."""
+    from analyses.patching import exact
+    from random_models import make_random_model
+
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    expected = _patch(model, "resid_pre")
+    out, calls = tmp_path / f"resid{suffix}", []
+    chunk = exact._resid_chunk
+
+    def failing(model, pairs, base, donor, rows, *rest):
+        calls.append(list(rows))
+        if len(calls) == 2:
+            raise RuntimeError("killed")
+        return chunk(model, pairs, base, donor, rows, *rest)
+
+    monkeypatch.setattr(exact, "_resid_chunk", failing)
+    with pytest.raises(RuntimeError, match="killed"):
+        _patch(model, "resid_pre", batch_size=1, out=out)
+    resumed = _patch(model, "resid_pre", batch_size=1, out=out)
+    assert calls == [[0], [1], [1]]  # pair 0 was stored before the crash and not recomputed
+    assert list(resumed["site"]) == list(expected["site"])
+    assert resumed["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-6)
+    assert resumed["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=1e-6, nan_ok=True)
+    assert out.exists()
