@@ -65,11 +65,15 @@ def path(
     rows = range(n)
     base_tokens, donor_tokens = pairs.batch(base, rows), pairs.batch(donor, rows)
     z_capture = Capture(attn={"z"}, mlp={"out"}, embed=False, final_norm_scale=False)
-    base_z = [r.attn.z for r in model.run(base_tokens, capture=z_capture).stream.layers]
-    donor_layers = model.run(donor_tokens, capture=z_capture).stream.layers
+    base_run = model.run(base_tokens, capture=z_capture, logits_at="last")
+    donor_run = model.run(donor_tokens, capture=z_capture, logits_at="last")
+    base_z, donor_layers = [r.attn.z for r in base_run.stream.layers], donor_run.stream.layers
     donor_z = [r.attn.z for r in donor_layers]
     t = torch.tensor(target_ids, device=model.device)
     b = None if baseline_ids is None else torch.tensor(baseline_ids, device=model.device)
+    # the unpatched metrics come from the same two runs
+    unpatched = {side: metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
+                 for side, run in ((base, base_run), (donor, donor_run))}
     wanted = {"q", "k", "v"} if receivers != "logits" else set()
     records = []
     for group in sets:
@@ -90,6 +94,6 @@ def path(
         records += [(i, name, values[i]) for i in range(n)]
     df = pd.DataFrame(records, columns=["prompt_idx", "senders", "patched_metric"])
     df["receivers"] = "logits" if receivers == "logits" else ", ".join(f"L{l}H{h}.{k}" for l, h, k in receivers)
-    df["clean_metric"] = pairs.metric(model, "clean", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
-    df["corrupt_metric"] = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)[df["prompt_idx"].to_numpy()]
+    df["clean_metric"] = unpatched["clean"][df["prompt_idx"].to_numpy()]
+    df["corrupt_metric"] = unpatched["corrupt"][df["prompt_idx"].to_numpy()]
     return scored(df, direction, label)

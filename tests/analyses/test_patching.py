@@ -15,6 +15,12 @@ TARGETS, BASELINES = [a for a, _ in NAMES], [b for _, b in NAMES]
 S2 = 9  # the one position where each pair differs (prompt-relative)
 
 
+def _logit_diffs(model, logits) -> list[float]:
+    """logit(answer) - logit(other name) of each pair, from last-token logits [pairs d_vocab]."""
+    return [(logits[i, model.to_single_token(a)] - logits[i, model.to_single_token(b)]).item()
+            for i, (a, b) in enumerate(NAMES)]
+
+
 def _patch(model, sites, **options):
     return patching.activation(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=sites, **options)
 
@@ -51,10 +57,9 @@ def test_head_patching_equals_one_forward_per_site(random_model):
         z = clean_z.layers[layer].attn.z[..., head, :]
         site = resid.Site(layer, "attn", head=head)
         logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, z)], logits_at="last").logits[:, 0]
-        for i, (a, b) in enumerate(NAMES):
-            expected = logits[i, random_model.to_single_token(a)] - logits[i, random_model.to_single_token(b)]
-            assert df.loc[(i, f"layers[{layer}].attn head {head}"), "patched_metric"] == pytest.approx(
-                expected.item(), abs=1e-5)
+        for i, expected in enumerate(_logit_diffs(random_model, logits)):
+            got = df.loc[(i, f"layers[{layer}].attn head {head}"), "patched_metric"]
+            assert got == pytest.approx(expected, abs=1e-5)
 
 
 def test_resid_patching_equals_one_forward_per_site(random_model):
@@ -68,10 +73,9 @@ def test_resid_patching_equals_one_forward_per_site(random_model):
         delta = (clean.resid_pre(layer) - corrupt.resid_pre(layer))[rows, at][:, None]
         site = resid.Site(layer - 1, "mlp", positions=[position])
         logits = random_model.run(CORRUPT, interventions=[resid.Add(site, delta)], logits_at="last").logits[:, 0]
-        for i, (a, b) in enumerate(NAMES):
-            expected = logits[i, random_model.to_single_token(a)] - logits[i, random_model.to_single_token(b)]
-            assert df.loc[(i, f"resid_pre {layer} pos {position}"), "patched_metric"] == pytest.approx(
-                expected.item(), abs=1e-4)
+        for i, expected in enumerate(_logit_diffs(random_model, logits)):
+            got = df.loc[(i, f"resid_pre {layer} pos {position}"), "patched_metric"]
+            assert got == pytest.approx(expected, abs=1e-4)
 
 
 def test_atp_is_the_linear_limit_of_patching(random_model):
@@ -140,9 +144,8 @@ def test_head_inputs_are_patched_like_one_forward_per_site(random_model):
     for site in sites:
         value = getattr(clean.layers[site.layer].attn, site.input)[..., site.head, :]
         logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
-        for i, (a, b) in enumerate(NAMES):
-            expected = logits[i, random_model.to_single_token(a)] - logits[i, random_model.to_single_token(b)]
-            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected.item(), abs=1e-5)
+        for i, expected in enumerate(_logit_diffs(random_model, logits)):
+            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_a_metric_function_of_the_logits(random_model):
@@ -169,9 +172,8 @@ def test_smollm2_engine_equals_one_forward_per_site(smollm2):
             at = smollm2.to_tokens(CLEAN).padded_index(site.positions)[:, 0]
             value = clean.layers[site.layer].mlp.out[torch.arange(len(NAMES)), at][:, None]
         logits = smollm2.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
-        for i, (a, b) in enumerate(NAMES):
-            expected = logits[i, smollm2.to_single_token(a)] - logits[i, smollm2.to_single_token(b)]
-            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected.item(), abs=1e-5)
+        for i, expected in enumerate(_logit_diffs(smollm2, logits)):
+            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
