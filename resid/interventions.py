@@ -29,6 +29,9 @@ from resid.errors import ResidError
 from resid.tokenizer import Tokens
 
 
+Kind = Literal["write", "head", "neuron", "expert", "q", "k", "v", "pattern"]  # what a Site edits (Site.kind)
+
+
 @dataclass(frozen=True)
 class Site:
     """Where an intervention edits: `layer` and `part`, then optionally one head or one neuron, and optionally
@@ -39,6 +42,7 @@ class Site:
         Site(3, "attn", head=5)         head 5's z               [batch pos d_head]  (the head writes z @ W_O[5])
         Site(3, "attn", head=5, input="q")  head 5's query       [batch pos d_head]  (after rotary; "k" / "v":
                                         key / value head 5, shared by its query heads under grouped-query attention)
+        Site(3, "attn", head=5, input="pattern")  its attention pattern [batch pos key_pos] (z = pattern @ v)
         Site(3, "cross", head=5)        a decoder's cross-attention head 5 (encoder-decoder models); "cross"
                                         alone is that sublayer's write
         Site(3, "mlp", neuron=42)       neuron 42's post         [batch pos]         (it writes post * W_out[42])
@@ -59,8 +63,8 @@ class Site:
     neuron: int | None = None  # mlp only: edit this neuron's coefficient post[i]
     positions: Sequence[int] | None = None  # prompt-relative (-1: each prompt's last token); None = every position
     expert: int | None = None  # mlp of a mixture of experts only: this expert's write (or, with neuron, its post[i])
-    # attn / cross with head only: edit the head's query ("q"), or the key / value ("k", "v") of the key/value head
-    # `head` (grouped-query models share it among query heads), as the scores read them (after rotary)
+    # attn / cross with head only: the head's query ("q") or pattern ("pattern"), or the key / value ("k", "v") of
+    # the key/value head `head` (grouped-query models share it among query heads), as the scores read them
     input: str | None = None
 
     def __post_init__(self) -> None:
@@ -78,16 +82,16 @@ class Site:
             raise ResidError(
                 f"Site(layer={self.layer}, part={self.part!r}) cannot take a neuron; neurons are part='mlp'."
             )
-        if self.input is not None and (self.input not in ("q", "k", "v") or self.head is None):
-            raise ResidError(f"Site input must be 'q', 'k' or 'v' with a head (Site(l, 'attn', head=h, input='q')), "
-                             f"got input={self.input!r}, head={self.head!r}.")
+        if self.input is not None and (self.input not in ("q", "k", "v", "pattern") or self.head is None):
+            raise ResidError(f"Site input must be 'q', 'k', 'v' or 'pattern' with a head (Site(l, 'attn', head=h, "
+                             f"input='q')), got input={self.input!r}, head={self.head!r}.")
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(int(p) for p in self.positions))
 
     @property
-    def kind(self) -> Literal["write", "head", "neuron", "expert", "q", "k", "v"]:
+    def kind(self) -> Kind:
         """What the site edits: the sublayer's whole write, one head's z, one neuron's coefficient (of the
-        expert `expert` in a mixture of experts), one expert's whole weighted write, or a head's q, k or v."""
+        expert `expert` in a mixture of experts), one expert's whole weighted write, or a head's input."""
         if self.input is not None:
             return self.input
         if self.head is not None:
@@ -280,15 +284,14 @@ def plan(
     return grouped
 
 
-def apply_edits(
-    tensor: Tensor, edits: Sequence[Edit], kind: Literal["write", "head", "neuron", "expert", "q", "k", "v"]
-) -> Tensor:
-    """Apply the edits of this kind (whole write / head / neuron / expert write) to `tensor` [batch pos ...].
-    Experts: the caller passes only the edits of the expert whose tensor this is."""
+def apply_edits(tensor: Tensor, edits: Sequence[Edit], kind: Kind) -> Tensor:
+    """Apply the edits of this kind (whole write / head / neuron / expert write / head input) to `tensor`
+    [batch pos ...] (a pattern as [batch pos head key_pos]). Experts: the caller passes only the edits of the
+    expert whose tensor this is."""
     for iv, index in edits:
         if iv.site.kind != kind:
             continue
-        unit = iv.site.head if kind in ("head", "q", "k", "v") else iv.site.neuron if kind == "neuron" else None
+        unit = iv.site.neuron if kind == "neuron" else None if kind in ("write", "expert") else iv.site.head
         rows = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
         region = (slice(None), slice(None)) if index is None else (rows, index)
         region = region if unit is None else (*region, unit)

@@ -146,6 +146,23 @@ class Transformer(TokenInputs, nn.Module):
         options: do_sample, temperature, top_k, seed, stop_at_eos, return_logits (see resid.generate)."""
         return generate(self, inputs, max_new_tokens, interventions, **options)
 
+    def attention_pattern(
+        self,
+        layer: int,
+        q: Float[Tensor, "batch pos head d_head"],
+        k: Float[Tensor, "batch pos kv_head d_head"],
+        inputs: Inputs,
+    ) -> Float[Tensor, "batch head pos key_pos"]:
+        """The pattern `layer`'s self-attention computes from these queries and keys (as a run captures them:
+        after rotary) over the masks of `inputs` (causal, padding, sliding window, soft-capping as the layer
+        has them): e.g. a head's pattern with another prompt's queries and this prompt's keys."""
+        n = self.config.n_layers
+        if not 0 <= layer < n:
+            raise ResidError(f"attention_pattern(layer={layer}) is out of range: the model has {n} layers.")
+        _, _, ctx = self._prepare(self.as_tokens(inputs), embed=False)
+        attn = self.blocks[layer].attn
+        return attn.pattern_of(q.to(self.dtype).transpose(1, 2), k.to(self.dtype).transpose(1, 2), ctx)
+
     def resume(
         self,
         layer: int,

@@ -45,9 +45,12 @@ def capture_for(units: Iterable[Unit]) -> Capture:
 
 
 def read_unit(stream, unit: Unit) -> Tensor:
-    """The unit's clean value from a stream: [batch pos d_model], [batch pos d_head] or [batch pos]."""
+    """The unit's clean value from a stream: [batch pos d_model], [batch pos d_head], [batch pos] or, for an
+    attention pattern, [batch pos key_pos]."""
     layer, part, head, neuron, expert, head_input = unit
     record = getattr(stream.layers[layer], part)
+    if head_input == "pattern":  # [batch head pos key_pos]
+        return record.pattern[:, head]
     if head_input is not None:
         return getattr(record, head_input)[:, :, head]
     if head is not None:
@@ -89,6 +92,12 @@ def reference_means(
 ) -> dict[Unit, Tensor]:
     """Streaming means of each unit over the real tokens of the reference batches (nothing else is kept).
     Agnostic: {unit: [dim...]}; per position: {unit: [n_positions dim...]}."""
+    patterns = [u for u in units if u[5] == "pattern"]
+    if patterns:
+        layer, part, head = patterns[0][:3]
+        raise ResidError(f"Attention patterns have no mean over reference texts (their key axis is each text's own "
+                         f"length): layers[{layer}].{part} head {head} pattern. Ablate patterns with method='zero' or "
+                         "'resample'.")
     sums: dict[Unit, Tensor] = {}
     counts = torch.zeros(n_positions if per_position else 1, dtype=torch.float64)
     capture = capture_for(units)

@@ -1,7 +1,8 @@
 """`resid patch --pairs pairs.jsonl --out results.parquet`: activation patching (exact) or attribution patching
-(AtP) of (clean, corrupt) prompt pairs, plus a heatmap: layer x position for the residual stream, layer x head
-for heads, a line per part for sublayers. pairs.jsonl has one {"clean": ..., "corrupt": ..., "target": ...,
-"baseline": ...} object per line (baseline optional; the two prompts of a pair have the same token length)."""
+(AtP, AtP*) of (clean, corrupt) prompt pairs, plus a heatmap: layer x position for the residual stream, layer x
+head for heads (and their inputs), a line per part for sublayers. pairs.jsonl has one {"clean": ..., "corrupt": ...,
+"target": ..., "baseline": ...} object per line (baseline optional; the two prompts of a pair have the same token
+length)."""
 
 from pathlib import Path
 
@@ -17,11 +18,13 @@ def add_parser(commands, common) -> None:
     patch = commands.add_parser("patch", parents=[common], help="activation / attribution patching of prompt pairs")
     patch.add_argument("--pairs", required=True, help='JSONL: {"clean": ..., "corrupt": ..., "target": ..., '
                        '"baseline": ...}')
-    patch.add_argument("--sites", default="resid_pre", choices=["resid_pre", "sublayer", "head"],
-                       help="the residual stream by layer and position (default), each attention / MLP write, or "
-                       "each head")
-    patch.add_argument("--method", default="exact", choices=["exact", "atp"],
-                       help="exact activation patching (one patched run per site), or AtP (one backward pass)")
+    patch.add_argument("--sites", default="resid_pre", choices=["resid_pre", "sublayer", "head", "q", "k", "v",
+                                                                "pattern"],
+                       help="the residual stream by layer and position (default), each attention / MLP write, each "
+                       "head, or each head's query, key, value or attention pattern")
+    patch.add_argument("--method", default="exact", choices=["exact", "atp", "atp*"],
+                       help="exact activation patching (one patched run per site), AtP (one backward pass), or AtP* "
+                       "(queries and keys through the exact new pattern, and GradDrop: one backward pass per layer)")
     patch.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                        help="denoise: patch clean activations into the corrupt run; noise: the reverse")
     patch.add_argument("--metric", default=None, choices=["logit_diff", "logit", "target_prob", "loss"])
@@ -61,12 +64,17 @@ def run(model, args) -> str:
     if args.method == "exact":
         df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites, **options)
     else:
-        df = patching.attribution(model, clean, corrupt, targets, baselines, sites=(args.sites,), **options)
+        df = patching.attribution(model, clean, corrupt, targets, baselines, sites=(args.sites,), method=args.method,
+                                  **options)
     out = tables.export(df, args.out)
     figure = plots.save_html(plots.patching_heatmap(df), args.figure or Path(args.out).with_suffix(".html"),
                              self_contained=args.self_contained)
-    top = patching.site_effects(df).sort_values(key=abs, ascending=False).head(10)
-    lines = [f"{len(df)} rows ({len(found)} pairs, {args.method}) -> {out}; figure -> {figure}",
-             f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}):"]
-    lines += [f"  {site:<28} {effect:+.4f}" for site, effect in top.items()]
+    lines = [f"{len(df)} rows ({len(found)} pairs, {args.method}) -> {out}; figure -> {figure}"]
+    if args.method == "atp*":  # GradDrop estimates sizes, not signs
+        top = df.groupby("site")["magnitude"].mean().sort_values(ascending=False).head(10)
+        lines.append(f"largest estimated effect sizes on {df['metric'].iloc[0]} (AtP* GradDrop, {args.direction}):")
+    else:
+        top = patching.site_effects(df).sort_values(key=abs, ascending=False).head(10)
+        lines.append(f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}):")
+    lines += [f"  {site:<32} {effect:+.4f}" for site, effect in top.items()]
     return "\n".join(lines)

@@ -8,9 +8,11 @@ score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 
 directions. Sites:
 
     "resid_pre"   the residual stream entering each layer, one position at a time (the layer x position map)
-    "sublayer", "head", "layer", or a list of resid.Site (writes, heads, neurons; with positions=[...] for one
-                  position): the activation of the other prompt, by the ablation engine's resample path
-                  (batched rows, the clean prefix reused, the last token unembedded, out-of-memory back-off)
+    "sublayer", "head", "layer", "q", "k", "v", "pattern" (each head's query, key / value of each key/value
+                  head, attention pattern), or a list of resid.Site (writes, heads, head inputs, neurons; with
+                  positions=[...] for one position): the activation of the other prompt, by the ablation engine's
+                  resample path (batched rows, the clean prefix reused, the last token unembedded, out-of-memory
+                  back-off)
 
 With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk, for every kind of site: a killed
 run, called again the same way, resumes where it stopped. The file holds each (pair, site)'s patched metric (for
@@ -39,10 +41,12 @@ from analyses.vocab import token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
+from resid.interventions import Site
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
 Direction = Literal["denoise", "noise"]
+HEAD_INPUTS = ("q", "k", "v", "pattern")  # sites= words for every head's input
 # One row per (pair, site); patched_metric is the metric with the site patched, score its normalized value.
 COLUMNS = ("prompt_idx", "site", "layer", "part", "head", "neuron", "position", "direction", "metric",
            "clean_metric", "corrupt_metric", "patched_metric", "score")
@@ -78,6 +82,8 @@ def activation(
             })
         df = _resid_pre(model, pairs, base, donor, target_ids, baseline_ids, metric, batch_size, store)
     else:
+        if isinstance(sites, str) and sites in HEAD_INPUTS:
+            sites = input_sites(model, sites)
         df = sweep(model, pairs.texts(base), targets, baselines, sites=sites, method="resample",
                    reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress)
         df = df.rename(columns={"ablated_metric": "patched_metric"}).drop(columns=["clean_metric", "delta", "method"])
@@ -85,6 +91,13 @@ def activation(
     df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
     df["corrupt_metric"] = corrupt_metric[df["prompt_idx"].to_numpy()]
     return scored(df, direction, label)[list(COLUMNS)].reset_index(drop=True)
+
+
+def input_sites(model: Transformer, kind: str) -> list[Site]:
+    """Every head's `kind` input ("q", "pattern"), or every key/value head's ("k", "v")."""
+    cfg = model.config
+    heads = cfg.n_kv_heads if kind in ("k", "v") else cfg.n_heads
+    return [Site(l, "attn", head=h, input=kind) for l in range(cfg.n_layers) for h in range(heads)]
 
 
 def prepare(model: Transformer, clean, corrupt, targets, baselines, metric, direction: str) -> tuple:

@@ -7,8 +7,8 @@ the base, the corrupt one the donor; "denoise" swaps them):
   1. run the base prompt with the senders' z (or a sender MLP's write) taken from the donor run and every other
      head's z frozen at the base run's (the other MLPs are recomputed);
   2. receivers "logits": that run's metric is the answer (the senders' direct path and their paths through MLPs);
-     receivers (layer, head, "q" | "k" | "v"): record those inputs in run 1, then run the base prompt once more
-     with only them replaced: the metric of that run.
+     receivers (layer, head, "q" | "k" | "v" | "pattern"): record those inputs in run 1, then run the base prompt
+     once more with only them replaced: the metric of that run.
 
 One row per (pair, sender set), with clean / corrupt / patched metric and score (0 = the corrupt run, 1 = the
 clean run).
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
+from analyses.ablation.values import read_unit
 from analyses.metrics import metric_values
 from analyses.patching.exact import Direction, prepare, scored
 from resid.capture import Capture
@@ -27,7 +28,7 @@ from resid.interventions import Replace, Site
 from resid.model import Transformer
 
 Sender = tuple[int, int | str]  # (layer, head), or (layer, "attn" | "mlp") for a whole sublayer
-Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v")
+Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v" | "pattern")
 
 
 def path(
@@ -74,7 +75,7 @@ def path(
     # the unpatched metrics come from the same two runs
     unpatched = {side: metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
                  for side, run in ((base, base_run), (donor, donor_run))}
-    wanted = {"q", "k", "v"} if receivers != "logits" else set()
+    wanted = {kind for _, _, kind in receivers} if receivers != "logits" else set()
     records = []
     for group in sets:
         from_donor = {(l, h) for l, unit in group for h in ([unit] if isinstance(unit, int) else
@@ -86,8 +87,8 @@ def path(
                                                      final_norm_scale=False), interventions=patched, logits_at="last")
         logits = run.logits
         if receivers != "logits":
-            inputs = [Replace(Site(l, "attn", head=h, input=kind), getattr(run.stream.layers[l].attn, kind)[..., h, :])
-                      for l, h, kind in receivers]
+            inputs = [Replace(Site(l, "attn", head=h, input=kind),
+                              read_unit(run.stream, (l, "attn", h, None, None, kind))) for l, h, kind in receivers]
             logits = model.run(base_tokens, capture=Capture.none(), interventions=inputs, logits_at="last").logits
         values = metric_values(metric, logits[:, 0], t, b).double().cpu().numpy()
         name = " + ".join(f"layers[{l}].attn head {u}" if isinstance(u, int) else f"layers[{l}].{u}" for l, u in group)

@@ -4,8 +4,9 @@ optional q/k norms (Qwen3, Gemma 3, OLMo 2), score soft-capping (Gemma 2), a per
 
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
 projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its
-per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model). Query head h reads key/value head
-h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`.
+per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model).
+Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`. An edited
+attention pattern (Site(..., input="pattern")) takes the explicit path: z = pattern @ v.
 """
 
 from collections.abc import Sequence
@@ -178,9 +179,13 @@ class Attention(nn.Module):
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         pattern = None
-        if self.softcap is not None:
-            # SDPA cannot soft-cap scores: the explicit path, as Hugging Face's eager attention computes it.
-            pattern = self._pattern(q_h, k_h, ctx)
+        pattern_edited = any(iv.site.kind == "pattern" for iv, _ in edits)
+        if self.softcap is not None or pattern_edited:
+            # SDPA cannot soft-cap scores, nor take an edited pattern: the explicit path, as Hugging Face's eager
+            # attention computes it.
+            pattern = self.pattern_of(q_h, k_h, ctx)
+            if pattern_edited:  # edited as [batch pos head key_pos], the layout every head edit uses
+                pattern = apply_edits(pattern.transpose(1, 2), edits, "pattern").transpose(1, 2)
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         else:
             # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
@@ -191,14 +196,17 @@ class Attention(nn.Module):
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
             if "pattern" in want:
-                pattern = self._pattern(q_h, k_h, ctx)
+                pattern = self.pattern_of(q_h, k_h, ctx)
         z = apply_edits(z_h.transpose(1, 2), edits, "head")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z}
         return out, {name: values[name] for name in want if values.get(name) is not None}
 
-    def _pattern(
-        self, q_h: Float[Tensor, "batch head pos d_head"], k_h: Float[Tensor, "batch kv_head key_pos d_head"], ctx: AttnContext
+    def pattern_of(
+        self,
+        q_h: Float[Tensor, "batch head pos d_head"],
+        k_h: Float[Tensor, "batch kv_head key_pos d_head"],
+        ctx: AttnContext,
     ) -> Float[Tensor, "batch head pos key_pos"]:
         """softmax(q k^T * scale) over the allowed keys (scores soft-capped first if the model caps them), in
         float32, as the eager Hugging Face attention does."""

@@ -106,6 +106,20 @@ def test_path_patching_equals_the_brute_force(llama, receivers):
         assert got == pytest.approx(expected.double().numpy(), abs=1e-4)
 
 
+def test_pattern_receivers_equal_their_queries_and_keys(llama):
+    """A head's pattern is a function of its queries and its key/value head's keys: receiving the patterns of
+    the heads that read key/value head 0 is receiving their queries and that head's keys."""
+    _, model = llama
+    senders = [[(0, 1)], [(0, "mlp")]]
+    group = range(model.config.n_heads // model.config.n_kv_heads)
+    patterns = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders,
+                             receivers=[(1, h, "pattern") for h in group])
+    inputs = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders,
+                           receivers=[(1, h, "q") for h in group] + [(1, 0, "k")])
+    assert patterns["patched_metric"].to_numpy() == pytest.approx(inputs["patched_metric"].to_numpy(), abs=1e-5)
+    assert (patterns["patched_metric"] - patterns["clean_metric"]).abs().max() > 1e-4  # the senders do matter
+
+
 def test_no_path_and_every_path(llama):
     """Senders whose z is the same in both runs change nothing; patching every head to the logits is exactly
     patching every head (MLPs recompute)."""
@@ -129,5 +143,5 @@ def test_bad_input(llama):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(5, 0)])
     with pytest.raises(ResidError, match="A sender is"):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(0, "ffn")])
-    with pytest.raises(ResidError, match="input must be 'q', 'k' or 'v'"):
+    with pytest.raises(ResidError, match="input must be 'q', 'k', 'v' or 'pattern'"):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(0, 0)], receivers=[(1, 0, "z")])

@@ -25,7 +25,8 @@ def test_patch_writes_the_table_and_heatmap(tmp_path, capsys, smollm2, method):
     printed = capsys.readouterr().out
     assert "largest mean effects on logit_diff (denoise)" in printed and "resid_pre" in printed
     df = pd.read_csv(out)
-    assert list(df.columns) == list(patching.COLUMNS) and len(df) == 2 * 30 * 14
+    extra = [] if method == "exact" else ["method", "magnitude"]
+    assert list(df.columns) == [*patching.COLUMNS, *extra] and len(df) == 2 * 30 * 14
     assert (tmp_path / "resid.html").stat().st_size > 10_000
     if method == "exact":
         expected = patching.activation(smollm2, [p["clean"] for p in PAIRS], [p["corrupt"] for p in PAIRS],
@@ -33,3 +34,19 @@ def test_patch_writes_the_table_and_heatmap(tmp_path, capsys, smollm2, method):
         assert df["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-4)
         s2 = df[(df.layer == 0) & (df.position == 9)]  # the one embedding where the pairs differ: the clean run
         assert s2["score"].to_numpy() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_patch_atp_star_of_keys(tmp_path, capsys, smollm2):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in PAIRS) + "\n")
+    out = tmp_path / "keys.parquet"
+    assert main(["patch", "--pairs", str(pairs), "--method", "atp*", "--sites", "k", "--out", str(out)]) == 0
+    assert "largest estimated effect sizes on logit_diff (AtP* GradDrop, denoise)" in capsys.readouterr().out
+    df = pd.read_parquet(out)
+    kv_heads = smollm2.config.n_kv_heads
+    assert len(df) == 2 * 30 * kv_heads and (df["method"] == "atp*").all()
+    assert set(df["site"]) == {f"layers[{l}].attn head {h} k" for l in range(30) for h in range(kv_heads)}
+    expected = patching.attribution(smollm2, [p["clean"] for p in PAIRS], [p["corrupt"] for p in PAIRS],
+                                    [p["target"] for p in PAIRS], [p["baseline"] for p in PAIRS], sites="k",
+                                    method="atp*")
+    assert df["magnitude"].to_numpy() == pytest.approx(expected["magnitude"].to_numpy(), abs=1e-5)

@@ -1,0 +1,131 @@
+"""First-order patching effects of every site from one gradient at the base run (analyses.patching.attribution):
+
+    effect(site) ~ (donor value - base value) . d metric / d value      summed over the site's positions
+
+and the two refinements of AtP* (Kramár et al. 2024):
+
+- Queries and keys (the attention-saturation fix). A head's q or k acts through a softmax, whose gradient is flat
+  where the pattern is saturated, so plain AtP misses large effects there. Here the new pattern is computed
+  exactly (the donor's queries with the base keys, or the base queries with the donor's keys) and only the step
+  from the pattern on is linear: effect ~ sum over (query, key) of (new pattern - pattern) * d metric / d pattern.
+- GradDrop. An effect can cancel between paths (a head's direct write against what later layers make of it).
+  For each layer l the gradient is taken again with nothing flowing back through layer l's writes (the sites of
+  layer l itself then get none); the estimate of the effect's size is sum_l |estimate without layer l| / (L - 1),
+  which is |estimate| for a site whose effect takes a single path.
+
+d metric / d pattern needs no explicit pattern in the graph: z = pattern @ v, so it is (d metric / d z) v^T.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from resid.interventions import Hook, Site
+from resid.model import Transformer
+from resid.stream import ResidualStream
+from resid.tokenizer import Tokens
+
+
+def captured(sites: Sequence[str]) -> set[str]:
+    """The attention values both runs must capture for these sites (besides the writes)."""
+    attn = {"z"} if {"head", "q", "k", "pattern"} & set(sites) else set()
+    attn |= {"v"} if {"v", "q", "k", "pattern"} & set(sites) else set()  # v: d metric / d pattern
+    return attn | ({"q", "k"} if {"q", "k", "pattern"} & set(sites) else set())
+
+
+def nodes(stream: ResidualStream, sites: Sequence[str]) -> dict[tuple, Tensor]:
+    """The base run's tensors to differentiate the metric by: the embedding, every write, and what the head sites
+    need (z, q, k, v)."""
+    wrt = {("embed",): stream.embed}
+    attn = captured(sites)
+    for l, record in enumerate(stream.layers):
+        wrt[(l, "attn")], wrt[(l, "mlp")] = record.attn.out, record.mlp.out
+        for name in ("z", "q", "k", "v"):
+            if name in attn:
+                wrt[(l, name)] = getattr(record.attn, name)
+    return wrt
+
+
+class _Gate(torch.autograd.Function):
+    """The identity, whose backward scales the gradient by open[layer] (read when the backward runs)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, open_: Tensor, layer: int) -> Tensor:
+        ctx.open, ctx.layer = open_, layer
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad * ctx.open[ctx.layer], None, None
+
+
+def gates(model: Transformer) -> tuple[Tensor, list[Hook]]:
+    """(open, hooks): hooks on every layer's writes that pass the gradient through times open[layer]; set
+    open[l] = 0 and take the gradient again to drop layer l (GradDrop), with no second forward pass."""
+    open_ = torch.ones(model.config.n_layers, dtype=model.dtype, device=model.device)
+    hooks = [Hook(Site(l, part), lambda x, tokens, l=l: _Gate.apply(x, open_, l))
+             for l in range(model.config.n_layers) for part in ("attn", "mlp")]
+    return open_, hooks
+
+
+class Effects:
+    """Each site's first-order effect [batch] from a gradient of the metric at the base run."""
+
+    def __init__(self, model: Transformer, base: ResidualStream, donor: ResidualStream, tokens: Tokens,
+                 sites: Sequence[str], fix_qk: bool):
+        self.model, self.sites, self.fix_qk = model, set(sites), fix_qk
+        self.base, self.donor = base, donor
+        self.mask = tokens.attention_mask.to(model.device)[..., None].to(model.dtype)  # [batch pos 1]
+        self.group = model.config.n_heads // model.config.n_kv_heads
+        self.patterns: dict[tuple[int, str], Tensor] = {}  # (layer, "base" | "pattern" | "q" | "k") -> pattern
+        needed = "pattern" in self.sites or (fix_qk and bool({"q", "k"} & self.sites))
+        with torch.no_grad():
+            for l, (ours, theirs) in enumerate(zip(base.layers, donor.layers) if needed else ()):
+                q, k = ours.attn.q.detach(), ours.attn.k.detach()
+                self.patterns[(l, "base")] = model.attention_pattern(l, q, k, tokens)
+                if "pattern" in self.sites:
+                    self.patterns[(l, "pattern")] = model.attention_pattern(l, theirs.attn.q, theirs.attn.k, tokens)
+                if fix_qk and "q" in self.sites:
+                    self.patterns[(l, "q")] = model.attention_pattern(l, theirs.attn.q, k, tokens)
+                if fix_qk and "k" in self.sites:
+                    self.patterns[(l, "k")] = model.attention_pattern(l, q, theirs.attn.k, tokens)
+
+    def __call__(self, grads: dict[tuple, Tensor], dropped: int | None = None) -> dict[tuple, Tensor]:
+        """{(layer, part, index): effect [batch]} with part "attn" / "mlp" (index None), "head" / "q" / "k" / "v" /
+        "pattern" (index the head), and {("resid_pre", layer): [batch pos]} per position. With `dropped`, the
+        sites of that layer get zero (their gradient ran through its writes)."""
+        out: dict[tuple, Tensor] = {}
+        for l, (ours, theirs) in enumerate(zip(self.base.layers, self.donor.layers)):
+            for part, effect in self._layer(l, ours.attn, theirs.attn, ours, theirs, grads).items():
+                for index, column in enumerate(effect.unbind(1)) if effect.ndim == 2 else [(None, effect)]:
+                    out[(l, part, index)] = column * 0 if l == dropped else column
+        if "resid_pre" in self.sites:
+            donor_resid = [r for _, _, r in self.donor.running("layer")]
+            for l, (_, _, resid) in zip(range(len(self.base.layers)), self.base.running("layer")):
+                grad = grads[("embed",)] if l == 0 else grads[(l - 1, "mlp")]
+                out[("resid_pre", l)] = ((donor_resid[l] - resid.detach()) * grad).sum(-1)
+        return out
+
+    def _layer(self, l: int, attn, donor_attn, ours, theirs, grads) -> dict[str, Tensor]:
+        """This layer's effects: [batch] per write, [batch head] (or [batch kv_head]) per head site."""
+        mask, found = self.mask, {}
+        if "sublayer" in self.sites:
+            for part in ("attn", "mlp"):
+                delta = getattr(theirs, part).out - getattr(ours, part).out.detach()
+                found[part] = (delta * grads[(l, part)] * mask).sum((1, 2))
+        if "head" in self.sites:
+            found["head"] = ((donor_attn.z - attn.z.detach()) * grads[(l, "z")] * mask[..., None]).sum((1, 3))
+        for name in ("q", "k", "v"):
+            if name in self.sites and (name == "v" or not self.fix_qk):
+                delta = getattr(donor_attn, name) - getattr(attn, name).detach()
+                found[name] = (delta * grads[(l, name)] * mask[..., None]).sum((1, 3))
+        pattern_sites = [s for s in ("q", "k", "pattern") if s in self.sites and (s == "pattern" or self.fix_qk)]
+        if pattern_sites:
+            v = attn.v.detach().repeat_interleave(self.group, dim=2)  # [batch key head d_head]
+            grad = torch.einsum("bihd,bjhd->bhij", grads[(l, "z")], v) * mask[:, None]  # [batch head pos key]
+            base = self.patterns[(l, "base")]
+            for name in pattern_sites:
+                per_head = ((self.patterns[(l, name)] - base) * grad).sum((2, 3))
+                found[name] = per_head.view(len(per_head), -1, self.group).sum(-1) if name == "k" else per_head
+        return found
