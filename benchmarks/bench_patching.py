@@ -12,6 +12,9 @@ swapped there), metric logit(A) - logit(B) at the last token, denoising (clean z
                 run_with_hooks on the corrupt prompts replacing that head's hook_z
   resid_atp     analyses.patching.attribution(..., sites=all): residual stream (layer x position), every
                 attention / MLP write and every head, from one run of each side and one backward
+  resid_atp*    the same with method="atp*" (queries and keys through the exact new pattern; GradDrop: one
+                more backward pass per layer), ranked by its magnitude estimates
+  keys          exact, AtP and AtP* patching of every key head (30 x 3): where the query / key fix shows
   forward       one plain resid forward of the corrupt prompts (the unit of the AtP target)
 The multiply-add bound of exact patching: a head patched at layer l reruns layers l..29 at every position plus
 the last token's unembedding; at the plain forward's measured multiply-add rate that takes bound_s. Prints the
@@ -84,6 +87,9 @@ def main() -> None:
     atp_s, estimate = timed(lambda: patching.attribution(model, clean, corrupt, targets, baselines), repeats=3)
     heads = estimate[estimate["head"].notna()]
     agreement = patching.compare(heads, exact, k=20)
+    star_s, star = timed(lambda: patching.attribution(model, clean, corrupt, targets, baselines, method="atp*"))
+    star_agreement = patching.compare(star[star["head"].notna()], exact, k=20)
+    sizes = patching.compare(heads, exact, k=20, by="magnitude")
     print(f"forward (corrupt prompts)      {forward_s * 1000:9.1f} ms")
     print(f"resid_exact, {config.n_layers * config.n_heads} heads        {exact_s:9.2f} s   multiply-add bound "
           f"{bound_s:.2f} s ({exact_s / bound_s:.2f}x the bound)")
@@ -91,6 +97,17 @@ def main() -> None:
           f"{atp_s / forward_s:.2f}x one forward")
     print(f"AtP vs exact heads: Spearman {agreement['spearman']:.3f}, top-20 overlap "
           f"{round(agreement['top_k_overlap'] * 20)}/20, missed {agreement['false_negatives']}")
+    print(f"resid_atp*, same sites          {star_s:9.2f} s   {star_s / forward_s:.2f}x one forward")
+    for name, scored in (("AtP |effect|", sizes), ("AtP* magnitude", star_agreement)):
+        print(f"{name:>14} vs exact |effect| of heads: Spearman {scored['spearman']:.3f}, top-20 overlap "
+              f"{round(scored['top_k_overlap'] * 20)}/20, missed {scored['false_negatives']}")
+    keys_s, keys = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="k"))
+    print(f"exact key patching, {len(keys) // args.pairs} key heads  {keys_s:9.2f} s")
+    for method in ("atp", "atp*"):
+        guess = patching.attribution(model, clean, corrupt, targets, baselines, sites="k", method=method)
+        scored = patching.compare(guess, keys, k=10, by="magnitude")
+        print(f"{method:>5} vs exact keys (by size): Spearman {scored['spearman']:.3f}, top-10 overlap "
+              f"{round(scored['top_k_overlap'] * 10)}/10")
 
     if args.tl == "bridge":
         bridges = load_tl("bridge")
