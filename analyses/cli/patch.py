@@ -27,6 +27,9 @@ def add_parser(commands, common) -> None:
                        "(queries and keys through the exact new pattern, and GradDrop: one backward pass per layer)")
     patch.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                        help="denoise: patch clean activations into the corrupt run; noise: the reverse")
+    patch.add_argument("--align", default=None, choices=["end"],
+                       help="pairs of different token lengths: align them from the last token back (resid_pre "
+                       "sites and atp / atp* only)")
     patch.add_argument("--metric", default=None, choices=["logit_diff", "logit", "target_prob", "loss"])
     patch.add_argument("--batch-size", default="auto", help="rows per forward pass, or auto")
     patch.add_argument("--out", required=True, help="a file (.parquet .csv): one row per (pair, site)")
@@ -60,7 +63,7 @@ def run(model, args) -> str:
     clean, corrupt = [r["clean"] for r in found], [r["corrupt"] for r in found]
     targets = [r["target"] for r in found]
     baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
-    options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size)
+    options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size, align=args.align)
     if args.method == "exact":
         df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites, **options)
     else:

@@ -4,6 +4,9 @@ site's patching effect at once), checked against each other with `compare`.
     exact = patching.activation(model, clean, corrupt, targets, baselines, sites="head")
     estimate = patching.attribution(model, clean, corrupt, targets, baselines, sites=("head",))
     patching.compare(estimate, exact, k=20)     # rank correlation, top-k overlap, false negatives
+
+Pairs of different token lengths take an alignment (align="end", or explicit positions; analyses.patching.pairs)
+for the residual stream and for attribution patching.
 """
 
 from analyses.patching.compare import compare, site_effects

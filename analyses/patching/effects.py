@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from analyses.patching.pairs import Mapping
 from resid.interventions import Hook, Site
 from resid.model import Transformer
 from resid.stream import ResidualStream
@@ -73,9 +74,9 @@ class Effects:
     """Each site's first-order effect [batch] from a gradient of the metric at the base run."""
 
     def __init__(self, model: Transformer, base: ResidualStream, donor: ResidualStream, tokens: Tokens,
-                 sites: Sequence[str], fix_qk: bool):
+                 sites: Sequence[str], fix_qk: bool, at: Mapping):
         self.model, self.sites, self.fix_qk = model, set(sites), fix_qk
-        self.base, self.donor = base, donor
+        self.base, self.donor, self.at = base, donor, at
         self.mask = tokens.attention_mask.to(model.device)[..., None].to(model.dtype)  # [batch pos 1]
         self.group = model.config.n_heads // model.config.n_kv_heads
         self.patterns: dict[tuple[int, str], Tensor] = {}  # (layer, "base" | "pattern" | "q" | "k") -> pattern
@@ -84,12 +85,12 @@ class Effects:
             for l, (ours, theirs) in enumerate(zip(base.layers, donor.layers) if needed else ()):
                 q, k = ours.attn.q.detach(), ours.attn.k.detach()
                 self.patterns[(l, "base")] = model.attention_pattern(l, q, k, tokens)
-                if "pattern" in self.sites:
+                if "pattern" in self.sites:  # equal lengths only (attribution checks): the donor's own pattern
                     self.patterns[(l, "pattern")] = model.attention_pattern(l, theirs.attn.q, theirs.attn.k, tokens)
                 if fix_qk and "q" in self.sites:
-                    self.patterns[(l, "q")] = model.attention_pattern(l, theirs.attn.q, k, tokens)
+                    self.patterns[(l, "q")] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, tokens)
                 if fix_qk and "k" in self.sites:
-                    self.patterns[(l, "k")] = model.attention_pattern(l, q, theirs.attn.k, tokens)
+                    self.patterns[(l, "k")] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), tokens)
 
     def __call__(self, grads: dict[tuple, Tensor], dropped: int | None = None) -> dict[tuple, Tensor]:
         """{(layer, part, index): effect [batch]} with part "attn" / "mlp" (index None), "head" / "q" / "k" / "v" /
@@ -104,7 +105,7 @@ class Effects:
             donor_resid = [r for _, _, r in self.donor.running("layer")]
             for l, (_, _, resid) in zip(range(len(self.base.layers)), self.base.running("layer")):
                 grad = grads[("embed",)] if l == 0 else grads[(l - 1, "mlp")]
-                out[("resid_pre", l)] = ((donor_resid[l] - resid.detach()) * grad).sum(-1)
+                out[("resid_pre", l)] = (self._delta(donor_resid[l], resid) * grad).sum(-1)
         return out
 
     def _layer(self, l: int, attn, donor_attn, ours, theirs, grads) -> dict[str, Tensor]:
@@ -112,13 +113,13 @@ class Effects:
         mask, found = self.mask, {}
         if "sublayer" in self.sites:
             for part in ("attn", "mlp"):
-                delta = getattr(theirs, part).out - getattr(ours, part).out.detach()
+                delta = self._delta(getattr(theirs, part).out, getattr(ours, part).out)
                 found[part] = (delta * grads[(l, part)] * mask).sum((1, 2))
         if "head" in self.sites:
-            found["head"] = ((donor_attn.z - attn.z.detach()) * grads[(l, "z")] * mask[..., None]).sum((1, 3))
+            found["head"] = (self._delta(donor_attn.z, attn.z) * grads[(l, "z")] * mask[..., None]).sum((1, 3))
         for name in ("q", "k", "v"):
             if name in self.sites and (name == "v" or not self.fix_qk):
-                delta = getattr(donor_attn, name) - getattr(attn, name).detach()
+                delta = self._delta(getattr(donor_attn, name), getattr(attn, name))
                 found[name] = (delta * grads[(l, name)] * mask[..., None]).sum((1, 3))
         pattern_sites = [s for s in ("q", "k", "pattern") if s in self.sites and (s == "pattern" or self.fix_qk)]
         if pattern_sites:
@@ -129,3 +130,7 @@ class Effects:
                 per_head = ((self.patterns[(l, name)] - base) * grad).sum((2, 3))
                 found[name] = per_head.view(len(per_head), -1, self.group).sum(-1) if name == "k" else per_head
         return found
+
+    def _delta(self, donor: Tensor, base: Tensor) -> Tensor:
+        """The patched minus the base value of a [batch pos ...] activation (aligned positions only)."""
+        return self.at.donor_at_base(donor, base) - base.detach()

@@ -19,33 +19,28 @@ run, called again the same way, resumes where it stopped. The file holds each (p
 the engine's sites, in the ablation sweep's columns); the returned frame adds the clean and corrupt metrics and
 the score.
 
-The pairs must have the same token length (the positions correspond one to one).
+The pairs must have the same token length (the positions correspond one to one), or, for "resid_pre", an
+alignment (align="end" or explicit positions; analyses.patching.pairs); positions are the clean prompt's.
 """
 
 import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
 
-import numpy as np
 import pandas as pd
 import torch
 
 from analyses.ablation import sweep
-from analyses.checks import check_choice
-from analyses.inputs import batch_size_for, prompts as as_prompts
+from analyses.inputs import batch_size_for
 from analyses.io.store import ResultStore
-from analyses.metrics import check_metric, metric_values
-from analyses.vocab import token_ids
+from analyses.metrics import metric_values
+from analyses.patching.pairs import Align, Direction, Pairs, prepare, scored
 from resid.batching import run_batched
 from resid.capture import Capture
-from resid.errors import ResidError
 from resid.interventions import Site
 from resid.model import Transformer
-from resid.tokenizer import Tokens
 
-Direction = Literal["denoise", "noise"]
 HEAD_INPUTS = ("q", "k", "v", "pattern")  # sites= words for every head's input
 # One row per (pair, site); patched_metric is the metric with the site patched, score its normalized value.
 COLUMNS = ("prompt_idx", "site", "layer", "part", "head", "neuron", "position", "direction", "metric",
@@ -64,10 +59,11 @@ def activation(
     batch_size: int | str = "auto",
     out: str | Path | None = None,
     progress: bool = False,
+    align: Align = None,
 ) -> pd.DataFrame:
     """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS."""
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
-                                                              direction)
+                                                              direction, align)
     clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
     corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
@@ -75,6 +71,7 @@ def activation(
         store = None
         if out is not None:
             record = [pairs.texts("clean"), pairs.texts("corrupt"), target_ids, baseline_ids]
+            record += [pairs.aligned] if pairs.aligned is not None else []
             digest = hashlib.sha256(json.dumps(record, default=str).encode()).hexdigest()[:16]
             store = ResultStore(out, ("prompt_idx", "site"), {
                 "model": model.name, "dtype": str(model.dtype), "analysis": "patching.activation resid_pre",
@@ -82,6 +79,7 @@ def activation(
             })
         df = _resid_pre(model, pairs, base, donor, target_ids, baseline_ids, metric, batch_size, store)
     else:
+        pairs.require_same_positions(f"Patching sites={sites!r}" if isinstance(sites, str) else "Patching Sites")
         if isinstance(sites, str) and sites in HEAD_INPUTS:
             sites = input_sites(model, sites)
         df = sweep(model, pairs.texts(base), targets, baselines, sites=sites, method="resample",
@@ -98,70 +96,6 @@ def input_sites(model: Transformer, kind: str) -> list[Site]:
     cfg = model.config
     heads = cfg.n_kv_heads if kind in ("k", "v") else cfg.n_heads
     return [Site(l, "attn", head=h, input=kind) for l in range(cfg.n_layers) for h in range(heads)]
-
-
-def prepare(model: Transformer, clean, corrupt, targets, baselines, metric, direction: str) -> tuple:
-    """What every patching analysis checks first: (the pairs, target ids, baseline ids or None, the metric, its
-    name for the table)."""
-    check_choice(direction, "direction", ("denoise", "noise"))
-    pairs = Pairs.of(model, clean, corrupt)
-    n = len(pairs.clean)
-    target_ids = token_ids(model, targets, n, "target")
-    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
-    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    return pairs, target_ids, baseline_ids, metric, check_metric(metric, baseline_ids is not None)
-
-
-def scored(df: pd.DataFrame, direction: str, label: str) -> pd.DataFrame:
-    """The direction and metric columns, and score = (patched - corrupt) / (clean - corrupt) (NaN without a span)."""
-    df["direction"], df["metric"] = direction, label
-    span = df["clean_metric"] - df["corrupt_metric"]
-    df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
-    return df
-
-
-class Pairs:
-    """(clean, corrupt) prompt pairs of equal token lengths, tokenized once."""
-
-    def __init__(self, clean, corrupt):
-        self.clean, self.corrupt = clean, corrupt
-
-    @classmethod
-    def of(cls, model: Transformer, clean: Sequence[str], corrupt: Sequence[str]) -> "Pairs":
-        clean = [clean] if isinstance(clean, str) else clean
-        corrupt = [corrupt] if isinstance(corrupt, str) else corrupt
-        if len(clean) != len(corrupt) or not len(clean):
-            raise ResidError(
-                f"Patching needs one corrupt prompt per clean prompt: got {len(clean)} and {len(corrupt)}."
-            )
-        pairs = cls(as_prompts(model, list(clean)), as_prompts(model, list(corrupt)))
-        if pairs.clean.texts is None:
-            raise ResidError("Patching takes the pairs as texts (lists of strings).")
-        lengths = zip(pairs.clean.tokens.lengths.tolist(), pairs.corrupt.tokens.lengths.tolist())
-        for i, (a, b) in enumerate(lengths):
-            if a != b:
-                raise ResidError(
-                    f"Pair {i}: the clean prompt has {a} tokens and the corrupt one {b}. Patching puts position p of "
-                    "one into position p of the other, so each pair needs the same token length (e.g. swap names "
-                    "that are one token each)."
-                )
-        return pairs
-
-    def texts(self, which: str) -> list[str]:
-        return getattr(self, which).texts
-
-    def metric(self, model: Transformer, which: str, metric: str | Callable, targets, baselines) -> np.ndarray:
-        """Each pair's `which` prompt's metric, unpatched (float64)."""
-        prompts = getattr(self, which)
-        run = model.run(prompts.tokens, capture=Capture.none(), logits_at="last")
-        t = torch.tensor(targets, device=model.device)
-        b = None if baselines is None else torch.tensor(baselines, device=model.device)
-        return metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
-
-    def batch(self, which: str, rows: Sequence[int]) -> Tokens:
-        """These pairs' `which` prompts, left-padded to the chunk's width: both sides get the same layout."""
-        prompts = getattr(self, which)
-        return Tokens.pad(prompts.sequences(rows), prompts.pad_token_id, "left")
 
 
 def _resid_pre(model, pairs: Pairs, base: str, donor: str, targets, baselines, metric, batch_size,
@@ -191,20 +125,19 @@ def _resid_chunk(model, pairs, base, donor, chunk, targets, baselines, metric, n
     base_tokens, donor_tokens = pairs.batch(base, chunk), pairs.batch(donor, chunk)
     base_run = model.run(base_tokens, capture=Capture(final_norm_scale=False), logits_at="last")
     donor_run = model.run(donor_tokens, capture=Capture(final_norm_scale=False), logits_at="last")
-    first, lengths = base_tokens.first_positions().tolist(), base_tokens.lengths.tolist()
-    rows = [(b, p) for b in range(len(chunk)) for p in range(lengths[b])]  # (row in chunk, prompt position)
-    prompt_rows = torch.tensor([b for b, _ in rows], device=model.device)
-    columns = torch.tensor([first[b] + p for b, p in rows], device=model.device)
-    t = torch.tensor([targets[chunk[b]] for b, _ in rows], device=model.device)
-    bl = None if baselines is None else torch.tensor([baselines[chunk[b]] for b, _ in rows], device=model.device)
-    records = []
+    at = pairs.mapping(base, chunk, base_tokens, donor_tokens)  # one row per aligned position
+    t = torch.tensor([targets[chunk[b]] for b in at.rows.tolist()], device=model.device)
+    bl = None if baselines is None else torch.tensor([baselines[chunk[b]] for b in at.rows.tolist()],
+                                                     device=model.device)
+    records, rows = [], torch.arange(len(at.rows), device=model.device)
     running = zip(base_run.stream.running("layer"), donor_run.stream.running("layer"))
     for layer, ((_, _, resid), (_, _, patch)) in zip(range(n_layers), running):
-        patched = resid[prompt_rows].clone()
-        patched[torch.arange(len(rows), device=model.device), columns] = patch[prompt_rows, columns]
-        logits = model.resume(layer, patched, base_tokens.rows(prompt_rows), logits_at="last")
+        patched = resid[at.rows].clone()
+        patched[rows, at.base] = patch[at.rows, at.donor]
+        logits = model.resume(layer, patched, base_tokens.rows(at.rows), logits_at="last")
         values = metric_values(metric, logits[:, 0], t, bl).double().cpu().numpy()
-        records += [(chunk[b], f"resid_pre {layer} pos {p}", layer, p, v) for (b, p), v in zip(rows, values)]
+        records += [(chunk[b], f"resid_pre {layer} pos {p}", layer, p, v)
+                    for b, p, v in zip(at.rows.tolist(), at.clean, values)]
     frame = pd.DataFrame(records, columns=["prompt_idx", "site", "layer", "position", "patched_metric"])
     frame["part"] = "resid_pre"
     for name in ("head", "neuron"):

@@ -24,7 +24,8 @@ from analyses.checks import check_choice
 from analyses.inputs import batch_size_for
 from analyses.metrics import metric_values
 from analyses.patching.effects import Effects, captured, gates, nodes
-from analyses.patching.exact import COLUMNS, Direction, Pairs, prepare, scored
+from analyses.patching.exact import COLUMNS
+from analyses.patching.pairs import Align, Direction, Mapping, Pairs, prepare, scored
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -46,6 +47,7 @@ def attribution(
     metric: str | Callable | None = None,
     batch_size: int | str = "auto",
     method: Method = "atp",
+    align: Align = None,
 ) -> pd.DataFrame:
     """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
     analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
@@ -59,7 +61,9 @@ def attribution(
         raise ResidError("AtP of resid_pre needs a stream that is a sum of writes; post-LN models norm it after each "
                          "write. Use sites=('sublayer', 'head'), or exact activation patching.")
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
-                                                              direction)
+                                                              direction, align)
+    if "pattern" in sites:
+        pairs.require_same_positions("sites='pattern' (a pattern spans every key position)")
     n = len(pairs.clean)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
@@ -82,7 +86,8 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
     run = model.run(base_tokens, capture=capture, interventions=hooks, logits_at="last", grad=True)
     value = metric_values(metric, run.logits[:, 0], t, b)
     donor_value = metric_values(metric, donor_run.logits[:, 0], t, b).double().cpu().numpy()
-    effects = Effects(model, run.stream, donor_run.stream, base_tokens, sites, fix_qk=star)
+    at = pairs.mapping(base, chunk, base_tokens, donor_tokens)
+    effects = Effects(model, run.stream, donor_run.stream, base_tokens, sites, fix_qk=star, at=at)
     wrt = nodes(run.stream, sites)
 
     def gradient() -> dict:
@@ -100,7 +105,7 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
         magnitude = {key: s / max(n_layers - 1, 1) for key, s in size.items()}
     else:
         magnitude = {key: e.abs() for key, e in estimate.items()}
-    frame = _rows(chunk, base_tokens, value.detach().double().cpu().numpy(), estimate, magnitude)
+    frame = _rows(chunk, at, value.detach().double().cpu().numpy(), estimate, magnitude)
     index = {prompt: row for row, prompt in enumerate(chunk)}
     rows = frame["prompt_idx"].map(index).to_numpy()
     base_metric, donor_metric = value.detach().double().cpu().numpy()[rows], donor_value[rows]
@@ -109,18 +114,17 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
     return frame
 
 
-def _rows(chunk, tokens, value, estimate: dict, magnitude: dict) -> pd.DataFrame:
-    """One row per (pair, site): (prompt_idx, site, layer, part, head, position, patched_metric, magnitude)."""
+def _rows(chunk, at: Mapping, value, estimate: dict, magnitude: dict) -> pd.DataFrame:
+    """One row per (pair, site): (prompt_idx, site, layer, part, head, position, patched_metric, magnitude); the
+    residual stream at each aligned position, named by its position in the clean prompt."""
     records = []
-    first, lengths = tokens.first_positions().tolist(), tokens.lengths.tolist()
+    rows, columns = at.rows.tolist(), at.base.tolist()
     for key, effect in estimate.items():
         effect, size = effect.double().cpu().numpy(), magnitude[key].double().cpu().numpy()
         if key[0] == "resid_pre":
             layer = key[1]
-            for row in range(len(chunk)):
-                span = range(first[row], first[row] + lengths[row])
-                records += [(chunk[row], f"resid_pre {layer} pos {p}", layer, "resid_pre", None, p,
-                             value[row] + effect[row, at], size[row, at]) for p, at in enumerate(span)]
+            records += [(chunk[row], f"resid_pre {layer} pos {p}", layer, "resid_pre", None, p,
+                         value[row] + effect[row, col], size[row, col]) for row, col, p in zip(rows, columns, at.clean)]
             continue
         layer, part, head = key
         if part in ("attn", "mlp"):

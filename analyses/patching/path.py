@@ -21,7 +21,7 @@ import torch
 
 from analyses.ablation.values import read_unit
 from analyses.metrics import metric_values
-from analyses.patching.exact import Direction, prepare, scored
+from analyses.patching.pairs import Direction, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace, Site

@@ -50,3 +50,17 @@ def test_patch_atp_star_of_keys(tmp_path, capsys, smollm2):
                                     [p["target"] for p in PAIRS], [p["baseline"] for p in PAIRS], sites="k",
                                     method="atp*")
     assert df["magnitude"].to_numpy() == pytest.approx(expected["magnitude"].to_numpy(), abs=1e-5)
+
+
+def test_patch_aligns_pairs_of_different_lengths(tmp_path, smollm2):
+    longer = [dict(p, corrupt=p["corrupt"].replace("the store", "the big store")) for p in PAIRS]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in longer) + "\n")
+    out = tmp_path / "resid.parquet"
+    assert main(["patch", "--pairs", str(pairs), "--method", "atp", "--align", "end", "--out", str(out)]) == 0
+    expected = patching.attribution(smollm2, [p["clean"] for p in longer], [p["corrupt"] for p in longer],
+                                    [p["target"] for p in longer], [p["baseline"] for p in longer],
+                                    sites="resid_pre", align="end")
+    df = pd.read_parquet(out)
+    assert len(df) == 2 * 30 * 14 and list(df["site"]) == list(expected["site"])
+    assert df["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-5)

@@ -1,0 +1,177 @@
+"""(clean, corrupt) prompt pairs, which positions of one correspond to which of the other, and what every patching
+analysis checks first.
+
+Patching puts position p of one prompt into position p of the other, so by default a pair must have the same token
+length. Pairs of different lengths need an alignment, `align=`:
+
+    "end"                 the prompts correspond from their last tokens back (-1 to -1, -2 to -2, ...), as far as
+                          the shorter one reaches: e.g. a longer subject early in one prompt
+    [[(0, 0), (3, 5)], ...]  per pair, (clean position, corrupt position) tuples, prompt-relative (0 = the first
+                          real token); positions named nowhere are not patched
+
+Only the aligned positions are patched: a base position without a partner keeps its own activation.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from analyses.checks import check_choice
+from analyses.inputs import prompts as as_prompts
+from analyses.metrics import check_metric, metric_values
+from analyses.vocab import token_ids
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.model import Transformer
+from resid.tokenizer import Tokens
+
+Direction = Literal["denoise", "noise"]
+Align = Literal["end"] | Sequence[Sequence[tuple[int, int]]] | None
+
+
+def prepare(model: Transformer, clean, corrupt, targets, baselines, metric, direction: str,
+            align: Align = None) -> tuple:
+    """What every patching analysis checks first: (the pairs, target ids, baseline ids or None, the metric, its
+    name for the table)."""
+    check_choice(direction, "direction", ("denoise", "noise"))
+    pairs = Pairs.of(model, clean, corrupt, align)
+    n = len(pairs.clean)
+    target_ids = token_ids(model, targets, n, "target")
+    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
+    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
+    return pairs, target_ids, baseline_ids, metric, check_metric(metric, baseline_ids is not None)
+
+
+def scored(df: pd.DataFrame, direction: str, label: str) -> pd.DataFrame:
+    """The direction and metric columns, and score = (patched - corrupt) / (clean - corrupt) (NaN without a span)."""
+    df["direction"], df["metric"] = direction, label
+    span = df["clean_metric"] - df["corrupt_metric"]
+    df["score"] = (df["patched_metric"] - df["corrupt_metric"]) / span.where(span != 0)
+    return df
+
+
+class Pairs:
+    """(clean, corrupt) prompt pairs, tokenized once, with each pair's aligned positions (None: position p to p)."""
+
+    def __init__(self, clean, corrupt, aligned: list[list[tuple[int, int]]] | None = None):
+        self.clean, self.corrupt, self.aligned = clean, corrupt, aligned
+
+    @classmethod
+    def of(cls, model: Transformer, clean: Sequence[str], corrupt: Sequence[str], align: Align = None) -> "Pairs":
+        clean = [clean] if isinstance(clean, str) else clean
+        corrupt = [corrupt] if isinstance(corrupt, str) else corrupt
+        if len(clean) != len(corrupt) or not len(clean):
+            raise ResidError(
+                f"Patching needs one corrupt prompt per clean prompt: got {len(clean)} and {len(corrupt)}."
+            )
+        pairs = cls(as_prompts(model, list(clean)), as_prompts(model, list(corrupt)))
+        if pairs.clean.texts is None:
+            raise ResidError("Patching takes the pairs as texts (lists of strings).")
+        lengths = list(zip(pairs.clean.tokens.lengths.tolist(), pairs.corrupt.tokens.lengths.tolist()))
+        if align is None:
+            for i, (a, b) in enumerate(lengths):
+                if a != b:
+                    raise ResidError(
+                        f"Pair {i}: the clean prompt has {a} tokens and the corrupt one {b}. Patching puts position p "
+                        "of one into position p of the other, so each pair needs the same token length (e.g. swap "
+                        "names that are one token each), or an alignment: align='end' or align=[[(clean position, "
+                        "corrupt position), ...] per pair]."
+                    )
+            return pairs
+        pairs.aligned = _alignment(align, lengths)
+        return pairs
+
+    @property
+    def same_positions(self) -> bool:
+        """True when position p of each prompt is position p of its partner (equal lengths, no alignment)."""
+        return self.aligned is None
+
+    def require_same_positions(self, what: str) -> None:
+        if not self.same_positions:
+            raise ResidError(f"{what} needs pairs of equal token lengths patched position for position; align= is "
+                             "taken by sites='resid_pre' and by attribution patching. Drop align= and give pairs of "
+                             "equal lengths.")
+
+    def positions(self, which: str, row: int) -> list[tuple[int, int]]:
+        """Pair `row`'s aligned positions as (`which` prompt's position, its partner's position)."""
+        if self.aligned is None:
+            return [(p, p) for p in range(int(self.clean.tokens.lengths[row]))]
+        return [(a, b) if which == "clean" else (b, a) for a, b in self.aligned[row]]
+
+    def texts(self, which: str) -> list[str]:
+        return getattr(self, which).texts
+
+    def metric(self, model: Transformer, which: str, metric: str | Callable, targets, baselines) -> np.ndarray:
+        """Each pair's `which` prompt's metric, unpatched (float64)."""
+        prompts = getattr(self, which)
+        run = model.run(prompts.tokens, capture=Capture.none(), logits_at="last")
+        t = torch.tensor(targets, device=model.device)
+        b = None if baselines is None else torch.tensor(baselines, device=model.device)
+        return metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
+
+    def batch(self, which: str, rows: Sequence[int]) -> Tokens:
+        """These pairs' `which` prompts, left-padded to the chunk's width (equal lengths: the same layout)."""
+        prompts = getattr(self, which)
+        return Tokens.pad(prompts.sequences(rows), prompts.pad_token_id, "left")
+
+    def mapping(self, base: str, rows: Sequence[int], base_tokens: Tokens, donor_tokens: Tokens) -> "Mapping":
+        """Where each aligned position of these pairs sits in the base batch and in the donor batch."""
+        base_first, donor_first = base_tokens.first_positions().tolist(), donor_tokens.first_positions().tolist()
+        index, base_cols, donor_cols, clean = [], [], [], []
+        for i, row in enumerate(rows):
+            for ours, theirs in self.positions(base, row):
+                index.append(i)
+                base_cols.append(base_first[i] + ours)
+                donor_cols.append(donor_first[i] + theirs)
+                clean.append(ours if base == "clean" else theirs)
+        device = base_tokens.ids.device
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        return Mapping(as_tensor(index), as_tensor(base_cols), as_tensor(donor_cols), clean, self.same_positions)
+
+
+class Mapping:
+    """Aligned positions of a chunk: row i of the batch, its column in the base batch and in the donor batch, and
+    its position in the clean prompt (how tables name it, whichever prompt is the base)."""
+
+    def __init__(self, rows: Tensor, base: Tensor, donor: Tensor, clean: list[int], identity: bool):
+        self.rows, self.base, self.donor, self.clean, self.identity = rows, base, donor, clean, identity
+
+    def donor_at_base(self, donor: Tensor, base: Tensor) -> Tensor:
+        """The patched value of a [batch pos ...] activation: the donor's at each aligned base position, the base
+        run's own elsewhere (with equal lengths, the donor's tensor as it is)."""
+        if self.identity:
+            return donor
+        out = base.detach().clone()
+        out[self.rows.to(out.device), self.base.to(out.device)] = donor[self.rows.to(out.device),
+                                                                        self.donor.to(out.device)]
+        return out
+
+
+def _alignment(align, lengths: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    if isinstance(align, str):
+        if align != "end":
+            raise ResidError(f"align must be 'end' or a list of (clean position, corrupt position) lists per pair, "
+                             f"got {align!r}.")
+        return [[(a - k, b - k) for k in range(min(a, b), 0, -1)] for a, b in lengths]
+    align = [list(pair) for pair in align]
+    if len(align) != len(lengths):
+        raise ResidError(f"align gives {len(align)} alignments for {len(lengths)} pairs: give one list of (clean "
+                         "position, corrupt position) per pair.")
+    out = []
+    for i, (pair, (a, b)) in enumerate(zip(align, lengths)):
+        try:
+            pair = [(int(p), int(q)) for p, q in pair]
+        except (TypeError, ValueError):
+            raise ResidError(f"align[{i}] must be a list of (clean position, corrupt position) tuples.") from None
+        bad = [(p, q) for p, q in pair if not (0 <= p < a and 0 <= q < b)]
+        if bad:
+            raise ResidError(f"align[{i}] has positions {bad[:3]} out of range: the clean prompt has {a} tokens (0.."
+                             f"{a - 1}) and the corrupt one {b} (0..{b - 1}).")
+        if len({p for p, _ in pair}) != len(pair) or len({q for _, q in pair}) != len(pair):
+            raise ResidError(f"align[{i}] names a position twice: each position pairs with at most one other.")
+        out.append(sorted(pair))
+    return out
