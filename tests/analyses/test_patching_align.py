@@ -2,7 +2,6 @@
 are patched, named by the clean prompt's positions, and each value agrees with one forward written here."""
 
 import pytest
-import torch
 
 import resid
 from analyses import patching
