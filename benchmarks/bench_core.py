@@ -8,9 +8,9 @@ The cold load is timed in fresh subprocesses (import excluded and included), tra
 
 Allocator note: with glibc's default settings, large freed blocks go back to the OS and the next forward
 pass faults them in again (zeroed pages). That costs every framework alike, but it costs a run that keeps
-what it captures (Capture.all: ~500 MB here) more. The comparison is therefore printed twice: with the
-default allocator and, in a subprocess, with MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set so freed
-memory is reused (both sides of the comparison run under the same settings).
+what it captures (Capture.all: ~500 MB here) more. resid.load therefore asks glibc to keep freed memory for reuse
+(resid.memory; no environment variables), and the main comparison runs that way, HF in the same process under
+the same setting. For reference it is repeated in a subprocess with RESID_KEEP_FREED_MEMORY=0 (glibc's defaults).
 """
 
 import argparse
@@ -54,16 +54,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--pos", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--tuned-allocator-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--glibc-defaults-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not args.tuned_allocator_only:
-        measure(args, "default glibc allocator")
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+    if not args.glibc_defaults_only:
+        measure(args, "as resid.load sets it: freed memory kept for reuse (resid.memory, no environment variables)")
+        env = {**os.environ, "RESID_KEEP_FREED_MEMORY": "0"}
         argv = [sys.executable, __file__, "--batch", str(args.batch), "--pos", str(args.pos),
-                "--repeats", str(args.repeats), "--tuned-allocator-only"]
+                "--repeats", str(args.repeats), "--glibc-defaults-only"]
         subprocess.run(argv, env=env, check=True)
     else:
-        measure(args, "glibc allocator keeping freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)")
+        measure(args, "glibc's defaults (RESID_KEEP_FREED_MEMORY=0): freed blocks go back to the OS")
 
 
 def measure(args, allocator: str) -> None:

@@ -34,6 +34,7 @@ from resid.generate import Generation
 from resid.hook_names import HookNames
 from resid.interventions import Add, Hook, Intervention, Replace, Scale, Site, ZeroAblate
 from resid.load import known_models, load
+from resid.memory import keep_freed_memory
 from resid.model import Memory, Run, Transformer
 from resid.records import CrossRecord
 from resid.seq2seq import EncoderDecoder, Seq2SeqRun
@@ -68,6 +69,7 @@ __all__ = [
     "Tokens",
     "Transformer",
     "ZeroAblate",
+    "keep_freed_memory",
     "known_models",
     "load",
 ]

@@ -21,6 +21,7 @@ from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
 from resid.load.zip_packages import minilm_folder
+from resid.memory import keep_by_default
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 
@@ -86,6 +87,7 @@ def load(
     (default), bfloat16 or float16; `device` e.g. "cuda" (default CPU)."""
     if dtype not in DTYPES:
         raise ResidError(f"dtype {dtype!r} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
+    keep_by_default()  # repeated runs reuse freed memory instead of faulting it in again (resid.memory)
     torch_dtype = DTYPES[dtype]
     device = _check_device(device)
     name = str(name_or_path)
