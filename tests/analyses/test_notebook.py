@@ -12,7 +12,7 @@ def test_decompose_notebook_runs(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
-    assert "sum of components" in printed and r"\toprule" in printed
+    assert "sum of components" in printed and r"\toprule" in printed and "atp*: Spearman" in printed
     figures = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
                if "application/vnd.plotly.v1+json" in out.get("data", {})]
     assert len(figures) == 6  # four decomposition figures, two patching heatmaps
