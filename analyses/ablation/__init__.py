@@ -1,7 +1,10 @@
 """Ablation sweeps: knock out layers, sublayers, heads or neurons one at a time over many prompts and measure
 what each does to a metric of the next-token prediction.
 
-    engine   the sweep: batched (prompt x ablation) rows resumed from the clean prefix, crash-safe output
+    engine   the sweep: checks, chunks on an executor (in process or Ray workers), crash-safe output
+    rows     batched (prompt x ablation) rows resumed from the clean prefix: what one chunk computes
+    chunks   the sweep's chunks (prompt blocks x runs of layers) and the job that computes one on any worker
+    means    mean-ablation reference statistics as a reduction over chunks of reference texts
     sites    what a sweep ablates, and its signature for resuming
     values   replacement values: reference means (agnostic or per position) and resample donors
 """

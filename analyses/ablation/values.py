@@ -8,7 +8,8 @@ not routed to the expert). Means come in two kinds:
 - "agnostic" (default): one vector per unit, averaged over every real token of the reference texts;
 - "per_position": one vector per position id (0 = first real token), so a prompt's position p is replaced
   by the reference mean at p; the reference texts must reach every position the prompts use.
-Reference texts are cut to the longest prompt's token count, so both kinds see the same positions.
+Reference texts are cut to the longest prompt's token count, so both kinds see the same positions (the means
+themselves are a reduction over chunks of texts on any executor: analyses.ablation.means).
 """
 
 from collections.abc import Iterable, Sequence
@@ -21,8 +22,6 @@ from analyses.io import texts as text_files
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Site
-from resid.model import Transformer
-from resid.tokenizer import Tokens
 
 Unit = tuple[int, str, int | None, int | None, int | None, str | None]  # (layer, part, head, neuron, expert,
 # input): a Site without its positions
@@ -77,51 +76,6 @@ def read_reference(reference: Sequence[str] | str | Path) -> list[str]:
     if not texts:
         raise ResidError("The reference texts are empty: give at least one non-empty text.")
     return texts
-
-
-def reference_tokens(model: Transformer, texts: list[str], max_tokens: int, batch: int) -> Iterable[Tokens]:
-    """Right-padded batches of the texts, each cut to its first `max_tokens` tokens."""
-    tokenizer = model.require_tokenizer()
-    encoded = [ids[:max_tokens] for ids in (tokenizer.encode(t) for t in texts) if ids]
-    for start in range(0, len(encoded), batch):
-        yield Tokens.pad(encoded[start : start + batch], tokenizer.pad_token_id, "right")
-
-
-def reference_means(
-    model: Transformer, units: list[Unit], batches: Iterable[Tokens], per_position: bool, n_positions: int
-) -> dict[Unit, Tensor]:
-    """Streaming means of each unit over the real tokens of the reference batches (nothing else is kept).
-    Agnostic: {unit: [dim...]}; per position: {unit: [n_positions dim...]}."""
-    patterns = [u for u in units if u[5] == "pattern"]
-    if patterns:
-        layer, part, head = patterns[0][:3]
-        raise ResidError(f"Attention patterns have no mean over reference texts (their key axis is each text's own "
-                         f"length): layers[{layer}].{part} head {head} pattern. Ablate patterns with method='zero' or "
-                         "'resample'.")
-    sums: dict[Unit, Tensor] = {}
-    counts = torch.zeros(n_positions if per_position else 1, dtype=torch.float64)
-    capture = capture_for(units)
-    for tokens in batches:
-        tokens = tokens.to(model.device)
-        stream = model.run(tokens, capture=capture, logits_at="last").stream
-        mask = tokens.attention_mask
-        slot = tokens.position_ids[mask] if per_position else torch.zeros(int(mask.sum()), dtype=torch.long)
-        counts += torch.bincount(slot.cpu(), minlength=counts.shape[0])[: counts.shape[0]].double()
-        for unit in units:
-            values = read_unit(stream, unit)[mask].double()  # [tokens dim...]
-            total = sums.setdefault(unit, torch.zeros((counts.shape[0], *values.shape[1:]), dtype=torch.float64))
-            total.index_add_(0, slot.cpu(), values.cpu())
-    if counts.sum() == 0:
-        raise ResidError("The reference texts gave no tokens to average over.")
-    if per_position and (counts == 0).any():
-        first = int((counts == 0).nonzero()[0])
-        raise ResidError(
-            f"Per-position means need reference texts at least as long as the prompts ({n_positions} tokens); "
-            f"no reference text reaches position {first}. Add longer texts or use position-agnostic means."
-        )
-    shape = (-1,) + (1,) * (next(iter(sums.values())).ndim - 1) if sums else (-1,)
-    means = {unit: (total / counts.view(shape)).to(model.dtype).to(model.device) for unit, total in sums.items()}
-    return means if per_position else {unit: mean[0] for unit, mean in means.items()}
 
 
 def random_donors(lengths: Sequence[int], seed: int) -> list[int]:

@@ -24,11 +24,13 @@ def add_parser(commands, common) -> None:
     ablate.add_argument("--out", required=True, help="a file (.parquet .csv): the results (re-running resumes)")
     ablate.add_argument("--figure", default=None, help="a file (.html): the effect per layer (default: OUT.html)")
     arguments.self_contained(ablate)
+    arguments.executor_options(ablate)
     ablate.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def check(args) -> None:
-    """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`."""
+    """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`; --ray and
+--workers become `args.executor` (None: in process)."""
     from analyses.io.prompts_file import read_jsonl
     from analyses.io.store import SUFFIXES
 
@@ -46,17 +48,23 @@ def check(args) -> None:
     if args.metric == "logit_diff" and args.prompt_set.baselines is None:
         raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.prompts}; '
                          "or use --metric logit, target_prob or loss.")
+    args.executor = arguments.executor(args.ray, args.workers)
 
 
 def run(model, args) -> str:
     from analyses import ablation, plots
 
     prompt_set = args.prompt_set
-    df = ablation.sweep(
-        model, prompt_set.prompts, prompt_set.targets, prompt_set.baselines, sites=args.sites,
-        method=args.method, reference=args.reference, metric=args.metric, batch_size=args.batch_size,
-        out=args.out, seed=args.seed, mean_positions=args.mean_positions, progress=not args.quiet,
-    )
+    try:
+        df = ablation.sweep(
+            model, prompt_set.prompts, prompt_set.targets, prompt_set.baselines, sites=args.sites,
+            method=args.method, reference=args.reference, metric=args.metric, batch_size=args.batch_size,
+            out=args.out, seed=args.seed, mean_positions=args.mean_positions, progress=not args.quiet,
+            executor=args.executor,
+        )
+    finally:
+        if args.executor is not None:
+            args.executor.close()
     figure = plots.save_html(plots.ablation_effects(df), args.figure or Path(args.out).with_suffix(".html"),
                              self_contained=args.self_contained)
     top = df.groupby("site", sort=False)["delta"].mean().sort_values(key=abs, ascending=False).head(10)

@@ -78,3 +78,27 @@ def self_contained(parser) -> None:
     parser.add_argument("--self-contained", action="store_true",
                         help="embed plotly.js (4.8 MB) in every HTML page; default: pages share one plotly.min.js "
                              "written beside them (keep it with them)")
+
+
+def executor_options(parser) -> None:
+    """--ray [ADDRESS] and --workers N, for the subcommands whose work runs in chunks (analyses.distributed)."""
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run the chunks on Ray workers, each loading the model once: a local cluster, or the "
+                        "running cluster at ADDRESS ('auto', 'ray://host:10001'); needs pip install "
+                        "'resid[distributed]'")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Ray workers (default: one per GPU of the cluster, else one per CPU)")
+
+
+def executor(ray: str | None, workers: int | None):
+    """The executor of --ray / --workers (None: in process), made before the model loads, so that a missing Ray
+    is reported at once. It connects to the cluster only when the command runs."""
+    if ray is None:
+        if workers is not None:
+            raise ResidError("--workers goes with --ray [ADDRESS]: add --ray to run on Ray workers.")
+        return None
+    if workers is not None:
+        at_least(workers, 1, "--workers")
+    from analyses.distributed.ray_executor import RayExecutor
+
+    return RayExecutor(workers=workers, address=None if ray == "local" else ray)

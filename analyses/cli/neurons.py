@@ -42,6 +42,7 @@ def add_parser(commands, common) -> None:
     top.add_argument("--sign", default="positive", choices=["positive", "negative", "abs"])
     top.add_argument("--batch-size", default="auto", help="windows per forward pass, or auto")
     top.add_argument("--quiet", action="store_true", help="no progress bar")
+    arguments.executor_options(top)
 
     explain = actions.add_parser("explain", parents=[common], help="sub-updates m_i v_i behind a prediction")
     explain.add_argument("prompt", help="the prompt whose prediction is explained")
@@ -74,7 +75,8 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     """Normalizes in place: --layers and --neurons become lists of ints (None for all; layer:neuron pairs
-    for edit), --batch-size 'auto' or an int; --corpus is read into `args.texts` (None: the demo corpus)."""
+    for edit), --batch-size 'auto' or an int; --corpus is read into `args.texts` (None: the demo corpus); --ray
+    and --workers become `args.executor` (None: in process)."""
     arguments.at_least(args.k, 1, "--k")
     if args.action in ("values", "top", "explain"):
         args.layers = arguments.layers(args.layers)
@@ -87,6 +89,7 @@ def check(args) -> None:
         arguments.at_least(args.context, 0, "--context")
         args.batch_size = arguments.batch_size(args.batch_size)
         args.texts = corpus.load(args.corpus) if args.corpus else None  # the demo is read in run, if needed
+        args.executor = arguments.executor(args.ray, args.workers)
     if args.action == "edit":
         args.neurons = arguments.neuron_pairs(args.neurons)
 
@@ -131,9 +134,13 @@ def _top(model, args) -> str:
     from analyses import corpus, neurons
 
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
-    df = neurons.top_activating(model, texts, args.layers, args.neurons, k=args.k, context=args.context,
-                                sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
-                                experts=_expert(model, args))
+    try:
+        df = neurons.top_activating(model, texts, args.layers, args.neurons, k=args.k, context=args.context,
+                                    sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
+                                    experts=_expert(model, args), executor=args.executor)
+    finally:
+        if args.executor is not None:
+            args.executor.close()
     pairs = list(dict.fromkeys(zip(df["layer"], df["neuron"])))
     lines = [f"top-activating tokens of {len(pairs)} neurons over {len(texts)} documents (sign={args.sign}):"]
     shown = df[df["rank"] <= 3] if len(pairs) > 1 else df

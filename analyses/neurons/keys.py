@@ -15,7 +15,9 @@ every layer: stopping early would take a hook resid does not offer, and bench_ne
 bookkeeping is cheap next to the forward). A running top-k per
 (layer, neuron) is kept on the model's device and merged with each batch's own top-k: memory is
 O(k x neurons), never O(tokens x neurons). Padding and BOS positions never count as triggers (a BOS
-token's activations are attention-sink outliers that would fill every list).
+token's activations are attention-sink outliers that would fill every list). The windows are scanned in shards
+(analyses.neurons.scan) whose top-k lists merge in any order, ties going to the earlier token, so the table is
+the same in process and on Ray workers (`executor="ray", workers=N`).
 
 Post-norms do not change a coefficient (the post-norm acts on the MLP's output, after m_i). Mixture of experts
 (Mixtral): neurons are (expert, neuron) pairs, m_{e,i} = post[e, i]; a token counts as a trigger of expert e's
@@ -27,23 +29,18 @@ Ranking (`sign`): "positive" (default) ranks by m, largest first, as Geva et al.
 """
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pandas as pd
-import torch
-from jaxtyping import Bool, Float, Int
-from torch import Tensor
-from tqdm.auto import tqdm
 
-from analyses.io import corpus as corpora
 from analyses.checks import check_choice, check_k, select_layers, select_neurons
+from analyses.distributed.executor import Executor, resolve
+from analyses.io import corpus as corpora
 from analyses.io.provenance import describe
+from analyses.neurons.scan import Window, batch_tokens, scan
 from analyses.neurons.values import select_experts
 from analyses.vocab import decode_ids
-from resid.batching import BatchSize, model_batch_size, with_backoff
-from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
 from resid.tokenizer import Tokens
@@ -51,17 +48,6 @@ from resid.tokenizer import Tokens
 Sign = Literal["positive", "negative", "abs"]
 SIGNS: tuple[str, ...] = ("positive", "negative", "abs")
 MARK = ("⟦", "⟧")
-
-
-@dataclass(frozen=True)
-class Window:
-    doc: int  # index of the document in the corpus
-    start: int  # index in the document's tokens (BOS excluded) of the window's first real token
-    ids: np.ndarray  # token ids fed to the model (BOS first if the model prepends one)
-    bos: bool  # whether ids[0] is a BOS added here
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
 
 def top_activating(
@@ -77,6 +63,8 @@ def top_activating(
     batch_size: int | str = "auto",
     progress: bool = True,
     experts: int | Sequence[int] | None = None,
+    executor: Executor | str | None = None,
+    workers: int | None = None,
 ) -> pd.DataFrame:
     """The k corpus tokens with the largest coefficients of each chosen neuron (see the module docstring).
     experts (mixture-of-experts models only): None for all, an index or a list; the neurons of each.
@@ -84,7 +72,8 @@ def top_activating(
     corpus: a list of strings or a .txt / .jsonl path (analyses.corpus.load). layers: an index, a list, or
     None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
     layer neuron rank coefficient token_id token doc pos (token index in the document, BOS excluded)
-    context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it)."""
+    context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it).
+    executor: None (in process), "ray" (with `workers`) or an analyses.distributed executor: the same table."""
     check_choice(sign, "sign", SIGNS)
     layer_list = select_layers(model, layers)
     neuron_list = select_neurons(model, neurons)
@@ -95,7 +84,12 @@ def top_activating(
             raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
-    best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress, expert_list)
+    runner, owned = resolve(executor, workers)
+    try:
+        best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress, expert_list, runner)
+    finally:
+        if owned:
+            runner.close()
     df = _frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
     parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
                   "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}
@@ -103,57 +97,6 @@ def top_activating(
         parameters["experts"] = expert_list
     df.attrs["provenance"] = describe(model, "neurons.top_activating", parameters)
     return df
-
-
-def scan(
-    model: Transformer,
-    pieces: Sequence[Window],
-    layers: list[int],
-    neurons: list[int] | None,
-    k: int,
-    sign: Sign = "positive",
-    batch_size: int | str = "auto",
-    progress: bool = True,
-    experts: list[int] | None = None,
-) -> dict[int, "TopK"]:
-    """The streaming part of top_activating: run `pieces` (from `windows`) in batches and keep each
-    layer's running top-k (checked layers, neurons and experts, as from select_layers / select_neurons /
-    select_experts). With experts, the neuron axis of each TopK is (expert, neuron) flattened."""
-    size = _batch_size(model, batch_size, max(len(w) for w in pieces), len(layers))
-    index = None if neurons is None else torch.tensor(neurons, device=model.device)
-    n_neurons = model.config.d_mlp if neurons is None else len(neurons)
-    chosen = None if experts is None else torch.tensor(experts, device=model.device)
-    columns = n_neurons if experts is None else n_neurons * len(experts)
-    best = {layer: TopK.empty(k, columns, model.device) for layer in layers}
-    mlp = {"post", "expert_weights"} if experts is not None else {"post"}
-    capture = Capture(layers=layers, attn=frozenset(), mlp=mlp, embed=False, final_norm_scale=False)
-    with tqdm(total=sum(len(w) for w in pieces), desc="top activating", unit="tok", disable=not progress) as bar:
-        start = 0
-        while start < len(pieces):
-            def work(rows: int, start: int = start) -> int:
-                chunk = pieces[start : start + rows]
-                tokens, valid = batch_tokens(chunk, model.require_tokenizer().pad_token_id, model.device)
-                run = model.run(tokens, capture=capture, logits_at="last")  # unembed one row, not all
-                flat_ids = _flat_ids(start, len(chunk), tokens.ids.shape[1], model.device)
-                merged = {}  # committed only once every layer is done: an out-of-memory retry must not count twice
-                for layer in layers:
-                    record = run.stream.layers[layer].mlp
-                    post = record.post
-                    post = post if index is None else post.index_select(-1, index)
-                    routed = valid
-                    if chosen is not None:  # [batch pos expert neuron] -> [batch pos (expert neuron)]
-                        post = post.index_select(2, chosen)
-                        routed = valid[..., None, None] & (record.expert_weights.index_select(2, chosen) > 0)[..., None]
-                        routed = routed.expand(post.shape).flatten(2)
-                        post = post.flatten(2)
-                    merged[layer] = best[layer].merge(post, routed, flat_ids, sign)
-                best.update(merged)
-                return len(chunk)
-
-            done = with_backoff(work, size)
-            bar.update(sum(len(w) for w in pieces[start : start + done]))
-            start += done
-    return best
 
 
 def windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list[Window]:
@@ -176,65 +119,6 @@ def windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list
         raise ResidError("The corpus tokenizes to no tokens at all: give documents with some text.")
     order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i].ids))  # stable: ties keep corpus order
     return [pieces[i] for i in order]
-
-
-def batch_tokens(chunk: Sequence[Window], pad_token_id: int, device: torch.device) -> tuple[Tokens, Bool[Tensor, "batch pos"]]:
-    """Right-padded Tokens for a chunk of windows, and the mask of positions that may be triggers
-    (real tokens that are not an added BOS) [batch pos]."""
-    tokens = Tokens.pad([w.ids.tolist() for w in chunk], pad_token_id, "right").to(device)
-    valid = tokens.attention_mask.clone()
-    valid[:, 0] &= torch.tensor([not w.bos for w in chunk], device=device)
-    return tokens, valid
-
-
-@dataclass(frozen=True)
-class TopK:
-    """Running top-k of one layer: [k neuron] scores (-inf: empty), coefficients and flat token ids."""
-
-    score: Float[Tensor, "k neuron"]
-    coefficient: Float[Tensor, "k neuron"]
-    flat: Int[Tensor, "k neuron"]  # window index * 2^20 + position (see _flat_ids); -1: empty
-
-    @classmethod
-    def empty(cls, k: int, n: int, device: torch.device) -> "TopK":
-        score = torch.full((k, n), -torch.inf, device=device)
-        return cls(score, torch.zeros((k, n), device=device), torch.full((k, n), -1, device=device))
-
-    def merge(self, post: Tensor, valid: Tensor, flat_ids: Tensor, sign: str) -> "TopK":
-        return _merge(self, post, valid, flat_ids, sign)
-
-
-def _merge(
-    best: TopK,
-    post: Float[Tensor, "batch pos neuron"],
-    valid: Bool[Tensor, "batch pos"] | Bool[Tensor, "batch pos neuron"],  # per neuron: experts' routing
-    flat_ids: Int[Tensor, "batch pos"],
-    sign: str,
-) -> TopK:
-    k = best.score.shape[0]
-    post = post.reshape(-1, post.shape[-1]).float()  # [tokens neuron]
-    score = post if sign == "positive" else -post if sign == "negative" else post.abs()
-    score = score.masked_fill(~valid.reshape(score.shape[0], -1), -torch.inf)
-    top = score.topk(min(k, score.shape[0]), dim=0)  # per neuron: this batch's best tokens
-    score = torch.cat([best.score, top.values])
-    coefficient = torch.cat([best.coefficient, post.gather(0, top.indices)])
-    flat = torch.cat([best.flat, flat_ids.reshape(-1)[top.indices]])
-    keep = score.topk(k, dim=0).indices
-    return TopK(score.gather(0, keep), coefficient.gather(0, keep), flat.gather(0, keep))
-
-
-def _flat_ids(start: int, rows: int, width: int, device: torch.device) -> Int[Tensor, "batch pos"]:
-    """window index * 2^20 + position: which token a score came from, as one int64."""
-    window_index = torch.arange(start, start + rows, device=device)[:, None]
-    return window_index * 2**20 + torch.arange(width, device=device)
-
-
-def _batch_size(model: Transformer, batch_size: int | str, width: int, n_layers: int) -> BatchSize:
-    if batch_size != "auto":
-        return BatchSize(batch_size)
-    # The captured `post` of every chosen layer lives until the batch is folded in (every expert's, with experts).
-    kept = n_layers * model.config.d_mlp * max(1, model.config.n_experts) * width * model.dtype.itemsize
-    return BatchSize(model_batch_size(model, width, kept_bytes_per_row=kept))
 
 
 def _frame(model, pieces, best, layers, neurons, context: int, after: int, experts=None) -> pd.DataFrame:

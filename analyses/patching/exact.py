@@ -15,9 +15,10 @@ directions. Sites:
                   back-off)
 
 With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk, for every kind of site: a killed
-run, called again the same way, resumes where it stopped. The file holds each (pair, site)'s patched metric (for
-the engine's sites, in the ablation sweep's columns); the returned frame adds the clean and corrupt metrics and
-the score.
+run, called again the same way, resumes where it stopped. Chunks run in process, or on Ray workers
+(executor="ray", workers=N; analyses.distributed), with the same rows. The file holds each (pair, site)'s
+patched metric (for the engine's sites, in the ablation sweep's columns); the returned frame adds the clean and
+corrupt metrics and the score.
 
 The pairs must have the same token length (the positions correspond one to one), or, for "resid_pre", an
 alignment (align="end" or explicit positions; analyses.patching.pairs); positions are the clean prompt's.
@@ -29,15 +30,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from analyses.ablation import sweep
-from analyses.inputs import batch_size_for
+from analyses.distributed.executor import Executor
 from analyses.io.store import ResultStore
-from analyses.metrics import metric_values
-from analyses.patching.pairs import Align, Direction, Pairs, prepare, scored
-from resid.batching import run_batched
-from resid.capture import Capture
+from analyses.patching.pairs import Align, Direction, prepare, scored
+from analyses.patching.residual import residual_stream
 from resid.interventions import Site
 from resid.model import Transformer
 
@@ -60,8 +58,11 @@ def activation(
     out: str | Path | None = None,
     progress: bool = False,
     align: Align = None,
+    executor: Executor | str | None = None,
+    workers: int | None = None,
 ) -> pd.DataFrame:
-    """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS."""
+    """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS. executor:
+    None (in process), "ray" (with `workers`) or an analyses.distributed executor: the same rows on each."""
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
@@ -77,13 +78,15 @@ def activation(
                 "model": model.name, "dtype": str(model.dtype), "analysis": "patching.activation resid_pre",
                 "pairs": digest, "direction": direction, "metric": label,
             })
-        df = _resid_pre(model, pairs, base, donor, target_ids, baseline_ids, metric, batch_size, store)
+        df = residual_stream(model, pairs, base, target_ids, baseline_ids, metric, batch_size, store, executor,
+                             workers, progress)
     else:
         pairs.require_same_positions(f"Patching sites={sites!r}" if isinstance(sites, str) else "Patching Sites")
         if isinstance(sites, str) and sites in HEAD_INPUTS:
             sites = input_sites(model, sites)
         df = sweep(model, pairs.texts(base), targets, baselines, sites=sites, method="resample",
-                   reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress)
+                   reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress,
+                   executor=executor, workers=workers)
         df = df.rename(columns={"ablated_metric": "patched_metric"}).drop(columns=["clean_metric", "delta", "method"])
         df["position"] = pd.array([None] * len(df), dtype="Int64")
     df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
@@ -96,52 +99,3 @@ def input_sites(model: Transformer, kind: str) -> list[Site]:
     cfg = model.config
     heads = cfg.n_kv_heads if kind in ("k", "v") else cfg.n_heads
     return [Site(l, "attn", head=h, input=kind) for l in range(cfg.n_layers) for h in range(heads)]
-
-
-def _resid_pre(model, pairs: Pairs, base: str, donor: str, targets, baselines, metric, batch_size,
-               store: ResultStore | None) -> pd.DataFrame:
-    """Each layer's entering residual, patched at one position at a time: resumed from that layer (the prefix is
-    the base run's), one row per (pair, layer, position). A chunk's pairs are stored whole, so a pair with any
-    stored row is done."""
-    n, n_layers = len(pairs.clean), model.config.n_layers
-    size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    done = {prompt for prompt, _ in store.done()} if store is not None else set()
-    todo = [i for i in range(n) if i not in done]
-    frames = []
-    for chunk, frame in run_batched(todo, lambda chunk: _resid_chunk(
-            model, pairs, base, donor, chunk, targets, baselines, metric, n_layers), size):
-        if store is not None:
-            store.write(frame)
-        frames.append(frame)
-    if store is not None:
-        df = store.finish().astype({name: "Int64" for name in ("layer", "position", "head", "neuron")})
-    else:
-        df = pd.concat(frames, ignore_index=True)
-    return df.sort_values(["prompt_idx", "layer", "position"], kind="stable").reset_index(drop=True)  # pair-major
-
-
-@torch.no_grad()
-def _resid_chunk(model, pairs, base, donor, chunk, targets, baselines, metric, n_layers) -> pd.DataFrame:
-    base_tokens, donor_tokens = pairs.batch(base, chunk), pairs.batch(donor, chunk)
-    base_run = model.run(base_tokens, capture=Capture(final_norm_scale=False), logits_at="last")
-    donor_run = model.run(donor_tokens, capture=Capture(final_norm_scale=False), logits_at="last")
-    at = pairs.mapping(base, chunk, base_tokens, donor_tokens)  # one row per aligned position
-    t = torch.tensor([targets[chunk[b]] for b in at.rows.tolist()], device=model.device)
-    bl = None if baselines is None else torch.tensor([baselines[chunk[b]] for b in at.rows.tolist()],
-                                                     device=model.device)
-    records, rows = [], torch.arange(len(at.rows), device=model.device)
-    running = zip(base_run.stream.running("layer"), donor_run.stream.running("layer"))
-    for layer, ((_, _, resid), (_, _, patch)) in zip(range(n_layers), running):
-        patched = resid[at.rows].clone()
-        patched[rows, at.base] = patch[at.rows, at.donor]
-        logits = model.resume(layer, patched, base_tokens.rows(at.rows), logits_at="last")
-        values = metric_values(metric, logits[:, 0], t, bl).double().cpu().numpy()
-        records += [(chunk[b], f"resid_pre {layer} pos {p}", layer, p, v)
-                    for b, p, v in zip(at.rows.tolist(), at.clean, values)]
-    frame = pd.DataFrame(records, columns=["prompt_idx", "site", "layer", "position", "patched_metric"])
-    frame["part"] = "resid_pre"
-    for name in ("head", "neuron"):
-        frame[name] = pd.array([None] * len(frame), dtype="Int64")
-    frame["layer"] = frame["layer"].astype("Int64")
-    frame["position"] = frame["position"].astype("Int64")
-    return frame

@@ -180,21 +180,21 @@ def test_smollm2_engine_equals_one_forward_per_site(smollm2):
 def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypatch, suffix):
     """With out=, a run killed after its first chunk resumes: the finished pair is not computed again and the
     result equals an uninterrupted run."""
-    from analyses.patching import exact
+    from analyses.patching import residual
     from random_models import make_random_model
 
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     expected = _patch(model, "resid_pre")
     out, calls = tmp_path / f"resid{suffix}", []
-    chunk = exact._resid_chunk
+    chunk = residual._chunk
 
-    def failing(model, pairs, base, donor, rows, *rest):
+    def failing(model, pairs, base, rows, *rest):
         calls.append(list(rows))
         if len(calls) == 2:
             raise RuntimeError("killed")
-        return chunk(model, pairs, base, donor, rows, *rest)
+        return chunk(model, pairs, base, rows, *rest)
 
-    monkeypatch.setattr(exact, "_resid_chunk", failing)
+    monkeypatch.setattr(residual, "_chunk", failing)
     with pytest.raises(RuntimeError, match="killed"):
         _patch(model, "resid_pre", batch_size=1, out=out)
     resumed = _patch(model, "resid_pre", batch_size=1, out=out)

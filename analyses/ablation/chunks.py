@@ -1,0 +1,119 @@
+"""The chunks of an ablation sweep, and the job that computes one on any executor (analyses.distributed).
+
+A chunk is a block of prompts x a block of ablations, minus the rows a resumed sweep already stored. In process,
+the blocks are `batch` prompts (one clean pass) x every ablation: the engine's loop as it always ran, each
+batch of rows persisted as soon as it is computed. On W remote workers the chunks are as few and as large as
+the work allows, because each one costs a fixed overhead: W x chunks_per_worker of them, more when chunks
+would hold more than about MAX_CHUNK_ROWS rows. Two ways to cut, with different overheads:
+- prompts: every layer's rows of a prompt block go through one resumed forward, so a smaller block means more,
+  smaller forwards (on a CPU, a forward of a few rows costs about as much as three more rows);
+- ablations: each block of ablations runs its own clean pass of the prompts (one full forward per prompt).
+Prompt blocks are therefore kept at a quarter of a batch or more, and ablations are cut after that, into runs of
+consecutive layers (each layer's rows stay in one forward) of about equal cost: an ablation entering layer L
+reruns the n_layers - L layers after it, plus what every row costs wherever it starts (ROW_COST).
+Chunks depend on the inputs, the batch size and the executor's workers; the rows they compute do not.
+"""
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from analyses.ablation.rows import Context, ablate_group, clean_pass
+from analyses.ablation.sites import Ablation
+from analyses.distributed.executor import Job
+from resid.batching import BatchSize, model_batch_size, with_backoff
+from resid.model import Transformer
+
+MAX_CHUNK_ROWS = 4096  # remote chunks: about this many (prompt, ablation) rows at most, so a lost chunk costs little
+# What a row costs besides its layers, in layers: its unembedding, metric and share of its forward's fixed costs
+# (SmolLM2-135M on a CPU, 14-token prompts: two halves split by layer cost alone took 15.2 s and 17.5 s; this
+# weight evens them out).
+ROW_COST = 4
+
+
+@dataclass(frozen=True)
+class SweepChunk:
+    prompts: tuple[int, ...]  # global indices of the prompts with rows to compute, ascending
+    rows: tuple[tuple[int, int], ...]  # (prompt index, ablation index) pairs to compute, prompt-major
+
+
+def plan(
+    n_prompts: int, ablations: list[Ablation], done: set, batch: int, n_layers: int, workers: int | None = None,
+    per_worker: int = 1,
+) -> list[SweepChunk]:
+    """The chunks of a sweep (see the module docstring): the in-process layout for workers=None, else at least
+    workers x per_worker chunks where the rows allow. Rows whose (prompt index, label) is in `done` are left out,
+    and so are empty chunks."""
+    n_sites = len(ablations)
+    if workers is None:
+        prompt_blocks, site_blocks = [range(s, min(n_prompts, s + batch)) for s in range(0, n_prompts, batch)], 1
+    else:
+        wanted = workers * max(per_worker, math.ceil(n_prompts * n_sites / (MAX_CHUNK_ROWS * workers)))
+        count = max(math.ceil(n_prompts / batch), min(wanted, n_prompts // max(1, batch // 4)))
+        prompt_blocks = [range(n_prompts * i // count, n_prompts * (i + 1) // count) for i in range(count)]
+        site_blocks = min(n_sites, math.ceil(wanted / count))
+    chunks = []
+    for prompts in prompt_blocks:
+        for sites in _site_blocks(ablations, n_layers, site_blocks):
+            rows = tuple((p, s) for p in prompts for s in sites if (p, ablations[s].label) not in done)
+            if rows:
+                chunks.append(SweepChunk(tuple(sorted({p for p, _ in rows})), rows))
+    return chunks
+
+
+def _site_blocks(ablations: list[Ablation], n_layers: int, blocks: int) -> list[list[int]]:
+    """Ablation indices in `blocks` runs of consecutive start layers, each of about the same cost; whole layers
+    (one forward each) unless more blocks than layers are asked for."""
+    units: dict[object, list[int]] = {}
+    for s in sorted(range(len(ablations)), key=lambda s: (ablations[s].start_layer, s)):
+        units.setdefault(ablations[s].start_layer if blocks <= n_layers else s, []).append(s)
+    cost = [sum(n_layers - ablations[s].start_layer + ROW_COST for s in unit) for unit in units.values()]
+    total, before, out = sum(cost), 0, [[] for _ in range(blocks)]
+    for unit, c in zip(units.values(), cost):
+        out[min(blocks - 1, int((before + c / 2) * blocks / total))] += unit  # by the cost at its middle
+        before += c
+    return [sorted(block) for block in out if block]
+
+
+@dataclass
+class SweepJob(Job):
+    """Everything a worker needs to compute sweep rows, as plain data (token ids, never weights)."""
+
+    sequences: list[list[int]]  # every prompt's real token ids
+    pad: int
+    target_ids: list[int]
+    baseline_ids: list[int] | None
+    donors: list | None  # resample: per prompt, another prompt's index or the donor's token ids
+    ablations: list[Ablation]
+    method: str
+    metric: str | Callable
+    means: dict  # mean ablation: unit -> float64 array, [dim...] or [position dim...] (per_position)
+    per_position: bool
+    positions: list[int] | None  # masked-LM models: each prompt's [MASK]
+    batch_size: int | str  # "auto": from the worker's own device
+
+    def setup(self, model: Transformer) -> Context:
+        width = max(len(ids) for ids in self.sequences)
+        size = model_batch_size(model, width) if self.batch_size == "auto" else self.batch_size
+        means = {unit: torch.tensor(mean).to(model.dtype).to(model.device) for unit, mean in self.means.items()}
+        return Context(model, self.method, self.metric, means, self.per_position, BatchSize(size), self.positions)
+
+    def run(self, state: Context, chunk: SweepChunk) -> Iterator[pd.DataFrame]:
+        prompts, start = list(chunk.prompts), 0
+        while start < len(prompts):
+            def clean(rows: int, start: int = start):
+                group = prompts[start : start + rows]
+                members = set(group)
+                todo = [(p, self.ablations[s]) for p, s in chunk.rows if p in members]
+                return todo, clean_pass(state, self.sequences, self.pad, group, todo, self.target_ids,
+                                        self.baseline_ids, self.donors)
+
+            todo, group = with_backoff(clean, state.size)  # out of memory: fewer prompts per clean pass
+            yield from ablate_group(state, group, todo)
+            start += len(group.prompts)
+
+    def combine(self, pieces: list) -> pd.DataFrame:
+        return pd.concat(pieces, ignore_index=True)

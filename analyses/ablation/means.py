@@ -1,0 +1,102 @@
+"""Mean-ablation reference statistics as a reduction on an executor: each chunk of reference texts gives sums and
+token counts per unit, and the driver adds the chunks up in chunk order, so the means are the same whoever
+computed which chunk (and equal to the in-process ones).
+
+The rules are those of analyses.ablation.values: texts are cut to the longest prompt's token count and right-
+padded; agnostic means average every real token, per-position means average each position id (0 = first real
+token) and need the texts to reach every position the prompts use.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from analyses.ablation import values
+from analyses.distributed.executor import Executor, Job
+from resid.batching import BatchSize, model_batch_size, with_backoff
+from resid.errors import ResidError
+from resid.model import Transformer
+from resid.tokenizer import Tokens
+
+Sums = tuple[dict, np.ndarray]  # ({unit: float64 [slot dim...]}, float64 [slot] token counts); slot: position id or 0
+
+
+@dataclass
+class MeanJob(Job):
+    """Per chunk of reference texts (token ids), the sums of every unit over their real tokens."""
+
+    units: list  # values.Unit tuples
+    per_position: bool
+    n_positions: int
+    pad: int
+    batch_size: int | str
+
+    def setup(self, model: Transformer) -> tuple[Transformer, BatchSize]:
+        size = model_batch_size(model, self.n_positions) if self.batch_size == "auto" else self.batch_size
+        return model, BatchSize(size)
+
+    def run(self, state: tuple[Transformer, BatchSize], chunk: list[list[int]]) -> Iterator[Sums]:
+        model, size = state
+        slots = self.n_positions if self.per_position else 1
+        counts = torch.zeros(slots, dtype=torch.float64)
+        sums: dict = {}
+        start = 0
+        while start < len(chunk):
+            def work(rows: int, start: int = start) -> tuple[int, list]:
+                tokens = Tokens.pad(chunk[start : start + rows], self.pad, "right").to(model.device)
+                stream = model.run(tokens, capture=values.capture_for(self.units), logits_at="last").stream
+                mask = tokens.attention_mask
+                everywhere = torch.zeros(int(mask.sum()), dtype=torch.long)
+                slot = tokens.position_ids[mask] if self.per_position else everywhere
+                found = [values.read_unit(stream, unit)[mask].double().cpu() for unit in self.units]  # [tokens dim...]
+                return min(rows, len(chunk) - start), [slot.cpu(), *found]
+
+            done, (slot, *found) = with_backoff(work, size)  # summed only once the batch is through
+            counts += torch.bincount(slot, minlength=slots)[:slots].double()
+            for unit, found_values in zip(self.units, found):
+                total = sums.setdefault(unit, torch.zeros((slots, *found_values.shape[1:]), dtype=torch.float64))
+                total.index_add_(0, slot, found_values)
+            start += done
+        yield {unit: total.numpy() for unit, total in sums.items()}, counts.numpy()
+
+    def combine(self, pieces: list) -> Sums:
+        return pieces[0]
+
+
+def reference_means(
+    executor: Executor, model: Transformer, units: list, texts: list[str], n_positions: int, per_position: bool,
+    batch: int, batch_size: int | str,
+) -> dict:
+    """{unit: float64 array}: [dim...] agnostic, [n_positions dim...] per position; chunks of `batch` texts."""
+    patterns = [u for u in units if u[5] == "pattern"]
+    if patterns:
+        layer, part, head = patterns[0][:3]
+        raise ResidError(f"Attention patterns have no mean over reference texts (their key axis is each text's own "
+                         f"length): layers[{layer}].{part} head {head} pattern. Ablate patterns with method='zero' or "
+                         "'resample'.")
+    tokenizer = model.require_tokenizer()
+    encoded = [ids[:n_positions] for ids in (tokenizer.encode(t) for t in texts) if ids]
+    chunks = [encoded[start : start + batch] for start in range(0, len(encoded), batch)]
+    job = MeanJob(units, per_position, n_positions, tokenizer.pad_token_id, batch_size)
+    parts: list = [None] * len(chunks)
+    for index, part in executor.map(model, job, chunks):
+        parts[index] = part
+    slots = n_positions if per_position else 1
+    counts = np.zeros(slots)
+    sums: dict = {}
+    for part_sums, part_counts in parts:  # in chunk order: float64 sums do not depend on who finished first
+        counts += part_counts
+        for unit, total in part_sums.items():
+            sums[unit] = sums[unit] + total if unit in sums else total.copy()
+    if counts.sum() == 0:
+        raise ResidError("The reference texts gave no tokens to average over.")
+    if per_position and (counts == 0).any():
+        first = int(np.flatnonzero(counts == 0)[0])
+        raise ResidError(
+            f"Per-position means need reference texts at least as long as the prompts ({n_positions} tokens); "
+            f"no reference text reaches position {first}. Add longer texts or use position-agnostic means."
+        )
+    means = {unit: total / counts.reshape(-1, *([1] * (total.ndim - 1))) for unit, total in sums.items()}
+    return means if per_position else {unit: mean[0, ...] for unit, mean in means.items()}  # 0-d for a neuron

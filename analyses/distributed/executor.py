@@ -1,0 +1,101 @@
+"""Executors: who runs the chunks of a sweep or a corpus scan.
+
+Glossary:
+    job      what to compute, as plain data (token ids, site lists, settings; never weights): `setup(model)` once
+             per worker builds its state (tensors on the worker's device), `run(state, chunk)` yields the
+             results of one chunk in pieces, `combine(pieces)` joins a finished chunk's pieces into one result.
+    chunk    one deterministic unit of a job (a block of prompts x a block of sites; a shard of a corpus).
+             Chunks depend on the inputs and the batch size, so results do not depend on who runs them.
+    worker   a process holding one model: the driver itself (InProcess) or a Ray actor (RayExecutor).
+
+`executor.map(model, job, chunks)` yields (chunk index, result) as results arrive: in chunk order, piece by piece,
+in process; in completion order, one result per chunk, on Ray. Callers persist or merge each result as it comes
+(the sweep writes it to its ResultStore; a scan merges its top-k), so the caller is the only writer.
+"""
+
+import abc
+from collections.abc import Iterator, Sequence
+
+from resid.errors import ResidError
+from resid.model import Transformer
+
+class Job(abc.ABC):
+    """Work split into chunks; see the module docstring. Subclasses are plain dataclasses."""
+
+    @abc.abstractmethod
+    def setup(self, model: Transformer) -> object:
+        """Per-worker state built once from the worker's own model."""
+
+    @abc.abstractmethod
+    def run(self, state: object, chunk: object) -> Iterator[object]:
+        """The results of one chunk, in pieces (a piece may be persisted before the next is computed)."""
+
+    @abc.abstractmethod
+    def combine(self, pieces: list) -> object:
+        """A finished chunk's pieces as one result (what a remote worker sends back)."""
+
+
+class Executor(abc.ABC):
+    """Runs the chunks of a job; see the module docstring."""
+
+    @property
+    @abc.abstractmethod
+    def workers(self) -> int:
+        """How many chunks run at once."""
+
+    @property
+    def chunks_per_worker(self) -> int:
+        """The fewest chunks per worker a sweep is cut into: more chunks lose less with a lost worker, but each
+        costs a fixed overhead (analyses.ablation.chunks)."""
+        return 1
+
+    @abc.abstractmethod
+    def map(self, model: Transformer, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
+        """(chunk index, result) for every chunk, as they arrive."""
+
+    def close(self) -> None:
+        """Let go of workers (nothing to do in process)."""
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class InProcess(Executor):
+    """The driver runs every chunk itself, in order, with its own model (the default)."""
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    def map(self, model: Transformer, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
+        state = job.setup(model) if chunks else None
+        for index, chunk in enumerate(chunks):
+            for piece in job.run(state, chunk):
+                yield index, piece
+
+
+def resolve(executor: "Executor | str | None", workers: int | None) -> tuple[Executor, bool]:
+    """(the executor, whether the caller made it and so must close it) for an analysis's `executor=` and
+    `workers=` arguments: None or "inprocess", "ray", or an Executor."""
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ResidError(f"workers must be a positive integer, got {workers!r}.")
+    if isinstance(executor, Executor):
+        if workers is not None:
+            raise ResidError("workers= goes with executor='ray'; an executor object already has its workers "
+                             "(e.g. RayExecutor(workers=2)): drop workers=.")
+        return executor, False
+    if executor is None or executor == "inprocess":
+        if workers is not None:
+            raise ResidError(f"workers={workers} needs executor='ray' (the in-process executor is one worker).")
+        return InProcess(), True
+    if executor == "ray":
+        from analyses.distributed.ray_executor import RayExecutor
+
+        return RayExecutor(workers=workers), True
+    raise ResidError(
+        f"Unknown executor {executor!r}: use None (in process), 'ray' (with workers=N), or an executor object such "
+        "as analyses.distributed.RayExecutor(workers=2, address=...)."
+    )

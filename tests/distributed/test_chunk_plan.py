@@ -1,0 +1,88 @@
+"""Chunks and executors without Ray: the sweep's chunk plan covers every pending row exactly once, the in-process
+layout is the engine's plain loop, and asking for Ray where it is not installed, or for remote workers on a model
+built in memory, is one clear error."""
+
+import pytest
+
+from analyses import ablation, neurons
+from analyses.ablation.chunks import MAX_CHUNK_ROWS, plan
+from analyses.ablation.sites import expand_sites
+from analyses.distributed import InProcess, ray_executor, resolve
+from analyses.distributed.source import source_of
+from random_models import make_random_model
+from resid.errors import ResidError
+
+PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The cat sat on the mat and"]
+
+
+@pytest.fixture(scope="module")
+def model(gpt2_tokenizer):
+    return make_random_model("llama_gqa", gpt2_tokenizer)
+
+
+def _rows(chunks) -> list:
+    return [row for chunk in chunks for row in chunk.rows]
+
+
+@pytest.mark.parametrize("n_prompts, batch, workers, per_worker",
+                         [(7, 3, None, 1), (7, 64, 2, 4), (2, 64, 2, 4), (1, 64, 4, 1), (300, 8, 3, 2), (40, 8, 2, 1)])
+def test_every_pending_row_once(model, n_prompts: int, batch: int, workers: int | None, per_worker: int):
+    ablations = expand_sites("head", model.config)
+    done = {(1, ablations[0].label), (n_prompts - 1, ablations[-1].label)}
+    chunks = plan(n_prompts, ablations, done, batch, model.config.n_layers, workers, per_worker)
+    expected = [(p, s) for p in range(n_prompts) for s in range(len(ablations)) if (p, ablations[s].label) not in done]
+    assert sorted(_rows(chunks)) == expected
+    assert all(chunk.prompts == tuple(sorted({p for p, _ in chunk.rows})) for chunk in chunks)
+    if workers is not None:
+        assert len(chunks) >= min(workers * per_worker, len(expected))
+        assert all(len(chunk.rows) <= MAX_CHUNK_ROWS for chunk in chunks)
+
+
+def test_in_process_layout_is_the_engine_loop(model):
+    """One chunk per `batch` prompts, every site in it: the batches the engine always ran."""
+    ablations = expand_sites("sublayer", model.config)
+    chunks = plan(7, ablations, set(), 3, model.config.n_layers)
+    assert [chunk.prompts for chunk in chunks] == [(0, 1, 2), (3, 4, 5), (6,)]
+    assert all(len(chunk.rows) == len(chunk.prompts) * len(ablations) for chunk in chunks)
+
+
+def test_remote_layout_keeps_prompt_blocks_large(model):
+    """Few prompts: every chunk holds all of them and a run of consecutive layers of about equal cost (an
+    ablation entering layer L reruns n_layers - L layers); many prompts: blocks of a quarter batch or more."""
+    ablations = expand_sites("sublayer", model.config)  # 3 layers x (attn, mlp)
+    chunks = plan(8, ablations, set(), 64, 3, workers=2)
+    assert [chunk.prompts for chunk in chunks] == [tuple(range(8))] * 2
+    layers = [sorted({ablations[s].layer for _, s in chunk.rows}) for chunk in chunks]
+    assert layers == [[0], [1, 2]]  # costs 3 + 3 against 2 + 2 + 1 + 1
+    many = plan(64, ablations, set(), 16, 3, workers=2, per_worker=4)
+    assert len(many) == 8 and all(len(chunk.prompts) == 8 and len(chunk.rows) == 8 * 6 for chunk in many)
+    big = plan(4000, ablations, set(), 1024, 3, workers=2)
+    assert len(big) >= 4000 * 6 / MAX_CHUNK_ROWS and all(len(chunk.rows) <= MAX_CHUNK_ROWS for chunk in big)
+
+
+def test_executor_arguments(model):
+    assert isinstance(resolve(None, None)[0], InProcess)
+    with pytest.raises(ResidError, match="workers=2 needs executor='ray'"):
+        resolve(None, 2)
+    with pytest.raises(ResidError, match="drop workers="):
+        resolve(InProcess(), 2)
+    with pytest.raises(ResidError, match="Unknown executor 'dask'"):
+        ablation.sweep(model, PROMPTS, [" Mary", " the"], executor="dask")
+    with pytest.raises(ResidError, match="workers must be a positive integer"):
+        neurons.top_activating(model, PROMPTS, layers=[0], executor="ray", workers=0)
+
+
+def test_ray_not_installed_is_one_clear_error(model, monkeypatch):
+    monkeypatch.setattr(ray_executor, "RAY_MODULE", "ray_is_not_installed_here")
+    expected = r"needs the optional package ray.*pip install 'resid\[distributed\]'"
+    with pytest.raises(ResidError, match=expected):
+        ablation.sweep(model, PROMPTS, [" Mary", " the"], executor="ray", workers=2, progress=False)
+    with pytest.raises(ResidError, match=expected):
+        neurons.top_activating(model, PROMPTS, layers=[0], executor="ray", progress=False)
+    with pytest.raises(ResidError, match=expected):
+        ray_executor.RayExecutor(workers=2)
+
+
+def test_a_model_built_in_memory_cannot_go_to_workers(model):
+    with pytest.raises(ResidError, match=r"built in memory.*save_pretrained.*resid.load\(folder\).*in-process"):
+        source_of(model)

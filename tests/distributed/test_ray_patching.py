@@ -1,0 +1,28 @@
+"""Patching on Ray workers gives the in-process rows: the residual stream (its own chunked job) and heads (the
+ablation engine's resample sweep), with an alignment too."""
+
+import pytest
+
+from analyses import patching
+from analyses.distributed import RayExecutor
+from distributed_helpers import TEST_CPUS
+
+CLEAN = ["When Mary and John went to the store, John gave a drink to",
+         "The cat and the dog sat on the mat, the cat looked at"]
+CORRUPT = ["When Mary and John went to the store, Mary gave a drink to",
+           "The cat and the dog sat on the old mat, the dog looked at"]  # one token longer
+TARGETS, BASELINES = [" Mary", " the"], [" John", " a"]
+
+
+@pytest.mark.parametrize("sites", ["resid_pre", "head"])
+def test_patching_on_two_workers_equals_in_process(ray_cluster, saved_llama, sites):
+    model = saved_llama
+    options = dict(sites=sites, batch_size=1)
+    clean, corrupt = (CLEAN, CORRUPT) if sites == "resid_pre" else (CLEAN[:1] * 2, CORRUPT[:1] * 2)
+    align = "end" if sites == "resid_pre" else None
+    expected = patching.activation(model, clean, corrupt, TARGETS, BASELINES, align=align, **options)
+    with RayExecutor(workers=2, cpus=TEST_CPUS) as executor:
+        got = patching.activation(model, clean, corrupt, TARGETS, BASELINES, align=align, executor=executor,
+                                  **options)
+    assert list(got["site"]) == list(expected["site"]) and list(got["prompt_idx"]) == list(expected["prompt_idx"])
+    assert got["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-6)
