@@ -14,7 +14,8 @@ import os
 import platform
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
-_KEEP = {_M_MMAP_THRESHOLD: 1 << 30, _M_TRIM_THRESHOLD: 1 << 36}  # blocks up to 1 GiB from the heap; never trim
+# blocks up to 1 GiB from the heap; trim only a free top of 2 GiB (mallopt takes a C int: 2**31 - 1 at most)
+_KEEP = {_M_MMAP_THRESHOLD: 1 << 30, _M_TRIM_THRESHOLD: (1 << 31) - 1}
 _DEFAULTS = {_M_MMAP_THRESHOLD: 128 * 1024, _M_TRIM_THRESHOLD: 128 * 1024}  # glibc's (fixed, not dynamic)
 _state: dict[str, bool] = {}
 
@@ -29,7 +30,7 @@ def keep_freed_memory(enabled: bool = True) -> bool:
     except OSError:
         return False
     settings = _KEEP if enabled else _DEFAULTS
-    done = all(libc.mallopt(option, value) == 1 for option, value in settings.items())
+    done = all(libc.mallopt(ctypes.c_int(option), ctypes.c_int(value)) == 1 for option, value in settings.items())
     _state["enabled"] = enabled and done
     return done
 
