@@ -35,6 +35,7 @@ def add_parser(commands, common) -> None:
     patch.add_argument("--out", required=True, help="a file (.parquet .csv): one row per (pair, site)")
     patch.add_argument("--figure", default=None, help="a file (.html): the heatmap (default: OUT.html)")
     arguments.self_contained(patch)
+    arguments.executor_options(patch)
 
 
 def check(args) -> None:
@@ -53,7 +54,11 @@ def check(args) -> None:
         raise ResidError(f"{args.pairs}: give every line a baseline, or none.")
     if args.metric == "logit_diff" and not all(with_baseline):
         raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.pairs}.')
+    if args.ray is not None and args.method != "exact":
+        raise ResidError(f"--ray runs exact patching's chunks on workers; --method {args.method} is one backward "
+                         "pass per chunk of pairs, run in process: drop --ray.")
     args.pairs_read = found
+    args.executor = arguments.executor(args.ray, args.workers)
 
 
 def run(model, args) -> str:
@@ -65,7 +70,12 @@ def run(model, args) -> str:
     baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
     options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size, align=args.align)
     if args.method == "exact":
-        df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites, **options)
+        try:
+            df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites,
+                                     executor=args.executor, **options)
+        finally:
+            if args.executor is not None:
+                args.executor.close()
     else:
         df = patching.attribution(model, clean, corrupt, targets, baselines, sites=(args.sites,), method=args.method,
                                   **options)

@@ -26,3 +26,23 @@ def test_patching_on_two_workers_equals_in_process(ray_cluster, saved_llama, sit
                                   **options)
     assert list(got["site"]) == list(expected["site"]) and list(got["prompt_idx"]) == list(expected["prompt_idx"])
     assert got["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-6)
+
+
+def test_patch_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster, tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from analyses.cli.main import main
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"clean": CLEAN[0], "corrupt": CORRUPT[0], "target": TARGETS[0],
+                                 "baseline": BASELINES[0]}) + "\n")
+    common = ["patch", "--model", saved_llama.name, "--pairs", str(pairs), "--sites", "head"]
+    assert main([*common, "--out", str(tmp_path / "local.parquet")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray.parquet"), "--ray", "--workers", "2"]) == 0
+    local, on_ray = (pd.read_parquet(tmp_path / f"{name}.parquet").sort_values("site", ignore_index=True)
+                     for name in ("local", "ray"))
+    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, rtol=0, atol=1e-6)
+    assert main([*common, "--out", str(tmp_path / "atp.parquet"), "--method", "atp", "--ray"]) != 0
+    assert "--method atp is one backward pass" in capsys.readouterr().err
