@@ -79,18 +79,23 @@ class Effects:
         self.base, self.donor, self.at = base, donor, at
         self.mask = tokens.attention_mask.to(model.device)[..., None].to(model.dtype)  # [batch pos 1]
         self.group = model.config.n_heads // model.config.n_kv_heads
-        self.patterns: dict[tuple[int, str], Tensor] = {}  # (layer, "base" | "pattern" | "q" | "k") -> pattern
+        # (layer, "pattern" | "q" | "k") -> the patched pattern minus the base run's; deltas: computed once, reused
+        # by every backward pass of GradDrop
+        self.moved: dict[tuple[int, str], Tensor] = {}
+        self.deltas: dict[tuple, Tensor] = {}
         needed = "pattern" in self.sites or (fix_qk and bool({"q", "k"} & self.sites))
         with torch.no_grad():
             for l, (ours, theirs) in enumerate(zip(base.layers, donor.layers) if needed else ()):
                 q, k = ours.attn.q.detach(), ours.attn.k.detach()
-                self.patterns[(l, "base")] = model.attention_pattern(l, q, k, tokens)
+                base_pattern = model.attention_pattern(l, q, k, tokens)
+                new = {}
                 if "pattern" in self.sites:  # equal lengths only (attribution checks): the donor's own pattern
-                    self.patterns[(l, "pattern")] = model.attention_pattern(l, theirs.attn.q, theirs.attn.k, tokens)
+                    new["pattern"] = model.attention_pattern(l, theirs.attn.q, theirs.attn.k, tokens)
                 if fix_qk and "q" in self.sites:
-                    self.patterns[(l, "q")] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, tokens)
+                    new["q"] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, tokens)
                 if fix_qk and "k" in self.sites:
-                    self.patterns[(l, "k")] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), tokens)
+                    new["k"] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), tokens)
+                self.moved.update({(l, name): pattern - base_pattern for name, pattern in new.items()})
 
     def __call__(self, grads: dict[tuple, Tensor], dropped: int | None = None) -> dict[tuple, Tensor]:
         """{(layer, part, index): effect [batch]} with part "attn" / "mlp" (index None), "head" / "q" / "k" / "v" /
@@ -102,10 +107,13 @@ class Effects:
                 for index, column in enumerate(effect.unbind(1)) if effect.ndim == 2 else [(None, effect)]:
                     out[(l, part, index)] = column * 0 if l == dropped else column
         if "resid_pre" in self.sites:
-            donor_resid = [r for _, _, r in self.donor.running("layer")]
-            for l, (_, _, resid) in zip(range(len(self.base.layers)), self.base.running("layer")):
+            if ("resid_pre", 0) not in self.deltas:
+                running = zip(self.base.running("layer"), self.donor.running("layer"))
+                for l, ((_, _, resid), (_, _, donor)) in zip(range(len(self.base.layers)), running):
+                    self._delta(("resid_pre", l), donor, resid)
+            for l in range(len(self.base.layers)):
                 grad = grads[("embed",)] if l == 0 else grads[(l - 1, "mlp")]
-                out[("resid_pre", l)] = (self._delta(donor_resid[l], resid) * grad).sum(-1)
+                out[("resid_pre", l)] = (self.deltas[("resid_pre", l)] * grad).sum(-1)
         return out
 
     def _layer(self, l: int, attn, donor_attn, ours, theirs, grads) -> dict[str, Tensor]:
@@ -113,24 +121,26 @@ class Effects:
         mask, found = self.mask, {}
         if "sublayer" in self.sites:
             for part in ("attn", "mlp"):
-                delta = self._delta(getattr(theirs, part).out, getattr(ours, part).out)
+                delta = self._delta((l, part), getattr(theirs, part).out, getattr(ours, part).out)
                 found[part] = (delta * grads[(l, part)] * mask).sum((1, 2))
         if "head" in self.sites:
-            found["head"] = (self._delta(donor_attn.z, attn.z) * grads[(l, "z")] * mask[..., None]).sum((1, 3))
+            delta = self._delta((l, "z"), donor_attn.z, attn.z)
+            found["head"] = (delta * grads[(l, "z")] * mask[..., None]).sum((1, 3))
         for name in ("q", "k", "v"):
             if name in self.sites and (name == "v" or not self.fix_qk):
-                delta = self._delta(getattr(donor_attn, name), getattr(attn, name))
+                delta = self._delta((l, name), getattr(donor_attn, name), getattr(attn, name))
                 found[name] = (delta * grads[(l, name)] * mask[..., None]).sum((1, 3))
         pattern_sites = [s for s in ("q", "k", "pattern") if s in self.sites and (s == "pattern" or self.fix_qk)]
         if pattern_sites:
             v = attn.v.detach().repeat_interleave(self.group, dim=2)  # [batch key head d_head]
             grad = torch.einsum("bihd,bjhd->bhij", grads[(l, "z")], v) * mask[:, None]  # [batch head pos key]
-            base = self.patterns[(l, "base")]
             for name in pattern_sites:
-                per_head = ((self.patterns[(l, name)] - base) * grad).sum((2, 3))
+                per_head = (self.moved[(l, name)] * grad).sum((2, 3))
                 found[name] = per_head.view(len(per_head), -1, self.group).sum(-1) if name == "k" else per_head
         return found
 
-    def _delta(self, donor: Tensor, base: Tensor) -> Tensor:
-        """The patched minus the base value of a [batch pos ...] activation (aligned positions only)."""
-        return self.at.donor_at_base(donor, base) - base.detach()
+    def _delta(self, key: tuple, donor: Tensor, base: Tensor) -> Tensor:
+        """The patched minus the base value of a [batch pos ...] activation (aligned positions only), once."""
+        if key not in self.deltas:
+            self.deltas[key] = (self.at.donor_at_base(donor, base) - base.detach()).detach()
+        return self.deltas[key]

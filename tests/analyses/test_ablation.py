@@ -10,17 +10,9 @@ from analyses import ablation
 from analyses.ablation.sites import expand_sites
 from analyses.metrics import metric_values
 from resid import Replace, Site, ZeroAblate
+from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
-# Prompts 0/1 and 2/3 are name-swapped pairs with equal token counts: each is the other's resample donor.
-PROMPTS = [
-    "When Mary and John went to the store, John gave a drink to",
-    "When John and Mary went to the store, Mary gave a drink to",
-    "The cat and the dog sat on the mat, the cat looked at",
-    "The dog and the cat sat on the mat, the dog looked at",
-]
-DONORS = [PROMPTS[1], PROMPTS[0], PROMPTS[3], PROMPTS[2]]
-TARGETS, BASELINES = [" Mary", " John", " the", " the"], [" John", " Mary", " a", " a"]
 REFERENCE = ["Reference text one is here, and it is long enough to cover every position.", "More words."]
 TOL = dict(atol=1e-5, rtol=1e-5)
 CAPTURE_UNITS = resid.Capture(attn={"out", "z"}, mlp={"out", "post"})
