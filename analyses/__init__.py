@@ -16,27 +16,22 @@
     plots          plotly figures of the DataFrames
     cli/           the `resid` command (the top layer: nothing below imports it)
 
-Layers: resid <- analyses <- analyses.cli; nothing here is imported by resid.
+Layers: resid <- resid.analyses <- resid.analyses.cli; nothing here is imported by the core. The folder is
+analyses/ in the repository and installs as resid.analyses (pyproject.toml).
 """
 
 import importlib
-import os
 
-if os.environ.get("RESID_TYPECHECK") == "1":  # see resid/__init__.py: before any analyses module is imported
-    import jaxtyping
-
-    import resid  # noqa: F401  (installs the core's hook first, so the core is checked too)
-
-    jaxtyping.install_import_hook("analyses", "beartype.beartype")
-
-_IO = ("corpus", "provenance", "tables")  # analyses.io modules also reachable as `from analyses import tables`
+# RESID_TYPECHECK=1: resid/__init__.py installs the runtime type checks for every resid.* module, these included
+# (the parent package is imported first).
+_IO = ("corpus", "provenance", "tables")  # io modules also reachable as `from resid.analyses import tables`
 
 
 def __getattr__(name: str):
-    # Lazy, so that importing one small module (e.g. analyses.io.store in a worker) does not load them all.
+    # Lazy, so that importing one small module (e.g. resid.analyses.io.store in a worker) does not load them all.
     if name in _IO:
-        return importlib.import_module(f"analyses.io.{name}")
-    raise AttributeError(f"module 'analyses' has no attribute {name!r}")
+        return importlib.import_module(f"resid.analyses.io.{name}")
+    raise AttributeError(f"module 'resid.analyses' has no attribute {name!r}")
 
 
 __all__ = list(_IO)

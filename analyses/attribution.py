@@ -28,7 +28,7 @@ df.attrs["notes"] says so.
 A target can also be a `Probe`: any linear read-out of the final hidden state (a probe's weights, a difference
 of embeddings, a steering direction), value = final_hidden . vector + bias, where final_hidden is the final
 norm's output (what the unembedding reads; transformers' last_hidden_state). It decomposes the same way, at one
-position or mean-pooled over each prompt's tokens (a sentence embedding's read-out; analyses.similarity
+position or mean-pooled over each prompt's tokens (a sentence embedding's read-out; resid.analyses.similarity
 decomposes the similarity of two sentences' embeddings with it).
 
 Post-LN models (BERT) norm the residual after every write: the direction is pulled back through each norm with
@@ -46,13 +46,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from analyses.checks import check_choice
-from analyses.components import Contributions, components, frame, probe_frame, read_out
-from analyses.inputs import (
+from resid.analyses.checks import check_choice
+from resid.analyses.components import Contributions, components, frame, probe_frame, read_out
+from resid.analyses.inputs import (
     batch_size_for, check_sources, decoder_of, input_tokens, prediction_positions, prompts as as_prompts,
 )
-from analyses.io import provenance
-from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
+from resid.analyses.io import provenance
+from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.model import Inputs, Memory, Transformer
@@ -106,7 +106,7 @@ def direct(
     or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
     list, for the prompts whose entry is None); a `Probe` attributes its read-out instead (embedding models
     take only Probes). One row per (prompt, component), in logit units, with the columns of COLUMNS.
-    `df.attrs["notes"]`: hints on the targets as given (analyses.vocab.spacing_hint)."""
+    `df.attrs["notes"]`: hints on the targets as given (resid.analyses.vocab.spacing_hint)."""
     check_choice(level, "level", LEVELS)
     model, sources = decoder_of(model, source)
     given = as_prompts(model, prompts)
@@ -177,7 +177,7 @@ def capture_for(model: Transformer, level: str, positions: list[int] | None) -> 
 
 
 def meta_columns(model, tokens: Tokens, chunk, index, targets, target_ids, baselines, baseline_ids) -> dict:
-    """The per-prompt columns of a chunk's frame (analyses.components.frame repeats them per component)."""
+    """The per-prompt columns of a chunk's frame (resid.analyses.components.frame repeats them per component)."""
     none = [None] * len(chunk)
     return {
         "prompt_idx": list(chunk),

@@ -1,4 +1,4 @@
-"""The components of a direct attribution (analyses.attribution): every write's contribution to a direction
+"""The components of a direct attribution (resid.analyses.attribution): every write's contribution to a direction
 on the final residual (at one position, or pooled over positions), at the level of sublayers, heads, experts or
 neurons, and the long table they make; `read_out` turns a vector read out of the final hidden state into such
 a direction. See analyses/attribution.py for the algebra."""

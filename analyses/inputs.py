@@ -12,7 +12,7 @@ import numpy as np
 from jaxtyping import Int
 from torch import Tensor
 
-from analyses.vocab import decode_ids
+from resid.analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size
 from resid.errors import ResidError
 from resid.model import Inputs, Memory, Transformer

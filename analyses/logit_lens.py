@@ -12,7 +12,7 @@ Sites, in stream order (resid.stream's names):
 
 norm="recompute" applies the final norm to each partial residual, with its own scale (the usual logit lens);
 norm="frozen" uses the scale the final norm had in the full forward pass, which keeps the lens linear in the
-writes (the decomposition analyses.attribution sums). Both equal the model's output at the last site.
+writes (the decomposition resid.analyses.attribution sums). Both equal the model's output at the last site.
 KL is KL(final || lens): the model's own distribution against the lens's, in nats, as tuned-lens reports it.
 """
 
@@ -24,10 +24,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from analyses.checks import check_choice, check_k
-from analyses.inputs import batch_size_for, check_sources, decoder_of, prompts as as_prompts
-from analyses.io import provenance
-from analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
+from resid.analyses.checks import check_choice, check_k
+from resid.analyses.inputs import batch_size_for, check_sources, decoder_of, prompts as as_prompts
+from resid.analyses.io import provenance
+from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -61,7 +61,7 @@ def run(
 
     prompts: texts, resid.Tokens or token ids. One row per (prompt, position, site, rank), the columns of
     COLUMNS. target=None follows the model's own top prediction at each position. `df.attrs["notes"]`: hints
-    on the targets as given (analyses.vocab.spacing_hint, read at each prompt's last position asked for)."""
+    on the targets as given (resid.analyses.vocab.spacing_hint, read at each prompt's last position asked for)."""
     check_choice(level, "level", LEVELS)
     check_choice(norm, "norm", NORMS)
     model, sources = decoder_of(model, source)  # encoder-decoder models: the decoder, reading `source`

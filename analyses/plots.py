@@ -5,8 +5,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from analyses.attribution import metric_name
-from analyses.logit_lens import site_label
+from resid.analyses.attribution import metric_name
+from resid.analyses.logit_lens import site_label
 from resid.errors import ResidError
 
 
@@ -41,7 +41,7 @@ def ablation_effects(df: pd.DataFrame) -> go.Figure:
 
 
 def patching_heatmap(df: pd.DataFrame) -> go.Figure:
-    """The mean normalized score over pairs (analyses.patching; 0 = corrupt run, 1 = clean run): layer x position
+    """The mean normalized score over pairs (resid.analyses.patching; 0 = corrupt run, 1 = clean run): layer x position
     for the residual stream, layer x head for heads, a line per part for sublayer writes."""
     if df.empty:
         raise ResidError("The patching results are empty: nothing to plot.")

@@ -21,11 +21,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.attribution import LEVELS, Level, capture_for, meta_columns
-from analyses.components import probe_frame, read_out
-from analyses.checks import check_choice
-from analyses.inputs import batch_size_for, prompts as as_prompts
-from analyses.io import provenance
+from resid.analyses.attribution import LEVELS, Level, capture_for, meta_columns
+from resid.analyses.components import probe_frame, read_out
+from resid.analyses.checks import check_choice
+from resid.analyses.inputs import batch_size_for, prompts as as_prompts
+from resid.analyses.io import provenance
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError

@@ -6,7 +6,7 @@ weights, same inputs.
 The sweep zero-ablates each layer's attention write and each layer's MLP write of SmolLM2-135M, one site at a
 time (2 x 30 sites), on IOI-style prompts of one token length (no padding), and measures the logit difference
 target - baseline (" Mary" - " John") at the last token. Every case computes the same 60 x prompts deltas:
-  resid_sweep     analyses.ablation.sweep(..., sites="sublayer", method="zero", metric="logit_diff")
+  resid_sweep     resid.analyses.ablation.sweep(..., sites="sublayer", method="zero", metric="logit_diff")
   resid_loop      one model.run(..., interventions=[ZeroAblate(Site(layer, part))]) per site
   tl_bridge       TransformerLens 4.3 (HookedTransformer was removed in 4.0): TransformerBridge.boot_transformers
                   around the transformers LlamaForCausalLM, TL's default raw weights, run_with_hooks per site
@@ -84,7 +84,7 @@ def logit_diff(last_logits: Tensor, target_ids: Tensor, baseline_ids: Tensor) ->
 
 
 def resid_sweep(model, prompts, targets, baselines) -> Callable[[], Deltas]:
-    from analyses import ablation
+    from resid.analyses import ablation
 
     n_layers = model.config.n_layers
 

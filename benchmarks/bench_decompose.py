@@ -8,7 +8,7 @@ between the model's top two predictions at the last position (a difference, beca
 centres the unembedding, which shifts every single logit but no difference). Cases:
   hf_forward   transformers LlamaForCausalLM (fp32, eager attention) forward on the same ids: the floor of any
                tool that runs the model and reads its logits
-  resid        analyses.attribution.direct(model, prompts, level="head") end to end: tokenization, the forward
+  resid        resid.analyses.attribution.direct(model, prompts, level="head") end to end: tokenization, the forward
                (capturing only z and the writes at the last position, unembedding only there), the projection
                and the DataFrame
   tl           TransformerLens 4.3 (TransformerBridge in compatibility mode, i.e. HookedTransformer numerics):
@@ -32,7 +32,7 @@ import torch
 from bench_ablation import REFERENCE, load_tl, reset_peak_rss, rss_mb
 
 import resid
-from analyses import attribution
+from resid.analyses import attribution
 from resid.load.registry import _smollm2_path
 
 WORDS = (

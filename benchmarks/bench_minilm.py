@@ -7,7 +7,7 @@ times and the ratios the post-LN/encoder issue targets, measured side by side (c
 hits all alike):
   - forward of a batch of 32 sentences (right-padded, as transformers pads BERT): model(tokens) vs BertModel
     with its default attention (sdpa) and with eager attention; target <= 1.05x;
-  - attribution of the cosine similarity of one pair to every head (analyses.similarity, level="head": the
+  - attribution of the cosine similarity of one pair to every head (resid.analyses.similarity, level="head": the
     partner's embedding, the captured forward, every head's projection) vs one transformers forward of the pair
     (both sentences in one batch); target <= 1.0x.
 """
@@ -18,7 +18,7 @@ import torch
 import transformers
 
 import resid
-from analyses import similarity
+from resid.analyses import similarity
 from resid.load.zip_packages import minilm_folder
 from timing import interleaved
 

@@ -24,9 +24,9 @@ import time
 import torch
 
 import resid
-from analyses import corpus, neurons
-from analyses.neurons.keys import batch_tokens, scan, windows
-from analyses.neurons.values import CHUNK_BYTES
+from resid.analyses import corpus, neurons
+from resid.analyses.neurons.keys import batch_tokens, scan, windows
+from resid.analyses.neurons.values import CHUNK_BYTES
 
 
 class PeakRSS:

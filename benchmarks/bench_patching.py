@@ -6,11 +6,11 @@ patching (AtP) over every site vs one forward pass, SmolLM2-135M, IOI pairs, one
 Pairs: the IOI prompts of bench_ablation.py (one token length, no padding), clean "When A and B went to the
 place, B gave an obj to" -> " A" (baseline " B"), corrupt the same with A at the second mention (the names
 swapped there), metric logit(A) - logit(B) at the last token, denoising (clean z patched into the corrupt run).
-  resid_exact   analyses.patching.activation(..., sites="head"): every head (30 x 9), resumed from the corrupt
+  resid_exact   resid.analyses.patching.activation(..., sites="head"): every head (30 x 9), resumed from the corrupt
                 prefix, the last token unembedded
   tl_loop       TransformerLens 4.3 TransformerBridge: run_with_cache on the clean prompts, then per head one
                 run_with_hooks on the corrupt prompts replacing that head's hook_z
-  resid_atp     analyses.patching.attribution(..., sites=all): residual stream (layer x position), every
+  resid_atp     resid.analyses.patching.attribution(..., sites=all): residual stream (layer x position), every
                 attention / MLP write and every head, from one run of each side and one backward
   resid_atp*    the same with method="atp*" (queries and keys through the exact new pattern; GradDrop: one
                 more backward pass per layer), ranked by its magnitude estimates
@@ -32,7 +32,7 @@ import time
 import torch
 
 import resid
-from analyses import patching
+from resid.analyses import patching
 from bench_ablation import load_tl, logit_diff, make_prompts
 
 

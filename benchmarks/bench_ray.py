@@ -3,9 +3,9 @@
     python benchmarks/bench_ray.py [--prompts 32] [--docs 2000] [--layers 20|all] [--repeats 1]
 
 Work (SmolLM2-135M, the embedded default):
-  sweep   analyses.ablation.sweep(..., sites="sublayer", method="zero", metric="logit_diff") over the IOI prompts
+  sweep   resid.analyses.ablation.sweep(..., sites="sublayer", method="zero", metric="logit_diff") over the IOI prompts
           of bench_ablation.py (one token length)
-  scan    analyses.neurons.top_activating over the first `--docs` paragraphs of the demo corpus, k=20
+  scan    resid.analyses.neurons.top_activating over the first `--docs` paragraphs of the demo corpus, k=20
 Cases, each run once on a small slice first (warm-up), then `--repeats` rounds interleaved:
   inproc_1t   in process, torch.set_num_threads(1)                      (the baseline)
   inproc_2t   in process, 2 threads                                      (reference)
@@ -31,8 +31,8 @@ import pandas as pd
 import torch
 
 import resid
-from analyses import ablation, corpus, neurons
-from analyses.distributed import Executor, InProcess, Job, RayExecutor
+from resid.analyses import ablation, corpus, neurons
+from resid.analyses.distributed import Executor, InProcess, Job, RayExecutor
 from bench_ablation import make_prompts
 
 TARGETS = {"ray_2w": (1.7, "2 workers >= 1.7x one in-process thread"), "ray_1w": (0.9, "1 worker within 10%")}

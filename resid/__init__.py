@@ -19,9 +19,9 @@ Positions given to any public API (Capture, Site, logits_at lists, every analysi
 import os
 
 # RESID_TYPECHECK=1: the jaxtyping + beartype runtime checks that pytest runs with
-# (--jaxtyping-packages=resid,analyses,beartype.beartype), in any process. The hook instruments only modules
-# imported after it is installed, so it comes before every import of resid's own submodules below; the
-# analyses package installs its own the same way (the core names no package above it).
+# (--jaxtyping-packages=resid,beartype.beartype), in any process. The hook instruments only modules
+# imported after it is installed, so it comes before every import of resid's own submodules below; it covers
+# resid.analyses too (installed from the analyses/ folder), which is always imported after this package.
 if os.environ.get("RESID_TYPECHECK") == "1":
     import jaxtyping
 

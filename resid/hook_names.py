@@ -37,7 +37,7 @@ from resid.stream import ResidualStream
 NOT_RECORDED = {
     "attn.hook_attn_scores": "resid records the attention probabilities (attn.hook_pattern), not the scores",
     "attn.hook_result": "per-head writes are not stored: head h writes attn.hook_z[:, :, h] @ W_O[h] "
-    "(model.blocks[l].attn.W_O), and analyses.attribution computes them projected",
+    "(model.blocks[l].attn.W_O), and resid.analyses.attribution computes them projected",
     "hook_attn_in": "it is hook_resid_pre (resid keeps no per-head copies)",
     "hook_q_input": "it is hook_resid_pre (resid keeps no per-head copies)",
     "hook_k_input": "it is hook_resid_pre (resid keeps no per-head copies)",

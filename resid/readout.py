@@ -91,7 +91,7 @@ class Readout:
             raise ResidError(
                 f"{self.name} is an embedding model: it has no unembedding, so it has no token logits. Read a "
                 "direction out of its final hidden state instead: a Probe(vector) as the target of "
-                "analyses.attribution.direct, or analyses.similarity for the similarity of two texts' embeddings."
+                "resid.analyses.attribution.direct, or resid.analyses.similarity for the similarity of two texts' embeddings."
             )
         return self._unembed
 

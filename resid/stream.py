@@ -199,7 +199,7 @@ class ResidualStream:
         if level != "sublayer":
             raise ResidError(
                 f"components(level={level!r}) is not available on the stream: it holds sublayer writes. "
-                "Use level='sublayer'; per-head and per-neuron contributions come from analyses.attribution."
+                "Use level='sublayer'; per-head and per-neuron contributions come from resid.analyses.attribution."
             )
         pieces = self._embedding_writes()
         norms = self.norms

@@ -1,5 +1,6 @@
-"""The layers of DESIGN.md: resid (0) <- analyses (1) <- analyses.cli (2). A module may import its own layer
-or a lower one, never a higher one: resid never imports analyses, analyses never imports analyses.cli.
+"""The layers of DESIGN.md: resid (0) <- resid.analyses (1) <- resid.analyses.cli (2). A module may import its own
+layer or a lower one, never a higher one: the core never imports the analyses, the analyses never import the CLI.
+The analyses live in the folder analyses/ and install as resid.analyses (pyproject.toml).
 
 Read from the source (ast), not by importing, so an import inside a function, behind `if TYPE_CHECKING` or
 through `importlib.import_module("...")` counts too."""
@@ -9,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("resid", "analyses")  # the folders scanned, under the repository root
-LAYERS = (("analyses.cli", 2), ("analyses", 1), ("resid", 0))  # the most specific prefix first
+PACKAGES = {"resid": "resid", "analyses": "resid.analyses"}  # folder under the repository root -> package name
+LAYERS = (("resid.analyses.cli", 2), ("resid.analyses", 1), ("resid", 0))  # the most specific prefix first
 
 
 def layer_of(module: str) -> int | None:
@@ -22,13 +23,14 @@ def layer_of(module: str) -> int | None:
 
 
 def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+    folder, *parts = path.relative_to(root).with_suffix("").parts
+    parts = [PACKAGES[folder], *parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
     """(line, dotted name) of everything the module imports. `from a import b` yields `a.b`, since b may be a
-    submodule (`from analyses import cli`); a.b is never in a lower layer than a."""
+    submodule (`from resid.analyses import cli`); a.b is never in a lower layer than a."""
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -79,20 +81,20 @@ def violations(root: Path) -> list[str]:
 def test_no_module_imports_a_higher_layer():
     assert (ROOT / "resid" / "__init__.py").is_file() and (ROOT / "analyses" / "cli" / "main.py").is_file()
     found = violations(ROOT)
-    assert not found, "imports against the layers resid <- analyses <- analyses.cli:\n" + "\n".join(found)
+    assert not found, "imports against the layers resid <- resid.analyses <- resid.analyses.cli:\n" + "\n".join(found)
 
 
 def test_the_checker_catches_upward_imports(tmp_path):
     files = {
         "resid/__init__.py": "",
-        "resid/bad.py": "import torch\n\nfrom analyses import x\n",
-        "resid/sub/__init__.py": "def f():\n    import analyses.io.tables\n",
-        "resid/dynamic.py": "import importlib\nimportlib.import_module('analyses.plots')\n",
+        "resid/bad.py": "import torch\n\nfrom resid.analyses import x\n",
+        "resid/sub/__init__.py": "def f():\n    import resid.analyses.io.tables\n",
+        "resid/dynamic.py": "import importlib\nimportlib.import_module('resid.analyses.plots')\n",
         "analyses/__init__.py": "from . import cli\n",
-        "analyses/ok.py": "import resid\nfrom resid.errors import ResidError\nfrom analyses import tables\n",
-        "analyses/lazy.py": "from importlib import import_module\nimport_module(f'analyses.cli.{name}')\n",
+        "analyses/ok.py": "import resid\nfrom resid.errors import ResidError\nfrom resid.analyses import tables\n",
+        "analyses/lazy.py": "from importlib import import_module\nimport_module(f'resid.analyses.cli.{name}')\n",
         "analyses/cli/__init__.py": "",
-        "analyses/cli/main.py": "import analyses\nfrom analyses.io import tables\nfrom resid import load\n",
+        "analyses/cli/main.py": "import resid.analyses\nfrom resid.analyses.io import tables\nfrom resid import load\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -102,5 +104,5 @@ def test_the_checker_catches_upward_imports(tmp_path):
         "analyses/__init__.py:1", "analyses/lazy.py:2", "resid/bad.py:3", "resid/dynamic.py:2",
         "resid/sub/__init__.py:2",
     ], found
-    assert "resid.bad (layer 0) imports analyses.x (layer 1)" in found[2]
-    assert "imports analyses.cli (layer 2)" in found[1]
+    assert "resid.bad (layer 0) imports resid.analyses.x (layer 1)" in found[2]
+    assert "imports resid.analyses.cli (layer 2)" in found[1]

@@ -9,6 +9,6 @@ what each does to a metric of the next-token prediction.
     values   replacement values: reference means (agnostic or per position) and resample donors
 """
 
-from analyses.ablation.engine import sweep
+from resid.analyses.ablation.engine import sweep
 
 __all__ = ["sweep"]

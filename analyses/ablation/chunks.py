@@ -1,4 +1,4 @@
-"""The chunks of an ablation sweep, and the job that computes one on any executor (analyses.distributed).
+"""The chunks of an ablation sweep, and the job that computes one on any executor (resid.analyses.distributed).
 
 A chunk is a block of prompts x a block of ablations, minus the rows a resumed sweep already stored. In process,
 the blocks are `batch` prompts (one clean pass) x every ablation: the engine's loop as it always ran, each
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from analyses.ablation.rows import Context, ablate_group, clean_pass
-from analyses.ablation.sites import Ablation
-from analyses.distributed.executor import Job
+from resid.analyses.ablation.rows import Context, ablate_group, clean_pass
+from resid.analyses.ablation.sites import Ablation
+from resid.analyses.distributed.executor import Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.model import Transformer
 

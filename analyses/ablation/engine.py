@@ -11,8 +11,8 @@ prompt: `reference` gives one donor prompt per prompt, else a random prompt of e
 
 The engine stacks (prompt x ablation) rows into batched forwards that reuse the clean prefix: an
 ablation at layer L starts from the clean residual entering L (model.resume) and unembeds only the last
-token (analyses.ablation.rows). The rows are split into chunks (analyses.ablation.chunks) that an executor runs:
-in process by default, or on Ray workers (`executor="ray", workers=N`; analyses.distributed). With `out=` the
+token (resid.analyses.ablation.rows). The rows are split into chunks (resid.analyses.ablation.chunks) that an executor runs:
+in process by default, or on Ray workers (`executor="ray", workers=N`; resid.analyses.distributed). With `out=` the
 driver writes results chunk by chunk, atomically; re-running the same call resumes, on any executor.
 """
 
@@ -23,16 +23,16 @@ from typing import Literal
 import pandas as pd
 from tqdm.auto import tqdm
 
-from analyses.ablation import values
-from analyses.ablation.chunks import SweepJob, plan
-from analyses.ablation.means import reference_means
-from analyses.ablation.sites import SiteKind, expand_sites, signature
-from analyses.checks import check_choice
-from analyses.distributed.executor import Executor, InProcess, resolve
-from analyses.inputs import Prompts, batch_size_for, prediction_positions, prompts as as_prompts
-from analyses.io.store import ResultStore
-from analyses.metrics import Metric, check_metric
-from analyses.vocab import token_ids
+from resid.analyses.ablation import values
+from resid.analyses.ablation.chunks import SweepJob, plan
+from resid.analyses.ablation.means import reference_means
+from resid.analyses.ablation.sites import SiteKind, expand_sites, signature
+from resid.analyses.checks import check_choice
+from resid.analyses.distributed.executor import Executor, InProcess, resolve
+from resid.analyses.inputs import Prompts, batch_size_for, prediction_positions, prompts as as_prompts
+from resid.analyses.io.store import ResultStore
+from resid.analyses.metrics import Metric, check_metric
+from resid.analyses.vocab import token_ids
 from resid.errors import ResidError
 from resid.interventions import Site
 from resid.model import Inputs, Transformer
@@ -66,7 +66,7 @@ def sweep(
 ) -> pd.DataFrame:
     """Run every ablation of `sites` on every prompt (texts, resid.Tokens or token ids); see the module
     docstring. Returns the columns of COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK].
-    executor: None (in process), "ray" (with `workers`), or an analyses.distributed executor; results are the
+    executor: None (in process), "ray" (with `workers`), or a resid.analyses.distributed executor; results are the
     same on every executor."""
     _check_model(model)
     given = as_prompts(model, prompts)

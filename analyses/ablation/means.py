@@ -2,7 +2,7 @@
 token counts per unit, and the driver adds the chunks up in chunk order, so the means are the same whoever
 computed which chunk (and equal to the in-process ones).
 
-The rules are those of analyses.ablation.values: texts are cut to the longest prompt's token count and right-
+The rules are those of resid.analyses.ablation.values: texts are cut to the longest prompt's token count and right-
 padded; agnostic means average every real token, per-position means average each position id (0 = first real
 token) and need the texts to reach every position the prompts use.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analyses.ablation import values
-from analyses.distributed.executor import Executor, Job
+from resid.analyses.ablation import values
+from resid.analyses.distributed.executor import Executor, Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.errors import ResidError
 from resid.model import Transformer

@@ -13,9 +13,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from analyses.ablation import values
-from analyses.ablation.sites import Ablation
-from analyses.metrics import check_metric, metric_values
+from resid.analyses.ablation import values
+from resid.analyses.ablation.sites import Ablation
+from resid.analyses.metrics import check_metric, metric_values
 from resid.batching import BatchSize, run_batched
 from resid.interventions import Add, Scale
 from resid.model import Run, Transformer
@@ -27,7 +27,7 @@ from resid.tokenizer import Tokens
 class Context:
     model: Transformer
     method: str
-    metric: str | Callable  # a name of analyses.metrics.METRICS, or a function of the logits
+    metric: str | Callable  # a name of resid.analyses.metrics.METRICS, or a function of the logits
     means: dict
     per_position: bool
     size: BatchSize  # rows per forward pass, shared so an out-of-memory halving sticks

@@ -9,7 +9,7 @@ not routed to the expert). Means come in two kinds:
 - "per_position": one vector per position id (0 = first real token), so a prompt's position p is replaced
   by the reference mean at p; the reference texts must reach every position the prompts use.
 Reference texts are cut to the longest prompt's token count, so both kinds see the same positions (the means
-themselves are a reduction over chunks of texts on any executor: analyses.ablation.means).
+themselves are a reduction over chunks of texts on any executor: resid.analyses.ablation.means).
 """
 
 from collections.abc import Iterable, Sequence
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from analyses.io import texts as text_files
+from resid.analyses.io import texts as text_files
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Site
@@ -62,7 +62,7 @@ def read_unit(stream, unit: Unit) -> Tensor:
 
 
 def read_reference(reference: Sequence[str] | str | Path) -> list[str]:
-    """Reference texts: a list of strings, or a .txt / .jsonl file read by the rules of `analyses.io.texts`
+    """Reference texts: a list of strings, or a .txt / .jsonl file read by the rules of `resid.analyses.io.texts`
     (the ones `--corpus` follows). Blank texts are dropped."""
     if isinstance(reference, (str, Path)):
         if not Path(reference).is_file():

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from analyses.cli import arguments
+from resid.analyses.cli import arguments
 from resid.errors import ResidError
 
 
@@ -31,8 +31,8 @@ def add_parser(commands, common) -> None:
 def check(args) -> None:
     """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`; --ray and
 --workers become `args.executor` (None: in process)."""
-    from analyses.io.prompts_file import read_jsonl
-    from analyses.io.store import SUFFIXES
+    from resid.analyses.io.prompts_file import read_jsonl
+    from resid.analyses.io.store import SUFFIXES
 
     args.batch_size = arguments.batch_size(args.batch_size)  # 'auto' or an int from here on
     arguments.out_path(args.out, SUFFIXES)
@@ -52,7 +52,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from analyses import ablation, plots
+    from resid.analyses import ablation, plots
 
     prompt_set = args.prompt_set
     try:

@@ -81,7 +81,7 @@ def self_contained(parser) -> None:
 
 
 def executor_options(parser) -> None:
-    """--ray [ADDRESS] and --workers N, for the subcommands whose work runs in chunks (analyses.distributed)."""
+    """--ray [ADDRESS] and --workers N, for the subcommands whose work runs in chunks (resid.analyses.distributed)."""
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run the chunks on Ray workers, each loading the model once: a local cluster, or the "
                         "running cluster at ADDRESS ('auto', 'ray://host:10001'); needs pip install "
@@ -99,6 +99,6 @@ def executor(ray: str | None, workers: int | None):
         return None
     if workers is not None:
         at_least(workers, 1, "--workers")
-    from analyses.distributed.ray_executor import RayExecutor
+    from resid.analyses.distributed.ray_executor import RayExecutor
 
     return RayExecutor(workers=workers, address=None if ray == "local" else ray)

@@ -4,7 +4,7 @@
     resid attribute --prompts ioi.jsonl --level head --out heads.parquet      # .csv .parquet .tex .md
 """
 
-from analyses.cli import arguments, output
+from resid.analyses.cli import arguments, output
 from resid.errors import ResidError
 
 
@@ -24,8 +24,8 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`."""
-    from analyses import tables
-    from analyses.io.prompts_file import read_jsonl
+    from resid.analyses import tables
+    from resid.analyses.io.prompts_file import read_jsonl
 
     if (args.text is None) == (args.prompts is None):
         raise ResidError("Give either one prompt or --prompts FILE.jsonl (not both).")
@@ -37,7 +37,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from analyses import attribution, tables
+    from resid.analyses import attribution, tables
 
     if args.prompt_set is not None:
         prompts, target, baseline = args.prompt_set.prompts, args.prompt_set.targets, args.prompt_set.baselines

@@ -6,7 +6,7 @@ With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and
 
 from pathlib import Path
 
-from analyses.cli import arguments, output
+from resid.analyses.cli import arguments, output
 
 
 def add_parser(commands, common) -> None:
@@ -28,7 +28,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from analyses import attribution, logit_lens
+    from resid.analyses import attribution, logit_lens
 
     text = args.text
     attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
@@ -68,7 +68,7 @@ def _lens_table(lens, at: int, where: str) -> list[str]:
 
 
 def _components(attr, top: int) -> list[str]:
-    from analyses.attribution import metric_name, top_components
+    from resid.analyses.attribution import metric_name, top_components
 
     first, metric = attr.iloc[0], metric_name(attr)
     ranked = top_components(attr, top)
@@ -81,7 +81,7 @@ def _components(attr, top: int) -> list[str]:
 
 
 def _write(model, text: str, lens, attr, at: int, out: Path, summary: str, self_contained: bool) -> list[str]:
-    from analyses import attribution, plots, tables
+    from resid.analyses import attribution, plots, tables
 
     # CSV: the full tables. LaTeX: what fits a paper, the top components and the lens's top-1 per layer.
     top = attribution.top_components(attr, 20)

@@ -6,7 +6,7 @@
 
 from pathlib import Path
 
-from analyses.cli import arguments, output
+from resid.analyses.cli import arguments, output
 
 
 def add_parser(commands, common) -> None:
@@ -26,7 +26,7 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    from analyses import tables
+    from resid.analyses import tables
 
     args.positions = arguments.positions(args.positions)  # 'all' or a list of ints from here on
     arguments.at_least(args.k, 1, "--k")
@@ -34,7 +34,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from analyses import logit_lens, plots, tables
+    from resid.analyses import logit_lens, plots, tables
 
     df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, level=args.level,
                         norm=args.norm, k=args.k)

@@ -13,7 +13,7 @@
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
 that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
 Bad input ends in one line `resid: error: ...` and exit status 2, never a traceback; an analysis's error is
-reworded for the command line (analyses.cli.errors: `--reference`, not `reference=`).
+reworded for the command line (resid.analyses.cli.errors: `--reference`, not `reference=`).
 
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons: a
 table and figures), and a file whose suffix picks the format for those that write one table (attribute, lens:
@@ -26,11 +26,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from analyses.cli.errors import for_cli
+from resid.analyses.cli.errors import for_cli
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-# Modules of analyses.cli, in the order --help lists them.
+# Modules of resid.analyses.cli, in the order --help lists them.
 COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "patch", "neurons")
 
 
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(name: str):
-    return importlib.import_module(f"analyses.cli.{name}")
+    return importlib.import_module(f"resid.analyses.cli.{name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""`resid neurons ...`: FFN neurons as key-value memories (Geva et al. 2021, 2022; see analyses.neurons).
+"""`resid neurons ...`: FFN neurons as key-value memories (Geva et al. 2021, 2022; see resid.analyses.neurons).
 
     resid neurons values --layers 20 [--neurons 5,7] [--k 10]            value's top / bottom tokens
     resid neurons top --layers 20 --neurons 5,7 [--corpus FILE] [--k 10]  top-activating contexts
@@ -11,7 +11,7 @@ provenance sidecar) and, for values / top, an HTML figure per neuron (at most FI
 
 from pathlib import Path
 
-from analyses.cli import arguments
+from resid.analyses.cli import arguments
 from resid.errors import ResidError
 
 FIGURES = 10
@@ -83,7 +83,7 @@ def check(args) -> None:
     if args.action in ("values", "top"):
         args.neurons = arguments.ints(args.neurons, "--neurons")
     if args.action == "top":
-        from analyses import corpus
+        from resid.analyses import corpus
 
         arguments.at_least(args.max_docs, 1, "--max-docs")
         arguments.at_least(args.context, 0, "--context")
@@ -99,7 +99,7 @@ def run(model, args) -> str:
 
 
 def _values(model, args) -> str:
-    from analyses import neurons
+    from resid.analyses import neurons
 
     df = neurons.value_top_tokens(model, args.layers, args.neurons, k=args.k, through_final_norm=not args.raw,
                                   experts=_expert(model, args))
@@ -111,7 +111,7 @@ def _values(model, args) -> str:
         lines.append(f"L{layer} N{neuron}  top: {top}\n{'':>{len(f'L{layer} N{neuron}')}}  bottom: {bottom}")
     lines += _more(len(pairs))
     if args.out:
-        from analyses.neurons import plots as neuron_plots
+        from resid.analyses.neurons import plots as neuron_plots
 
         lines += _export(df, args, "neuron_values")
         for layer, neuron in pairs[:FIGURES]:
@@ -131,7 +131,7 @@ def _expert(model, args) -> list[int] | None:
 
 
 def _top(model, args) -> str:
-    from analyses import corpus, neurons
+    from resid.analyses import corpus, neurons
 
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
     try:
@@ -148,7 +148,7 @@ def _top(model, args) -> str:
         lines.append(f"L{row.layer} N{row.neuron} #{row.rank}  m={row.coefficient:+.3f}  {row.context!r}")
     lines += _more(len(shown), SHOWN * 3)
     if args.out:
-        from analyses.neurons import plots as neuron_plots
+        from resid.analyses.neurons import plots as neuron_plots
 
         lines += _export(df, args, "neuron_contexts")
         values = neurons.value_top_tokens(model, args.layers, [n for _, n in pairs[:FIGURES]], k=10,
@@ -160,7 +160,7 @@ def _top(model, args) -> str:
 
 
 def _explain(model, args) -> str:
-    from analyses import neurons
+    from resid.analyses import neurons
 
     target = args.target_id if args.target_id is not None else args.target
     df = neurons.sub_updates(model, args.prompt, pos=args.pos, layers=args.layers, k=args.k, target=target)
@@ -189,7 +189,7 @@ def _explain(model, args) -> str:
 
 
 def _edit(model, args) -> str:
-    from analyses import neurons
+    from resid.analyses import neurons
 
     pairs = args.neurons
     positions = None if args.pos is None else [args.pos]
@@ -215,13 +215,13 @@ def _more(total: int, shown: int = SHOWN) -> list[str]:
 
 
 def _export(df, args, name: str) -> list[str]:
-    from analyses import tables
+    from resid.analyses import tables
 
     path = tables.export(df, Path(args.out) / f"{name}.{args.format}")
     return [f"table -> {path} (+ {path.name}.json)"]
 
 
 def _figure(fig, args, name: str) -> str:
-    from analyses import plots
+    from resid.analyses import plots
 
     return f"figure -> {plots.save_html(fig, Path(args.out) / f'{name}.html', self_contained=args.self_contained)}"

@@ -6,7 +6,7 @@ length)."""
 
 from pathlib import Path
 
-from analyses.cli import arguments
+from resid.analyses.cli import arguments
 from resid.errors import ResidError
 
 EXAMPLE = '{"clean": "When Mary and John went to the store, John gave a drink to", "corrupt": "When Mary and John ' \
@@ -40,7 +40,7 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     """Also reads --pairs (a bad line is reported before the model loads) into `args.pairs_read`."""
-    from analyses.io import texts
+    from resid.analyses.io import texts
 
     args.batch_size = arguments.batch_size(args.batch_size)
     arguments.out_path(args.out, SUFFIXES)
@@ -62,7 +62,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from analyses import patching, plots, tables
+    from resid.analyses import patching, plots, tables
 
     found = args.pairs_read
     clean, corrupt = [r["clean"] for r in found], [r["corrupt"] for r in found]

@@ -3,7 +3,7 @@ stands among them (TransformerLens's `test_prompt`)."""
 
 import torch
 
-from analyses.cli import arguments
+from resid.analyses.cli import arguments
 from resid.capture import Capture
 
 
@@ -20,7 +20,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from analyses.vocab import single_token_id
+    from resid.analyses.vocab import single_token_id
 
     text, top = args.text, args.top
     # Before the forward pass: a multi-token target is reported without running the model.

@@ -6,7 +6,7 @@
     worker     the body of one Ray actor
     source     where a worker loads its model from (the driver's resid.load source, checked by fingerprint)
 
-    from analyses.distributed import RayExecutor
+    from resid.analyses.distributed import RayExecutor
     ablation.sweep(model, prompts, targets, executor="ray", workers=2)       # or executor=RayExecutor(...)
     neurons.top_activating(model, texts, layers=[20], executor=RayExecutor(workers=2, address="auto"))
 
@@ -15,7 +15,7 @@ Results do not depend on the executor: sweeps write each finished chunk to their
 `pip install 'resid[distributed]'`, imported only when a RayExecutor is made.
 """
 
-from analyses.distributed.executor import Executor, InProcess, Job, resolve
-from analyses.distributed.ray_executor import RayExecutor
+from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
+from resid.analyses.distributed.ray_executor import RayExecutor
 
 __all__ = ["Executor", "InProcess", "Job", "RayExecutor", "resolve"]

@@ -46,7 +46,7 @@ class Executor(abc.ABC):
     @property
     def chunks_per_worker(self) -> int:
         """The fewest chunks per worker a sweep is cut into: more chunks lose less with a lost worker, but each
-        costs a fixed overhead (analyses.ablation.chunks)."""
+        costs a fixed overhead (resid.analyses.ablation.chunks)."""
         return 1
 
     @abc.abstractmethod
@@ -92,10 +92,10 @@ def resolve(executor: "Executor | str | None", workers: int | None) -> tuple[Exe
             raise ResidError(f"workers={workers} needs executor='ray' (the in-process executor is one worker).")
         return InProcess(), True
     if executor == "ray":
-        from analyses.distributed.ray_executor import RayExecutor
+        from resid.analyses.distributed.ray_executor import RayExecutor
 
         return RayExecutor(workers=workers), True
     raise ResidError(
         f"Unknown executor {executor!r}: use None (in process), 'ray' (with workers=N), or an executor object such "
-        "as analyses.distributed.RayExecutor(workers=2, address=...)."
+        "as resid.analyses.distributed.RayExecutor(workers=2, address=...)."
     )

@@ -21,9 +21,9 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from analyses.distributed.executor import Executor, Job
-from analyses.distributed.source import ModelSource, source_of
-from analyses.distributed.worker import Worker
+from resid.analyses.distributed.executor import Executor, Job
+from resid.analyses.distributed.source import ModelSource, source_of
+from resid.analyses.distributed.worker import Worker
 from resid.errors import ResidError
 from resid.model import Transformer
 

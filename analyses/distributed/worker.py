@@ -6,8 +6,8 @@ and sends the job, as plain data, with each actor's first chunk of it), so the b
 
 import torch
 
-from analyses.distributed.executor import Job
-from analyses.distributed.source import ModelSource, load
+from resid.analyses.distributed.executor import Job
+from resid.analyses.distributed.source import ModelSource, load
 
 
 class Worker:

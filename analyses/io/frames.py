@@ -1,4 +1,4 @@
-"""The one CSV / Parquet codec of analyses.io: how `tables` and `ResultStore` put a DataFrame in a file and
+"""The one CSV / Parquet codec of resid.analyses.io: how `tables` and `ResultStore` put a DataFrame in a file and
 read it back exactly.
 
 Glossary:
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.io import atomic
+from resid.analyses.io import atomic
 from resid.errors import ResidError
 
 SUFFIXES = (".csv", ".parquet")
@@ -105,7 +105,7 @@ def check(df: pd.DataFrame, path: Path) -> None:
 
 
 def write(df: pd.DataFrame, path: str | os.PathLike, *, sha256: bool = False) -> str | None:
-    """Write `df` (not its index) to `path`, CSV or Parquet by its suffix, atomically (`analyses.io.atomic`);
+    """Write `df` (not its index) to `path`, CSV or Parquet by its suffix, atomically (`resid.analyses.io.atomic`);
     with `sha256=True`, return the sha256 of the file. Call `check` first where exactness is promised."""
     path = Path(path)
     out = df.copy(deep=False)

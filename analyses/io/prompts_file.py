@@ -1,4 +1,4 @@
-"""Reading prompts for scripted sweeps: a JSONL file (read by `analyses.io.texts`, which states the line rules)
+"""Reading prompts for scripted sweeps: a JSONL file (read by `resid.analyses.io.texts`, which states the line rules)
 of objects with a string "prompt", an optional "target" and an optional "baseline" (a token string or id
 each). A line without a target means that prompt's top prediction where an analysis allows it (attribution);
 analyses that need targets (ablation) call `require_targets`. A malformed line is an error naming its line
@@ -7,7 +7,7 @@ number; nothing is half-read."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from analyses.io import texts
+from resid.analyses.io import texts
 from resid.errors import ResidError
 
 EXAMPLE = '{"prompt": "The Eiffel Tower is in", "target": " Paris", "baseline": " London"}'

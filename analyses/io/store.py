@@ -12,10 +12,10 @@ Glossary:
 Beside the chunks, `<out>.parts/` holds signature.json (signature, key columns; written before the first chunk)
 and schema.json (columns, text columns; written before any chunk that changes it). After `finish()` the sidecar
 `<out>.sweep.json` holds all of these for `out`, and the parts folder is gone. Every file is written atomically
-(`analyses.io.atomic`): a kill leaves the old file or the new one, never a torn one. Leftover `.tmp-*` files are
+(`resid.analyses.io.atomic`): a kill leaves the old file or the new one, never a torn one. Leftover `.tmp-*` files are
 never read and are deleted when a store is opened. Chunks are deleted only after `out` and its sidecar are on disk.
 
-Chunks and `out` are encoded by `analyses.io.frames`, the codec `tables` uses; text columns are those whose
+Chunks and `out` are encoded by `resid.analyses.io.frames`, the codec `tables` uses; text columns are those whose
 values are strings in some chunk (whatever their dtype there). Dtypes of the frame `finish()` returns: int columns
 stay int64, float columns float64, string columns `str`. A key column of whole numbers with missing values
 (`head`, None for an MLP row) becomes nullable Int64, whatever mix of int / float / None the chunks held. Parquet
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analyses.io import atomic, frames
+from resid.analyses.io import atomic, frames
 from resid.errors import ResidError
 
 SUFFIXES = (".parquet", ".csv")

@@ -1,12 +1,12 @@
 r"""Tables for papers: export a DataFrame as .csv/.parquet/.tex/.md plus a provenance sidecar; read .csv/.parquet back.
 
 sidecar: `path + ".json"` (`attr.csv.json`) = the provenance (the argument, else `df.attrs["provenance"]` from
-`analyses.provenance.describe`, else one saying it is unknown; made JSON-safe by `_jsonable`) plus `"table"`:
-file name, format, rows written, sha256 of the file, `columns`: the codec's schema (`analyses.io.frames`).
+`resid.analyses.provenance.describe`, else one saying it is unknown; made JSON-safe by `_jsonable`) plus `"table"`:
+file name, format, rows written, sha256 of the file, `columns`: the codec's schema (`resid.analyses.io.frames`).
 
-Exactness: `read(export(df, p))` equals `df`, dtypes included; `analyses.io.frames` says how CSV and Parquet
+Exactness: `read(export(df, p))` equals `df`, dtypes included; `resid.analyses.io.frames` says how CSV and Parquet
 keep floats, text ("", "nan", "NA" stay strings), categoricals (their values as text, the categories in the
-schema) and missing cells (the schema lists them, by kind). Files are written atomically (`analyses.io.atomic`),
+schema) and missing cells (the schema lists them, by kind). Files are written atomically (`resid.analyses.io.atomic`),
 table first, sidecar second: a crash leaves no half table, and `read` raises on any mismatch (sha256, rows,
 columns). The index is not stored (a named index or MultiIndex is refused:
 `reset_index()`). Dtypes come from the schema, so a CSV without its sidecar raises (`pandas.read_csv` reads it
@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 import resid
-from analyses.io import atomic, frames
+from resid.analyses.io import atomic, frames
 from resid.errors import ResidError
 
 SUFFIXES = (".csv", ".parquet", ".tex", ".md")

@@ -1,6 +1,6 @@
 """Texts from files: the one rule for `.txt` and the one JSONL reader, shared by `--corpus`
-(`analyses.io.corpus`), the mean-ablation `--reference` (`analyses.ablation.values.read_reference`) and
-prompt sets (`analyses.io.prompts_file`).
+(`resid.analyses.io.corpus`), the mean-ablation `--reference` (`resid.analyses.ablation.values.read_reference`) and
+prompt sets (`resid.analyses.io.prompts_file`).
 
 Glossary: a *text* is one string a caller uses whole (a corpus document, a reference text); a *record* is one
 JSON object of a JSONL file.

@@ -6,7 +6,7 @@ Glossary (resid.components.mlp): neuron i of layer l has a *key* W_in[:, i] (wit
 MLPs), a *value* v_i = W_out[i] and, at each token, a *coefficient* m_i = post[i]. The MLP's output at a
 token is the sum of its *sub-updates* m_i * v_i, plus b_out.
 
-    from analyses import neurons
+    from resid.analyses import neurons
     neurons.value_top_tokens(model, layers=[20], k=10)        # values read in vocabulary space
     neurons.top_activating(model, texts, layers=[20], k=20)   # keys: the corpus tokens that trigger them
     neurons.top_activating(model, texts, layers=[20], executor="ray", workers=2)   # the same, on Ray workers
@@ -16,7 +16,7 @@ token is the sum of its *sub-updates* m_i * v_i, plus b_out.
 
 `sub_updates` ranks each layer's sub-updates at one token two ways: by size, |m_i| * ||v_i|| (Geva et al.
 2022), and by direct contribution to the target's logit, m_i * (v_i . u') with u' the target's logit
-direction through the final norm with its scale frozen (analyses.directions), so the contributions of all
+direction through the final norm with its scale frozen (resid.analyses.directions), so the contributions of all
 neurons, of b_out and of every other write sum exactly to the logit. For each ranking it reports what
 share of the layer's update its top-k carry:
 
@@ -36,10 +36,10 @@ take `experts=`, sub_updates ranks every (expert, neuron) of a layer together, a
 (layer, expert, neuron) triples; their frames get an `expert` column after `layer`.
 """
 
-from analyses.neurons.edits import prediction_change, scale_coefficients, set_coefficients
-from analyses.neurons.keys import top_activating
-from analyses.neurons.sub_updates import sub_update_vectors, sub_updates
-from analyses.neurons.values import value_top_tokens
+from resid.analyses.neurons.edits import prediction_change, scale_coefficients, set_coefficients
+from resid.analyses.neurons.keys import top_activating
+from resid.analyses.neurons.sub_updates import sub_update_vectors, sub_updates
+from resid.analyses.neurons.values import value_top_tokens
 
 __all__ = [
     "prediction_change",

@@ -26,10 +26,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from analyses.checks import check_k
-from analyses.inputs import prompts as as_prompts
-from analyses.io.provenance import describe
-from analyses.vocab import decode_ids
+from resid.analyses.checks import check_k
+from resid.analyses.inputs import prompts as as_prompts
+from resid.analyses.io.provenance import describe
+from resid.analyses.vocab import decode_ids
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Intervention, Replace, Scale, Site

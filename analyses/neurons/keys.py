@@ -16,7 +16,7 @@ bookkeeping is cheap next to the forward). A running top-k per
 (layer, neuron) is kept on the model's device and merged with each batch's own top-k: memory is
 O(k x neurons), never O(tokens x neurons). Padding and BOS positions never count as triggers (a BOS
 token's activations are attention-sink outliers that would fill every list). The windows are scanned in shards
-(analyses.neurons.scan) whose top-k lists merge in any order, ties going to the earlier token, so the table is
+(resid.analyses.neurons.scan) whose top-k lists merge in any order, ties going to the earlier token, so the table is
 the same in process and on Ray workers (`executor="ray", workers=N`).
 
 Post-norms do not change a coefficient (the post-norm acts on the MLP's output, after m_i). Mixture of experts
@@ -34,13 +34,13 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analyses.checks import check_choice, check_k, select_layers, select_neurons
-from analyses.distributed.executor import Executor, resolve
-from analyses.io import corpus as corpora
-from analyses.io.provenance import describe
-from analyses.neurons.scan import Window, batch_tokens, scan
-from analyses.neurons.values import select_experts
-from analyses.vocab import decode_ids
+from resid.analyses.checks import check_choice, check_k, select_layers, select_neurons
+from resid.analyses.distributed.executor import Executor, resolve
+from resid.analyses.io import corpus as corpora
+from resid.analyses.io.provenance import describe
+from resid.analyses.neurons.scan import Window, batch_tokens, scan
+from resid.analyses.neurons.values import select_experts
+from resid.analyses.vocab import decode_ids
 from resid.errors import ResidError
 from resid.model import Transformer
 from resid.tokenizer import Tokens
@@ -69,11 +69,11 @@ def top_activating(
     """The k corpus tokens with the largest coefficients of each chosen neuron (see the module docstring).
     experts (mixture-of-experts models only): None for all, an index or a list; the neurons of each.
 
-    corpus: a list of strings or a .txt / .jsonl path (analyses.corpus.load). layers: an index, a list, or
+    corpus: a list of strings or a .txt / .jsonl path (resid.analyses.corpus.load). layers: an index, a list, or
     None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
     layer neuron rank coefficient token_id token doc pos (token index in the document, BOS excluded)
     context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it).
-    executor: None (in process), "ray" (with `workers`) or an analyses.distributed executor: the same table."""
+    executor: None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same table."""
     check_choice(sign, "sign", SIGNS)
     layer_list = select_layers(model, layers)
     neuron_list = select_neurons(model, neurons)

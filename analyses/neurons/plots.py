@@ -1,10 +1,10 @@
 """Figures (plotly) of FFN neurons as key-value memories (Geva et al. 2021, 2022), drawn from the
-DataFrames of analyses.neurons:
+DataFrames of resid.analyses.neurons:
 
     value_bars(values_df, layer, neuron)        the value's top and bottom tokens (horizontal bars)
     context_table(contexts_df, layer, neuron)   its top-activating contexts, the trigger marked ⟦ ⟧
     neuron_card(values_df, contexts_df, layer, neuron)   both side by side
-    plots.save_html(fig, "neuron.html")         (analyses.plots) a self-contained HTML file; with
+    plots.save_html(fig, "neuron.html")         (resid.analyses.plots) a self-contained HTML file; with
                                                 self_contained=False, pages sharing one plotly.min.js
 
 Glossary: a neuron's *value* W_out[i] read through the unembedding gives its token logits (value_top_tokens);

@@ -3,7 +3,7 @@
 Glossary: a *window* is at most `window` tokens of one document (keys.windows cuts them, longest first); a
 *shard* is a run of consecutive windows, SHARD_BATCHES whole batches (fewer for small corpora on several
 workers): batches are cut from the start of each shard, so the shards change no batch. Each shard is scanned in
-padded batches into its own running top-k per neuron (analyses.neurons.topk), and the shards' lists are merged
+padded batches into its own running top-k per neuron (resid.analyses.neurons.topk), and the shards' lists are merged
 as they finish: the merge is associative and commutative with ties broken by the tokens' global flat ids, so the
 table is the same in process and on any number of Ray workers, whatever order they finish in."""
 
@@ -17,8 +17,8 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from analyses.distributed.executor import Executor, InProcess, Job
-from analyses.neurons.topk import TopK
+from resid.analyses.distributed.executor import Executor, InProcess, Job
+from resid.analyses.neurons.topk import TopK
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
 from resid.model import Transformer

@@ -1,5 +1,5 @@
 """Sub-updates (Geva et al. 2022): an MLP's output at one token split into its neurons' m_i * v_i, ranked by
-size and by direct contribution to a target logit. See analyses.neurons for the glossary.
+size and by direct contribution to a target logit. See resid.analyses.neurons for the glossary.
 
 Post-norms (Gemma 2/3, OLMo 2): the MLP's write is the post-norm of its output, s * linear(sum_i m_i v_i +
 b_out) (+ its bias), with s the post-norm's input-dependent scale. Frozen at the run's value (post_norm_scale),
@@ -19,10 +19,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.checks import check_k, select_layers
-from analyses.inputs import prompts as as_prompts
-from analyses.io.provenance import describe
-from analyses.vocab import decode_ids, single_token_id
+from resid.analyses.checks import check_k, select_layers
+from resid.analyses.inputs import prompts as as_prompts
+from resid.analyses.io.provenance import describe
+from resid.analyses.vocab import decode_ids, single_token_id
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Inputs, Transformer

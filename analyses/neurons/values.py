@@ -37,9 +37,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from analyses.checks import check_k, select_layers, select_neurons
-from analyses.io.provenance import describe
-from analyses.vocab import decode_ids
+from resid.analyses.checks import check_k, select_layers, select_neurons
+from resid.analyses.io.provenance import describe
+from resid.analyses.vocab import decode_ids
 from resid.errors import ResidError
 from resid.model import Transformer
 

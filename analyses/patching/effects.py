@@ -1,4 +1,4 @@
-"""First-order patching effects of every site from one gradient at the base run (analyses.patching.attribution):
+"""First-order patching effects of every site from one gradient at the base run (resid.analyses.patching.attribution):
 
     effect(site) ~ (donor value - base value) . d metric / d value      summed over the site's positions
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from analyses.patching.pairs import Mapping
+from resid.analyses.patching.pairs import Mapping
 from resid.interventions import Hook, Site
 from resid.model import Transformer
 from resid.stream import ResidualStream

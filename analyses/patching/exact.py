@@ -16,12 +16,12 @@ directions. Sites:
 
 With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk, for every kind of site: a killed
 run, called again the same way, resumes where it stopped. Chunks run in process, or on Ray workers
-(executor="ray", workers=N; analyses.distributed), with the same rows. The file holds each (pair, site)'s
+(executor="ray", workers=N; resid.analyses.distributed), with the same rows. The file holds each (pair, site)'s
 patched metric (for the engine's sites, in the ablation sweep's columns); the returned frame adds the clean and
 corrupt metrics and the score.
 
 The pairs must have the same token length (the positions correspond one to one), or, for "resid_pre", an
-alignment (align="end" or explicit positions; analyses.patching.pairs); positions are the clean prompt's.
+alignment (align="end" or explicit positions; resid.analyses.patching.pairs); positions are the clean prompt's.
 """
 
 import hashlib
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.ablation import sweep
-from analyses.distributed.executor import Executor
-from analyses.io.store import ResultStore
-from analyses.patching.pairs import Align, Direction, prepare, scored
-from analyses.patching.residual import residual_stream
+from resid.analyses.ablation import sweep
+from resid.analyses.distributed.executor import Executor
+from resid.analyses.io.store import ResultStore
+from resid.analyses.patching.pairs import Align, Direction, prepare, scored
+from resid.analyses.patching.residual import residual_stream
 from resid.interventions import Site
 from resid.model import Transformer
 
@@ -62,7 +62,7 @@ def activation(
     workers: int | None = None,
 ) -> pd.DataFrame:
     """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS. executor:
-    None (in process), "ray" (with `workers`) or an analyses.distributed executor: the same rows on each."""
+    None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same rows on each."""
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)

@@ -4,10 +4,10 @@ one run of each prompt of a pair and one backward pass:
     effect(site) ~ (donor activation - base activation) . d metric / d activation     (at the base run)
 
 summed over the site's positions; method="atp*" adds AtP*'s refinements (Kramár et al. 2024; see
-analyses.patching.effects): queries and keys through the exact new pattern, and GradDrop, one more backward pass
+resid.analyses.patching.effects): queries and keys through the exact new pattern, and GradDrop, one more backward pass
 per layer (no more forward passes), whose estimate of each effect's size fills the `magnitude` column.
 
-Sites match analyses.patching.activation's labels, so `compare` can join an estimate with the exact effects:
+Sites match resid.analyses.patching.activation's labels, so `compare` can join an estimate with the exact effects:
 "resid_pre" (layer x position; d/d resid_pre(l) is d/d of the write just before it, layers[l-1].mlp.out, or of
 the embedding for layer 0: exact for models whose stream is a sum of writes, so post-LN models are refused),
 "sublayer" (each attention / MLP write), "head" (each head's z), and each head's "q", "k", "v" (keys and values
@@ -20,12 +20,12 @@ from typing import Literal
 import pandas as pd
 import torch
 
-from analyses.checks import check_choice
-from analyses.inputs import batch_size_for
-from analyses.metrics import metric_values
-from analyses.patching.effects import Effects, captured, gates, nodes
-from analyses.patching.exact import COLUMNS
-from analyses.patching.pairs import Align, Direction, Mapping, Pairs, prepare, scored
+from resid.analyses.checks import check_choice
+from resid.analyses.inputs import batch_size_for
+from resid.analyses.metrics import metric_values
+from resid.analyses.patching.effects import Effects, captured, gates, nodes
+from resid.analyses.patching.exact import COLUMNS
+from resid.analyses.patching.pairs import Align, Direction, Mapping, Pairs, prepare, scored
 from resid.batching import run_batched
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -50,7 +50,7 @@ def attribution(
     align: Align = None,
 ) -> pd.DataFrame:
     """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
-    analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
+    resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
     estimated effect (AtP*: with the query / key fix), magnitude the estimated size of the effect (AtP: |effect|;
     AtP*: GradDrop's)."""
     sites = [sites] if isinstance(sites, str) else list(sites)

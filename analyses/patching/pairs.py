@@ -20,10 +20,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from analyses.checks import check_choice
-from analyses.inputs import prompts as as_prompts
-from analyses.metrics import check_metric, metric_values
-from analyses.vocab import token_ids
+from resid.analyses.checks import check_choice
+from resid.analyses.inputs import prompts as as_prompts
+from resid.analyses.metrics import check_metric, metric_values
+from resid.analyses.vocab import token_ids
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 
-from analyses.ablation.values import read_unit
-from analyses.metrics import metric_values
-from analyses.patching.pairs import Direction, prepare, scored
+from resid.analyses.ablation.values import read_unit
+from resid.analyses.metrics import metric_values
+from resid.analyses.patching.pairs import Direction, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace, Site

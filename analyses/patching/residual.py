@@ -1,6 +1,6 @@
 """Exact patching of the residual stream (sites="resid_pre"): each layer's entering residual, patched at one
 position at a time, resumed from that layer (the prefix is the base run's); one row per (pair, layer, aligned
-position). The pairs are cut into chunks of `batch` pairs that any executor runs (analyses.distributed): the job
+position). The pairs are cut into chunks of `batch` pairs that any executor runs (resid.analyses.distributed): the job
 carries the token ids, never weights. A chunk's pairs are stored whole, so a pair with any stored row is done.
 """
 
@@ -11,11 +11,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from analyses.distributed.executor import Executor, Job, resolve
-from analyses.inputs import Prompts, batch_size_for
-from analyses.io.store import ResultStore
-from analyses.metrics import metric_values
-from analyses.patching.pairs import Pairs
+from resid.analyses.distributed.executor import Executor, Job, resolve
+from resid.analyses.inputs import Prompts, batch_size_for
+from resid.analyses.io.store import ResultStore
+from resid.analyses.metrics import metric_values
+from resid.analyses.patching.pairs import Pairs
 from resid.batching import BatchSize, run_batched
 from resid.capture import Capture
 from resid.model import Transformer

@@ -26,7 +26,7 @@ Their scales are recorded (`resid_norm_scale`), so the stream can carry every wr
 after it (resid.stream). The write a sublayer adds to the residual (its record's `out`) is always after any
 post-norm; whole-write interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write
 is linear in the
-sublayer output, so per-head and per-neuron writes still sum to it (analyses.attribution).
+sublayer output, so per-head and per-neuron writes still sum to it (resid.analyses.attribution).
 """
 
 from collections.abc import Sequence

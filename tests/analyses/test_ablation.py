@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import resid
-from analyses import ablation
-from analyses.ablation.sites import expand_sites
-from analyses.metrics import metric_values
+from resid.analyses import ablation
+from resid.analyses.ablation.sites import expand_sites
+from resid.analyses.metrics import metric_values
 from resid import Replace, Site, ZeroAblate
 from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
@@ -146,7 +146,7 @@ def test_per_position_means_equal_brute_force(tiny: Tiny):  # noqa: F811
 
 
 def test_random_donors_have_equal_length_and_follow_the_seed():
-    from analyses.ablation.values import random_donors
+    from resid.analyses.ablation.values import random_donors
 
     lengths = [5, 5, 7, 7, 7]
     donors = random_donors(lengths, seed=3)

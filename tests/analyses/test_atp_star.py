@@ -1,11 +1,11 @@
 """Head-input sites (q, k, v, attention pattern) for exact and attribution patching, and AtP*'s two refinements
-(analyses.patching.effects): each checked against an implementation written independently here."""
+(resid.analyses.patching.effects): each checked against an implementation written independently here."""
 
 import pytest
 import torch
 
 import resid
-from analyses import patching
+from resid.analyses import patching
 from bad_option import BAD_OPTION
 from random_models import make_random_model
 from resid.errors import ResidError
@@ -168,7 +168,7 @@ def test_bad_input(gpt2_tokenizer):
     with pytest.raises(ResidError, match="Site input must be 'q', 'k', 'v' or 'pattern'"):
         resid.Site(0, "attn", head=0, input="scores")
     with pytest.raises(ResidError, match="Attention patterns have no mean"):
-        from analyses import ablation
+        from resid.analyses import ablation
         ablation.sweep(model, CLEAN, TARGETS, sites=[resid.Site(0, "attn", head=0, input="pattern")],
                        method="mean", reference=CLEAN, progress=False)
     estimate = patching.attribution(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")

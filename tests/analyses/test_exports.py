@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from random_models import make_random_model
 
-from analyses import ablation, attribution, logit_lens, neurons, tables
+from resid.analyses import ablation, attribution, logit_lens, neurons, tables
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The Eiffel Tower is in"]
 

@@ -4,7 +4,7 @@ gives the same numbers whichever form the prompts came in; models without a toke
 import pandas as pd
 import torch
 
-from analyses import ablation, attribution, logit_lens, neurons
+from resid.analyses import ablation, attribution, logit_lens, neurons
 from random_models import make_random_model
 
 TEXTS = ["The quick brown fox jumps over", "Hello there"]

@@ -10,7 +10,7 @@ from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 import resid
 from bad_option import BAD_OPTION
-from analyses import attribution, logit_lens
+from resid.analyses import attribution, logit_lens
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from analyses.metrics import METRICS, metric_values
+from resid.analyses.metrics import METRICS, metric_values
 
 # Row 0: logits 1, 2, 3. Row 1: logits 0, ln 3, 0, whose softmax is exactly 1/5, 3/5, 1/5.
 LOGITS = torch.tensor([[1.0, 2.0, 3.0], [0.0, math.log(3.0), 0.0]])

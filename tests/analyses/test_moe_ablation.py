@@ -7,8 +7,8 @@ from random_models import make_random_model
 from tiny_fixtures import Tiny, tiny  # noqa: F401
 
 import resid
-from analyses import ablation
-from analyses.metrics import metric_values
+from resid.analyses import ablation
+from resid.analyses.metrics import metric_values
 from resid.errors import ResidError
 from resid.interventions import Replace, Site, ZeroAblate
 

@@ -8,7 +8,7 @@ from moe_models import make_moe_model
 from tiny_fixtures import Tiny, tiny  # noqa: F401
 
 import resid
-from analyses import attribution
+from resid.analyses import attribution
 
 MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral"], indirect=True)
 PROMPTS = ["The quick brown fox jumps over the lazy", "Hello there"]

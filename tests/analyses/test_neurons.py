@@ -6,7 +6,7 @@ import torch
 from tiny_fixtures import Tiny, tiny  # noqa: F401
 
 import resid
-from analyses import neurons
+from resid.analyses import neurons
 from resid.errors import ResidError
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "Hello there"]

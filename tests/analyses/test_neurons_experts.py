@@ -7,7 +7,7 @@ from random_models import make_random_model
 from tiny_fixtures import Tiny, tiny  # noqa: F401
 
 import resid
-from analyses import neurons
+from resid.analyses import neurons
 from resid.errors import ResidError
 
 MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral"], indirect=True)

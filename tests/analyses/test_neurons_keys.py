@@ -8,10 +8,10 @@ import torch
 
 import resid
 from bad_option import BAD_OPTION
-from analyses import corpus, neurons, plots
-from analyses.neurons import plots as neuron_plots
-from analyses.neurons.keys import windows
-from analyses.cli.main import main
+from resid.analyses import corpus, neurons, plots
+from resid.analyses.neurons import plots as neuron_plots
+from resid.analyses.neurons.keys import windows
+from resid.analyses.cli.main import main
 from resid.errors import ResidError
 
 TEXTS = [

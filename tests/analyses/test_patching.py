@@ -1,11 +1,11 @@
-"""Activation patching and attribution patching (analyses.patching): exactness, agreement with one forward per
+"""Activation patching and attribution patching (resid.analyses.patching): exactness, agreement with one forward per
 site written independently here, AtP against finite differences, compare, and bad input."""
 
 import pytest
 import torch
 
 import resid
-from analyses import patching
+from resid.analyses import patching
 from resid.errors import ResidError
 
 NAMES = [(" Mary", " John"), (" Alice", " Bob")]
@@ -180,7 +180,7 @@ def test_smollm2_engine_equals_one_forward_per_site(smollm2):
 def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypatch, suffix):
     """With out=, a run killed after its first chunk resumes: the finished pair is not computed again and the
     result equals an uninterrupted run."""
-    from analyses.patching import residual
+    from resid.analyses.patching import residual
     from random_models import make_random_model
 
     model = make_random_model("gpt2_like", gpt2_tokenizer)

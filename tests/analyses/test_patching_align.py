@@ -1,10 +1,10 @@
-"""Patching pairs of different token lengths through an alignment (analyses.patching.pairs): the aligned positions
+"""Patching pairs of different token lengths through an alignment (resid.analyses.patching.pairs): the aligned positions
 are patched, named by the clean prompt's positions, and each value agrees with one forward written here."""
 
 import pytest
 
 import resid
-from analyses import patching
+from resid.analyses import patching
 from bad_option import BAD_OPTION
 from resid.errors import ResidError
 

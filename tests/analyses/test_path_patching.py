@@ -1,4 +1,4 @@
-"""Path patching (analyses.patching.path) against a brute-force implementation written independently here on
+"""Path patching (resid.analyses.patching.path) against a brute-force implementation written independently here on
 the transformers model of a tiny random Llama, with module hooks: freeze every head's z (the input of o_proj) at
 the clean run's but the senders' (from the corrupt run), read the logits, or record the receivers' q/k/v
 projections and run the clean prompt again with only those replaced."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import resid
-from analyses import patching
+from resid.analyses import patching
 from resid.errors import ResidError
 from tiny_models import build
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import resid
-from analyses import attribution
-from analyses.attribution import Probe
-from analyses.vocab import single_token_id
+from resid.analyses import attribution
+from resid.analyses.attribution import Probe
+from resid.analyses.vocab import single_token_id
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 PROMPTS = ["The quick brown fox jumps over the", "Hello"]

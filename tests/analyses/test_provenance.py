@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import resid
-from analyses.io import provenance
+from resid.analyses.io import provenance
 from random_models import make_random_model
 
 

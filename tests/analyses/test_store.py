@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.io import atomic
-from analyses.io.store import ResultStore
+from resid.analyses.io import atomic
+from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
 
 KEYS = ["prompt", "site", "layer", "component", "head"]
@@ -145,7 +145,7 @@ CHILD = textwrap.dedent(
     # The store needs only resid.errors; skipping resid/__init__ (it imports torch, ~1.5 s) keeps the test fast.
     sys.modules["resid"] = types.ModuleType("resid")
     sys.modules["resid"].__path__ = [sys.argv[4] + "/resid"]
-    from analyses.io.store import ResultStore
+    from resid.analyses.io.store import ResultStore
 
     store = ResultStore(sys.argv[1], ["step", "row"], {"sweep": "kill-test"})
     done = store.done()

@@ -1,4 +1,4 @@
-"""analyses.tables: exact CSV / Parquet round trips (token strings that are nasty in CSV, every float), the
+"""resid.analyses.tables: exact CSV / Parquet round trips (token strings that are nasty in CSV, every float), the
 provenance sidecar, LaTeX / Markdown escaping and number formatting, atomic writes, and bad-input errors."""
 
 import dataclasses
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from random_models import make_random_model
 
-from analyses import provenance, tables
+from resid.analyses import provenance, tables
 from resid.errors import ResidError
 
 NASTY = ["", " Paris", "\n", "a,b", '"', "nan", "NA", "None", "\\", "é", "\ufffd", "\r", "\r\n", "  ", "\x00",

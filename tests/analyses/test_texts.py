@@ -1,4 +1,4 @@
-"""analyses.io.texts: the one .txt rule and the one JSONL reader, and that the corpus, the mean-ablation
+"""resid.analyses.io.texts: the one .txt rule and the one JSONL reader, and that the corpus, the mean-ablation
 reference and prompt sets all read files through them."""
 
 import json
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from analyses.ablation.values import read_reference
-from analyses.io import corpus, texts
-from analyses.io.prompts_file import read_jsonl
+from resid.analyses.ablation.values import read_reference
+from resid.analyses.io import corpus, texts
+from resid.analyses.io.prompts_file import read_jsonl
 from resid.errors import ResidError
 
 PARAGRAPHS = "  First paragraph,\nstill the first.  \n\n \t \n\nSecond one.\r\n\r\nThird\n  indented line\n"

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import resid
-from analyses import ablation
-from analyses.cli.main import main
+from resid.analyses import ablation
+from resid.analyses.cli.main import main
 from bad_option import BAD_OPTION
 from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 from tiny_models import build, hf_attn, hf_mlp
@@ -76,7 +76,7 @@ def test_kill_and_resume(tmp_path):
     model = resid.load(folder)
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(40))
     out = tmp_path / "results.parquet"
-    command = [sys.executable, "-m", "analyses.cli.main", "ablate", "--model", str(folder), "--prompts", str(prompts),
+    command = [sys.executable, "-m", "resid.analyses.cli.main", "ablate", "--model", str(folder), "--prompts", str(prompts),
                "--sites", "head", "--batch-size", "1", "--out", str(out), "--quiet"]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     parts = Path(str(out) + ".parts")
@@ -118,7 +118,7 @@ def test_bad_input(tmp_path, tiny: Tiny):  # noqa: F811
     with pytest.raises(BAD_OPTION, match=r"(?s)method.*'noise'"):
         ablation.sweep(model, prompts, targets, method="noise")
     bad = _write_jsonl(tmp_path / "bad.jsonl", [_prompt_lines(1)[0], '{"prompt": "x", "target": " a"', "{}"])
-    from analyses.io.prompts_file import read_jsonl
+    from resid.analyses.io.prompts_file import read_jsonl
 
     with pytest.raises(resid.ResidError, match="line 2: not valid JSON"):
         read_jsonl(bad)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analyses.cli.main import _parser, main
+from resid.analyses.cli.main import _parser, main
 
 NO_MODEL = ["--model", "no-such-model"]
 
@@ -89,7 +89,7 @@ def test_good_arguments_reach_the_loader(argv, files, capsys):
 
 
 def test_check_normalizes_the_arguments_run_reads(files):
-    from analyses.cli import ablate, lens, neurons
+    from resid.analyses.cli import ablate, lens, neurons
 
     args = _parser().parse_args(["lens", "hi", "--positions", "0,-1"])
     lens.check(args)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from analyses.cli.main import DEFAULT_MODEL, _parser, main
+from resid.analyses.cli.main import DEFAULT_MODEL, _parser, main
 
 
 def test_predict_prints_paris(capsys):
@@ -24,7 +24,7 @@ def test_info_prints_config(capsys):
 
 def test_errors_are_one_line_with_exit_status_2():
     result = subprocess.run(
-        [sys.executable, "-m", "analyses.cli.main", "predict", "hi", "--model", "no-such-model"],
+        [sys.executable, "-m", "resid.analyses.cli.main", "predict", "hi", "--model", "no-such-model"],
         capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": ""},
     )
     assert result.returncode == 2

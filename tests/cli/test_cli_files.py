@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 import resid
-from analyses import ablation
-from analyses.cli.main import main
+from resid.analyses import ablation
+from resid.analyses.cli.main import main
 from tiny_models import build
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to",

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-import analyses.cli.main as cli_main
-from analyses import attribution, logit_lens
-from analyses.cli.errors import for_cli
-from analyses.cli.main import _parser, main
+import resid.analyses.cli.main as cli_main
+from resid.analyses import attribution, logit_lens
+from resid.analyses.cli.errors import for_cli
+from resid.analyses.cli.main import _parser, main
 from test_cli import _subparsers
 from tiny_models import build
 

@@ -4,8 +4,8 @@ import re
 
 import pandas as pd
 
-from analyses import attribution, tables
-from analyses.cli.main import main
+from resid.analyses import attribution, tables
+from resid.analyses.cli.main import main
 
 PROMPT = "The Eiffel Tower is located in the city of"
 

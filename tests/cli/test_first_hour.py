@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from analyses import tables
-from analyses.cli.main import main
+from resid.analyses import tables
+from resid.analyses.cli.main import main
 from tiny_models import build
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyses.cli.main import main
+from resid.analyses.cli.main import main
 from tiny_models import build
 
 FAMILIES = ["gemma2", "gemma3", "olmo2", "qwen3_yarn", "phi3", "llama3_scaled", "mixtral"]

@@ -1,12 +1,12 @@
-"""`resid patch`: the table and heatmap it writes, on SmolLM2 and IOI pairs, equal analyses.patching's."""
+"""`resid patch`: the table and heatmap it writes, on SmolLM2 and IOI pairs, equal resid.analyses.patching's."""
 
 import json
 
 import pandas as pd
 import pytest
 
-from analyses import patching
-from analyses.cli.main import main
+from resid.analyses import patching
+from resid.analyses.cli.main import main
 
 PAIRS = [
     {"clean": "When Mary and John went to the store, John gave a drink to",

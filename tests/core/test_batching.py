@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import resid
-from analyses import ablation
+from resid.analyses import ablation
 from resid.batching import BatchSize, model_batch_size, run_batched
 
 

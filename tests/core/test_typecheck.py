@@ -11,7 +11,7 @@ SCRIPT = """
 import torch
 import resid
 from resid.components.rotary import rotate_half
-import analyses.metrics
+import resid.analyses.metrics
 try:
     rotate_half(torch.arange(8))
 except Exception as err:
@@ -19,7 +19,7 @@ except Exception as err:
 else:
     print("no error")
 try:
-    analyses.metrics.metric_values("logit", torch.zeros(2, 5), torch.zeros(3, dtype=torch.long))
+    resid.analyses.metrics.metric_values("logit", torch.zeros(2, 5), torch.zeros(3, dtype=torch.long))
 except Exception as err:
     print("raised", type(err).__module__, type(err).__name__)
 else:

@@ -4,11 +4,11 @@ built in memory, is one clear error."""
 
 import pytest
 
-from analyses import ablation, neurons
-from analyses.ablation.chunks import MAX_CHUNK_ROWS, plan
-from analyses.ablation.sites import expand_sites
-from analyses.distributed import InProcess, ray_executor, resolve
-from analyses.distributed.source import source_of
+from resid.analyses import ablation, neurons
+from resid.analyses.ablation.chunks import MAX_CHUNK_ROWS, plan
+from resid.analyses.ablation.sites import expand_sites
+from resid.analyses.distributed import InProcess, ray_executor, resolve
+from resid.analyses.distributed.source import source_of
 from random_models import make_random_model
 from resid.errors import ResidError
 

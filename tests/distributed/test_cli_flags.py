@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from analyses.cli.main import main
-from analyses.distributed import ray_executor
+from resid.analyses.cli.main import main
+from resid.analyses.distributed import ray_executor
 
 NO_MODEL = ["--model", "no-such-model"]
 

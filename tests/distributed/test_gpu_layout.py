@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from analyses.distributed import RayExecutor
+from resid.analyses.distributed import RayExecutor
 from distributed_helpers import RAY_REASON
 from resid.errors import ResidError
 

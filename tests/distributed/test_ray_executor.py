@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import resid
-from analyses import ablation
-from analyses.distributed import Job, RayExecutor
+from resid.analyses import ablation
+from resid.analyses.distributed import Job, RayExecutor
 from distributed_helpers import BASELINES, PROMPTS, RAY_REASON, TARGETS, TEST_CPUS
 from resid.errors import ResidError
 
@@ -109,7 +109,7 @@ def test_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster, tmp_
 
     import pandas as pd
 
-    from analyses.cli.main import main
+    from resid.analyses.cli.main import main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p, "target": t, "baseline": b}) + "\n"

@@ -3,8 +3,8 @@ ablation engine's resample sweep), with an alignment too."""
 
 import pytest
 
-from analyses import patching
-from analyses.distributed import RayExecutor
+from resid.analyses import patching
+from resid.analyses.distributed import RayExecutor
 from distributed_helpers import TEST_CPUS
 
 CLEAN = ["When Mary and John went to the store, John gave a drink to",
@@ -33,7 +33,7 @@ def test_patch_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster
 
     import pandas as pd
 
-    from analyses.cli.main import main
+    from resid.analyses.cli.main import main
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"clean": CLEAN[0], "corrupt": CORRUPT[0], "target": TARGETS[0],

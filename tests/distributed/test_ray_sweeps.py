@@ -5,9 +5,9 @@ loses nothing, and a sweep interrupted after some chunks resumes on Ray from its
 import pandas as pd
 import pytest
 
-from analyses import ablation, neurons
-from analyses.distributed import RayExecutor
-from analyses.io.store import ResultStore
+from resid.analyses import ablation, neurons
+from resid.analyses.distributed import RayExecutor
+from resid.analyses.io.store import ResultStore
 from distributed_helpers import BASELINES, DONORS, PROMPTS, RAY_REASON, REFERENCE, TARGETS, TEXTS, TEST_CPUS
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)

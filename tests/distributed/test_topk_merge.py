@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from analyses import neurons
-from analyses.neurons import scan as scan_module
-from analyses.neurons.topk import EMPTY_FLAT, TopK
+from resid.analyses import neurons
+from resid.analyses.neurons import scan as scan_module
+from resid.analyses.neurons.topk import EMPTY_FLAT, TopK
 from random_models import make_random_model
 
 K, N_NEURONS = 5, 7

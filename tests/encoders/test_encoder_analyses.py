@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import resid
-from analyses import ablation, attribution, logit_lens
-from analyses.cli.main import main
+from resid.analyses import ablation, attribution, logit_lens
+from resid.analyses.cli.main import main
 from resid.errors import ResidError
 
 TEXTS = ["Paris is the [MASK] of France.", "the [MASK] sat on the mat"]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from analyses import similarity
+from resid.analyses import similarity
 from resid.load.zip_packages import minilm_folder
 
 SENTENCES = [

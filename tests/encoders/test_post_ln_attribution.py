@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import resid
-from analyses import attribution, similarity
-from analyses.attribution import Probe
+from resid.analyses import attribution, similarity
+from resid.analyses.attribution import Probe
 from resid.errors import ResidError
 
 TEXTS = ["Paris is the [MASK] of France.", "the [MASK] sat on the mat", "john gave mary a [MASK] in rome today !"]

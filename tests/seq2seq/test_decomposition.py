@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import resid
-from analyses import attribution, logit_lens
+from resid.analyses import attribution, logit_lens
 from resid.errors import ResidError
 from random_models import make_random_model
 from seq2seq_models import PAD

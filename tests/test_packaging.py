@@ -1,0 +1,26 @@
+"""The installed layout: pyproject.toml lists every package (setuptools does not find the analyses itself, since
+the folder analyses/ installs as resid.analyses), and the mapping is the one the imports use."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_lists_every_package_folder():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = setuptools["package-dir"]
+    folders = {}
+    for package, folder in mapping.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            folders[".".join([package, *parts])] = init.parent
+    listed = set(setuptools["packages"])
+    missing, extra = sorted(set(folders) - listed), sorted(listed - set(folders))
+    assert not missing and not extra, f"pyproject.toml packages: missing {missing}, extra {extra}"
+
+
+def test_the_analyses_import_from_their_folder():
+    import resid.analyses
+
+    assert Path(resid.analyses.__file__).resolve().parent == ROOT / "analyses"
