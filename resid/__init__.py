@@ -32,12 +32,15 @@ from resid.config import ModelConfig, RopeScaling
 from resid.errors import ResidError
 from resid.generate import Generation
 from resid.hook_names import HookNames
-from resid.interventions import Add, Hook, Intervention, Replace, Scale, Site, ZeroAblate
+from resid.identity import Identity, identity
+from resid.interventions import Add, Hook, Intervention, Replace, Scale, ZeroAblate
 from resid.load import known_models, load
-from resid.memory import keep_freed_memory
+from resid.allocator import keep_freed_memory
 from resid.model import Memory, Run, Transformer
 from resid.records import CrossRecord
+from resid.selection import Padded
 from resid.seq2seq import EncoderDecoder, Seq2SeqRun
+from resid.sites import Site
 from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
@@ -52,11 +55,13 @@ __all__ = [
     "Generation",
     "Hook",
     "HookNames",
+    "Identity",
     "Intervention",
     "LayerRecord",
     "MLPRecord",
     "Memory",
     "ModelConfig",
+    "Padded",
     "RopeScaling",
     "Replace",
     "ResidError",
@@ -69,6 +74,7 @@ __all__ = [
     "Tokens",
     "Transformer",
     "ZeroAblate",
+    "identity",
     "keep_freed_memory",
     "known_models",
     "load",

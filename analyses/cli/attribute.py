@@ -49,7 +49,7 @@ def run(model, args) -> str:
         lines.append(f"prompt {prompt_idx}: {attribution.metric_name(rows)} = {rows['logit'].iloc[0]:.4f} "
                      f"(sum of {len(rows)} components {rows['value'].sum():.4f})")
         ranked = attribution.top_components(rows, args.top)
-        lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["component"])]
+        lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["site"])]
     if args.out is not None:
         lines.append(f"wrote {tables.export(df, args.out)} ({len(df)} rows)")
     return "\n".join(lines + output.notes(df))

@@ -2,7 +2,7 @@
 
     resid decompose "The Eiffel Tower is located in the city of" [--target T] [--baseline B] [--out DIR]
     resid attribute "prompt" | --prompts x.jsonl [--level head] [--out table.csv]
-    resid lens "prompt" [--target T] [--positions all] [--level sublayer] [--norm frozen] [--out lens.csv]
+    resid lens "prompt" [--target T] [--positions all] [--every sublayer] [--norm frozen] [--out lens.csv]
     resid predict "The Eiffel Tower is located in the city of" [--model M] [--top K]
     resid info [--model M]
     resid ablate --prompts prompts.jsonl [--sites sublayer] [--method mean --reference corpus.txt]
@@ -13,7 +13,7 @@
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
 that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
 Bad input ends in one line `resid: error: ...` and exit status 2, never a traceback; an analysis's error is
-reworded for the command line (resid.analyses.cli.errors: `--reference`, not `reference=`).
+named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons: a
 table and figures), and a file whose suffix picks the format for those that write one table (attribute, lens:
@@ -26,8 +26,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from resid.analyses.cli.errors import for_cli
-from resid.errors import ResidError
+from resid.analyses.cli.errors import render
+from resid.errors import ResidError, param_style
 
 DEFAULT_MODEL = "smollm2-135m"
 # Modules of resid.analyses.cli, in the order --help lists them.
@@ -55,13 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = _command(args.command)
     try:
-        command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
-        from resid.load import load
+        with param_style(render):  # errors name flags, not Python parameters (resid.analyses.cli.errors)
+            command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
+            from resid.load import load
 
-        model = load(args.model, device=args.device, dtype=args.dtype)
-        print(command.run(model, args))
+            model = load(args.model, device=args.device, dtype=args.dtype)
+            print(command.run(model, args))
     except ResidError as err:
-        print(f"resid: error: {for_cli(str(err))}", file=sys.stderr)
+        print(f"resid: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from resid.config import ModelConfig, RopeScaling
 from resid.errors import ResidError
-from resid.load.families.registry import family_for, supported_model_types
+from resid.load.families.model_types import family_for, supported_model_types
 from resid.load.gguf_arch import arch_of, gguf_name, hf_config, hf_name, to_hf_layout
 from resid.load.gguf_format import GGUFFile, read_gguf
 from resid.load.gguf_quants import dequantize

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 
 from resid.errors import ResidError
 from resid.load.families import Family
-from resid.load.families.registry import family_for
+from resid.load.families.model_types import family_for
 from resid.load.weights import assign
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder

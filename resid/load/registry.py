@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.load.gguf import load_gguf
 from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
 from resid.load.zip_packages import minilm_folder
-from resid.memory import keep_by_default
+from resid.allocator import keep_by_default
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 
@@ -87,7 +87,7 @@ def load(
     (default), bfloat16 or float16; `device` e.g. "cuda" (default CPU)."""
     if dtype not in DTYPES:
         raise ResidError(f"dtype {dtype!r} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
-    keep_by_default()  # repeated runs reuse freed memory instead of faulting it in again (resid.memory)
+    keep_by_default()  # repeated runs reuse freed memory instead of faulting it in again (resid.allocator)
     torch_dtype = DTYPES[dtype]
     device = _check_device(device)
     name = str(name_or_path)
@@ -147,7 +147,8 @@ def _check_device(device: torch.device | str | None) -> torch.device:
     try:
         device = torch.device(device or "cpu")
     except RuntimeError:
-        raise ResidError(f"Unknown device {device!r}: use 'cpu', 'cuda', 'cuda:1', 'mps', ...") from None
+        raise ResidError(f"Unknown {param('device')} {device!r}: use 'cpu', 'cuda', 'cuda:1', 'mps', ...") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ResidError(f"device={str(device)!r} was asked for, but no CUDA GPU is available here; use 'cpu'.")
+        raise ResidError(f"{param('device', str(device))} was asked for, but no CUDA GPU is available here; use "
+                         f"{param('device', 'cpu')}.")
     return device

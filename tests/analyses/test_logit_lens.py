@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 
 import resid
 from bad_option import BAD_OPTION
@@ -35,12 +35,12 @@ def test_last_site_is_the_models_distribution(tiny: Tiny, norm):
 
 def test_sites_follow_the_stream(random_model):
     n = random_model.config.n_layers
-    df = _top1(logit_lens.run(random_model, PROMPTS[0], level="sublayer"))
+    df = _top1(logit_lens.run(random_model, PROMPTS[0], every="sublayer"))
     parallel = random_model.config.block == "parallel"
     per_layer = ("resid_post",) if parallel else ("resid_mid", "resid_post")
     expected = [(0, "resid_pre")] + [(layer, site) for layer in range(n) for site in per_layer]
     assert list(zip(df["layer"], df["site"])) == expected
-    layers = _top1(logit_lens.run(random_model, PROMPTS[0], level="layer"))
+    layers = _top1(logit_lens.run(random_model, PROMPTS[0], every="layer"))
     assert list(zip(layers["layer"], layers["site"])) == [(0, "resid_pre")] + [(layer, "resid_post") for layer in range(n)]
 
 
@@ -65,7 +65,7 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
     text = PROMPTS[2]
     lens = _top1(logit_lens.run(random_model, text, target=" the", norm="frozen"))
     attr = attribution.direct(random_model, text, " the", level="sublayer")
-    bias = attr.loc[attr.component == "final_bias", "value"].item()
+    bias = attr.loc[attr.site == "final_bias", "value"].item()
     embeds = attr.loc[attr.part == "embed", "value"].sum()
     for layer in range(random_model.config.n_layers):
         upto = attr.loc[attr.layer.notna() & (attr.layer <= layer), "value"].sum()

@@ -8,7 +8,7 @@ import resid
 from resid.analyses import attribution
 from resid.analyses.attribution import Probe
 from resid.analyses.vocab import single_token_id
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 
 PROMPTS = ["The quick brown fox jumps over the", "Hello"]
 
@@ -20,7 +20,7 @@ def _hidden(model, text: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("level", ["sublayer", "head", "neuron"])
-def test_probe_rows_sum_to_the_read_out_on_every_family(tiny: Tiny, level):  # noqa: F811
+def test_probe_rows_sum_to_the_read_out_on_every_family(tiny: Tiny, level):
     model = tiny.model
     vector = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(3))
     df = attribution.direct(model, PROMPTS, target=Probe(vector, bias=0.5, name="random"), level=level)
@@ -41,7 +41,7 @@ def test_an_unembedding_column_probe_equals_the_logit_attribution(random_model):
     logit = attribution.direct(random_model, PROMPTS, target=" the", level="head")
     torch.testing.assert_close(torch.tensor(probe["value"].values), torch.tensor(logit["value"].values),
                                atol=1e-5, rtol=1e-5)
-    assert list(probe["component"]) == list(logit["component"])
+    assert list(probe["site"]) == list(logit["site"])
 
 
 def test_one_vector_per_prompt(random_model):

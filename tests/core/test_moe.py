@@ -5,7 +5,7 @@ edits of the write, and bad sites and absent fields are one clear error."""
 import pytest
 import torch
 from moe_models import make_moe_model
-from tiny_fixtures import Tiny, random_ids, tiny  # noqa: F401
+from tiny_fixtures import Tiny, random_ids
 from tiny_models import hf_mlp
 
 import resid

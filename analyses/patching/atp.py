@@ -1,0 +1,214 @@
+"""Attribution patching (AtP; Nanda 2023, Syed et al. 2023): every site's patching effect estimated at once, from
+one run of each prompt of a pair and one backward pass:
+
+    effect(site) ~ (donor activation - base activation) . d metric / d activation     (at the base run)
+
+summed over the site's positions; method="atp*" adds AtP*'s refinements (Kramár et al. 2024; see
+resid.analyses.patching.effects): queries and keys through the exact new pattern, and GradDrop, one more backward pass
+per layer (no more forward passes), whose estimate of each effect's size fills the `magnitude` column.
+
+Sites match resid.analyses.patching.activation's labels, so `compare` can join an estimate with the exact effects:
+"resid_pre" (layer x position; d/d resid_pre(l) is d/d of the write just before it, layers[l-1].mlp.out, or of
+the embedding for layer 0: exact for models whose stream is a sum of writes, so post-LN models are refused),
+"sublayer" (each attention / MLP write), "head" (each head's z), and each head's "q", "k", "v" (keys and values
+per key/value head) and "pattern".
+"""
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from resid.analyses import sites as site_words
+from resid.analyses.checks import check_choice
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.executor import Executor, Job
+from resid.analyses.inputs import Prompts, batch_size_for
+from resid.analyses.metrics import metric_values
+from resid.analyses.patching.effects import Effects, captured, gates, nodes
+from resid.analyses.patching.exact import COLUMNS
+from resid.analyses.patching.pairs import Align, Mapping, Pairs, PatchDirection, prepare, scored
+from resid.batching import BatchSize, run_batched
+from resid.capture import Capture
+from resid.errors import ResidError, param
+from resid.model import Transformer
+from resid.sites import Site
+from resid.tokenizer import Tokens
+
+SITES = ("resid_pre", "sublayer", "head")
+ALL_SITES = (*SITES, "q", "k", "v", "pattern")
+Method = Literal["atp", "atp*"]
+
+
+def atp(
+    model: Transformer,
+    clean: Sequence[str],
+    corrupt: Sequence[str],
+    targets: Sequence[str | int] | str | int,
+    baselines: Sequence[str | int] | str | int | None = None,
+    sites: Sequence[str] | str = SITES,
+    direction: PatchDirection = "denoise",
+    metric: str | Callable | None = None,
+    batch_size: int | str = "auto",
+    method: Method = "atp",
+    align: Align = None,
+    out=None,
+    progress: bool = False,
+    executor: Executor | str | None = None,
+    workers: int | None = None,
+) -> pd.DataFrame:
+    """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
+    resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
+    estimated effect (AtP*: with the query / key fix), magnitude the estimated size of the effect (AtP: |effect|;
+    AtP*: GradDrop's). Chunks of pairs run on the one driver: `out=` stores finished pairs (resumable), executor:
+    None (in process), "ray" (with `workers`) or an executor, the same rows on each."""
+    sites = [sites] if isinstance(sites, str) else list(sites)
+    for kind in sites:
+        check_choice(kind, "sites", ALL_SITES)
+    check_choice(method, "method", ("atp", "atp*"))
+    if "resid_pre" in sites and model.config.post_ln:
+        raise ResidError("AtP of resid_pre needs a stream that is a sum of writes; post-LN models norm it after each "
+                         "write. Use sites=('sublayer', 'head'), or exact activation patching.")
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
+                                                              direction, align)
+    if "pattern" in sites:
+        pairs.require_same_positions(f"{param('sites', 'pattern')} (a pattern spans every key position)")
+    n = len(pairs.clean)
+    base = "corrupt" if direction == "denoise" else "clean"
+    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    every = range(n)
+    job = AtPJob(pairs.clean.sequences(every), pairs.corrupt.sequences(every), pairs.clean.pad_token_id,
+                 pairs.aligned, base, list(target_ids), None if baseline_ids is None else list(baseline_ids), metric,
+                 sites, method, size.value, dict(direction=direction, metric=label))
+    df = drive(model, job, out, executor, workers, progress=progress)
+    if df is None or df.empty:
+        return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
+    # rows in the order of `sites`, each kind's sites as resid.analyses.sites lists them
+    width = int(pairs.clean.tokens.lengths.max())
+    order = {site.label: i for i, site in enumerate(s for kind in sites for s in site_words.expand(kind, model.config,
+                                                                                                    width))}
+    df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
+    df = df.drop(columns="_order")
+    df["method"] = method
+    return scored(df, direction, label)[[*COLUMNS, "method", "magnitude"]].reset_index(drop=True)
+
+
+@dataclass
+class AtPJob(Job):
+    """What a worker needs for the AtP rows of chunks of pairs, as plain data."""
+
+    clean: list[list[int]]  # each pair's clean token ids
+    corrupt: list[list[int]]
+    pad: int
+    aligned: list[list[tuple[int, int]]] | None
+    base: str  # "corrupt" (denoising) or "clean"
+    targets: list[int]
+    baselines: list[int] | None
+    metric: str | Callable
+    sites: list[str]
+    method: str
+    batch: int  # pairs per chunk and per forward (halved on out-of-memory)
+    settings: dict
+
+    name = "attribution patching"
+    key = ("prompt_idx", "site")
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[tuple[int, ...]]:
+        finished = {prompt for prompt, _ in done}  # chunks are stored whole: a pair is done or absent
+        todo = [i for i in range(len(self.clean)) if i not in finished]
+        step = self.batch if workers is None else max(1, min(self.batch, -(-len(todo) // (workers * per_worker))))
+        return [tuple(todo[i : i + step]) for i in range(0, len(todo), step)]
+
+    def signature(self) -> dict:
+        return {"analysis": "patching.atp", "pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
+                "targets": [self.targets, self.baselines], "sites": self.sites, "method": self.method,
+                **self.settings}
+
+    def setup(self, model: Transformer) -> tuple[Transformer, Pairs, BatchSize]:
+        prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
+                   for ids in (self.clean, self.corrupt)]
+        return model, Pairs(*prompts, self.aligned), BatchSize(self.batch)
+
+    def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
+        model, pairs, size = state
+
+        def work(rows):
+            return _chunk(model, pairs, self.base, rows, self.targets, self.baselines, self.metric, self.sites,
+                          self.method)
+
+        for _, frame in run_batched(list(chunk), work, size):
+            yield frame
+
+    def combine(self, pieces: list) -> pd.DataFrame:
+        return pd.concat(pieces, ignore_index=True)
+
+
+def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:
+    star = method == "atp*"
+    donor = "clean" if base == "corrupt" else "corrupt"
+    capture = Capture(attn={"out"} | captured(sites), mlp={"out"}, final_norm_scale=False)
+    base_tokens, donor_tokens = pairs.batch(base, chunk), pairs.batch(donor, chunk)
+    t = torch.tensor([targets[i] for i in chunk], device=model.device)
+    b = None if baselines is None else torch.tensor([baselines[i] for i in chunk], device=model.device)
+    with torch.no_grad():
+        donor_run = model.run(donor_tokens, capture=capture, logits_at="last")
+    open_, hooks = gates(model) if star else (None, [])
+    run = model.run(base_tokens, capture=capture, interventions=hooks, logits_at="last", grad=True)
+    value = metric_values(metric, run.logits[:, 0], t, b)
+    donor_value = metric_values(metric, donor_run.logits[:, 0], t, b).double().cpu().numpy()
+    at = pairs.mapping(base, chunk, base_tokens, donor_tokens)
+    effects = Effects(model, run.stream, donor_run.stream, base_tokens, sites, fix_qk=star, at=at)
+    wrt = nodes(run.stream, sites)
+
+    def gradient() -> dict:
+        return dict(zip(wrt, torch.autograd.grad(value.sum(), list(wrt.values()), retain_graph=star)))
+
+    estimate = {site: e.detach() for site, e in effects(gradient()).items()}
+    if star:
+        n_layers = model.config.n_layers
+        size = {site: torch.zeros_like(e) for site, e in estimate.items()}
+        for layer in range(n_layers):
+            open_.fill_(1)
+            open_[layer] = 0
+            for site, e in effects(gradient(), dropped=layer).items():
+                size[site] += e.detach().abs()
+        magnitude = {site: s / max(n_layers - 1, 1) for site, s in size.items()}
+    else:
+        magnitude = {site: e.abs() for site, e in estimate.items()}
+    frame = _rows(chunk, at, value.detach().double().cpu().numpy(), estimate, magnitude)
+    index = {prompt: row for row, prompt in enumerate(chunk)}
+    rows = frame["prompt_idx"].map(index).to_numpy()
+    base_metric, donor_metric = value.detach().double().cpu().numpy()[rows], donor_value[rows]
+    frame["clean_metric"] = donor_metric if base == "corrupt" else base_metric
+    frame["corrupt_metric"] = base_metric if base == "corrupt" else donor_metric
+    return frame
+
+
+def _rows(chunk, at: Mapping, value, estimate: dict, magnitude: dict) -> pd.DataFrame:
+    """One row per (pair, site), with the site columns, position, patched_metric and magnitude; the residual
+    stream at each aligned position, named by its position in the clean prompt."""
+    sites, prompts, patched, sizes = [], [], [], []
+    rows, columns = at.rows.tolist(), at.base.tolist()
+    for site, effect in estimate.items():
+        effect, size = effect.double().cpu().numpy(), magnitude[site].double().cpu().numpy()
+        if site.part == "resid_pre":
+            for row, col, p in zip(rows, columns, at.clean):
+                sites.append(Site(site.layer, "resid_pre", positions=(p,)))
+                prompts.append(chunk[row])
+                patched.append(value[row] + effect[row, col])
+                sizes.append(size[row, col])
+            continue
+        sites += [site] * len(chunk)
+        prompts += list(chunk)
+        patched += list(value + effect)
+        sizes += list(size)
+    return pd.DataFrame({
+        "prompt_idx": np.asarray(prompts, dtype=np.int64),
+        **site_words.columns(sites),
+        "position": pd.array([site_words.position(site) for site in sites], dtype="Int64"),
+        "patched_metric": np.asarray(patched, dtype=np.float64),
+        "magnitude": np.asarray(sizes, dtype=np.float64),
+    })
