@@ -79,7 +79,8 @@ class Site:
         Site(3, "layer")                    layer 3's writes together (ablation: both sublayers)
         Site(None, "embed")                 the token embedding write        [batch pos d_model]
 
-    With positions=(...) the pos axis holds those prompt-relative positions, in the order given."""
+    With positions=(...) the pos axis holds those prompt-relative positions, in the order given: e.g.
+    Site(3, "mlp", positions=[-1]) edits or reads [batch 1 d_model], each prompt's last token."""
 
     # Indices are integers (numpy integers too: they are stored as int); bools and floats are refused.
     layer: SupportsIndex | None  # None for embeddings and the global terms; negative counts from the last layer

@@ -1,14 +1,16 @@
-"""The chunks of an ablation sweep, and the job that computes one on any executor (resid.analyses.distributed).
+"""The job of an ablation sweep (and of exact patching, which is resample ablation with the other prompt of each
+pair as the donor), and its chunks, which the one driver (resid.analyses.distributed.driver) runs on any executor.
 
-A chunk is a block of prompts x a block of ablations, minus the rows a resumed sweep already stored. In process,
-the blocks are `batch` prompts (one clean pass) x every ablation: the engine's loop as it always ran, each
-batch of rows persisted as soon as it is computed. On W remote workers the chunks are as few and as large as
+A chunk is a block of prompts x a block of sites, minus the rows a resumed sweep already stored (and the rows
+that do not exist: a residual site at a position past a prompt's end). In process, the blocks are `batch`
+prompts (one clean pass) x every site: the engine's loop as it always ran, each batch of rows persisted as soon
+as it is computed. On W remote workers the chunks are as few and as large as
 the work allows, because each one costs a fixed overhead: W x chunks_per_worker of them, more when chunks
 would hold more than about MAX_CHUNK_ROWS rows. Two ways to cut, with different overheads:
 - prompts: every layer's rows of a prompt block go through one resumed forward, so a smaller block means more,
   smaller forwards (on a CPU, a forward of a few rows costs about as much as three more rows);
-- ablations: each block of ablations runs its own clean pass of the prompts (one full forward per prompt).
-Prompt blocks are therefore kept at a quarter of a batch or more, and ablations are cut after that, into runs of
+- sites: each block of sites runs its own clean pass of the prompts (one full forward per prompt).
+Prompt blocks are therefore kept at a quarter of a batch or more, and sites are cut after that, into runs of
 consecutive layers (each layer's rows stay in one forward) of about equal cost: an ablation entering layer L
 reruns the n_layers - L layers after it, plus what every row costs wherever it starts (ROW_COST).
 Chunks depend on the inputs, the batch size and the executor's workers; the rows they compute do not.

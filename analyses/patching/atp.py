@@ -14,8 +14,8 @@ the embedding for layer 0: exact for models whose stream is a sum of writes, so 
 per key/value head) and "pattern".
 """
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -25,18 +25,16 @@ import torch
 from resid.analyses import sites as site_words
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.executor import Executor, Job
-from resid.analyses.inputs import Prompts, batch_size_for
+from resid.analyses.distributed.executor import Executor
+from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
-from resid.analyses.patching.pairs import Align, Mapping, Pairs, PatchDirection, prepare, scored
-from resid.batching import BatchSize, run_batched
+from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
-from resid.tokenizer import Tokens
 
 SITES = ("resid_pre", "sublayer", "head")
 ALL_SITES = (*SITES, "q", "k", "v", "pattern")
@@ -76,13 +74,10 @@ def atp(
                                                               direction, align)
     if "pattern" in sites:
         pairs.require_same_positions(f"{param('sites', 'pattern')} (a pattern spans every key position)")
-    n = len(pairs.clean)
     base = "corrupt" if direction == "denoise" else "clean"
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    every = range(n)
-    job = AtPJob(pairs.clean.sequences(every), pairs.corrupt.sequences(every), pairs.clean.pad_token_id,
-                 pairs.aligned, base, list(target_ids), None if baseline_ids is None else list(baseline_ids), metric,
-                 sites, method, size.value, dict(direction=direction, metric=label))
+    job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
+                    sites=sites, method=method)
     df = drive(model, job, out, executor, workers, progress=progress)
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
@@ -97,53 +92,21 @@ def atp(
 
 
 @dataclass
-class AtPJob(Job):
-    """What a worker needs for the AtP rows of chunks of pairs, as plain data."""
+class AtPJob(PairsJob):
+    """The AtP (AtP*) rows of chunks of pairs."""
 
-    clean: list[list[int]]  # each pair's clean token ids
-    corrupt: list[list[int]]
-    pad: int
-    aligned: list[list[tuple[int, int]]] | None
-    base: str  # "corrupt" (denoising) or "clean"
-    targets: list[int]
-    baselines: list[int] | None
-    metric: str | Callable
-    sites: list[str]
-    method: str
-    batch: int  # pairs per chunk and per forward (halved on out-of-memory)
-    settings: dict
+    sites: list[str] = field(default_factory=list)
+    method: str = "atp"
 
     name = "attribution patching"
     key = ("prompt_idx", "site")
 
-    def plan(self, done: set, workers: int | None, per_worker: int) -> list[tuple[int, ...]]:
-        finished = {prompt for prompt, _ in done}  # chunks are stored whole: a pair is done or absent
-        todo = [i for i in range(len(self.clean)) if i not in finished]
-        step = self.batch if workers is None else max(1, min(self.batch, -(-len(todo) // (workers * per_worker))))
-        return [tuple(todo[i : i + step]) for i in range(0, len(todo), step)]
-
     def signature(self) -> dict:
-        return {"analysis": "patching.atp", "pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
-                "targets": [self.targets, self.baselines], "sites": self.sites, "method": self.method,
-                **self.settings}
+        return {"analysis": "patching.atp", "sites": self.sites, "method": self.method, **super().signature()}
 
-    def setup(self, model: Transformer) -> tuple[Transformer, Pairs, BatchSize]:
-        prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
-                   for ids in (self.clean, self.corrupt)]
-        return model, Pairs(*prompts, self.aligned), BatchSize(self.batch)
-
-    def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
-        model, pairs, size = state
-
-        def work(rows):
-            return _chunk(model, pairs, self.base, rows, self.targets, self.baselines, self.metric, self.sites,
-                          self.method)
-
-        for _, frame in run_batched(list(chunk), work, size):
-            yield frame
-
-    def combine(self, pieces: list) -> pd.DataFrame:
-        return pd.concat(pieces, ignore_index=True)
+    def rows(self, model: Transformer, pairs: Pairs, indices: list[int]) -> pd.DataFrame:
+        return _chunk(model, pairs, self.base, indices, self.targets, self.baselines, self.metric, self.sites,
+                      self.method)
 
 
 def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:

@@ -20,10 +20,13 @@ import torch
 from torch import Tensor
 
 from resid.analyses.checks import check_choice
+from resid.analyses.distributed.executor import Job
+from resid.analyses.inputs import Prompts
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.metrics import check_metric
 from resid.analyses.vocab import token_ids
 from resid.errors import ResidError, param
+from resid.batching import BatchSize, run_batched
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
@@ -164,3 +167,55 @@ def _alignment(align, lengths: list[tuple[int, int]]) -> list[list[tuple[int, in
             raise ResidError(f"align[{i}] names a position twice: each position pairs with at most one other.")
         out.append(sorted(pair))
     return out
+
+
+@dataclass
+class PairsJob(Job):
+    """Rows of chunks of pairs (attribution and path patching), as plain data: each pair's token ids, the base
+    side, the targets and the metric. A chunk's pairs are stored whole, so a pair is done or absent. Subclasses
+    compute the rows of some pairs in `rows(model, pairs, indices)` (batched, halved on out-of-memory)."""
+
+    clean: list[list[int]]  # each pair's clean token ids
+    corrupt: list[list[int]]
+    pad: int
+    aligned: list[list[tuple[int, int]]] | None
+    base: str  # "corrupt" (denoising) or "clean"
+    targets: list[int]
+    baselines: list[int] | None
+    metric: str | Callable
+    batch: int  # pairs per chunk and per forward (halved on out-of-memory)
+    settings: dict  # the rest of the signature
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[tuple[int, ...]]:
+        finished = {prompt for prompt, _ in done}
+        todo = [i for i in range(len(self.clean)) if i not in finished]
+        step = self.batch if workers is None else max(1, min(self.batch, -(-len(todo) // (workers * per_worker))))
+        return [tuple(todo[i : i + step]) for i in range(0, len(todo), step)]
+
+    def signature(self) -> dict:
+        return {"pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
+                "targets": [self.targets, self.baselines], **self.settings}
+
+    def setup(self, model: Transformer) -> tuple[Transformer, "Pairs", BatchSize]:
+        prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
+                   for ids in (self.clean, self.corrupt)]
+        return model, Pairs(*prompts, self.aligned), BatchSize(self.batch)
+
+    def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
+        model, pairs, size = state
+        for _, frame in run_batched(list(chunk), lambda rows: self.rows(model, pairs, rows), size):
+            yield frame
+
+    def combine(self, pieces: list) -> pd.DataFrame:
+        return pd.concat(pieces, ignore_index=True)
+
+    def rows(self, model: Transformer, pairs: "Pairs", indices: list[int]) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @classmethod
+    def of(cls, pairs: "Pairs", base: str, targets, baselines, metric, batch: int, settings: dict, **fields):
+        """The job over every pair of `pairs`."""
+        every = range(len(pairs.clean))
+        return cls(pairs.clean.sequences(every), pairs.corrupt.sequences(every), pairs.clean.pad_token_id,
+                   pairs.aligned, base, list(targets), None if baselines is None else list(baselines), metric,
+                   batch, settings, **fields)

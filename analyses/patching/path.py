@@ -19,25 +19,23 @@ metric and score (0 = the corrupt run, 1 = the clean run). Chunks of pairs run o
 (resid.analyses.distributed.driver): batched with out-of-memory back-off, resumable with `out=`, on any executor.
 """
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.executor import Executor, Job
-from resid.analyses.inputs import Prompts, batch_size_for
+from resid.analyses.distributed.executor import Executor
+from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
-from resid.analyses.patching.pairs import Pairs, PatchDirection, prepare, scored
-from resid.batching import BatchSize, run_batched
+from resid.analyses.patching.pairs import Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace
 from resid.model import Transformer
 from resid.sites import Site
-from resid.tokenizer import Tokens
 
 RECEIVER_FIELDS = ("q", "k", "v", "pattern")
 
@@ -69,12 +67,9 @@ def path(
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction)
     base = "clean" if direction == "noise" else "corrupt"
-    n = len(pairs.clean)
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    every = range(n)
-    job = PathJob(pairs.clean.sequences(every), pairs.corrupt.sequences(every), pairs.clean.pad_token_id, base,
-                  list(target_ids), None if baseline_ids is None else list(baseline_ids), metric, sets,
-                  None if receivers == "logits" else receivers, size.value, dict(direction=direction, metric=label))
+    job = PathJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
+                     sets=sets, receivers=None if receivers == "logits" else receivers)
     df = drive(model, job, out, executor, workers, progress=progress)
     names = [" + ".join(site.label for site in group) for group in sets]
     if df is None or df.empty:
@@ -112,49 +107,21 @@ def _receiver(receiver, config) -> Site:
 
 
 @dataclass
-class PathJob(Job):
-    """The path-patching rows of chunks of pairs, as plain data."""
+class PathJob(PairsJob):
+    """The path-patching rows of chunks of pairs."""
 
-    clean: list[list[int]]
-    corrupt: list[list[int]]
-    pad: int
-    base: str  # "clean" (noising, Wang et al.) or "corrupt"
-    targets: list[int]
-    baselines: list[int] | None
-    metric: str | Callable
-    sets: list[list[Site]]
-    receivers: list[Site] | None  # None: the logits
-    batch: int
-    settings: dict
+    sets: list[list[Site]] = field(default_factory=list)
+    receivers: list[Site] | None = None  # None: the logits
 
     name = "path patching"
     key = ("prompt_idx", "senders")
 
-    def plan(self, done: set, workers: int | None, per_worker: int) -> list[tuple[int, ...]]:
-        finished = {prompt for prompt, _ in done}  # chunks are stored whole: a pair is done or absent
-        todo = [i for i in range(len(self.clean)) if i not in finished]
-        step = self.batch if workers is None else max(1, min(self.batch, -(-len(todo) // (workers * per_worker))))
-        return [tuple(todo[i : i + step]) for i in range(0, len(todo), step)]
-
     def signature(self) -> dict:
-        return {"analysis": "patching.path", "pairs": [self.clean, self.corrupt], "base": self.base,
-                "targets": [self.targets, self.baselines], "senders": [[s.label for s in g] for g in self.sets],
-                "receivers": None if self.receivers is None else [s.label for s in self.receivers], **self.settings}
+        return {"analysis": "patching.path", "senders": [[s.label for s in g] for g in self.sets],
+                "receivers": None if self.receivers is None else [s.label for s in self.receivers],
+                **super().signature()}
 
-    def setup(self, model: Transformer) -> tuple[Transformer, Pairs, BatchSize]:
-        prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
-                   for ids in (self.clean, self.corrupt)]
-        return model, Pairs(*prompts), BatchSize(self.batch)
-
-    def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
-        model, pairs, size = state
-        for _, frame in run_batched(list(chunk), lambda rows: self._rows(model, pairs, rows), size):
-            yield frame
-
-    def combine(self, pieces: list) -> pd.DataFrame:
-        return pd.concat(pieces, ignore_index=True)
-
-    def _rows(self, model: Transformer, pairs: Pairs, rows: list[int]) -> pd.DataFrame:
+    def rows(self, model: Transformer, pairs: Pairs, rows: list[int]) -> pd.DataFrame:
         config, donor = model.config, "corrupt" if self.base == "clean" else "clean"
         base_tokens, donor_tokens = pairs.batch(self.base, rows), pairs.batch(donor, rows)
         z_capture = Capture(attn={"z"}, mlp={"out"}, embed=False, final_norm_scale=False)

@@ -27,7 +27,7 @@ def test_probe_rows_sum_to_the_read_out_on_every_family(tiny: Tiny, level):
     for i, text in enumerate(PROMPTS):
         rows = df[df.prompt_idx == i]
         expected = float(_hidden(model, text) @ vector) + 0.5
-        assert rows["logit"].iloc[0] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        assert rows["readout"].iloc[0] == pytest.approx(expected, rel=1e-5, abs=1e-5)
         assert rows["value"].sum() == pytest.approx(expected, rel=1e-5, abs=1e-5)
     assert set(df["target"]) == {"random"} and (df["target_id"] == -1).all()
     assert attribution.metric_name(df) == "probe 'random'"

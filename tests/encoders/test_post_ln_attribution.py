@@ -16,9 +16,11 @@ LEVELS = ["sublayer", "head", "neuron"]
 
 
 def _sums(df, tol=1e-5):
+    """The rows sum to what they decompose: the logit, a probe's read-out or a similarity."""
+    total = next(name for name in ("logit", "readout", "similarity") if name in df)
     by_prompt = df.groupby("prompt_idx")
-    error = (by_prompt["value"].sum() - by_prompt["logit"].first()).abs()
-    assert (error <= tol * (1 + by_prompt["logit"].first().abs())).all(), error
+    error = (by_prompt["value"].sum() - by_prompt[total].first()).abs()
+    assert (error <= tol * (1 + by_prompt[total].first().abs())).all(), error
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -87,7 +89,7 @@ def test_probe_and_pooled_probe_sum_exactly(bert_base, pool, level):
     _sums(df)
     hidden = model.run(texts[1]).hidden[0]
     expected = (hidden.mean(0) if pool else hidden[-1]) @ vector + 0.25
-    assert df[df.prompt_idx == 1]["logit"].iloc[0] == pytest.approx(expected.item(), abs=1e-5)
+    assert df[df.prompt_idx == 1]["readout"].iloc[0] == pytest.approx(expected.item(), abs=1e-5)
 
 
 @pytest.mark.parametrize("metric", ["cosine", "dot"])
@@ -98,7 +100,7 @@ def test_similarity_sums_to_the_similarity(bert_base, metric):
     _sums(df)
     a, b = similarity.embeddings(model, texts, normalize=False), similarity.embeddings(model, others, normalize=False)
     expected = F.cosine_similarity(a, b) if metric == "cosine" else (a * b).sum(-1)
-    got = df.groupby("prompt_idx")["logit"].first().to_numpy()
+    got = df.groupby("prompt_idx")["similarity"].first().to_numpy()
     torch.testing.assert_close(torch.tensor(got, dtype=torch.float32), expected, atol=1e-5, rtol=0)
     assert list(df.groupby("prompt_idx")["other"].first()) == others
 

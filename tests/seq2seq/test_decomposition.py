@@ -76,8 +76,8 @@ def test_a_cross_head_equals_its_write_through_the_frozen_norms_by_hand(tiny_mar
 
 def test_logit_lens_ends_on_the_model_prediction(tiny_marian):
     lens = logit_lens.run(tiny_marian.model, TARGETS, source=SOURCES, every="sublayer", k=1)
-    assert "resid_cross" in set(lens["site"])
-    last = lens[(lens.site == "resid_post") & (lens.layer == 2)]
+    assert "layers[0].resid_cross" in set(lens["site"])
+    last = lens[lens.site == "layers[2].resid_post"]
     logits = tiny_marian.model.run(SOURCES, TARGETS).logits[:, -1]
     assert last["token_id"].tolist() == logits.argmax(-1).tolist()
     assert last["kl_to_final"].abs().max() < 1e-5
