@@ -7,11 +7,11 @@ length)."""
 from pathlib import Path
 
 from resid.analyses.cli import arguments
+from resid.analyses.io import suffixes
 from resid.errors import ResidError
 
 EXAMPLE = '{"clean": "When Mary and John went to the store, John gave a drink to", "corrupt": "When Mary and John ' \
           'went to the store, Mary gave a drink to", "target": " Mary", "baseline": " John"}'
-SUFFIXES = (".parquet", ".csv")
 
 
 def add_parser(commands, common) -> None:
@@ -43,7 +43,7 @@ def check(args) -> None:
     from resid.analyses.io import texts
 
     args.batch_size = arguments.batch_size(args.batch_size)
-    arguments.out_path(args.out, SUFFIXES)
+    arguments.out_path(args.out, suffixes.STORE)
     arguments.out_path(args.figure, (".html",), "--figure")
     found = [record for _, record in texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object},
                                                    EXAMPLE, "pairs")]

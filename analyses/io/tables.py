@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 
 import resid
-from resid.analyses.io import atomic, frames
+from resid.analyses.io import atomic, frames, suffixes
 from resid.errors import ResidError
 
-SUFFIXES = (".csv", ".parquet", ".tex", ".md")
+SUFFIXES = suffixes.TABLE
 _TEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
                 "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
