@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from resid.analyses.cli.main import main
+import resid
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
 from tiny_models import build
@@ -132,4 +132,5 @@ def test_two_resid_ablate_processes_on_one_out(tmp_path):
     table = pd.read_csv(out)
     assert len(table) == 8 * 8 and not table.duplicated(["prompt_idx", "site"]).any()
     assert set(table["metric"]) == {"logit_diff"}
-    assert json.loads(Path(f"{out}.sweep.json").read_text())["signature"]["metric"] == "logit_diff"
+    sidecar = json.loads(Path(f"{out}.sweep.json").read_text())
+    assert sidecar["signature"]["metric"] == "logit_diff" and sidecar["resid_version"] == resid.__version__
