@@ -1,8 +1,8 @@
 """Reading prompts for scripted sweeps: a JSONL file (read by `resid.analyses.io.texts`, which states the line rules)
 of objects with a string "prompt", an optional "target" and an optional "baseline" (a token string or id
-each, checked as such when the file is read). A line without a target means that prompt's top prediction where an analysis allows it (attribution);
-analyses that need targets (ablation) call `require_targets`. A malformed line is an error naming its line
-number; nothing is half-read."""
+each, checked as such when the file is read). A line without a target means that prompt's top prediction where
+an analysis allows it (attribution); analyses that need targets (ablation) call `require_targets`. A malformed
+line is an error naming its line number; nothing is half-read."""
 
 from dataclasses import dataclass
 from pathlib import Path

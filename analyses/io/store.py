@@ -38,7 +38,6 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 import resid

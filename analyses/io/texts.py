@@ -114,4 +114,5 @@ def _content(path: Path, role: str) -> str:
     except UnicodeDecodeError as error:
         line = data[:error.start].count(b"\n") + 1
         raise ResidError(f"{role.capitalize()} file {path} is not UTF-8: line {line} holds the byte "
-                         f"0x{data[error.start]:02x}, which UTF-8 does not allow there. Save the file as UTF-8.") from None
+                         f"0x{data[error.start]:02x}, which UTF-8 does not allow there. Save the file as UTF-8.") \
+            from None

@@ -4,7 +4,6 @@ interleave their chunks under one signature, lose rows and exit 0. A store now h
 naming the first one's pid, and the first one's table is complete."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

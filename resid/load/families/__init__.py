@@ -126,7 +126,8 @@ def check_values(hf: dict, where: str) -> None:
     for name, value in hf.items():
         if value is None or (name not in COUNTS and name not in POSITIVE):
             continue
-        kind = "a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool) else type(value).__name__
+        kind = ("a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool)
+                else type(value).__name__)
         if name in COUNTS:
             whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
             if not whole or value < COUNTS[name]:
