@@ -74,6 +74,17 @@ def out_path(path: str | None, suffixes: tuple[str, ...], flag: str = "--out") -
     return path
 
 
+def not_being_written(path: str, flag: str = "--out") -> None:
+    """Refuse at once an output that another process's result store is writing (it holds `<out>.lock`), rather
+    than after the model has loaded."""
+    from resid.analyses.io.lock import holder
+
+    found = holder(Path(f"{path}.lock"))
+    if found is not None:
+        raise ResidError(f"Another process ({found}) is writing results to {path}. Two writers of one {flag} would mix "
+                         f"their rows: wait for it to finish (or stop it), or choose another {flag} path.")
+
+
 def out_folder(path: str | None, flag: str = "--out") -> str | None:
     """A folder the command writes its files into (made if missing), checked to be writable before the model loads."""
     if path is not None:

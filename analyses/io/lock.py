@@ -97,6 +97,27 @@ class OutputLock:
         raise ResidError(f"Could not lock {self.path}: other processes keep replacing it. Try again.")
 
 
+def holder(path: Path) -> str | None:
+    """Who holds the lock file `path` now ("pid 1234: resid ablate ..."), or None: a look that takes nothing and
+    creates nothing, for callers that want to refuse early (the command line, before loading a model). The store
+    itself still locks, since the answer may change at once."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # no lock file: no writer (or none we could ask)
+        return None
+    try:
+        if fcntl is None:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return _holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _same_file(fd: int, path: Path) -> bool:
     try:
         here, there = os.fstat(fd), os.stat(path)

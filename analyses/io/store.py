@@ -82,12 +82,7 @@ class ResultStore:
         self._next_chunk: int | None = None
         self._writer = uuid.uuid4().hex[:12]
         self._lock = OutputLock(Path(f"{self.out}.lock"), self.out)
-        self._lock.acquire()  # before reading anything: another writer's files are not ours to judge or clean
-        try:
-            self._open()
-        except BaseException:
-            self._lock.release()
-            raise
+        self._hold()
 
     def _open(self) -> None:
         for leftover in [*self.out.parent.glob(f"{atomic.TMP_PREFIX}{self.out.name}-*"),
@@ -126,13 +121,22 @@ class ResultStore:
             lock.release()
 
     def _hold(self) -> None:
-        """Every method reads or writes under the lock; after finish() or close() it is taken again."""
+        """Every method reads or writes under the lock. Taking it (again, after finish() or close()) checks the
+        files afresh, since another writer may have changed them meanwhile."""
         if self._lock.superseded:
             raise ResidError(
                 f"This ResultStore of {self.out} was superseded by a newer store of the same output in this process, "
                 "which now holds its lock; use the newer store."
             )
-        self._lock.acquire()
+        if self._lock.held:
+            return
+        self._lock.acquire()  # before reading anything: another writer's files are not ours to judge or clean
+        self._next_chunk = None
+        try:
+            self._open()
+        except BaseException:
+            self._lock.release()
+            raise
 
     def done(self) -> set[tuple]:
         """Keys of the rows in complete chunks and in a finished `out`; a missing value (NaN, NA) reads as None."""

@@ -4,6 +4,7 @@ interleave their chunks under one signature, lose rows and exit 0. A store now h
 naming the first one's pid, and the first one's table is complete."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -133,3 +134,28 @@ def test_two_resid_ablate_processes_on_one_out(tmp_path):
     assert set(table["metric"]) == {"logit_diff"}
     sidecar = json.loads(Path(f"{out}.sweep.json").read_text())
     assert sidecar["signature"]["metric"] == "logit_diff" and sidecar["resid_version"] == resid.__version__
+
+
+def test_holder_looks_without_taking_or_creating(tmp_path):
+    from resid.analyses.io.lock import holder
+
+    out = tmp_path / "sweep.csv"
+    lock = Path(f"{out}.lock")
+    assert holder(lock) is None and not lock.exists()  # nothing there: no writer, and no file made by looking
+    store = ResultStore(out, ["step"], SIGNATURE)
+    assert holder(lock).startswith(f"pid {os.getpid()}: ")  # the command line asks this before loading a model
+    store.close()
+    assert holder(lock) is None and not lock.exists()
+
+
+def test_a_store_taken_again_checks_the_files_afresh(tmp_path):
+    # Between finish() and a later write, another sweep may have taken the output: the signature is read again.
+    out = tmp_path / "sweep.csv"
+    rows = pd.DataFrame({"step": [0], "value": [1.0]})
+    store = ResultStore(out, ["step"], SIGNATURE)
+    store.write(rows)
+    store.finish()
+    # what a finished sweep of other settings leaves (as another process would, between our finish and write)
+    Path(f"{out}.sweep.json").write_text(Path(f"{out}.sweep.json").read_text().replace("lock-test", "another"))
+    with pytest.raises(ResidError, match="holds results of a different sweep"):
+        store.write(rows.assign(step=1))
