@@ -103,6 +103,13 @@ def _prompts(path: Path, n: int) -> Path:
     return path
 
 
+def _holds(lock: Path, pid: int) -> bool:
+    try:
+        return lock.read_text().startswith(f"{pid}\n")
+    except FileNotFoundError:
+        return False
+
+
 def test_two_resid_ablate_processes_on_one_out(tmp_path):
     # The probe's case: the same sweep with two metrics into one --out. The first is frozen (SIGSTOP) while it
     # holds the store, so the second one runs its whole course meanwhile, whatever the machine's speed.
@@ -113,8 +120,8 @@ def test_two_resid_ablate_processes_on_one_out(tmp_path):
                str(out), "--sites", "head", "--batch-size", "1", "--model", str(folder), "--quiet"]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not Path(f"{out}.lock").exists():
+        deadline, lock = time.monotonic() + 120, Path(f"{out}.lock")
+        while not _holds(lock, first.pid):  # its pid is written once it holds the lock
             assert first.poll() is None, f"the first sweep ended before it was seen holding its store: {first}"
             assert time.monotonic() < deadline
             time.sleep(0.001)
