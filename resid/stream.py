@@ -43,11 +43,29 @@ class StreamNorms:
     cross: tuple[Norm, ...] | None = None  # decoders of encoder-decoder models
 
 
+class LayerOutOfRange(ResidError, IndexError):
+    """stream.layers[i] past the model's layers: a ResidError saying the range, and an IndexError for code that
+    treats the layers as the sequence they are."""
+
+
+class Layers(tuple):
+    """The per-layer records, a tuple whose out-of-range index says the valid range instead of a bare
+    "tuple index out of range"."""
+
+    def __getitem__(self, index):
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            n = len(self)
+            raise LayerOutOfRange(f"stream.layers[{index}] is out of range: the model has {n} layers, 0..{n - 1} "
+                                  f"(or -{n}..-1 from the last).") from None
+
+
 @dataclass(frozen=True)
 class ResidualStream:
     embed_: Tensor | None  # stored under a private name so reading it uncaptured raises (see `embed`)
     pos_embed_: Tensor | None
-    layers: tuple[LayerRecord, ...]
+    layers: tuple[LayerRecord, ...]  # a Layers tuple (see __post_init__)
     final_norm_scale_: Tensor | None
     parallel: bool  # parallel blocks: no resid_mid
     learned_positions: bool
@@ -55,6 +73,9 @@ class ResidualStream:
     type_embed_: Tensor | None = None  # token-type embedding (BERT)
     embed_norm_scale_: Tensor | None = None  # the embedding norm's scale (BERT)
     norms: StreamNorms | None = None  # post-LN models only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", Layers(self.layers))
 
     @property
     def type_embed(self) -> Float[Tensor, "batch pos d_model"] | None:

@@ -17,6 +17,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from resid.errors import ResidError, python_only
+from resid.strings import check_unicode
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class Tokenizer:
     def encode(self, text: str, prepend_bos: bool | None = None) -> list[int]:
         if not isinstance(text, str):
             raise ResidError(f"Expected a string to tokenize, got {type(text).__name__}.")
+        check_unicode(text)
         bos = self.prepend_bos if prepend_bos is None else prepend_bos
         if self.template:
             return self.tokenizer.encode(text, add_special_tokens=bos).ids

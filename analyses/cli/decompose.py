@@ -25,6 +25,7 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     arguments.at_least(args.top, 1, "--top")
+    arguments.out_folder(args.out)
 
 
 def run(model, args) -> str:

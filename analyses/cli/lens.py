@@ -27,11 +27,11 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    from resid.analyses import tables
+    from resid.analyses.io import suffixes
 
     args.positions = arguments.positions(args.positions)  # 'all' or a list of ints from here on
     arguments.at_least(args.k, 1, "--k")
-    arguments.out_path(args.out, tables.SUFFIXES)
+    arguments.out_path(args.out, suffixes.TABLE)
 
 
 def run(model, args) -> str:

@@ -19,6 +19,9 @@ named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 table and figures), and a file whose suffix picks the format for those that write one table (attribute, lens:
 .csv .parquet .tex .md; ablate: .parquet .csv), with any figure written beside it. Each --out help says which.
 HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
+
+Building the parser imports no torch, pandas or plotly (the subcommand modules import what `run` needs inside
+it), so `--help`, `--version` and argument errors answer in tens of milliseconds (tests/cli/test_startup.py).
 """
 
 import argparse
@@ -26,6 +29,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+import resid
 from resid.analyses.cli.errors import render
 from resid.errors import ResidError, param_style
 
@@ -36,6 +40,7 @@ COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "patc
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resid", description="Residual-stream interpretability toolkit.")
+    parser.add_argument("--version", action="version", version=f"resid {resid.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", default=DEFAULT_MODEL,

@@ -7,11 +7,11 @@ length)."""
 from pathlib import Path
 
 from resid.analyses.cli import arguments
+from resid.analyses.io import suffixes
 from resid.errors import ResidError
 
 EXAMPLE = '{"clean": "When Mary and John went to the store, John gave a drink to", "corrupt": "When Mary and John ' \
           'went to the store, Mary gave a drink to", "target": " Mary", "baseline": " John"}'
-SUFFIXES = (".parquet", ".csv")
 
 
 def add_parser(commands, common) -> None:
@@ -41,13 +41,15 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     """Also reads --pairs (a bad line is reported before the model loads) into `args.pairs_read`."""
-    from resid.analyses.io import texts
+    from resid.analyses.io import prompts_file, texts
 
     args.batch_size = arguments.batch_size(args.batch_size)
-    arguments.out_path(args.out, SUFFIXES)
+    arguments.out_path(args.out, suffixes.STORE)
+    arguments.not_being_written(args.out)  # exact patching writes a result store
     arguments.out_path(args.figure, (".html",), "--figure")
-    found = [record for _, record in texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object},
-                                                   EXAMPLE, "pairs")]
+    numbered = texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object}, EXAMPLE, "pairs")
+    prompts_file.check_tokens(args.pairs, numbered, example=EXAMPLE, required=("target",))
+    found = [record for _, record in numbered]
     if not found:
         raise ResidError(f"{args.pairs} holds no pairs: give one {EXAMPLE} object per line.")
     with_baseline = [r.get("baseline") is not None for r in found]

@@ -52,6 +52,10 @@ def drive(model, job: Job, out: str | os.PathLike | None = None, executor: Execu
                     store.write(result)  # persisted before the next result is awaited
                 results.append(result)
                 bar.update(len(result))
+    except BaseException:
+        if store is not None:
+            store.close()  # the finished chunks stay for a rerun to resume from; the lock goes now, not at exit
+        raise
     finally:
         if owned:
             runner.close()

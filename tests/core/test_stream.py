@@ -160,3 +160,16 @@ def test_resid_sums(random_model):
     assert (stream.resid_mid(0) is None) == (random_model.config.block == "parallel")
     with pytest.raises(resid.ResidError, match="out of range"):
         stream.resid_post(n)
+
+
+def test_a_layer_out_of_range_says_the_range(random_model):
+    # issue 27: run.stream.layers[999] was a bare "tuple index out of range"
+    layers = random_model.run("a b c").stream.layers
+    n = random_model.config.n_layers
+    with pytest.raises(resid.ResidError, match=rf"stream.layers\[999\] is out of range: the model has {n} layers, "
+                                         rf"0..{n - 1} \(or -{n}..-1 from the last\)"):
+        layers[999]
+    with pytest.raises(IndexError):  # still a sequence: code that catches IndexError keeps working
+        layers[-n - 1]
+    assert isinstance(layers, tuple) and len(layers) == n and layers[-1] is list(layers)[n - 1]
+    assert len(layers[:2]) == min(2, n)
