@@ -21,8 +21,9 @@ the Site records, as flags of a `HookPoint`:
     ln1.hook_normalized                    -                                                   attn normalized (std.)
     -                                      input_layernorm.output, ln_1.output                 attn normalized
 
-(std.): standardized, see HookPoint. `post_attention_layernorm.output` is the MLP's input norm in Llama-like models and the attention's post-norm in
-Gemma 2/3 (the attention write, `Site(L, "attn")`), so that name needs the model's config.
+(std.): standardized, see HookPoint. `post_attention_layernorm.output` is the MLP's input norm in Llama-like
+models and the attention's post-norm in Gemma 2/3 (the attention write, `Site(L, "attn")`), so that name needs
+the model's config.
 
 (*) Models with post-norms (Gemma 2/3, OLMo 2) write a sublayer's output through a norm; resid's `out` is after
 it, as TransformerLens's hook_mlp_out. The Hugging Face module output `mlp.output` and circuit-tracer's
