@@ -34,6 +34,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from resid.config import ModelConfig
 from resid.errors import ResidError
 from resid.sites import Site
@@ -186,3 +188,22 @@ def width(point: HookPoint, config: ModelConfig) -> int:
     if site.field in ("post", "pre", "gate"):
         return config.d_mlp
     return config.d_model
+
+
+def read(run, model, point: HookPoint) -> Tensor:
+    """The tensor `point` means, from a resid run (captured with the site's field): run.read(site), heads
+    flattened for `heads_flat`, the norm's standardized input for `standardized`. A `before_post_norm` tensor is
+    not recorded by resid (its `out` is after the post-norm): that raises."""
+    site = point.site
+    if point.before_post_norm:
+        raise ResidError(f"{point.name!r} is {site.label} before its post-norm, which resid does not record (it "
+                         "records the write after the post-norm).")
+    if point.standardized:
+        stream, block = run.stream, model.blocks[site.layer]
+        first = site.part == "attn" or model.config.block == "parallel"  # the norm reads resid_pre
+        reads = stream.resid_pre(site.layer) if first else stream.resid_mid(site.layer)
+        norm = block.ln_attn if site.part == "attn" else block.ln_mlp
+        record = getattr(stream.layers[site.layer], site.part)
+        return norm.standardized(reads, record.norm_scale)
+    value = run.read(site)
+    return value.flatten(-2) if point.heads_flat else value
