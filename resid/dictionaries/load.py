@@ -123,7 +123,7 @@ def _hub_folder(repo_id: str, subfolder: str | None) -> Path:
         root = Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as err:  # offline, unknown repo, gated repo: huggingface_hub raises many types
         raise ResidError(f"Could not fetch the dictionary {repo_id!r}{f' ({subfolder})' if subfolder else ''} from the "
-                         f"Hugging Face Hub ({type(err).__name__}: {err}). Offline, download the folder elsewhere "
+                         f"Hugging Face Hub ({type(err).__name__}: {_one_line(err)}). Offline, download the folder elsewhere "
                          "and pass its local path.") from None
     return root / subfolder if subfolder else root
 
@@ -136,4 +136,8 @@ def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
         return Path(hf_hub_download(repo_id, filename, revision=revision))
     except Exception as err:
         raise ResidError(f"Could not fetch {filename!r} of {repo_id!r} from the Hugging Face Hub ({type(err).__name__}:"
-                         f" {err}). Offline, download it and list its local path in config.yaml.") from None
+                         f" {_one_line(err)}). Offline, download it and list its local path in config.yaml.") from None
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.formats import as_int, check_fields, clamp_threshold, read_json, read_safetensors, take
 from resid.errors import ResidError
@@ -151,9 +152,12 @@ def _fold_scaling_factor(found: dict, factor: float | None, where: str) -> dict:
     return folded
 
 
-def write(dictionary: Dictionary, folder: Path) -> Path:
+def write(dictionary: Dictionary | CrossLayerTranscoder, folder: Path) -> Path:
     """Save `dictionary` as a SAELens 6 folder (cfg.json + sae_weights.safetensors) that SAELens's
     SAE.load_from_disk reads back to the same encode and decode. Returns the folder."""
+    if not isinstance(dictionary, Dictionary):
+        raise ResidError(f"SAELens's format holds one SAE or transcoder (a resid.dictionaries.Dictionary), not a "
+                         f"{type(dictionary).__name__}.")
     architecture = _architecture_of(dictionary)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -189,6 +193,11 @@ def write(dictionary: Dictionary, folder: Path) -> Path:
 
 def _architecture_of(d: Dictionary) -> str:
     where = f"Dictionary {d.name!r} cannot be written in SAELens format"
+    if d.W_skip is not None and not d.is_transcoder:
+        raise ResidError(f"{where}: it is an SAE with a skip path, which SAELens has no architecture for.")
+    if d.activation == "jumprelu" and bool((d.threshold < 0).any()):
+        raise ResidError(f"{where}: it has negative thresholds (pre * (pre > t) lets negative pre-activations "
+                         "through), but SAELens's JumpReLU applies relu first.")
     if d.is_transcoder:
         if d.activation not in ("relu", "jumprelu") or d.apply_b_dec_to_input:
             raise ResidError(f"{where}: SAELens transcoders are relu or jumprelu and never subtract b_dec from the "
@@ -196,7 +205,4 @@ def _architecture_of(d: Dictionary) -> str:
                              f"apply_b_dec_to_input={d.apply_b_dec_to_input}).")
         base = "transcoder" if d.activation == "relu" else "jumprelu_transcoder"
         return base.replace("transcoder", "skip_transcoder") if d.W_skip is not None else base
-    if d.activation == "jumprelu" and bool((d.threshold < 0).any()):
-        raise ResidError(f"{where}: it has negative thresholds (pre * (pre > t) lets negative pre-activations "
-                         "through), but SAELens's JumpReLU applies relu first.")
     return {"relu": "standard", "jumprelu": "jumprelu", "topk": "topk", "gated": "gated"}[d.activation]
