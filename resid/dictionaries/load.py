@@ -123,8 +123,8 @@ def _hub_folder(repo_id: str, subfolder: str | None) -> Path:
         root = Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as err:  # offline, unknown repo, gated repo: huggingface_hub raises many types
         raise ResidError(f"Could not fetch the dictionary {repo_id!r}{f' ({subfolder})' if subfolder else ''} from the "
-                         f"Hugging Face Hub ({type(err).__name__}: {_one_line(err)}). Offline, download the folder elsewhere "
-                         "and pass its local path.") from None
+                         f"Hugging Face Hub ({type(err).__name__}: {_one_line(err)}). Offline, download the folder "
+                         "elsewhere and pass its local path.") from None
     return root / subfolder if subfolder else root
 
 
