@@ -3,6 +3,11 @@ library's own encode / decode of fixed inputs, the oracle of tests/dictionaries/
 
     python tests/data/make_dictionary_reference.py            # build the venv if needed, rewrite the fixtures
     python tests/data/make_dictionary_reference.py --check    # regenerate elsewhere, compare, write nothing
+    .venv/bin/python tests/data/make_dictionary_reference.py --saelens-reads   # SAELens reads what resid writes
+
+--saelens-reads (run with a Python that has resid) is the one mode that imports resid: it writes every fixture
+SAELens can express with resid.dictionaries.formats.saelens.write, with resid's own outputs beside them, and has
+SAELens (SAE.load_from_disk, in the reference venv) load each and compare its outputs with resid's.
 
 The script makes its own virtual environment (build/dictionary-reference-venv: torch==2.13.0 first, so that pip
 does not pull a CUDA build, then the pinned libraries below from PyPI) and re-runs itself inside it. resid is
@@ -31,7 +36,7 @@ DATA = Path(__file__).resolve().parent / "dictionaries"
 VENV = ROOT / "build" / "dictionary-reference-venv"
 PINS = ["sae-lens==6.54.12", "eai-sparsify==1.3.3", "circuit-tracer==0.5.0"]
 D_IN, D_SAE, N_X, MODEL = 48, 16, 6, "tiny-random-llama"
-TOLERANCE = 1e-6  # --check: largest |difference| allowed between a regenerated reference and the committed one
+TOLERANCE = 1e-6  # --check: largest |difference| between a regenerated reference and the committed one
 
 
 def ensure_venv() -> Path:
@@ -335,6 +340,58 @@ def circuit_tracer_fixtures(out: Path) -> dict:
     return manifest
 
 
+# ------------------------------------------------------------------------------------------------ saelens reads
+def write_with_resid(out: Path) -> None:
+    """Every fixture SAELens can express, written by resid, with resid's encode / decode of the fixture's x."""
+    from safetensors.torch import load_file, save_file
+
+    import resid.dictionaries
+    from resid.dictionaries.formats import saelens
+
+    manifest = json.loads((DATA / "manifest.json").read_text())["fixtures"]
+    for name, entry in manifest.items():
+        factor = 2.5 if name.endswith("expected_average") else None
+        loaded = resid.dictionaries.load(DATA / entry["folder"], hook=entry.get("hook"), norm_scaling_factor=factor)
+        if isinstance(loaded, list):
+            continue
+        target = out / name.replace("/", "__")
+        try:
+            saelens.write(loaded, target)
+        except resid.ResidError as err:
+            print(f"skipped {name}: {err}")
+            continue
+        x = load_file(str(DATA / entry["reference"]))["x"]
+        acts, recon = loaded(x)
+        save_file({"x": x, "acts": acts, "out": recon}, str(out / f"{target.name}.expected.safetensors"))
+
+
+def saelens_compare(folder: Path) -> int:
+    """Load each resid-written folder with SAELens and compare with resid's outputs; the number of mismatches."""
+    import torch
+    from sae_lens import SAE
+    from safetensors.torch import load_file
+
+    bad = 0
+    for expected_path in sorted(folder.glob("*.expected.safetensors")):
+        expected = load_file(str(expected_path))
+        sae = SAE.load_from_disk(folder / expected_path.name.removesuffix(".expected.safetensors"))
+        x = expected["x"]
+        heads = sae.cfg.reshape_activations == "hook_z"
+        inputs = x.reshape(x.shape[0], 4, -1) if heads else x
+        with torch.no_grad():
+            acts = sae.encode(inputs)
+            recon = (sae.forward(inputs) if hasattr(sae, "W_skip") else sae.decode(acts)).reshape(x.shape[0], -1)
+        gaps = [float((acts - expected["acts"]).abs().max()), float((recon - expected["out"]).abs().max())]
+        # the tests' criterion (torch.testing.assert_close, rtol = atol = 1e-6): skip paths multiply by W_skip in
+        # another memory layout than SAELens, which rounds differently
+        ok = all(bool(((a - expected[k]).abs() <= TOLERANCE + TOLERANCE * expected[k].abs()).all())
+                 for a, k in ((acts, "acts"), (recon, "out")))
+        bad += not ok
+        print(f"{'ok  ' if ok else 'BAD '} {expected_path.name.removesuffix('.expected.safetensors'):40s} "
+              f"{type(sae).__name__:24s} max |acts - resid| {gaps[0]:.2g}, max |out - resid| {gaps[1]:.2g}")
+    return bad
+
+
 # ------------------------------------------------------------------------------------------------------ compare
 def compare(new: Path, old: Path) -> list[str]:
     """Mismatches between two fixture trees' reference outputs (beyond TOLERANCE) and fixture lists."""
@@ -359,7 +416,15 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="regenerate elsewhere and compare; write nothing")
     parser.add_argument("--inside", type=Path, help=argparse.SUPPRESS)  # in the venv: generate into this folder
     parser.add_argument("--compare", type=Path, nargs=2, help=argparse.SUPPRESS)  # in the venv: NEW OLD
+    parser.add_argument("--saelens-reads", action="store_true", help="check that SAELens reads what resid writes")
+    parser.add_argument("--saelens-compare", type=Path, help=argparse.SUPPRESS)  # in the venv: resid-written DIR
     args = parser.parse_args()
+    if args.saelens_compare is not None:
+        sys.exit(1 if saelens_compare(args.saelens_compare) else 0)
+    if args.saelens_reads:
+        with tempfile.TemporaryDirectory() as scratch:
+            write_with_resid(Path(scratch))
+            sys.exit(subprocess.run([str(ensure_venv()), __file__, "--saelens-compare", scratch]).returncode)
     if args.inside is not None:
         generate(args.inside)
         return
