@@ -164,3 +164,39 @@ def test_decode_needs_the_input_with_a_skip_path() -> None:
 def test_a_hub_id_offline_is_a_clear_error() -> None:
     with pytest.raises(resid.ResidError, match="Could not fetch the dictionary 'nobody/no-such-sae'.*local path"):
         resid.dictionaries.load("nobody/no-such-sae/layer_3")
+
+
+def tiny(kind: str) -> resid.Transformer:
+    """The shapes the fixtures were made for: d_model 48 (4 heads of 12), 2 layers; Llama-like or Gemma-3-like."""
+    config = dict(architecture=kind, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4, d_head=12, d_mlp=96, d_vocab=97,
+                  n_ctx=64, norm="rmsnorm", norm_eps=1e-6)
+    if kind == "gemma3":
+        config.update(norm_gain_offset=1.0, post_norms=True, qk_norm="head", act="gelu_new")
+    return resid.Transformer(resid.ModelConfig(**config), name=f"tiny-random-{'gemma-3' if kind == 'gemma3' else kind}")
+
+
+@pytest.mark.parametrize("name", sorted(json.loads((DATA / "manifest.json").read_text())["fixtures"]))
+def test_every_fixture_fits_the_model_it_was_made_for(name: str) -> None:
+    entry = json.loads((DATA / "manifest.json").read_text())["fixtures"][name]
+    model = tiny("gemma3" if name.startswith("gemma_scope_2") else "llama")
+    factor = 2.5 if name.endswith("expected_average") else None
+    loaded = resid.dictionaries.load(DATA / entry["folder"], model, hook=entry.get("hook"), norm_scaling_factor=factor)
+    if isinstance(loaded, resid.dictionaries.CrossLayerTranscoder):
+        assert [p.site for p in loaded.points_in] == [resid.Site(0, "resid_mid"), resid.Site(1, "resid_mid")]
+        assert [p.site for p in loaded.points_out] == [resid.Site(0, "mlp"), resid.Site(1, "mlp")]
+        return
+    dictionaries = loaded if isinstance(loaded, list) else [loaded]
+    for dictionary in dictionaries:
+        assert dictionary.site_in is not None and dictionary.site_out is not None
+        assert (dictionary.site_in != dictionary.site_out) == dictionary.is_transcoder
+    if dictionaries[0].model_name is None:  # sparsify and Gemma Scope 1 files do not say their model
+        assert entry["format"] in ("sparsify", "gemma_scope")
+        return
+    other = tiny("llama" if name.startswith("gemma_scope_2") else "gemma3")  # the other family refuses it
+    with pytest.raises(resid.ResidError, match="trained on"):
+        resid.dictionaries.load(DATA / entry["folder"], other, hook=entry.get("hook"), norm_scaling_factor=factor)
+
+
+def test_a_cross_layer_transcoder_must_span_the_model(model) -> None:
+    with pytest.raises(resid.ResidError, match="spans 2 layers, but model 'random-llama_gqa' has 3"):
+        resid.dictionaries.load(DATA / "circuit_tracer" / "clt", model)
