@@ -318,6 +318,36 @@ def circuit_tracer_fixtures(out: Path) -> dict:
         "reference": save_reference(out, "circuit_tracer/plt", x, acts, recon),
         "note": "written by circuit-tracer (SingleLayerTranscoder.to_safetensors); reference: load_transcoder_set, "
                 "encode, decode(acts, x); x, acts and out are [layer N ...]"}
+    # Gemma Scope files listed in config.yaml: layer 0 in Gemma Scope 1's params.npz layout, layer 1 in Gemma
+    # Scope 2's (with an affine skip), read by circuit-tracer's own loaders for them
+    import numpy as np
+    from circuit_tracer.transcoder.single_layer_transcoder import (
+        load_gemma_scope_2_transcoder,
+        load_gemma_scope_transcoder,
+    )
+    from safetensors.torch import save_file
+
+    folder = out / "circuit_tracer" / "plt_gemma_scope"
+    folder.mkdir(parents=True, exist_ok=True)
+    rand = lambda *shape: 0.3 * torch.randn(*shape, generator=generator)  # noqa: E731
+    np.savez(folder / "layer_0.npz", W_enc=rand(D_IN, D_SAE).numpy(), W_dec=rand(D_SAE, D_IN).numpy(),
+             b_enc=rand(D_SAE).numpy(), b_dec=rand(D_IN).numpy(), threshold=rand(D_SAE).numpy())
+    save_file({"w_enc": rand(D_IN, D_SAE), "w_dec": rand(D_SAE, D_IN), "b_enc": rand(D_SAE), "b_dec": rand(D_IN),
+               "threshold": rand(D_SAE), "affine_skip_connection": rand(D_IN, D_IN)},
+              str(folder / "layer_1.safetensors"))
+    config = {"model_name": MODEL, "model_kind": "transcoder_set", "feature_input_hook": "ln2.hook_normalized",
+              "feature_output_hook": "hook_mlp_out", "transcoders": ["layer_0.npz", "layer_1.safetensors"]}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    layers = [load_gemma_scope_transcoder(str(folder / "layer_0.npz"), 0, device=cpu),
+              load_gemma_scope_2_transcoder(str(folder / "layer_1.safetensors"), 1, device=cpu)]
+    with torch.no_grad():
+        acts = torch.stack([t.encode(x[layer]) for layer, t in enumerate(layers)])
+        recon = torch.stack([t.decode(acts[layer], x[layer]) for layer, t in enumerate(layers)])
+    manifest["circuit_tracer/plt_gemma_scope"] = {
+        "format": "circuit_tracer", "folder": "circuit_tracer/plt_gemma_scope",
+        "reference": save_reference(out, "circuit_tracer/plt_gemma_scope", x, acts, recon),
+        "note": "Gemma Scope 1 / 2 layer files written here in Google's layouts, listed in config.yaml; reference: "
+                "circuit-tracer's load_gemma_scope_transcoder / load_gemma_scope_2_transcoder, encode, decode"}
     folder = out / "circuit_tracer" / "clt"
     clt = CrossLayerTranscoder(2, D_SAE, D_IN, activation_function="jump_relu", lazy_decoder=False, device=cpu,
                                dtype=torch.float32)
@@ -435,7 +465,8 @@ def main() -> None:
         print("agrees with" if not problems else "DISAGREES with", args.compare[1])
         sys.exit(1 if problems else 0)
     python = ensure_venv()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPARSIFY_DISABLE_TRITON": "1"}
+    # PYTHONHASHSEED: SAELens orders some cfg.json keys by set iteration; fixed, regenerating changes no byte
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPARSIFY_DISABLE_TRITON": "1", "PYTHONHASHSEED": "0"}
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "dictionaries"
         subprocess.run([str(python), __file__, "--inside", str(target)], check=True, env=env)

@@ -91,7 +91,7 @@ def test_another_models_name_is_refused_naming_both(model, tmp_path) -> None:
 @pytest.mark.parametrize("a, b, same", [
     ("google/gemma-2-2b", "gemma-2-2b", True), ("google/gemma-2-2b", "/models/gemma-2-2b-it", True),
     ("HuggingFaceTB/SmolLM2-135M", "smollm2-135m", True), ("gpt2-small", "gpt2", True),
-    ("gemma-v3-1b-pt", "google/gemma-3-1b-pt", True), ("tiny-random-llama", "/tmp/tiny_llama0", True),
+    ("gemma-v3-1b-pt", "google/gemma-3-1b-pt", True), ("tiny-random-llama", "checkpoints/tiny_llama0", True),
     ("meta-llama/Llama-3.2-1B", "llama-3.2-1b-instruct", True), ("EleutherAI/pythia-70m-deduped", "pythia-70m", True),
     ("google/gemma-2-2b", "gemma-2-9b", False), ("google/gemma-2-2b", "google/gemma-3-1b-pt", False),
     ("google/gemma-2-2b", "smollm2-135m", False), ("gpt2-small", "gpt2-medium", False),

@@ -17,6 +17,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "dictionaries"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())["fixtures"]
 # SAELens has no top-k transcoder, and its JumpReLU applies relu first (circuit-tracer's negative thresholds)
 NOT_EXPRESSIBLE = {"sparsify/layers.0.mlp": "activation='topk'", "circuit_tracer/plt": "negative thresholds",
+                   "circuit_tracer/plt_gemma_scope": "negative thresholds",
                    "circuit_tracer/clt": "not a CrossLayerTranscoder"}
 
 
