@@ -171,11 +171,14 @@ class Dictionary(nn.Module):
             return centred / (std + LAYER_NORM_EPS), std, mean
         return x, None, None
 
+    def _encoder_input(self, x: Tensor) -> Tensor:
+        """x' = normalize(x) - b_dec * apply_b_dec_to_input, in float32."""
+        x = self._normalize(x)[0]
+        return x - _f32(self.b_dec) if self.apply_b_dec_to_input else x
+
     def pre_activations(self, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
         """x' @ W_enc + b_enc in float32 (for gated SAEs the magnitude path's pre-activation)."""
-        x = self._normalize(x)[0]
-        if self.apply_b_dec_to_input:
-            x = x - _f32(self.b_dec)
+        x = self._encoder_input(x)
         if self.activation == "gated":
             return x @ (_f32(self.W_enc) * _f32(self.r_mag).exp()) + _f32(self.b_mag)
         return x @ _f32(self.W_enc) + _f32(self.b_enc)
@@ -191,10 +194,7 @@ class Dictionary(nn.Module):
             values, indices = torch.topk(pre, k=self.k, dim=-1, sorted=False)
             acts = torch.zeros_like(pre).scatter_(-1, indices, values.relu())
         else:  # gated: the gate path decides which features fire, the magnitude path how much
-            x_gate = self._normalize(x)[0]
-            if self.apply_b_dec_to_input:
-                x_gate = x_gate - _f32(self.b_dec)
-            gate = (x_gate @ _f32(self.W_enc) + _f32(self.b_gate)) > 0
+            gate = (self._encoder_input(x) @ _f32(self.W_enc) + _f32(self.b_gate)) > 0
             acts = gate * torch.relu(pre)
         return acts.to(x.dtype)
 

@@ -7,6 +7,7 @@ way). `hook_point(name, config)` says which resid Site holds that tensor, and ho
 the Site records, as flags of a `HookPoint`:
 
     TransformerLens (blocks.L.)            Hugging Face (model.layers.L. / layers.L. / h.L.)   resid Site
+    hook_embed / hook_pos_embed (no layer) -                                                   Site(None, "embed")
     hook_resid_pre                         .input                                              Site(L, "resid_pre")
     hook_resid_mid                         -                                                   Site(L, "resid_mid")
     hook_resid_post                        .output                                             Site(L, "resid_post")
@@ -74,7 +75,10 @@ def hook_point(name: str, config: ModelConfig | None, head: int | None = None) -
     the name is one that needs a config to map (post_attention_layernorm) and none is given. `head` is SAELens's
     hook_head_index: the hook reads one head of a head-indexed tensor. Raises a ResidError naming the hook when
     it maps to no site of resid (or of this model)."""
-    found = _tensorlens(name, config, head) if _TL.fullmatch(name) else _huggingface(name, config)
+    if name in ("hook_embed", "hook_pos_embed"):  # embedding SAEs (Gemma Scope's embedding SAE)
+        found = HookPoint(name, Site.from_hook_name(name))
+    else:
+        found = _tensorlens(name, config, head) if _TL.fullmatch(name) else _huggingface(name, config)
     if found is None:
         if _TL.fullmatch(name) or _HF.fullmatch(name):
             return None

@@ -200,3 +200,9 @@ def test_every_fixture_fits_the_model_it_was_made_for(name: str) -> None:
 def test_a_cross_layer_transcoder_must_span_the_model(model) -> None:
     with pytest.raises(resid.ResidError, match="spans 2 layers, but model 'random-llama_gqa' has 3"):
         resid.dictionaries.load(DATA / "circuit_tracer" / "clt", model)
+
+
+def test_embedding_hooks_map_where_the_model_has_them(model) -> None:
+    assert resid.dictionaries.hook_point("hook_embed", model.config).site == resid.Site(None, "embed")
+    with pytest.raises(resid.ResidError, match="no positional embedding write"):
+        resid.dictionaries.hook_point("hook_pos_embed", model.config)
