@@ -12,6 +12,8 @@ wrong decomposition.
    families are known families (FAMILIES) and differ, or when both give a version, or both a size, that differ.
    Suffixes (-it, -instruct, -deduped, -pt) are not compared: base-model dictionaries are routinely applied to
    the tuned model. A name whose family resid does not know (a local folder "tiny_model") is not compared.
+4. TransformerLens processing: a SAELens dictionary trained on a processed model (center_writing_weights,
+   fold_value_biases in its model_from_pretrained_kwargs) reads other tensors than resid's unprocessed model has.
 """
 
 import re
@@ -43,6 +45,7 @@ def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | 
                                              dictionary.d_out, "d_out") for l in layers)
         return dictionary
     head = dictionary.metadata.get("hook_head_index")
+    _check_processing(dictionary, config)
     dictionary.point_in = _point(dictionary, dictionary.hook_in, config, head, model, dictionary.d_in, "d_in")
     if dictionary.is_transcoder:
         dictionary.point_out = _point(dictionary, dictionary.hook_out, config, dictionary.metadata.get(
@@ -69,6 +72,23 @@ def _point(dictionary, hook: str | None, config: ModelConfig, head: int | None, 
                          f"{model.name!r}, which is {expected} wide: the dictionary was trained on another model "
                          "or another hook.")
     return point
+
+
+def _check_processing(dictionary: Dictionary, config: ModelConfig) -> None:
+    """SAELens records how TransformerLens loaded the model it trained on (model_from_pretrained_kwargs). With
+    center_writing_weights every write, hence the residual stream, is centred across d_model (LayerNorm models);
+    with fold_value_biases z leaves out the value bias. resid's model is unprocessed, like Hugging Face's, so such
+    a dictionary would read other tensors than it was trained on."""
+    kwargs = dictionary.metadata.get("model_from_pretrained_kwargs") or {}
+    hooks = " ".join(h for h in (dictionary.hook_in, dictionary.hook_out) if h)
+    centred = kwargs.get("center_writing_weights") and config.norm == "layernorm" and any(
+        name in hooks for name in ("hook_resid", "hook_attn_out", "hook_mlp_out", "hook_mlp_in", "hook_embed"))
+    folded = kwargs.get("fold_value_biases") and "hook_z" in hooks
+    if centred or folded:
+        setting = "center_writing_weights=True" if centred else "fold_value_biases=True"
+        raise ResidError(f"Dictionary {dictionary.name!r} was trained on TransformerLens's processed model "
+                         f"({setting} in its model_from_pretrained_kwargs), whose {hooks} differ from the unprocessed "
+                         "model resid runs (as Hugging Face does); resid does not apply that processing.")
 
 
 def _check_name(dictionary, model_name: str | None) -> None:

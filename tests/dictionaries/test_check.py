@@ -206,3 +206,13 @@ def test_embedding_hooks_map_where_the_model_has_them(model) -> None:
     assert resid.dictionaries.hook_point("hook_embed", model.config).site == resid.Site(None, "embed")
     with pytest.raises(resid.ResidError, match="no positional embedding write"):
         resid.dictionaries.hook_point("hook_pos_embed", model.config)
+
+
+def test_a_dictionary_trained_on_transformerlens_processing_is_refused(tmp_path) -> None:
+    layernorm = make_random_model("gpt2_like")
+    folder = widened("saelens/standard", tmp_path, metadata={"model_from_pretrained_kwargs": {
+        "center_writing_weights": True}, "model_name": "random-gpt2_like"})
+    with pytest.raises(resid.ResidError, match=r"center_writing_weights=True.*blocks.1.hook_resid_post"):
+        resid.dictionaries.load(folder, layernorm)
+    edit_json(folder / "cfg.json", metadata={"model_from_pretrained_kwargs": {"center_writing_weights": False}})
+    assert resid.dictionaries.load(folder, layernorm).site_in == resid.Site(1, "resid_post")
