@@ -6,14 +6,14 @@ import re
 
 import pytest
 import torch
+from test_cli import _subparsers
+from tiny_models import build
 
 import resid.analyses.cli.main as cli_main
 from resid.analyses import attribution, logit_lens
 from resid.analyses.cli.errors import render
-from resid.errors import ResidError, param_style
 from resid.analyses.cli.main import _parser, main
-from test_cli import _subparsers
-from tiny_models import build
+from resid.errors import ResidError, param_style
 
 PROMPT = "The Eiffel Tower is located in the city of"
 TOKEN = r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"  # a token as repr() prints it
