@@ -21,6 +21,7 @@ TRANSLATIONS: tuple[tuple[str, str], ...] = (
     (r"(?<!-)\breference (must|is used)\b", r"--reference \1"),
     (r"; use 'cpu'", "; use --device cpu"),
     (r"\bdtype=torch\.(\w+)", r"--dtype \1"),
+    (r"\bcheck_unembedding=False", "--skip-unembedding-check"),
     # parameter='value' -> --flag value
     (r"\bmean_positions='(\w+)'", r"--mean-positions \1"),
     (r"(?<!-)\b(method|metric|level|norm|sites|sign|device)='([^']*)'", r"--\1 \2"),

@@ -3,6 +3,9 @@
     resid decompose "The Eiffel Tower is located in the city of" [--target T] [--baseline B] [--out DIR]
     resid attribute "prompt" | --prompts x.jsonl [--level head] [--out table.csv]
     resid lens "prompt" [--target T] [--positions all] [--level sublayer] [--norm frozen] [--out lens.csv]
+                        [--lens tuned --translators DIR]
+    resid lens train --out DIR [--corpus FILE] [--steps N --tokens-per-step N --seq-len N]
+    resid lens eval --translators DIR [--tokens N] [--out eval.md]
     resid predict "The Eiffel Tower is located in the city of" [--model M] [--top K]
     resid info [--model M]
     resid ablate --prompts prompts.jsonl [--sites sublayer] [--method mean --reference corpus.txt]
@@ -30,8 +33,10 @@ from resid.analyses.cli.errors import for_cli
 from resid.errors import ResidError
 
 DEFAULT_MODEL = "smollm2-135m"
-# Modules of resid.analyses.cli, in the order --help lists them.
-COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "patch", "neurons")
+# Commands in the order --help lists them; each is the module of resid.analyses.cli named like it ("lens train":
+# lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
+COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
+            "neurons")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,11 +53,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(name: str):
-    return importlib.import_module(f"resid.analyses.cli.{name}")
+    return importlib.import_module(f"resid.analyses.cli.{name.replace(' ', '_')}")
+
+
+def _route(argv: Sequence[str]) -> list[str]:
+    """`resid lens train ...` -> the command "lens train". A prompt that is one of those words is read as a prompt
+    after `--`: `resid lens -- train`."""
+    argv = list(argv)
+    if len(argv) >= 2 and f"{argv[0]} {argv[1]}" in COMMANDS:
+        return [f"{argv[0]} {argv[1]}", *argv[2:]]
+    return argv
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_route(sys.argv[1:] if argv is None else argv))
     command = _command(args.command)
     try:
         command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights

@@ -57,12 +57,17 @@ def unembed_hash(model: Transformer) -> str:
 
 def read(model: Transformer, path: str | Path, check_unembedding: bool = True) -> TunedLens:
     """The tuned lens in `path` (a folder in either layout, or a .safetensors file) for `model`."""
-    translators = read_translators(path)
+    return lens_for(model, read_translators(path), check_unembedding, str(path))
+
+
+def lens_for(model: Transformer, translators: Translators, check_unembedding: bool = True, where: str = "") -> TunedLens:
+    """The tuned lens of `model` with these translators, after comparing the unembedding they were trained on
+    (tuned-lens's unembed_hash, when they record one) with the model's."""
     expected = translators.info.get("unembed_hash")
     if check_unembedding and expected and expected != unembed_hash(model):
         raise ResidError(
-            f"The lens in {path} was trained on another unembedding than {model.name}'s (unembed_hash "
-            f"{expected[:12]}... vs {unembed_hash(model)[:12]}...): it belongs to other weights. Pass "
+            f"The lens{' in ' + where if where else ''} was trained on another unembedding than {model.name}'s "
+            f"(unembed_hash {expected[:12]}... vs {unembed_hash(model)[:12]}...): it belongs to other weights. Pass "
             "check_unembedding=False to read it anyway (e.g. a lens trained on the unquantized model)."
         )
     return TunedLens(model, translators)
