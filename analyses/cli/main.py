@@ -19,8 +19,9 @@ Bad input ends in one line `resid: error: ...` and exit status 2, never a traceb
 reworded for the command line (resid.analyses.cli.errors: `--reference`, not `reference=`).
 
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons: a
-table and figures), and a file whose suffix picks the format for those that write one table (attribute, lens:
-.csv .parquet .tex .md; ablate: .parquet .csv), with any figure written beside it. Each --out help says which.
+table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format for those
+that write one table (attribute, lens, lens eval: .csv .parquet .tex .md; ablate: .parquet .csv), with any figure
+written beside it. Each --out help says which.
 HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
 """
 

@@ -109,8 +109,8 @@ def test_every_out_says_folder_or_file():
         if out is not None:
             kinds[name] = "folder" if out.help.startswith("a folder") else "file" if out.help.startswith("a file (.") \
                 else None
-    assert kinds == {"decompose": "folder", "attribute": "file", "lens": "file", "ablate": "file", "patch": "file",
-                     "neurons values": "folder", "neurons top": "folder", "neurons explain": "folder",
+    assert kinds == {"decompose": "folder", "attribute": "file", "lens": "file", "lens train": "folder",
+                     "lens eval": "file", "ablate": "file", "patch": "file", "neurons values": "folder", "neurons top": "folder", "neurons explain": "folder",
                      "neurons edit": "folder"}
     assert "--out is a folder" in cli_main.__doc__
 
