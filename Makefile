@@ -42,6 +42,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_minilm.py
 	$(PY) benchmarks/bench_patching.py
 	$(PY) benchmarks/bench_ray.py
+	$(PY) benchmarks/bench_tuned_lens.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

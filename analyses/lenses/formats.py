@@ -133,6 +133,8 @@ def _read_resid(file: Path) -> Translators:
             raise ResidError(f"{file} holds tensors {sorted(names)}; a resid tuned lens holds 'weight' and 'bias'.")
         weight = handle.get_tensor("weight").float()
         bias = handle.get_tensor("bias").float() if "bias" in names else None
+    if "sites" not in metadata:
+        raise ResidError(f"{file} names no sites in its metadata: it was not written by resid.analyses.lenses.formats.")
     sites = tuple(parse_site(text) for text in json.loads(metadata["sites"]))
     info = json.loads(metadata.get("info", "{}"))
     if metadata.get("unembed_hash"):

@@ -29,14 +29,17 @@ class _KLFromFinal(torch.autograd.Function):
     def forward(ctx, logits, p, neg_entropy):
         z = logits.float()
         lse = torch.logsumexp(z, dim=-1)
-        ctx.save_for_backward(logits, lse, p)
+        ctx.save_for_backward(z, lse, p)
+        ctx.dtype, ctx.own = logits.dtype, z is not logits  # own: z is a float32 copy nothing else holds
         return neg_entropy + lse - torch.linalg.vecdot(p, z)
 
     @staticmethod
     def backward(ctx, grad):
-        logits, lse, p = ctx.saved_tensors
-        q = (logits.float() - lse[:, None]).exp_()  # softmax(z), from the logsumexp of the forward pass
-        return q.sub_(p).mul_(grad[:, None]).to(logits.dtype), None, None
+        z, lse, p = ctx.saved_tensors
+        # softmax(z) from the forward pass's logsumexp, in place on the float32 copy when there is one (the
+        # logits of an autocast matmul are bfloat16): one pass per step, no new [token d_vocab] buffer
+        q = (z.sub_(lse[:, None]) if ctx.own else z - lse[:, None]).exp_()
+        return q.sub_(p).mul_(grad[:, None]).to(ctx.dtype), None, None
 
 
 def kl_from_final(

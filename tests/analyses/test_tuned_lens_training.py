@@ -162,3 +162,12 @@ def test_recipe_and_data_errors_say_what_to_change():
     model = make_random_model("llama_gqa")
     with pytest.raises(resid.ResidError, match="need 20 windows of 4 tokens; the corpus gives 3"):
         tuned_lens.train(model, ids(model, 3, 4), recipe, progress=False)
+
+
+def test_a_sublayer_lens_has_a_translator_at_every_site_but_the_last():
+    model = make_random_model("olmo2_like")
+    recipe = tuned_lens.Recipe(steps=2, tokens_per_step=8, seq_len=4, level="sublayer", precision="float32")
+    lens = tuned_lens.train(model, ids(model, 4, 4), recipe, progress=False)
+    assert list(lens.translators.sites) == logit_lens.site_list(model, "sublayer")[:-1]
+    df = logit_lens.run(model, ids(model, 1, 5, seed=3), level="sublayer", lens=lens, k=1)
+    assert len(df) == len(logit_lens.site_list(model, "sublayer")) and set(df["lens"]) == {"tuned"}
