@@ -10,7 +10,8 @@ def corpus_options(parser) -> None:
                         "default: the demo corpus (State of the Union addresses, 1946 on)")
     parser.add_argument("--max-docs", type=int, default=None, help="documents read from the corpus (default: all)")
     parser.add_argument("--held-out", type=float, default=0.1,
-                        help="fraction of the paragraphs held out for evaluation, by a hash of their text (default 0.1)")
+                        help="fraction of the paragraphs held out for evaluation, by a hash of their text "
+                        "(default 0.1)")
 
 
 def held_out_split(args) -> None:

@@ -60,7 +60,9 @@ def read(model: Transformer, path: str | Path, check_unembedding: bool = True) -
     return lens_for(model, read_translators(path), check_unembedding, str(path))
 
 
-def lens_for(model: Transformer, translators: Translators, check_unembedding: bool = True, where: str = "") -> TunedLens:
+def lens_for(
+    model: Transformer, translators: Translators, check_unembedding: bool = True, where: str = ""
+) -> TunedLens:
     """The tuned lens of `model` with these translators, after comparing the unembedding they were trained on
     (tuned-lens's unembed_hash, when they record one) with the model's."""
     expected = translators.info.get("unembed_hash")

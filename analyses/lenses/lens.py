@@ -39,7 +39,9 @@ class Lens:
         model.readout.unembed  # noqa: B018 -- raises for embedding models, which have no token logits to lens
         self.model = model
 
-    def translate(self, resid: Float[Tensor, "*batch d_model"], layer: int, site: str) -> Float[Tensor, "*batch d_model"]:
+    def translate(
+        self, resid: Float[Tensor, "*batch d_model"], layer: int, site: str
+    ) -> Float[Tensor, "*batch d_model"]:
         """The residual at (layer, site) as the lens hands it to the readout."""
         raise NotImplementedError
 
@@ -74,7 +76,9 @@ class LogitLens(Lens):
 
     name = "logit"
 
-    def translate(self, resid: Float[Tensor, "*batch d_model"], layer: int, site: str) -> Float[Tensor, "*batch d_model"]:
+    def translate(
+        self, resid: Float[Tensor, "*batch d_model"], layer: int, site: str
+    ) -> Float[Tensor, "*batch d_model"]:
         return resid
 
     def direction(self, direction: Direction, layer: int, site: str) -> tuple[Direction, Float[Tensor, "batch"]]:
@@ -125,7 +129,9 @@ class TunedLens(Lens):
         if level == "sublayer" and self.translators.level == "layer" and model.config.block != "parallel":
             self._index(0, "resid_mid")  # raises, naming the level to use
 
-    def translate(self, resid: Float[Tensor, "*batch d_model"], layer: int, site: str) -> Float[Tensor, "*batch d_model"]:
+    def translate(
+        self, resid: Float[Tensor, "*batch d_model"], layer: int, site: str
+    ) -> Float[Tensor, "*batch d_model"]:
         i = self._index(layer, site)
         return resid if i is None else self.translators.apply(i, resid)
 

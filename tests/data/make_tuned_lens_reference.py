@@ -85,8 +85,8 @@ def reference(out: Path) -> dict:
     metadata = {"source": f"tuned-lens {versions['tuned-lens']}, transformers {versions['transformers']}, torch "
                           f"{versions['torch']}; seed {SEED}", "note": "[layer batch pos d_vocab] logits of "
                           "TunedLens(hidden_states[i], idx=i) and LogitLens for i < num_hidden_layers"}
-    save_file({"input_ids": ids, "tuned_logits": tuned.float().contiguous(), "logit_logits": logit.float().contiguous()},
-              str(out / "reference.safetensors"), metadata=metadata)
+    tensors = {"input_ids": ids, "tuned_logits": tuned.float().contiguous(), "logit_logits": logit.float().contiguous()}
+    save_file(tensors, str(out / "reference.safetensors"), metadata=metadata)
     licence = importlib.metadata.distribution("tuned-lens").locate_file("tuned_lens-0.2.0.dist-info/LICENSE")
     shutil.copy(licence, out / "LICENSE")
     return metadata
