@@ -64,7 +64,8 @@ def table(df) -> str:
     lines = [head]
     for label, rows in df.groupby("label", sort=False):
         by = rows.set_index("lens")
+        kl = {n: max(by.at[n, "kl"], 0.0) for n in names}  # at the last site float rounding can give -1e-9
         lines.append(f"  {label:<9}" + "".join(
-            f" | {by.at[n, 'kl']:9.3f} {by.at[n, 'ce']:6.3f} {by.at[n, 'entropy']:6.3f} {by.at[n, 'top1']:5.3f}"
+            f" | {kl[n]:9.3f} {by.at[n, 'ce']:6.3f} {by.at[n, 'entropy']:6.3f} {by.at[n, 'top1']:5.3f}"
             for n in names))
     return "\n".join(lines)

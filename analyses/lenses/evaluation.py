@@ -80,7 +80,7 @@ def evaluate(
                         sums[r, s] = sums[0, s]
                         continue
                     logits = reader.logits(resids[s][piece], layer, site)
-                    stats = statistics(logits, p, neg_entropy, top, labels[piece], has_label[piece])
+                    stats = statistics(logits, p, neg_entropy, top, labels[piece], has_label[piece], overwrite=True)
                     for m, metric in enumerate(METRICS):
                         sums[r, s, m] += stats[metric].nansum().double().cpu()
                     sums[r, s, -2] += len(p)

@@ -21,10 +21,12 @@ this; the defaults of Recipe are its defaults):
 - budget: 250 steps of 2^18 tokens (65.5M tokens) in windows of 2048, documents joined by end-of-text tokens
   (resid.analyses.lenses.data.pack), windows in a seeded random order.
 - precision: tuned-lens runs each site's forward and loss under bfloat16 autocast. Here precision="bfloat16"
-  autocasts only the readout (final norm + unembedding, where the FLOPs are); the translator and the loss stay
-  float32. precision="float32" runs it all in float32.
-The gradient of the KL comes from resid.analyses.lenses.kl in one pass (the same gradient as autograd through
-log_softmax). Each step writes an atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every`
+  autocasts only the head (the unembedding's matmul, where the FLOPs are); the translator, the final norm and the
+  loss stay float32. precision="float32" runs it all in float32.
+How it is computed differs, not what: the model runs once per batch without gradients; every site's translator and
+final norm run as one batched graph per chunk of tokens; the head and the KL run site by site, each backward only
+to the norm's output; then one backward through the norms and translators. The gradient of the KL comes from
+resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax). Each step writes an atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every`
 steps and at the end; rerunning with the same arguments resumes from it with the same data order, and a tqdm bar
 shows the tokens per second.
 """
@@ -44,7 +46,7 @@ from resid.analyses.lenses import checkpoint, data
 from resid.analyses.lenses.formats import unembed_hash
 from resid.analyses.lenses.kl import final_distribution, kl_from_final
 from resid.analyses.lenses.lens import TunedLens
-from resid.analyses.lenses.translators import Site, Translators, site_text
+from resid.analyses.lenses.translators import Translators, site_text
 from resid.analyses.logit_lens import site_list
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -67,7 +69,7 @@ class Recipe:
     weight_decay: float = 1e-3
     warmup_steps: int = 0
     clip: float = 1.0  # global L2 norm of the gradients of all translators
-    precision: Literal["bfloat16", "float32"] = "bfloat16"  # of the readout's matmul (see the module docstring)
+    precision: Literal["bfloat16", "float32"] = "bfloat16"  # of the head's matmul (see the module docstring)
     level: Literal["layer", "sublayer"] = "layer"  # translators at every layer input, or also at every resid_mid
     seed: int = 42  # of the data order
     bias: bool = True  # translators with a bias
@@ -137,19 +139,23 @@ def train(
                 "start": None if start is None else _digest(start)}
     state = (checkpoint.load(folder, settings) if folder is not None else None) or checkpoint.State(
         0, initial.weight, initial.bias, None, None, [])
-    weights = [w.detach().to(model.device, torch.float32).clone().requires_grad_() for w in state.weight]
-    biases = [] if state.bias is None else [b.detach().to(model.device, torch.float32).clone().requires_grad_()
-                                            for b in state.bias]
-    optimizer = torch.optim.SGD(weights + biases, lr=recipe.lr(0), momentum=recipe.momentum, nesterov=True,
+    # Two leaves, all sites stacked: SGD, weight decay and clipping are elementwise or global, so this is the same
+    # optimizer as one per translator, with two tensors for the small ops instead of 2 x sites.
+    weight = state.weight.detach().to(model.device, torch.float32).clone().requires_grad_()
+    bias = None if state.bias is None else state.bias.detach().to(model.device, torch.float32).clone().requires_grad_()
+    leaves = [weight] if bias is None else [weight, bias]
+    optimizer = torch.optim.SGD(leaves, lr=recipe.lr(0), momentum=recipe.momentum, nesterov=True,
                                 weight_decay=recipe.weight_decay)
-    _restore_momentum(optimizer, weights, biases, state)
+    for leaf, buffer in zip(leaves, (state.momentum_weight, state.momentum_bias)):
+        if buffer is not None:
+            optimizer.state[leaf]["momentum_buffer"] = buffer.to(leaf.device).clone()
     batch_size = batch_size or max(1, FORWARD_TOKENS // recipe.seq_len)
     bar = tqdm(total=needed * recipe.seq_len, initial=state.step * recipe.tokens_per_step, unit="tok",
                unit_scale=True, desc="tuned lens", disable=not progress)
     for step in range(state.step, recipe.steps):
         ids = windows[order[step * recipe.windows_per_step:(step + 1) * recipe.windows_per_step]]
-        losses = _accumulate(model, weights, biases, sites, ids, recipe, batch_size)
-        torch.nn.utils.clip_grad_norm_(weights + biases, recipe.clip)
+        losses = _accumulate(model, weight, bias, ids, recipe, batch_size)
+        torch.nn.utils.clip_grad_norm_(leaves, recipe.clip)
         for group in optimizer.param_groups:
             group["lr"] = recipe.lr(step)
         optimizer.step()
@@ -157,13 +163,13 @@ def train(
         state.losses.append(float(losses.mean()))
         state.step = step + 1
         if folder is not None and (state.step % checkpoint_every == 0 or state.step == recipe.steps):
-            checkpoint.save(folder, _snapshot(optimizer, weights, biases, state), settings)
+            checkpoint.save(folder, _snapshot(optimizer, weight, bias, state), settings)
         bar.update(recipe.tokens_per_step)
         bar.set_postfix(kl=f"{state.losses[-1]:.3f}")
         if on_step is not None:
             on_step(step, state.losses[-1])
     bar.close()
-    final = _snapshot(optimizer, weights, biases, state)
+    final = _snapshot(optimizer, weight, bias, state)
     info = {"model": model.name, "unembed_hash": settings["unembed_hash"], "recipe": asdict(recipe),
             "tokens": state.step * recipe.tokens_per_step, "losses": state.losses, "windows": len(windows),
             "data": settings["data"]}
@@ -177,46 +183,51 @@ def loss_and_gradients(
     """The loss of one step on the windows `ids` ([site] mean KL per token) and its gradient, as Translators
     (weight and bias hold d loss / d weight, d loss / d bias): what `train` feeds the optimizer, before clipping."""
     lens = TunedLens(model, translators)
-    weights = [w.clone().float().requires_grad_() for w in lens.translators.weight]
-    biases = [] if translators.bias is None else [b.clone().float().requires_grad_() for b in lens.translators.bias]
+    if list(translators.sites) != site_list(model, translators.level)[:-1]:
+        raise ResidError("loss_and_gradients takes translators at every site of their level but the last.")
+    weight = lens.translators.weight.clone().float().requires_grad_()
+    bias = None if translators.bias is None else lens.translators.bias.clone().float().requires_grad_()
     recipe = Recipe(steps=1, tokens_per_step=ids.numel(), seq_len=ids.shape[1], precision=precision,
                     level=translators.level, bias=translators.bias is not None)
-    losses = _accumulate(model, weights, biases, translators.sites, ids, recipe, batch_size or len(ids))
-    grad_bias = torch.stack([b.grad for b in biases]) if biases else None
-    return losses, Translators(translators.sites, torch.stack([w.grad for w in weights]), grad_bias, translators.level)
+    losses = _accumulate(model, weight, bias, ids, recipe, batch_size or len(ids))
+    return losses, Translators(translators.sites, weight.grad, None if bias is None else bias.grad, translators.level)
 
 
-def _accumulate(model: Transformer, weights: list[Tensor], biases: list[Tensor], sites: Sequence[Site],
-                ids: Tensor, recipe: Recipe, batch_size: int) -> Tensor:
-    """Adds d loss / d translator to each leaf's .grad (loss: each site's KL, mean over all tokens of `ids`) and
-    returns the per-site losses [site]. One forward pass per batch_size windows, without gradients; then per chunk
-    of tokens and per site, the translator, the readout and the KL with their backward pass."""
+def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Tensor, recipe: Recipe,
+                batch_size: int) -> Tensor:
+    """Adds d loss / d translators to weight.grad and bias.grad (loss: each site's KL, mean over all tokens of
+    `ids`) and returns the per-site losses [site]. One forward pass of the model per batch_size windows, without
+    gradients; then per chunk of tokens, every site's translator and final norm at once, the head and KL site by
+    site (each with its own backward to the norm's output), and one backward through the norms and translators."""
     readout, device = model.readout, model.device
     n_tokens = ids.numel()
-    chunk = max(1, CHUNK_ELEMENTS // model.config.d_vocab)
-    losses = torch.zeros(len(sites), device=device)
+    losses = torch.zeros(len(weight), device=device)
     bf16 = recipe.precision == "bfloat16"
     for first in range(0, len(ids), batch_size):
         run = model.run(ids[first:first + batch_size].to(device), capture=Capture(final_norm_scale=False))
         final = run.logits.flatten(0, 1)
-        resids = [resid.flatten(0, 1) for _, _, resid in run.stream.running(recipe.level)][:-1]
+        inputs = torch.stack([resid.flatten(0, 1) for _, _, resid in run.stream.running(recipe.level)][:-1])
         del run
-        # autocast around the whole loop, so the unembedding is cast to bfloat16 once, not once per call
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            for at in range(0, final.shape[0], chunk):
-                p, neg_entropy = final_distribution(final[at:at + chunk])
-                for i in range(len(sites)):
-                    leaves = [weights[i], biases[i]] if biases else [weights[i]]
+        # Equal chunks of at most CHUNK_ELEMENTS logits each (512 tokens: 2 x 256, not 341 + 171).
+        n_chunks = -(-final.shape[0] // max(1, CHUNK_ELEMENTS // model.config.d_vocab))
+        size = -(-final.shape[0] // n_chunks)
+        for at in range(0, final.shape[0], size):
+            p, neg_entropy = final_distribution(final[at:at + size])
+            with torch.enable_grad():
+                h = inputs[:, at:at + size].float()  # [site token d_model]
+                translated = h + (torch.bmm(h, weight.transpose(1, 2)) if bias is None
+                                  else torch.baddbmm(bias[:, None, :], h, weight.transpose(1, 2)))
+                normalized, _ = readout.normalize(translated.to(model.dtype))
+            grads = torch.empty_like(normalized)
+            # autocast for the head's matmul only, around the sites so the unembedding is cast to bfloat16 once
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                for i in range(len(weight)):
                     with torch.enable_grad():
-                        with torch.autocast(device.type, enabled=False):  # the translator stays float32
-                            h = resids[i][at:at + chunk].float()
-                            translated = h + h @ weights[i].T + (biases[i] if biases else 0.0)
-                        logits = readout.logits(translated.to(model.dtype))
-                        loss = kl_from_final(logits, p, neg_entropy).sum() / n_tokens
-                        grads = torch.autograd.grad(loss, leaves)
-                    for leaf, grad in zip(leaves, grads):
-                        leaf.grad = grad if leaf.grad is None else leaf.grad + grad
+                        x = normalized[i].detach().requires_grad_()
+                        loss = kl_from_final(readout.head_logits(x), p, neg_entropy).sum() / n_tokens
+                        (grads[i],) = torch.autograd.grad(loss, x)
                     losses[i] += loss.detach()
+            normalized.backward(grads)  # into weight.grad and bias.grad
     return losses
 
 
@@ -225,20 +236,11 @@ def _digest(translators: Translators) -> str:
     return hashlib.sha256(b"".join(t.detach().float().cpu().numpy().tobytes() for t in parts)).hexdigest()
 
 
-def _snapshot(optimizer: torch.optim.Optimizer, weights: list[Tensor], biases: list[Tensor],
+def _snapshot(optimizer: torch.optim.Optimizer, weight: Tensor, bias: Tensor | None,
               state: checkpoint.State) -> checkpoint.State:
-    def momentum(params: list[Tensor]) -> Tensor | None:
-        buffers = [optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
-        return None if not params or any(b is None for b in buffers) else torch.stack(buffers).detach().cpu()
+    def momentum(leaf: Tensor | None) -> Tensor | None:
+        buffer = None if leaf is None else optimizer.state.get(leaf, {}).get("momentum_buffer")
+        return None if buffer is None else buffer.detach().cpu()
 
-    bias = torch.stack(biases).detach().cpu() if biases else None
-    return checkpoint.State(state.step, torch.stack(weights).detach().cpu(), bias, momentum(weights), momentum(biases),
-                            list(state.losses))
-
-
-def _restore_momentum(optimizer: torch.optim.Optimizer, weights: list[Tensor], biases: list[Tensor],
-                      state: checkpoint.State) -> None:
-    for params, buffers in ((weights, state.momentum_weight), (biases, state.momentum_bias)):
-        if buffers is not None:
-            for param, buffer in zip(params, buffers):
-                optimizer.state[param]["momentum_buffer"] = buffer.to(param.device).clone()
+    return checkpoint.State(state.step, weight.detach().cpu(), None if bias is None else bias.detach().cpu(),
+                            momentum(weight), momentum(bias), list(state.losses))
