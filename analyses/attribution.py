@@ -7,7 +7,7 @@ With the final norm's scale frozen from the forward pass (resid.readout), the lo
 
 holds exactly, component by component, at three levels of detail:
 
-    sublayer   embed, pos_embed (learned positions only), layers[l].attn.out, layers[l].mlp.out
+    sublayer   embed, pos_embed (learned positions only), layers[l].attn, layers[l].mlp (the writes)
     head       attention split into heads, z[h] @ (W_O[h] @ u'), plus the layer's output bias b_O
     neuron     heads as above, and each MLP split into neurons, post[i] * (W_out[i] . u'), plus b_out
 
@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from resid.analyses import sites as site_words
 from resid.analyses.checks import check_choice
 from resid.analyses.components import Contributions, components, frame, probe_frame, read_out
 from resid.analyses.inputs import (
@@ -59,14 +60,16 @@ from resid.model import Inputs, Memory, Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.errors import ResidError
 from resid.readout import Direction
+from resid.selection import Padded
+from resid.sites import Site
 from resid.tokenizer import Tokens
 
 @dataclass(frozen=True)
 class Probe:
     """A direction target for `direct`: value = final_hidden . vector + bias at the attributed position, with
     final_hidden the final norm's output (the unembedding's input). vector: [d_model] for every prompt, or
-    [n_prompts d_model], one per prompt. In the frame, `target` is `name`, `target_id` is -1 and `logit` is
-    the probe's value."""
+    [n_prompts d_model], one per prompt. In the frame, `target` is `name`, `target_id` is -1 and the column
+    `readout` (in place of `logit`) is the probe's value, which the rows sum to."""
 
     vector: Tensor
     bias: float = 0.0
@@ -79,11 +82,12 @@ class Probe:
 
 Level = Literal["sublayer", "head", "neuron"]
 LEVELS: tuple[str, ...] = ("sublayer", "head", "neuron")
-# One row per (prompt, component). value: the component's direct contribution; logit: the model's own logit
-# (difference), which each prompt's values sum to; layer/head/expert/neuron are <NA> where they do not apply
-# (expert: mixture-of-experts MLPs only).
-COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "baseline_id", "component", "layer",
-           "part", "head", "expert", "neuron", "value", "logit")
+# One row per (prompt, component). site: the component's resid.Site label ("layers[3].attn.head[5]", "embed",
+# "layers[3].mlp.b_out", "final_bias", ...; the same labels as ablation and patching tables); value: its direct
+# contribution; logit: the model's own logit (difference), which each prompt's values sum to; layer/head/kv_head/
+# expert/neuron are <NA> where they do not apply (expert: mixture-of-experts MLPs only).
+COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "baseline_id", "site", *site_words.COLUMNS,
+           "value", "logit")
 
 
 @torch.no_grad()
@@ -181,7 +185,7 @@ def meta_columns(model, tokens: Tokens, chunk, index, targets, target_ids, basel
     none = [None] * len(chunk)
     return {
         "prompt_idx": list(chunk),
-        "pos": (index[:, 0] - tokens.first_positions()).tolist(),
+        "pos": tokens.relative(index)[:, 0].tolist(),
         "token": list(input_tokens(model, tokens, index)[:, 0]),
         "target": targets,
         "target_id": target_ids,
@@ -201,7 +205,8 @@ def _attribute_probe(
 ) -> tuple[pd.DataFrame, list[str]]:
     """A Probe's read-out of the final hidden state, at each prompt's position or mean-pooled over its tokens."""
     index = None if positions is None else tokens.padded_index([[p] for p in positions])
-    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index, memory=memory)
+    at = None if index is None else Padded(index)
+    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=at, memory=memory)
     vector = probe.vector.to(model.device).float()
     vector = vector.expand(len(chunk), -1) if vector.ndim == 1 else vector[torch.as_tensor(list(chunk))]
     bias = torch.full((len(chunk),), float(probe.bias), device=model.device)
@@ -245,7 +250,7 @@ def _attribute(
     memory: Memory | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     index = tokens.padded_index([[p] for p in positions])  # [batch 1]
-    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=index, memory=memory)
+    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=Padded(index), memory=memory)
     capped = run.uncapped_logits is not None
     logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()
@@ -264,7 +269,7 @@ def _attribute(
 
     actual = value(logits)
     groups = components(model, stream, direction, level)
-    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
+    groups.append(Contributions([Site(None, "final_bias")], direction.bias[:, None]))
     index = stream.captured  # [batch 1] padded index of `pos`
     baseline_names = None if baseline_list is None else list(decode_ids(model, np.array(baseline_list)))
     target_names = list(decode_ids(model, np.array(target_list)))

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.model import Transformer
 
 
@@ -37,11 +37,11 @@ def select_neurons(model: Transformer, neurons: int | Sequence[int] | None) -> l
 def check_k(k: int, name: str = "k", upper: int | None = None) -> int:
     """A positive count, capped at `upper` (e.g. the vocabulary size)."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ResidError(f"{name} must be a positive integer, got {k!r}.")
+        raise ResidError(f"{param(name)} must be a positive integer, got {k!r}.")
     return k if upper is None else min(k, upper)
 
 
 def check_choice(value: object, name: str, choices: Sequence[str]) -> None:
     """`value` is one of `choices` (an option typed as a Literal), or an error listing them."""
     if value not in choices:
-        raise ResidError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
+        raise ResidError(f"{param(name)} must be one of {tuple(choices)}, got {value!r}.")

@@ -3,7 +3,9 @@ on the final residual (at one position, or pooled over positions), at the level 
 neurons, and the long table they make; `read_out` turns a vector read out of the final hidden state into such
 a direction. See analyses/attribution.py for the algebra."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -11,22 +13,25 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from resid.analyses import sites as site_words
 from resid.model import Transformer
 from resid.readout import Direction
+from resid.sites import Site
 from resid.stream import ResidualStream
 
 
 @dataclass(frozen=True)
 class Contributions:
-    """A group of components: labels, their layer/part/head/neuron, and their values [batch m]."""
+    """A group of components: their sites and their values [batch m]."""
 
-    labels: list[str]
-    layer: int | None
-    part: str
-    heads: np.ndarray | None
-    neurons: np.ndarray | None
+    sites: Sequence[Site]
     values: Float[Tensor, "batch m"]
-    experts: np.ndarray | None = None  # mixture-of-experts MLPs
+
+
+@lru_cache(maxsize=256)
+def unit_sites(layer: int, part: str, unit: str, count: int) -> tuple[Site, ...]:
+    """The sites of every head / neuron / expert of a sublayer (made once: a model has many neurons)."""
+    return tuple(Site(layer, part, **{unit: i}) for i in range(count))
 
 
 def components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[Contributions]:
@@ -43,31 +48,31 @@ def components(model: Transformer, stream: ResidualStream, direction: Direction,
         bias_groups = []
         if norms is not None:
             direction, carried = direction.before_norm(norms.mlp[layer], record.mlp.resid_norm_scale)
-            bias_groups.append(_bias(f"layers[{layer}].mlp.resid_norm_bias", layer, "mlp", carried))
+            bias_groups.append(_bias(Site(layer, "mlp", field="resid_norm_bias"), carried))
         later = _mlp(model, record, direction, layer, level) + bias_groups
         for part in ("cross", "attn") if record.cross is not None else ("attn",):
             bias_groups = []
             written = getattr(record, part)
             if norms is not None:
                 direction, carried = direction.before_norm(getattr(norms, part)[layer], written.resid_norm_scale)
-                bias_groups.append(_bias(f"layers[{layer}].{part}.resid_norm_bias", layer, part, carried))
+                bias_groups.append(_bias(Site(layer, part, field="resid_norm_bias"), carried))
             later = _attn(model, written, direction, layer, level, part) + bias_groups + later
         groups_by_layer.append(later)
     bias_groups = []
     if norms is not None and norms.embed is not None:
         direction, carried = direction.before_norm(norms.embed, stream.embed_norm_scale)
-        bias_groups.append(_bias("embed_norm_bias", None, "embed", carried))
-    groups = [Contributions([label], None, "embed", None, None, direction.project(write)[:, None])
-              for label, write in (("embed", stream.embed), ("pos_embed", stream.pos_embed),
-                                   ("type_embed", stream.type_embed)) if write is not None]
+        bias_groups.append(_bias(Site(None, "embed_norm_bias"), carried))
+    groups = [Contributions([Site(None, name)], direction.project(write)[:, None])
+              for name, write in (("embed", stream.embed), ("pos_embed", stream.pos_embed),
+                                  ("type_embed", stream.type_embed)) if write is not None]
     groups += bias_groups
     for layer_groups in reversed(groups_by_layer):
         groups += layer_groups
     return groups
 
 
-def _bias(label: str, layer: int | None, part: str, values: Float[Tensor, "batch"]) -> Contributions:
-    return Contributions([label], layer, part, None, None, values[:, None])
+def _bias(site: Site, values: Float[Tensor, "batch"]) -> Contributions:
+    return Contributions([site], values[:, None])
 
 
 def _attn(model: Transformer, written, direction: Direction, layer: int, level: str, part: str) -> list[Contributions]:
@@ -76,17 +81,14 @@ def _attn(model: Transformer, written, direction: Direction, layer: int, level: 
     block = model.blocks[layer]
     attn, post_norm = (block.attn, block.ln_attn_post) if part == "attn" else (block.cross, block.ln_cross_post)
     if level == "sublayer":
-        value = direction.project(written.out)[:, None]
-        return [Contributions([f"layers[{layer}].{part}.out"], layer, part, None, None, value)]
+        return [Contributions([Site(layer, part)], direction.project(written.out)[:, None])]
     groups: list[Contributions] = []
     into = _through_post_norm(post_norm, written, direction, layer, part, groups)
     # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch pos head d_head] tensor.
     heads = (written.z.float() * into.through(attn.W_O)).sum(-1).sum(1)
-    n_heads = heads.shape[1]
-    labels = [f"layers[{layer}].{part}.head[{h}]" for h in range(n_heads)]
-    groups.append(Contributions(labels, layer, part, np.arange(n_heads), None, heads))
+    groups.append(Contributions(unit_sites(layer, part, "head", heads.shape[1]), heads))
     if attn.b_O is not None:
-        groups.append(_bias(f"layers[{layer}].{part}.b_O", layer, part, into.through(attn.b_O).sum(1)))
+        groups.append(_bias(Site(layer, part, field="b_O"), into.through(attn.b_O).sum(1)))
     return groups
 
 
@@ -95,8 +97,7 @@ def _mlp(model: Transformer, record, direction: Direction, layer: int, level: st
     mlp = model.blocks[layer].mlp
     moe = model.config.n_experts > 0
     if level == "sublayer" or (level == "head" and not moe):
-        value = direction.project(record.mlp.out)[:, None]
-        return [Contributions([f"layers[{layer}].mlp.out"], layer, "mlp", None, None, value)]
+        return [Contributions([Site(layer, "mlp")], direction.project(record.mlp.out)[:, None])]
     groups: list[Contributions] = []
     into = _through_post_norm(model.blocks[layer].ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
     if moe:
@@ -104,11 +105,9 @@ def _mlp(model: Transformer, record, direction: Direction, layer: int, level: st
         return groups
     # post[i] * (W_out[i] . u')
     neurons = (record.mlp.post.float() * into.through(mlp.W_out)).sum(1)
-    d_mlp = neurons.shape[1]
-    labels = [f"layers[{layer}].mlp.neuron[{i}]" for i in range(d_mlp)]
-    groups.append(Contributions(labels, layer, "mlp", None, np.arange(d_mlp), neurons))
+    groups.append(Contributions(unit_sites(layer, "mlp", "neuron", neurons.shape[1]), neurons))
     if mlp.b_out is not None:
-        groups.append(_bias(f"layers[{layer}].mlp.b_out", layer, "mlp", into.through(mlp.b_out).sum(1)))
+        groups.append(_bias(Site(layer, "mlp", field="b_out"), into.through(mlp.b_out).sum(1)))
     return groups
 
 
@@ -126,11 +125,9 @@ def _experts(
     per_neuron = (weights.float()[..., None] * post.float() * into.through(w_out)).sum(1)
     n_experts, d_mlp = per_neuron.shape[1:]
     if level == "head":
-        labels = [f"layers[{layer}].mlp.expert[{e}]" for e in range(n_experts)]
-        return Contributions(labels, layer, "mlp", None, None, per_neuron.sum(-1), np.arange(n_experts))
-    labels = [f"layers[{layer}].mlp.expert[{e}].neuron[{i}]" for e in range(n_experts) for i in range(d_mlp)]
-    neurons, experts = np.tile(np.arange(d_mlp), n_experts), np.repeat(np.arange(n_experts), d_mlp)
-    return Contributions(labels, layer, "mlp", None, neurons, per_neuron.flatten(1), experts)
+        return Contributions(unit_sites(layer, "mlp", "expert", n_experts), per_neuron.sum(-1))
+    sites = [Site(layer, "mlp", expert=e, neuron=i) for e in range(n_experts) for i in range(d_mlp)]
+    return Contributions(sites, per_neuron.flatten(1))
 
 
 def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
@@ -141,32 +138,23 @@ def _through_post_norm(norm, record, direction: Direction, layer: int, part: str
         return direction
     pulled, carried = direction.before_norm(norm, record.post_norm_scale)
     if norm.b is not None:
-        groups.append(_bias(f"layers[{layer}].{part}.post_norm_bias", layer, part, carried))
+        groups.append(_bias(Site(layer, part, field="post_norm_bias"), carried))
     return pulled
 
 
-def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"]) -> pd.DataFrame:
-    """Long format (COLUMNS): every prompt of the chunk times every component."""
-
-    def per_component(block: Contributions, values, fill) -> np.ndarray:
-        m = len(block.labels)
-        return np.full(m, fill, dtype=object) if values is None else np.asarray(values, dtype=object)
-
-    labels = np.concatenate([np.asarray(b.labels, dtype=object) for b in blocks])
-    layer = np.concatenate([per_component(b, None, b.layer) for b in blocks])
-    part = np.concatenate([per_component(b, None, b.part) for b in blocks])
-    head = np.concatenate([per_component(b, b.heads, None) for b in blocks])
-    expert = np.concatenate([per_component(b, b.experts, None) for b in blocks])
-    neuron = np.concatenate([per_component(b, b.neurons, None) for b in blocks])
+def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"], total: str = "logit") -> pd.DataFrame:
+    """Long format (attribution.COLUMNS): every prompt of the chunk times every component; `total` names the
+    column of the value the components sum to ("logit" for a token's logit (difference), "readout" for a probe)."""
+    sites = [site for block in blocks for site in block.sites]
     values = torch.cat([b.values for b in blocks], dim=1).double().cpu().numpy()  # [batch m]
     batch, m = values.shape
 
     def per_prompt(name: str, dtype) -> np.ndarray:
         return np.repeat(np.asarray(meta[name], dtype=dtype), m)
 
-    def tiled(column: np.ndarray, dtype="Int64"):  # columns with <NA> where a component has no such index
-        return pd.array(np.tile(column, batch), dtype=dtype)
-
+    site_columns = {name: np.tile(np.asarray(column, dtype=object), batch) if name in ("site", "part") else
+                    pd.array(np.tile(np.asarray(column, dtype=object), batch), dtype="Int64")
+                    for name, column in site_words.columns(sites).items()}
     columns = {
         "prompt_idx": per_prompt("prompt_idx", np.int64),
         "pos": per_prompt("pos", np.int64),
@@ -175,16 +163,14 @@ def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"
         "target_id": per_prompt("target_id", np.int64),
         "baseline": per_prompt("baseline", object),
         "baseline_id": pd.array(np.repeat(np.asarray(meta["baseline_id"], dtype=object), m), dtype="Int64"),
-        "component": np.tile(labels, batch).astype(str),
-        "layer": tiled(layer),
-        "part": np.tile(part, batch).astype(str),
-        "head": tiled(head),
-        "expert": tiled(expert),
-        "neuron": tiled(neuron),
+        "site": site_columns["site"].astype(str),
+        **{name: site_columns[name] for name in site_words.COLUMNS if name != "part"},
+        "part": site_columns["part"].astype(str),
         "value": values.reshape(-1),
-        "logit": np.repeat(actual.double().cpu().numpy(), m),
+        total: np.repeat(actual.double().cpu().numpy(), m),
     }
-    return pd.DataFrame({name: columns[name] for name in meta} | columns)
+    order = [*meta, "site", *site_words.COLUMNS, "value", total]
+    return pd.DataFrame({name: columns[name] for name in dict.fromkeys(order)})
 
 
 def read_out(
@@ -210,5 +196,5 @@ def probe_frame(
 ) -> pd.DataFrame:
     """The frame of a read-out's components (and its final_bias row) for a run captured by `capture_for`."""
     groups = components(model, run.stream, direction, level)
-    groups.append(Contributions(["final_bias"], None, "bias", None, None, direction.bias[:, None]))
-    return frame(meta, groups, actual)
+    groups.append(_bias(Site(None, "final_bias"), direction.bias))
+    return frame(meta, groups, actual, total="readout")

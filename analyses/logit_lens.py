@@ -4,8 +4,8 @@ final one, to see when the prediction forms.
 Sites, in stream order (resid.stream's names):
 
     resid_pre  (layer 0)   the embeddings
-    resid_mid  (layer l)   after layer l's attention (level="sublayer" only; absent for parallel blocks)
-    resid_cross (layer l)  after a decoder's cross-attention (encoder-decoder models, level="sublayer")
+    resid_mid  (layer l)   after layer l's attention (every="sublayer" only; absent for parallel blocks)
+    resid_cross (layer l)  after a decoder's cross-attention (encoder-decoder models, every="sublayer")
     resid_post (layer l)   after layer l; resid_post of the last layer is the final residual
 
 (the sites of ResidualStream.running, summed once per call).
@@ -38,7 +38,8 @@ from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Inputs, Memory, Transformer
 from resid.seq2seq import EncoderDecoder
-from resid.stream import LEVELS, Level
+from resid.sites import Site
+from resid.stream import EVERY, Every
 from resid.tokenizer import Tokens
 
 Norm = Literal["recompute", "frozen"]
@@ -55,7 +56,7 @@ def run(
     prompts: Inputs,
     target: Token | Sequence[Token] | None = None,
     positions: int | Sequence[int] | Literal["all"] = -1,
-    level: Level = "sublayer",
+    every: Every = "sublayer",
     norm: Norm = "recompute",
     k: int = 5,
     batch_size: int | str = "auto",
@@ -63,20 +64,20 @@ def run(
     lens: Lens | None = None,
 ) -> pd.DataFrame:
     """Logit lens at the given prompt-relative `positions` (an index, a list, or "all") of every prompt, read
-    after every sublayer (level="sublayer") or every layer (level="layer").
+    after every sublayer (every="sublayer") or every layer (every="layer").
 
     prompts: texts, resid.Tokens or token ids. One row per (prompt, position, site, rank), the columns of
     COLUMNS. target=None follows the model's own top prediction at each position. `df.attrs["notes"]`: hints
     on the targets as given (resid.analyses.vocab.spacing_hint, read at each prompt's last position asked for).
     lens: None for the logit lens, or a lens of `model` (e.g. resid.analyses.tuned_lens.read(model, folder)); its
     name is the `lens` column."""
-    check_choice(level, "level", LEVELS)
+    check_choice(every, "every", EVERY)
     check_choice(norm, "norm", NORMS)
     model, sources = decoder_of(model, source)  # encoder-decoder models: the decoder, reading `source`
     model.readout.unembed  # noqa: B018 -- raises for embedding models, which have no token logits to lens
     k = check_k(k, "k", model.config.d_vocab)
     reader = LogitLens(model) if lens is None else lens
-    reader.check(model, level)  # a lens of another model, or without translators at these sites, fails here
+    reader.check(model, every)  # a lens of another model, or without translators at these sites, fails here
     given = as_prompts(model, prompts)
     check_sources(sources, len(given))
     targets = None if target is None else token_ids(model, target, len(given), "target")
@@ -91,31 +92,33 @@ def run(
     as_given = as_list(target, len(given))
     chunks = list(run_batched(
         list(range(len(given))),
-        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, level, norm, k,
+        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, every, norm, k,
                             None if sources is None else sources.memory(chunk), reader),
         batch_size_for(model, given.tokens, batch_size),
     ))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
-    parameters = {"positions": positions, "level": level, "norm": norm, "k": k, "lens": reader.name}
+    parameters = {"positions": positions, "every": every, "norm": norm, "k": k, "lens": reader.name}
     df.attrs["provenance"] = provenance.describe(model, "logit_lens.run", parameters, given.record(), target)
     df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
 
 
-def site_label(layer: int, site: str) -> str:
-    """A short name for a site: "embed" for the embeddings, else e.g. "L3 mid" or "L3 post"."""
-    return "embed" if site == "resid_pre" else f"L{layer} {site.removeprefix('resid_')}"
+def short_label(site: Site) -> str:
+    """A short name for a residual site (plots): "embed" for layer 0's resid_pre, else e.g. "L3 mid"."""
+    if site.part == "resid_pre" and site.layer == 0:
+        return "embed"
+    return f"L{site.layer} {site.part.removeprefix('resid_')}"
 
 
-def site_list(model: Transformer, level: str) -> list[tuple[int, str]]:
-    """(layer, site) pairs in stream order, as ResidualStream.running(level) yields them."""
-    result = [(0, "resid_pre")]
+def site_list(model: Transformer, every: str) -> list[Site]:
+    """The residual sites in stream order, as ResidualStream.running(every) yields them (without interventions)."""
+    result = [Site(0, "resid_pre")]
     for layer in range(model.config.n_layers):
-        if level == "sublayer" and model.config.block != "parallel":
-            result.append((layer, "resid_mid"))
+        if every == "sublayer" and model.config.block != "parallel":
+            result.append(Site(layer, "resid_mid"))
             if model.config.cross_attention:
-                result.append((layer, "resid_cross"))
-        result.append((layer, "resid_post"))
+                result.append(Site(layer, "resid_cross"))
+        result.append(Site(layer, "resid_post"))
     return result
 
 
@@ -126,17 +129,17 @@ def _lens(
     targets: list[int] | None,
     as_given: list[Token] | None,
     wanted: list[int] | None,
-    level: str,
+    every: str,
     norm: str,
     k: int,
     memory: Memory | None = None,
     lens: Lens | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    lengths, first = tokens.lengths.tolist(), tokens.first_positions().tolist()
+    lengths = tokens.lengths.tolist()
     # Every (prompt, position) pair: batch row, prompt-relative position, and its column in the captured stream.
     if wanted is None:  # every position of every prompt: capture all, read each prompt's real ones
         rel = [list(range(n)) for n in lengths]
-        columns = [[first[b] + p for p in ps] for b, ps in enumerate(rel)]
+        columns = [tokens.rows([b]).padded_index(ps)[0].tolist() for b, ps in enumerate(rel)]
         capture, logits_at = Capture(), None
     else:
         rel = [[p % n for p in wanted] for n in lengths]
@@ -155,15 +158,16 @@ def _lens(
     scale = run.stream.final_norm_scale[row_t, col_t] if norm == "frozen" else None
     stats = []
     lens = LogitLens(model) if lens is None else lens
-    for layer, site, resid in run.stream.running(level):
-        lens_logits = lens.logits(resid[row_t, col_t], layer, site, scale).float()
+    for site, resid in run.stream.running(every):
+        lens_logits = lens.logits(resid[row_t, col_t], site, scale).float()
         stats.append(_statistics(lens_logits, final_logp, target_t, k))
     rel_pos = [p for ps in rel for p in ps]
-    input_ids = tokens.ids[rows, [first[b] + p for b, p in zip(rows, rel_pos)]].cpu().numpy()
+    padded = [c for cs in columns for c in cs] if wanted is None else tokens.padded_index(wanted).flatten().tolist()
+    input_ids = tokens.ids[rows, padded].cpu().numpy()
     last_of_row = dict(zip(rows, range(len(rows))))  # batch row -> index of its last pair
     last_pair = [last_of_row[b] for b in range(len(prompt_idx))]
     notes = spacing_notes(model, as_given, final_logits[last_pair], prompt_idx)
-    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, level), stats, target_t, norm,
+    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, every), stats, target_t, norm,
                    lens.name)
     return frame, notes
 
@@ -191,7 +195,7 @@ def _frame(
     rows: list[int],
     rel_pos: list[int],
     prompt_idx: list[int],
-    sites: list[tuple[int, str]],
+    sites: list[Site],
     stats: list[dict[str, Tensor]],
     target: Tensor,
     norm: str,
@@ -213,8 +217,8 @@ def _frame(
         "prompt_idx": np.repeat([prompt_idx[b] for b in rows], per_pair).astype("int64"),
         "pos": np.repeat(rel_pos, per_pair).astype("int64"),
         "input": np.repeat(decode_ids(model, input_ids), per_pair).astype(str),
-        "layer": np.tile(np.repeat([layer for layer, _ in sites], k), n_pairs).astype("int64"),
-        "site": np.tile(np.repeat([site for _, site in sites], k), n_pairs).astype(str),
+        "layer": np.tile(np.repeat([site.layer for site in sites], k), n_pairs).astype("int64"),
+        "site": np.tile(np.repeat([site.label for site in sites], k), n_pairs).astype(str),
         "norm": norm,
         "lens": lens,
         "rank": np.tile(np.arange(1, k + 1), n_pairs * n_sites).astype("int64"),

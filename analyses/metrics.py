@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 
 Metric = Literal["logit_diff", "logit", "target_prob", "loss"]
 METRICS = {
@@ -25,9 +25,11 @@ def check_metric(metric: object, has_baselines: bool) -> str:
     if callable(metric):
         return getattr(metric, "__name__", "custom")
     if metric not in METRICS:
-        raise ResidError(f"metric must be one of {tuple(METRICS)} or a function of the logits, got {metric!r}.")
+        raise ResidError(f"{param('metric')} must be one of {tuple(METRICS)} or a function of the logits, got "
+                         f"{metric!r}.")
     if metric == "logit_diff" and not has_baselines:
-        raise ResidError("metric='logit_diff' needs baselines (one per prompt); or use metric='target_prob'.")
+        raise ResidError(f"{param('metric', 'logit_diff')} needs {param('baselines')} (one per prompt); or use "
+                         f"{param('metric', 'target_prob')}.")
     return metric
 
 

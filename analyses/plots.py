@@ -6,8 +6,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from resid.analyses.attribution import metric_name
-from resid.analyses.logit_lens import site_label
+from resid.analyses.logit_lens import short_label
 from resid.errors import ResidError
+from resid.sites import Site
 
 
 def ablation_effects(df: pd.DataFrame) -> go.Figure:
@@ -47,7 +48,7 @@ def patching_heatmap(df: pd.DataFrame) -> go.Figure:
         raise ResidError("The patching results are empty: nothing to plot.")
     title = (f"{df['direction'].iloc[0]} patching, {df['metric'].iloc[0]}: mean score over "
              f"{df['prompt_idx'].nunique()} pairs (0 = corrupt, 1 = clean)")
-    for kind, axis in (("position", "position"), ("head", "head")):
+    for kind, axis in (("position", "position"), ("head", "head"), ("kv_head", "key/value head")):
         rows = df[df[kind].notna()]
         if not rows.empty:
             grid = rows.groupby(["layer", kind])["score"].mean().unstack(kind)
@@ -86,25 +87,25 @@ def logit_lens_heatmap(df: pd.DataFrame, prompt_idx: int = 0) -> go.Figure:
     rows = df[df["prompt_idx"] == prompt_idx]
     if rows.empty:
         raise ResidError(f"The logit-lens table has no rows for prompt_idx={prompt_idx}.")
-    cells = rows.groupby(["pos", "layer", "site"], sort=False)
+    cells = rows.groupby(["pos", "site"], sort=False)
     positions = list(dict.fromkeys(rows["pos"]))
-    sites = list(dict.fromkeys(zip(rows["layer"], rows["site"])))
+    sites = list(dict.fromkeys(rows["site"]))
     z = [[None] * len(positions) for _ in sites]
     text = [[""] * len(positions) for _ in sites]
     hover = [[""] * len(positions) for _ in sites]
-    for (pos, layer, site), cell in cells:
-        i, j = sites.index((layer, site)), positions.index(pos)
+    for (pos, site), cell in cells:
+        i, j = sites.index(site), positions.index(pos)
         first = cell.iloc[0]
         z[i][j] = first["target_prob"]
         text[i][j] = _visible(first["token"])
         top = "<br>".join(f"{r['rank']}. {r['token']!r} {r['prob']:.3f}" for _, r in cell.iterrows())
-        hover[i][j] = (f"{site_label(layer, site)}, pos {pos} ({first['input']!r})<br>{top}<br>"
+        hover[i][j] = (f"{short_label(Site.parse(site))}, pos {pos} ({first['input']!r})<br>{top}<br>"
                        f"target {first['target']!r}: p={first['target_prob']:.3g}, rank {first['target_rank']}")
     inputs = rows.drop_duplicates("pos").set_index("pos")["input"]
     targets = rows["target"].unique()
     target = repr(targets[0]) if len(targets) == 1 else "the final top token"
     fig = go.Figure(go.Heatmap(
-        z=z, x=[f"{p}: {inputs[p]!r}" for p in positions], y=[site_label(l, s) for l, s in sites],
+        z=z, x=[f"{p}: {inputs[p]!r}" for p in positions], y=[short_label(Site.parse(s)) for s in sites],
         text=text, texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
         colorscale="Blues", zmin=0, zmax=1, colorbar=dict(title="p(target)"),
     ))
@@ -142,7 +143,7 @@ def layer_attribution_bars(df: pd.DataFrame, prompt_idx: int | None = None) -> g
     n_prompts = rows["prompt_idx"].nunique()
     layers = rows[rows["layer"].notna()]
     sums = layers.groupby(["layer", "part"])["value"].sum().unstack("part").fillna(0) / n_prompts
-    other = rows[rows["layer"].isna()].groupby("component")["value"].sum() / n_prompts
+    other = rows[rows["layer"].isna()].groupby("site")["value"].sum() / n_prompts
     fig = go.Figure([
         go.Bar(x=sums.index, y=sums[part], name=part, hovertemplate=f"{part} L%{{x}}: %{{y:+.4f}}<extra></extra>")
         for part in ("attn", "mlp") if part in sums

@@ -7,7 +7,7 @@ model's Normalize module) divided by its length.
 `similarity(model, texts, others)` decomposes the cosine similarity (or dot product) of each text's embedding
 with its partner's into the text's components, exactly: the partner's embedding is the direction, the text's
 pooled hidden state is a sum of writes read out at every position (resid.readout, post-LN norms frozen), and
-its length is frozen like a norm's scale. The rows sum to the similarity (column `logit`).
+its length is frozen like a norm's scale. The rows sum to the similarity (column `similarity`).
 
     emb = similarity.embeddings(model, ["A man is eating food.", "A man is riding a horse."])
     df = similarity.similarity(model, ["A man is eating food."], ["A man is eating a meal."], level="head")
@@ -63,8 +63,8 @@ def similarity(
 ) -> pd.DataFrame:
     """Direct attribution of sim(embedding(texts[i]), embedding(others[i])) to the components of texts[i], with
     others[i]'s embedding held fixed. One row per (pair, component), the columns of attribution.COLUMNS plus
-    `other` (the partner text); `target` is the metric's name and `logit` the similarity, which each pair's
-    values sum to exactly. Each chunk of pairs takes one forward pass, texts and partners together."""
+    `other` (the partner text); `target` is the metric's name and `similarity` (in place of `logit`) the
+    similarity, which each pair's values sum to exactly. Each chunk of pairs takes one forward pass, texts and partners together."""
     check_choice(metric, "metric", ("cosine", "dot"))
     check_choice(level, "level", LEVELS)
     if isinstance(texts, str) or isinstance(others, str):
@@ -92,6 +92,7 @@ def similarity(
 
     size = batch_size_for(model, given.tokens, batch_size)
     df = pd.concat([part for _, part in run_batched(list(range(n)), pairs, size)], ignore_index=True)
+    df = df.rename(columns={"readout": "similarity"})
     df["other"] = [others[i] for i in df["prompt_idx"]]
     df.attrs["provenance"] = provenance.describe(
         model, "similarity.similarity", {"level": level, "metric": metric, "others": list(others)}, list(texts), metric

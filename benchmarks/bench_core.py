@@ -9,7 +9,7 @@ The cold load is timed in fresh subprocesses (import excluded and included), tra
 Allocator note: with glibc's default settings, large freed blocks go back to the OS and the next forward
 pass faults them in again (zeroed pages). That costs every framework alike, but it costs a run that keeps
 what it captures (Capture.all: ~500 MB here) more. resid.load therefore asks glibc to keep freed memory for reuse
-(resid.memory; no environment variables), and the main comparison runs that way, HF in the same process under
+(resid.allocator; no environment variables), and the main comparison runs that way, HF in the same process under
 the same setting. For reference it is repeated in a subprocess with RESID_KEEP_FREED_MEMORY=0 (glibc's defaults).
 """
 
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--glibc-defaults-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.glibc_defaults_only:
-        measure(args, "as resid.load sets it: freed memory kept for reuse (resid.memory, no environment variables)")
+        measure(args, "as resid.load sets it: freed memory kept for reuse (resid.allocator, no environment variables)")
         env = {**os.environ, "RESID_KEEP_FREED_MEMORY": "0"}
         argv = [sys.executable, __file__, "--batch", str(args.batch), "--pos", str(args.pos),
                 "--repeats", str(args.repeats), "--glibc-defaults-only"]

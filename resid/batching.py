@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import torch
 
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.model import Transformer
 
 Item = TypeVar("Item")
@@ -30,13 +30,13 @@ class BatchSize:
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, int) or self.value < 1:
-            raise ResidError(f"batch_size must be a positive integer or 'auto', got {self.value!r}.")
+            raise ResidError(f"{param('batch_size')} must be a positive integer or 'auto', got {self.value!r}.")
 
     def halve(self) -> None:
         if self.value == 1:
             raise ResidError(
                 "Out of GPU memory even with a batch of one row: use shorter prompts, a smaller model, "
-                "dtype=torch.bfloat16, or run on the CPU (device='cpu')."
+                f"{param('dtype', torch.bfloat16)}, or run on the CPU ({param('device', 'cpu')})."
             )
         self.value = max(1, self.value // 2)
 

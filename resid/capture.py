@@ -5,11 +5,14 @@ enough for resid_pre/mid/post, `final()` and `components()`. Add fields per subl
 positions to keep a large sweep in memory. A field that was not captured raises an error naming the option.
 """
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from resid.errors import ResidError
+
+if TYPE_CHECKING:
+    from resid.sites import Site
 
 # resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read)
 AttnField = Literal[
@@ -67,6 +70,17 @@ class Capture:
     def none(cls) -> "Capture":
         """Nothing but the logits: the fastest run."""
         return cls(attn=frozenset(), mlp=frozenset(), cross=frozenset(), embed=False, final_norm_scale=False)
+
+    @classmethod
+    def of(cls, sites: Iterable["Site"], **options) -> "Capture":
+        """The default capture (the residual writes, so every residual site can be read) plus each sublayer
+        field the sites read (a head's z, a neuron's post, q / k / v / pattern, ...); `options` as for Capture
+        (layers, positions, embed, ...)."""
+        fields: dict[str, set[str]] = {"attn": {"out"}, "mlp": {"out"}, "cross": {"out"}}
+        for site in sites:
+            if site.part in fields and not site.is_term:
+                fields[site.part].add(site.what)
+        return cls(**{part: frozenset(found) for part, found in fields.items()}, **options)
 
     def fields(self, part: str) -> frozenset[str]:
         """The fields kept of a sublayer: "attn", "cross" or "mlp"."""

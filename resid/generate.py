@@ -15,7 +15,6 @@ explicit (prompt-relative) positions edits those positions of the prompt only, n
 Tokens (the new token ids, their position ids).
 """
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,9 +23,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from resid.capture import Capture
+from resid import forward
 from resid.components.attention import KVCache
 from resid.errors import ResidError
-from resid.interventions import HookCall, Intervention, plan
+from resid.interventions import HookCall, Intervention, group_edits
 from resid.tokenizer import Tokens
 
 
@@ -59,7 +59,7 @@ def generate(
     eos = _check(model, tokens, max_new_tokens, do_sample, temperature, top_k, stop_at_eos)
     generator = _generator(seed, model.device) if do_sample else None
     batch, n_prompt = tokens.ids.shape
-    edits = plan(interventions, model.config, tokens)
+    edits = group_edits(interventions, model.config, tokens)
     # After the prompt, only edits of every position remain: they apply to each new token.
     step_edits = {key: [(iv, index) for iv, index in group if index is None] for key, group in edits.items()}
     cache = KVCache.empty(model.config, batch, n_prompt + max_new_tokens, model.dtype, model.device)
@@ -68,10 +68,9 @@ def generate(
     done = torch.zeros(batch, dtype=torch.bool, device=model.device)
     new_ids, step_logits = [], []
     with torch.no_grad():
-        embed, pos_embed, ctx = model._prepare(tokens)
-        resid = embed if pos_embed is None else embed + pos_embed
-        resid, _ = model._blocks(resid, dataclasses.replace(ctx, cache=cache), 0, edits, Capture.none(), None)
-        logits = model._unembed(resid[:, -1:], tokens, None)[0][:, 0]
+        ctx = forward.context(model, tokens, cache=cache)
+        logits = forward.forward(model, tokens, edits, Capture.none(), None, ctx=ctx, logits_at="last").logits[:, 0]
+        _check_finite(model, logits, tokens, edits)
         for step in range(max_new_tokens):
             next_ids = _choose(logits, temperature, top_k, generator) if do_sample else logits.argmax(dim=-1)
             if eos is not None:
@@ -85,6 +84,7 @@ def generate(
             cfg, seen = model.config, mask[:, : n_prompt + step + 1]
             allowed = {kind: _allowed_last(seen, cfg.window(kind)) for kind in cfg.layer_types_used}
             logits = _step(model, next_ids[:, None], position_ids, allowed, cache, step_edits)
+            _check_finite(model, logits, _grown_tokens(tokens, torch.stack(new_ids, dim=1), None), edits)
     new = torch.stack(new_ids, dim=1)
     return Generation(
         tokens=_grown_tokens(tokens, new, eos),
@@ -171,16 +171,23 @@ def _allowed_last(
 def _step(model, ids: Tensor, position_ids: Tensor, allowed: dict[str, Tensor], cache: KVCache, edits: dict) -> Tensor:
     """Logits [batch d_vocab] after one new position per row, reading the earlier ones from the cache."""
     step = Tokens(ids, torch.ones_like(ids, dtype=torch.bool), position_ids)
-    embed, pos_embed, ctx = model._prepare(step)
     # The step's own mask would let it see only itself; it reads the cached keys through `allowed`.
-    blocked = {kind: ~mask for kind, mask in allowed.items()}
-    ctx = dataclasses.replace(ctx, allowed=allowed, blocked=blocked, cache=cache)
-    # A Hook was bound to the prompt's Tokens by `plan`; at this step it edits (and is told about) the new token.
+    ctx = forward.context(model, step, cache=cache, allowed=allowed)
+    # A Hook was bound to the prompt's Tokens by `group_edits`; at this step it edits (and is told about) the new token.
     edits = {key: [(HookCall(iv.hook, step) if isinstance(iv, HookCall) else iv, index) for iv, index in group]
              for key, group in edits.items()}
-    resid = embed if pos_embed is None else embed + pos_embed
-    resid, _ = model._blocks(resid, ctx, 0, edits, Capture.none(), None)
-    return model._unembed(resid, step, None)[0][:, 0]
+    return forward.forward(model, step, edits, Capture.none(), None, ctx=ctx).logits[:, 0]
+
+
+def _check_finite(model, logits: Tensor, tokens: Tokens, edits: dict) -> None:
+    """Non-finite logits are the error `Transformer.run` gives, naming the first non-finite site: found by a
+    pass over the prompt and the tokens so far without the cache (the prompt's edits keep their padded indices,
+    since new tokens only follow the prompt)."""
+    if bool(torch.isfinite(logits).all()):
+        return
+    where = forward.first_nonfinite(model, tokens, edits)
+    raise ResidError(f"generate produced NaN or infinite logits; the first non-finite site is {where}. Check the "
+                     "interventions' values, or load the model in float32 if it is in half precision.")
 
 
 def _grown_tokens(tokens: Tokens, new: Tensor, eos: int | None) -> Tokens:

@@ -4,7 +4,7 @@ Each record keeps only what its Capture asked for; reading anything else raises 
 Capture option to set, or says why this model has no such tensor.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jaxtyping import Float
 from torch import Tensor
@@ -159,6 +159,9 @@ class LayerRecord:
     attn: AttnRecord
     mlp: MLPRecord
     cross: CrossRecord | None = None  # decoders of encoder-decoder models only
+    # What interventions on this layer's residual sites added to the residual ("resid_pre", "resid_mid",
+    # "resid_cross", "resid_post" -> new - old, [batch pos d_model]); empty without such edits
+    deltas: dict[str, Tensor] = field(default_factory=dict)
 
 
 def absent_fields(config: ModelConfig) -> tuple[dict[str, str], dict[str, str]]:

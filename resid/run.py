@@ -11,6 +11,7 @@ from torch import Tensor
 
 from resid.capture import Capture
 from resid.errors import ResidError
+from resid.sites import Site
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
@@ -43,6 +44,19 @@ class Run:
     # The final hidden state at the same positions: the final norm's output, what the head reads (transformers'
     # last_hidden_state; an embedding model's output, e.g. mean-pooled into a sentence embedding)
     hidden: Float[Tensor, "batch n d_model"] | None = None
+
+    def read(self, site: Site) -> Tensor:
+        """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), at the site's prompt-relative
+        positions if it names some ([batch k ...], in the order given)."""
+        value = self.stream.read(site)
+        if site.positions is None:
+            return value
+        if self.stream.captured is not None:
+            raise ResidError(f"{site.label}: this run kept only some positions (Capture(positions=...)); read the site "
+                             "without positions, or run with every position captured.")
+        index = self.tokens.padded_index(site.positions)
+        index = index.view(*index.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])
+        return value.gather(1, index.to(value.device))
 
 
 class TokenInputs:

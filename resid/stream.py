@@ -25,13 +25,12 @@ from torch import Tensor
 from resid.components.norm import Norm
 from resid.errors import ResidError
 from resid.records import AttnRecord, LayerRecord, MLPRecord
+from resid.sites import RESID_PARTS, Site
 
 __all__ = ["AttnRecord", "LayerRecord", "MLPRecord", "ResidualStream", "StreamNorms"]
 
-Level = Literal["layer", "sublayer"]  # read the stream after every layer, or after every sublayer
-LEVELS: tuple[str, ...] = ("layer", "sublayer")
-SiteName = Literal["resid_pre", "resid_mid", "resid_cross", "resid_post"]  # resid_cross: after a decoder's
-# cross-attention (encoder-decoder models), what its MLP reads
+Every = Literal["layer", "sublayer"]  # read the stream after every layer, or after every sublayer
+EVERY: tuple[str, ...] = ("layer", "sublayer")
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,29 @@ class StreamNorms:
     cross: tuple[Norm, ...] | None = None  # decoders of encoder-decoder models
 
 
+class LayerOutOfRange(ResidError, IndexError):
+    """stream.layers[i] past the model's layers: a ResidError saying the range, and an IndexError for code that
+    treats the layers as the sequence they are."""
+
+
+class Layers(tuple):
+    """The per-layer records, a tuple whose out-of-range index says the valid range instead of a bare
+    "tuple index out of range"."""
+
+    def __getitem__(self, index):
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            n = len(self)
+            raise LayerOutOfRange(f"stream.layers[{index}] is out of range: the model has {n} layers, 0..{n - 1} "
+                                  f"(or -{n}..-1 from the last).") from None
+
+
 @dataclass(frozen=True)
 class ResidualStream:
     embed_: Tensor | None  # stored under a private name so reading it uncaptured raises (see `embed`)
     pos_embed_: Tensor | None
-    layers: tuple[LayerRecord, ...]
+    layers: tuple[LayerRecord, ...]  # a Layers tuple (see __post_init__)
     final_norm_scale_: Tensor | None
     parallel: bool  # parallel blocks: no resid_mid
     learned_positions: bool
@@ -56,6 +73,9 @@ class ResidualStream:
     type_embed_: Tensor | None = None  # token-type embedding (BERT)
     embed_norm_scale_: Tensor | None = None  # the embedding norm's scale (BERT)
     norms: StreamNorms | None = None  # post-LN models only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", Layers(self.layers))
 
     @property
     def type_embed(self) -> Float[Tensor, "batch pos d_model"] | None:
@@ -115,109 +135,138 @@ class ResidualStream:
             resid = self.norms.embed(resid, self.embed_norm_scale)[0]
         return resid
 
-    def _add(self, resid: Tensor, record: AttnRecord | MLPRecord, norms: tuple[Norm, ...] | None) -> Tensor:
-        """The residual after a sublayer's write: plus the write, then (post-LN) its frozen norm."""
+    def _add(self, resid: Tensor, record: AttnRecord | MLPRecord, norms: tuple[Norm, ...] | None,
+             delta: Tensor | None = None) -> Tensor:
+        """The residual after a sublayer's write: plus the write, then (post-LN) its frozen norm, then what an
+        intervention on the residual site after it added (`delta`)."""
         resid = resid + record.out
-        if norms is None:
-            return resid
-        return norms[record.layer](resid, record.resid_norm_scale)[0]
+        if norms is not None:
+            resid = norms[record.layer](resid, record.resid_norm_scale)[0]
+        return resid if delta is None else resid + delta
 
-    def running(self, level: Level = "sublayer") -> Iterator[tuple[int, SiteName, Tensor]]:
-        """(layer, site, residual) in stream order, each residual the previous one plus the writes between
-        them (one addition per write, never re-summed from the embeddings). The sites: resid_pre of layer 0
-        (the embeddings); with level="sublayer", each layer's resid_mid (not for parallel blocks, which have
-        none); each layer's resid_post. resid_pre(l) of a later layer is resid_post(l - 1)."""
-        if level not in LEVELS:
-            raise ResidError(f"level must be one of {LEVELS}, got {level!r}.")
+    def running(self, every: Every = "sublayer") -> Iterator[tuple[Site, Tensor]]:
+        """(site, residual) in stream order, each residual the previous one plus the writes between them (one
+        addition per write, never re-summed from the embeddings). The sites: layer 0's resid_pre (the
+        embeddings); with every="sublayer", each layer's resid_mid (not for parallel blocks, which have none)
+        and resid_cross (decoders of encoder-decoder models); each layer's resid_post. A later layer's resid_pre
+        is the resid_post before it, and is yielded only where an intervention edited it (then it differs)."""
+        if every not in EVERY:
+            raise ResidError(f"every must be one of {EVERY}, got {every!r}.")
+        sublayer = every == "sublayer"
         resid = self._embeddings()
-        yield 0, "resid_pre", resid
         norms = self.norms
         attn_norms, mlp_norms = (None, None) if norms is None else (norms.attn, norms.mlp)
         for layer, record in enumerate(self.layers):
+            deltas = record.deltas
+            if "resid_pre" in deltas:
+                resid = resid + deltas["resid_pre"]
+            if layer == 0 or "resid_pre" in deltas:
+                yield Site(layer, "resid_pre"), resid
             if self.parallel:
                 resid = resid + record.attn.out + record.mlp.out
             else:
-                resid = self._add(resid, record.attn, attn_norms)
-                if level == "sublayer":
-                    yield layer, "resid_mid", resid
+                resid = self._add(resid, record.attn, attn_norms, deltas.get("resid_mid"))
+                if sublayer:
+                    yield Site(layer, "resid_mid"), resid
                 if record.cross is not None:
-                    resid = self._add(resid, record.cross, None if norms is None else norms.cross)
-                    if level == "sublayer":
-                        yield layer, "resid_cross", resid
+                    resid = self._add(resid, record.cross, None if norms is None else norms.cross,
+                                      deltas.get("resid_cross"))
+                    if sublayer:
+                        yield Site(layer, "resid_cross"), resid
                 resid = self._add(resid, record.mlp, mlp_norms)
-            yield layer, "resid_post", resid
+            if "resid_post" in deltas:
+                resid = resid + deltas["resid_post"]
+            yield Site(layer, "resid_post"), resid
 
-    def accumulated(self, level: Level = "layer") -> tuple[list[str], Float[Tensor, "site batch pos d_model"]]:
-        """The running residual at every site of `running(level)`, stacked, with labels like "resid_pre 0",
-        "resid_mid 3" (TransformerLens's accumulated_resid, computed in one pass)."""
+    def accumulated(self, every: Every = "layer") -> tuple[list[str], Float[Tensor, "site batch pos d_model"]]:
+        """The running residual at every site of `running(every)`, stacked, with the sites' labels
+        ("layers[0].resid_pre", "layers[3].resid_mid", ...; TransformerLens's accumulated_resid, in one pass)."""
         labels, sums = [], []
-        for layer, site, resid in self.running(level):
-            labels.append(f"{site} {layer}")
+        for site, resid in self.running(every):
+            labels.append(site.label)
             sums.append(resid)
         return labels, torch.stack(sums)
 
-    def _site(self, layer: int, site: SiteName) -> Tensor:
-        """The running residual at (layer, site), walking only as far as it lies."""
-        for at_layer, at_site, resid in self.running("sublayer"):
-            if (at_layer, at_site) == (layer, site):
+    def entering(self) -> Iterator[tuple[int, Tensor]]:
+        """(layer, resid_pre(layer)) for every layer, in one pass."""
+        for site, resid in self.running("layer"):
+            if site.part == "resid_pre":
+                yield site.layer, resid
+            elif site.layer + 1 < len(self.layers) and "resid_pre" not in self.layers[site.layer + 1].deltas:
+                yield site.layer + 1, resid
+
+    def read(self, site: Site) -> Tensor:
+        """The tensor at `site` (resid.sites; checked against this stream, positions not applied: use
+        Run.read for those): the residual [batch pos d_model], an embedding or a write, a field of a sublayer's
+        record, indexed by the site's head / key-value head / neuron / expert ([batch pos d_head], [batch pos],
+        a head's pattern [batch pos key_pos], ...)."""
+        return read_site(self, site)
+
+    def _site(self, site: Site) -> Tensor:
+        """The running residual at `site`, walking only as far as it lies."""
+        if site.part == "resid_pre" and site.layer > 0 and "resid_pre" not in self.layers[site.layer].deltas:
+            site = Site(site.layer - 1, "resid_post")
+        for at, resid in self.running("sublayer"):
+            if at == site:
                 return resid
-        raise AssertionError(f"no site {site} at layer {layer}")  # unreachable for checked arguments
+        raise ResidError(f"{site.label} is not a site of this stream.")
 
     def resid_pre(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering `layer` (layer == n_layers: the final residual)."""
         n = len(self.layers)
         if layer == n:
             return self.final()
-        layer = self._layer(layer).attn.layer
-        return self._site(0, "resid_pre") if layer == 0 else self._site(layer - 1, "resid_post")
+        return self._site(Site(self._layer(layer).attn.layer, "resid_pre"))
 
     def resid_mid(self, layer: int) -> Float[Tensor, "batch pos d_model"] | None:
         """Between attention and MLP; None for parallel blocks, where both read resid_pre."""
         if self.parallel:
             return None
-        return self._site(self._layer(layer).attn.layer, "resid_mid")
+        return self._site(Site(self._layer(layer).attn.layer, "resid_mid"))
 
     def resid_cross(self, layer: int) -> Float[Tensor, "batch pos d_model"] | None:
         """After a decoder's cross-attention, what its MLP reads (encoder-decoder models); None for other models."""
         if self._layer(layer).cross is None:
             return None
-        return self._site(self._layer(layer).attn.layer, "resid_cross")
+        return self._site(Site(self._layer(layer).attn.layer, "resid_cross"))
 
     def resid_post(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
-        return self._site(self._layer(layer).attn.layer, "resid_post")
+        return self._site(Site(self._layer(layer).attn.layer, "resid_post"))
 
     def final(self) -> Float[Tensor, "batch pos d_model"]:
         """The residual stream entering the final norm."""
         return self.resid_post(len(self.layers) - 1)
 
-    def components(
-        self, level: Literal["sublayer", "head", "neuron"] = "sublayer"
-    ) -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
-        """Every write, stacked; they sum to final(). Labels are the attribute paths of the writes. Post-LN
-        models: each write carried through the frozen norms after it, plus each norm's bias carried the same way
-        (float32 arithmetic, returned in the model dtype); they sum to final() up to rounding."""
-        if level != "sublayer":
-            raise ResidError(
-                f"components(level={level!r}) is not available on the stream: it holds sublayer writes. "
-                "Use level='sublayer'; per-head and per-neuron contributions come from resid.analyses.attribution."
-            )
+    def components(self) -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
+        """Every write, stacked, with its site's label ("embed", "layers[3].attn", ...); they sum to final().
+        What interventions on residual sites added is a component too, labelled by that site. Post-LN models:
+        each write carried through the frozen norms after it, plus each norm's bias carried the same way
+        ("embed_norm_bias", "layers[3].attn.resid_norm_bias"; float32 arithmetic, returned in the model dtype);
+        they sum to final() up to rounding. Per-head and per-neuron contributions come from
+        resid.analyses.attribution."""
         pieces = self._embedding_writes()
         norms = self.norms
-        if norms is None:
-            for i, record in enumerate(self.layers):
-                pieces += [(f"layers[{i}].{part._part}.out", part.out) for part in _sublayers(record)]
-            return [label for label, _ in pieces], torch.stack([write for _, write in pieces])
         dtype = pieces[0][1].dtype
-        pieces = [(label, write.float()) for label, write in pieces]
-        if norms.embed is not None:
-            pieces = _through(pieces, norms.embed, self.embed_norm_scale, "embed_norm_bias")
-        by_part = {"attn": norms.attn, "cross": norms.cross, "mlp": norms.mlp}
+        if norms is not None:
+            pieces = [(label, write.float()) for label, write in pieces]
+            if norms.embed is not None:
+                pieces = _through(pieces, norms.embed, self.embed_norm_scale, "embed_norm_bias")
+        by_part = None if norms is None else {"attn": norms.attn, "cross": norms.cross, "mlp": norms.mlp}
+        after = {"attn": "resid_mid", "cross": "resid_cross", "mlp": None}
         for i, record in enumerate(self.layers):
+            deltas = {part: (delta if norms is None else delta.float()) for part, delta in record.deltas.items()}
+            if "resid_pre" in deltas:
+                pieces.append((Site(i, "resid_pre").label, deltas["resid_pre"]))
             for part in _sublayers(record):
                 name = part._part
-                pieces.append((f"layers[{i}].{name}.out", part.out.float()))
-                bias = f"layers[{i}].{name}.resid_norm_bias"
-                pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, bias)
+                pieces.append((Site(i, name).label, part.out if norms is None else part.out.float()))
+                if norms is not None:
+                    bias = Site(i, name, field="resid_norm_bias").label
+                    pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, bias)
+                if not self.parallel and after[name] in deltas:
+                    pieces.append((Site(i, after[name]).label, deltas[after[name]]))
+            if "resid_post" in deltas:
+                pieces.append((Site(i, "resid_post").label, deltas["resid_post"]))
         return [label for label, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
 
 
@@ -233,3 +282,34 @@ def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_l
     if norm.b is not None:
         carried.append((bias_label, norm.b.float().expand_as(carried[0][1])))
     return carried
+
+
+def read_site(stream: ResidualStream, site: Site) -> Tensor:
+    """ResidualStream.read: the tensor at `site`, without its positions applied."""
+    if site.is_term:
+        raise ResidError(f"{site.label} is a term of an attribution (a constant carried to the logit), not a tensor "
+                         "of the run.")
+    if site.part in RESID_PARTS:
+        value = {"resid_pre": stream.resid_pre, "resid_mid": stream.resid_mid, "resid_cross": stream.resid_cross,
+                 "resid_post": stream.resid_post}[site.part](site.layer)
+        if value is None:
+            raise ResidError(f"{site.label} does not exist in this model (no resid_mid in parallel blocks, no "
+                             "resid_cross without cross-attention).")
+        return value
+    if site.part in ("embed", "pos_embed", "type_embed"):
+        value = getattr(stream, site.part)
+        if value is None:
+            raise ResidError(f"{site.label}: this model has no such embedding write.")
+        return value
+    if site.part == "layer":
+        raise ResidError(f"{site.label} is a whole layer (several writes): read Site(l, 'attn') and Site(l, 'mlp').")
+    record = getattr(stream._layer(site.layer), site.part)
+    if record is None:
+        raise ResidError(f"{site.label}: this model has no cross-attention.")
+    tensor = getattr(record, site.what)
+    if site.what == "pattern" and site.head is not None:  # [batch head pos key_pos]
+        return tensor[:, site.head]
+    if site.expert is not None:
+        return tensor[:, :, site.expert, site.neuron] if site.neuron is not None else tensor[:, :, site.expert]
+    return tensor if site.unit is None else tensor[:, :, site.unit]
+

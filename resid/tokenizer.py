@@ -16,15 +16,16 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from resid.errors import ResidError
+from resid.errors import ResidError, python_only
+from resid.strings import check_unicode
 
 
 @dataclass(frozen=True)
 class Tokens:
     """A padded batch of prompts. Positions come in two kinds: *padded* indices into the batch's `pos` axis,
     and *prompt-relative* positions (0 = a prompt's first real token, BOS included when prepended; negative
-    counts back from its last token), the kind every public API takes. `padded_index` maps one to the other;
-    nothing else in resid or its analyses does."""
+    counts back from its last token), the kind every public API takes. `padded_index` maps prompt-relative
+    positions to padded indices and `relative` maps back; nothing else in resid or its analyses does."""
 
     ids: Int[Tensor, "batch pos"]
     attention_mask: Bool[Tensor, "batch pos"]  # False at padding
@@ -104,6 +105,11 @@ class Tokens:
         return first + torch.tensor(rows, dtype=torch.long, device=self.ids.device).view(len(lengths), -1)
 
 
+    def relative(self, index: Int[Tensor, "batch k"]) -> Int[Tensor, "batch k"]:
+        """The prompt-relative positions (0 = first real token) of padded indices [batch k], one row per prompt."""
+        return index - self.first_positions().to(index.device)[:, None]
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -116,7 +122,8 @@ class Tokenizer:
         mask_token_id: int | None = None,
     ):
         if prepend_bos and bos_token_id is None:
-            raise ResidError("The tokenizer is set to prepend BOS but has no BOS token id; set prepend_bos=False.")
+            raise ResidError(f"The tokenizer is set to prepend BOS but has no BOS token id"
+                             f"{python_only('; set prepend_bos=False')}.")
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self.tokenizer = tokenizer
@@ -135,6 +142,7 @@ class Tokenizer:
     def encode(self, text: str, prepend_bos: bool | None = None) -> list[int]:
         if not isinstance(text, str):
             raise ResidError(f"Expected a string to tokenize, got {type(text).__name__}.")
+        check_unicode(text)
         bos = self.prepend_bos if prepend_bos is None else prepend_bos
         if self.template:
             return self.tokenizer.encode(text, add_special_tokens=bos).ids
@@ -158,7 +166,8 @@ class Tokenizer:
         encoded = [self.encode(t, prepend_bos) for t in texts]
         empty = [i for i, ids in enumerate(encoded) if not ids]
         if empty:
-            raise ResidError(f"Prompt(s) {empty} tokenize to nothing: give non-empty text (or prepend_bos=True).")
+            raise ResidError(f"Prompt(s) {empty} tokenize to nothing: give non-empty text"
+                             f"{python_only(' (or prepend_bos=True)')}.")
         return Tokens.pad(encoded, self.pad_token_id, padding_side)
 
     def to_str_tokens(self, text_or_ids: str | Sequence[int] | Tensor, prepend_bos: bool | None = None) -> list[str]:

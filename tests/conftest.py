@@ -10,6 +10,8 @@ import tokenizers
 
 import resid
 from random_models import RANDOM_CONFIGS, make_random_model
+from tiny_fixtures import Tiny, build_tiny
+from tiny_models import VARIANTS
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -38,3 +40,10 @@ def gpt2_tokenizer() -> resid.Tokenizer:
 @pytest.fixture(params=sorted(RANDOM_CONFIGS))
 def random_model(request, gpt2_tokenizer) -> resid.Transformer:
     return make_random_model(request.param, gpt2_tokenizer)
+
+
+@pytest.fixture(scope="session", params=VARIANTS)
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    """One tiny random model per variant (tests/tiny_models.py): the transformers model and resid.load of its
+    saved folder, built once per session."""
+    return build_tiny(request.param, tmp_path_factory)

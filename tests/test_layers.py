@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md: resid (0) <- resid.analyses (1) <- resid.analyses.cli (2). A module may import its own
+"""The layers of docs/design.md: resid (0) <- resid.analyses (1) <- resid.analyses.cli (2). A module may import its own
 layer or a lower one, never a higher one: the core never imports the analyses, the analyses never import the CLI.
 The analyses live in the folder analyses/ and install as resid.analyses (pyproject.toml).
 

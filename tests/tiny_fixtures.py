@@ -1,6 +1,5 @@
-"""The `tiny` fixture: one tiny random model per variant, as a Hugging Face model and as resid.load() of its
-saved folder. Test modules import it (`from tiny_fixtures import tiny`); each variant is built, saved and
-loaded once per session, whichever module asks first (the cache below outlives the per-module fixtures)."""
+"""What the `tiny` fixture (tests/conftest.py) gives: one tiny random model per variant, as a Hugging Face model
+and as resid.load() of its saved folder, built, saved and loaded once per session; and random token ids."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,17 +22,10 @@ class Tiny:
     model: resid.Transformer  # resid.load(folder)
 
 
-_BUILT: dict[str, Tiny] = {}
-
-
-@pytest.fixture(scope="session", params=VARIANTS)
-def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tiny:
-    variant = request.param
-    if variant not in _BUILT:
-        folder = tmp_path_factory.mktemp(f"tiny_{variant}")
-        hf = build(variant, folder)
-        _BUILT[variant] = Tiny(variant, folder, hf, resid.load(folder))
-    return _BUILT[variant]
+def build_tiny(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    folder = tmp_path_factory.mktemp(f"tiny_{variant}")
+    hf = build(variant, folder)
+    return Tiny(variant, folder, hf, resid.load(folder))
 
 
 def random_ids(seed: int = 0) -> torch.Tensor:

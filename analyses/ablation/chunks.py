@@ -1,33 +1,38 @@
-"""The chunks of an ablation sweep, and the job that computes one on any executor (resid.analyses.distributed).
+"""The job of an ablation sweep (and of exact patching, which is resample ablation with the other prompt of each
+pair as the donor), and its chunks, which the one driver (resid.analyses.distributed.driver) runs on any executor.
 
-A chunk is a block of prompts x a block of ablations, minus the rows a resumed sweep already stored. In process,
-the blocks are `batch` prompts (one clean pass) x every ablation: the engine's loop as it always ran, each
-batch of rows persisted as soon as it is computed. On W remote workers the chunks are as few and as large as
+A chunk is a block of prompts x a block of sites, minus the rows a resumed sweep already stored (and the rows
+that do not exist: a residual site at a position past a prompt's end). In process, the blocks are `batch`
+prompts (one clean pass) x every site: the engine's loop as it always ran, each batch of rows persisted as soon
+as it is computed. On W remote workers the chunks are as few and as large as
 the work allows, because each one costs a fixed overhead: W x chunks_per_worker of them, more when chunks
 would hold more than about MAX_CHUNK_ROWS rows. Two ways to cut, with different overheads:
 - prompts: every layer's rows of a prompt block go through one resumed forward, so a smaller block means more,
   smaller forwards (on a CPU, a forward of a few rows costs about as much as three more rows);
-- ablations: each block of ablations runs its own clean pass of the prompts (one full forward per prompt).
-Prompt blocks are therefore kept at a quarter of a batch or more, and ablations are cut after that, into runs of
+- sites: each block of sites runs its own clean pass of the prompts (one full forward per prompt).
+Prompt blocks are therefore kept at a quarter of a batch or more, and sites are cut after that, into runs of
 consecutive layers (each layer's rows stay in one forward) of about equal cost: an ablation entering layer L
 reruns the n_layers - L layers after it, plus what every row costs wherever it starts (ROW_COST).
 Chunks depend on the inputs, the batch size and the executor's workers; the rows they compute do not.
 """
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
-from resid.analyses.ablation.rows import Context, ablate_group, clean_pass
-from resid.analyses.ablation.sites import Ablation
+from resid.analyses.ablation.means import reference_means
+from resid.analyses.ablation.rows import Context, ablate_group, clean_pass, edited, start_layer
 from resid.analyses.distributed.executor import Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.model import Transformer
+from resid.sites import RESID_PARTS, Site
 
-MAX_CHUNK_ROWS = 4096  # remote chunks: about this many (prompt, ablation) rows at most, so a lost chunk costs little
+MAX_CHUNK_ROWS = 4096  # remote chunks: about this many (prompt, site) rows at most, so a lost chunk costs little
 # What a row costs besides its layers, in layers: its unembedding, metric and share of its forward's fixed costs
 # (SmolLM2-135M on a CPU, 14-token prompts: two halves split by layer cost alone took 15.2 s and 17.5 s; this
 # weight evens them out).
@@ -37,17 +42,15 @@ ROW_COST = 4
 @dataclass(frozen=True)
 class SweepChunk:
     prompts: tuple[int, ...]  # global indices of the prompts with rows to compute, ascending
-    rows: tuple[tuple[int, int], ...]  # (prompt index, ablation index) pairs to compute, prompt-major
+    rows: tuple[tuple[int, int], ...]  # (prompt index, site index) pairs to compute, prompt-major
 
 
-def plan(
-    n_prompts: int, ablations: list[Ablation], done: set, batch: int, n_layers: int, workers: int | None = None,
-    per_worker: int = 1,
-) -> list[SweepChunk]:
+def layout(n_prompts: int, sites: list[Site], todo: Callable[[int, int], bool], batch: int, n_layers: int,
+         workers: int | None = None, per_worker: int = 1) -> list[SweepChunk]:
     """The chunks of a sweep (see the module docstring): the in-process layout for workers=None, else at least
-    workers x per_worker chunks where the rows allow. Rows whose (prompt index, label) is in `done` are left out,
-    and so are empty chunks."""
-    n_sites = len(ablations)
+    workers x per_worker chunks where the rows allow. Only rows (prompt, site index) with todo(...) true are
+    kept (not stored by a resumed sweep, and existing for that prompt); empty chunks are left out."""
+    n_sites = len(sites)
     if workers is None:
         prompt_blocks, site_blocks = [range(s, min(n_prompts, s + batch)) for s in range(0, n_prompts, batch)], 1
     else:
@@ -57,20 +60,20 @@ def plan(
         site_blocks = min(n_sites, math.ceil(wanted / count))
     chunks = []
     for prompts in prompt_blocks:
-        for sites in _site_blocks(ablations, n_layers, site_blocks):
-            rows = tuple((p, s) for p in prompts for s in sites if (p, ablations[s].label) not in done)
+        for block in _site_blocks(sites, n_layers, site_blocks):
+            rows = tuple((p, s) for p in prompts for s in block if todo(p, s))
             if rows:
                 chunks.append(SweepChunk(tuple(sorted({p for p, _ in rows})), rows))
     return chunks
 
 
-def _site_blocks(ablations: list[Ablation], n_layers: int, blocks: int) -> list[list[int]]:
-    """Ablation indices in `blocks` runs of consecutive start layers, each of about the same cost; whole layers
+def _site_blocks(sites: list[Site], n_layers: int, blocks: int) -> list[list[int]]:
+    """Site indices in `blocks` runs of consecutive start layers, each of about the same cost; whole layers
     (one forward each) unless more blocks than layers are asked for."""
     units: dict[object, list[int]] = {}
-    for s in sorted(range(len(ablations)), key=lambda s: (ablations[s].start_layer, s)):
-        units.setdefault(ablations[s].start_layer if blocks <= n_layers else s, []).append(s)
-    cost = [sum(n_layers - ablations[s].start_layer + ROW_COST for s in unit) for unit in units.values()]
+    for s in sorted(range(len(sites)), key=lambda s: (start_layer(sites[s]), s)):
+        units.setdefault(start_layer(sites[s]) if blocks <= n_layers else s, []).append(s)
+    cost = [sum(n_layers - start_layer(sites[s]) + ROW_COST for s in unit) for unit in units.values()]
     total, before, out = sum(cost), 0, [[] for _ in range(blocks)]
     for unit, c in zip(units.values(), cost):
         out[min(blocks - 1, int((before + c / 2) * blocks / total))] += unit  # by the cost at its middle
@@ -80,26 +83,77 @@ def _site_blocks(ablations: list[Ablation], n_layers: int, blocks: int) -> list[
 
 @dataclass
 class SweepJob(Job):
-    """Everything a worker needs to compute sweep rows, as plain data (token ids, never weights)."""
+    """Every (prompt, site) row of a sweep or of exact patching, as plain data (token ids, never weights)."""
 
     sequences: list[list[int]]  # every prompt's real token ids
     pad: int
     target_ids: list[int]
     baseline_ids: list[int] | None
-    donors: list | None  # resample: per prompt, another prompt's index or the donor's token ids
-    ablations: list[Ablation]
+    donors: list | None  # resample / patching: per prompt, another prompt's index or the donor's token ids
+    sites: list[Site]
     method: str
     metric: str | Callable
-    means: dict  # mean ablation: unit -> float64 array, [dim...] or [position dim...] (per_position)
+    means: dict  # mean ablation: Site -> float64 array, [dim...] or [position dim...] (per_position)
     per_position: bool
-    positions: list[int] | None  # masked-LM models: each prompt's [MASK]
+    read_at: list[int] | None  # masked-LM models: each prompt's [MASK]
     batch_size: int | str  # "auto": from the worker's own device
+    chunk_batch: int  # prompts per in-process chunk (the driver's batch size)
+    n_layers: int
+    settings: dict = field(default_factory=dict)  # the rest of the signature (analysis, reference digest, ...)
+    # patching: per prompt, {named position: (base position, donor position)} (None: each position itself)
+    aligned: list[dict[int, tuple[int, int]]] | None = None
+    donor_metric: bool = False  # rows carry the donor run's metric (patching)
+    reference: list[str] | None = None  # mean ablation: the reference texts the means are taken over
+
+    name = "sites"
+    key = ("prompt_idx", "site")
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[SweepChunk]:
+        labels = [site.label for site in self.sites]
+        lengths = [len(ids) for ids in self.sequences]
+
+        def todo(prompt: int, s: int) -> bool:
+            return (prompt, labels[s]) not in done and self._exists(prompt, self.sites[s], lengths[prompt])
+
+        return layout(len(self.sequences), self.sites, todo, self.chunk_batch, self.n_layers, workers, per_worker)
+
+    def prepare(self, model: Transformer, executor, chunks: list) -> None:
+        """Mean ablation: the reference means of every edited site, on the same executor, if rows are left."""
+        if self.method != "mean" or not chunks or self.means:
+            return
+        whole = sorted({edit.whole for site in self.sites for edit in edited(site, model.config)}, key=str)
+        width = max(len(ids) for ids in self.sequences)
+        self.means = reference_means(executor, model, whole, self.reference, width, self.per_position,
+                                     self.chunk_batch, self.batch_size)
+
+    def _exists(self, prompt: int, site: Site, length: int) -> bool:
+        """Residual sites of a layer x position map exist only at the prompt's own (aligned) positions."""
+        if site.part not in RESID_PARTS or site.positions is None:
+            return True
+        if self.aligned is not None:
+            return all(p in self.aligned[prompt] for p in site.positions)
+        return all(-length <= p < length for p in site.positions)
+
+    def signature(self) -> dict:
+        def digest(value) -> str:
+            return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:16]
+
+        return {
+            "prompts": digest([self.sequences, self.target_ids, self.baseline_ids]),
+            "sites": digest([site.label for site in self.sites]),
+            "donors": digest(self.donors),
+            "aligned": digest(None if self.aligned is None else [sorted(a.items()) for a in self.aligned]),
+            "method": self.method,
+            "read_at": self.read_at,
+            **self.settings,
+        }
 
     def setup(self, model: Transformer) -> Context:
         width = max(len(ids) for ids in self.sequences)
         size = model_batch_size(model, width) if self.batch_size == "auto" else self.batch_size
-        means = {unit: torch.tensor(mean).to(model.dtype).to(model.device) for unit, mean in self.means.items()}
-        return Context(model, self.method, self.metric, means, self.per_position, BatchSize(size), self.positions)
+        means = {site: torch.tensor(mean).to(model.dtype).to(model.device) for site, mean in self.means.items()}
+        return Context(model, self.method, self.metric, means, self.per_position, BatchSize(size), self.read_at,
+                       self.aligned, self.donor_metric)
 
     def run(self, state: Context, chunk: SweepChunk) -> Iterator[pd.DataFrame]:
         prompts, start = list(chunk.prompts), 0
@@ -107,7 +161,7 @@ class SweepJob(Job):
             def clean(rows: int, start: int = start):
                 group = prompts[start : start + rows]
                 members = set(group)
-                todo = [(p, self.ablations[s]) for p, s in chunk.rows if p in members]
+                todo = [(p, self.sites[s]) for p, s in chunk.rows if p in members]
                 return todo, clean_pass(state, self.sequences, self.pad, group, todo, self.target_ids,
                                         self.baseline_ids, self.donors)
 

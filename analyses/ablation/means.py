@@ -13,25 +13,35 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from resid.analyses.ablation import values
+from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor, Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
-from resid.errors import ResidError
+from resid.capture import Capture
+from resid.errors import ResidError, param
 from resid.model import Transformer
+from resid.sites import Site
 from resid.tokenizer import Tokens
 
-Sums = tuple[dict, np.ndarray]  # ({unit: float64 [slot dim...]}, float64 [slot] token counts); slot: position id or 0
+Sums = tuple[dict, np.ndarray]  # ({site: float64 [slot dim...]}, float64 [slot] token counts); slot: position id or 0
 
 
 @dataclass
 class MeanJob(Job):
-    """Per chunk of reference texts (token ids), the sums of every unit over their real tokens."""
+    """Per chunk of reference texts (token ids), the sums of every site over their real tokens; `finish` adds
+    the chunks up in chunk order."""
 
-    units: list  # values.Unit tuples
+    sites: list[Site]  # whole sites (no positions)
     per_position: bool
     n_positions: int
     pad: int
     batch_size: int | str
+    chunks: list[list[list[int]]]  # the reference texts' token ids, in chunks of a batch
+
+    name = "reference means"
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[list[list[int]]]:
+        planned, self.chunks = self.chunks, []  # the texts travel with their chunks, not with the job
+        return planned
 
     def setup(self, model: Transformer) -> tuple[Transformer, BatchSize]:
         size = model_batch_size(model, self.n_positions) if self.batch_size == "auto" else self.batch_size
@@ -46,50 +56,47 @@ class MeanJob(Job):
         while start < len(chunk):
             def work(rows: int, start: int = start) -> tuple[int, list]:
                 tokens = Tokens.pad(chunk[start : start + rows], self.pad, "right").to(model.device)
-                stream = model.run(tokens, capture=values.capture_for(self.units), logits_at="last").stream
+                stream = model.run(tokens, capture=Capture.of(self.sites), logits_at="last").stream
                 mask = tokens.attention_mask
                 everywhere = torch.zeros(int(mask.sum()), dtype=torch.long)
                 slot = tokens.position_ids[mask] if self.per_position else everywhere
-                found = [values.read_unit(stream, unit)[mask].double().cpu() for unit in self.units]  # [tokens dim...]
+                found = [stream.read(site)[mask].double().cpu() for site in self.sites]  # [tokens dim...]
                 return min(rows, len(chunk) - start), [slot.cpu(), *found]
 
             done, (slot, *found) = with_backoff(work, size)  # summed only once the batch is through
             counts += torch.bincount(slot, minlength=slots)[:slots].double()
-            for unit, found_values in zip(self.units, found):
-                total = sums.setdefault(unit, torch.zeros((slots, *found_values.shape[1:]), dtype=torch.float64))
+            for site, found_values in zip(self.sites, found):
+                total = sums.setdefault(site, torch.zeros((slots, *found_values.shape[1:]), dtype=torch.float64))
                 total.index_add_(0, slot, found_values)
             start += done
-        yield {unit: total.numpy() for unit, total in sums.items()}, counts.numpy()
+        yield {site: total.numpy() for site, total in sums.items()}, counts.numpy()
 
     def combine(self, pieces: list) -> Sums:
         return pieces[0]
 
 
 def reference_means(
-    executor: Executor, model: Transformer, units: list, texts: list[str], n_positions: int, per_position: bool,
+    executor: Executor, model: Transformer, sites: list[Site], texts: list[str], n_positions: int, per_position: bool,
     batch: int, batch_size: int | str,
 ) -> dict:
-    """{unit: float64 array}: [dim...] agnostic, [n_positions dim...] per position; chunks of `batch` texts."""
-    patterns = [u for u in units if u[5] == "pattern"]
+    """{site: float64 array}: [dim...] agnostic, [n_positions dim...] per position; chunks of `batch` texts."""
+    patterns = [site for site in sites if site.what == "pattern"]
     if patterns:
-        layer, part, head = patterns[0][:3]
         raise ResidError(f"Attention patterns have no mean over reference texts (their key axis is each text's own "
-                         f"length): layers[{layer}].{part} head {head} pattern. Ablate patterns with method='zero' or "
-                         "'resample'.")
+                         f"length): {patterns[0].label}. Ablate patterns with {param('method', 'zero')} or "
+                         f"{param('method', 'resample')}.")
     tokenizer = model.require_tokenizer()
     encoded = [ids[:n_positions] for ids in (tokenizer.encode(t) for t in texts) if ids]
     chunks = [encoded[start : start + batch] for start in range(0, len(encoded), batch)]
-    job = MeanJob(units, per_position, n_positions, tokenizer.pad_token_id, batch_size)
-    parts: list = [None] * len(chunks)
-    for index, part in executor.map(model, job, chunks):
-        parts[index] = part
+    job = MeanJob(sites, per_position, n_positions, tokenizer.pad_token_id, batch_size, chunks)
+    parts = drive(model, job, executor=executor, progress=False)
     slots = n_positions if per_position else 1
     counts = np.zeros(slots)
     sums: dict = {}
     for part_sums, part_counts in parts:  # in chunk order: float64 sums do not depend on who finished first
         counts += part_counts
-        for unit, total in part_sums.items():
-            sums[unit] = sums[unit] + total if unit in sums else total.copy()
+        for site, total in part_sums.items():
+            sums[site] = sums[site] + total if site in sums else total.copy()
     if counts.sum() == 0:
         raise ResidError("The reference texts gave no tokens to average over.")
     if per_position and (counts == 0).any():
@@ -98,5 +105,5 @@ def reference_means(
             f"Per-position means need reference texts at least as long as the prompts ({n_positions} tokens); "
             f"no reference text reaches position {first}. Add longer texts or use position-agnostic means."
         )
-    means = {unit: total / counts.reshape(-1, *([1] * (total.ndim - 1))) for unit, total in sums.items()}
-    return means if per_position else {unit: mean[0, ...] for unit, mean in means.items()}  # 0-d for a neuron
+    means = {site: total / counts.reshape(-1, *([1] * (total.ndim - 1))) for site, total in sums.items()}
+    return means if per_position else {site: mean[0, ...] for site, mean in means.items()}  # 0-d for a neuron

@@ -1,25 +1,32 @@
-"""Batched (prompt x ablation) rows: what one chunk of a sweep computes, on whichever worker runs it.
+"""Batched (prompt x site) rows: what one chunk of a sweep (or of exact patching) computes, on whichever worker
+runs it.
 
-A *group* is a few prompts run clean together (their resample donors appended); its rows are then ablated layer
-by layer, each resumed from the clean residual entering the ablated layer (model.resume), unembedding only the
-last token (or each prompt's [MASK]). Every function here takes plain inputs (token ids, global prompt indices)
-so that a remote worker computes exactly what the driver would.
+A *group* is a few prompts run clean together (their donors appended: resample ablation, patching); its rows are
+then ablated layer by layer, each resumed from the clean residual entering the ablated site's layer
+(model.resume), unembedding only the last token (or each prompt's [MASK]). A row's site is replaced by zero, by
+its mean over reference text, or by its value in the donor run; residual sites (resid_pre / resid_mid /
+resid_post at some positions) are replaced at each row's own positions, which an alignment may map to other
+positions in the donor (patching pairs of different lengths). Every function here takes plain inputs (token ids,
+global prompt indices) so that a remote worker computes exactly what the driver would.
 """
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses.ablation import values
-from resid.analyses.ablation.sites import Ablation
 from resid.analyses.metrics import check_metric, metric_values
+from resid.analyses.sites import columns
 from resid.batching import BatchSize, run_batched
+from resid.capture import Capture
+from resid.config import ModelConfig
 from resid.interventions import Add, Scale
 from resid.model import Run, Transformer
-from resid.stream import ResidualStream
+from resid.selection import Padded
+from resid.sites import RESID_PARTS, Site
 from resid.tokenizer import Tokens
 
 
@@ -28,10 +35,14 @@ class Context:
     model: Transformer
     method: str
     metric: str | Callable  # a name of resid.analyses.metrics.METRICS, or a function of the logits
-    means: dict
+    means: dict  # Site (whole) -> mean tensor on the model's device
     per_position: bool
     size: BatchSize  # rows per forward pass, shared so an out-of-memory halving sticks
-    positions: list[int] | None = None  # masked-LM models: each prompt's [MASK] (None: each prompt's last token)
+    read_at: list[int] | None = None  # masked-LM models: each prompt's [MASK] (None: each prompt's last token)
+    # patching pairs of different lengths: per prompt, {position named in the table: (its base position, the
+    # donor's position)}, prompt-relative (None: every position is itself in both)
+    aligned: list[dict[int, tuple[int, int]]] | None = None
+    donor_metric: bool = False  # rows carry the donor run's metric too (patching)
 
 
 @dataclass
@@ -40,113 +51,177 @@ class Group:
 
     prompts: list[int]  # global prompt indices; row i of the tensors below is prompts[i]
     tokens: Tokens  # the group's prompts, on the model's device
-    clean: Run  # the clean run (donor rows appended after the prompts for resample ablation)
-    donor_stream: ResidualStream | None
+    clean: Run  # the clean run (donor rows appended after the prompts when there are donors)
+    donors: Tokens | None  # the donor rows' tokens
     targets: Tensor
     baselines: Tensor | None
     clean_metric: Tensor
+    donor_metric: Tensor | None
     at: Tensor | None = None  # masked-LM models: [k 1] padded index of each prompt's [MASK]
 
 
 def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list, target_ids: list,
                baseline_ids: list | None, donors: list | None) -> Group:
-    """The group's prompts (then, for resample, their donors: same lengths, so the same padded positions) in
-    one clean run. sequences: every prompt's real token ids; donors: per prompt, a prompt index or token ids."""
+    """The group's prompts (then their donors, if any) in one clean run. sequences: every prompt's real token ids;
+    donors: per prompt, a prompt index or the donor's token ids."""
     model = ctx.model
     chosen = [sequences[p] for p in group]
     if donors is not None:
         chosen += [sequences[d] if isinstance(d, int) else d for d in (donors[p] for p in group)]
-    capture = values.capture_for({values.unit_of(s) for _, a in todo for s in a.sites})
+    capture = Capture.of({edit.whole for _, site in todo for edit in edited(site, model.config)})
     padded = Tokens.pad(chosen, pad)
     k = len(group)
-    at = "last"
-    if ctx.positions is not None:  # donors (same lengths) are read where their prompt is
-        at = padded.padded_index([[ctx.positions[group[i % k]]] for i in range(len(chosen))]).to(model.device)
-    clean = model.run(padded, capture=capture, logits_at=at)
+    at = None
+    if ctx.read_at is not None:  # donors (same lengths) are read where their prompt is
+        at = padded.padded_index([[ctx.read_at[group[i % k]]] for i in range(len(chosen))]).to(model.device)
+    clean = model.run(padded, capture=capture, logits_at="last" if at is None else Padded(at))
     tokens = clean.tokens  # on the model's device, like every index built from it below
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
     baselines = None if baseline_ids is None else torch.tensor([baseline_ids[p] for p in group], device=model.device)
+    metric = metric_values(ctx.metric, clean.logits[:, 0], targets.repeat(len(chosen) // k),
+                           None if baselines is None else baselines.repeat(len(chosen) // k))
     return Group(
         prompts=group,
         tokens=tokens.rows(torch.arange(k)) if donors is not None else tokens,
         clean=clean,
-        donor_stream=clean.stream if donors is not None else None,
+        donors=tokens.rows(torch.arange(k, 2 * k)) if donors is not None else None,
         targets=targets,
         baselines=baselines,
-        clean_metric=metric_values(ctx.metric, clean.logits[:k, 0], targets, baselines),
-        at=None if ctx.positions is None else at[:k],
+        clean_metric=metric[:k],
+        donor_metric=metric[k:] if donors is not None else None,
+        at=None if ctx.read_at is None else at[:k],
     )
 
 
-def ablate_group(ctx: Context, group: Group, todo: list) -> Iterator[pd.DataFrame]:
-    """Every pending (prompt, ablation) row of the group, layer by layer, each resumed from the clean residual."""
+def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> Iterator[pd.DataFrame]:
+    """Every pending (prompt, site) row of the group, layer by layer, each resumed from the clean residual."""
     model, k = ctx.model, len(group.prompts)
     local = {p: i for i, p in enumerate(group.prompts)}
     by_layer: dict[int, list] = {}
-    for p, a in todo:
-        by_layer.setdefault(a.start_layer, []).append((local[p], a))
-    # The i-th residual of running("layer") is resid_pre(i): one addition per layer, never re-summed.
-    entering = zip(range(model.config.n_layers), group.clean.stream.running("layer"))
-    for layer, (_, _, resid) in entering:
+    for p, site in todo:
+        by_layer.setdefault(start_layer(site), []).append((local[p], site))
+    for layer, resid in group.clean.stream.entering():
         resid = resid[:k]
         if layer in by_layer:
             def work(rows, layer=layer, resid_pre=resid):
                 index = torch.tensor([i for i, _ in rows], device=model.device)
-                edits = _edits(ctx, [a for _, a in rows], index, group.tokens, group.donor_stream, k)
-                at = "last" if group.at is None else group.at[index]
+                edits = _edits(ctx, group, rows, index)
+                at = "last" if group.at is None else Padded(group.at[index])
                 logits = model.resume(layer, resid_pre[index], group.tokens.rows(index), edits, logits_at=at)
                 baselines = None if group.baselines is None else group.baselines[index]
                 return metric_values(ctx.metric, logits[:, 0], group.targets[index], baselines)
 
             for rows, ablated in run_batched(by_layer[layer], work, ctx.size):
-                yield _frame(ctx, rows, group.prompts, group.clean_metric, ablated)
+                yield _frame(ctx, rows, group, ablated)
 
 
-def _edits(ctx, ablations: list[Ablation], index: Tensor, tokens, donor_stream, k: int) -> list:
-    """Per-row ablations as whole-batch edits: each unit is scaled by 0 on the rows that ablate it (1 on
-    the others) and, for mean / resample, its replacement is added on those rows only. Exact: x*1 + 0 = x."""
+def start_layer(site: Site) -> int:
+    """The first layer whose computation a site's edit changes: a resumed run starts there."""
+    return 0 if site.layer is None else site.layer
+
+
+def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], index: Tensor) -> list:
+    """Per-row ablations as whole-batch edits: each site is scaled by 0 on the rows that ablate it (1 on the
+    others) and, for mean / resample, its replacement is added on those rows only. Exact: x*1 + 0 = x. A
+    residual site is edited whole, with each row's replacement equal to the clean residual but at its positions."""
     model, edits = ctx.model, []
-    units = {}
-    for row, a in enumerate(ablations):
-        for site in a.sites:
-            units.setdefault(site, torch.zeros(len(ablations), dtype=torch.bool))[row] = True
-    for site, rows in units.items():
-        unit = values.unit_of(site)
-        rows = rows.to(model.device)
-        shape = (-1, 1) if site.neuron is not None else (-1, 1, 1)
-        edits.append(Scale(site, (~rows).to(model.dtype).view(shape)))
-        if ctx.method == "zero":
-            continue
-        if ctx.method == "mean":
-            replacement = ctx.means[unit]
-            if ctx.per_position:
-                replacement = replacement[tokens.position_ids[index]]
+    by_site: dict[Site, list[int]] = {}
+    for row, (_, site) in enumerate(rows):
+        for edit_site in edited(site, model.config):
+            by_site.setdefault(edit_site, []).append(row)
+    for site, members in by_site.items():
+        mask = torch.zeros(len(rows), dtype=model.dtype, device=model.device)
+        mask[members] = 1
+        if site.part in RESID_PARTS:
+            replacement = _residual(ctx, group, rows, members, site, index)
+            shape = (-1, 1, 1)
         else:
-            replacement = values.read_unit(donor_stream, unit)[index + k]
-        if site.positions is not None and replacement.ndim == (2 if site.neuron is not None else 3):
-            # Per-position replacements are in the batch's padded layout; the site edits its prompt positions.
-            at = tokens.rows(index).padded_index(site.positions)
-            at = at.view(*at.shape, *([1] * (replacement.ndim - 2))).expand(-1, -1, *replacement.shape[2:])
-            replacement = replacement.gather(1, at)
-        edits.append(Add(site, replacement * rows.to(model.dtype).view(shape)))
+            replacement = None if ctx.method == "zero" else _replacement(ctx, group, site, index)
+            shape = (-1,) + (1,) * (_slice_ndim(site) - 1)
+        edits.append(Scale(site, (1 - mask).view(shape)))
+        if replacement is not None:
+            edits.append(Add(site, replacement * mask.view(shape)))
     return edits
 
 
-def _frame(ctx, rows, group, clean_metric: Tensor, ablated: Tensor) -> pd.DataFrame:
+def edited(site: Site, config: ModelConfig) -> list[Site]:
+    """The sites a row's edits act on: a layer's sublayer writes, a residual site whole (its positions are each
+    row's own), any other site as it is."""
+    if site.part == "layer":
+        parts = ("attn", "cross", "mlp") if config.cross_attention else ("attn", "mlp")
+        return [Site(site.layer, part, positions=site.positions) for part in parts]
+    return [site.whole] if site.part in RESID_PARTS else [site]
+
+
+def _slice_ndim(site: Site) -> int:
+    """The number of axes of the slice a site's edit sees ([batch pos] for a neuron, [batch pos d] mostly, with
+    a head axis for a whole field)."""
+    if site.neuron is not None:
+        return 2
+    return 4 if site.what in ("z", "q", "k", "v", "pattern") and site.unit is None else 3
+
+
+def _replacement(ctx: Context, group: Group, site: Site, index: Tensor) -> Tensor:
+    """[rows pos ...] the mean or donor value of a site's field, at the site's positions if it names some."""
+    k = len(group.prompts)
+    tokens = group.tokens.rows(index)
+    if ctx.method == "mean":
+        value = ctx.means[site.whole]
+        if ctx.per_position:
+            value = value[tokens.position_ids]
+    else:
+        value = group.clean.stream.read(site.whole)[index + k]
+    if site.positions is not None and value.ndim >= 2 and value.shape[1] == tokens.ids.shape[1]:
+        at = tokens.padded_index(site.positions)
+        at = at.view(*at.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])
+        value = value.gather(1, at)
+    return value
+
+
+def _residual(ctx: Context, group: Group, rows: list[tuple[int, Site]], members: list[int], site: Site,
+              index: Tensor) -> Tensor:
+    """[rows pos d_model] the clean residual at `site` with each member row's positions replaced (zero, mean or
+    the donor's residual at the aligned positions); other rows keep the clean residual (masked off anyway)."""
+    k = len(group.prompts)
+    whole = group.clean.stream.read(site)  # [prompts (+ donors) pos d_model]
+    value = whole[index].clone()
+    for row in members:
+        prompt, named = group.prompts[int(index[row])], rows[row][1]
+        base, donor = _aligned(ctx, prompt, named.positions)
+        at = group.tokens.rows(index[row : row + 1]).padded_index(base)[0]
+        if ctx.method == "zero":
+            value[row, at] = 0
+        elif ctx.method == "mean":
+            mean = ctx.means[site]
+            value[row, at] = mean[group.tokens.position_ids[index[row], at]] if ctx.per_position else mean
+        else:
+            theirs = group.donors.rows(index[row : row + 1]).padded_index(donor)[0]
+            value[row, at] = whole[int(index[row]) + k, theirs]
+    return value
+
+
+def _aligned(ctx: Context, prompt: int, positions: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """(base positions, donor positions) of a row's named positions."""
+    if ctx.aligned is None:
+        return list(positions), list(positions)
+    pairs = [ctx.aligned[prompt][p] for p in positions]
+    return [b for b, _ in pairs], [d for _, d in pairs]
+
+
+def _frame(ctx: Context, rows: list[tuple[int, Site]], group: Group, ablated: Tensor) -> pd.DataFrame:
     local = [i for i, _ in rows]
-    clean = clean_metric[local].double().cpu().numpy()
+    clean = group.clean_metric[local].double().cpu().numpy()
     ablated = ablated.double().cpu().numpy()
-    return pd.DataFrame({
-        "prompt_idx": [group[i] for i in local],
-        "site": [a.label for _, a in rows],
-        "layer": [a.layer for _, a in rows],
-        "part": [a.part for _, a in rows],
-        "head": pd.array([a.head for _, a in rows], dtype="Int64"),
-        "expert": pd.array([a.expert for _, a in rows], dtype="Int64"),
-        "neuron": pd.array([a.neuron for _, a in rows], dtype="Int64"),
+    sites = [site for _, site in rows]
+    frame = {
+        "prompt_idx": np.asarray([group.prompts[i] for i in local], dtype=np.int64),
+        **columns(sites),
         "method": ctx.method,
         "metric": check_metric(ctx.metric, True),
         "clean_metric": clean,
         "ablated_metric": ablated,
         "delta": ablated - clean,
-    })
+    }
+    if ctx.donor_metric:
+        frame["donor_metric"] = group.donor_metric[local].double().cpu().numpy()
+    return pd.DataFrame(frame)

@@ -31,11 +31,12 @@ def add_parser(commands, common) -> None:
 def check(args) -> None:
     """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`; --ray and
 --workers become `args.executor` (None: in process)."""
+    from resid.analyses.io import suffixes
     from resid.analyses.io.prompts_file import read_jsonl
-    from resid.analyses.io.store import SUFFIXES
 
     args.batch_size = arguments.batch_size(args.batch_size)  # 'auto' or an int from here on
-    arguments.out_path(args.out, SUFFIXES)
+    arguments.out_path(args.out, suffixes.STORE)
+    arguments.not_being_written(args.out)
     arguments.out_path(args.figure, (".html",), "--figure")
     if args.method == "mean" and args.reference is None:
         raise ResidError("--method mean needs --reference FILE (.txt or .jsonl texts) to average each write over.")

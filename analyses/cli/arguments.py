@@ -4,6 +4,7 @@ Each one turns an argument string into the value `run` uses (or raises a one-lin
 flag), so main can validate everything before `load` spends seconds reading weights.
 """
 
+import os
 from pathlib import Path
 
 from resid.errors import ResidError
@@ -61,10 +62,50 @@ def neuron_pairs(text: str, flag: str = "--neurons") -> list[tuple[int, int]]:
 
 
 def out_path(path: str | None, suffixes: tuple[str, ...], flag: str = "--out") -> str | None:
-    """A file whose suffix picks its format: refused now rather than after the model has run."""
+    """A file whose suffix picks its format, in a place that can be written: refused now rather than after the
+    model has run."""
     if path is not None and Path(path).suffix.lower() not in suffixes:
         raise ResidError(f"{flag} {path!r} must end in one of {', '.join(suffixes)} (the suffix picks the format).")
+    if path is not None:
+        if Path(path).is_dir():
+            raise ResidError(f"{flag} {path} is a folder; give a file name in it, e.g. {Path(path) / 'results'}"
+                             f"{suffixes[0]}.")
+        _writable(Path(path).parent, flag, path)
     return path
+
+
+def not_being_written(path: str, flag: str = "--out") -> None:
+    """Refuse at once an output that another process's result store is writing (it holds `<out>.lock`), rather
+    than after the model has loaded."""
+    from resid.analyses.io.lock import holder
+
+    found = holder(Path(f"{path}.lock"))
+    if found is not None:
+        raise ResidError(f"Another process ({found}) is writing results to {path}. Two writers of one {flag} would mix "
+                         f"their rows: wait for it to finish (or stop it), or choose another {flag} path.")
+
+
+def out_folder(path: str | None, flag: str = "--out") -> str | None:
+    """A folder the command writes its files into (made if missing), checked to be writable before the model loads."""
+    if path is not None:
+        if Path(path).exists() and not Path(path).is_dir():
+            raise ResidError(f"{flag} {path} is a file, but this command writes a folder of files there; give a "
+                             "folder path.")
+        _writable(Path(path), flag, path)
+    return path
+
+
+def _writable(folder: Path, flag: str, given: str) -> None:
+    # The writers make missing folders, so the nearest existing one decides. os.access asks the kernel, so a
+    # read-only file system counts as well as permissions (with the effective ids, as the writes will use).
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ResidError(f"{flag} {given} cannot be written: {existing} is a file, not a folder.")
+    effective = os.access in os.supports_effective_ids
+    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=effective):
+        place = "its folder" if existing == folder else f"the nearest existing folder above it, {existing},"
+        raise ResidError(f"{flag} {given} cannot be written: {place} is not writable (permissions, or a read-only "
+                         f"file system). Choose another {flag} path.")
 
 
 def existing_file(path: str, flag: str) -> str:
@@ -100,7 +141,7 @@ def executor_options(parser) -> None:
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run the chunks on Ray workers, each loading the model once: a local cluster, or the "
                         "running cluster at ADDRESS ('auto', 'ray://host:10001'); needs pip install "
-                        "'resid[distributed]'")
+                        "'resid-stream[distributed]'")
     parser.add_argument("--workers", type=int, default=None,
                         help="Ray workers (default: one per GPU of the cluster, else one per CPU)")
 

@@ -24,7 +24,7 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     """Also reads --prompts (a bad line is reported before the model loads) into `args.prompt_set`."""
-    from resid.analyses import tables
+    from resid.analyses.io import suffixes
     from resid.analyses.io.prompts_file import read_jsonl
 
     if (args.text is None) == (args.prompts is None):
@@ -32,7 +32,7 @@ def check(args) -> None:
     if args.prompts is not None and (args.target is not None or args.baseline is not None):
         raise ResidError("With --prompts, targets and baselines come from the JSONL file, not --target.")
     arguments.at_least(args.top, 1, "--top")
-    arguments.out_path(args.out, tables.SUFFIXES)
+    arguments.out_path(args.out, suffixes.TABLE)
     args.prompt_set = read_jsonl(args.prompts) if args.prompts is not None else None
 
 
@@ -49,7 +49,7 @@ def run(model, args) -> str:
         lines.append(f"prompt {prompt_idx}: {attribution.metric_name(rows)} = {rows['logit'].iloc[0]:.4f} "
                      f"(sum of {len(rows)} components {rows['value'].sum():.4f})")
         ranked = attribution.top_components(rows, args.top)
-        lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["component"])]
+        lines += [f"  {value:+9.4f}  {component}" for value, component in zip(ranked["value"], ranked["site"])]
     if args.out is not None:
         lines.append(f"wrote {tables.export(df, args.out)} ({len(df)} rows)")
     return "\n".join(lines + output.notes(df))

@@ -25,6 +25,7 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     arguments.at_least(args.top, 1, "--top")
+    arguments.out_folder(args.out)
 
 
 def run(model, args) -> str:
@@ -34,7 +35,7 @@ def run(model, args) -> str:
     attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
     at = int(attr["pos"].iloc[0])  # the last token, or the [MASK] of a masked-LM model
     # Every position for the heatmap; the table reads the attributed one.
-    lens = logit_lens.run(model, text, target=args.target, positions="all", level="layer", norm=args.norm, k=args.top)
+    lens = logit_lens.run(model, text, target=args.target, positions="all", every="layer", norm=args.norm, k=args.top)
     lines = _predictions(model, text, lens, at)
     lines += _lens_table(lens, at, f"the [MASK] (position {at})" if model.config.head == "mlm" else "the last token")
     lines += _components(attr, args.top)
@@ -73,7 +74,7 @@ def _components(attr, top: int) -> list[str]:
     first, metric = attr.iloc[0], metric_name(attr)
     ranked = top_components(attr, top)
     lines = ["", f"top {len(ranked)} components by direct attribution to {metric}:"]
-    lines += [f"  {row['value']:+9.4f}  {row['component']}" for _, row in ranked.iterrows()]
+    lines += [f"  {row['value']:+9.4f}  {row['site']}" for _, row in ranked.iterrows()]
     total, actual = attr["value"].sum(), first["logit"]
     lines += ["", (f"completeness: sum of {len(attr)} components = {total:.6f}; model {metric} = {actual:.6f}; "
                    f"difference {total - actual:+.2e}")]
@@ -88,7 +89,7 @@ def _write(model, text: str, lens, attr, at: int, out: Path, summary: str, self_
     lens_top = lens[(lens["rank"] == 1) & (lens["pos"] == at)]
     files = [
         tables.export(attr, out / "attribution.csv"),
-        tables.export(top[["component", "layer", "part", "head", "value"]], out / "attribution.tex",
+        tables.export(top[["site", "layer", "part", "head", "value"]], out / "attribution.tex",
                       attr.attrs.get("provenance")),
         tables.export(lens, out / "logit_lens.csv"),
         tables.export(lens_top[["layer", "site", "token", "prob", "target_prob", "target_rank"]],

@@ -11,6 +11,7 @@ Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (
 from pathlib import Path
 
 from resid.analyses.cli import arguments, output
+from resid.sites import Site
 
 
 def add_parser(commands, common) -> None:
@@ -18,7 +19,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("text", help="the prompt to read through the lens")
     parser.add_argument("--target", default=None, help="target token (default: the top prediction at each position)")
     parser.add_argument("--positions", default="-1", help="'all', or comma-separated prompt positions (default -1)")
-    parser.add_argument("--level", default="layer", choices=["layer", "sublayer"],
+    parser.add_argument("--every", default="layer", choices=["layer", "sublayer"],
                         help="read the residual after every layer (default), or also between attention and MLP")
     parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"],
                         help="final norm: recomputed on each partial residual (default), or its scale frozen "
@@ -36,11 +37,11 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    from resid.analyses import tables
+    from resid.analyses.io import suffixes
 
     args.positions = arguments.positions(args.positions)  # 'all' or a list of ints from here on
     arguments.at_least(args.k, 1, "--k")
-    arguments.out_path(args.out, tables.SUFFIXES)
+    arguments.out_path(args.out, suffixes.TABLE)
     args.loaded = arguments.translators(args.lens, args.translators)  # read before the model loads
 
 
@@ -52,7 +53,7 @@ def run(model, args) -> str:
         from resid.analyses.lenses import formats
 
         lens = formats.lens_for(model, args.loaded, not args.skip_unembedding_check, args.translators)
-    df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, level=args.level,
+    df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, every=args.every,
                         norm=args.norm, k=args.k, lens=lens)
     top = df[df["rank"] == 1]
     name = f"{df['lens'].iloc[0]} lens"
@@ -65,7 +66,7 @@ def run(model, args) -> str:
                  f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>9} {'target':<16} {'p(target)':>9} "
                  f"{'rank':>6}"]
     for _, row in top.iterrows():
-        site = logit_lens.site_label(row["layer"], row["site"])
+        site = logit_lens.short_label(Site.parse(row["site"]))
         target = "" if args.target is not None else f" {row['target']!r:<16}"
         lines.append(f"  {row['pos']:>4} {site:<16} {row['token']!r:<16} {output.prob(row['prob'])}{target} "
                      f"{output.prob(row['target_prob'])} {row['target_rank']:>6}")

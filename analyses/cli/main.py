@@ -2,7 +2,7 @@
 
     resid decompose "The Eiffel Tower is located in the city of" [--target T] [--baseline B] [--out DIR]
     resid attribute "prompt" | --prompts x.jsonl [--level head] [--out table.csv]
-    resid lens "prompt" [--target T] [--positions all] [--level sublayer] [--norm frozen] [--out lens.csv]
+    resid lens "prompt" [--target T] [--positions all] [--every sublayer] [--norm frozen] [--out lens.csv]
                         [--lens tuned --translators DIR]
     resid lens train --out DIR [--corpus FILE] [--steps N --tokens-per-step N --seq-len N]
     resid lens eval --translators DIR [--tokens N] [--out eval.md]
@@ -16,13 +16,16 @@
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
 that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
 Bad input ends in one line `resid: error: ...` and exit status 2, never a traceback; an analysis's error is
-reworded for the command line (resid.analyses.cli.errors: `--reference`, not `reference=`).
+named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons: a
 table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format for those
 that write one table (attribute, lens, lens eval: .csv .parquet .tex .md; ablate: .parquet .csv), with any figure
 written beside it. Each --out help says which.
 HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
+
+Building the parser imports no torch, pandas or plotly (the subcommand modules import what `run` needs inside
+it), so `--help`, `--version` and argument errors answer in tens of milliseconds (tests/cli/test_startup.py).
 """
 
 import argparse
@@ -30,8 +33,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from resid.analyses.cli.errors import for_cli
-from resid.errors import ResidError
+import resid
+from resid.analyses.cli.errors import render
+from resid.errors import ResidError, param_style
 
 DEFAULT_MODEL = "smollm2-135m"
 # Commands in the order --help lists them; each is the module of resid.analyses.cli named like it ("lens train":
@@ -42,6 +46,7 @@ COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predic
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resid", description="Residual-stream interpretability toolkit.")
+    parser.add_argument("--version", action="version", version=f"resid {resid.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", default=DEFAULT_MODEL,
@@ -70,13 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(_route(sys.argv[1:] if argv is None else argv))
     command = _command(args.command)
     try:
-        command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
-        from resid.load import load
+        with param_style(render):  # errors name flags, not Python parameters (resid.analyses.cli.errors)
+            command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
+            from resid.load import load
 
-        model = load(args.model, device=args.device, dtype=args.dtype)
-        print(command.run(model, args))
+            model = load(args.model, device=args.device, dtype=args.dtype)
+            print(command.run(model, args))
     except ResidError as err:
-        print(f"resid: error: {for_cli(str(err))}", file=sys.stderr)
+        print(f"resid: error: {err}", file=sys.stderr)
         return 2
     return 0
 

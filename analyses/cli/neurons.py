@@ -78,6 +78,7 @@ def check(args) -> None:
     for edit), --batch-size 'auto' or an int; --corpus is read into `args.texts` (None: the demo corpus); --ray
     and --workers become `args.executor` (None: in process)."""
     arguments.at_least(args.k, 1, "--k")
+    arguments.out_folder(args.out)
     if args.action in ("values", "top", "explain"):
         args.layers = arguments.layers(args.layers)
     if args.action in ("values", "top"):

@@ -7,29 +7,30 @@ length)."""
 from pathlib import Path
 
 from resid.analyses.cli import arguments
+from resid.analyses.io import suffixes
 from resid.errors import ResidError
 
 EXAMPLE = '{"clean": "When Mary and John went to the store, John gave a drink to", "corrupt": "When Mary and John ' \
           'went to the store, Mary gave a drink to", "target": " Mary", "baseline": " John"}'
-SUFFIXES = (".parquet", ".csv")
 
 
 def add_parser(commands, common) -> None:
     patch = commands.add_parser("patch", parents=[common], help="activation / attribution patching of prompt pairs")
     patch.add_argument("--pairs", required=True, help='JSONL: {"clean": ..., "corrupt": ..., "target": ..., '
                        '"baseline": ...}')
-    patch.add_argument("--sites", default="resid_pre", choices=["resid_pre", "sublayer", "head", "q", "k", "v",
-                                                                "pattern"],
-                       help="the residual stream by layer and position (default), each attention / MLP write, each "
-                       "head, or each head's query, key, value or attention pattern")
+    patch.add_argument("--sites", default="resid_pre", choices=["resid_pre", "resid_mid", "resid_post", "layer",
+                                                                "sublayer", "head", "q", "k", "v", "pattern"],
+                       help="the residual stream by layer and position (default resid_pre; resid_mid, resid_post: "
+                       "exact only), each layer (exact only), each attention / MLP write, each head, or each head's "
+                       "query, key, value or attention pattern")
     patch.add_argument("--method", default="exact", choices=["exact", "atp", "atp*"],
                        help="exact activation patching (one patched run per site), AtP (one backward pass), or AtP* "
                        "(queries and keys through the exact new pattern, and GradDrop: one backward pass per layer)")
     patch.add_argument("--direction", default="denoise", choices=["denoise", "noise"],
                        help="denoise: patch clean activations into the corrupt run; noise: the reverse")
     patch.add_argument("--align", default=None, choices=["end"],
-                       help="pairs of different token lengths: align them from the last token back (resid_pre "
-                       "sites and atp / atp* only)")
+                       help="pairs of different token lengths: align them from the last token back (the "
+                       "residual sites, and atp / atp*)")
     patch.add_argument("--metric", default=None, choices=["logit_diff", "logit", "target_prob", "loss"])
     patch.add_argument("--batch-size", default="auto", help="rows per forward pass, or auto")
     patch.add_argument("--out", required=True, help="a file (.parquet .csv): one row per (pair, site)")
@@ -40,13 +41,15 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     """Also reads --pairs (a bad line is reported before the model loads) into `args.pairs_read`."""
-    from resid.analyses.io import texts
+    from resid.analyses.io import prompts_file, texts
 
     args.batch_size = arguments.batch_size(args.batch_size)
-    arguments.out_path(args.out, SUFFIXES)
+    arguments.out_path(args.out, suffixes.STORE)
+    arguments.not_being_written(args.out)  # exact patching writes a result store
     arguments.out_path(args.figure, (".html",), "--figure")
-    found = [record for _, record in texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object},
-                                                   EXAMPLE, "pairs")]
+    numbered = texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object}, EXAMPLE, "pairs")
+    prompts_file.check_tokens(args.pairs, numbered, example=EXAMPLE, required=("target",))
+    found = [record for _, record in numbered]
     if not found:
         raise ResidError(f"{args.pairs} holds no pairs: give one {EXAMPLE} object per line.")
     with_baseline = [r.get("baseline") is not None for r in found]
@@ -54,9 +57,9 @@ def check(args) -> None:
         raise ResidError(f"{args.pairs}: give every line a baseline, or none.")
     if args.metric == "logit_diff" and not all(with_baseline):
         raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.pairs}.')
-    if args.ray is not None and args.method != "exact":
-        raise ResidError(f"--ray runs exact patching's chunks on workers; --method {args.method} is one backward "
-                         "pass per chunk of pairs, run in process: drop --ray.")
+    if args.method != "exact" and args.sites in ("resid_mid", "resid_post", "layer"):
+        raise ResidError(f"--sites {args.sites} is patched exactly only: use --method exact, or --sites resid_pre, "
+                         f"sublayer, head, q, k, v or pattern with --method {args.method}.")
     args.pairs_read = found
     args.executor = arguments.executor(args.ray, args.workers)
 
@@ -69,16 +72,16 @@ def run(model, args) -> str:
     targets = [r["target"] for r in found]
     baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
     options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size, align=args.align)
-    if args.method == "exact":
-        try:
+    try:
+        if args.method == "exact":
             df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites,
                                      executor=args.executor, **options)
-        finally:
-            if args.executor is not None:
-                args.executor.close()
-    else:
-        df = patching.attribution(model, clean, corrupt, targets, baselines, sites=(args.sites,), method=args.method,
-                                  **options)
+        else:
+            df = patching.atp(model, clean, corrupt, targets, baselines, sites=(args.sites,), method=args.method,
+                              executor=args.executor, **options)
+    finally:
+        if args.executor is not None:
+            args.executor.close()
     out = tables.export(df, args.out)
     figure = plots.save_html(plots.patching_heatmap(df), args.figure or Path(args.out).with_suffix(".html"),
                              self_contained=args.self_contained)

@@ -1,10 +1,7 @@
 """`resid predict "text" [--top K] [--target T]`: the top next tokens with probabilities, and where a target
 stands among them (TransformerLens's `test_prompt`)."""
 
-import torch
-
 from resid.analyses.cli import arguments
-from resid.capture import Capture
 
 
 def add_parser(commands, common) -> None:
@@ -20,7 +17,10 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
+    import torch
+
     from resid.analyses.vocab import single_token_id
+    from resid.capture import Capture
 
     text, top = args.text, args.top
     # Before the forward pass: a multi-token target is reported without running the model.

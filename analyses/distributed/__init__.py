@@ -12,7 +12,7 @@
 
 Results do not depend on the executor: sweeps write each finished chunk to their ResultStore from the driver
 (resumable, each row once), scans merge per-shard top-k lists associatively. Ray is an optional extra,
-`pip install 'resid[distributed]'`, imported only when a RayExecutor is made.
+`pip install 'resid-stream[distributed]'`, imported only when a RayExecutor is made.
 """
 
 from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve

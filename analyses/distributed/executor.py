@@ -1,4 +1,5 @@
-"""Executors: who runs the chunks of a sweep or a corpus scan.
+"""Jobs and executors: what a chunk computes, and who runs the chunks (resid.analyses.distributed.driver runs a
+job on an executor).
 
 Glossary:
     job      what to compute, as plain data (token ids, site lists, settings; never weights): `setup(model)` once
@@ -20,7 +21,34 @@ from resid.errors import ResidError
 from resid.model import Transformer
 
 class Job(abc.ABC):
-    """Work split into chunks; see the module docstring. Subclasses are plain dataclasses."""
+    """Work split into chunks, run by resid.analyses.distributed.driver.drive; see the module docstring.
+    Subclasses are plain dataclasses.
+
+    Table jobs set `key` (the columns that name a result row) and `signature()` (what determines the rows, for a
+    resumable store); their chunk results are DataFrames. Reductions leave `key` None: each chunk has one result
+    and `finish` merges them, in chunk order."""
+
+    name = "job"  # what the progress bar says
+    unit = "row"  # what `size` counts
+    key: tuple[str, ...] | None = None
+
+    @abc.abstractmethod
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list:
+        """The chunks still to compute: all of them less the rows whose keys are in `done` (a resumed store's);
+        laid out for `workers` remote workers (None: in process), at least `per_worker` chunks each."""
+
+    def prepare(self, model: Transformer, executor: "Executor", chunks: list) -> None:
+        """Called once the chunks are planned, before any runs: e.g. statistics the chunks need (the means of
+        mean ablation), computed on the same executor, and only if there is work left."""
+
+    def size(self, chunk: object) -> int:
+        """How much of the progress bar a chunk is (table jobs count the rows they return instead)."""
+        return 1
+
+    def signature(self) -> dict:
+        """A JSON-able description of everything that determines the rows (the driver adds the model's
+        identity); a resumed store must have an equal one."""
+        raise NotImplementedError(f"{type(self).__name__} takes no store")
 
     @abc.abstractmethod
     def setup(self, model: Transformer) -> object:
@@ -33,6 +61,11 @@ class Job(abc.ABC):
     @abc.abstractmethod
     def combine(self, pieces: list) -> object:
         """A finished chunk's pieces as one result (what a remote worker sends back)."""
+
+    def finish(self, results: object) -> object:
+        """The answer: for table jobs, from every row (a DataFrame, or None when there are none); for
+        reductions, from the chunks' results in chunk order."""
+        return results
 
 
 class Executor(abc.ABC):

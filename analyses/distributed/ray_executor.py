@@ -9,8 +9,8 @@ driver starts a fresh actor in its place (it loads the model again) and hands th
 A chunk whose result never arrived was never persisted, so nothing is lost or counted twice; a chunk that kills
 `retries + 1` workers is reported. An error raised by the analysis itself (bad input) is not retried.
 
-Ray is an optional extra (`pip install 'resid[distributed]'`) and is imported only here, when an executor is made.
-If this executor starts Ray (no cluster running yet), Ray stays up for later calls and stops when Python exits;
+Ray is an optional extra (`pip install 'resid-stream[distributed]'`) and is imported only here, when an executor is
+made. If this executor starts Ray (no cluster running yet), Ray stays up for later calls and stops when Python exits;
 `close()` ends the actors.
 """
 
@@ -28,7 +28,7 @@ from resid.errors import ResidError
 from resid.model import Transformer
 
 RAY_MODULE = "ray"
-EXTRA = "pip install 'resid[distributed]'"
+EXTRA = "pip install 'resid-stream[distributed]'"
 # Ray errors that mean "the worker is gone", not "the chunk is bad": the chunk is retried on another worker.
 LOST = ("RayActorError", "WorkerCrashedError", "OutOfMemoryError", "NodeDiedError", "ObjectLostError")
 RESOURCE_WAIT_S = 30.0  # how long start() waits for busy CPUs / GPUs to come free before it says so

@@ -23,6 +23,7 @@ object column, the storage of a `string` column). The index is never stored.
 """
 
 import csv
+import math
 import os
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import pandas as pd
 from resid.analyses.io import atomic
 from resid.errors import ResidError
 
-SUFFIXES = (".csv", ".parquet")
+SUFFIXES = (".csv", ".parquet")  # the same formats as suffixes.STORE
 _PANDAS_3 = int(pd.__version__.split(".")[0]) >= 3
 _CSV_READ_OPTIONS = {} if _PANDAS_3 else {"float_precision": "round_trip"}
 # The dtype of a column known only to be text (ResultStore): pandas 3's "str" keeps NaN as missing, while
@@ -173,3 +174,29 @@ def _restore(df: pd.DataFrame, columns: list[dict]) -> pd.DataFrame:
                 series = pd.Series(values, dtype=dtype)
         restored[column["name"]] = series.reset_index(drop=True)
     return pd.DataFrame(restored, index=pd.RangeIndex(len(df)))
+
+
+# Values as the result store reads them back from chunks that disagree on dtypes (resid.analyses.io.store).
+
+
+def key_value(value: object) -> object:
+    """One key value as plain Python, so a caller's (3, "attn", None) equals what CSV / Parquet gave back."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
+        return None
+    # An optional-int column read back as float64: 2.0 -> 2 (equal with the same hash anyway, but prints as given).
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def shows_text(column: pd.Series) -> bool:
+    # By values, not dtype (is_text): chunks disagree on dtypes, and an all-None object column (head of
+    # MLP rows) says nothing, while a column of strings is text whatever its dtype (object, str, category).
+    values = column.dropna().tolist()
+    return bool(values) and all(isinstance(value, str) for value in values)
+
+
+def is_optional_int(column: pd.Series) -> bool:
+    values = column.dropna().tolist()
+    whole = (isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values)
+    return 0 < len(values) < len(column) and all(whole)

@@ -1,8 +1,8 @@
 """Reading prompts for scripted sweeps: a JSONL file (read by `resid.analyses.io.texts`, which states the line rules)
 of objects with a string "prompt", an optional "target" and an optional "baseline" (a token string or id
-each). A line without a target means that prompt's top prediction where an analysis allows it (attribution);
-analyses that need targets (ablation) call `require_targets`. A malformed line is an error naming its line
-number; nothing is half-read."""
+each, checked as such when the file is read). A line without a target means that prompt's top prediction where
+an analysis allows it (attribution); analyses that need targets (ablation) call `require_targets`. A malformed
+line is an error naming its line number; nothing is half-read."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +29,25 @@ class PromptSet:
                              f"like {EXAMPLE}.")
 
 
+def check_tokens(path: str | Path, found: list[tuple[int, dict]], names: tuple[str, ...] = ("target", "baseline"),
+                 example: str = EXAMPLE, required: tuple[str, ...] = ()) -> None:
+    """Each of `names` given on a line (each of `required` always) must be a token (a string) or a token id (a
+    whole number >= 0): checked with the file, before a model loads, rather than by the analysis after it."""
+    for number, record in found:
+        for name in names:
+            value = record.get(name)
+            if (value is None and name not in required) or isinstance(value, str) or (
+                    isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                continue
+            raise ResidError(f'{path}, line {number}: "{name}" must be a token (a string such as " Paris") or a '
+                             f"token id (a whole number >= 0), got {value!r}. Each line is an object like {example}.")
+
+
 def read_jsonl(path: str | Path) -> PromptSet:
     found = texts.records(path, {"prompt": str}, EXAMPLE, "prompts")
     if not found:
         raise ResidError(f"{path} holds no prompts: give one {EXAMPLE} object per line.")
+    check_tokens(path, found)
     records = [record for _, record in found]
     baselines = [record.get("baseline") for record in records]
     given = [b is not None for b in baselines]

@@ -1,6 +1,7 @@
-"""Provenance of an analysis result: which model (weight file hashes), dtype, device, resid version, which
-analysis with which parameters, on which prompts, when. Analyses put it in `df.attrs["provenance"]`;
-`tables.export` writes it beside the table as `path + ".json"`."""
+"""Provenance of an analysis result: which model (its identity, resid.identity: the weights' content as they
+are, dtype and config; plus the files it was read from), device, resid version, which analysis with which
+parameters, on which prompts, when. Analyses put it in `df.attrs["provenance"]`; `tables.export` writes it beside
+the table as `path + ".json"`."""
 
 import hashlib
 import os
@@ -9,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import resid
+from resid.identity import identity
 from resid.model import Transformer
 
 _HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: hash each file once
@@ -43,6 +45,7 @@ def describe(
         "target": target,
         "baseline": baseline,
         "model": model.name,
+        "identity": identity(model).as_dict(),  # the weights as they are now: an in-place edit changes it
         "weight_files": [{"path": os.fspath(f), "sha256": sha256(f)} for f in model.weight_files],
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),

@@ -5,7 +5,8 @@ sweep skips them, and `finish()` writes every row exactly once.
 
 Glossary:
     out        the final file, `*.parquet` or `*.csv`; written only by `finish()`.
-    chunk      one `write()`, stored as `<out>.parts/chunk-NNNNNN.<suffix>` (same format as out), in write order.
+    chunk      one `write()`, stored as `<out>.parts/chunk-NNNNNN-<writer>.<suffix>` (same format as out), in write
+               order; <writer> is random per store, so no two stores can ever write one chunk name.
     key        the tuple of a row's `key_columns` values, in that order; it names the row across runs.
     signature  a JSON dict describing the sweep (model, prompts hash, method, ...); resuming needs an equal one.
 
@@ -23,52 +24,33 @@ keeps every other dtype; CSV reads numbers back as int64 / float64 (floats are e
 an empty string reads back as missing (a table's sidecar lists its missing cells; chunks keep no such list).
 The DataFrame index is not stored.
 
-One process per `out` at a time: two writers would race for chunk names.
+One writer per `out`: a store holds an exclusive lock on `<out>.lock` (resid.analyses.io.lock) from its
+construction until `finish()` or `close()` (or its process ends, however it ends); a second process opening a store
+of the same `out` meanwhile gets a ResidError naming the holder's pid. A store is also a context manager (`close()`
+on exit). The finished sidecar records the resid version that wrote it.
 """
 
 import json
-import math
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from resid.analyses.io import atomic, frames
+import resid
+from resid.analyses.io import atomic, frames, suffixes
+from resid.analyses.io.lock import OutputLock
 from resid.errors import ResidError
 
-SUFFIXES = (".parquet", ".csv")
-_CHUNK = re.compile(r"^chunk-(\d+)(\.parquet|\.csv)$")
+SUFFIXES = suffixes.STORE
+_CHUNK = re.compile(r"^chunk-(\d+)(?:-[0-9a-f]+)?(\.parquet|\.csv)$")  # chunks of older stores have no writer part
 
 
 def _write_json(path: Path, data: dict) -> None:
     atomic.write(path, json.dumps(data, sort_keys=True, indent=1))
-
-
-def _key_value(value: object) -> object:
-    """One key value as plain Python, so a caller's (3, "attn", None) equals what CSV / Parquet gave back."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
-        return None
-    # An optional-int column read back as float64: 2.0 -> 2 (equal with the same hash anyway, but prints as given).
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def _shows_text(column: pd.Series) -> bool:
-    # By values, not dtype (frames.is_text): chunks disagree on dtypes, and an all-None object column (head of
-    # MLP rows) says nothing, while a column of strings is text whatever its dtype (object, str, category).
-    values = column.dropna().tolist()
-    return bool(values) and all(isinstance(value, str) for value in values)
-
-
-def _is_optional_int(column: pd.Series) -> bool:
-    values = column.dropna().tolist()
-    whole = (isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values)
-    return 0 < len(values) < len(column) and all(whole)
 
 
 class ResultStore:
@@ -98,6 +80,11 @@ class ResultStore:
         self.parts = Path(f"{self.out}.parts")
         self.sidecar = Path(f"{self.out}.sweep.json")
         self._next_chunk: int | None = None
+        self._writer = uuid.uuid4().hex[:12]
+        self._lock = OutputLock(Path(f"{self.out}.lock"), self.out)
+        self._hold()
+
+    def _open(self) -> None:
         for leftover in [*self.out.parent.glob(f"{atomic.TMP_PREFIX}{self.out.name}-*"),
                          *self.parts.glob(f"{atomic.TMP_PREFIX}*")]:
             leftover.unlink(missing_ok=True)  # a write killed before its os.replace; never part of the results
@@ -118,18 +105,53 @@ class ResultStore:
                 )
             self._check_signature(self.sidecar, str(self.out))
 
+    def close(self) -> None:
+        """Release the lock without merging (a later run resumes from the chunks); `finish()` releases it too."""
+        self._lock.release()
+
+    def __enter__(self) -> "ResultStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)  # absent when the constructor raised before making it
+        if lock is not None:
+            lock.release()
+
+    def _hold(self) -> None:
+        """Every method reads or writes under the lock. Taking it (again, after finish() or close()) checks the
+        files afresh, since another writer may have changed them meanwhile."""
+        if self._lock.superseded:
+            raise ResidError(
+                f"This ResultStore of {self.out} was superseded by a newer store of the same output in this process, "
+                "which now holds its lock; use the newer store."
+            )
+        if self._lock.held:
+            return
+        self._lock.acquire()  # before reading anything: another writer's files are not ours to judge or clean
+        self._next_chunk = None
+        try:
+            self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
     def done(self) -> set[tuple]:
         """Keys of the rows in complete chunks and in a finished `out`; a missing value (NaN, NA) reads as None."""
+        self._hold()
         keys = set()
         for frame in self._frames(columns=list(self.key_columns)):
             columns = [frame[name].tolist() for name in self.key_columns]
-            keys.update(tuple(_key_value(value) for value in row) for row in zip(*columns))
+            keys.update(tuple(frames.key_value(value) for value in row) for row in zip(*columns))
         return keys
 
     def write(self, rows: pd.DataFrame) -> None:
         """Persist one chunk: after this returns, the rows survive a kill. An empty frame writes nothing."""
         if rows.empty:
             return
+        self._hold()
         if not all(isinstance(name, str) for name in rows.columns):
             raise ResidError(f"ResultStore.write needs string column names, got {list(rows.columns)!r}.")
         missing = [name for name in self.key_columns if name not in rows.columns]
@@ -140,7 +162,7 @@ class ResultStore:
             )
         repeated = rows.duplicated(subset=list(self.key_columns))
         if repeated.any():
-            first = tuple(_key_value(value) for value in rows.loc[repeated, list(self.key_columns)].iloc[0])
+            first = tuple(frames.key_value(value) for value in rows.loc[repeated, list(self.key_columns)].iloc[0])
             raise ResidError(
                 f"ResultStore.write got {int(repeated.sum())} row(s) whose key repeats within the chunk, e.g. "
                 f"{first}; keys {list(self.key_columns)} must name one row each. Add the column that tells these "
@@ -160,13 +182,13 @@ class ResultStore:
                 f"{sorted(columns)}; every chunk of one sweep needs the same columns (missing: "
                 f"{sorted(set(columns) - set(rows.columns))}, extra: {sorted(set(rows.columns) - set(columns))})."
             )
-        new_text = text | {name for name in rows.columns if _shows_text(rows[name])}
+        new_text = text | {name for name in rows.columns if frames.shows_text(rows[name])}
         if not (self.parts / "schema.json").exists() or new_text != text:
             # Before the chunk, so no chunk on disk has a text column the schema does not know.
             _write_json(self.parts / "schema.json", {"columns": columns, "text_columns": sorted(new_text)})
         if self._next_chunk is None:
             self._next_chunk = max((index + 1 for index, _ in self._chunks()), default=0)
-        path = self.parts / f"chunk-{self._next_chunk:06d}{self.suffix}"
+        path = self.parts / f"chunk-{self._next_chunk:06d}-{self._writer}{self.suffix}"
         frame = rows.reset_index(drop=True)[columns]
         frames.write(frame, path)
         self._next_chunk += 1
@@ -175,8 +197,15 @@ class ResultStore:
         """Merge `out` (if any) and all chunks, in order and each key once, into `out`; return the merged frame.
 
         With no chunks this returns `out` as stored, or, if nothing was ever written, an empty frame with only
-        the key columns (and writes no file).
+        the key columns (and writes no file). Releases the lock.
         """
+        self._hold()
+        try:
+            return self._finish()
+        finally:
+            self._lock.release()
+
+    def _finish(self) -> pd.DataFrame:
         chunks = self._chunks()
         if not chunks:
             frame = self._read_out() if self.out.exists() else pd.DataFrame(columns=list(self.key_columns))
@@ -193,7 +222,7 @@ class ResultStore:
         # Sidecar first: a kill between the two leaves a sidecar of this sweep beside the old `out` (or none),
         # which the next run accepts, and the chunks are still there to be merged again.
         sidecar = {"signature": self.signature, "key_columns": self.key_columns, "columns": columns}
-        _write_json(self.sidecar, {**sidecar, "text_columns": sorted(text)})
+        _write_json(self.sidecar, {**sidecar, "text_columns": sorted(text), "resid_version": resid.__version__})
         frames.write(merged, self.out)
         shutil.rmtree(self.parts)
         self._next_chunk = None
@@ -260,6 +289,6 @@ class ResultStore:
         for name in frame.columns:
             if name in text:
                 frame[name] = frame[name].astype(frames.TEXT_DTYPE)
-            elif name in self.key_columns and _is_optional_int(frame[name]):
+            elif name in self.key_columns and frames.is_optional_int(frame[name]):
                 frame[name] = frame[name].astype("Int64")
         return frame

@@ -1,7 +1,8 @@
 r"""Tables for papers: export a DataFrame as .csv/.parquet/.tex/.md plus a provenance sidecar; read .csv/.parquet back.
 
 sidecar: `path + ".json"` (`attr.csv.json`) = the provenance (the argument, else `df.attrs["provenance"]` from
-`resid.analyses.provenance.describe`, else one saying it is unknown; made JSON-safe by `_jsonable`) plus `"table"`:
+`resid.analyses.provenance.describe`, else one saying it is unknown; made JSON-safe by `_jsonable`; `resid_version`
+added when it lacks one) plus `"table"`:
 file name, format, rows written, sha256 of the file, `columns`: the codec's schema (`resid.analyses.io.frames`).
 
 Exactness: `read(export(df, p))` equals `df`, dtypes included; `resid.analyses.io.frames` says how CSV and Parquet
@@ -36,10 +37,10 @@ import numpy as np
 import pandas as pd
 
 import resid
-from resid.analyses.io import atomic, frames
+from resid.analyses.io import atomic, frames, suffixes
 from resid.errors import ResidError
 
-SUFFIXES = (".csv", ".parquet", ".tex", ".md")
+SUFFIXES = suffixes.TABLE
 _TEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
                 "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
@@ -162,6 +163,7 @@ def export(df: pd.DataFrame, path: str | Path, provenance: dict | None = None, *
                   "resid_version": resid.__version__,
                   "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     record = _jsonable(record if isinstance(record, Mapping) else {"provenance": record})
+    record.setdefault("resid_version", resid.__version__)  # a caller's own provenance says which resid wrote it too
     if "table" in record:
         raise ResidError("The provenance has a 'table' key, which the sidecar reserves for the table schema; "
                          "rename that key and export again.")

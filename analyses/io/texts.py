@@ -5,7 +5,8 @@ prompt sets (`resid.analyses.io.prompts_file`).
 Glossary: a *text* is one string a caller uses whole (a corpus document, a reference text); a *record* is one
 JSON object of a JSONL file.
 
-Rules (files are UTF-8; a byte-order mark is ignored):
+Rules (files are UTF-8; a byte-order mark is ignored; a UTF-16 or UTF-32 file, or bytes that are not UTF-8, are an
+error saying so, and so is a lone surrogate escape such as "\\ud83d" in a JSON string):
 - `.txt`: one text per paragraph, paragraphs being separated by one or more blank (or whitespace-only) lines;
   line breaks inside a paragraph are kept, and each paragraph is stripped. A file with no blank line at all is
   read as one text per non-empty line (stripped), so a plain list of sentences needs no blank lines between.
@@ -15,12 +16,14 @@ Rules (files are UTF-8; a byte-order mark is ignored):
   naming the file and its line number; nothing is half-read.
 """
 
+import codecs
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from resid.errors import ResidError
+from resid.strings import check_unicode
 
 SUFFIXES = (".txt", ".jsonl", ".ndjson")
 
@@ -67,6 +70,8 @@ def records(path: str | os.PathLike, fields: Mapping[str, type], example: str, r
                 described = "" if kind is object else "string " if kind is str else f"{kind.__name__} "
                 raise ResidError(f'{path}, line {number} has no {described}field "{name}": each line must be a '
                                  f"JSON object like {example}.")
+            if isinstance(record[name], str):
+                check_unicode(record[name], f'{path}, line {number}: "{name}"')
         found.append((number, record))
     return found
 
@@ -88,7 +93,26 @@ def read(path: str | os.PathLike, role: str, field: str = "text") -> list[str]:
     return [record[field] for _, record in records(path, {field: str}, f'{{"{field}": "..."}}', role)]
 
 
+# Byte-order marks of the encodings an editor may save in instead of UTF-8 (UTF-32 first: its LE mark begins with
+# UTF-16's).
+_OTHER_BOMS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
+               codecs.BOM_UTF16_BE: "UTF-16"}
+
+
 def _content(path: Path, role: str) -> str:
     if not path.is_file():
         raise ResidError(f"{role.capitalize()} file {path} does not exist (or is not a file).")
-    return path.read_text(encoding="utf-8-sig")  # "-sig": a byte-order mark is not part of the first text
+    data = path.read_bytes()
+    encoding = next((name for bom, name in _OTHER_BOMS.items() if data.startswith(bom)), None)
+    if encoding is None and b"\x00" in data[:4096]:
+        encoding = "UTF-16 or UTF-32 (it holds zero bytes)"  # a UTF-16 file saved without a byte-order mark
+    if encoding is not None:
+        raise ResidError(f"{role.capitalize()} file {path} is encoded as {encoding}; resid reads UTF-8. Save it "
+                         f"as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 {path.name} > utf8{path.suffix}).")
+    try:
+        return data.decode("utf-8-sig")  # "-sig": a byte-order mark is not part of the first text
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        raise ResidError(f"{role.capitalize()} file {path} is not UTF-8: line {line} holds the byte "
+                         f"0x{data[error.start]:02x}, which UTF-8 does not allow there. Save the file as UTF-8.") \
+            from None

@@ -16,7 +16,7 @@ token is the sum of its *sub-updates* m_i * v_i, plus b_out.
 
 `sub_updates` ranks each layer's sub-updates at one token two ways: by size, |m_i| * ||v_i|| (Geva et al.
 2022), and by direct contribution to the target's logit, m_i * (v_i . u') with u' the target's logit
-direction through the final norm with its scale frozen (resid.analyses.directions), so the contributions of all
+direction through the final norm with its scale frozen (resid.readout), so the contributions of all
 neurons, of b_out and of every other write sum exactly to the logit. For each ranking it reports what
 share of the layer's update its top-k carry:
 

@@ -18,6 +18,7 @@ neuron=i); expert e's neuron writes w_e * m_{e,i} * v_{e,i}, so an edit changes 
 through the post-norm with the rest of the MLP output (its scale recomputed, as in any forward pass).
 """
 
+import dataclasses
 from collections.abc import Sequence
 from numbers import Real
 
@@ -37,7 +38,7 @@ from resid.model import Inputs, Transformer
 
 # (layer, neuron) pairs, or (layer, expert, neuron) triples for a mixture of experts (checked here, for a
 # clearer error than a type check)
-Neurons = Sequence[Sequence[int]]
+Neurons = Sequence[Sequence[int] | Site | str]  # (layer, neuron) or (layer, expert, neuron), or a neuron Site
 
 
 def set_coefficients(
@@ -89,7 +90,7 @@ def prediction_change(
     df = pd.concat(frames, ignore_index=True)
     df.insert(2, "token", decode_ids(model, df["token_id"].to_numpy()))
     df = df.sort_values(["prompt_idx", "edited_rank"], ignore_index=True)
-    sites = [f"{type(iv).__name__} {iv.site.describe()}" for iv in interventions]
+    sites = [f"{type(iv).__name__} {iv.site.label}" for iv in interventions]
     parameters = {"k": k, "interventions": sites}
     df.attrs["provenance"] = describe(model, "neurons.prediction_change", parameters, given.record())
     return df
@@ -117,13 +118,17 @@ def _sites(model: Transformer, prompts: Inputs, neurons: Neurons, positions: Seq
     sites = []
     size, shape = (3, "(layer, expert, neuron) triples") if model.config.n_experts else (2, "(layer, neuron) pairs")
     for pair in pairs:
-        if not (isinstance(pair, (tuple, list)) and len(pair) == size and all(isinstance(x, int) for x in pair)):
+        if isinstance(pair, (Site, str)):  # a neuron's Site, or its label: "layers[20].mlp.neuron[894]"
+            site = Site.parse(pair) if isinstance(pair, str) else pair
+            if site.part != "mlp" or site.neuron is None or site.field is not None:
+                raise ResidError(f"Neurons must be neuron sites (Site(l, 'mlp', neuron=i)), got {site.label}.")
+            site = dataclasses.replace(site, positions=positions)
+        elif isinstance(pair, (tuple, list)) and len(pair) == size and all(isinstance(x, int) for x in pair):
+            site = Site(pair[0], "mlp", neuron=pair[-1], positions=positions, expert=pair[1] if size == 3 else None)
+        else:
             experts = " (this model's MLPs are mixtures of experts)" if size == 3 else ""
-            raise ResidError(f"Neurons must be {shape} of integers{experts}, got {pair!r}.")
-        expert = pair[1] if size == 3 else None
-        site = Site(pair[0], "mlp", neuron=pair[-1], positions=positions, expert=expert)
-        site.validate(model.config)
-        sites.append(site)
+            raise ResidError(f"Neurons must be {shape} of integers{experts}, or neuron Sites, got {pair!r}.")
+        sites.append(site.resolve(model.config))
     if positions is not None:
         model.as_tokens(prompts).padded_index(list(positions))
     return sites

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from resid.analyses.checks import check_choice, check_k, select_layers, select_neurons
-from resid.analyses.distributed.executor import Executor, resolve
+from resid.analyses.distributed.executor import Executor
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.scan import Window, batch_tokens, scan
@@ -84,12 +84,7 @@ def top_activating(
             raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
-    runner, owned = resolve(executor, workers)
-    try:
-        best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress, expert_list, runner)
-    finally:
-        if owned:
-            runner.close()
+    best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress, expert_list, executor, workers)
     df = _frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
     parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
                   "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}

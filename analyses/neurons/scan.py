@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from resid.analyses.distributed.executor import Executor, InProcess, Job
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
 from resid.analyses.neurons.topk import TopK
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
@@ -56,6 +56,27 @@ class ScanJob(Job):
     batch_size: int | str  # "auto": from the worker's own device (and the widest window, the first one)
     width: int
     experts: list[int] | None
+    shards: list  # the corpus's shards (`shards`), planned on the driver for its executor's workers
+
+    name = "top activating"
+    unit = "tok"
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list:
+        planned, self.shards = self.shards, []  # the shards travel with their chunks, not with the job
+        return planned
+
+    def size(self, shard: "Shard") -> int:
+        return sum(len(w) for w in shard.windows)
+
+    def finish(self, results: list) -> dict:
+        """Each layer's top-k, the shards' lists merged in shard order (the merge is associative and commutative
+        anyway, ties broken by flat token ids)."""
+        best: dict[int, TopK] = {}
+        for part in results:
+            for layer, arrays in part.items():
+                found = TopK.from_numpy(arrays)
+                best[layer] = best[layer].merge(found) if layer in best else found
+        return best
 
     def setup(self, model: Transformer) -> tuple:
         size = _batch_size(model, self.batch_size, self.width, len(self.layers))
@@ -119,25 +140,23 @@ def scan(
     batch_size: int | str = "auto",
     progress: bool = True,
     experts: list[int] | None = None,
-    executor: Executor | None = None,
+    executor: Executor | str | None = None,
+    workers: int | None = None,
 ) -> dict[int, TopK]:
-    """Run `pieces` (from keys.windows) shard by shard on `executor` (default: in process) and merge each layer's
-    top-k (checked layers, neurons and experts, as from select_layers / select_neurons / select_experts). With
-    experts, the neuron axis of each TopK is (expert, neuron) flattened. The lists come back on the CPU."""
-    executor = executor or InProcess()
-    width = max(len(w) for w in pieces)
-    size = _batch_size(model, batch_size, width, len(layers))
-    job = ScanJob(model.require_tokenizer().pad_token_id, layers, neurons, k, sign, batch_size, width, experts)
-    planned = shards(pieces, size.value, None if isinstance(executor, InProcess) else executor.workers)
-    best: dict[int, TopK] = {}
-    desc = f"top activating ({len(planned)} shards)"
-    with tqdm(total=sum(len(w) for w in pieces), desc=desc, unit="tok", disable=not progress) as bar:
-        for index, part in executor.map(model, job, planned):
-            for layer, arrays in part.items():
-                found = TopK.from_numpy(arrays)
-                best[layer] = best[layer].merge(found) if layer in best else found
-            bar.update(sum(len(w) for w in planned[index].windows))
-    return best
+    """Run `pieces` (from keys.windows) shard by shard on the one driver (in process by default) and merge each
+    layer's top-k (checked layers, neurons and experts, as from select_layers / select_neurons / select_experts).
+    With experts, the neuron axis of each TopK is (expert, neuron) flattened. The lists come back on the CPU."""
+    runner, owned = resolve(executor, workers)
+    try:
+        width = max(len(w) for w in pieces)
+        size = _batch_size(model, batch_size, width, len(layers))
+        planned = shards(pieces, size.value, None if isinstance(runner, InProcess) else runner.workers)
+        job = ScanJob(model.require_tokenizer().pad_token_id, layers, neurons, k, sign, batch_size, width, experts,
+                      planned)
+        return drive(model, job, executor=runner, progress=progress)
+    finally:
+        if owned:
+            runner.close()
 
 
 def batch_tokens(

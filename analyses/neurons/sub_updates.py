@@ -55,7 +55,7 @@ def sub_updates(
     given = as_prompts(model, prompt)
     if len(given) != 1:
         raise ResidError(f"sub_updates takes one prompt, got {len(given)}: call it once per prompt.")
-    pos = int(given.tokens.padded_index([pos])[0, 0] - given.tokens.first_positions()[0])
+    pos = int(given.tokens.relative(given.tokens.padded_index([pos]))[0, 0])  # made non-negative
     wanted = {"post"} | ({"post_norm_scale"} if model.config.post_norms else set())
     wanted |= {"expert_weights"} if model.config.n_experts else set()
     capture = Capture(layers=layer_list, positions=[pos], attn=frozenset(), mlp=wanted, embed=False)

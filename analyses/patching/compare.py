@@ -27,7 +27,7 @@ def compare(estimate: pd.DataFrame, exact: pd.DataFrame, k: int = 20, by: str = 
     if by not in ("auto", "effect", "magnitude"):
         raise ResidError(f"by must be 'auto', 'effect' or 'magnitude', got {by!r}.")
     if by == "magnitude" and "magnitude" not in estimate:
-        raise ResidError("by='magnitude' needs an estimate with a magnitude column (resid.analyses.patching.attribution).")
+        raise ResidError("by='magnitude' needs an estimate with a magnitude column (resid.analyses.patching.atp).")
     if by == "auto":
         starred = "method" in estimate and (estimate["method"] == "atp*").any()
         by = "magnitude" if starred else "effect"

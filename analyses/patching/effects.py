@@ -1,4 +1,4 @@
-"""First-order patching effects of every site from one gradient at the base run (resid.analyses.patching.attribution):
+"""First-order patching effects of every site from one gradient at the base run (resid.analyses.patching.atp):
 
     effect(site) ~ (donor value - base value) . d metric / d value      summed over the site's positions
 
@@ -22,10 +22,14 @@ import torch
 from torch import Tensor
 
 from resid.analyses.patching.pairs import Mapping
-from resid.interventions import Hook, Site
+from resid.interventions import Hook
+from resid.sites import Site
 from resid.model import Transformer
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokens
+
+
+EMBED = Site(None, "embed")
 
 
 def captured(sites: Sequence[str]) -> set[str]:
@@ -35,16 +39,16 @@ def captured(sites: Sequence[str]) -> set[str]:
     return attn | ({"q", "k"} if {"q", "k", "pattern"} & set(sites) else set())
 
 
-def nodes(stream: ResidualStream, sites: Sequence[str]) -> dict[tuple, Tensor]:
+def nodes(stream: ResidualStream, sites: Sequence[str]) -> dict[Site, Tensor]:
     """The base run's tensors to differentiate the metric by: the embedding, every write, and what the head sites
-    need (z, q, k, v)."""
-    wrt = {("embed",): stream.embed}
+    need (each layer's z, q, k, v, whole)."""
+    wrt = {EMBED: stream.embed}
     attn = captured(sites)
     for l, record in enumerate(stream.layers):
-        wrt[(l, "attn")], wrt[(l, "mlp")] = record.attn.out, record.mlp.out
+        wrt[Site(l, "attn")], wrt[Site(l, "mlp")] = record.attn.out, record.mlp.out
         for name in ("z", "q", "k", "v"):
             if name in attn:
-                wrt[(l, name)] = getattr(record.attn, name)
+                wrt[Site(l, "attn", field=name)] = getattr(record.attn, name)
     return wrt
 
 
@@ -79,10 +83,10 @@ class Effects:
         self.base, self.donor, self.at = base, donor, at
         self.mask = tokens.attention_mask.to(model.device)[..., None].to(model.dtype)  # [batch pos 1]
         self.group = model.config.n_heads // model.config.n_kv_heads
-        # (layer, "pattern" | "q" | "k") -> the patched pattern minus the base run's; deltas: computed once, reused
-        # by every backward pass of GradDrop
-        self.moved: dict[tuple[int, str], Tensor] = {}
-        self.deltas: dict[tuple, Tensor] = {}
+        # a layer's whole pattern / q / k site -> the patched pattern minus the base run's; deltas: each site's
+        # patched minus base value; both computed once, reused by every backward pass of GradDrop
+        self.moved: dict[Site, Tensor] = {}
+        self.deltas: dict[Site, Tensor] = {}
         needed = "pattern" in self.sites or (fix_qk and bool({"q", "k"} & self.sites))
         with torch.no_grad():
             for l, (ours, theirs) in enumerate(zip(base.layers, donor.layers) if needed else ()):
@@ -95,52 +99,66 @@ class Effects:
                     new["q"] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, tokens)
                 if fix_qk and "k" in self.sites:
                     new["k"] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), tokens)
-                self.moved.update({(l, name): pattern - base_pattern for name, pattern in new.items()})
+                self.moved.update({Site(l, "attn", field=name): pattern - base_pattern for name, pattern in new.items()})
 
-    def __call__(self, grads: dict[tuple, Tensor], dropped: int | None = None) -> dict[tuple, Tensor]:
-        """{(layer, part, index): effect [batch]} with part "attn" / "mlp" (index None), "head" / "q" / "k" / "v" /
-        "pattern" (index the head), and {("resid_pre", layer): [batch pos]} per position. With `dropped`, the
-        sites of that layer get zero (their gradient ran through its writes)."""
-        out: dict[tuple, Tensor] = {}
+    def __call__(self, grads: dict[Site, Tensor], dropped: int | None = None) -> dict[Site, Tensor]:
+        """{site: effect [batch]} for each write, head and head input of the chosen kinds, and {resid_pre site of a
+        layer: [batch pos]} (the effect at each position). With `dropped`, the sites of that layer get zero
+        (their gradient ran through its writes)."""
+        out: dict[Site, Tensor] = {}
         for l, (ours, theirs) in enumerate(zip(self.base.layers, self.donor.layers)):
-            for part, effect in self._layer(l, ours.attn, theirs.attn, ours, theirs, grads).items():
-                for index, column in enumerate(effect.unbind(1)) if effect.ndim == 2 else [(None, effect)]:
-                    out[(l, part, index)] = column * 0 if l == dropped else column
+            for site, effect in self._layer(l, ours.attn, theirs.attn, ours, theirs, grads).items():
+                out[site] = effect * 0 if l == dropped else effect
         if "resid_pre" in self.sites:
-            if ("resid_pre", 0) not in self.deltas:
-                running = zip(self.base.running("layer"), self.donor.running("layer"))
-                for l, ((_, _, resid), (_, _, donor)) in zip(range(len(self.base.layers)), running):
-                    self._delta(("resid_pre", l), donor, resid)
+            if Site(0, "resid_pre") not in self.deltas:  # the streams are summed once, not per backward pass
+                for (l, resid), (_, donor) in zip(self.base.entering(), self.donor.entering()):
+                    self._delta(Site(l, "resid_pre"), donor, resid)
             for l in range(len(self.base.layers)):
-                grad = grads[("embed",)] if l == 0 else grads[(l - 1, "mlp")]
-                out[("resid_pre", l)] = (self.deltas[("resid_pre", l)] * grad).sum(-1)
+                site = Site(l, "resid_pre")
+                grad = grads[EMBED] if l == 0 else grads[Site(l - 1, "mlp")]
+                out[site] = (self.deltas[site] * grad).sum(-1)
         return out
 
-    def _layer(self, l: int, attn, donor_attn, ours, theirs, grads) -> dict[str, Tensor]:
-        """This layer's effects: [batch] per write, [batch head] (or [batch kv_head]) per head site."""
+    def _layer(self, l: int, attn, donor_attn, ours, theirs, grads) -> dict[Site, Tensor]:
+        """This layer's effects [batch], per write and per head (or key/value head) site."""
         mask, found = self.mask, {}
         if "sublayer" in self.sites:
             for part in ("attn", "mlp"):
-                delta = self._delta((l, part), getattr(theirs, part).out, getattr(ours, part).out)
-                found[part] = (delta * grads[(l, part)] * mask).sum((1, 2))
+                site = Site(l, part)
+                delta = self._delta(site, getattr(theirs, part).out, getattr(ours, part).out)
+                found[site] = (delta * grads[site] * mask).sum((1, 2))
+        per_head: dict[str, Tensor] = {}  # [batch head] (or [batch kv_head]) per kind of head site
+        z = Site(l, "attn", field="z")
         if "head" in self.sites:
-            delta = self._delta((l, "z"), donor_attn.z, attn.z)
-            found["head"] = (delta * grads[(l, "z")] * mask[..., None]).sum((1, 3))
+            per_head["head"] = (self._delta(z, donor_attn.z, attn.z) * grads[z] * mask[..., None]).sum((1, 3))
         for name in ("q", "k", "v"):
             if name in self.sites and (name == "v" or not self.fix_qk):
-                delta = self._delta((l, name), getattr(donor_attn, name), getattr(attn, name))
-                found[name] = (delta * grads[(l, name)] * mask[..., None]).sum((1, 3))
+                site = Site(l, "attn", field=name)
+                delta = self._delta(site, getattr(donor_attn, name), getattr(attn, name))
+                per_head[name] = (delta * grads[site] * mask[..., None]).sum((1, 3))
         pattern_sites = [s for s in ("q", "k", "pattern") if s in self.sites and (s == "pattern" or self.fix_qk)]
         if pattern_sites:
             v = attn.v.detach().repeat_interleave(self.group, dim=2)  # [batch key head d_head]
-            grad = torch.einsum("bihd,bjhd->bhij", grads[(l, "z")], v) * mask[:, None]  # [batch head pos key]
+            grad = torch.einsum("bihd,bjhd->bhij", grads[z], v) * mask[:, None]  # [batch head pos key]
             for name in pattern_sites:
-                per_head = (self.moved[(l, name)] * grad).sum((2, 3))
-                found[name] = per_head.view(len(per_head), -1, self.group).sum(-1) if name == "k" else per_head
+                effect = (self.moved[Site(l, "attn", field=name)] * grad).sum((2, 3))
+                per_head[name] = effect.view(len(effect), -1, self.group).sum(-1) if name == "k" else effect
+        for name, effect in per_head.items():
+            for h, column in enumerate(effect.unbind(1)):
+                found[head_site(l, name, h)] = column
         return found
 
-    def _delta(self, key: tuple, donor: Tensor, base: Tensor) -> Tensor:
+    def _delta(self, site: Site, donor: Tensor, base: Tensor) -> Tensor:
         """The patched minus the base value of a [batch pos ...] activation (aligned positions only), once."""
-        if key not in self.deltas:
-            self.deltas[key] = (self.at.donor_at_base(donor, base) - base.detach()).detach()
-        return self.deltas[key]
+        if site not in self.deltas:
+            self.deltas[site] = (self.at.donor_at_base(donor, base) - base.detach()).detach()
+        return self.deltas[site]
+
+
+def head_site(layer: int, kind: str, head: int) -> Site:
+    """The site of a head word ("head", "q", "pattern": query head; "k", "v": key/value head)."""
+    if kind == "head":
+        return Site(layer, "attn", head=head)
+    if kind in ("k", "v"):
+        return Site(layer, "attn", kv_head=head, field=kind)
+    return Site(layer, "attn", head=head, field=kind)

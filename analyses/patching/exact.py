@@ -5,44 +5,41 @@ one site, and measure how much of the clean behaviour that restores.
     direction="noise"    run the clean prompt, patch in the corrupt activation (what is necessary)
 
 score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 1 the clean run's, in both
-directions. Sites:
+directions. Sites: a word of resid.analyses.sites ("resid_pre", "resid_mid", "resid_post": the residual stream at each layer
+and each position, the layer x position map; "sublayer", "head", "layer", "q", "k", "v", "pattern") or a list of
+resid.Site (or their labels): each is given the other prompt's activation by the ablation engine's resample path
+(resid.analyses.ablation: batched rows, the clean prefix reused, the last token unembedded, out-of-memory
+back-off), and the clean and corrupt metrics come from the same clean passes.
 
-    "resid_pre"   the residual stream entering each layer, one position at a time (the layer x position map)
-    "sublayer", "head", "layer", "q", "k", "v", "pattern" (each head's query, key / value of each key/value
-                  head, attention pattern), or a list of resid.Site (writes, heads, head inputs, neurons; with
-                  positions=[...] for one position): the activation of the other prompt, by the ablation engine's
-                  resample path (batched rows, the clean prefix reused, the last token unembedded, out-of-memory
-                  back-off)
+With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk by the one driver
+(resid.analyses.distributed.driver): a killed run, called again the same way, resumes where it stopped. Chunks run
+in process, or on Ray workers (executor="ray", workers=N), with the same rows. The file holds the engine's rows
+(ablated_metric is the patched metric, clean_metric the base run's, donor_metric the donor run's); the returned
+frame has the columns of COLUMNS.
 
-With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk, for every kind of site: a killed
-run, called again the same way, resumes where it stopped. Chunks run in process, or on Ray workers
-(executor="ray", workers=N; resid.analyses.distributed), with the same rows. The file holds each (pair, site)'s
-patched metric (for the engine's sites, in the ablation sweep's columns); the returned frame adds the clean and
-corrupt metrics and the score.
-
-The pairs must have the same token length (the positions correspond one to one), or, for "resid_pre", an
+The pairs must have the same token length (the positions correspond one to one), or, for residual sites, an
 alignment (align="end" or explicit positions; resid.analyses.patching.pairs); positions are the clean prompt's.
 """
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from resid.analyses.ablation import sweep
+from resid.analyses import sites as site_words
+from resid.analyses.ablation.chunks import SweepJob
+from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
-from resid.analyses.io.store import ResultStore
-from resid.analyses.patching.pairs import Align, Direction, prepare, scored
-from resid.analyses.patching.residual import residual_stream
-from resid.interventions import Site
+from resid.analyses.inputs import batch_size_for
+from resid.analyses.patching.pairs import Align, PatchDirection, Pairs, prepare, scored
+from resid.errors import param
 from resid.model import Transformer
+from resid.sites import RESID_PARTS, Site
 
-HEAD_INPUTS = ("q", "k", "v", "pattern")  # sites= words for every head's input
-# One row per (pair, site); patched_metric is the metric with the site patched, score its normalized value.
-COLUMNS = ("prompt_idx", "site", "layer", "part", "head", "neuron", "position", "direction", "metric",
-           "clean_metric", "corrupt_metric", "patched_metric", "score")
+# One row per (pair, site); patched_metric is the metric with the site patched, score its normalized value;
+# position: the clean prompt's position of a residual site of the layer x position map (<NA> otherwise).
+COLUMNS = ("prompt_idx", "site", *site_words.COLUMNS, "position", "direction", "metric", "clean_metric",
+           "corrupt_metric", "patched_metric", "score")
 
 
 def activation(
@@ -51,8 +48,8 @@ def activation(
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
-    sites: str | Sequence = "resid_pre",
-    direction: Direction = "denoise",
+    sites: str | Sequence[Site | str] = "resid_pre",
+    direction: PatchDirection = "denoise",
     metric: str | Callable | None = None,
     batch_size: int | str = "auto",
     out: str | Path | None = None,
@@ -65,37 +62,39 @@ def activation(
     None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same rows on each."""
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
-    clean_metric = pairs.metric(model, "clean", metric, target_ids, baseline_ids)
-    corrupt_metric = pairs.metric(model, "corrupt", metric, target_ids, baseline_ids)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
-    if isinstance(sites, str) and sites == "resid_pre":
-        store = None
-        if out is not None:
-            record = [pairs.texts("clean"), pairs.texts("corrupt"), target_ids, baseline_ids]
-            record += [pairs.aligned] if pairs.aligned is not None else []
-            digest = hashlib.sha256(json.dumps(record, default=str).encode()).hexdigest()[:16]
-            store = ResultStore(out, ("prompt_idx", "site"), {
-                "model": model.name, "dtype": str(model.dtype), "analysis": "patching.activation resid_pre",
-                "pairs": digest, "direction": direction, "metric": label,
-            })
-        df = residual_stream(model, pairs, base, target_ids, baseline_ids, metric, batch_size, store, executor,
-                             workers, progress)
-    else:
-        pairs.require_same_positions(f"Patching sites={sites!r}" if isinstance(sites, str) else "Patching Sites")
-        if isinstance(sites, str) and sites in HEAD_INPUTS:
-            sites = input_sites(model, sites)
-        df = sweep(model, pairs.texts(base), targets, baselines, sites=sites, method="resample",
-                   reference=pairs.texts(donor), metric=metric, batch_size=batch_size, out=out, progress=progress,
-                   executor=executor, workers=workers)
-        df = df.rename(columns={"ablated_metric": "patched_metric"}).drop(columns=["clean_metric", "delta", "method"])
-        df["position"] = pd.array([None] * len(df), dtype="Int64")
-    df["clean_metric"] = clean_metric[df["prompt_idx"].to_numpy()]
-    df["corrupt_metric"] = corrupt_metric[df["prompt_idx"].to_numpy()]
+    n = len(pairs.clean)
+    chosen = site_words.expand(sites, model.config, int(pairs.clean.tokens.lengths.max()))
+    if any(site.part not in RESID_PARTS or site.positions is None for site in chosen):
+        pairs.require_same_positions(f"Patching {param('sites', sites)}" if isinstance(sites, str) else "Patching Sites")
+    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    settings = dict(analysis="patching.activation", direction=direction, metric=label)
+    base_prompts = getattr(pairs, base)
+    job = SweepJob(base_prompts.sequences(range(n)), base_prompts.pad_token_id, target_ids, baseline_ids,
+                   getattr(pairs, donor).sequences(range(n)), chosen, "resample", metric, {}, False, None, batch_size,
+                   size.value, model.config.n_layers, settings, aligned=named_positions(pairs, base),
+                   donor_metric=True)
+    df = drive(model, job, out, executor, workers, progress=progress)
+    if df is None or df.empty:
+        return pd.DataFrame(columns=list(COLUMNS))
+    df = df.rename(columns={"ablated_metric": "patched_metric"})
+    base_metric, donor_metric = df["clean_metric"].to_numpy(), df["donor_metric"].to_numpy()
+    df["clean_metric"], df["corrupt_metric"] = (donor_metric, base_metric) if base == "corrupt" else (
+        base_metric, donor_metric)
+    positions = {site.label: site_words.position(site) for site in chosen}
+    df["position"] = pd.array(df["site"].map(positions).tolist(), dtype="Int64")
+    order = {site.label: i for i, site in enumerate(chosen)}
+    df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
     return scored(df, direction, label)[list(COLUMNS)].reset_index(drop=True)
 
 
-def input_sites(model: Transformer, kind: str) -> list[Site]:
-    """Every head's `kind` input ("q", "pattern"), or every key/value head's ("k", "v")."""
-    cfg = model.config
-    heads = cfg.n_kv_heads if kind in ("k", "v") else cfg.n_heads
-    return [Site(l, "attn", head=h, input=kind) for l in range(cfg.n_layers) for h in range(heads)]
+def named_positions(pairs: Pairs, base: str) -> list[dict[int, tuple[int, int]]] | None:
+    """Per pair, {clean position: (base position, donor position)} (None for pairs patched position for
+    position): tables name positions by the clean prompt, whichever prompt is the base."""
+    if pairs.same_positions:
+        return None
+    out = []
+    for row in range(len(pairs.clean)):
+        mine = pairs.positions(base, row)  # (base position, donor position)
+        out.append({(ours if base == "clean" else theirs): (ours, theirs) for ours, theirs in mine})
+    return out

@@ -12,24 +12,25 @@ length. Pairs of different lengths need an alignment, `align=`:
 Only the aligned positions are patched: a base position without a partner keeps its own activation.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
 from resid.analyses.checks import check_choice
+from resid.analyses.distributed.executor import Job
+from resid.analyses.inputs import Prompts
 from resid.analyses.inputs import prompts as as_prompts
-from resid.analyses.metrics import check_metric, metric_values
+from resid.analyses.metrics import check_metric
 from resid.analyses.vocab import token_ids
-from resid.capture import Capture
-from resid.errors import ResidError
+from resid.errors import ResidError, param
+from resid.batching import BatchSize, run_batched
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
-Direction = Literal["denoise", "noise"]
+PatchDirection = Literal["denoise", "noise"]  # which prompt of a pair is run, which patched in
 Align = Literal["end"] | Sequence[Sequence[tuple[int, int]]] | None
 
 
@@ -93,8 +94,8 @@ class Pairs:
     def require_same_positions(self, what: str) -> None:
         if not self.same_positions:
             raise ResidError(f"{what} needs pairs of equal token lengths patched position for position; align= is "
-                             "taken by sites='resid_pre' and by attribution patching. Drop align= and give pairs of "
-                             "equal lengths.")
+                             f"taken by the residual sites ({param('sites', 'resid_pre')}, resid_mid, resid_post) and by "
+                             "attribution patching. Drop align= and give pairs of equal lengths.")
 
     def positions(self, which: str, row: int) -> list[tuple[int, int]]:
         """Pair `row`'s aligned positions as (`which` prompt's position, its partner's position)."""
@@ -105,14 +106,6 @@ class Pairs:
     def texts(self, which: str) -> list[str]:
         return getattr(self, which).texts
 
-    def metric(self, model: Transformer, which: str, metric: str | Callable, targets, baselines) -> np.ndarray:
-        """Each pair's `which` prompt's metric, unpatched (float64)."""
-        prompts = getattr(self, which)
-        run = model.run(prompts.tokens, capture=Capture.none(), logits_at="last")
-        t = torch.tensor(targets, device=model.device)
-        b = None if baselines is None else torch.tensor(baselines, device=model.device)
-        return metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
-
     def batch(self, which: str, rows: Sequence[int]) -> Tokens:
         """These pairs' `which` prompts, left-padded to the chunk's width (equal lengths: the same layout)."""
         prompts = getattr(self, which)
@@ -120,14 +113,13 @@ class Pairs:
 
     def mapping(self, base: str, rows: Sequence[int], base_tokens: Tokens, donor_tokens: Tokens) -> "Mapping":
         """Where each aligned position of these pairs sits in the base batch and in the donor batch."""
-        base_first, donor_first = base_tokens.first_positions().tolist(), donor_tokens.first_positions().tolist()
         index, base_cols, donor_cols, clean = [], [], [], []
         for i, row in enumerate(rows):
-            for ours, theirs in self.positions(base, row):
-                index.append(i)
-                base_cols.append(base_first[i] + ours)
-                donor_cols.append(donor_first[i] + theirs)
-                clean.append(ours if base == "clean" else theirs)
+            aligned = self.positions(base, row)
+            index += [i] * len(aligned)
+            base_cols += base_tokens.rows([i]).padded_index([ours for ours, _ in aligned])[0].tolist()
+            donor_cols += donor_tokens.rows([i]).padded_index([theirs for _, theirs in aligned])[0].tolist()
+            clean += [ours if base == "clean" else theirs for ours, theirs in aligned]
         device = base_tokens.ids.device
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
         return Mapping(as_tensor(index), as_tensor(base_cols), as_tensor(donor_cols), clean, self.same_positions)
@@ -175,3 +167,55 @@ def _alignment(align, lengths: list[tuple[int, int]]) -> list[list[tuple[int, in
             raise ResidError(f"align[{i}] names a position twice: each position pairs with at most one other.")
         out.append(sorted(pair))
     return out
+
+
+@dataclass
+class PairsJob(Job):
+    """Rows of chunks of pairs (attribution and path patching), as plain data: each pair's token ids, the base
+    side, the targets and the metric. A chunk's pairs are stored whole, so a pair is done or absent. Subclasses
+    compute the rows of some pairs in `rows(model, pairs, indices)` (batched, halved on out-of-memory)."""
+
+    clean: list[list[int]]  # each pair's clean token ids
+    corrupt: list[list[int]]
+    pad: int
+    aligned: list[list[tuple[int, int]]] | None
+    base: str  # "corrupt" (denoising) or "clean"
+    targets: list[int]
+    baselines: list[int] | None
+    metric: str | Callable
+    batch: int  # pairs per chunk and per forward (halved on out-of-memory)
+    settings: dict  # the rest of the signature
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[tuple[int, ...]]:
+        finished = {prompt for prompt, _ in done}
+        todo = [i for i in range(len(self.clean)) if i not in finished]
+        step = self.batch if workers is None else max(1, min(self.batch, -(-len(todo) // (workers * per_worker))))
+        return [tuple(todo[i : i + step]) for i in range(0, len(todo), step)]
+
+    def signature(self) -> dict:
+        return {"pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
+                "targets": [self.targets, self.baselines], **self.settings}
+
+    def setup(self, model: Transformer) -> tuple[Transformer, "Pairs", BatchSize]:
+        prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
+                   for ids in (self.clean, self.corrupt)]
+        return model, Pairs(*prompts, self.aligned), BatchSize(self.batch)
+
+    def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
+        model, pairs, size = state
+        for _, frame in run_batched(list(chunk), lambda rows: self.rows(model, pairs, rows), size):
+            yield frame
+
+    def combine(self, pieces: list) -> pd.DataFrame:
+        return pd.concat(pieces, ignore_index=True)
+
+    def rows(self, model: Transformer, pairs: "Pairs", indices: list[int]) -> pd.DataFrame:
+        raise NotImplementedError
+
+    @classmethod
+    def of(cls, pairs: "Pairs", base: str, targets, baselines, metric, batch: int, settings: dict, **fields):
+        """The job over every pair of `pairs`."""
+        every = range(len(pairs.clean))
+        return cls(pairs.clean.sequences(every), pairs.corrupt.sequences(every), pairs.clean.pad_token_id,
+                   pairs.aligned, base, list(targets), None if baselines is None else list(baselines), metric,
+                   batch, settings, **fields)

@@ -7,28 +7,37 @@ the base, the corrupt one the donor; "denoise" swaps them):
   1. run the base prompt with the senders' z (or a sender MLP's write) taken from the donor run and every other
      head's z frozen at the base run's (the other MLPs are recomputed);
   2. receivers "logits": that run's metric is the answer (the senders' direct path and their paths through MLPs);
-     receivers (layer, head, "q" | "k" | "v" | "pattern"): record those inputs in run 1, then run the base prompt
-     once more with only them replaced: the metric of that run.
+     receivers, a list of head-input Sites (a head's q or pattern, a key/value head's k or v): record those
+     inputs in run 1, then run the base prompt once more with only them replaced: the metric of that run.
 
-One row per (pair, sender set), with clean / corrupt / patched metric and score (0 = the corrupt run, 1 = the
-clean run).
+Senders are Sites: a head (Site(l, "attn", head=h)), a whole attention sublayer (Site(l, "attn"): every head of the
+layer) or an MLP's write (Site(l, "mlp")); a sender set is one of them or a list patched together. Labels work
+where Sites do ("layers[9].attn.head[6]").
+
+One row per (pair, sender set): `senders` (their labels joined by " + "), `receivers`, clean / corrupt / patched
+metric and score (0 = the corrupt run, 1 = the clean run). Chunks of pairs run on the one driver
+(resid.analyses.distributed.driver): batched with out-of-memory back-off, resumable with `out=`, on any executor.
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses.ablation.values import read_unit
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.executor import Executor
+from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
-from resid.analyses.patching.pairs import Direction, prepare, scored
+from resid.analyses.patching.pairs import Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError
-from resid.interventions import Replace, Site
+from resid.interventions import Replace
 from resid.model import Transformer
+from resid.sites import Site
 
-Sender = tuple[int, int | str]  # (layer, head), or (layer, "attn" | "mlp") for a whole sublayer
-Receiver = tuple[int, int, str]  # (layer, head, "q" | "k" | "v" | "pattern")
+RECEIVER_FIELDS = ("q", "k", "v", "pattern")
 
 
 def path(
@@ -37,64 +46,114 @@ def path(
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
-    senders: Sequence[Sender] | Sequence[Sequence[Sender]] = (),
-    receivers: str | Sequence[Receiver] = "logits",
-    direction: Direction = "noise",
+    senders: Sequence[Site | str] | Sequence[Sequence[Site | str]] = (),
+    receivers: str | Sequence[Site | str] = "logits",
+    direction: PatchDirection = "noise",
     metric: str | Callable | None = None,
+    batch_size: int | str = "auto",
+    out=None,
+    progress: bool = False,
+    executor: Executor | str | None = None,
+    workers: int | None = None,
 ) -> pd.DataFrame:
-    """Path patching from each sender set to `receivers`. A sender is a head, (layer, head), or a whole sublayer,
-    (layer, "attn") (every head of the layer) or (layer, "mlp") (its write taken from the donor run); a set is one
-    sender or a list of them patched together."""
-    sets = [[tuple(s)] if isinstance(s[0], int) else [tuple(h) for h in s] for s in senders]
+    """Path patching from each sender set to `receivers` (see the module docstring)."""
+    config = model.config
+    sets = [_sender_set(group, config) for group in senders]
     if not sets:
-        raise ResidError("path patching needs senders: a list of (layer, head), or of lists of them.")
+        raise ResidError("path patching needs senders: a list of Sites (heads, Site(l, 'attn'), Site(l, 'mlp')), or "
+                         "of lists of them.")
+    if receivers != "logits":
+        receivers = [_receiver(r, config) for r in ([receivers] if isinstance(receivers, (str, Site)) else receivers)]
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction)
-    n, config = len(pairs.clean), model.config
-    for layer, unit in (sender for group in sets for sender in group):
-        if isinstance(unit, int):
-            Site(layer, "attn", head=unit).validate(config)
-        elif unit in ("attn", "mlp"):
-            Site(layer, unit).validate(config)
-        else:
-            raise ResidError(f"A sender is (layer, head) or (layer, 'attn' | 'mlp'), got ({layer}, {unit!r}).")
-    if receivers != "logits":
-        receivers = [tuple(r) for r in receivers]
-        for layer, head, kind in receivers:
-            Site(layer, "attn", head=head, input=kind).validate(config)
-    base, donor = ("clean", "corrupt") if direction == "noise" else ("corrupt", "clean")
-    rows = range(n)
-    base_tokens, donor_tokens = pairs.batch(base, rows), pairs.batch(donor, rows)
-    z_capture = Capture(attn={"z"}, mlp={"out"}, embed=False, final_norm_scale=False)
-    base_run = model.run(base_tokens, capture=z_capture, logits_at="last")
-    donor_run = model.run(donor_tokens, capture=z_capture, logits_at="last")
-    base_z, donor_layers = [r.attn.z for r in base_run.stream.layers], donor_run.stream.layers
-    donor_z = [r.attn.z for r in donor_layers]
-    t = torch.tensor(target_ids, device=model.device)
-    b = None if baseline_ids is None else torch.tensor(baseline_ids, device=model.device)
-    # the unpatched metrics come from the same two runs
-    unpatched = {side: metric_values(metric, run.logits[:, 0], t, b).double().cpu().numpy()
-                 for side, run in ((base, base_run), (donor, donor_run))}
-    wanted = {kind for _, _, kind in receivers} if receivers != "logits" else set()
-    records = []
-    for group in sets:
-        from_donor = {(l, h) for l, unit in group for h in ([unit] if isinstance(unit, int) else
-                                                             range(config.n_heads) if unit == "attn" else [])}
-        patched = [Replace(Site(l, "attn", head=h), (donor_z if (l, h) in from_donor else base_z)[l][..., h, :])
-                   for l in range(config.n_layers) for h in range(config.n_heads)]
-        patched += [Replace(Site(l, "mlp"), donor_layers[l].mlp.out) for l, unit in group if unit == "mlp"]
-        run = model.run(base_tokens, capture=Capture(attn=wanted, mlp=frozenset(), embed=False,
-                                                     final_norm_scale=False), interventions=patched, logits_at="last")
-        logits = run.logits
-        if receivers != "logits":
-            inputs = [Replace(Site(l, "attn", head=h, input=kind),
-                              read_unit(run.stream, (l, "attn", h, None, None, kind))) for l, h, kind in receivers]
-            logits = model.run(base_tokens, capture=Capture.none(), interventions=inputs, logits_at="last").logits
-        values = metric_values(metric, logits[:, 0], t, b).double().cpu().numpy()
-        name = " + ".join(f"layers[{l}].attn head {u}" if isinstance(u, int) else f"layers[{l}].{u}" for l, u in group)
-        records += [(i, name, values[i]) for i in range(n)]
-    df = pd.DataFrame(records, columns=["prompt_idx", "senders", "patched_metric"])
-    df["receivers"] = "logits" if receivers == "logits" else ", ".join(f"L{l}H{h}.{k}" for l, h, k in receivers)
-    df["clean_metric"] = unpatched["clean"][df["prompt_idx"].to_numpy()]
-    df["corrupt_metric"] = unpatched["corrupt"][df["prompt_idx"].to_numpy()]
-    return scored(df, direction, label)
+    base = "clean" if direction == "noise" else "corrupt"
+    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    job = PathJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
+                     sets=sets, receivers=None if receivers == "logits" else receivers)
+    df = drive(model, job, out, executor, workers, progress=progress)
+    names = [" + ".join(site.label for site in group) for group in sets]
+    if df is None or df.empty:
+        return pd.DataFrame(columns=["prompt_idx", "senders", "receivers", "patched_metric", "clean_metric",
+                                     "corrupt_metric", "direction", "metric", "score"])
+    order = {name: i for i, name in enumerate(names)}
+    df = df.assign(_order=df["senders"].map(order)).sort_values(["_order", "prompt_idx"], kind="stable")
+    return scored(df.drop(columns="_order").reset_index(drop=True), direction, label)
+
+
+def _sender_set(group, config) -> list[Site]:
+    group = [group] if isinstance(group, (Site, str)) else list(group)
+    out = []
+    for sender in group:
+        site = Site.parse(sender) if isinstance(sender, str) else sender
+        if not isinstance(site, Site):
+            raise ResidError(f"A sender is a resid.Site (a head, Site(l, 'attn') or Site(l, 'mlp')), got {sender!r}.")
+        ok = (site.part == "attn" and site.what in ("out", "z") and site.unit is not None) or (
+            site.part in ("attn", "mlp") and site.what == "out")
+        if not ok or site.positions is not None:
+            raise ResidError(f"A sender is a head, a whole attention sublayer or an MLP write at every position, got "
+                             f"{site.label}.")
+        out.append(site.resolve(config))
+    if not out:
+        raise ResidError("A sender set is empty: give at least one Site.")
+    return out
+
+
+def _receiver(receiver, config) -> Site:
+    site = Site.parse(receiver) if isinstance(receiver, str) else receiver
+    if not isinstance(site, Site) or site.part != "attn" or site.what not in RECEIVER_FIELDS or site.unit is None:
+        raise ResidError(f"A receiver is a head's input: Site(l, 'attn', head=h, field='q' | 'pattern') or "
+                         f"Site(l, 'attn', kv_head=h, field='k' | 'v'), got {receiver!r}.")
+    return site.resolve(config)
+
+
+@dataclass
+class PathJob(PairsJob):
+    """The path-patching rows of chunks of pairs."""
+
+    sets: list[list[Site]] = field(default_factory=list)
+    receivers: list[Site] | None = None  # None: the logits
+
+    name = "path patching"
+    key = ("prompt_idx", "senders")
+
+    def signature(self) -> dict:
+        return {"analysis": "patching.path", "senders": [[s.label for s in g] for g in self.sets],
+                "receivers": None if self.receivers is None else [s.label for s in self.receivers],
+                **super().signature()}
+
+    def rows(self, model: Transformer, pairs: Pairs, rows: list[int]) -> pd.DataFrame:
+        config, donor = model.config, "corrupt" if self.base == "clean" else "clean"
+        base_tokens, donor_tokens = pairs.batch(self.base, rows), pairs.batch(donor, rows)
+        z_capture = Capture(attn={"z"}, mlp={"out"}, embed=False, final_norm_scale=False)
+        base_run = model.run(base_tokens, capture=z_capture, logits_at="last")
+        donor_run = model.run(donor_tokens, capture=z_capture, logits_at="last")
+        base_z, donor_layers = [r.attn.z for r in base_run.stream.layers], donor_run.stream.layers
+        donor_z = [r.attn.z for r in donor_layers]
+        t = torch.tensor([self.targets[i] for i in rows], device=model.device)
+        b = None if self.baselines is None else torch.tensor([self.baselines[i] for i in rows], device=model.device)
+        unpatched = {side: metric_values(self.metric, run.logits[:, 0], t, b).double().cpu().numpy()
+                     for side, run in ((self.base, base_run), (donor, donor_run))}
+        wanted = {site.what for site in self.receivers or ()}
+        frames = []
+        for group in self.sets:
+            from_donor = {(s.layer, h) for s in group if s.part == "attn"
+                          for h in ([s.head] if s.head is not None else range(config.n_heads))}
+            patched = [Replace(Site(l, "attn", head=h), (donor_z if (l, h) in from_donor else base_z)[l][..., h, :])
+                       for l in range(config.n_layers) for h in range(config.n_heads)]
+            patched += [Replace(s, donor_layers[s.layer].mlp.out) for s in group if s.part == "mlp"]
+            capture = Capture(attn=wanted, mlp=frozenset(), embed=False, final_norm_scale=False)
+            run = model.run(base_tokens, capture=capture, interventions=patched, logits_at="last")
+            logits = run.logits
+            if self.receivers is not None:
+                inputs = [Replace(site, run.stream.read(site)) for site in self.receivers]
+                logits = model.run(base_tokens, capture=Capture.none(), interventions=inputs, logits_at="last").logits
+            values = metric_values(self.metric, logits[:, 0], t, b).double().cpu().numpy()
+            frames.append(pd.DataFrame({
+                "prompt_idx": np.asarray(rows, dtype=np.int64),
+                "senders": " + ".join(site.label for site in group),
+                "receivers": "logits" if self.receivers is None else ", ".join(s.label for s in self.receivers),
+                "patched_metric": values,
+                "clean_metric": unpatched["clean"],
+                "corrupt_metric": unpatched["corrupt"],
+            }))
+        return pd.concat(frames, ignore_index=True)

@@ -6,7 +6,7 @@ Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Fac
 projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its
 per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model).
 Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`. An edited
-attention pattern (Site(..., input="pattern")) takes the explicit path: z = pattern @ v.
+attention pattern (Site(..., field="pattern")) takes the explicit path: z = pattern @ v.
 """
 
 from collections.abc import Sequence
@@ -171,7 +171,7 @@ class Attention(nn.Module):
         if ctx.rotary and not self.cross:
             cos, sin = ctx.rotary[self.layer_type]
             q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        if edits:  # a head's q, k or v, as the scores read them (Site(..., input="q"))
+        if edits:  # a head's q, k or v, as the scores read them (Site(..., field="q"))
             q, k, v = apply_edits(q, edits, "q"), apply_edits(k, edits, "k"), apply_edits(v, edits, "v")
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -179,7 +179,7 @@ class Attention(nn.Module):
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         pattern = None
-        pattern_edited = any(iv.site.kind == "pattern" for iv, _ in edits)
+        pattern_edited = any(iv.site.what == "pattern" for iv, _ in edits)
         if self.softcap is not None or pattern_edited:
             # SDPA cannot soft-cap scores, nor take an edited pattern: the explicit path, as Hugging Face's eager
             # attention computes it.
@@ -197,7 +197,7 @@ class Attention(nn.Module):
             )
             if "pattern" in want:
                 pattern = self.pattern_of(q_h, k_h, ctx)
-        z = apply_edits(z_h.transpose(1, 2), edits, "head")
+        z = apply_edits(z_h.transpose(1, 2), edits, "z")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z}
         return out, {name: values[name] for name in want if values.get(name) is not None}

@@ -39,7 +39,7 @@ from resid.components.mlp import MLP
 from resid.components.moe import MoE
 from resid.components.norm import Norm
 from resid.config import ModelConfig
-from resid.interventions import Edit, apply_edits
+from resid.interventions import Edit, apply_edits, edit_residual
 
 
 class Block(nn.Module):
@@ -68,18 +68,22 @@ class Block(nn.Module):
         ctx: AttnContext,
         want: dict[str, frozenset[str]],
         edits: dict[str, Sequence[Edit]],
+        deltas: dict[str, Tensor],
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, dict[str, Tensor]]]:
-        """(resid_post, each sublayer's captured values). `want` and `edits` are keyed by part ("attn",
-        "cross", "mlp"); a missing key means nothing captured or edited there."""
+        """(resid_post before its own edits, each sublayer's captured values). `want` and `edits` are keyed by
+        part ("attn", "cross", "mlp", and the residual sites inside the block, "resid_mid" and "resid_cross"); a
+        missing key means nothing captured or edited there. What residual edits add is kept in `deltas`."""
         values: dict[str, dict[str, Tensor]] = {part: {} for part in self.parts}
         attn_out = self._attention("attn", resid_pre, ctx, want, edits, values)
         if self.parallel:
             mlp_out = self._mlp(resid_pre, want, edits, values)
             return resid_pre + attn_out + mlp_out, values
         resid = _resid_norm(self.ln_attn_resid, resid_pre + attn_out, values["attn"])
+        resid = edit_residual(resid, edits.get("resid_mid", ()), "resid_mid", deltas)
         if self.cross is not None:
             cross_out = self._attention("cross", resid, ctx, want, edits, values)
             resid = _resid_norm(self.ln_cross_resid, resid + cross_out, values["cross"])
+            resid = edit_residual(resid, edits.get("resid_cross", ()), "resid_cross", deltas)
         resid = resid + self._mlp(resid, want, edits, values)
         return _resid_norm(self.ln_mlp_resid, resid, values["mlp"]), values
 
@@ -128,7 +132,7 @@ def _post(
         out, scale = norm(raw)
         if "post_norm_scale" in want:
             values["post_norm_scale"] = scale
-    out = apply_edits(out, edits, "write")
+    out = apply_edits(out, edits, "out")
     if "out" in want:
         values["out"] = out
     return out

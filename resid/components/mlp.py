@@ -63,7 +63,7 @@ class MLP(nn.Module):
             post = self.act(gate) * pre
         else:
             post = self.act(pre)
-        post = apply_edits(post, edits, "neuron")
+        post = apply_edits(post, edits, "post")
         out = F.linear(post, self._w_out, self.b_out)
         values = {"pre": pre, "gate": gate, "post": post}
         return out, {name: values[name] for name in want if values.get(name) is not None}

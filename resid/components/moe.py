@@ -92,15 +92,15 @@ class MoE(nn.Module):
                 continue
             x_e = x[tokens]
             post = self.act(F.linear(x_e, self._w_gate[e])) * F.linear(x_e, self._w_in[e])
-            if any(edit[0].site.kind == "neuron" for edit in mine):
+            if any(edit[0].site.what == "post" for edit in mine):
                 full = _scatter(post, tokens, x.shape[0]).view(batch, n_pos, -1)
-                post = apply_edits(full, mine, "neuron").reshape(x.shape[0], -1)[tokens]
+                post = apply_edits(full, mine, "post").reshape(x.shape[0], -1)[tokens]
             write = F.linear(post, self._w_out[e]) * weight[tokens, e, None]
             if post_all is not None:
                 post_all[tokens, e] = post
-            if any(edit[0].site.kind == "expert" for edit in mine):
+            if any(edit[0].site.what == "expert_out" for edit in mine):
                 full = _scatter(write, tokens, x.shape[0]).view(batch, n_pos, d_model)
-                full = apply_edits(full, mine, "expert").reshape(-1, d_model)
+                full = apply_edits(full, mine, "expert_out").reshape(-1, d_model)
                 out = out + full  # an edit may write where the expert was not routed
                 if expert_out is not None:
                     expert_out[:, e] = full

@@ -9,6 +9,7 @@ The tokenizer is rebuilt from the GGUF vocabulary (resid/load/gguf_vocab.py).
 """
 
 import dataclasses
+import math
 from pathlib import Path
 
 import torch
@@ -16,12 +17,12 @@ from torch import Tensor
 
 from resid.config import ModelConfig, RopeScaling
 from resid.errors import ResidError
-from resid.load.families.registry import family_for, supported_model_types
+from resid.load.families.model_types import family_for, supported_model_types
 from resid.load.gguf_arch import arch_of, gguf_name, hf_config, hf_name, to_hf_layout
 from resid.load.gguf_format import GGUFFile, read_gguf
 from resid.load.gguf_quants import dequantize
 from resid.load.gguf_vocab import tokenizer_from_gguf
-from resid.load.weights import assign
+from resid.load.weights import assign, check_size
 from resid.model import Transformer
 from resid.tokenizer import Tokenizer
 
@@ -40,6 +41,7 @@ def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: t
         )
     family = family_for(hf["model_type"], path)
     config = _with_rope_factors(family.read(hf, f"the metadata of {path.name}"), gguf)
+    check_size([config], sum(math.prod(t.shape) for t in gguf.tensors.values()), f"the GGUF file {path.name}")
     keys = family.keys(config)
     # Hugging Face name -> llama.cpp name (rope_freqs is read into the config, not copied into a weight)
     in_file = {hf_name(n, arch): n for n in gguf.tensors if n != ROPE_FREQS}

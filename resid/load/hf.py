@@ -6,6 +6,7 @@ else from the family's default (what Hugging Face's tokenizer does for it).
 """
 
 import json
+import math
 from pathlib import Path
 
 import tokenizers
@@ -15,8 +16,8 @@ from safetensors import SafetensorError
 
 from resid.errors import ResidError
 from resid.load.families import Family
-from resid.load.families.registry import family_for
-from resid.load.weights import assign
+from resid.load.families.model_types import family_for
+from resid.load.weights import assign, check_size
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokenizer
@@ -31,10 +32,11 @@ def load_hf_folder(
     config = family.read(hf, f"{folder}/config.json")
     files = _weight_files(folder)
     tensors = _SafetensorsIndex(files)
+    configs = (config,) if family.encoder is None else (family.encoder(hf), config)
+    check_size(configs, tensors.values, f"the model in {folder}")  # before anything of the config's size exists
     if family.encoder is not None:
-        encoder_config = family.encoder(hf)
-        model = EncoderDecoder(Transformer(encoder_config), Transformer(config))
-        table = family.seq2seq_keys(encoder_config, config, hf)
+        model = EncoderDecoder(Transformer(configs[0]), Transformer(config))
+        table = family.seq2seq_keys(configs[0], config, hf)
     else:
         model = Transformer(config)
         table = family.keys(config)
@@ -90,6 +92,11 @@ def _weight_files(folder: Path) -> list[Path]:
     raise ResidError(f"{folder} has no model.safetensors (or sharded index).{hint}")
 
 
+# What a weight may be stored as: a floating-point type (cast to the model's dtype on load). An integer or bool
+# tensor where a weight belongs is a damaged or relabelled file: its bit patterns would be read as numbers.
+FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
 class _SafetensorsIndex:
     """Lazy access to tensors spread over one or more safetensors files."""
 
@@ -109,8 +116,20 @@ class _SafetensorsIndex:
     def names(self) -> list[str]:
         return list(self._where)
 
+    @property
+    def values(self) -> int:
+        """How many values the files hold, from their headers (nothing is read)."""
+        return sum(math.prod(self._handles[path].get_slice(name).get_shape()) for name, path in self._where.items())
+
     def get(self, name: str) -> torch.Tensor:
         path = self._where[name]
+        dtype = self._handles[path].get_slice(name).get_dtype()
+        if dtype not in FLOATS:
+            raise ResidError(
+                f"Tensor {name!r} in {path} has dtype {dtype}, not a floating-point type ({', '.join(FLOATS)}): its "
+                "values would be integer bit patterns read as numbers. The file is damaged or its header was "
+                "edited; re-export or re-download it."
+            )
         try:
             return self._handles[path].get_tensor(name)
         except (SafetensorError, OSError) as err:

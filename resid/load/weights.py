@@ -44,6 +44,38 @@ def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
     return out
 
 
+def model_values(config: ModelConfig) -> int:
+    """The weight values a model of `config` holds, near enough for a bound: its matrices (attention, MLP or
+    experts, embedding and unembedding, learned positions) and the sinusoid table resid computes itself."""
+    d_model = config.d_model
+    attn = 2 * d_model * config.d_head * (config.n_heads + config.n_kv_heads)
+    mlp = (3 if config.gated_mlp else 2) * d_model * config.d_mlp * max(config.n_experts, 1)
+    layer = attn * (2 if config.cross_attention else 1) + mlp
+    embeddings = config.d_vocab * d_model * (1 if config.tie_embeddings or config.head == "none" else 2)
+    positions = 0 if config.positions == "rotary" else config.n_ctx * d_model
+    return config.n_layers * layer + embeddings + positions
+
+
+def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> None:
+    """Before anything of a config's size is allocated (or its key table expanded): refuse a config that describes
+    far more values than the weight files hold. The stated bound: at most 4x the files' values plus 16M, so a
+    config of plausible size goes on to `assign`, which checks every tensor's shape exactly, and an implausible
+    one (num_hidden_layers: 10000000, vocab_size: 10**12) costs no memory."""
+    configs = list(configs)
+    wanted = sum(model_values(config) for config in configs)
+    if wanted > 4 * in_files + 2**24:
+        sizes = "; ".join(
+            f"n_layers={c.n_layers}, d_model={c.d_model}, d_mlp={c.d_mlp}, d_vocab={c.d_vocab}, n_ctx={c.n_ctx}"
+            + (f", n_experts={c.n_experts}" if c.n_experts else "") for c in configs
+        )
+        raise ResidError(
+            f"The config of {where} describes a model of about {wanted:,} weight values ({sizes}), but the weight "
+            f"files hold {in_files:,}. A size in config.json is wrong (num_hidden_layers, hidden_size, "
+            "intermediate_size, vocab_size, max_position_embeddings, ...); resid refuses before allocating it. Fix "
+            "config.json or re-export the model."
+        )
+
+
 def axis_sizes(config: ModelConfig) -> dict[str, int]:
     return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3}
 

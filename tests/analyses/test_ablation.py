@@ -7,11 +7,11 @@ import torch
 
 import resid
 from resid.analyses import ablation
-from resid.analyses.ablation.sites import expand_sites
+from resid.analyses.ablation.rows import edited
 from resid.analyses.metrics import metric_values
 from resid import Replace, Site, ZeroAblate
 from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 
 REFERENCE = ["Reference text one is here, and it is long enough to cover every position.", "More words."]
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -19,6 +19,7 @@ CAPTURE_UNITS = resid.Capture(attn={"out", "z"}, mlp={"out", "post"})
 
 
 def _unit(stream, site: Site) -> torch.Tensor:
+    """The site's value, read by hand (not through stream.read, which the sweep uses)."""
     record = getattr(stream.layers[site.layer], site.part)
     if site.head is not None:
         return record.z[:, :, site.head]
@@ -62,13 +63,11 @@ def brute_force(model, prompt_idx: int, sites: tuple[Site, ...], method: str, me
     return metric_values(metric, logits, target, baseline).item()
 
 
-def check_rows(model, df: pd.DataFrame, method: str, sites=None, metric: str = "logit_diff") -> None:
-    by_label = {}
-    for kind in ("layer", "sublayer", "head"):
-        by_label |= {a.label: a.sites for a in expand_sites(kind, model.config)}
-    by_label |= {a.label: a.sites for a in expand_sites(sites, model.config)} if sites is not None else {}
+def check_rows(model, df: pd.DataFrame, method: str, metric: str = "logit_diff") -> None:
+    """Every row's site, read back from its label: a layer is its two writes, replaced together."""
     for row in df.itertuples():
-        expected = brute_force(model, row.prompt_idx, by_label[row.site], method, metric)
+        site = Site.parse(row.site)
+        expected = brute_force(model, row.prompt_idx, tuple(edited(site, model.config)), method, metric)
         torch.testing.assert_close(row.ablated_metric, expected, **TOL)
         torch.testing.assert_close(row.delta, row.ablated_metric - row.clean_metric, **TOL)
 
@@ -82,7 +81,7 @@ def run_sweep(model, method: str, n: int = 4, **options) -> pd.DataFrame:
 
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
 @pytest.mark.parametrize("kind", ["layer", "sublayer", "head"])
-def test_sweep_equals_brute_force_on_every_family(tiny: Tiny, method: str, kind: str):  # noqa: F811
+def test_sweep_equals_brute_force_on_every_family(tiny: Tiny, method: str, kind: str):
     model = tiny.model
     for prompt, donor in zip(PROMPTS, DONORS):
         assert len(model.tokenizer.encode(prompt)) == len(model.tokenizer.encode(donor))
@@ -100,12 +99,12 @@ def test_sweep_on_smollm2(smollm2, method: str):
     sites = [Site(0, "attn"), Site(14, "mlp"), Site(29, "attn", head=3), Site(9, "mlp", neuron=100), Site(-1, "mlp")]
     df = run_sweep(smollm2, method, sites=sites, batch_size=3)
     assert len(df) == len(PROMPTS) * len(sites)
-    assert set(df.site) == {"layers[0].attn", "layers[14].mlp", "layers[29].attn head 3",
-                            "layers[9].mlp neuron 100", "layers[29].mlp"}
-    check_rows(smollm2, df, method, sites)
+    assert set(df.site) == {"layers[0].attn", "layers[14].mlp", "layers[29].attn.head[3]",
+                            "layers[9].mlp.neuron[100]", "layers[29].mlp"}
+    check_rows(smollm2, df, method)
 
 
-def test_metrics_and_clean_values(tiny: Tiny):  # noqa: F811
+def test_metrics_and_clean_values(tiny: Tiny):
     model = tiny.model
     for metric in ("target_prob", "loss", "logit"):
         df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], sites="layer", metric=metric, progress=False)
@@ -116,13 +115,13 @@ def test_metrics_and_clean_values(tiny: Tiny):  # noqa: F811
     torch.testing.assert_close(df.clean_metric.iloc[0], clean[model.tokenizer.encode(" Mary", prepend_bos=False)[0]].item(), **TOL)
 
 
-def test_batch_size_invariance(tiny: Tiny):  # noqa: F811
+def test_batch_size_invariance(tiny: Tiny):
     one = run_sweep(tiny.model, "resample", sites="sublayer", batch_size=1)
     auto = run_sweep(tiny.model, "resample", sites="sublayer")
     pd.testing.assert_frame_equal(one, auto, atol=1e-5, rtol=1e-5)
 
 
-def test_per_position_means_equal_brute_force(tiny: Tiny):  # noqa: F811
+def test_per_position_means_equal_brute_force(tiny: Tiny):
     model = tiny.model
     longest = max(len(model.tokenizer.encode(p)) for p in PROMPTS[:2])
     reference = [" ".join(["word"] * (longest + 3)), "Short text.", " ".join(["other words"] * longest)]

@@ -23,7 +23,7 @@ def _metric(model):
 
 
 def _estimate(model, site: str, kind: str, method: str) -> torch.Tensor:
-    df = patching.attribution(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=[kind], method=method)
+    df = patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=[kind], method=method)
     df = df.set_index(["prompt_idx", "site"])
     return torch.tensor([df.loc[(i, site), "patched_metric"] - df.loc[(i, site), "corrupt_metric"]
                          for i in range(len(NAMES))])
@@ -47,7 +47,7 @@ def test_a_replaced_pattern_is_what_the_head_mixes_values_with(random_model):
     real = tokens.attention_mask.float()
     uniform = (torch.ones(len(NAMES), 14, 14).tril() * real[:, None, :])
     uniform = uniform / uniform.sum(-1, keepdim=True)
-    site = resid.Site(layer, "attn", head=head, input="pattern")
+    site = resid.Site(layer, "attn", head=head, field="pattern")
     stream = random_model.run(CORRUPT, capture=ALL, interventions=[resid.Replace(site, uniform)]).stream
     attn = stream.layers[layer].attn
     group = random_model.config.n_heads // random_model.config.n_kv_heads
@@ -67,7 +67,7 @@ def test_attention_pattern_recomputes_the_captured_one(random_model):
 
 
 def test_pattern_patching_equals_one_forward_per_site_and_itself_changes_nothing(random_model):
-    sites = [resid.Site(0, "attn", head=1, input="pattern"), resid.Site(2, "attn", head=3, input="pattern")]
+    sites = [resid.Site(0, "attn", head=1, field="pattern"), resid.Site(2, "attn", head=3, field="pattern")]
     df = patching.activation(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=sites)
     df = df.set_index(["prompt_idx", "site"])
     clean = random_model.run(CLEAN, capture=ALL).stream
@@ -77,7 +77,7 @@ def test_pattern_patching_equals_one_forward_per_site_and_itself_changes_nothing
         logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits
         expected = metric(logits[:, 0])
         for i in range(len(NAMES)):
-            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected[i].item(), abs=1e-5)
+            assert df.loc[(i, site.label), "patched_metric"] == pytest.approx(expected[i].item(), abs=1e-5)
     itself = patching.activation(random_model, CLEAN, CLEAN, TARGETS, BASELINES, sites="pattern")
     assert len(itself) == len(NAMES) * random_model.config.n_layers * random_model.config.n_heads
     assert (itself["patched_metric"] - itself["clean_metric"]).abs().max() < 1e-5
@@ -88,12 +88,12 @@ def test_atp_of_head_inputs_is_the_linear_limit_of_patching(kind, gpt2_tokenizer
     """Plain AtP of a head's input: moving it alpha of the way to the clean value, exact / alpha tends to the
     estimate (grouped-query model: keys and values per key/value head)."""
     model = make_random_model("llama_gqa", gpt2_tokenizer)
-    site = resid.Site(1, "attn", head=1, input=kind)
+    site = resid.Site(1, "attn", field=kind, **({"kv_head": 1} if kind in ("k", "v") else {"head": 1}))
     clean, corrupt = model.run(CLEAN, capture=ALL).stream, model.run(CORRUPT, capture=ALL).stream
     read = (lambda s: s.layers[1].attn.pattern[:, 1]) if kind == "pattern" else (
         lambda s: getattr(s.layers[1].attn, kind)[:, :, 1])
     delta = read(clean) - read(corrupt)
-    estimate = _estimate(model, site.describe(), kind, "atp")
+    estimate = _estimate(model, site.label, kind, "atp")
     _assert_linear_limit(model, lambda alpha: [resid.Add(site, alpha * delta)], estimate)
 
 
@@ -110,16 +110,17 @@ def test_atp_star_takes_queries_and_keys_through_the_exact_new_pattern(kind, gpt
     scores = scores.masked_fill(torch.ones(14, 14, dtype=torch.bool).triu(1), float("-inf"))
     moved = torch.softmax(scores, -1) - corrupt.layers[layer].attn.pattern  # [batch head pos key]
     heads = [head] if kind == "q" else [head * group + j for j in range(group)]
-    estimate = _estimate(model, f"layers[{layer}].attn head {head} {kind}", kind, "atp*")
+    unit = "kv_head" if kind == "k" else "head"
+    estimate = _estimate(model, f"layers[{layer}].attn.{unit}[{head}].{kind}", kind, "atp*")
     _assert_linear_limit(model, lambda alpha: [
-        resid.Add(resid.Site(layer, "attn", head=h, input="pattern"), alpha * moved[:, h]) for h in heads
+        resid.Add(resid.Site(layer, "attn", head=h, field="pattern"), alpha * moved[:, h]) for h in heads
     ], estimate)
 
 
 def test_graddrop_equals_detaching_each_layer_in_turn(random_model):
     """AtP*'s magnitude: for each layer l, AtP with the layer's writes cut from the backward pass (here: detached;
     the layer's own sites get no gradient), summed in absolute value over l and divided by L - 1."""
-    df = patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("sublayer", "head"),
+    df = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("sublayer", "head"),
                               method="atp*").set_index(["prompt_idx", "site"])
     n_layers, n_heads = random_model.config.n_layers, random_model.config.n_heads
     capture = resid.Capture(attn={"z", "out"}, mlp={"out"})
@@ -133,7 +134,7 @@ def test_graddrop_equals_detaching_each_layer_in_turn(random_model):
             for part in ("attn", "mlp"):
                 named[f"layers[{l}].{part}"] = (getattr(ours, part).out, getattr(theirs, part).out)
             for h in range(n_heads):
-                named[f"layers[{l}].attn head {h}"] = (ours.attn.z, theirs.attn.z, h)
+                named[f"layers[{l}].attn.head[{h}]"] = (ours.attn.z, theirs.attn.z, h)
         live = {name: value for name, value in named.items() if value[0].requires_grad}
         tensors = list({id(v[0]): v[0] for v in live.values()}.values())
         grads = dict(zip(map(id, tensors), torch.autograd.grad(metric(run.logits[:, 0]).sum(), tensors,
@@ -155,7 +156,7 @@ def test_graddrop_equals_detaching_each_layer_in_turn(random_model):
 
 def test_atp_star_on_smollm2_ioi_heads(smollm2):
     exact = patching.activation(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
-    star = patching.attribution(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head", method="atp*")
+    star = patching.atp(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head", method="atp*")
     scored = patching.compare(star, exact, k=20)
     assert scored["ranked_by"] == "magnitude" and scored["top_k_overlap"] >= 0.75 and scored["spearman"] > 0.5
     assert (star["magnitude"] >= 0).all()
@@ -164,13 +165,13 @@ def test_atp_star_on_smollm2_ioi_heads(smollm2):
 def test_bad_input(gpt2_tokenizer):
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     with pytest.raises(BAD_OPTION, match="method"):
-        patching.attribution(model, CLEAN, CORRUPT, TARGETS, BASELINES, method="atp+")
-    with pytest.raises(ResidError, match="Site input must be 'q', 'k', 'v' or 'pattern'"):
-        resid.Site(0, "attn", head=0, input="scores")
+        patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, method="atp+")
+    with pytest.raises(ResidError, match="unknown field 'scores'"):
+        resid.Site(0, "attn", head=0, field="scores")
     with pytest.raises(ResidError, match="Attention patterns have no mean"):
         from resid.analyses import ablation
-        ablation.sweep(model, CLEAN, TARGETS, sites=[resid.Site(0, "attn", head=0, input="pattern")],
+        ablation.sweep(model, CLEAN, TARGETS, sites=[resid.Site(0, "attn", head=0, field="pattern")],
                        method="mean", reference=CLEAN, progress=False)
-    estimate = patching.attribution(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
+    estimate = patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
     with pytest.raises(ResidError, match="by must be"):
         patching.compare(estimate, estimate, by="size")

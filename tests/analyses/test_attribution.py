@@ -5,7 +5,7 @@ per-prompt targets with some left to the top prediction, the leading-space hints
 import pytest
 import torch
 from random_models import make_random_model
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 
 import resid
 from bad_option import BAD_OPTION
@@ -58,11 +58,11 @@ def test_rows_sum_to_the_logit_on_smollm2(smollm2):
 
 
 def test_levels_refine_each_other(random_model):
-    sub = attribution.direct(random_model, PROMPTS, " the", level="sublayer").set_index(["prompt_idx", "component"])
+    sub = attribution.direct(random_model, PROMPTS, " the", level="sublayer").set_index(["prompt_idx", "site"])
     fine = attribution.direct(random_model, PROMPTS, " the", level="neuron")
     grouped = fine[fine.layer.notna()].groupby(["prompt_idx", "layer", "part"])["value"].sum()
     for (prompt, layer, part), value in grouped.items():
-        assert value == pytest.approx(sub.loc[(prompt, f"layers[{layer}].{part}.out"), "value"], abs=1e-5)
+        assert value == pytest.approx(sub.loc[(prompt, f"layers[{layer}].{part}"), "value"], abs=1e-5)
 
 
 @torch.no_grad()
@@ -106,7 +106,7 @@ def _brute_force(model, text, target, level):
 def test_projected_values_equal_brute_force(random_model, level):
     text, target = PROMPTS[0], single_token_id(random_model, " the")
     expected = _brute_force(random_model, text, target, level)
-    df = attribution.direct(random_model, text, target, level=level).set_index("component")
+    df = attribution.direct(random_model, text, target, level=level).set_index("site")
     got = df.loc[list(expected), "value"]
     torch.testing.assert_close(torch.tensor(got.values), torch.tensor(list(expected.values()), dtype=torch.float64),
                                atol=1e-5, rtol=1e-5)
@@ -116,7 +116,7 @@ def test_head_values_on_smollm2_equal_brute_force(smollm2):
     text = "The Eiffel Tower is located in the city of"
     target = single_token_id(smollm2, " Paris")
     expected = _brute_force(smollm2, text, target, "head")
-    df = attribution.direct(smollm2, text, " Paris", level="head").set_index("component")
+    df = attribution.direct(smollm2, text, " Paris", level="head").set_index("site")
     got = torch.tensor(df.loc[list(expected), "value"].values)
     torch.testing.assert_close(got, torch.tensor(list(expected.values()), dtype=torch.float64), atol=1e-4, rtol=1e-4)
 
@@ -126,7 +126,7 @@ def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
     for i, text in enumerate(PROMPTS):
         alone = attribution.direct(random_model, text, " the", level="head", pos=1)
         mine = batch[batch.prompt_idx == i].reset_index(drop=True)
-        assert list(mine["component"]) == list(alone["component"])
+        assert list(mine["site"]) == list(alone["site"])
         torch.testing.assert_close(torch.tensor(mine["value"].values), torch.tensor(alone["value"].values),
                                    atol=1e-5, rtol=1e-5)
         assert mine["token"].iloc[0] == random_model.to_str_tokens(text)[1]
@@ -143,9 +143,9 @@ def test_components_and_columns(smollm2):
     df = attribution.direct(smollm2, "The Eiffel Tower is located in the city of", level="head")
     cfg = smollm2.config
     assert len(df) == 1 + cfg.n_layers * (cfg.n_heads + 1) + 1  # embed, heads + MLP per layer, final_bias
-    assert df["component"].iloc[0] == "embed" and df["component"].iloc[-1] == "final_bias"
+    assert df["site"].iloc[0] == "embed" and df["site"].iloc[-1] == "final_bias"
     assert df["target"].iloc[0] == " Paris" and df["token"].iloc[0] == " of"
-    assert df["baseline"].isna().all() and df["final_bias" == df.component]["value"].eq(0).all()
+    assert df["baseline"].isna().all() and df["final_bias" == df.site]["value"].eq(0).all()
     assert df.attrs["provenance"]["analysis"] == "attribution.direct"
     assert df.attrs["provenance"]["parameters"] == {"level": "head", "pos": -1}
 
@@ -155,9 +155,9 @@ def test_learned_positions_and_biases_have_their_rows(gpt2_tokenizer):
 
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     df = attribution.direct(model, PROMPTS[0], " the", level="neuron")
-    components = set(df["component"])
+    components = set(df["site"])
     assert {"pos_embed", "layers[0].attn.b_O", "layers[2].mlp.b_out", "final_bias"} <= components
-    assert df.set_index("component").loc["final_bias", "value"] != 0
+    assert df.set_index("site").loc["final_bias", "value"] != 0
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,9 @@ def test_texts_tokens_and_ids_give_the_same_tables(gpt2_tokenizer):
     one_ids = tokens.ids[1:, : int(tokens.lengths[1])]  # an unpadded [1 pos] tensor of the second prompt
     by_text = attribution.direct(model, TEXTS, target=" the", level="head")
     by_tokens = attribution.direct(model, tokens, target=" the", level="head")
-    _same(by_text, by_tokens, ["prompt_idx", "pos", "token", "component", "value", "logit"])
+    _same(by_text, by_tokens, ["prompt_idx", "pos", "token", "site", "value", "logit"])
     by_ids = attribution.direct(model, one_ids, target=" the", level="head")
-    _same(by_text[by_text["prompt_idx"] == 1], by_ids.assign(prompt_idx=1), ["pos", "component", "value", "logit"])
+    _same(by_text[by_text["prompt_idx"] == 1], by_ids.assign(prompt_idx=1), ["pos", "site", "value", "logit"])
     assert by_ids.attrs["provenance"]["prompts"] == [one_ids[0].tolist()]
 
     lens_text = logit_lens.run(model, TEXTS, positions="all")
@@ -46,7 +46,7 @@ def test_a_model_without_a_tokenizer_runs_every_analysis_from_ids():
     torch.testing.assert_close(torch.tensor(sums.values), torch.tensor(df.groupby("prompt_idx")["logit"].first().values),
                                atol=1e-4, rtol=1e-5)
     assert df["token"].str.match(r"<\d+>").all()
-    lens = logit_lens.run(model, ids, positions=[0, -1], level="layer")
+    lens = logit_lens.run(model, ids, positions=[0, -1], every="layer")
     assert set(lens["pos"]) == {0, 5} and len(lens["prompt_idx"].unique()) == 3
     sweep = ablation.sweep(model, ids, 5, sites="layer", progress=False)
     assert len(sweep) == 3 * model.config.n_layers

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 
 import resid
 from bad_option import BAD_OPTION
@@ -23,7 +23,7 @@ def _top1(df):
 def test_last_site_is_the_models_distribution(tiny: Tiny, norm):
     model = tiny.model
     df = logit_lens.run(model, PROMPTS, positions="all", norm=norm, k=3)
-    last = df[(df.site == "resid_post") & (df.layer == model.config.n_layers - 1)]
+    last = df[df.site == f"layers[{model.config.n_layers - 1}].resid_post"]
     for (prompt, pos), rows in last.groupby(["prompt_idx", "pos"]):
         probs = torch.softmax(model.run(PROMPTS[prompt]).logits[0, pos].double(), -1)
         top = probs.topk(3)
@@ -35,20 +35,21 @@ def test_last_site_is_the_models_distribution(tiny: Tiny, norm):
 
 def test_sites_follow_the_stream(random_model):
     n = random_model.config.n_layers
-    df = _top1(logit_lens.run(random_model, PROMPTS[0], level="sublayer"))
+    df = _top1(logit_lens.run(random_model, PROMPTS[0], every="sublayer"))
     parallel = random_model.config.block == "parallel"
     per_layer = ("resid_post",) if parallel else ("resid_mid", "resid_post")
-    expected = [(0, "resid_pre")] + [(layer, site) for layer in range(n) for site in per_layer]
+    expected = [(0, "layers[0].resid_pre")] + [(layer, f"layers[{layer}].{site}") for layer in range(n) for site in per_layer]
     assert list(zip(df["layer"], df["site"])) == expected
-    layers = _top1(logit_lens.run(random_model, PROMPTS[0], level="layer"))
-    assert list(zip(layers["layer"], layers["site"])) == [(0, "resid_pre")] + [(layer, "resid_post") for layer in range(n)]
+    layers = _top1(logit_lens.run(random_model, PROMPTS[0], every="layer"))
+    by_layer = [(0, "layers[0].resid_pre")] + [(layer, f"layers[{layer}].resid_post") for layer in range(n)]
+    assert list(zip(layers["layer"], layers["site"])) == by_layer
 
 
 @torch.no_grad()
 def test_recompute_equals_decoding_the_stream(random_model):
     text, layer = PROMPTS[0], 1
     df = logit_lens.run(random_model, text, positions=[2], k=4)
-    rows = df[(df.layer == layer) & (df.site == "resid_post")]
+    rows = df[df.site == f"layers[{layer}].resid_post"]
     resid_post = random_model.run(text, capture=resid.Capture.all()).stream.resid_post(layer)[0, 2]
     normalized, _ = random_model.ln_final(resid_post[None, None])
     logp = torch.log_softmax(random_model.unembed(normalized)[0, 0].double(), -1)
@@ -65,11 +66,11 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
     text = PROMPTS[2]
     lens = _top1(logit_lens.run(random_model, text, target=" the", norm="frozen"))
     attr = attribution.direct(random_model, text, " the", level="sublayer")
-    bias = attr.loc[attr.component == "final_bias", "value"].item()
-    embeds = attr.loc[attr.part == "embed", "value"].sum()
+    bias = attr.loc[attr.site == "final_bias", "value"].item()
+    embeds = attr.loc[attr.part.isin(["embed", "pos_embed", "type_embed"]), "value"].sum()
     for layer in range(random_model.config.n_layers):
         upto = attr.loc[attr.layer.notna() & (attr.layer <= layer), "value"].sum()
-        got = lens[(lens.layer == layer) & (lens.site == "resid_post")]["target_logit"].item()
+        got = lens[lens.site == f"layers[{layer}].resid_post"]["target_logit"].item()
         expected = embeds + upto + bias
         cap = random_model.config.final_softcap
         if cap is not None:  # the lens applies the model's final soft cap; attribution decomposes before it
@@ -110,7 +111,7 @@ def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
         logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, option", [(dict(norm="tuned"), "norm"), (dict(level="head"), "level")])
+@pytest.mark.parametrize("kwargs, option", [(dict(norm="tuned"), "norm"), (dict(every="head"), "every")])
 def test_bad_option_names_it(smollm2, kwargs, option):
     with pytest.raises(BAD_OPTION, match=option):
         logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)

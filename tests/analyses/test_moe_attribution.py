@@ -5,7 +5,7 @@ random MoE with post-norms), an expert's row is its weighted write read along th
 import pytest
 import torch
 from moe_models import make_moe_model
-from tiny_fixtures import Tiny, tiny  # noqa: F401
+from tiny_fixtures import Tiny
 
 import resid
 from resid.analyses import attribution
@@ -42,13 +42,13 @@ def test_expert_rows_are_weighted_expert_writes_along_the_direction(tiny: Tiny):
     mlp_rows = df[(df["part"] == "mlp") & (df["prompt_idx"] == 0)]
     assert len(mlp_rows) == config.n_layers * config.n_experts
     assert mlp_rows["expert"].tolist() == list(range(config.n_experts)) * config.n_layers
-    assert mlp_rows["component"].iloc[1] == "layers[0].mlp.expert[1]" and mlp_rows["neuron"].isna().all()
+    assert mlp_rows["site"].iloc[1] == "layers[0].mlp.expert[1]" and mlp_rows["neuron"].isna().all()
     assert df[df["part"] == "attn"]["expert"].isna().all()
 
     run = model.run(PROMPTS, capture=resid.Capture(mlp={"expert_out"}), logits_at="last")
     direction = model.readout.logit_direction([model.to_single_token(target)] * 2,
                                               run.stream.final_norm_scale[:, -1]).vector
-    rows = df.set_index(["prompt_idx", "component"])["value"]
+    rows = df.set_index(["prompt_idx", "site"])["value"]
     last = run.tokens.last_positions()
     for layer in range(config.n_layers):
         writes = run.stream.layers[layer].mlp.expert_out[torch.arange(2), last]  # [batch expert d_model]
@@ -67,7 +67,7 @@ def test_neuron_rows_sum_to_their_expert_row(tiny: Tiny):
     neuron = attribution.direct(model, PROMPTS, target=" the", level="neuron")
     mlp = neuron[neuron["part"] == "mlp"]
     assert len(mlp) == 2 * model.config.n_layers * model.config.n_experts * model.config.d_mlp
-    assert mlp["component"].iloc[97] == "layers[0].mlp.expert[1].neuron[1]"
+    assert mlp["site"].iloc[97] == "layers[0].mlp.expert[1].neuron[1]"
     summed = mlp.groupby(["prompt_idx", "layer", "expert"])["value"].sum()
     experts = head[head["part"] == "mlp"].set_index(["prompt_idx", "layer", "expert"])["value"]
     torch.testing.assert_close(torch.tensor(summed.sort_index().values), torch.tensor(experts.sort_index().values),

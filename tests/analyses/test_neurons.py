@@ -3,7 +3,7 @@ coefficient edits match brute-force recomputation, and a planted memory is found
 
 import pytest
 import torch
-from tiny_fixtures import Tiny, tiny  # noqa: F401
+from tiny_fixtures import Tiny
 
 import resid
 from resid.analyses import neurons
@@ -49,7 +49,7 @@ def test_value_top_tokens_equal_brute_force(random_model, through_final_norm):
     assert first["token"] == random_model.tokenizer.decode([int(first["token_id"])])
 
 
-def test_value_top_tokens_on_every_loaded_family(tiny: Tiny):  # noqa: F811
+def test_value_top_tokens_on_every_loaded_family(tiny: Tiny):
     model = tiny.model
     df = neurons.value_top_tokens(model, k=2)
     for layer, logits in enumerate(_brute_value_logits(model, True)):

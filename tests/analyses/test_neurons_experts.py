@@ -4,7 +4,7 @@ the post-norm) and on mixtures of experts (neurons addressed as (expert, neuron)
 import pytest
 import torch
 from random_models import make_random_model
-from tiny_fixtures import Tiny, tiny  # noqa: F401
+from tiny_fixtures import Tiny
 
 import resid
 from resid.analyses import neurons

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import resid
+from numerics import TINY
 from resid.analyses import patching
 from resid.errors import ResidError
 
@@ -36,11 +37,11 @@ def test_patching_the_one_differing_embedding_restores_the_other_run(random_mode
     0 noising; every other position changes nothing."""
     df = _patch(random_model, "resid_pre", direction=direction).set_index(["prompt_idx", "site"])
     for prompt in range(len(NAMES)):
-        row = df.loc[(prompt, f"resid_pre 0 pos {S2}")]
-        assert row["score"] == pytest.approx(1.0 if direction == "denoise" else 0.0, abs=1e-5)
-        other = df.loc[(prompt, "resid_pre 0 pos 3")]
+        row = df.loc[(prompt, f"layers[0].resid_pre@{S2}")]
+        assert row["score"] == pytest.approx(1.0 if direction == "denoise" else 0.0, abs=TINY["atol"])
+        other = df.loc[(prompt, "layers[0].resid_pre@3")]
         base = other["corrupt_metric"] if direction == "denoise" else other["clean_metric"]
-        assert other["patched_metric"] == pytest.approx(base, abs=1e-5)
+        assert other["patched_metric"] == pytest.approx(base, abs=TINY["atol"])
 
 
 @pytest.mark.parametrize("sites", ["resid_pre", "head"])
@@ -58,7 +59,7 @@ def test_head_patching_equals_one_forward_per_site(random_model):
         site = resid.Site(layer, "attn", head=head)
         logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, z)], logits_at="last").logits[:, 0]
         for i, expected in enumerate(_logit_diffs(random_model, logits)):
-            got = df.loc[(i, f"layers[{layer}].attn head {head}"), "patched_metric"]
+            got = df.loc[(i, f"layers[{layer}].attn.head[{head}]"), "patched_metric"]
             assert got == pytest.approx(expected, abs=1e-5)
 
 
@@ -74,14 +75,14 @@ def test_resid_patching_equals_one_forward_per_site(random_model):
         site = resid.Site(layer - 1, "mlp", positions=[position])
         logits = random_model.run(CORRUPT, interventions=[resid.Add(site, delta)], logits_at="last").logits[:, 0]
         for i, expected in enumerate(_logit_diffs(random_model, logits)):
-            got = df.loc[(i, f"resid_pre {layer} pos {position}"), "patched_metric"]
+            got = df.loc[(i, f"layers[{layer}].resid_pre@{position}"), "patched_metric"]
             assert got == pytest.approx(expected, abs=1e-4)
 
 
 def test_atp_is_the_linear_limit_of_patching(random_model):
     """Patching z of one head a fraction alpha of the way to the clean value: exact / alpha tends to AtP's
     estimate as alpha shrinks (the error falls with alpha)."""
-    estimate = patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head",))
+    estimate = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head",))
     estimate = estimate.set_index(["prompt_idx", "site"])
     clean_z = random_model.run(CLEAN, capture=resid.Capture(attn={"z"})).stream
     corrupt_z = random_model.run(CORRUPT, capture=resid.Capture(attn={"z"})).stream
@@ -93,7 +94,7 @@ def test_atp_is_the_linear_limit_of_patching(random_model):
         return torch.stack([logits[i, a] - logits[i, b] for i, (a, b) in enumerate(ids)])
 
     base = metric(random_model.run(CORRUPT, logits_at="last").logits[:, 0])
-    atp = torch.tensor([estimate.loc[(i, f"layers[{layer}].attn head {head}"), "patched_metric"] for i in range(2)])
+    atp = torch.tensor([estimate.loc[(i, f"layers[{layer}].attn.head[{head}]"), "patched_metric"] for i in range(2)])
     errors = []
     for alpha in (0.3, 0.03, 0.003):
         site = resid.Site(layer, "attn", head=head)
@@ -106,7 +107,7 @@ def test_atp_is_the_linear_limit_of_patching(random_model):
 
 
 def test_atp_covers_every_site_and_compare_scores_it(random_model):
-    estimate = patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES)
+    estimate = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES)
     n_layers, n_heads = random_model.config.n_layers, random_model.config.n_heads
     per_pair = n_layers * (2 + n_heads + 14)
     assert len(estimate) == 2 * per_pair
@@ -119,7 +120,7 @@ def test_atp_covers_every_site_and_compare_scores_it(random_model):
 
 def test_atp_on_smollm2_ioi_finds_the_exact_top_heads(smollm2):
     exact = patching.activation(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
-    estimate = patching.attribution(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head",))
+    estimate = patching.atp(smollm2, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head",))
     scored = patching.compare(estimate, exact, k=20)
     assert scored["top_k_overlap"] >= 0.75 and scored["spearman"] > 0.8
 
@@ -136,16 +137,16 @@ def test_bad_input(random_model):
 
 
 def test_head_inputs_are_patched_like_one_forward_per_site(random_model):
-    """q / k / v of a head (Site(..., input=...)) through the engine equal one Replace of the clean value each."""
-    sites = [resid.Site(1, "attn", head=2, input="q"), resid.Site(1, "attn", head=0, input="k"),
-             resid.Site(2, "attn", head=1, input="v")]
+    """q / k / v of a head (Site(..., field=...)) through the engine equal one Replace of the clean value each."""
+    sites = [resid.Site(1, "attn", head=2, field="q"), resid.Site(1, "attn", kv_head=0, field="k"),
+             resid.Site(2, "attn", kv_head=1, field="v")]
     df = _patch(random_model, sites).set_index(["prompt_idx", "site"])
     clean = random_model.run(CLEAN, capture=resid.Capture(attn={"q", "k", "v"})).stream
     for site in sites:
-        value = getattr(clean.layers[site.layer].attn, site.input)[..., site.head, :]
+        value = getattr(clean.layers[site.layer].attn, site.field)[..., site.unit, :]
         logits = random_model.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
         for i, expected in enumerate(_logit_diffs(random_model, logits)):
-            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected, abs=1e-5)
+            assert df.loc[(i, site.label), "patched_metric"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_a_metric_function_of_the_logits(random_model):
@@ -173,33 +174,33 @@ def test_smollm2_engine_equals_one_forward_per_site(smollm2):
             value = clean.layers[site.layer].mlp.out[torch.arange(len(NAMES)), at][:, None]
         logits = smollm2.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
         for i, expected in enumerate(_logit_diffs(smollm2, logits)):
-            assert df.loc[(i, site.describe()), "patched_metric"] == pytest.approx(expected, abs=1e-5)
+            assert df.loc[(i, site.label), "patched_metric"] == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
 def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypatch, suffix):
     """With out=, a run killed after its first chunk resumes: the finished pair is not computed again and the
     result equals an uninterrupted run."""
-    from resid.analyses.patching import residual
+    from resid.analyses.ablation import chunks
     from random_models import make_random_model
 
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     expected = _patch(model, "resid_pre")
     out, calls = tmp_path / f"resid{suffix}", []
-    chunk = residual._chunk
+    clean_pass = chunks.clean_pass
 
-    def failing(model, pairs, base, rows, *rest):
-        calls.append(list(rows))
+    def failing(ctx, sequences, pad, group, *rest):
+        calls.append(list(group))
         if len(calls) == 2:
             raise RuntimeError("killed")
-        return chunk(model, pairs, base, rows, *rest)
+        return clean_pass(ctx, sequences, pad, group, *rest)
 
-    monkeypatch.setattr(residual, "_chunk", failing)
+    monkeypatch.setattr(chunks, "clean_pass", failing)
     with pytest.raises(RuntimeError, match="killed"):
         _patch(model, "resid_pre", batch_size=1, out=out)
     resumed = _patch(model, "resid_pre", batch_size=1, out=out)
     assert calls == [[0], [1], [1]]  # pair 0 was stored before the crash and not recomputed
     assert list(resumed["site"]) == list(expected["site"])
-    assert resumed["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-6)
-    assert resumed["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=1e-6, nan_ok=True)
+    assert resumed["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=TINY["atol"])
+    assert resumed["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=TINY["atol"], nan_ok=True)
     assert out.exists()

@@ -7,6 +7,7 @@ import resid
 from resid.analyses import patching
 from bad_option import BAD_OPTION
 from resid.errors import ResidError
+from numerics import TINY
 
 CLEAN = ["When Mary and John went to the store, John gave a drink to"]
 CORRUPT = ["When Mary and John went to the big old store, Mary gave a drink to"]  # two tokens longer
@@ -36,7 +37,7 @@ def test_end_alignment_patches_from_the_last_token_back(random_model, lengths):
         delta = clean.resid_pre(layer)[:, position] - corrupt.resid_pre(layer)[:, position + 2]
         site = resid.Site(layer - 1, "mlp", positions=[position + 2])
         logits = random_model.run(CORRUPT, interventions=[resid.Add(site, delta[:, None])], logits_at="last")
-        assert df.loc[f"resid_pre {layer} pos {position}", "patched_metric"] == pytest.approx(
+        assert df.loc[f"layers[{layer}].resid_pre@{position}", "patched_metric"] == pytest.approx(
             _metric(random_model, logits.logits[:, 0]), abs=1e-4)
 
 
@@ -55,19 +56,19 @@ def test_noising_and_explicit_alignments(random_model, lengths):
 def test_alignment_of_equal_lengths_changes_nothing(random_model):
     clean = ["When Mary and John went to the store, John gave a drink to"]
     corrupt = ["When Mary and John went to the store, Mary gave a drink to"]
-    for analysis in (patching.activation, patching.attribution):
+    for analysis in (patching.activation, patching.atp):
         plain = analysis(random_model, clean, corrupt, TARGETS, BASELINES, sites="resid_pre")
         aligned = analysis(random_model, clean, corrupt, TARGETS, BASELINES, sites="resid_pre", align="end")
         assert list(plain["site"]) == list(aligned["site"])
-        assert plain["patched_metric"].to_numpy() == pytest.approx(aligned["patched_metric"].to_numpy(), abs=1e-6)
+        assert plain["patched_metric"].to_numpy() == pytest.approx(aligned["patched_metric"].to_numpy(), abs=TINY["atol"])
 
 
 def test_atp_with_an_alignment_is_the_linear_limit(random_model, lengths):
     """AtP of resid_pre(2) at clean position 9: moving the corrupt residual at position 11 alpha of the way to the
     clean one, exact / alpha tends to the estimate; sublayer estimates use the same aligned differences."""
-    estimate = patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("resid_pre", "head"),
+    estimate = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("resid_pre", "head"),
                                     align="end").set_index("site")
-    row = estimate.loc["resid_pre 2 pos 9"]
+    row = estimate.loc["layers[2].resid_pre@9"]
     expected = row["patched_metric"] - row["corrupt_metric"]
     clean, corrupt = random_model.run(CLEAN).stream, random_model.run(CORRUPT).stream
     delta = (clean.resid_pre(2)[:, 9] - corrupt.resid_pre(2)[:, 11])[:, None]
@@ -78,7 +79,7 @@ def test_atp_with_an_alignment_is_the_linear_limit(random_model, lengths):
         logits = random_model.run(CORRUPT, interventions=[edit], logits_at="last").logits[:, 0]
         errors.append(abs((_metric(random_model, logits) - base) / alpha - expected))
     assert errors[-1] < max(errors[0] / 10, 1e-3)
-    assert "layers[0].attn head 0" in estimate.index
+    assert "layers[0].attn.head[0]" in estimate.index
 
 
 def test_bad_alignments(random_model, lengths):
@@ -88,7 +89,7 @@ def test_bad_alignments(random_model, lengths):
     with pytest.raises(ResidError, match="needs pairs of equal token lengths"):
         patching.activation(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head", align="end")
     with pytest.raises(ResidError, match="needs pairs of equal token lengths"):
-        patching.attribution(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="pattern", align="end")
+        patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="pattern", align="end")
     with pytest.raises(BAD_OPTION, match="align"):
         patching.activation(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, align="start")
     with pytest.raises(ResidError, match=f"out of range: the clean prompt has {n_clean} tokens"):

@@ -23,6 +23,15 @@ def llama(tmp_path_factory):
     return hf, resid.load(folder)
 
 
+def _sender(layer: int, unit: int | str) -> resid.Site:
+    return resid.Site(layer, "attn", head=unit) if isinstance(unit, int) else resid.Site(layer, unit)
+
+
+def _receiver(layer: int, head: int, kind: str) -> resid.Site:
+    unit = {"kv_head": head} if kind in ("k", "v") else {"head": head}
+    return resid.Site(layer, "attn", field=kind, **unit)
+
+
 def _metric(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, TARGET] - logits[:, -1, BASELINE]
 
@@ -97,11 +106,13 @@ def test_path_patching_equals_the_brute_force(llama, receivers):
     hf, model = llama
     clean, corrupt = model.to_tokens(CLEAN), model.to_tokens(CORRUPT)
     senders = [[(0, 1)], [(0, 2), (0, 3)], [(0, 0), (1, 1)], [(0, "mlp")], [(0, "attn"), (1, 2)]]
-    df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders, receivers=receivers)
+    sites = "logits" if receivers == "logits" else [_receiver(*r) for r in receivers]
+    df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[[_sender(*s) for s in g] for g in senders],
+                       receivers=sites)
     for group in senders:
         expected = _brute_force(hf, clean, corrupt, group, [] if receivers == "logits" else receivers,
                                 model.config.d_head)
-        label = " + ".join(f"layers[{l}].attn head {u}" if isinstance(u, int) else f"layers[{l}].{u}" for l, u in group)
+        label = " + ".join(_sender(*s).label for s in group)
         got = df[df.senders == label].sort_values("prompt_idx")["patched_metric"].to_numpy()
         assert got == pytest.approx(expected.double().numpy(), abs=1e-4)
 
@@ -110,12 +121,12 @@ def test_pattern_receivers_equal_their_queries_and_keys(llama):
     """A head's pattern is a function of its queries and its key/value head's keys: receiving the patterns of
     the heads that read key/value head 0 is receiving their queries and that head's keys."""
     _, model = llama
-    senders = [[(0, 1)], [(0, "mlp")]]
+    senders = [_sender(0, 1), _sender(0, "mlp")]
     group = range(model.config.n_heads // model.config.n_kv_heads)
     patterns = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders,
-                             receivers=[(1, h, "pattern") for h in group])
+                             receivers=[_receiver(1, h, "pattern") for h in group])
     inputs = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders,
-                           receivers=[(1, h, "q") for h in group] + [(1, 0, "k")])
+                           receivers=[_receiver(1, h, "q") for h in group] + [_receiver(1, 0, "k")])
     assert patterns["patched_metric"].to_numpy() == pytest.approx(inputs["patched_metric"].to_numpy(), abs=1e-5)
     assert (patterns["patched_metric"] - patterns["clean_metric"]).abs().max() > 1e-4  # the senders do matter
 
@@ -124,11 +135,11 @@ def test_no_path_and_every_path(llama):
     """Senders whose z is the same in both runs change nothing; patching every head to the logits is exactly
     patching every head (MLPs recompute)."""
     _, model = llama
-    same = patching.path(model, CLEAN, CLEAN, TARGET, BASELINE, senders=[(1, 0)])
+    same = patching.path(model, CLEAN, CLEAN, TARGET, BASELINE, senders=[_sender(1, 0)])
     assert (same["patched_metric"] - same["clean_metric"]).abs().max() < 1e-5
     assert (same["metric"] == "logit_diff").all() and (same["direction"] == "noise").all()
     every = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
-    df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[every])
+    df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[[_sender(l, h) for l, h in every]])
     corrupt_z = model.run(CORRUPT, capture=resid.Capture(attn={"z"})).stream
     replaced = [resid.Replace(resid.Site(l, "attn", head=h), corrupt_z.layers[l].attn.z[..., h, :]) for l, h in every]
     expected = _metric(model.run(CLEAN, interventions=replaced).logits)
@@ -140,8 +151,13 @@ def test_bad_input(llama):
     with pytest.raises(ResidError, match="needs senders"):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[])
     with pytest.raises(ResidError, match="out of range"):
-        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(5, 0)])
+        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[_sender(5, 0)])
     with pytest.raises(ResidError, match="A sender is"):
-        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(0, "ffn")])
-    with pytest.raises(ResidError, match="input must be 'q', 'k', 'v' or 'pattern'"):
-        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[(0, 0)], receivers=[(1, 0, "z")])
+        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=["layers[0].mlp.neuron[3]"])
+    with pytest.raises(ResidError, match="A receiver is a head's input"):
+        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[_sender(0, 0)], receivers=["layers[1].attn.head[0]"])
+    labels = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=["layers[0].attn.head[1]"],
+                           receivers=["layers[1].attn.head[2].q"])
+    sites = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[_sender(0, 1)],
+                          receivers=[_receiver(1, 2, "q")])
+    assert labels.equals(sites)  # labels work where Sites do

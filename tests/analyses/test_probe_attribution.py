@@ -8,7 +8,7 @@ import resid
 from resid.analyses import attribution
 from resid.analyses.attribution import Probe
 from resid.analyses.vocab import single_token_id
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 
 PROMPTS = ["The quick brown fox jumps over the", "Hello"]
 
@@ -20,14 +20,14 @@ def _hidden(model, text: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("level", ["sublayer", "head", "neuron"])
-def test_probe_rows_sum_to_the_read_out_on_every_family(tiny: Tiny, level):  # noqa: F811
+def test_probe_rows_sum_to_the_read_out_on_every_family(tiny: Tiny, level):
     model = tiny.model
     vector = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(3))
     df = attribution.direct(model, PROMPTS, target=Probe(vector, bias=0.5, name="random"), level=level)
     for i, text in enumerate(PROMPTS):
         rows = df[df.prompt_idx == i]
         expected = float(_hidden(model, text) @ vector) + 0.5
-        assert rows["logit"].iloc[0] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        assert rows["readout"].iloc[0] == pytest.approx(expected, rel=1e-5, abs=1e-5)
         assert rows["value"].sum() == pytest.approx(expected, rel=1e-5, abs=1e-5)
     assert set(df["target"]) == {"random"} and (df["target_id"] == -1).all()
     assert attribution.metric_name(df) == "probe 'random'"
@@ -41,7 +41,7 @@ def test_an_unembedding_column_probe_equals_the_logit_attribution(random_model):
     logit = attribution.direct(random_model, PROMPTS, target=" the", level="head")
     torch.testing.assert_close(torch.tensor(probe["value"].values), torch.tensor(logit["value"].values),
                                atol=1e-5, rtol=1e-5)
-    assert list(probe["component"]) == list(logit["component"])
+    assert list(probe["site"]) == list(logit["site"])
 
 
 def test_one_vector_per_prompt(random_model):

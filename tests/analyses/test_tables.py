@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from random_models import make_random_model
 
+import resid
 from resid.analyses import provenance, tables
 from resid.errors import ResidError
 
@@ -45,7 +46,7 @@ def test_round_trip_is_exact(tmp_path, suffix):
     path = tables.export(df, tmp_path / "deep" / "folder" / f"attr{suffix}", {"analysis": "test"})
     back = tables.read(path)
     pd.testing.assert_frame_equal(back, df)
-    assert back.attrs["provenance"] == {"analysis": "test"}
+    assert back.attrs["provenance"] == {"analysis": "test", "resid_version": resid.__version__}
     # "" and missing are different values, and None stays None next to NaN in an object column
     assert back["token"].iloc[0] == "" and pd.isna(back["token"].iloc[-1])
     assert back["token_obj"].iloc[0] is None and back["token_obj"].iloc[-1] is not None
@@ -151,6 +152,7 @@ def test_sidecar_with_real_provenance(tmp_path):
     sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
     assert sidecar["weight_files"] == [{"path": str(weights), "sha256": sha256}]
     assert sidecar["analysis"] == "attribution.direct" and sidecar["prompts"] == ["The Eiffel"]
+    assert sidecar["resid_version"] == resid.__version__
     table = sidecar["table"]
     assert table["path"] == "attr.csv" and table["format"] == "csv" and table["rows"] == len(df)
     assert table["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -167,6 +169,17 @@ def test_unknown_provenance_is_said(tmp_path):
     path = tables.export(pd.DataFrame({"x": [1.0]}), tmp_path / "t.md")
     sidecar = json.loads(Path(f"{path}.json").read_text())
     assert sidecar["provenance"].startswith("unknown") and sidecar["table"]["format"] == "md"
+    assert sidecar["resid_version"] == resid.__version__
+
+
+def test_every_sidecar_names_the_resid_version(tmp_path):
+    # issue 27: a caller's own provenance said nothing of the resid that wrote the table
+    path = tables.export(pd.DataFrame({"x": [1.0]}), tmp_path / "t.csv", {"experiment": "ioi-7"})
+    sidecar = json.loads(Path(f"{path}.json").read_text())
+    assert sidecar["experiment"] == "ioi-7" and sidecar["resid_version"] == resid.__version__
+    # ... and one that says it is kept as given
+    path = tables.export(pd.DataFrame({"x": [1.0]}), tmp_path / "u.csv", {"resid_version": "0.0.9"})
+    assert json.loads(Path(f"{path}.json").read_text())["resid_version"] == "0.0.9"
 
 
 def tex_cell(value: object) -> str:

@@ -153,3 +153,42 @@ def test_prompt_sets_use_the_same_line_reader(tmp_path):
         read_jsonl(path)
     with pytest.raises(ResidError, match=r"Prompts file .*missing\.jsonl does not exist"):
         read_jsonl(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("encoding, named", [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16 or UTF-32"),
+                                             ("utf-32", "UTF-32")])
+def test_a_file_in_another_unicode_encoding_is_one_clear_error(tmp_path, encoding, named):
+    # issue 27: a UTF-16 JSONL file gave a UnicodeDecodeError traceback
+    path = tmp_path / "p.jsonl"
+    path.write_bytes('{"prompt": "The Eiffel Tower is in", "target": " Paris"}\n'.encode(encoding))
+    with pytest.raises(ResidError, match=f"is encoded as {named}.*; resid reads UTF-8. Save it as UTF-8"):
+        read_jsonl(path)
+
+
+def test_bytes_that_are_not_utf8_are_named_by_line(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("first line\nCaf\u00e9 au lait\n".encode("latin-1"))
+    with pytest.raises(ResidError, match="is not UTF-8: line 2 holds the byte 0xe9"):
+        texts.read(path, "corpus")
+
+
+def test_a_lone_surrogate_escape_is_refused_with_the_file(tmp_path):
+    # json.loads accepts "\ud83d" without its pair; no tokenizer can encode the result
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "fine", "target": " a"}\n{"prompt": "half an emoji \\ud83d", "target": " a"}\n')
+    with pytest.raises(ResidError, match=r'p.jsonl, line 2: "prompt" .* holds a lone surrogate U\+D83D'):
+        read_jsonl(path)
+    path.write_text('{"prompt": "fine", "target": " a"}\n{"prompt": "a whole emoji \\ud83d\\ude00", "target": " a"}\n')
+    assert read_jsonl(path).prompts[1] == "a whole emoji \U0001F600"
+
+
+@pytest.mark.parametrize("target", [[" Paris"], 1.5, True, -3, {"token": " Paris"}])
+def test_a_target_of_the_wrong_type_is_refused_with_the_file(tmp_path, target):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "target": " b", "baseline": " c"}) + "\n"
+                    + json.dumps({"prompt": "a", "target": " b", "baseline": target}) + "\n")
+    with pytest.raises(ResidError, match=r'p.jsonl, line 2: "baseline" must be a token \(a string such as " Paris"\) '
+                                         r"or a token id \(a whole number >= 0\)"):
+        read_jsonl(path)
+    path.write_text(json.dumps({"prompt": "a", "target": 7, "baseline": " c"}) + "\n")
+    assert read_jsonl(path).targets == [7]

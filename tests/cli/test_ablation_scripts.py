@@ -17,7 +17,7 @@ import resid
 from resid.analyses import ablation
 from resid.analyses.cli.main import main
 from bad_option import BAD_OPTION
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny
 from tiny_models import build, hf_attn, hf_mlp
 
 NAMES = ["Mary", "John", "Anna", "Paul", "Kate", "Mark", "Lucy", "Tom"]
@@ -37,7 +37,7 @@ def _write_jsonl(path: Path, lines: list) -> Path:
     return path
 
 
-def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):  # noqa: F811
+def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):
     lines = _prompt_lines(2)
     prompts, targets = [x["prompt"] for x in lines], [x["target"] for x in lines]
     df = ablation.sweep(tiny.model, prompts, targets, sites="sublayer", metric="logit", progress=False)
@@ -102,7 +102,7 @@ def test_kill_and_resume(tmp_path):
                                torch.tensor(merged.ablated_metric.to_numpy()), atol=1e-5, rtol=0)
 
 
-def test_bad_input(tmp_path, tiny: Tiny):  # noqa: F811
+def test_bad_input(tmp_path, tiny: Tiny):
     model = tiny.model
     prompts, targets = ["When Mary and John went"], [" Mary"]
     with pytest.raises(BAD_OPTION, match=r"(?s)sites.*'neurons'"):

@@ -24,6 +24,9 @@ def files(tmp_path) -> dict[str, str]:
         "broken": _jsonl(tmp_path / "broken.jsonl", [{"prompt": "a", "target": " b"}, '{"prompt": "x"']),
         "corpus": _jsonl(tmp_path / "corpus.csv", ["some text"]),
         "pairs": _jsonl(tmp_path / "pairs.jsonl", [{"clean": "a b", "corrupt": "a c", "target": " d"}]),
+        "list_target": _jsonl(tmp_path / "list_target.jsonl", [{"prompt": "a b", "target": [" Mary"]}]),
+        "null_pair": _jsonl(tmp_path / "null_pair.jsonl", [{"clean": "a b", "corrupt": "a c", "target": None}]),
+        "utf16": str(tmp_path / "utf16.jsonl"),
     }
 
 
@@ -53,6 +56,11 @@ BAD = [
     (["patch", "--pairs", "{good}", "--out", "p.csv"], 'line 1 has no string field "clean"'),
     (["patch", "--pairs", "{pairs}", "--out", "p.tex"], "--out 'p.tex' must end in one of .parquet, .csv"),
     (["patch", "--pairs", "{pairs}", "--out", "p.csv", "--metric", "logit_diff"], '--metric logit_diff needs a'),
+    # issue 27: wrong-typed targets and other encodings are refused with the file, before the model loads
+    (["ablate", "--prompts", "{list_target}", "--out", "r.csv"], 'line 1: "target" must be a token'),
+    (["attribute", "--prompts", "{list_target}"], 'line 1: "target" must be a token'),
+    (["patch", "--pairs", "{null_pair}", "--out", "p.csv"], 'line 1: "target" must be a token'),
+    (["ablate", "--prompts", "{utf16}", "--out", "r.csv"], "is encoded as UTF-16"),
     (["neurons", "values", "--layers", "x"], "--layers must be integers separated by commas"),
     (["neurons", "values", "--layers", "1", "--neurons", "5;7"], "--neurons must be integers separated by commas"),
     (["neurons", "values", "--layers", "1", "--k", "0"], "--k must be at least 1"),
@@ -62,6 +70,11 @@ BAD = [
     (["neurons", "explain", "hi", "--layers", "last"], "--layers must be integers separated by commas"),
     (["neurons", "edit", "hi", "--neurons", "20", "--set", "1"], "--neurons must be layer:neuron pairs"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _utf16_file(tmp_path):
+    (tmp_path / "utf16.jsonl").write_bytes('{"prompt": "a", "target": " b"}\n'.encode("utf-16"))
 
 
 @pytest.mark.parametrize("argv, message", BAD, ids=[" ".join(argv[:2]) + f" #{i}" for i, (argv, _) in enumerate(BAD)])

@@ -5,10 +5,12 @@ import importlib
 import re
 
 import pytest
+import torch
 
 import resid.analyses.cli.main as cli_main
 from resid.analyses import attribution, logit_lens
-from resid.analyses.cli.errors import for_cli
+from resid.analyses.cli.errors import render
+from resid.errors import ResidError, param_style
 from resid.analyses.cli.main import _parser, main
 from test_cli import _subparsers
 from tiny_models import build
@@ -115,27 +117,55 @@ def test_every_out_says_folder_or_file():
     assert "--out is a folder" in cli_main.__doc__
 
 
-@pytest.mark.parametrize("message, expected", [
-    ("metric='logit_diff' needs baselines (one per prompt); or use metric='target_prob'.",
-     '--metric logit_diff needs a "baseline" on every line of --prompts; or use --metric target_prob.'),
-    ("method='mean' needs reference texts (a list of strings or a text file) to average over.",
-     "--method mean needs --reference FILE (.txt or .jsonl texts) to average over."),
-    ("Prompt(s) [0] tokenize to nothing: give non-empty text (or prepend_bos=True).",
+def _raised(call) -> str:
+    try:
+        call()
+    except ResidError as error:
+        return str(error)
+    raise AssertionError("no ResidError")
+
+
+def _mean_without_reference(model):
+    from resid.analyses import ablation
+
+    ablation.sweep(model, ["a b"], [" c"], method="mean", progress=False)
+
+
+def _logit_diff_without_baselines(model):
+    from resid.analyses.metrics import check_metric
+
+    check_metric("logit_diff", False)
+
+
+def _empty_prompt(model):
+    model.to_tokens([""], prepend_bos=False)
+
+
+@pytest.mark.parametrize("call, python, cli", [
+    (_mean_without_reference, "method='mean' needs reference texts to average over: give reference (a list of texts, "
+     "or a .txt or .jsonl file).", "--method mean needs reference texts to average over: give --reference FILE (a "
+     ".txt or .jsonl file)."),
+    (_logit_diff_without_baselines, "metric='logit_diff' needs baselines (one per prompt); or use "
+     "metric='target_prob'.", '--metric logit_diff needs a "baseline" on every line of --prompts (one per prompt); '
+     "or use --metric target_prob."),
+    (_empty_prompt, "Prompt(s) [0] tokenize to nothing: give non-empty text (or prepend_bos=True).",
      "Prompt(s) [0] tokenize to nothing: give non-empty text."),
-    ("Load the model with dtype=torch.float32 (or bfloat16 if this was float16).",
-     "Load the model with --dtype float32 (or bfloat16 if this was float16)."),
-    ("device='cuda' was asked for, but no CUDA GPU is available here; use 'cpu'.",
-     "--device cuda was asked for, but no CUDA GPU is available here; use --device cpu."),
 ])
-def test_analysis_errors_speak_cli(message, expected):
-    assert for_cli(message) == expected
+def test_errors_name_parameters_in_python_and_flags_on_the_command_line(gpt2_tokenizer, call, python, cli):
+    """One message, written once with resid.errors.param: Python spelling by default, the flags under the CLI's
+    renderer (no rewriting of message text afterwards)."""
+    from random_models import make_random_model
+
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    assert _raised(lambda: call(model)) == python
+    with param_style(render):
+        assert _raised(lambda: call(model)) == cli
 
 
-@pytest.mark.parametrize("message", [
-    "--reference is not used by --method zero; drop it, or choose --method mean or resample.",
-    "With --prompts, targets and baselines come from the JSONL file, not --target.",
-    "--method mean needs --reference FILE (.txt or .jsonl texts) to average over.",
-    "Site(layer=3, part='mlp') cannot take a head; heads are part='attn'.",
-])
-def test_cli_messages_pass_unchanged(message):
-    assert for_cli(message) == message
+def test_a_parameter_without_a_flag_keeps_its_python_spelling():
+    from resid.errors import param
+
+    with param_style(render):
+        assert param("method", "mean") == "--method mean" and param("dtype", torch.float32) == "--dtype float32"
+        assert param("check_finite", False) == "check_finite=False"
+    assert param("method", "mean") == "method='mean'" and param("dtype", torch.float32) == "dtype=torch.float32"

@@ -45,8 +45,8 @@ def test_patch_atp_star_of_keys(tmp_path, capsys, smollm2):
     df = pd.read_parquet(out)
     kv_heads = smollm2.config.n_kv_heads
     assert len(df) == 2 * 30 * kv_heads and (df["method"] == "atp*").all()
-    assert set(df["site"]) == {f"layers[{l}].attn head {h} k" for l in range(30) for h in range(kv_heads)}
-    expected = patching.attribution(smollm2, [p["clean"] for p in PAIRS], [p["corrupt"] for p in PAIRS],
+    assert set(df["site"]) == {f"layers[{l}].attn.kv_head[{h}].k" for l in range(30) for h in range(kv_heads)}
+    expected = patching.atp(smollm2, [p["clean"] for p in PAIRS], [p["corrupt"] for p in PAIRS],
                                     [p["target"] for p in PAIRS], [p["baseline"] for p in PAIRS], sites="k",
                                     method="atp*")
     assert df["magnitude"].to_numpy() == pytest.approx(expected["magnitude"].to_numpy(), abs=1e-5)
@@ -58,7 +58,7 @@ def test_patch_aligns_pairs_of_different_lengths(tmp_path, smollm2):
     pairs.write_text("\n".join(json.dumps(p) for p in longer) + "\n")
     out = tmp_path / "resid.parquet"
     assert main(["patch", "--pairs", str(pairs), "--method", "atp", "--align", "end", "--out", str(out)]) == 0
-    expected = patching.attribution(smollm2, [p["clean"] for p in longer], [p["corrupt"] for p in longer],
+    expected = patching.atp(smollm2, [p["clean"] for p in longer], [p["corrupt"] for p in longer],
                                     [p["target"] for p in longer], [p["baseline"] for p in longer],
                                     sites="resid_pre", align="end")
     df = pd.read_parquet(out)

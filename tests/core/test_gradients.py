@@ -4,10 +4,10 @@ token embedding matrix (the one weight both store in the same layout)."""
 
 import torch
 
-from tiny_fixtures import random_ids, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import random_ids
 
 
-def test_embedding_gradient_matches_transformers(tiny):  # noqa: F811
+def test_embedding_gradient_matches_transformers(tiny):
     ids = random_ids(3)
     target, baseline = 11, 42
     tiny.hf.zero_grad()

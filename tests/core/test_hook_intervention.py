@@ -5,6 +5,7 @@ import torch
 
 import resid
 from resid import Add, Hook, Replace, Scale, Site, ZeroAblate
+from numerics import TINY
 
 TEXTS = ["The quick brown fox jumps over", "Hello there"]
 
@@ -66,7 +67,7 @@ def test_hook_can_use_the_tokens(random_model):
     hooked = random_model.run(tokens, interventions=[Hook(site, steer_first)], logits_at="last").logits
     first = random_model.run(tokens.rows([0]), interventions=[Add(site, vector)], logits_at="last").logits
     second = random_model.run(tokens.rows([1]), logits_at="last").logits
-    torch.testing.assert_close(hooked, torch.cat([first, second]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hooked, torch.cat([first, second]), **TINY)
 
 
 def test_hook_agrees_with_replace(random_model):

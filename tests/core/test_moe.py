@@ -5,7 +5,7 @@ edits of the write, and bad sites and absent fields are one clear error."""
 import pytest
 import torch
 from moe_models import make_moe_model
-from tiny_fixtures import Tiny, random_ids, tiny  # noqa: F401
+from tiny_fixtures import Tiny, random_ids
 from tiny_models import hf_mlp
 
 import resid
@@ -144,18 +144,18 @@ def test_sites_are_validated_with_clear_errors():
     moe = make_moe_model().config
     dense = resid.ModelConfig(**{**moe.to_dict(), "n_experts": 0, "experts_per_token": 0})
     with pytest.raises(ResidError, match="dense, not mixtures of experts"):
-        resid.Site(0, "mlp", expert=1).validate(dense)
-    with pytest.raises(ResidError, match=r"expert 4 is out of range: each MLP has 4 experts \(0..3\)"):
-        resid.Site(0, "mlp", expert=4).validate(moe)
+        resid.Site(0, "mlp", expert=1).resolve(dense)
+    with pytest.raises(ResidError, match=r"expert 4 is out of range; the model has 4 experts \(0..3"):
+        resid.Site(0, "mlp", expert=4).resolve(moe)
     with pytest.raises(ResidError, match=r"Name the expert: Site\(1, 'mlp', expert=e, neuron=3\)"):
-        resid.Site(1, "mlp", neuron=3).validate(moe)
-    with pytest.raises(ResidError, match="cannot take an expert"):
+        resid.Site(1, "mlp", neuron=3).resolve(moe)
+    with pytest.raises(ResidError, match="cannot take expert"):
         resid.Site(0, "attn", expert=1)
     with pytest.raises(ResidError, match="neuron 24 is out of range"):
-        resid.Site(0, "mlp", expert=1, neuron=24).validate(moe)
-    resid.Site(0, "mlp", expert=3, neuron=23).validate(moe)
-    assert resid.Site(0, "mlp", expert=3).kind == "expert"
-    assert resid.Site(0, "mlp", expert=3, neuron=2).kind == "neuron"
+        resid.Site(0, "mlp", expert=1, neuron=24).resolve(moe)
+    resid.Site(0, "mlp", expert=3, neuron=23).resolve(moe)
+    assert resid.Site(0, "mlp", expert=3).what == "expert_out"
+    assert resid.Site(0, "mlp", expert=3, neuron=2).what == "post"
 
 
 def test_fields_the_mlp_lacks_do_not_exist():

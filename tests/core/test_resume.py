@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import resid
+from numerics import TINY
 from resid import Scale, Site, ZeroAblate
 
 TEXTS = ["The quick brown fox jumps over", "Hello there", "One two"]
@@ -17,8 +18,22 @@ def test_logits_at_last_real_token(random_model, side):
     index = tokens.last_positions()
     assert last.shape == (3, 1, random_model.config.d_vocab)
     torch.testing.assert_close(last[:, 0], full[torch.arange(3), index])
-    some = random_model.run(tokens, logits_at=torch.tensor([[0, 1], [1, 2], [2, -1]])).logits
+    some = random_model.run(tokens, logits_at=resid.Padded(torch.tensor([[0, 1], [1, 2], [2, -1]]))).logits
     torch.testing.assert_close(some[2, 1], full[2, -1])
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_tensor_of_positions_is_prompt_relative_like_a_list(random_model, side):
+    """logits_at=[-1] and logits_at=tensor([-1, -1, -1]) mean the same on any padding (each prompt's last token);
+    a [batch k] tensor gives each prompt its own positions."""
+    tokens = random_model.to_tokens(TEXTS, padding_side=side)
+    as_list = random_model.run(tokens, logits_at=[-1]).logits
+    as_tensor = random_model.run(tokens, logits_at=torch.tensor([-1, -1, -1])).logits
+    torch.testing.assert_close(as_tensor, as_list)
+    per_prompt = random_model.run(tokens, logits_at=torch.tensor([[0], [-1], [1]])).logits
+    for row, position in enumerate([0, -1, 1]):
+        alone = random_model.run(TEXTS[row], logits_at=[position]).logits
+        torch.testing.assert_close(per_prompt[row], alone[0], **TINY)
 
 
 def test_resume_equals_full_run_with_the_same_edits(random_model):

@@ -143,20 +143,33 @@ def test_resid_sums(random_model):
     for layer in range(n - 1):
         torch.testing.assert_close(stream.resid_pre(layer + 1), stream.resid_post(layer))
     labels, writes = stream.components()
-    assert labels[0] == "embed" and labels[-1] == f"layers[{n - 1}].mlp.out"
+    assert labels[0] == "embed" and labels[-1] == f"layers[{n - 1}].mlp"
     assert writes.shape[0] == len(labels)
     torch.testing.assert_close(writes.sum(0), stream.final(), atol=1e-5, rtol=1e-5)
     # the running sums, computed once, agree with the per-site accessors
     labels, accumulated = stream.accumulated("sublayer")
     parallel = random_model.config.block == "parallel"
-    assert len(labels) == 1 + n * (1 if parallel else 2) and labels[0] == "resid_pre 0"
+    assert len(labels) == 1 + n * (1 if parallel else 2) and labels[0] == "layers[0].resid_pre"
     torch.testing.assert_close(accumulated[-1], stream.final())
     if not parallel:
         torch.testing.assert_close(accumulated[1], stream.resid_mid(0))
     layer_labels, by_layer = stream.accumulated("layer")
-    assert layer_labels == ["resid_pre 0"] + [f"resid_post {l}" for l in range(n)]
+    assert layer_labels == ["layers[0].resid_pre"] + [f"layers[{l}].resid_post" for l in range(n)]
     for layer in range(n):
         torch.testing.assert_close(by_layer[layer], stream.resid_pre(layer))
     assert (stream.resid_mid(0) is None) == (random_model.config.block == "parallel")
     with pytest.raises(resid.ResidError, match="out of range"):
         stream.resid_post(n)
+
+
+def test_a_layer_out_of_range_says_the_range(random_model):
+    # issue 27: run.stream.layers[999] was a bare "tuple index out of range"
+    layers = random_model.run("a b c").stream.layers
+    n = random_model.config.n_layers
+    with pytest.raises(resid.ResidError, match=rf"stream.layers\[999\] is out of range: the model has {n} layers, "
+                                         rf"0..{n - 1} \(or -{n}..-1 from the last\)"):
+        layers[999]
+    with pytest.raises(IndexError):  # still a sequence: code that catches IndexError keeps working
+        layers[-n - 1]
+    assert isinstance(layers, tuple) and len(layers) == n and layers[-1] is list(layers)[n - 1]
+    assert len(layers[:2]) == min(2, n)

@@ -83,3 +83,11 @@ def test_to_single_token(gpt2_tokenizer):
         model.to_single_token("ĠMary")
     with pytest.raises(resid.ResidError, match="no tokenizer"):
         make_random_model("gpt2_like").to_single_token(" Mary")
+
+
+def test_a_lone_surrogate_is_one_clear_error(gpt2_tokenizer):
+    # issue 27: tokenizers raised "TypeError: TextInputSequence must be str"
+    with pytest.raises(resid.ResidError, match=r"holds a lone surrogate U\+D83D at character 5: half of a UTF-16 pair"):
+        gpt2_tokenizer.to_tokens(["fine", "half \ud83d of an emoji"])
+    assert gpt2_tokenizer.encode("a whole \U0001F600") == gpt2_tokenizer.encode("a whole \ud83d\ude00".encode(
+        "utf-16", "surrogatepass").decode("utf-16"))

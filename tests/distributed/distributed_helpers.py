@@ -2,7 +2,7 @@
 
 from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS  # noqa: F401  (the tests import them from here)
 
-RAY_REASON = "the Ray tests need the distributed extra: pip install 'resid[distributed]'"
+RAY_REASON = "the Ray tests need the distributed extra: pip install 'resid-stream[distributed]'"
 # Logical CPUs each test worker reserves: a module's shared executor and a test's own (up to 3 workers) fit
 # together on the 2-CPU cluster (Ray schedules by these numbers only; the workers are idle most of the time).
 TEST_CPUS = 0.25

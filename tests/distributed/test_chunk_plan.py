@@ -5,8 +5,8 @@ built in memory, is one clear error."""
 import pytest
 
 from resid.analyses import ablation, neurons
-from resid.analyses.ablation.chunks import MAX_CHUNK_ROWS, plan
-from resid.analyses.ablation.sites import expand_sites
+from resid.analyses.ablation.chunks import MAX_CHUNK_ROWS, layout
+from resid.analyses.sites import expand
 from resid.analyses.distributed import InProcess, ray_executor, resolve
 from resid.analyses.distributed.source import source_of
 from random_models import make_random_model
@@ -24,12 +24,17 @@ def _rows(chunks) -> list:
     return [row for chunk in chunks for row in chunk.rows]
 
 
+def _plan(n_prompts, sites, done, batch, n_layers, workers=None, per_worker=1):
+    labels = [site.label for site in sites]
+    return layout(n_prompts, sites, lambda p, s: (p, labels[s]) not in done, batch, n_layers, workers, per_worker)
+
+
 @pytest.mark.parametrize("n_prompts, batch, workers, per_worker",
                          [(7, 3, None, 1), (7, 64, 2, 4), (2, 64, 2, 4), (1, 64, 4, 1), (300, 8, 3, 2), (40, 8, 2, 1)])
 def test_every_pending_row_once(model, n_prompts: int, batch: int, workers: int | None, per_worker: int):
-    ablations = expand_sites("head", model.config)
+    ablations = expand("head", model.config)
     done = {(1, ablations[0].label), (n_prompts - 1, ablations[-1].label)}
-    chunks = plan(n_prompts, ablations, done, batch, model.config.n_layers, workers, per_worker)
+    chunks = _plan(n_prompts, ablations, done, batch, model.config.n_layers, workers, per_worker)
     expected = [(p, s) for p in range(n_prompts) for s in range(len(ablations)) if (p, ablations[s].label) not in done]
     assert sorted(_rows(chunks)) == expected
     assert all(chunk.prompts == tuple(sorted({p for p, _ in chunk.rows})) for chunk in chunks)
@@ -40,8 +45,8 @@ def test_every_pending_row_once(model, n_prompts: int, batch: int, workers: int 
 
 def test_in_process_layout_is_the_engine_loop(model):
     """One chunk per `batch` prompts, every site in it: the batches the engine always ran."""
-    ablations = expand_sites("sublayer", model.config)
-    chunks = plan(7, ablations, set(), 3, model.config.n_layers)
+    ablations = expand("sublayer", model.config)
+    chunks = _plan(7, ablations, set(), 3, model.config.n_layers)
     assert [chunk.prompts for chunk in chunks] == [(0, 1, 2), (3, 4, 5), (6,)]
     assert all(len(chunk.rows) == len(chunk.prompts) * len(ablations) for chunk in chunks)
 
@@ -49,14 +54,14 @@ def test_in_process_layout_is_the_engine_loop(model):
 def test_remote_layout_keeps_prompt_blocks_large(model):
     """Few prompts: every chunk holds all of them and a run of consecutive layers of about equal cost (an
     ablation entering layer L reruns n_layers - L layers); many prompts: blocks of a quarter batch or more."""
-    ablations = expand_sites("sublayer", model.config)  # 3 layers x (attn, mlp)
-    chunks = plan(8, ablations, set(), 64, 3, workers=2)
+    ablations = expand("sublayer", model.config)  # 3 layers x (attn, mlp)
+    chunks = _plan(8, ablations, set(), 64, 3, workers=2)
     assert [chunk.prompts for chunk in chunks] == [tuple(range(8))] * 2
     layers = [sorted({ablations[s].layer for _, s in chunk.rows}) for chunk in chunks]
     assert layers == [[0], [1, 2]]  # costs 3 + 3 against 2 + 2 + 1 + 1
-    many = plan(64, ablations, set(), 16, 3, workers=2, per_worker=4)
+    many = _plan(64, ablations, set(), 16, 3, workers=2, per_worker=4)
     assert len(many) == 8 and all(len(chunk.prompts) == 8 and len(chunk.rows) == 8 * 6 for chunk in many)
-    big = plan(4000, ablations, set(), 1024, 3, workers=2)
+    big = _plan(4000, ablations, set(), 1024, 3, workers=2)
     assert len(big) >= 4000 * 6 / MAX_CHUNK_ROWS and all(len(chunk.rows) <= MAX_CHUNK_ROWS for chunk in big)
 
 

@@ -40,4 +40,4 @@ def test_ray_not_installed_fails_before_load(prompts, capsys, monkeypatch):
     for command in _commands(prompts, "--ray", "--workers", "2"):
         assert main(command) == 2
         err = capsys.readouterr().err
-        assert "pip install 'resid[distributed]'" in err and "Unknown model" not in err
+        assert "pip install 'resid-stream[distributed]'" in err and "Unknown model" not in err

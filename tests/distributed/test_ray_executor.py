@@ -15,6 +15,7 @@ from resid.analyses import ablation
 from resid.analyses.distributed import Job, RayExecutor
 from distributed_helpers import BASELINES, PROMPTS, RAY_REASON, TARGETS, TEST_CPUS
 from resid.errors import ResidError
+from numerics import TINY
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)
 
@@ -96,7 +97,7 @@ def test_executor_ray_by_name(saved_llama, ray_cluster):
     found = ablation.sweep(saved_llama, PROMPTS, TARGETS, BASELINES, sites="layer", progress=False,
                            executor="ray", workers=2)
     assert found[["prompt_idx", "site"]].equals(expected[["prompt_idx", "site"]])
-    torch.testing.assert_close(torch.tensor(found["delta"]), torch.tensor(expected["delta"]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(found["delta"]), torch.tensor(expected["delta"]), **TINY)
 
 
 def test_more_workers_than_the_cluster_has(saved_llama, ray_cluster):
@@ -121,7 +122,7 @@ def test_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster, tmp_
     local, on_ray = (pd.read_parquet(tmp_path / f"{name}.parquet").sort_values(["prompt_idx", "site"],
                                                                               ignore_index=True)
                      for name in ("local", "ray"))
-    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, rtol=0, atol=1e-6)
+    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, **TINY)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(PROMPTS * 3))
     neurons = ["neurons", "top", "--model", saved_llama.name, "--layers", "1", "--neurons", "3,5", "--k", "3",
@@ -129,4 +130,4 @@ def test_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster, tmp_
     assert main([*neurons, "--out", str(tmp_path / "n_local")]) == 0
     assert main([*neurons, "--out", str(tmp_path / "n_ray"), "--ray", "--workers", "2"]) == 0
     local, on_ray = (pd.read_parquet(tmp_path / name / "neuron_contexts.parquet") for name in ("n_local", "n_ray"))
-    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, rtol=0, atol=1e-6)
+    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, **TINY)

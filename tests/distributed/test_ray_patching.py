@@ -6,6 +6,7 @@ import pytest
 from resid.analyses import patching
 from resid.analyses.distributed import RayExecutor
 from distributed_helpers import TEST_CPUS
+from numerics import TINY
 
 CLEAN = ["When Mary and John went to the store, John gave a drink to",
          "The cat and the dog sat on the mat, the cat looked at"]
@@ -25,7 +26,7 @@ def test_patching_on_two_workers_equals_in_process(ray_cluster, saved_llama, sit
         got = patching.activation(model, clean, corrupt, TARGETS, BASELINES, align=align, executor=executor,
                                   **options)
     assert list(got["site"]) == list(expected["site"]) and list(got["prompt_idx"]) == list(expected["prompt_idx"])
-    assert got["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=1e-6)
+    assert got["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=TINY["atol"])
 
 
 def test_patch_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster, tmp_path, capsys):
@@ -43,6 +44,6 @@ def test_patch_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster
     assert main([*common, "--out", str(tmp_path / "ray.parquet"), "--ray", "--workers", "2"]) == 0
     local, on_ray = (pd.read_parquet(tmp_path / f"{name}.parquet").sort_values("site", ignore_index=True)
                      for name in ("local", "ray"))
-    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, rtol=0, atol=1e-6)
+    pd.testing.assert_frame_equal(on_ray, local, check_exact=False, **TINY)
     assert main([*common, "--out", str(tmp_path / "atp.parquet"), "--method", "atp", "--ray"]) != 0
     assert "--method atp is one backward pass" in capsys.readouterr().err

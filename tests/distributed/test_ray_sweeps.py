@@ -9,6 +9,7 @@ from resid.analyses import ablation, neurons
 from resid.analyses.distributed import RayExecutor
 from resid.analyses.io.store import ResultStore
 from distributed_helpers import BASELINES, DONORS, PROMPTS, RAY_REASON, REFERENCE, TARGETS, TEXTS, TEST_CPUS
+from numerics import TINY
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)
 
@@ -32,7 +33,7 @@ def _sweep(model, **options) -> pd.DataFrame:
 
 def _assert_same_rows(found: pd.DataFrame, expected: pd.DataFrame) -> None:
     assert found[["prompt_idx", "site"]].equals(expected[["prompt_idx", "site"]])  # each row once, same order
-    pd.testing.assert_frame_equal(found, expected, check_exact=False, rtol=0, atol=1e-6)
+    pd.testing.assert_frame_equal(found, expected, check_exact=False, **TINY)
 
 
 @pytest.mark.parametrize("kind", sorted(SWEEPS))
@@ -48,7 +49,7 @@ def test_top_activating_is_the_same_for_1_2_and_3_workers(saved_llama, ray_clust
     for workers in (1, 2, 3):
         with RayExecutor(workers=workers, cpus=TEST_CPUS) as executor:
             tables.append(neurons.top_activating(saved_llama, TEXTS, executor=executor, **options))
-    pd.testing.assert_frame_equal(tables[0], expected, check_exact=False, rtol=0, atol=1e-6)
+    pd.testing.assert_frame_equal(tables[0], expected, check_exact=False, **TINY)  # other threads
     assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
 
 

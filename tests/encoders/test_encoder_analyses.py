@@ -30,7 +30,7 @@ def test_ablation_is_measured_at_the_mask(bert_mlm):
 def test_logit_lens_last_site_is_the_prediction_at_the_mask(bert_mlm):
     model = bert_mlm.model
     lens = logit_lens.run(model, TEXTS[0], positions=[4], k=1)
-    last = lens[(lens.site == "resid_post") & (lens.layer == model.config.n_layers - 1)]
+    last = lens[lens.site == f"layers[{model.config.n_layers - 1}].resid_post"]
     assert last["token_id"].item() == model.run(TEXTS[0]).logits[0, 4].argmax().item()
 
 

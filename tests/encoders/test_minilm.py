@@ -53,9 +53,9 @@ def test_similarity_is_decomposed_exactly(minilm, reference):
     _, _, pooled = reference
     df = similarity.similarity(minilm, SENTENCES[:1] * 2, [SENTENCES[1], SENTENCES[3]], level="head")
     by_pair = df.groupby("prompt_idx")
-    assert ((by_pair["value"].sum() - by_pair["logit"].first()).abs() < 1e-5).all()
+    assert ((by_pair["value"].sum() - by_pair["similarity"].first()).abs() < 1e-5).all()
     expected = torch.stack([pooled[0] @ pooled[1], pooled[0] @ pooled[3]])
-    torch.testing.assert_close(torch.tensor(by_pair["logit"].first().to_numpy(), dtype=torch.float32), expected,
+    torch.testing.assert_close(torch.tensor(by_pair["similarity"].first().to_numpy(), dtype=torch.float32), expected,
                                atol=1e-4, rtol=0)
     eating, riding = expected.tolist()
     assert eating > riding + 0.2  # the model's own judgement: eating bread is nearer eating food than riding

@@ -16,9 +16,11 @@ LEVELS = ["sublayer", "head", "neuron"]
 
 
 def _sums(df, tol=1e-5):
+    """The rows sum to what they decompose: the logit, a probe's read-out or a similarity."""
+    total = next(name for name in ("logit", "readout", "similarity") if name in df)
     by_prompt = df.groupby("prompt_idx")
-    error = (by_prompt["value"].sum() - by_prompt["logit"].first()).abs()
-    assert (error <= tol * (1 + by_prompt["logit"].first().abs())).all(), error
+    error = (by_prompt["value"].sum() - by_prompt[total].first()).abs()
+    assert (error <= tol * (1 + by_prompt[total].first().abs())).all(), error
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -28,7 +30,7 @@ def test_components_sum_to_the_final_state(bert, side):
     final = run.stream.final()
     assert torch.linalg.vector_norm(pieces.sum(0) - final) <= 1e-5 * torch.linalg.vector_norm(final)
     assert labels[:4] == ["embed", "pos_embed", "type_embed", "embed_norm_bias"]
-    assert labels[-2:] == ["layers[1].mlp.out", "layers[1].mlp.resid_norm_bias"]
+    assert labels[-2:] == ["layers[1].mlp", "layers[1].mlp.resid_norm_bias"]
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -45,20 +47,20 @@ def test_mlm_attribution_sums_to_the_logit_at_the_mask(bert_mlm, level):
 
 def test_heads_and_neurons_sum_to_their_sublayer(bert_mlm):
     model = bert_mlm.model
-    sub = attribution.direct(model, TEXTS, target="paris", level="sublayer").set_index(["prompt_idx", "component"])
+    sub = attribution.direct(model, TEXTS, target="paris", level="sublayer").set_index(["prompt_idx", "site"])
     fine = attribution.direct(model, TEXTS, target="paris", level="neuron")
     for (prompt, layer, part), rows in fine[fine.layer.notna()].groupby(["prompt_idx", "layer", "part"]):
-        parts = rows[~rows.component.str.endswith("resid_norm_bias")]
-        expected = sub.loc[(prompt, f"layers[{layer}].{part}.out"), "value"]
+        parts = rows[~rows.site.str.endswith("resid_norm_bias")]
+        expected = sub.loc[(prompt, f"layers[{layer}].{part}"), "value"]
         assert parts["value"].sum() == pytest.approx(expected, abs=1e-5)
 
 
 def test_a_component_equals_the_frozen_norm_chain_by_hand(bert_mlm):
-    """layers[0].attn.out's contribution to logit('paris') at the mask, recomputed in float64 with every norm's
+    """layers[0].attn's contribution to logit('paris') at the mask, recomputed in float64 with every norm's
     scale frozen (LN(x) = g * (x - mean x) * s), the MLM transform's GELU frozen as act(h) / h, and the tied
     decoder row."""
     model = bert_mlm.model
-    df = attribution.direct(model, TEXTS[0], target="paris", level="sublayer").set_index("component")
+    df = attribution.direct(model, TEXTS[0], target="paris", level="sublayer").set_index("site")
     run = model.run(TEXTS[0], capture=resid.Capture.all())
     mask, layers = 4, run.stream.layers
     x = layers[0].attn.out[0, mask].double()
@@ -74,7 +76,7 @@ def test_a_component_equals_the_frozen_norm_chain_by_hand(bert_mlm):
     s_head = 1 / torch.sqrt(activated.var(unbiased=False) + model.config.norm_eps)
     y = head.ln.w.double() * (y - y.mean()) * s_head
     by_hand = y @ model.embed.W_E[model.to_single_token("paris")].double()
-    assert df.loc["layers[0].attn.out", "value"] == pytest.approx(by_hand.item(), abs=1e-5)
+    assert df.loc["layers[0].attn", "value"] == pytest.approx(by_hand.item(), abs=1e-5)
 
 
 @pytest.mark.parametrize("pool", [None, "mean"])
@@ -87,7 +89,7 @@ def test_probe_and_pooled_probe_sum_exactly(bert_base, pool, level):
     _sums(df)
     hidden = model.run(texts[1]).hidden[0]
     expected = (hidden.mean(0) if pool else hidden[-1]) @ vector + 0.25
-    assert df[df.prompt_idx == 1]["logit"].iloc[0] == pytest.approx(expected.item(), abs=1e-5)
+    assert df[df.prompt_idx == 1]["readout"].iloc[0] == pytest.approx(expected.item(), abs=1e-5)
 
 
 @pytest.mark.parametrize("metric", ["cosine", "dot"])
@@ -98,7 +100,7 @@ def test_similarity_sums_to_the_similarity(bert_base, metric):
     _sums(df)
     a, b = similarity.embeddings(model, texts, normalize=False), similarity.embeddings(model, others, normalize=False)
     expected = F.cosine_similarity(a, b) if metric == "cosine" else (a * b).sum(-1)
-    got = df.groupby("prompt_idx")["logit"].first().to_numpy()
+    got = df.groupby("prompt_idx")["similarity"].first().to_numpy()
     torch.testing.assert_close(torch.tensor(got, dtype=torch.float32), expected, atol=1e-5, rtol=0)
     assert list(df.groupby("prompt_idx")["other"].first()) == others
 

@@ -1,4 +1,4 @@
-"""The exactness invariants of DESIGN.md on every supported variant (tiny random models loaded from their
+"""The exactness invariants of docs/design.md on every supported variant (tiny random models loaded from their
 saved folders): the writes sum to the final residual, the derived residuals are consistent, interventions
 match the same edit made with a Hugging Face hook, and nothing stays attached to the model."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import resid
-from tiny_fixtures import Tiny, random_ids, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import Tiny, random_ids
 from tiny_models import hf_attn, hf_final_norm, hf_mlp
 
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import resid
-from resid.load.families.registry import supported_model_types
+from resid.load.families.model_types import supported_model_types
 from tiny_models import build, hf_config
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import resid
-from resid.load.families.registry import family_for
+from resid.load.families.model_types import family_for
 from tiny_models import VARIANTS, hf_config
 
 

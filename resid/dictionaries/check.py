@@ -1,0 +1,125 @@
+"""Checking a dictionary against the model it is applied to: one clear error naming both sides, never a silently
+wrong decomposition.
+
+1. Hooks: the hook(s) the file names map onto sites of this model (resid.dictionaries.hooks.hook_point).
+2. Widths: d_in equals the width of the tensor hook_in reads (d_model, n_heads * d_head for z, d_mlp for MLP
+   coefficients), and d_out that of hook_out.
+3. Model name, when the file says one. Names are compared loosely, so that "google/gemma-2-2b" matches a model
+   loaded as "gemma-2-2b" or "/models/gemma-2-2b-it", and "HuggingFaceTB/SmolLM2-135M" matches "smollm2-135m".
+   Each name (lower-cased, its last path part) is read as family, version and size: "gemma-2-2b" -> (gemma, 2,
+   2b), "smollm2-135m" -> (smollm, 2, 135m), "llama-3.2-1b" -> (llama, 3.2, 1b), "gpt2-small" -> (gpt, 2,
+   small), "pythia-70m-deduped" -> (pythia, -, 70m). The names disagree, and loading is refused, when both
+   families are known families (FAMILIES) and differ, or when both give a version, or both a size, that differ.
+   Suffixes (-it, -instruct, -deduped, -pt) are not compared: base-model dictionaries are routinely applied to
+   the tuned model. A name whose family resid does not know (a local folder "tiny_model") is not compared.
+4. TransformerLens processing: a SAELens dictionary trained on a processed model (center_writing_weights,
+   fold_value_biases in its model_from_pretrained_kwargs) reads other tensors than resid's unprocessed model has.
+"""
+
+import re
+
+from resid.config import ModelConfig
+from resid.dictionaries.crosslayer import CrossLayerTranscoder
+from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.hooks import HookPoint, hook_point, width
+from resid.errors import ResidError
+
+FAMILIES = ("gpt", "gemma", "llama", "smollm", "qwen", "mistral", "mixtral", "pythia", "phi", "olmo", "bert",
+            "opt", "falcon", "deepseek", "tinystories", "minilm")
+SIZE_WORDS = ("small", "medium", "large", "xl")
+
+
+def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | CrossLayerTranscoder:
+    """Check `dictionary` against `model` (a resid.Transformer) and record where its hooks read
+    (point_in / point_out, or points_in / points_out of a cross-layer transcoder). Returns the dictionary."""
+    config: ModelConfig = model.config
+    _check_name(dictionary, getattr(model, "name", None))
+    if isinstance(dictionary, CrossLayerTranscoder):
+        if dictionary.n_layers != config.n_layers:
+            raise ResidError(f"Cross-layer transcoder {dictionary.name!r} spans {dictionary.n_layers} layers, but "
+                             f"model {model.name!r} has {config.n_layers}.")
+        layers = range(config.n_layers)
+        dictionary.points_in = tuple(_point(dictionary, f"blocks.{l}.{dictionary.hook_in}", config, None, model,
+                                            dictionary.d_in, "d_in") for l in layers)
+        dictionary.points_out = tuple(_point(dictionary, f"blocks.{l}.{dictionary.hook_out}", config, None, model,
+                                             dictionary.d_out, "d_out") for l in layers)
+        return dictionary
+    head = dictionary.metadata.get("hook_head_index")
+    _check_processing(dictionary, config)
+    dictionary.point_in = _point(dictionary, dictionary.hook_in, config, head, model, dictionary.d_in, "d_in")
+    if dictionary.is_transcoder:
+        dictionary.point_out = _point(dictionary, dictionary.hook_out, config, dictionary.metadata.get(
+            "hook_head_index_out"), model, dictionary.d_out, "d_out")
+    else:
+        dictionary.point_out = dictionary.point_in
+    return dictionary
+
+
+def _point(dictionary, hook: str | None, config: ModelConfig, head: int | None, model, size: int,
+           what: str) -> HookPoint:
+    where = f"Dictionary {dictionary.name!r} ({dictionary.format})"
+    if hook is None:
+        raise ResidError(f"{where} does not say which hook it {'reads' if what == 'd_in' else 'writes'} (Gemma Scope "
+                         "1 files carry no config): pass it, e.g. resid.dictionaries.load(path, model, "
+                         "hook='blocks.3.hook_resid_post').")
+    try:
+        point = hook_point(hook, config, head)
+    except ResidError as err:
+        raise ResidError(f"{where} cannot be applied to model {model.name!r}: {err}") from None
+    expected = width(point, config)
+    if size != expected:
+        raise ResidError(f"{where} has {what}={size}, but its hook {hook!r} reads {point.site.label} of model "
+                         f"{model.name!r}, which is {expected} wide: the dictionary was trained on another model "
+                         "or another hook.")
+    return point
+
+
+def _check_processing(dictionary: Dictionary, config: ModelConfig) -> None:
+    """SAELens records how TransformerLens loaded the model it trained on (model_from_pretrained_kwargs). With
+    center_writing_weights every write, hence the residual stream, is centred across d_model (LayerNorm models);
+    with fold_value_biases z leaves out the value bias. resid's model is unprocessed, like Hugging Face's, so such
+    a dictionary would read other tensors than it was trained on."""
+    kwargs = dictionary.metadata.get("model_from_pretrained_kwargs") or {}
+    hooks = " ".join(h for h in (dictionary.hook_in, dictionary.hook_out) if h)
+    centred = kwargs.get("center_writing_weights") and config.norm == "layernorm" and any(
+        name in hooks for name in ("hook_resid", "hook_attn_out", "hook_mlp_out", "hook_mlp_in", "hook_embed"))
+    folded = kwargs.get("fold_value_biases") and "hook_z" in hooks
+    if centred or folded:
+        setting = "center_writing_weights=True" if centred else "fold_value_biases=True"
+        raise ResidError(f"Dictionary {dictionary.name!r} was trained on TransformerLens's processed model "
+                         f"({setting} in its model_from_pretrained_kwargs), whose {hooks} differ from the unprocessed "
+                         "model resid runs (as Hugging Face does); resid does not apply that processing.")
+
+
+def _check_name(dictionary, model_name: str | None) -> None:
+    if dictionary.model_name is None or model_name is None:
+        return
+    if not same_model(dictionary.model_name, model_name):
+        raise ResidError(f"Dictionary {dictionary.name!r} was trained on {dictionary.model_name!r}, but the model is "
+                         f"{model_name!r}: a different model (family, version or size), whose activations it does "
+                         "not decompose. Load it with the model it was trained on.")
+
+
+def parse_name(name: str) -> tuple[str | None, str | None, str | None]:
+    """(family, version, size) of a model name; see the module docstring."""
+    base = re.split(r"[/\\]", name.strip().rstrip("/\\").lower())[-1]
+    tokens = re.findall(r"[a-z]+|\d+(?:\.\d+)*[mbk]?", base)
+    tokens = [t for i, t in enumerate(tokens) if not (t == "v" and tokens[i + 1:i + 2] and tokens[i + 1][0].isdigit())]
+    at = next((i for i, t in enumerate(tokens) if t in FAMILIES), None)  # skip an organisation ("meta-llama-3")
+    family = tokens[at] if at is not None else None
+    after = tokens[at + 1] if at is not None and at + 1 < len(tokens) else ""
+    version = after if re.fullmatch(r"\d+(?:\.\d+)*", after) else None
+    size = next((t for t in tokens if re.fullmatch(r"\d+(?:\.\d+)?[mbk]", t) or t in SIZE_WORDS), None)
+    return family, version, size
+
+
+def same_model(a: str, b: str) -> bool:
+    """False when two model names clearly name different models (see the module docstring)."""
+    (family_a, version_a, size_a), (family_b, version_b, size_b) = parse_name(a), parse_name(b)
+    if family_a is None or family_b is None:
+        return True
+    if family_a != family_b:
+        return False
+    if version_a and version_b and version_a != version_b:
+        return False
+    return not (size_a and size_b and size_a != size_b)

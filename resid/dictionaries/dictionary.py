@@ -1,0 +1,225 @@
+"""One learned dictionary: a sparse autoencoder (SAE) or a transcoder, read from any format resid loads.
+
+Axes:
+
+    d_in     width of the tensor the dictionary reads (its hook_in)
+    d_out    width of the tensor it reconstructs (its hook_out; d_in for an SAE)
+    feature  the learned features (d_sae); feature i reads with W_enc[:, i] and writes a_i * W_dec[i]
+
+The maths, the same for every format (each reader maps its file onto these fields, see resid.dictionaries.formats):
+
+    x'   = normalize(x) - b_dec * apply_b_dec_to_input
+    pre  = x' @ W_enc + b_enc
+    a    = relu(pre)                          activation "relu"     (standard SAE, Bricken et al. 2023)
+           pre * (pre > threshold)            activation "jumprelu" (Rajamanoharan et al. 2024)
+           relu(pre) kept at its top k        activation "topk"     (Gao et al. 2024)
+           (x' @ W_enc + b_gate > 0) * relu(x' @ (W_enc * exp(r_mag)) + b_mag)    "gated" (Rajamanoharan 2024)
+    x^   = denormalize(a @ W_dec + b_dec) + x @ W_skip                     (W_skip: skip transcoders)
+
+SAELens and Gemma Scope mask relu(pre); circuit-tracer masks pre itself. relu(pre) * (pre > t) equals
+pre * (pre > max(t, 0)) exactly, so the readers of the former store max(t, 0) and one definition serves both.
+BatchTopK SAEs are exported as JumpReLU with one shared threshold, so they load as "jumprelu".
+
+`normalize_activations` is SAELens's input normalization, applied as SAELens's SAE applies it at inference:
+"none"; "constant_norm_rescale": x * sqrt(d_in) / |x|, the reconstruction divided by the same factor;
+"layer_norm": (x - mean) / (std + 1e-5) with torch's unbiased std, the reconstruction times std plus mean.
+(SAELens's "expected_average_only_in" scaling factor is folded into the weights by the reader.)
+
+Everything is computed in float32, as the reference libraries compute float32 dictionaries, and returned in the
+input's dtype.
+"""
+
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from resid.dictionaries.hooks import HookPoint
+from resid.errors import ResidError
+
+Activation = Literal["relu", "jumprelu", "topk", "gated"]
+Normalization = Literal["none", "constant_norm_rescale", "layer_norm"]
+ACTIVATIONS = ("relu", "jumprelu", "topk", "gated")
+NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
+LAYER_NORM_EPS = 1e-5  # SAELens's run-time layer_norm epsilon
+
+
+def _f32(t: Tensor) -> Tensor:
+    return t if t.dtype == torch.float32 else t.float()
+
+
+class Dictionary(nn.Module):
+    """A sparse autoencoder (hook_out == hook_in) or transcoder (it reads hook_in and predicts hook_out).
+
+    Build one with a format reader or `resid.dictionaries.load`; the constructor checks every shape."""
+
+    def __init__(
+        self,
+        *,
+        W_enc: Float[Tensor, "d_in feature"],
+        W_dec: Float[Tensor, "feature d_out"],
+        b_dec: Float[Tensor, "d_out"],
+        activation: Activation,
+        b_enc: Float[Tensor, "feature"] | None = None,
+        threshold: Float[Tensor, "feature"] | None = None,
+        k: int | None = None,
+        b_gate: Float[Tensor, "feature"] | None = None,
+        b_mag: Float[Tensor, "feature"] | None = None,
+        r_mag: Float[Tensor, "feature"] | None = None,
+        W_skip: Float[Tensor, "d_in d_out"] | None = None,
+        apply_b_dec_to_input: bool = False,
+        normalize_activations: Normalization = "none",
+        name: str = "dictionary",
+        format: str = "custom",
+        hook_in: str | None = None,
+        hook_out: str | None = None,
+        model_name: str | None = None,
+        point_in: HookPoint | None = None,
+        point_out: HookPoint | None = None,
+        metadata: dict | None = None,
+        transcoder: bool | None = None,
+    ):
+        super().__init__()
+        d_in, d_sae = W_enc.shape
+        d_out = W_dec.shape[-1]
+        self.d_in, self.d_out, self.d_sae = int(d_in), int(d_out), int(d_sae)
+        self.activation = activation
+        self.k = k
+        self.apply_b_dec_to_input = apply_b_dec_to_input
+        self.normalize_activations = normalize_activations
+        self.name, self.format = name, format  # what was loaded, and the format it was read as
+        self.hook_in, self.hook_out = hook_in, hook_out if hook_out is not None else hook_in  # as the file says
+        self.model_name = model_name  # the model the file says it was trained on (None if it does not say)
+        self.point_in, self.point_out = point_in, point_out  # the hooks mapped onto resid sites (HookPoint)
+        self.metadata = dict(metadata or {})  # what else the file records (provenance, training settings)
+        # a transcoder reads one tensor and predicts another; by default: the file names two hooks, has a skip
+        # path, or the widths differ
+        self._transcoder = transcoder
+        self.W_enc = nn.Parameter(W_enc)
+        self.W_dec = nn.Parameter(W_dec)
+        self.b_dec = nn.Parameter(b_dec)
+        for field, value in (("b_enc", b_enc), ("threshold", threshold), ("b_gate", b_gate), ("b_mag", b_mag),
+                             ("r_mag", r_mag), ("W_skip", W_skip)):
+            setattr(self, field, nn.Parameter(value) if value is not None else None)
+        self._validate()
+
+    def _validate(self) -> None:
+        where = f"Dictionary {self.name!r}"
+        problems = []
+        expected = {"W_dec": (self.d_sae, self.d_out), "b_dec": (self.d_out,), "b_enc": (self.d_sae,),
+                    "threshold": (self.d_sae,), "b_gate": (self.d_sae,), "b_mag": (self.d_sae,),
+                    "r_mag": (self.d_sae,), "W_skip": (self.d_in, self.d_out)}
+        for field, shape in expected.items():
+            value = getattr(self, field)
+            if value is not None and tuple(value.shape) != shape:
+                problems.append(f"{field} has shape {list(value.shape)}, expected {list(shape)} from W_enc "
+                                f"[d_in={self.d_in}, feature={self.d_sae}] and W_dec's d_out={self.d_out}")
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        needs = {"relu": ("b_enc",), "jumprelu": ("b_enc", "threshold"), "topk": ("b_enc",),
+                 "gated": ("b_gate", "b_mag", "r_mag")}.get(self.activation, ())
+        problems += [f"activation {self.activation!r} needs {field}" for field in needs if getattr(self, field) is None]
+        if self.activation == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
+            problems.append(f"topk needs an integer k in 1..{self.d_sae}, got k={self.k!r}")
+        if self.normalize_activations not in NORMALIZATIONS:
+            problems.append(f"normalize_activations {self.normalize_activations!r} is not one of "
+                            f"{', '.join(NORMALIZATIONS)}")
+        if self.apply_b_dec_to_input and self.d_out != self.d_in:
+            problems.append("apply_b_dec_to_input subtracts b_dec from the input, so it needs d_out == d_in")
+        if self.normalize_activations != "none" and self.is_transcoder:
+            problems.append(f"normalize_activations={self.normalize_activations!r} on a transcoder: the output is "
+                            "another tensor, which the input's normalization cannot be undone on")
+        if problems:
+            raise ResidError(f"{where} is malformed: " + "; ".join(problems) + ". The file is corrupt or written "
+                             "by a library version resid does not read.")
+
+    @property
+    def is_transcoder(self) -> bool:
+        """It predicts another tensor than the one it reads."""
+        if self._transcoder is not None:
+            return self._transcoder
+        return self.hook_out != self.hook_in or self.W_skip is not None or self.d_out != self.d_in
+
+    @property
+    def site_in(self):
+        """The resid Site of the tensor the dictionary reads (None until checked against a model; see point_in)."""
+        return None if self.point_in is None else self.point_in.site
+
+    @property
+    def site_out(self):
+        """The resid Site of the tensor it reconstructs (see point_out)."""
+        return None if self.point_out is None else self.point_out.site
+
+    def __repr__(self) -> str:
+        hooks = self.hook_in if not self.is_transcoder else f"{self.hook_in} -> {self.hook_out}"
+        return (f"Dictionary({self.name!r}, {self.format}, {self.activation}, d_in={self.d_in}, d_sae={self.d_sae}, "
+                f"d_out={self.d_out}, {hooks})")
+
+    # --- the maths -------------------------------------------------------------------------------------------
+    def _normalize(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x as the encoder reads it, and what undoes the normalization on the output: (coefficient, None) for
+        constant_norm_rescale (divide by it), (std, mean) for layer_norm (times std plus mean)."""
+        x = _f32(x)
+        if self.normalize_activations == "constant_norm_rescale":
+            coefficient = (self.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
+            return x * coefficient, coefficient, None
+        if self.normalize_activations == "layer_norm":
+            mean = x.mean(dim=-1, keepdim=True)
+            centred = x - mean
+            std = centred.std(dim=-1, keepdim=True)
+            return centred / (std + LAYER_NORM_EPS), std, mean
+        return x, None, None
+
+    def _encoder_input(self, x: Tensor) -> Tensor:
+        """x' = normalize(x) - b_dec * apply_b_dec_to_input, in float32."""
+        x = self._normalize(x)[0]
+        return x - _f32(self.b_dec) if self.apply_b_dec_to_input else x
+
+    def pre_activations(self, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
+        """x' @ W_enc + b_enc in float32 (for gated SAEs the magnitude path's pre-activation)."""
+        x = self._encoder_input(x)
+        if self.activation == "gated":
+            return x @ (_f32(self.W_enc) * _f32(self.r_mag).exp()) + _f32(self.b_mag)
+        return x @ _f32(self.W_enc) + _f32(self.b_enc)
+
+    def encode(self, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
+        """Feature activations a (dense, mostly zero), in x's dtype."""
+        pre = self.pre_activations(x)
+        if self.activation == "relu":
+            acts = torch.relu(pre)
+        elif self.activation == "jumprelu":
+            acts = pre * (pre > _f32(self.threshold))
+        elif self.activation == "topk":
+            values, indices = torch.topk(pre, k=self.k, dim=-1, sorted=False)
+            acts = torch.zeros_like(pre).scatter_(-1, indices, values.relu())
+        else:  # gated: the gate path decides which features fire, the magnitude path how much
+            gate = (self._encoder_input(x) @ _f32(self.W_enc) + _f32(self.b_gate)) > 0
+            acts = gate * torch.relu(pre)
+        return acts.to(x.dtype)
+
+    def decode(
+        self, acts: Float[Tensor, "*batch feature"], x: Float[Tensor, "*batch d_in"] | None = None
+    ) -> Float[Tensor, "*batch d_out"]:
+        """The reconstruction a @ W_dec + b_dec (+ x @ W_skip), in acts' dtype. `x`, the input that was encoded,
+        is needed when the dictionary has a skip path or a run-time input normalization (whose scale the
+        reconstruction undoes); otherwise it is ignored."""
+        if x is None and (self.W_skip is not None or self.normalize_activations != "none"):
+            need = "a skip path (W_skip)" if self.W_skip is not None else \
+                f"normalize_activations={self.normalize_activations!r}"
+            raise ResidError(f"Dictionary {self.name!r} has {need}, so decode needs the input too: "
+                             "dictionary.decode(acts, x).")
+        out = _f32(acts) @ _f32(self.W_dec) + _f32(self.b_dec)
+        if self.normalize_activations != "none":
+            _, scale, shift = self._normalize(x)
+            out = out / scale if shift is None else out * scale + shift
+        if self.W_skip is not None:
+            out = out + _f32(x) @ _f32(self.W_skip)
+        return out.to(acts.dtype)
+
+    def forward(
+        self, x: Float[Tensor, "*batch d_in"]
+    ) -> tuple[Float[Tensor, "*batch feature"], Float[Tensor, "*batch d_out"]]:
+        """(feature activations, reconstruction) of x."""
+        acts = self.encode(x)
+        return acts, self.decode(acts, x)

@@ -1,0 +1,143 @@
+"""circuit-tracer transcoder sets: `config.yaml` + per-layer files, per-layer (model_kind: transcoder_set) or
+cross-layer (model_kind: cross_layer_transcoder).
+
+config.yaml fields: model_kind, feature_input_hook / feature_output_hook (TransformerLens names inside a block,
+e.g. "hook_resid_mid", "ln2.hook_normalized", "mlp.hook_in" -> "mlp.hook_out"), model_name, transcoders (one path
+per layer: local, relative to the folder, or hf://repo/path), and the provenance fields scan and revision.
+
+Per-layer files, read by their tensor names (circuit-tracer picks the loader by the repository's name instead):
+
+    circuit-tracer  layer_{l}.safetensors: W_enc [d_sae d_model] (an nn.Linear weight: W_enc.T is resid's),
+                    W_dec [d_sae d_model], b_enc, b_dec, activation_function.threshold (JumpReLU) and W_skip
+                    [d_model d_model] (+ x @ W_skip.T) when present
+    Gemma Scope 2   w_enc [d_model d_sae], w_dec, b_enc, b_dec, threshold, affine_skip_connection [d_in d_out]
+    Gemma Scope 1   .npz: W_enc [d_model d_sae], W_dec, b_enc, b_dec, threshold
+
+Cross-layer files: W_enc_{l}.safetensors with W_enc_{l} [d_sae d_model], b_enc_{l}, b_dec_{l} (the bias of
+layer l's output) and threshold_{l}; W_dec_{l}.safetensors with W_dec_{l} [d_sae (n_layers - l) d_model].
+
+circuit-tracer's JumpReLU is pre * (pre > threshold), without a relu, so thresholds are kept as they are.
+"""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from resid.dictionaries.crosslayer import CrossLayerTranscoder
+from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.formats import check_fields, read_safetensors, take
+from resid.errors import ResidError
+
+CONFIG = "config.yaml"
+READ = frozenset({"model_kind", "feature_input_hook", "feature_output_hook", "model_name", "transcoders"})
+PROVENANCE = frozenset({"scan", "revision"})
+
+
+def read(folder: Path) -> list[Dictionary] | CrossLayerTranscoder:
+    """A transcoder set (one Dictionary per layer, layer 0 first) or a cross-layer transcoder."""
+    where = str(folder / CONFIG)
+    try:
+        cfg = yaml.safe_load((folder / CONFIG).read_text())
+    except FileNotFoundError:
+        raise ResidError(f"{folder} has no {CONFIG} (a circuit-tracer transcoder set).") from None
+    except yaml.YAMLError as err:
+        raise ResidError(f"{where} is not valid YAML ({err}).") from None
+    if not isinstance(cfg, dict):
+        raise ResidError(f"{where} holds no mapping of fields.")
+    check_fields(cfg, READ | PROVENANCE, where, "a circuit-tracer transcoder set")
+    for field in ("model_kind", "feature_input_hook", "feature_output_hook"):
+        if not isinstance(cfg.get(field), str):
+            raise ResidError(f"{where} needs {field} (a string); got {cfg.get(field)!r}.")
+    kind = cfg["model_kind"]
+    if kind == "transcoder_set":
+        return [_layer(path, layer, cfg, folder) for layer, path in enumerate(_layer_files(cfg, folder, where))]
+    if kind == "cross_layer_transcoder":
+        if "transcoders" in cfg:
+            raise ResidError(f"{where}: a cross-layer transcoder listed per layer (Gemma Scope 2's CLT layout) is "
+                             "not read by resid yet; it reads circuit-tracer's W_enc_{l} / W_dec_{l} files.")
+        return _cross_layer(folder, cfg)
+    raise ResidError(f"{where}: model_kind {kind!r} is not 'transcoder_set' or 'cross_layer_transcoder'.")
+
+
+def _layer_files(cfg: dict, folder: Path, where: str) -> list[Path]:
+    listed = cfg.get("transcoders")
+    if listed is None:
+        found = {int(m[1]): p for p in folder.glob("layer_*.safetensors") if (m := re.fullmatch(r"layer_(\d+)\.\w+",
+                                                                                                 p.name))}
+        if not found or sorted(found) != list(range(len(found))):
+            raise ResidError(f"{folder} needs layer_0.safetensors .. layer_N.safetensors (one per layer); found "
+                             f"layers {sorted(found)}.")
+        return [found[layer] for layer in range(len(found))]
+    if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed) or not listed:
+        raise ResidError(f"{where}: transcoders must be a list of file paths, one per layer.")
+    return [_hub_file(p) if p.startswith("hf://") else folder / p for p in listed]
+
+
+def _hub_file(uri: str) -> Path:
+    """hf://owner/repo/path/in/repo[?revision=...] downloaded into the Hub cache (needs the network once)."""
+    match = re.fullmatch(r"hf://([^/]+/[^/]+)/([^?]+)(?:\?revision=(.+))?", uri)
+    if match is None:
+        raise ResidError(f"{uri!r} is not an hf://owner/repo/path URI.")
+    from resid.dictionaries.load import hub_file  # noqa: PLC0415 (the Hub client only when a file is remote)
+
+    return hub_file(match[1], match[2], match[3])
+
+
+def _layer(path: Path, layer: int, cfg: dict, folder: Path) -> Dictionary:
+    if not path.exists():
+        raise ResidError(f"{path} (layer {layer} of {folder / CONFIG}) does not exist.")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as data:
+            tensors = {name: torch.from_numpy(np.array(data[name])) for name in data.files}
+        known = {"W_enc": True, "W_dec": True, "b_enc": True, "b_dec": True, "threshold": True}
+        found = take(tensors, known, str(path))  # Gemma Scope 1: W_enc is already [d_model d_sae]
+        W_enc, threshold, skip = found["W_enc"], found["threshold"], None
+    else:
+        tensors = read_safetensors(path)
+        if "w_enc" in tensors:  # Gemma Scope 2's layout
+            known = {"w_enc": True, "w_dec": True, "b_enc": True, "b_dec": True, "threshold": True,
+                     "affine_skip_connection": False}
+            found = {k.replace("w_", "W_"): v for k, v in take(tensors, known, str(path)).items()}
+            W_enc, threshold, skip = found["W_enc"], found["threshold"], found.get("affine_skip_connection")
+        else:
+            known = {"W_enc": True, "W_dec": True, "b_enc": True, "b_dec": True,
+                     "activation_function.threshold": False, "W_skip": False}
+            found = take(tensors, known, str(path))
+            W_enc, threshold = found["W_enc"].T.contiguous(), found.get("activation_function.threshold")
+            skip = found["W_skip"].T.contiguous() if "W_skip" in found else None
+    return Dictionary(
+        W_enc=W_enc, W_dec=found["W_dec"], b_enc=found["b_enc"], b_dec=found["b_dec"], threshold=threshold,
+        W_skip=skip, activation="jumprelu" if threshold is not None else "relu", name=f"{folder.name}/layer_{layer}",
+        format="circuit_tracer", hook_in=f"blocks.{layer}.{cfg['feature_input_hook']}",
+        hook_out=f"blocks.{layer}.{cfg['feature_output_hook']}", model_name=cfg.get("model_name"),
+        metadata={"layer": layer, "scan": cfg.get("scan")}, transcoder=True,
+    )
+
+
+def _cross_layer(folder: Path, cfg: dict) -> CrossLayerTranscoder:
+    n_layers = len(list(folder.glob("W_enc_*.safetensors")))
+    if n_layers == 0:
+        raise ResidError(f"{folder} has no W_enc_0.safetensors .. W_enc_N.safetensors (a circuit-tracer CLT).")
+    W_enc, b_enc, b_dec, thresholds, W_dec = [], [], [], [], []
+    for layer in range(n_layers):
+        path = folder / f"W_enc_{layer}.safetensors"
+        known = {f"W_enc_{layer}": True, f"b_enc_{layer}": True, f"b_dec_{layer}": True, f"threshold_{layer}": False}
+        found = take(read_safetensors(path), known, str(path))
+        W_enc.append(found[f"W_enc_{layer}"].T)
+        b_enc.append(found[f"b_enc_{layer}"])
+        b_dec.append(found[f"b_dec_{layer}"])
+        thresholds.append(found.get(f"threshold_{layer}"))
+        path = folder / f"W_dec_{layer}.safetensors"
+        W_dec.append(take(read_safetensors(path), {f"W_dec_{layer}": True}, str(path))[f"W_dec_{layer}"])
+    if len({t is None for t in thresholds}) != 1:
+        raise ResidError(f"{folder}: some layers have threshold_{{l}} and others not; a CLT has one activation.")
+    jump = thresholds[0] is not None
+    return CrossLayerTranscoder(
+        W_enc=torch.stack(W_enc), b_enc=torch.stack(b_enc), W_dec=W_dec, b_dec=torch.stack(b_dec),
+        threshold=torch.stack(thresholds) if jump else None, activation="jumprelu" if jump else "relu",
+        name=folder.name, format="circuit_tracer", hook_in=cfg["feature_input_hook"],
+        hook_out=cfg["feature_output_hook"], model_name=cfg.get("model_name"), metadata={"scan": cfg.get("scan")},
+    )

@@ -1,0 +1,213 @@
+"""Hook points of dictionary files -> resid Sites.
+
+A dictionary file names the tensor it reads (and, for a transcoder, the one it predicts) with the hook-point
+convention of the library that trained it: TransformerLens hook names (SAELens, circuit-tracer) or Hugging Face
+module paths with `.input` / `.output` (Gemma Scope 2; sparsify's module hookpoints, which resid writes the same
+way). `hook_point(name, config)` says which resid Site holds that tensor, and how the tensor differs from what
+the Site records, as flags of a `HookPoint`:
+
+    TransformerLens (blocks.L.)            Hugging Face (model.layers.L. / layers.L. / h.L.)   resid Site
+    hook_embed / hook_pos_embed (no layer) -                                                   Site(None, "embed")
+    hook_resid_pre                         .input                                              Site(L, "resid_pre")
+    hook_resid_mid                         -                                                   Site(L, "resid_mid")
+    hook_resid_post                        .output                                             Site(L, "resid_post")
+    hook_mlp_in (resid_pre if parallel)    -                                                   Site(L, "resid_mid")
+    hook_attn_out                          self_attn.output / attn.output / attention.output   Site(L, "attn") *
+    hook_mlp_out                           mlp.output                                          Site(L, "mlp") *
+    -                                      post_feedforward_layernorm.output (post-norms)      Site(L, "mlp")
+    ln2.hook_normalized                    -                                                   mlp normalized (std.)
+    mlp.hook_in (circuit-tracer)           pre_feedforward_layernorm.output, mlp.input, ln_2   mlp normalized
+    mlp.hook_out (circuit-tracer)          mlp.output                                          Site(L, "mlp") *
+    attn.hook_z                            self_attn.o_proj.input                              attn z, heads flattened
+    ln1.hook_normalized                    -                                                   attn normalized (std.)
+    -                                      input_layernorm.output, ln_1.output                 attn normalized
+
+(std.): standardized, see HookPoint. `post_attention_layernorm.output` is the MLP's input norm in Llama-like
+models and the attention's post-norm in Gemma 2/3 (the attention write, `Site(L, "attn")`), so that name needs
+the model's config.
+
+(*) Models with post-norms (Gemma 2/3, OLMo 2) write a sublayer's output through a norm; resid's `out` is after
+it, as TransformerLens's hook_mlp_out. The Hugging Face module output `mlp.output` and circuit-tracer's
+`mlp.hook_out` are before it: such a HookPoint has `before_post_norm=True`.
+"""
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from resid.config import ModelConfig
+from resid.errors import ResidError
+from resid.sites import Site
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """Where a dictionary's hook reads in a resid run, and how the tensor differs from the Site's record.
+
+    standardized      the tensor is the site's norm output before the norm's gain and bias, centre(x) * scale
+                      (TransformerLens `ln2.hook_normalized`); resid's `normalized` field is after the gain and
+                      bias (what the sublayer reads). `block.ln_mlp.standardized(resid, norm_scale)` computes it.
+    heads_flat        the tensor is the site's [batch pos head d_head] with heads flattened head-major into one
+                      [batch pos (head d_head)] axis (TransformerLens `attn.hook_z` z-SAEs, Hugging Face
+                      `o_proj.input`).
+    before_post_norm  the tensor is the sublayer's output before its post-norm (only differs in models with
+                      post-norms); resid's `out` is after it.
+    With every flag False the tensor is exactly `run.read(site)`.
+    """
+
+    name: str  # the hook as the dictionary file writes it
+    site: Site
+    standardized: bool = False
+    heads_flat: bool = False
+    before_post_norm: bool = False
+
+
+_TL = re.compile(r"blocks\.(\d+)\.(.+)")
+# Hugging Face module paths: an optional model prefix, the layer list, then a module path and .input/.output
+_HF = re.compile(r"(?:model\.language_model\.|model\.|transformer\.|gpt_neox\.)?(?:layers|h)\.(\d+)(?:\.(.+))?\."
+                 r"(input|output)")
+
+
+def hook_point(name: str, config: ModelConfig | None, head: int | None = None) -> HookPoint | None:
+    """The HookPoint of a hook name (see the module docstring), checked against `config` when given; None when
+    the name is one that needs a config to map (post_attention_layernorm) and none is given. `head` is SAELens's
+    hook_head_index: the hook reads one head of a head-indexed tensor. Raises a ResidError naming the hook when
+    it maps to no site of resid (or of this model)."""
+    if name in ("hook_embed", "hook_pos_embed"):  # embedding SAEs (Gemma Scope's embedding SAE)
+        found = HookPoint(name, Site.from_hook_name(name))
+    else:
+        found = _tensorlens(name, config, head) if _TL.fullmatch(name) else _huggingface(name, config)
+    if found is None:
+        if _TL.fullmatch(name) or _HF.fullmatch(name):
+            return None
+        raise ResidError(f"Hook point {name!r} is not a name resid maps to a site: it reads TransformerLens names "
+                         "like 'blocks.3.hook_resid_post' and Hugging Face module paths like "
+                         "'model.layers.3.output' (resid.dictionaries.hooks lists them).")
+    return _check(found, config) if config is not None else found
+
+
+def _tensorlens(name: str, config: ModelConfig | None, head: int | None) -> HookPoint | None:
+    layer, suffix = _TL.fullmatch(name).groups()
+    layer = int(layer)
+    if suffix == "hook_mlp_in":
+        if config is None:
+            return None
+        part = "resid_pre" if config.block == "parallel" else "resid_mid"
+        return HookPoint(name, Site(layer, part))
+    if suffix in ("ln1.hook_normalized", "ln2.hook_normalized"):
+        return HookPoint(name, Site(layer, "attn" if suffix.startswith("ln1") else "mlp", field="normalized"),
+                         standardized=True)
+    if suffix == "mlp.hook_in":  # circuit-tracer's ReplacementMLP: the MLP module's input, after its norm
+        return HookPoint(name, Site(layer, "mlp", field="normalized"))
+    if suffix == "mlp.hook_out":  # ... and its output, before a post-norm
+        return HookPoint(name, Site(layer, "mlp"), before_post_norm=True)
+    if suffix == "attn.hook_z" and head is None:
+        return HookPoint(name, Site(layer, "attn", field="z"), heads_flat=True)
+    if suffix in _PER_HEAD and head is None:
+        raise ResidError(f"Hook point {name!r} reads a per-head tensor; resid maps it only with SAELens's "
+                         "hook_head_index (one head). Whole-z SAEs read 'attn.hook_z'.")
+    try:
+        return HookPoint(name, Site.from_hook_name(name, index=head))
+    except ResidError:
+        raise ResidError(f"Hook point {name!r} is a TransformerLens name resid does not map to a site; dictionaries "
+                         "can read hook_resid_pre/mid/post, hook_mlp_in, hook_attn_out, hook_mlp_out, "
+                         "ln1/ln2.hook_normalized, attn.hook_z/q/k/v, mlp.hook_post/pre.") from None
+
+
+_PER_HEAD = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_pattern")
+# (module path after the layer, input/output) -> what it reads; "norm_out:mlp" etc. resolved below
+_HF_MODULES = {
+    (None, "input"): "resid_pre",
+    (None, "output"): "resid_post",
+    ("self_attn", "output"): "attn_raw", ("attn", "output"): "attn_raw", ("attention", "output"): "attn_raw",
+    ("mlp", "output"): "mlp_raw",
+    ("mlp", "input"): "mlp_normalized",
+    ("pre_feedforward_layernorm", "output"): "mlp_normalized",
+    ("ln_2", "output"): "mlp_normalized",
+    ("input_layernorm", "output"): "attn_normalized",
+    ("ln_1", "output"): "attn_normalized",
+    ("post_feedforward_layernorm", "output"): "mlp_post_norm",
+    ("post_attention_layernorm", "output"): "post_attention_layernorm",
+    ("self_attn.o_proj", "input"): "z", ("attn.c_proj", "input"): "z", ("attention.dense", "input"): "z",
+}
+
+
+def _huggingface(name: str, config: ModelConfig | None) -> HookPoint | None:
+    match = _HF.fullmatch(name)
+    if match is None:
+        return None
+    layer, module, end = int(match[1]), match[2], match[3]
+    kind = _HF_MODULES.get((module, end))
+    if kind is None:
+        raise ResidError(f"Hook point {name!r}: resid does not map the Hugging Face module {module!r} ({end}) to a "
+                         "site; known modules are the decoder layer itself, self_attn, mlp, the layer norms and "
+                         "self_attn.o_proj.input (resid.dictionaries.hooks).")
+    if kind == "mlp_post_norm" and config is not None and not config.post_norms:
+        raise ResidError(f"Hook point {name!r} reads the MLP's post-norm, which this model does not have (only "
+                         "models with post-norms, e.g. Gemma 2/3, do).")
+    if kind == "post_attention_layernorm":
+        if config is None:
+            return None
+        # Gemma 2/3 name their attention post-norm so; Llama-like models their MLP input norm
+        kind = "attn_out" if config.post_norms else "mlp_normalized"
+    table = {
+        "resid_pre": HookPoint(name, Site(layer, "resid_pre")),
+        "resid_post": HookPoint(name, Site(layer, "resid_post")),
+        "attn_raw": HookPoint(name, Site(layer, "attn"), before_post_norm=True),
+        "mlp_raw": HookPoint(name, Site(layer, "mlp"), before_post_norm=True),
+        "attn_out": HookPoint(name, Site(layer, "attn")),
+        "mlp_post_norm": HookPoint(name, Site(layer, "mlp")),
+        "mlp_normalized": HookPoint(name, Site(layer, "mlp", field="normalized")),
+        "attn_normalized": HookPoint(name, Site(layer, "attn", field="normalized")),
+        "z": HookPoint(name, Site(layer, "attn", field="z"), heads_flat=True),
+    }
+    return table[kind]
+
+
+def _check(point: HookPoint, config: ModelConfig) -> HookPoint:
+    """The hook point with its site checked against this model (layer in range, no resid_mid in parallel blocks,
+    a norm output only where there are pre-norms); `before_post_norm` is dropped where the model has no
+    post-norms (there the tensor is the write itself)."""
+    site = point.site
+    try:
+        site = site.resolve(config)
+    except ResidError as err:
+        raise ResidError(f"Hook point {point.name!r} reads {site.label}, which this model does not have: "
+                         f"{err}") from None
+    if site.field == "normalized" and not config.pre_norms:
+        raise ResidError(f"Hook point {point.name!r} reads a norm's output before the sublayer, but this model's "
+                         "sublayers read the residual without a pre-norm.")
+    return dataclasses.replace(point, site=site, before_post_norm=point.before_post_norm and config.post_norms)
+
+
+def width(point: HookPoint, config: ModelConfig) -> int:
+    """The last-axis width of the tensor the hook reads in this model (what d_in / d_out must equal)."""
+    site = point.site
+    if site.head is not None or site.kv_head is not None:
+        return config.d_head
+    if site.field == "z":  # heads flattened
+        return config.n_heads * config.d_head
+    if site.field in ("post", "pre", "gate"):
+        return config.d_mlp
+    return config.d_model
+
+
+def read(run, model, point: HookPoint) -> Tensor:
+    """The tensor `point` means, from a resid run (captured with the site's field): run.read(site), heads
+    flattened for `heads_flat`, the norm's standardized input for `standardized`. A `before_post_norm` tensor is
+    not recorded by resid (its `out` is after the post-norm): that raises."""
+    site = point.site
+    if point.before_post_norm:
+        raise ResidError(f"{point.name!r} is {site.label} before its post-norm, which resid does not record (it "
+                         "records the write after the post-norm).")
+    if point.standardized:
+        stream, block = run.stream, model.blocks[site.layer]
+        first = site.part == "attn" or model.config.block == "parallel"  # the norm reads resid_pre
+        reads = stream.resid_pre(site.layer) if first else stream.resid_mid(site.layer)
+        norm = block.ln_attn if site.part == "attn" else block.ln_mlp
+        record = getattr(stream.layers[site.layer], site.part)
+        return norm.standardized(reads, record.norm_scale)
+    value = run.read(site)
+    return value.flatten(-2) if point.heads_flat else value

@@ -1,0 +1,143 @@
+"""resid.dictionaries.load(path_or_hub_id, model=None): detect a dictionary folder's format, read it, and check it
+against the model it will be applied to.
+
+Formats, told apart by the files a folder holds:
+
+    cfg.json + sae_weights.safetensors      SAELens                    -> Dictionary
+    cfg.json + sae.safetensors              sparsify                   -> Dictionary
+    hookpoint folders each holding those    sparsify (a whole run)     -> list[Dictionary]
+    config.json + params.safetensors        Gemma Scope 2              -> Dictionary
+    params.npz                              Gemma Scope 1              -> Dictionary
+    config.yaml                             circuit-tracer             -> list[Dictionary] (one per layer) or a
+                                                                          CrossLayerTranscoder
+
+A Hugging Face Hub id ("owner/repo" or "owner/repo/sub/folder") is downloaded into the Hub cache and read the same
+way (it needs the network once; offline, a clear error).
+"""
+
+import re
+from pathlib import Path
+
+from resid.dictionaries.check import check
+from resid.dictionaries.crosslayer import CrossLayerTranscoder
+from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.formats import circuit_tracer, gemma_scope, saelens, sparsify
+from resid.dictionaries.hooks import hook_point
+from resid.errors import ResidError
+
+Loaded = Dictionary | list[Dictionary] | CrossLayerTranscoder
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(/[\w.\-/]+)?$")
+
+
+def detect(folder: Path) -> str:
+    """The format of a local dictionary folder (see the module docstring)."""
+    has = lambda name: (folder / name).exists()  # noqa: E731
+    if has("cfg.json") and has("sae_weights.safetensors"):
+        return "saelens"
+    if has("cfg.json") and has("sae.safetensors"):
+        return "sparsify"
+    if has("params.safetensors") or has("params.npz"):
+        return "gemma_scope"
+    if has("config.yaml"):
+        return "circuit_tracer"
+    if any(sub.is_dir() and (sub / "sae.safetensors").exists() for sub in folder.iterdir()):
+        return "sparsify"
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".pt", ".pth", ".bin", ".pkl"))
+    hint = f" It holds {pickled}: resid never unpickles weights; convert them to safetensors." if pickled else ""
+    raise ResidError(f"{folder} is not a dictionary folder resid reads: it needs cfg.json + sae_weights.safetensors "
+                     "(SAELens), cfg.json + sae.safetensors (sparsify), params.safetensors + config.json (Gemma Scope "
+                     f"2), params.npz (Gemma Scope 1) or config.yaml (circuit-tracer).{hint}")
+
+
+def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str | None = None,
+         norm_scaling_factor: float | None = None) -> Loaded:
+    """Read the dictionary (or set of dictionaries) at `path`, a local folder or a Hub id, and when `model` (a
+    resid.Transformer) is given, check it against the model (resid.dictionaries.check) and record the sites its
+    hooks read. `hook` / `hook_out` name the hooks of a file that does not say them (Gemma Scope 1);
+    `norm_scaling_factor` is SAELens's registry factor for "expected_average_only_in" dictionaries."""
+    folder = _local(path)
+    fmt = detect(folder)
+    if fmt == "saelens":
+        found = saelens.read(folder, norm_scaling_factor=norm_scaling_factor)
+    else:
+        if norm_scaling_factor is not None:
+            raise ResidError(f"norm_scaling_factor is a SAELens setting; {folder} is a {fmt} dictionary.")
+        found = {"sparsify": sparsify.read, "gemma_scope": gemma_scope.read, "circuit_tracer": circuit_tracer.read}[
+            fmt](folder)
+    dictionaries = found if isinstance(found, list) else [found]
+    if hook is not None or hook_out is not None:
+        if len(dictionaries) != 1 or isinstance(found, CrossLayerTranscoder):
+            raise ResidError(f"hook= names the hook of one dictionary; {folder} holds several (their files name "
+                             "their hooks).")
+        _override_hooks(dictionaries[0], hook, hook_out)
+    for dictionary in dictionaries:
+        if model is not None:
+            check(dictionary, model)
+        elif isinstance(dictionary, Dictionary):
+            _map_without_model(dictionary)
+    return found
+
+
+def _override_hooks(dictionary: Dictionary, hook: str | None, hook_out: str | None) -> None:
+    said = [name for name, value in (("hook", dictionary.hook_in), ("hook_out", dictionary.hook_out))
+            if value is not None and (hook if name == "hook" else hook_out) not in (None, value)]
+    if said:
+        raise ResidError(f"Dictionary {dictionary.name!r} already names its hooks ({dictionary.hook_in!r} -> "
+                         f"{dictionary.hook_out!r}); {said[0]}= may only fill in a hook the file does not say.")
+    transcoder = dictionary.is_transcoder or (hook_out is not None and hook_out != (hook or dictionary.hook_in))
+    dictionary.hook_in = hook or dictionary.hook_in
+    dictionary.hook_out = hook_out or dictionary.hook_out or dictionary.hook_in
+    dictionary._transcoder = transcoder
+
+
+def _map_without_model(dictionary: Dictionary) -> None:
+    """Sites of hooks that map without a model's config; left None otherwise (load with a model to map and check
+    every hook)."""
+    head = dictionary.metadata.get("hook_head_index")
+    for attribute, hook in (("point_in", dictionary.hook_in), ("point_out", dictionary.hook_out)):
+        try:
+            setattr(dictionary, attribute, hook_point(hook, None, head) if hook is not None else None)
+        except ResidError:
+            setattr(dictionary, attribute, None)
+
+
+def _local(path: str | Path) -> Path:
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return folder
+    if folder.exists():
+        raise ResidError(f"{folder} is a file; resid.dictionaries.load takes the folder that holds a dictionary.")
+    name = str(path)
+    if isinstance(path, Path) or name.startswith((".", "~", "/")) or not HUB_ID.match(name):
+        raise ResidError(f"No dictionary folder at {folder}: pass a local folder or a Hugging Face Hub id "
+                         "('owner/repo' or 'owner/repo/sub/folder').")
+    owner, repo, *sub = name.split("/")
+    return _hub_folder(f"{owner}/{repo}", "/".join(sub) or None)
+
+
+def _hub_folder(repo_id: str, subfolder: str | None) -> Path:
+    from huggingface_hub import snapshot_download  # noqa: PLC0415 (only for Hub ids)
+
+    patterns = [f"{subfolder}/*"] if subfolder else None
+    try:
+        root = Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as err:  # offline, unknown repo, gated repo: huggingface_hub raises many types
+        raise ResidError(f"Could not fetch the dictionary {repo_id!r}{f' ({subfolder})' if subfolder else ''} from the "
+                         f"Hugging Face Hub ({type(err).__name__}: {_one_line(err)}). Offline, download the folder "
+                         "elsewhere and pass its local path.") from None
+    return root / subfolder if subfolder else root
+
+
+def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
+    """One file of a Hub repo, in the Hub cache (circuit-tracer's hf:// transcoder paths)."""
+    from huggingface_hub import hf_hub_download  # noqa: PLC0415
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision))
+    except Exception as err:
+        raise ResidError(f"Could not fetch {filename!r} of {repo_id!r} from the Hugging Face Hub ({type(err).__name__}:"
+                         f" {_one_line(err)}). Offline, download it and list its local path in config.yaml.") from None
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())

@@ -1,0 +1,54 @@
+"""A model's identity: what every number it computes depends on, as one JSON-able record used by provenance
+sidecars, resumable result stores and remote workers alike.
+
+    name      what resid.load was given (a resid name, a folder, a .gguf file, a Hub id), for people to read
+    weights   sha256 over every parameter's name, shape, dtype and bytes, in the model's order: the weights as
+              they are now, so a model edited in place (folded, ablated, `W.data.mul_(2)`) or loaded from a
+              replaced file of the same name has another identity
+    dtype     the parameters' dtype
+    config    sha256 of the ModelConfig's fields
+
+Two models with equal `weights` and `config` compute the same numbers on the same device (the name and the
+files they came from do not enter). Hashing reads every weight once: about 0.3 s for SmolLM2-135M on a CPU.
+"""
+
+import dataclasses
+import hashlib
+import json
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    name: str
+    weights: str  # sha256 hex of the parameters
+    dtype: str
+    config: str  # sha256 hex of the config
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    def same_numbers(self, other: "Identity") -> bool:
+        """Whether the two models compute the same numbers (equal weights, dtype and config; names may differ)."""
+        return (self.weights, self.dtype, self.config) == (other.weights, other.dtype, other.config)
+
+
+def identity(model: nn.Module) -> Identity:
+    """The identity of a resid Transformer or EncoderDecoder as its parameters are now."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            data = parameter.detach().contiguous().cpu()
+            digest.update(f"{name} {tuple(data.shape)} {data.dtype};".encode())
+            digest.update(data.view(torch.uint8).reshape(-1).numpy().data)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return Identity(getattr(model, "name", "custom"), digest.hexdigest(), dtype, config_digest(model))
+
+
+def config_digest(model: nn.Module) -> str:
+    """sha256 of the config's fields (of both halves, for an encoder-decoder model)."""
+    halves = [model.encoder, model.decoder] if hasattr(model, "encoder") else [model]
+    fields = [dataclasses.asdict(half.config) for half in halves]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,323 @@
+"""Sites: the one address of every place of a run that can be read, captured, edited or attributed to.
+
+A `Site` is a frozen dataclass. Its `label` is its one printed form (every table's `site` column), and
+`Site.parse(label)` gives the Site back. Grammar of a label (indices may be negative, counting from the end):
+
+    embed | pos_embed | type_embed                  the embedding writes
+    embed_norm_bias | final_bias                    terms of an attribution (post-LN embedding norm; final norm +
+                                                    unembedding biases), not tensors of the run
+    layers[L].resid_pre | resid_mid | resid_cross | resid_post      the residual stream itself
+    layers[L]                                       the whole layer (its sublayer writes together)
+    layers[L].attn | cross | mlp                    a sublayer's write (its `out`)
+    layers[L].attn.head[H]                          query head H's z (it writes z[H] @ W_O[H])
+    layers[L].attn.head[H].q | .pattern             that head's query (after rotary) or attention pattern
+    layers[L].attn.kv_head[H].k | .v                key / value head H (shared by its query heads under GQA)
+    layers[L].mlp.neuron[I]                         neuron I's coefficient post[I] (it writes post[I] * W_out[I])
+    layers[L].mlp.neuron[I].pre | .gate             its key score / gate input
+    layers[L].mlp.expert[E]                         expert E's weighted write (mixtures of experts)
+    layers[L].mlp.expert[E].neuron[I]               expert E's post[I]
+    layers[L].attn.FIELD                            any other field of the sublayer's record, whole: z, q, k, v,
+                                                    pattern, normalized (its input after the norm), norm_scale, ...
+    layers[L].attn.b_O | post_norm_bias | resid_norm_bias    terms of an attribution (mlp: b_out, ...)
+    ...@P  or  ...@P,Q                              only these prompt-relative positions (0 = a prompt's first
+                                                    real token, -1 its last, whatever the padding)
+
+So `Site(3, "attn", head=5).label == "layers[3].attn.head[5]"` and `Site.parse("layers[3].resid_pre@-1") ==
+Site(3, "resid_pre", positions=(-1,))`. Default fields (the write, z for a head, post for a neuron, expert_out
+for an expert) are left out of labels, so each site has exactly one label.
+
+`site.hook_name` is the TransformerLens hook the site reads (with its index, e.g. "blocks.3.attn.hook_z[:, :, 5]"
+is written "blocks.3.attn.hook_z" plus `site.head`); `Site.from_hook_name("blocks.3.hook_resid_pre")` goes back.
+"""
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import SupportsIndex
+
+import numpy as np
+
+from resid.config import ModelConfig
+from resid.errors import ResidError
+
+GLOBAL_PARTS = ("embed", "pos_embed", "type_embed", "embed_norm_bias", "final_bias")
+RESID_PARTS = ("resid_pre", "resid_mid", "resid_cross", "resid_post")
+SUBLAYERS = ("attn", "cross", "mlp")
+LAYER_PARTS = (*RESID_PARTS, "layer", *SUBLAYERS)
+PARTS = (*GLOBAL_PARTS, *LAYER_PARTS)
+# Fields of the sublayer records (resid.records), readable and capturable; the first is the default
+ATTN_FIELDS = ("out", "z", "q", "k", "v", "pattern", "normalized", "norm_scale", "post_norm_scale", "resid_norm_scale")
+MLP_FIELDS = ("out", "post", "pre", "gate", "expert_out", "expert_weights", "router_logits", "normalized",
+              "norm_scale", "post_norm_scale", "resid_norm_scale")
+# Terms of an attribution: constants the decomposition has rows for, not tensors of the run
+TERMS = {"attn": ("b_O", "post_norm_bias", "resid_norm_bias"), "mlp": ("b_out", "post_norm_bias", "resid_norm_bias")}
+TERMS["cross"] = TERMS["attn"]
+# Which fields an index selects in, and the field it means by default
+UNIT_FIELDS = {"head": ("z", "q", "pattern"), "kv_head": ("k", "v"), "neuron": ("post", "pre", "gate"),
+               "expert": ("expert_out", "expert_weights", "router_logits", "post")}
+DEFAULT_FIELD = {"head": "z", "neuron": "post", "expert": "expert_out"}
+
+
+def _fields(part: str) -> tuple[str, ...]:
+    return (*(MLP_FIELDS if part == "mlp" else ATTN_FIELDS), *TERMS[part])
+
+
+@dataclass(frozen=True)
+class Site:
+    """One address of a run; see the module docstring. Examples:
+
+        Site(3, "resid_pre")                the residual entering layer 3    [batch pos d_model]
+        Site(3, "attn")                     layer 3's attention write        [batch pos d_model]
+        Site(3, "attn", head=5)             head 5's z                       [batch pos d_head]
+        Site(3, "attn", head=5, field="q")  head 5's query                   [batch pos d_head]
+        Site(3, "attn", head=5, field="pattern")  its pattern                [batch pos key_pos]
+        Site(3, "attn", kv_head=1, field="k")     key head 1                 [batch pos d_head]
+        Site(3, "mlp", neuron=42)           neuron 42's post                 [batch pos]
+        Site(3, "mlp", expert=2)            expert 2's weighted write        [batch pos d_model]
+        Site(3, "mlp", field="normalized")  the MLP's input after its norm   [batch pos d_model]
+        Site(3, "layer")                    layer 3's writes together (ablation: both sublayers)
+        Site(None, "embed")                 the token embedding write        [batch pos d_model]
+
+    With positions=(...) the pos axis holds those prompt-relative positions, in the order given: e.g.
+    Site(3, "mlp", positions=[-1]) edits or reads [batch 1 d_model], each prompt's last token."""
+
+    # Indices are integers (numpy integers too: they are stored as int); bools and floats are refused.
+    layer: SupportsIndex | None  # None for embeddings and the global terms; negative counts from the last layer
+    part: str  # one of PARTS
+    head: SupportsIndex | None = None  # query head (fields z, q, pattern)
+    neuron: SupportsIndex | None = None  # MLP neuron (fields post, pre, gate)
+    positions: Sequence[SupportsIndex] | None = None  # prompt-relative; None = every position
+    expert: SupportsIndex | None = None  # mixture-of-experts expert (its write, or with neuron its post[i])
+    field: str | None = None  # the record field; None = the default (the write, z of a head, post of a neuron)
+    kv_head: SupportsIndex | None = None  # key/value head (fields k, v)
+
+    def __post_init__(self) -> None:
+        for name in ("layer", "head", "neuron", "expert", "kv_head"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _as_int(value, name))
+        if self.part not in PARTS:
+            raise ResidError(f"Site part must be one of {', '.join(PARTS)}; got {self.part!r}.")
+        if self.part in GLOBAL_PARTS:
+            if self.layer is not None:
+                raise ResidError(f"Site part {self.part!r} belongs to no layer: write Site(None, {self.part!r}).")
+        elif self.layer is None:
+            raise ResidError(f"Site part {self.part!r} needs a layer: Site(3, {self.part!r}).")
+        self._check_units()
+        if self.field is not None and self.field == self._default_field():  # one value per site: defaults are None
+            object.__setattr__(self, "field", None)
+        if self.positions is not None:
+            if isinstance(self.positions, (str, bytes)) or not isinstance(self.positions, Sequence):
+                raise ResidError(f"Site positions must be a list of prompt-relative integers, got {self.positions!r}.")
+            positions = tuple(_as_int(p, "positions") for p in self.positions)
+            if not positions:
+                raise ResidError("Site positions is empty: give at least one position, or None for every position.")
+            object.__setattr__(self, "positions", positions)
+
+    def _check_units(self) -> None:
+        units = {name: getattr(self, name) for name in ("head", "kv_head", "neuron", "expert")}
+        given = [name for name, value in units.items() if value is not None]
+        where = f"Site({self.layer}, {self.part!r})"
+        if self.part not in SUBLAYERS:
+            if given or self.field is not None:
+                raise ResidError(f"{where} takes no {(given + ['field'])[0]}: heads and fields belong to 'attn' / "
+                                 "'cross', neurons and experts to 'mlp'.")
+            return
+        allowed = ("head", "kv_head") if self.part != "mlp" else ("neuron", "expert")
+        wrong = [name for name in given if name not in allowed]
+        if wrong:
+            raise ResidError(f"{where} cannot take {wrong[0]}: heads belong to 'attn' / 'cross', neurons and experts "
+                             "to 'mlp'.")
+        if self.head is not None and self.kv_head is not None:
+            raise ResidError(f"{where}: give head= (a query head) or kv_head= (a key/value head), not both.")
+        if self.field is not None and self.field not in _fields(self.part):
+            raise ResidError(f"{where}: unknown field {self.field!r}; choose from {', '.join(_fields(self.part))}.")
+        if self.kv_head is not None and self.field not in UNIT_FIELDS["kv_head"]:
+            raise ResidError(f"{where}, kv_head={self.kv_head} needs field='k' or field='v' (queries and patterns "
+                             "belong to query heads: head=).")
+        for name in given:
+            if name == "expert" and self.neuron is not None:
+                if self.field not in (None, "post"):
+                    raise ResidError(f"{where}: an expert's neuron is its post[i]; drop field={self.field!r}.")
+                continue
+            if self.field is not None and self.field not in UNIT_FIELDS[name]:
+                raise ResidError(f"{where}, {name}={units[name]}: field {self.field!r} has no {name} axis; choose "
+                                 f"from {', '.join(UNIT_FIELDS[name])}.")
+
+    # --- what the site is -------------------------------------------------------------------------------------
+    @property
+    def what(self) -> str:
+        """The field the site addresses, defaults filled in: a record field ("out", "z", "post", ...), a term
+        ("b_O", ...), "resid" for the residual stream, "write" for an embedding, "layer" or a global term."""
+        if self.part in RESID_PARTS:
+            return "resid"
+        if self.part not in SUBLAYERS:
+            return "write" if self.part in ("embed", "pos_embed", "type_embed") else self.part
+        return self.field if self.field is not None else self._default_field()
+
+    def _default_field(self) -> str:
+        for name in ("neuron", "head", "expert"):  # an expert's neuron is its post, like a dense neuron
+            if getattr(self, name) is not None:
+                return DEFAULT_FIELD[name]
+        return "out"
+
+    @property
+    def is_term(self) -> bool:
+        """A constant of an attribution (a bias carried to the logit), not a tensor of the run."""
+        return self.part in ("embed_norm_bias", "final_bias") or (self.part in TERMS and self.what in TERMS[self.part])
+
+    @property
+    def unit(self) -> int | None:
+        """The index the site selects within its field (head, key/value head, neuron), or None."""
+        for name in ("head", "kv_head", "neuron"):
+            if getattr(self, name) is not None:
+                return getattr(self, name)
+        return None
+
+    @property
+    def whole(self) -> "Site":
+        """The same site at every position."""
+        return dataclasses.replace(self, positions=None) if self.positions is not None else self
+
+    # --- the one printed form ---------------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        if self.part in GLOBAL_PARTS:
+            text = self.part
+        elif self.part == "layer":
+            text = f"layers[{self.layer}]"
+        else:
+            text = f"layers[{self.layer}].{self.part}"
+            for name in ("expert", "head", "kv_head", "neuron"):
+                if getattr(self, name) is not None:
+                    text += f".{name}[{getattr(self, name)}]"
+            if self.field is not None and self.field != self._default_field():
+                text += f".{self.field}"
+        if self.positions is not None:
+            text += "@" + ",".join(str(p) for p in self.positions)
+        return text
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def parse(cls, text: str) -> "Site":
+        """The Site of a label (see the module docstring), or of a TransformerLens hook name."""
+        if not isinstance(text, str):
+            raise ResidError(f"Site.parse takes a site label such as 'layers[3].attn.head[5]', got {text!r}.")
+        if text.startswith(("blocks.", "hook_")):
+            return cls.from_hook_name(text)
+        body, _, at = text.strip().partition("@")
+        positions = None
+        if at:
+            try:
+                positions = tuple(int(p) for p in at.split(","))
+            except ValueError:
+                raise ResidError(f"Site label {text!r}: positions after '@' must be integers like @-1 or @3,4.") from None
+        if body in GLOBAL_PARTS:
+            return cls(None, body, positions=positions)
+        match = _LABEL.fullmatch(body)
+        if match is None:
+            raise ResidError(f"{text!r} is not a site label: write e.g. 'layers[3].resid_pre', 'layers[3].attn', "
+                             "'layers[3].attn.head[5]', 'layers[3].mlp.neuron[42]', 'embed' (resid.sites).")
+        layer, part, units, field = match["layer"], match["part"], match["units"] or "", match["field"]
+        found = dict((name, int(value)) for name, value in _UNIT.findall(units))
+        return cls(int(layer), part or "layer", positions=positions, field=field, **found)
+
+    # --- TransformerLens names ---------------------------------------------------------------------------------
+    @property
+    def hook_name(self) -> str:
+        """The TransformerLens hook this site reads (indexed by the site's head / neuron where it has one)."""
+        if self.part in ("embed", "pos_embed"):
+            return f"hook_{self.part}"
+        if self.part in RESID_PARTS and self.part != "resid_cross":
+            return f"blocks.{self.layer}.hook_{self.part}"
+        what = self.what
+        names = {("attn", "out"): "hook_attn_out", ("mlp", "out"): "hook_mlp_out", ("attn", "z"): "attn.hook_z",
+                 ("attn", "q"): "attn.hook_q", ("attn", "k"): "attn.hook_k", ("attn", "v"): "attn.hook_v",
+                 ("attn", "pattern"): "attn.hook_pattern", ("mlp", "post"): "mlp.hook_post",
+                 ("mlp", "pre"): "mlp.hook_pre_linear", ("mlp", "gate"): "mlp.hook_pre"}
+        name = names.get((self.part, what))
+        if name is None or self.expert is not None:
+            raise ResidError(f"{self.label} has no TransformerLens hook name (resid.hook_names lists the names).")
+        return f"blocks.{self.layer}.{name}"
+
+    @classmethod
+    def from_hook_name(cls, name: str, index: int | None = None) -> "Site":
+        """The Site a TransformerLens hook name reads; `index` picks a head (attn.hook_z / q / pattern), key/value
+        head (hook_k / hook_v) or neuron (mlp.hook_post / hook_pre) within it. hook_rot_q / hook_rot_k are q / k
+        (resid records them after rotary)."""
+        for site_name in ("hook_embed", "hook_pos_embed"):
+            if name == site_name:
+                return cls(None, site_name.removeprefix("hook_"))
+        match = re.fullmatch(r"blocks\.(-?\d+)\.(.+)", name)
+        inverse = {"hook_attn_out": ("attn", "out"), "hook_mlp_out": ("mlp", "out"), "attn.hook_z": ("attn", "z"),
+                   "attn.hook_q": ("attn", "q"), "attn.hook_rot_q": ("attn", "q"), "attn.hook_k": ("attn", "k"),
+                   "attn.hook_rot_k": ("attn", "k"), "attn.hook_v": ("attn", "v"),
+                   "attn.hook_pattern": ("attn", "pattern"), "mlp.hook_post": ("mlp", "post"),
+                   "mlp.hook_pre_linear": ("mlp", "pre"), "mlp.hook_pre": ("mlp", "gate")}
+        if match is not None:
+            layer, suffix = int(match[1]), match[2]
+            if suffix in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
+                return cls(layer, suffix.removeprefix("hook_"))
+            if suffix in inverse:
+                part, field = inverse[suffix]
+                axis = {"z": "head", "q": "head", "pattern": "head", "k": "kv_head", "v": "kv_head"}.get(field, "neuron")
+                units = {} if index is None or field == "out" else {axis: index}
+                return cls(layer, part, field=field if field != "out" else None, **units)
+        raise ResidError(f"{name!r} is not a TransformerLens hook name resid maps to a site (the residual stream, the "
+                         "sublayer writes, attn.hook_z/q/k/v/pattern, mlp.hook_post/pre); see docs/hook_names.md.")
+
+    # --- against a model ---------------------------------------------------------------------------------------
+    def resolve(self, config: ModelConfig) -> "Site":
+        """The site checked against the model, with its layer and indices made non-negative."""
+        where = self.label
+        changes = {}
+        if self.layer is not None:
+            changes["layer"] = _index(self.layer, config.n_layers, "layer", where, "layers")
+        self._check_model(config, where)
+        kv = config.n_kv_heads
+        sizes = {"head": (config.n_heads, "heads"), "kv_head": (kv, "key/value heads"),
+                 "neuron": (config.d_mlp, "MLP neurons"), "expert": (config.n_experts, "experts")}
+        for name, (size, noun) in sizes.items():
+            if getattr(self, name) is not None:
+                changes[name] = _index(getattr(self, name), size, name, where, noun)
+        return dataclasses.replace(self, **changes)
+
+    def _check_model(self, config: ModelConfig, where: str) -> None:
+        part = self.part
+        if part in ("cross", "resid_cross") and not config.cross_attention:
+            raise ResidError(f"{where}: this model has no cross-attention (only decoders of encoder-decoder models "
+                             "do); use 'attn' or 'mlp'.")
+        if part == "resid_mid" and config.block == "parallel":
+            raise ResidError(f"{where}: parallel blocks have no resid_mid (both sublayers read resid_pre).")
+        if part == "pos_embed" and config.positions not in ("learned", "sinusoidal"):
+            raise ResidError(f"{where}: this model has no positional embedding write (its positions are rotary).")
+        if part == "type_embed" and not config.n_token_types:
+            raise ResidError(f"{where}: this model has no token-type embedding.")
+        experts = config.n_experts
+        if self.expert is not None and not experts:
+            raise ResidError(f"{where}: this model's MLPs are dense, not mixtures of experts. Drop expert=.")
+        if experts and self.neuron is not None and self.expert is None:
+            raise ResidError(f"{where}: layer {self.layer}'s MLP is a mixture of {experts} experts, each with its own "
+                             f"neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron}).")
+
+
+_LABEL = re.compile(r"layers\[(?P<layer>-?\d+)\](?:\.(?P<part>resid_pre|resid_mid|resid_cross|resid_post|attn|cross|mlp)"
+                    r"(?P<units>(?:\.(?:head|kv_head|neuron|expert)\[-?\d+\])*)(?:\.(?P<field>[a-zA-Z_]+))?)?")
+_UNIT = re.compile(r"\.(head|kv_head|neuron|expert)\[(-?\d+)\]")
+
+
+def _as_int(value: object, name: str) -> int:
+    """An index as an int: Python and numpy integers pass, bools and floats (even 3.0) are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ResidError(f"Site {name} must be an integer, got {value!r} ({type(value).__name__}).")
+    return int(value)
+
+
+def _index(value: int, size: int, name: str, where: str, noun: str) -> int:
+    if not -size <= value < size:
+        raise ResidError(f"{where}: {name} {value} is out of range; the model has {size} {noun} (0..{size - 1}, or "
+                         f"-{size}..-1).")
+    return value % size

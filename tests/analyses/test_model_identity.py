@@ -1,0 +1,73 @@
+"""One model identity (resid.identity: the weights as they are, dtype, config) behind provenance, result stores
+and workers: a store written by other weights is refused, never silently resumed, whether the model was edited in
+place or its file was replaced under the same name."""
+
+import pytest
+import torch
+
+import resid
+from resid.analyses import ablation, attribution
+from resid.errors import ResidError
+from swap_prompts import BASELINES, PROMPTS, TARGETS
+from tiny_models import build
+
+
+def _sweep(model, out):
+    return ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="layer", out=out, progress=False)
+
+
+def test_the_identity_follows_the_weights_not_the_name(random_model):
+    before = resid.identity(random_model)
+    assert before == resid.identity(random_model)  # the same weights hash the same
+    random_model.blocks[0].mlp.W_out.data.mul_(2)  # an edit the parameters' version counters do not see
+    after = resid.identity(random_model)
+    assert after.weights != before.weights and after.config == before.config and after.name == before.name
+    random_model.blocks[0].mlp.W_out.data.div_(2)
+    assert resid.identity(random_model) == before
+
+
+def test_a_store_of_an_edited_model_is_refused(gpt2_tokenizer, tmp_path):
+    """The probe's case: W_out.data.mul_(2) between two sweeps with the same out= used to return the first model's
+    numbers."""
+    from random_models import make_random_model
+
+    model = make_random_model("gpt2_like", gpt2_tokenizer)
+    out = tmp_path / "sweep.csv"
+    first = _sweep(model, out)
+    again = _sweep(model, out)  # the same model resumes (nothing left to compute) and gives the same table
+    assert again["ablated_metric"].tolist() == first["ablated_metric"].tolist()
+    model.blocks[0].mlp.W_out.data.mul_(2)
+    with pytest.raises(ResidError, match=r"holds results of a different sweep.*'model'"):
+        _sweep(model, out)
+
+
+def test_a_replaced_weight_file_of_the_same_name_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    build("llama", folder)
+    out = tmp_path / "sweep.parquet"
+    _sweep(resid.load(folder), out)
+    other = tmp_path / "other"
+    _perturbed(folder, other)
+    (folder / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    with pytest.raises(ResidError, match="holds results of a different sweep"):
+        _sweep(resid.load(folder), out)
+
+
+def _perturbed(folder, other):
+    """The same model with one weight changed, saved in `other`."""
+    from safetensors.torch import load_file, save_file
+
+    other.mkdir()
+    weights = load_file(folder / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, other / "model.safetensors")
+
+
+def test_provenance_records_the_identity(random_model):
+    df = attribution.direct(random_model, PROMPTS[0], " Mary")
+    recorded = df.attrs["provenance"]["identity"]
+    assert recorded == resid.identity(random_model).as_dict()
+    with torch.no_grad():
+        random_model.blocks[0].mlp.W_out.mul_(1.5)
+    assert attribution.direct(random_model, PROMPTS[0], " Mary").attrs["provenance"]["identity"] != recorded
