@@ -30,8 +30,8 @@ __all__ = ["LogitLens", "Recipe", "Translators", "TunedLens", "evaluate", "figur
            "read", "split", "train", "unembed_hash", "write", "zeros"]
 
 
-def zeros(model: Transformer, level: str = "layer", bias: bool = True) -> TunedLens:
+def zeros(model: Transformer, every: str = "layer", bias: bool = True) -> TunedLens:
     """A tuned lens whose translators are all zero: the logit lens, exactly (a start for training, or a test)."""
-    translators = Translators.zeros(site_list(model, level)[:-1], model.config.d_model, level, bias,
+    translators = Translators.zeros(site_list(model, every)[:-1], model.config.d_model, every, bias,
                                     {"model": model.name})
     return TunedLens(model, translators)

@@ -147,12 +147,12 @@ def main() -> None:
 
     lens = tuned_lens.read(model, args.translators) if args.translators is not None else trained["lens"]
     df = tuned_lens.evaluate(model, held_out, [lens], seq_len=512, max_tokens=args.eval_tokens, progress=False)
-    kl = df.pivot_table(index=["layer", "site"], columns="lens", values="kl", sort=False)
+    kl = df.pivot_table(index="label", columns="lens", values="kl", sort=False)
     print(f"\nKL(final || lens) per layer on {df['tokens'].iloc[0]} held-out tokens (nats), tuned lens trained on "
           f"{lens.translators.info.get('tokens', '?')} tokens")
     print(f"{'site':<16} {'logit':>8} {'tuned':>8} {'tuned/logit':>12}")
-    for (layer, site), row in kl.iterrows():
-        print(f"{'embed' if site == 'resid_pre' else f'L{layer} post':<16} {row['logit']:8.3f} {row['tuned']:8.3f} "
+    for label, row in kl.iterrows():
+        print(f"{label:<16} {row['logit']:8.3f} {row['tuned']:8.3f} "
               f"{row['tuned'] / max(row['logit'], 1e-12):12.3f}")
     lower = (kl["tuned"] < kl["logit"]).iloc[:-1]
     print(f"target tuned lens lower at every layer but the last: {int(lower.sum())}/{len(lower)} layers")

@@ -19,8 +19,8 @@ def add_parser(commands, common) -> None:
     corpus_options(parser)
     parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens evaluated (default 4096)")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
-    parser.add_argument("--level", default=None, choices=["layer", "sublayer"],
-                        help="sites read (default: the lens's level, else layer)")
+    parser.add_argument("--every", default=None, choices=["layer", "sublayer"],
+                        help="sites read: after every layer or every sublayer (default: the lens's, else layer)")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass")
     parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md): the table; the figure (.html) "
                         "goes beside it")
@@ -29,13 +29,16 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    from resid.analyses import tables
-    from resid.analyses.lenses import formats
+    from resid.analyses.io import suffixes
 
     arguments.at_least(args.tokens, 1, "--tokens")
     arguments.at_least(args.seq_len, 2, "--seq-len")
-    arguments.out_path(args.out, tables.SUFFIXES)
-    args.loaded = formats.read_translators(args.translators) if args.translators else None  # before the model
+    arguments.out_path(args.out, suffixes.TABLE)
+    args.loaded = None
+    if args.translators:
+        from resid.analyses.lenses import formats
+
+        args.loaded = formats.read_translators(args.translators)  # before the model loads: a bad folder costs nothing
     held_out_split(args)
 
 
@@ -44,8 +47,8 @@ def run(model, args) -> str:
 
     _, held_out = args.split(model)
     lenses = [] if args.loaded is None else [tuned_lens.TunedLens(model, args.loaded)]
-    level = args.level or (args.loaded.level if args.loaded is not None else "layer")
-    df = tuned_lens.evaluate(model, held_out, lenses, level=level, seq_len=args.seq_len, max_tokens=args.tokens,
+    every = args.every or (args.loaded.every if args.loaded is not None else "layer")
+    df = tuned_lens.evaluate(model, held_out, lenses, every=every, seq_len=args.seq_len, max_tokens=args.tokens,
                              batch_size=args.batch_size, progress=not args.quiet)
     lines = [f"lenses on {df['tokens'].iloc[0]:,} held-out tokens (nats; top1: agreement with the model's top token)",
              table(df)]

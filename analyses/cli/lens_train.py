@@ -2,7 +2,7 @@
 corpus, resumably, and write it into DIR.
 
     resid lens train --out smollm2-lens --steps 96 --tokens-per-step 512 --seq-len 512     # the demo corpus
-    resid lens train --out lens --corpus notes.txt --level sublayer --layout tuned-lens
+    resid lens train --out lens --corpus notes.txt --every sublayer --layout tuned-lens
 
 The corpus is split by paragraph (resid.analyses.lenses.data.split): --held-out of it never reaches training, and
 `resid lens eval` with the same --corpus, --max-docs and --held-out evaluates on exactly that part. DIR gets
@@ -22,7 +22,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--tokens-per-step", type=int, default=2048,
                         help="tokens per step, a multiple of --seq-len (default 2048; tuned-lens's is 262144)")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
-    parser.add_argument("--level", default="layer", choices=["layer", "sublayer"],
+    parser.add_argument("--every", default="layer", choices=["layer", "sublayer"],
                         help="translators at every layer input (default, tuned-lens's), or also at every resid_mid")
     parser.add_argument("--precision", default="bfloat16", choices=["bfloat16", "float32"],
                         help="the readout's matmul in training (default bfloat16, as tuned-lens autocasts)")
@@ -44,7 +44,7 @@ def check(args) -> None:
     if args.batch_size is not None:
         arguments.at_least(args.batch_size, 1, "--batch-size")
     args.recipe = Recipe(steps=args.steps, tokens_per_step=args.tokens_per_step, seq_len=args.seq_len,
-                         lr_scale=args.lr_scale, precision=args.precision, level=args.level, seed=args.seed)
+                         lr_scale=args.lr_scale, precision=args.precision, every=args.every, seed=args.seed)
     held_out_split(args)
 
 
@@ -56,6 +56,6 @@ def run(model, args) -> str:
                             batch_size=args.batch_size, progress=not args.quiet)
     folder = tuned_lens.write(lens, args.out, layout=args.layout)
     losses = lens.translators.info["losses"]
-    return (f"trained a tuned lens of {model.name}: {len(lens.translators.sites)} translators ({args.level} level), "
+    return (f"trained a tuned lens of {model.name}: {len(lens.translators.sites)} translators (every {args.every}), "
             f"{args.steps} steps of {args.tokens_per_step} tokens; mean KL over sites {losses[0]:.3f} -> "
             f"{losses[-1]:.3f} nats (first and last step)\nwrote {folder} ({args.layout} layout)")

@@ -1,7 +1,7 @@
 """Lenses that read the residual stream at every site as a next-token distribution.
 
     lens          Lens, LogitLens, TunedLens: small classes over the model's readout (final norm + unembedding)
-    translators   Translators: a tuned lens's per-site affine maps T(h) = h + h @ A.T + b, sites and their names
+    translators   Translators: a tuned lens's per-site affine maps T(h) = h + h @ A.T + b at residual sites (resid.Site)
     formats       read / write a tuned lens: resid's safetensors layout, tuned-lens's config.json + params.pt
     data          a corpus as packed token windows, held-out paragraphs, the training order
     kl            KL(final || lens) with its gradient in one pass, and the per-token statistics of a lens
@@ -14,6 +14,6 @@ takes either lens (`lens=`).
 """
 
 from resid.analyses.lenses.lens import Lens, LogitLens, TunedLens
-from resid.analyses.lenses.translators import Site, Translators
+from resid.analyses.lenses.translators import Translators
 
-__all__ = ["Lens", "LogitLens", "Site", "Translators", "TunedLens"]
+__all__ = ["Lens", "LogitLens", "Translators", "TunedLens"]

@@ -3,8 +3,10 @@
 resid's own (`layout="resid"`): one file, FOLDER/translators.safetensors, holding
     weight  [site d_model d_model] float32     (T(h) = h + h @ weight[s].T + bias[s], as torch.nn.Linear)
     bias    [site d_model] float32             (absent for translators without a bias)
-and in the safetensors metadata: format "resid.tuned_lens", version "1", level, sites (a JSON list like
-["resid_pre 0", "resid_post 0", ...]), unembed_hash and info (JSON: the model, the training recipe, tokens seen).
+and in the safetensors metadata: format "resid.tuned_lens", version "1", every ("layer" | "sublayer"), sites (a
+JSON list of resid.Site labels, ["layers[0].resid_pre", "layers[0].resid_post", ...]), unembed_hash and info (JSON:
+the model, the training recipe, tokens seen). Files written before resid.Site (metadata "level", sites spelled
+"resid_post 0") are read too.
 
 tuned-lens's (`layout="tuned-lens"`, what `TunedLens.save` writes and the lenses it publishes use): FOLDER/config.json
     {"base_model_name_or_path", "d_model", "num_hidden_layers", "bias", "base_model_revision", "unembed_hash",
@@ -17,7 +19,7 @@ so a params.pt can never run code here. Unknown config keys are refused by name.
 `unembed_hash` is tuned-lens's fingerprint of the unembedding matrix (utils.tensor_hash): the sha256 of numpy's
 summary print of W_U [d_vocab d_model] at one decimal (only its corner values, so it survives a dtype change but
 not other weights). A lens whose hash differs from the model's was trained on other weights: an error, unless
-check_unembedding=False.
+check_unembedding=False (on the command line, --skip-unembedding-check).
 """
 
 import hashlib
@@ -33,8 +35,8 @@ from safetensors.torch import save_file
 
 from resid.analyses.io import atomic
 from resid.analyses.lenses.lens import TunedLens
-from resid.analyses.lenses.translators import Translators, parse_site, site_text, tuned_lens_sites
-from resid.errors import ResidError
+from resid.analyses.lenses.translators import Translators, site_of, tuned_lens_sites
+from resid.errors import ResidError, param
 from resid.model import Transformer
 
 Layout = Literal["resid", "tuned-lens"]
@@ -70,7 +72,7 @@ def lens_for(
         raise ResidError(
             f"The lens{' in ' + where if where else ''} was trained on another unembedding than {model.name}'s "
             f"(unembed_hash {expected[:12]}... vs {unembed_hash(model)[:12]}...): it belongs to other weights. Pass "
-            "check_unembedding=False to read it anyway (e.g. a lens trained on the unquantized model)."
+            f"{param('check_unembedding', False)} to read it anyway (e.g. a lens trained on the unquantized model)."
         )
     return TunedLens(model, translators)
 
@@ -100,17 +102,18 @@ def write(lens: TunedLens | Translators, folder: str | Path, layout: Layout = "r
     if layout == "resid":
         tensors = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
         info = {k: v for k, v in translators.info.items() if k != "unembed_hash"}
-        metadata = {"format": FORMAT, "version": VERSION, "level": translators.level,
-                    "sites": json.dumps([site_text(s) for s in translators.sites]),
+        metadata = {"format": FORMAT, "version": VERSION, "every": translators.every,
+                    "sites": json.dumps([s.label for s in translators.sites]),
                     "unembed_hash": translators.info.get("unembed_hash", ""), "info": json.dumps(info)}
         atomic.write(folder / RESID_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         return folder
     if layout != "tuned-lens":
-        raise ResidError(f"layout must be 'resid' or 'tuned-lens', got {layout!r}.")
+        raise ResidError(f"{param('layout', layout)} is not a layout: use 'resid' or 'tuned-lens'.")
     n_layers = len(translators.sites)
     if translators.sites != tuned_lens_sites(n_layers):
-        raise ResidError("tuned-lens's layout holds one translator per layer input (level='layer'); these translators "
-                         f"are at {[site_text(s) for s in translators.sites]}. Write them with layout='resid'.")
+        raise ResidError(f"tuned-lens's layout holds one translator per layer input ({param('every', 'layer')}); "
+                         f"these translators are at {[s.label for s in translators.sites]}. Write them with "
+                         f"{param('layout', 'resid')}.")
     state = {}
     for i in range(n_layers):
         state[f"{i}.weight"] = weight[i].clone()
@@ -137,11 +140,12 @@ def _read_resid(file: Path) -> Translators:
         bias = handle.get_tensor("bias").float() if "bias" in names else None
     if "sites" not in metadata:
         raise ResidError(f"{file} names no sites in its metadata: it was not written by resid.analyses.lenses.formats.")
-    sites = tuple(parse_site(text) for text in json.loads(metadata["sites"]))
+    sites = tuple(site_of(label) for label in json.loads(metadata["sites"]))
     info = json.loads(metadata.get("info", "{}"))
     if metadata.get("unembed_hash"):
         info["unembed_hash"] = metadata["unembed_hash"]
-    return Translators(sites, weight, bias, metadata.get("level", "layer"), info)
+    every = metadata.get("every", metadata.get("level", "layer"))  # "level": files written before every=
+    return Translators(sites, weight, bias, every, info)
 
 
 def _read_tuned_lens(folder: Path) -> Translators:

@@ -7,7 +7,7 @@ The recipe is tuned-lens 0.2.0's `tuned-lens train` (scripts/train_loop.py and s
 this; the defaults of Recipe are its defaults):
 - translators: weight and bias start at zero (the logit lens); translator s reads only site s, and its loss is
   the KL at that site alone, the mean over the step's tokens; the final residual has none (tuned-lens's
-  num_hidden_layers translators, one per layer input, are level="layer" here).
+  num_hidden_layers translators, one per layer input, are every="layer" here).
 - loss: KL(final || lens) against the model's distribution at the same token (tuned-lens's default `--loss kl`,
   token_shift 0), in nats.
 - optimizer: torch.optim.SGD with Nesterov momentum 0.9, lr = lr_scale * (1 - momentum) = 0.1 (PyTorch's momentum
@@ -46,12 +46,12 @@ from resid.analyses.lenses import checkpoint, data
 from resid.analyses.lenses.formats import unembed_hash
 from resid.analyses.lenses.kl import final_distribution, kl_from_final
 from resid.analyses.lenses.lens import TunedLens
-from resid.analyses.lenses.translators import Translators, site_text
+from resid.analyses.lenses.translators import Translators
 from resid.analyses.logit_lens import site_list
 from resid.capture import Capture
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.model import Transformer
-from resid.stream import LEVELS
+from resid.stream import EVERY
 
 CHUNK_ELEMENTS = 2**24  # tokens per readout call: at most this many logits ([chunk d_vocab] float32 is 64 MiB)
 FORWARD_TOKENS = 2048  # default tokens per forward pass of the model (batch_size windows of seq_len)
@@ -70,7 +70,7 @@ class Recipe:
     warmup_steps: int = 0
     clip: float = 1.0  # global L2 norm of the gradients of all translators
     precision: Literal["bfloat16", "float32"] = "bfloat16"  # of the head's matmul (see the module docstring)
-    level: Literal["layer", "sublayer"] = "layer"  # translators at every layer input, or also at every resid_mid
+    every: Literal["layer", "sublayer"] = "layer"  # translators at every layer input, or also at every resid_mid
     seed: int = 42  # of the data order
     bias: bool = True  # translators with a bias
 
@@ -81,8 +81,8 @@ class Recipe:
             problems.append(f"tokens_per_step={self.tokens_per_step} must be a multiple of seq_len={self.seq_len}")
         if self.precision not in ("bfloat16", "float32"):
             problems.append(f"precision must be 'bfloat16' or 'float32', got {self.precision!r}")
-        if self.level not in LEVELS:
-            problems.append(f"level must be one of {LEVELS}, got {self.level!r}")
+        if self.every not in EVERY:
+            problems.append(f"{param('every', self.every)} must be one of {EVERY}")
         if not 0 <= self.warmup_steps < self.steps:
             problems.append(f"warmup_steps={self.warmup_steps} must be in 0..steps-1")
         if problems:
@@ -117,13 +117,13 @@ def train(
     forward pass (default: FORWARD_TOKENS tokens' worth). on_step(step, mean KL) is called after each step."""
     if not isinstance(model, Transformer):
         raise ResidError(f"A tuned lens is trained on a decoder-only resid.Transformer, got {type(model).__name__}.")
-    sites = tuple(site_list(model, recipe.level)[:-1])
-    initial = start if start is not None else Translators.zeros(sites, model.config.d_model, recipe.level, recipe.bias)
+    sites = tuple(site_list(model, recipe.every)[:-1])
+    initial = start if start is not None else Translators.zeros(sites, model.config.d_model, recipe.every, recipe.bias)
     TunedLens(model, initial)  # checks the model (decoder, token logits) and the translators' sites
     if initial.sites != sites or (initial.bias is not None) != recipe.bias:
-        raise ResidError(f"start= has translators at {[site_text(s) for s in initial.sites]} (bias: "
-                         f"{initial.bias is not None}); the recipe trains {[site_text(s) for s in sites]} (bias: "
-                         f"{recipe.bias}). Use a start lens of the same level and bias.")
+        raise ResidError(f"start= has translators at {[s.label for s in initial.sites]} (bias: "
+                         f"{initial.bias is not None}); the recipe trains {[s.label for s in sites]} (bias: "
+                         f"{recipe.bias}). Use a start lens of the same {param('every')} and bias.")
     windows = texts if isinstance(texts, Tensor) else data.pack(model, texts, recipe.seq_len)
     if windows.ndim != 2 or windows.shape[1] != recipe.seq_len:
         raise ResidError(f"Windows must be [window seq_len={recipe.seq_len}] token ids, got {list(windows.shape)}.")
@@ -134,7 +134,7 @@ def train(
             f"tokens; the corpus gives {len(windows)}: give more text, or fewer steps or tokens per step."
         )
     order = data.window_order(len(windows), recipe.seed)[:needed]
-    settings = {"model": model.name, "unembed_hash": unembed_hash(model), "sites": [site_text(s) for s in sites],
+    settings = {"model": model.name, "unembed_hash": unembed_hash(model), "sites": [s.label for s in sites],
                 "recipe": asdict(recipe), "data": data.fingerprint(windows),
                 "start": None if start is None else _digest(start)}
     state = (checkpoint.load(folder, settings) if folder is not None else None) or checkpoint.State(
@@ -173,7 +173,7 @@ def train(
     info = {"model": model.name, "unembed_hash": settings["unembed_hash"], "recipe": asdict(recipe),
             "tokens": state.step * recipe.tokens_per_step, "losses": state.losses, "windows": len(windows),
             "data": settings["data"]}
-    return TunedLens(model, Translators(sites, final.weight, final.bias, recipe.level, info))
+    return TunedLens(model, Translators(sites, final.weight, final.bias, recipe.every, info))
 
 
 def loss_and_gradients(
@@ -183,14 +183,14 @@ def loss_and_gradients(
     """The loss of one step on the windows `ids` ([site] mean KL per token) and its gradient, as Translators
     (weight and bias hold d loss / d weight, d loss / d bias): what `train` feeds the optimizer, before clipping."""
     lens = TunedLens(model, translators)
-    if list(translators.sites) != site_list(model, translators.level)[:-1]:
-        raise ResidError("loss_and_gradients takes translators at every site of their level but the last.")
+    if list(translators.sites) != site_list(model, translators.every)[:-1]:
+        raise ResidError("loss_and_gradients takes translators at every site of their `every` but the last.")
     weight = lens.translators.weight.clone().float().requires_grad_()
     bias = None if translators.bias is None else lens.translators.bias.clone().float().requires_grad_()
     recipe = Recipe(steps=1, tokens_per_step=ids.numel(), seq_len=ids.shape[1], precision=precision,
-                    level=translators.level, bias=translators.bias is not None)
+                    every=translators.every, bias=translators.bias is not None)
     losses = _accumulate(model, weight, bias, ids, recipe, batch_size or len(ids))
-    return losses, Translators(translators.sites, weight.grad, None if bias is None else bias.grad, translators.level)
+    return losses, Translators(translators.sites, weight.grad, None if bias is None else bias.grad, translators.every)
 
 
 def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Tensor, recipe: Recipe,
@@ -206,7 +206,7 @@ def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Te
     for first in range(0, len(ids), batch_size):
         run = model.run(ids[first:first + batch_size].to(device), capture=Capture(final_norm_scale=False))
         final = run.logits.flatten(0, 1)
-        inputs = torch.stack([resid.flatten(0, 1) for _, _, resid in run.stream.running(recipe.level)][:-1])
+        inputs = torch.stack([resid.flatten(0, 1) for _, resid in run.stream.running(recipe.every)][:-1])
         del run
         # Equal chunks of at most CHUNK_ELEMENTS logits each (512 tokens: 2 x 256, not 341 + 171).
         n_chunks = -(-final.shape[0] // max(1, CHUNK_ELEMENTS // model.config.d_vocab))

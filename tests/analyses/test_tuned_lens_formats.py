@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 import resid
 from conftest import DATA
@@ -30,12 +31,12 @@ def reference() -> dict:
     return load_file(str(FIXTURE / "reference.safetensors"))
 
 
-def random_translators(model: resid.Transformer, level: str = "layer", bias: bool = True) -> Translators:
-    sites = logit_lens.site_list(model, level)[:-1]
+def random_translators(model: resid.Transformer, every: str = "layer", bias: bool = True) -> Translators:
+    sites = logit_lens.site_list(model, every)[:-1]
     generator = torch.Generator().manual_seed(3)
     d = model.config.d_model
     return Translators(tuple(sites), torch.randn(len(sites), d, d, generator=generator),
-                       torch.randn(len(sites), d, generator=generator) if bias else None, level,
+                       torch.randn(len(sites), d, generator=generator) if bias else None, every,
                        {"model": model.name, "unembed_hash": formats.unembed_hash(model)})
 
 
@@ -43,11 +44,11 @@ def random_translators(model: resid.Transformer, level: str = "layer", bias: boo
 def test_a_lens_written_by_tuned_lens_gives_its_logits(model, reference):
     lens = tuned_lens.read(model, FIXTURE / "lens")
     run = model.run(reference["input_ids"])
-    inputs = [(layer, site, resid) for layer, site, resid in run.stream.running("layer")][:-1]
-    assert [(layer, site) for layer, site, _ in inputs] == list(lens.translators.sites)
-    for i, (layer, site, resid_) in enumerate(inputs):  # tuned-lens's translator i reads hidden_states[i]
-        torch.testing.assert_close(lens.logits(resid_, layer, site), reference["tuned_logits"][i], atol=1e-5, rtol=0)
-        torch.testing.assert_close(LogitLens(model).logits(resid_, layer, site), reference["logit_logits"][i],
+    inputs = list(run.stream.running("layer"))[:-1]
+    assert [site for site, _ in inputs] == list(lens.translators.sites)
+    for i, (site, resid_) in enumerate(inputs):  # tuned-lens's translator i reads hidden_states[i]
+        torch.testing.assert_close(lens.logits(resid_, site), reference["tuned_logits"][i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(LogitLens(model).logits(resid_, site), reference["logit_logits"][i],
                                    atol=1e-5, rtol=0)
     assert not torch.allclose(reference["tuned_logits"], reference["logit_logits"], atol=0.1)  # the lens matters
 
@@ -62,7 +63,7 @@ def test_both_layouts_round_trip_exactly(model, tmp_path, layout):
     translators = random_translators(model)
     formats.write(translators, tmp_path, layout=layout)
     back = tuned_lens.read(model, tmp_path).translators.to("cpu")
-    assert back.sites == translators.sites and back.level == "layer"
+    assert back.sites == translators.sites and back.every == "layer"
     assert torch.equal(back.weight, translators.weight) and torch.equal(back.bias, translators.bias)
     assert back.info["unembed_hash"] == translators.info["unembed_hash"]
 
@@ -82,10 +83,24 @@ def test_sublayer_translators_and_translators_without_bias_round_trip(model, tmp
     translators = random_translators(model, "sublayer", bias=False)
     formats.write(translators, tmp_path)
     back = formats.read_translators(tmp_path)
-    assert back.level == "sublayer" and back.bias is None and back.sites == translators.sites
+    assert back.every == "sublayer" and back.bias is None and back.sites == translators.sites
     assert torch.equal(back.weight, translators.weight)
+    metadata = safe_open(str(tmp_path / formats.RESID_FILE), framework="pt").metadata()
+    assert json.loads(metadata["sites"]) == [site.label for site in translators.sites]
     with pytest.raises(resid.ResidError, match="one translator per layer input.*layout='resid'"):
         formats.write(translators, tmp_path / "tl", layout="tuned-lens")
+
+
+def test_a_file_written_before_resid_site_is_read(model, tmp_path):
+    """Metadata "level" and sites spelled "resid_post 0", as resid wrote them before resid.Site labels."""
+    translators = random_translators(model, "sublayer")
+    old = [f"{site.part} {site.layer}" for site in translators.sites]
+    metadata = {"format": formats.FORMAT, "version": formats.VERSION, "level": "sublayer", "sites": json.dumps(old),
+                "unembed_hash": "", "info": "{}"}
+    save_file({"weight": translators.weight, "bias": translators.bias}, str(tmp_path / formats.RESID_FILE), metadata)
+    back = formats.read_translators(tmp_path)
+    assert back.sites == translators.sites and back.every == "sublayer"
+    assert torch.equal(back.weight, translators.weight) and torch.equal(back.bias, translators.bias)
 
 
 def test_a_tuned_lens_file_without_bias_is_read(model, tmp_path):

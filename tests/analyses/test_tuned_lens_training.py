@@ -28,7 +28,7 @@ def hand_loss_and_gradients(model, translators, windows):
     """KL(final || lens) per site, mean over tokens, through log_softmax in float64, and its autograd gradients."""
     run = model.run(windows)
     logp = torch.log_softmax(run.logits.double(), -1)
-    inputs = [resid_ for _, _, resid_ in run.stream.running("layer")][:-1]
+    inputs = [resid_ for _, resid_ in run.stream.running("layer")][:-1]
     losses, grads = [], []
     for i, h in enumerate(inputs):
         weight = translators.weight[i].clone().requires_grad_()
@@ -166,8 +166,8 @@ def test_recipe_and_data_errors_say_what_to_change():
 
 def test_a_sublayer_lens_has_a_translator_at_every_site_but_the_last():
     model = make_random_model("olmo2_like")
-    recipe = tuned_lens.Recipe(steps=2, tokens_per_step=8, seq_len=4, level="sublayer", precision="float32")
+    recipe = tuned_lens.Recipe(steps=2, tokens_per_step=8, seq_len=4, every="sublayer", precision="float32")
     lens = tuned_lens.train(model, ids(model, 4, 4), recipe, progress=False)
     assert list(lens.translators.sites) == logit_lens.site_list(model, "sublayer")[:-1]
-    df = logit_lens.run(model, ids(model, 1, 5, seed=3), level="sublayer", lens=lens, k=1)
+    df = logit_lens.run(model, ids(model, 1, 5, seed=3), every="sublayer", lens=lens, k=1)
     assert len(df) == len(logit_lens.site_list(model, "sublayer")) and set(df["lens"]) == {"tuned"}

@@ -49,7 +49,7 @@ def test_train_eval_and_read_through_the_lens(setup, capsys):
     assert table.is_file() and table.with_suffix(".html").is_file()
 
     printed = run(["lens", "The nation and the people", "--model", setup["model"], "--translators", str(out),
-                   "--level", "layer"], capsys)
+                   "--every", "layer"], capsys)
     assert printed.startswith("tuned lens (recompute final norm)")
 
 
@@ -61,8 +61,8 @@ def test_a_lens_in_tuned_lens_layout_is_read_by_the_lens_command(setup, capsys, 
                   layout="tuned-lens")
     assert (tmp_path / "params.pt").is_file()
     tuned = run(["lens", "The people", "--model", setup["model"], "--lens", "tuned", "--translators", str(tmp_path),
-                 "--level", "layer"], capsys)
-    plain = run(["lens", "The people", "--model", setup["model"], "--level", "layer"], capsys)
+                 "--every", "layer"], capsys)
+    plain = run(["lens", "The people", "--model", setup["model"], "--every", "layer"], capsys)
     assert tuned.splitlines()[1:] == plain.splitlines()[1:]  # zero translators: the logit lens's table
 
 
