@@ -50,19 +50,27 @@ from resid.analyses import sites as site_words
 from resid.analyses.checks import check_choice
 from resid.analyses.components import Contributions, components, frame, probe_frame, read_out
 from resid.analyses.inputs import (
-    batch_size_for, check_sources, decoder_of, input_tokens, prediction_positions, prompts as as_prompts,
+    batch_size_for,
+    check_sources,
+    decoder_of,
+    input_tokens,
+    prediction_positions,
+)
+from resid.analyses.inputs import (
+    prompts as as_prompts,
 )
 from resid.analyses.io import provenance
 from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
-from resid.model import Inputs, Memory, Transformer
-from resid.seq2seq import EncoderDecoder
 from resid.errors import ResidError
+from resid.model import Inputs, Memory, Transformer
 from resid.readout import Direction
 from resid.selection import Padded
+from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 from resid.tokenizer import Tokens
+
 
 @dataclass(frozen=True)
 class Probe:

@@ -142,7 +142,8 @@ def _through_post_norm(norm, record, direction: Direction, layer: int, part: str
     return pulled
 
 
-def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"], total: str = "logit") -> pd.DataFrame:
+def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"],
+          total: str = "logit") -> pd.DataFrame:
     """Long format (attribution.COLUMNS): every prompt of the chunk times every component; `total` names the
     column of the value the components sum to ("logit" for a token's logit (difference), "readout" for a probe)."""
     sites = [site for block in blocks for site in block.sites]

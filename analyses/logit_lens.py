@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from resid.analyses.checks import check_choice, check_k
-from resid.analyses.inputs import batch_size_for, check_sources, decoder_of, prompts as as_prompts
+from resid.analyses.inputs import batch_size_for, check_sources, decoder_of
+from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance
 from resid.analyses.lenses.lens import Lens, LogitLens
 from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids

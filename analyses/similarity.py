@@ -22,9 +22,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from resid.analyses.attribution import LEVELS, Level, capture_for, meta_columns
-from resid.analyses.components import probe_frame, read_out
 from resid.analyses.checks import check_choice
-from resid.analyses.inputs import batch_size_for, prompts as as_prompts
+from resid.analyses.components import probe_frame, read_out
+from resid.analyses.inputs import batch_size_for
+from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance
 from resid.batching import run_batched
 from resid.capture import Capture
@@ -64,7 +65,8 @@ def similarity(
     """Direct attribution of sim(embedding(texts[i]), embedding(others[i])) to the components of texts[i], with
     others[i]'s embedding held fixed. One row per (pair, component), the columns of attribution.COLUMNS plus
     `other` (the partner text); `target` is the metric's name and `similarity` (in place of `logit`) the
-    similarity, which each pair's values sum to exactly. Each chunk of pairs takes one forward pass, texts and partners together."""
+    similarity, which each pair's values sum to exactly. Each chunk of pairs takes one forward pass, texts and
+    partners together."""
     check_choice(metric, "metric", ("cosine", "dot"))
     check_choice(level, "level", LEVELS)
     if isinstance(texts, str) or isinstance(others, str):

@@ -44,7 +44,8 @@ def expand(sites: str | Sequence[Site | str], config: ModelConfig, n_positions: 
             raise ResidError(f"{spell(name)} must be one of {', '.join(WORDS)} or a list of resid.Site, got an item "
                              f"{site!r}.")
         if site.is_term:
-            raise ResidError(f"{spell(name)}: {site.label} is a term of an attribution, not something a run can change.")
+            raise ResidError(f"{spell(name)}: {site.label} is a term of an attribution, "
+                             "not something a run can change.")
         out.append(site.resolve(config))
     labels = [site.label for site in out]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
@@ -64,7 +65,8 @@ def _word(word: str, config: ModelConfig, n_positions: int | None, name: str) ->
         return [Site(l, "attn", head=h) for l in layers for h in range(config.n_heads)]
     if word == "expert":
         if not config.n_experts:
-            raise ResidError(f"{spell(name, 'expert')} needs a mixture-of-experts model; this model's MLPs are dense. Use "
+            raise ResidError(f"{spell(name, 'expert')} needs a mixture-of-experts model; "
+                             "this model's MLPs are dense. Use "
                              f"{spell(name, 'sublayer')} for the MLP writes.")
         return [Site(l, "mlp", expert=e) for l in layers for e in range(config.n_experts)]
     if word in ("q", "pattern"):

@@ -19,10 +19,10 @@ import subprocess
 import sys
 
 import torch
+from timing import interleaved
 
 import resid
 from resid.load.gguf_packages import gemma3_270m_path
-from timing import interleaved
 
 RESID_COLD = """
 import sys, time; t0 = time.perf_counter(); import resid, torch; torch.set_num_threads(int(sys.argv[1]))

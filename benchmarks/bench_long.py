@@ -59,7 +59,8 @@ def main() -> None:
         median = {name: statistics.median(t) for name, t in times.items()}
         ratios = {name: median[name] / median["hf_sdpa"] for name in cases}
         worst = max(worst, ratios["resid_no_capture"])
-        print(f"{n:>5} tokens: hf_sdpa {median['hf_sdpa'] * 1000:8.1f} ms | no capture {ratios['resid_no_capture']:.3f}x"
+        print(f"{n:>5} tokens: hf_sdpa {median['hf_sdpa'] * 1000:8.1f} ms "
+              f"| no capture {ratios['resid_no_capture']:.3f}x"
               f" | default capture {ratios['resid_default_capture']:.3f}x | max |logit diff| {diff:.1e}")
     print(f"target: no capture <= 1.05x at every length [{'ok' if worst <= 1.05 else 'MISSED'}: worst {worst:.3f}x]")
 

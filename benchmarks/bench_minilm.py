@@ -16,11 +16,11 @@ import argparse
 
 import torch
 import transformers
+from timing import interleaved
 
 import resid
 from resid.analyses import similarity
 from resid.load.zip_packages import minilm_folder
-from timing import interleaved
 
 WORDS = ("the a man woman child dog cat is was eating riding playing guitar food horse street park on in with "
          "quickly slowly happily bread music under over near city river today yesterday").split()

@@ -81,7 +81,8 @@ def bench_scan(model, texts, window: int, repeats: int) -> None:
     pieces = windows(model, texts, window)
     width = len(pieces[0])
     rows = max(1, 4096 // width)  # what batch_size="auto" picks on a CPU; passed explicitly to every side
-    batches = [batch_tokens(pieces[i : i + rows], model.tokenizer.pad_token_id, model.device)[0] for i in range(0, len(pieces), rows)]
+    batches = [batch_tokens(pieces[i : i + rows], model.tokenizer.pad_token_id, model.device)[0]
+               for i in range(0, len(pieces), rows)]
     n_tokens = sum(len(w) for w in pieces)
     print(f"\ncorpus: {len(texts)} documents, {len(pieces)} windows, {n_tokens:,} tokens, "
           f"{len(batches)} batches of {rows} windows (<= {width} tokens)")

@@ -30,10 +30,10 @@ import argparse
 import time
 
 import torch
+from bench_ablation import load_tl, logit_diff, make_prompts
 
 import resid
 from resid.analyses import patching
-from bench_ablation import load_tl, logit_diff, make_prompts
 
 
 def corrupt_of(prompts: list[str], targets: list[str], baselines: list[str]) -> list[str]:

@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pandas as pd
 import torch
+from bench_ablation import make_prompts
 
 import resid
 from resid.analyses import ablation, corpus, neurons
 from resid.analyses.distributed import Executor, InProcess, Job, RayExecutor
-from bench_ablation import make_prompts
 
 TARGETS = {"ray_2w": (1.7, "2 workers >= 1.7x one in-process thread"), "ray_1w": (0.9, "1 worker within 10%")}
 

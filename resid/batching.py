@@ -51,7 +51,8 @@ def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0
     cfg = model.config
     free, _ = torch.cuda.mem_get_info(model.device)
     # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
-    per_row = model.dtype.itemsize * (n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos) + 2 * cfg.d_vocab)
+    per_row = model.dtype.itemsize * (n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
+                                      + 2 * cfg.d_vocab)
     rows = int(0.5 * free // per_row)
     if kept_bytes_per_row:
         rows = min(rows, int(0.25 * free // kept_bytes_per_row))

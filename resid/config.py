@@ -116,7 +116,8 @@ class ModelConfig:
         if scaling is not None and (scaling.kind == "factors") != (scaling.factors is not None):
             problems.append("rope_scaling has per-frequency factors exactly when its kind is 'factors'")
         elif scaling is not None and scaling.kind == "factors" and len(scaling.factors) * 2 != self.rotary_dims:
-            problems.append(f"rope_scaling gives {len(scaling.factors)} factors for {self.rotary_dims // 2} frequencies")
+            problems.append(f"rope_scaling gives {len(scaling.factors)} factors "
+                            f"for {self.rotary_dims // 2} frequencies")
         if not (self.pre_norms or self.post_norms or self.post_ln):
             problems.append("a model needs pre_norms, post_norms or post_ln")
         if self.post_ln and (self.pre_norms or self.post_norms or self.block == "parallel"):

@@ -172,7 +172,8 @@ def first_nonfinite(model, tokens: Tokens, edits: dict, start: int = 0, resid: T
         checks.append((f"layers[{start}].resid_pre (the residual given)", resid))
     for record in again.records:
         layer, deltas = record.attn.layer, record.deltas
-        order = [("resid_pre", deltas.get("resid_pre")), ("attn", record.attn.out), ("resid_mid", deltas.get("resid_mid")),
+        order = [("resid_pre", deltas.get("resid_pre")), ("attn", record.attn.out),
+                 ("resid_mid", deltas.get("resid_mid")),
                  ("cross", record.cross and record.cross.out), ("resid_cross", deltas.get("resid_cross")),
                  ("mlp", record.mlp.out), ("resid_post", deltas.get("resid_post"))]
         checks += [(f"layers[{layer}].{name}", value) for name, value in order if value is not None]

@@ -22,8 +22,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from resid.capture import Capture
 from resid import forward
+from resid.capture import Capture
 from resid.components.attention import KVCache
 from resid.errors import ResidError
 from resid.interventions import HookCall, Intervention, group_edits

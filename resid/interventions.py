@@ -192,7 +192,8 @@ def group_edits(
 def _edited_sites(iv: Intervention, site: Site, config: ModelConfig) -> list[Site]:
     if site.part == "layer":
         if not isinstance(iv, (ZeroAblate, Scale)):
-            raise ResidError(f"{type(iv).__name__} at {site.label}: a whole layer is several writes, so only ZeroAblate "
+            raise ResidError(f"{type(iv).__name__} at {site.label}: a whole layer is several writes, "
+                             "so only ZeroAblate "
                              "and Scale take it; edit Site(l, 'attn') and Site(l, 'mlp') (or the residual) instead.")
         parts = ("attn", "cross", "mlp") if config.cross_attention else ("attn", "mlp")
         return [dataclasses.replace(site, part=part) for part in parts]

@@ -91,7 +91,8 @@ class Readout:
             raise ResidError(
                 f"{self.name} is an embedding model: it has no unembedding, so it has no token logits. Read a "
                 "direction out of its final hidden state instead: a Probe(vector) as the target of "
-                "resid.analyses.attribution.direct, or resid.analyses.similarity for the similarity of two texts' embeddings."
+                "resid.analyses.attribution.direct, or resid.analyses.similarity for the similarity of two texts' "
+                "embeddings."
             )
         return self._unembed
 
@@ -120,7 +121,8 @@ class Readout:
 
     @torch.no_grad()
     def token_direction(
-        self, targets: Sequence[int] | Int[Tensor, "batch"], baselines: Sequence[int] | Int[Tensor, "batch"] | None = None
+        self, targets: Sequence[int] | Int[Tensor, "batch"],
+        baselines: Sequence[int] | Int[Tensor, "batch"] | None = None,
     ) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch"]]:
         """u = W_U[:, t] - W_U[:, b] (the unembedding's input side) and b_U[t] - b_U[b] (zero without b_U)."""
         weight = self.unembed.weight.float()  # [d_vocab d_model]
@@ -170,7 +172,8 @@ class Readout:
         return self.direction(u, scale, bias, hidden, through_head=True)
 
     @torch.no_grad()
-    def vector_logits(self, vectors: Float[Tensor, "n d_model"], through_norm: bool = True) -> Float[Tensor, "n d_vocab"]:
+    def vector_logits(self, vectors: Float[Tensor, "n d_model"],
+                      through_norm: bool = True) -> Float[Tensor, "n d_vocab"]:
         """What each vector (a neuron's value, a sub-update) adds to every token's logit: linear(v) @ W_U,
         the final norm's gain and centering applied (through_norm) but not its input-dependent scale, which
         rescales every token alike, nor the biases, which no vector carries. An MLM head's transform depends on

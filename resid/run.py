@@ -73,7 +73,8 @@ class TokenInputs:
         return self.tokenizer
 
     def to_tokens(
-        self, texts: str | Sequence[str], padding_side: Literal["left", "right"] = "left", prepend_bos: bool | None = None
+        self, texts: str | Sequence[str], padding_side: Literal["left", "right"] = "left",
+        prepend_bos: bool | None = None,
     ) -> Tokens:
         return self.require_tokenizer().to_tokens(texts, padding_side, prepend_bos)
 

@@ -214,7 +214,8 @@ class Site:
             try:
                 positions = tuple(int(p) for p in at.split(","))
             except ValueError:
-                raise ResidError(f"Site label {text!r}: positions after '@' must be integers like @-1 or @3,4.") from None
+                raise ResidError(f"Site label {text!r}: positions after '@' must be integers "
+                                 "like @-1 or @3,4.") from None
         if body in GLOBAL_PARTS:
             return cls(None, body, positions=positions)
         match = _LABEL.fullmatch(body)
@@ -263,7 +264,8 @@ class Site:
                 return cls(layer, suffix.removeprefix("hook_"))
             if suffix in inverse:
                 part, field = inverse[suffix]
-                axis = {"z": "head", "q": "head", "pattern": "head", "k": "kv_head", "v": "kv_head"}.get(field, "neuron")
+                axis = {"z": "head", "q": "head", "pattern": "head", "k": "kv_head",
+                        "v": "kv_head"}.get(field, "neuron")
                 units = {} if index is None or field == "out" else {axis: index}
                 return cls(layer, part, field=field if field != "out" else None, **units)
         raise ResidError(f"{name!r} is not a TransformerLens hook name resid maps to a site (the residual stream, the "
@@ -304,7 +306,8 @@ class Site:
                              f"neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron}).")
 
 
-_LABEL = re.compile(r"layers\[(?P<layer>-?\d+)\](?:\.(?P<part>resid_pre|resid_mid|resid_cross|resid_post|attn|cross|mlp)"
+_LABEL = re.compile(r"layers\[(?P<layer>-?\d+)\]"
+                    r"(?:\.(?P<part>resid_pre|resid_mid|resid_cross|resid_post|attn|cross|mlp)"
                     r"(?P<units>(?:\.(?:head|kv_head|neuron|expert)\[-?\d+\])*)(?:\.(?P<field>[a-zA-Z_]+))?)?")
 _UNIT = re.compile(r"\.(head|kv_head|neuron|expert)\[(-?\d+)\]")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-
-import resid
 from random_models import RANDOM_CONFIGS, make_random_model
 from tiny_fixtures import Tiny, build_tiny
 from tiny_models import VARIANTS
+
+import resid
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import tokenizers
 import torch
 import transformers
-from tokenizers import models, normalizers, pre_tokenizers, processors
-
 from tiny_models import _reinit
+from tokenizers import models, normalizers, pre_tokenizers, processors
 
 VARIANTS = ["bert_mlm", "bert_base"]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -1,8 +1,9 @@
 """A small random mixture-of-experts model built straight from a ModelConfig (no transformers needed), with
 sandwich post-norms if asked: the MoE tests' complement to the tiny Mixtral (which has no post-norms)."""
 
-import resid
 from random_models import randomize
+
+import resid
 
 
 def make_moe_model(

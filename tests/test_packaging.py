@@ -1,8 +1,9 @@
 """The installed layout: pyproject.toml lists every package (setuptools does not find the analyses itself, since
 the folder analyses/ installs as resid.analyses), and the mapping is the one the imports use."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_models import D_VOCAB, build
 
 import resid
-from tiny_models import D_VOCAB, VARIANTS, build
 
 N_BATCH, N_POS = 2, 16
 

@@ -101,7 +101,8 @@ def _modern_config(variant: str) -> transformers.PretrainedConfig:
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
         return transformers.LlamaConfig(**gqa, rope_parameters=rope)
     if variant == "llama_linear":
-        return transformers.LlamaConfig(**gqa, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0})
+        rope = {"rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0}
+        return transformers.LlamaConfig(**gqa, rope_parameters=rope)
     if variant == "llama_dynamic":
         # max_position_embeddings 8 < the 16-token test sequences, so the dynamic base grows with the length
         return transformers.LlamaConfig(

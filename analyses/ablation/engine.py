@@ -16,8 +16,8 @@ starts from the clean residual entering L (model.resume) and unembeds only the l
 `out=` the driver writes results chunk by chunk, atomically; re-running the same call resumes, on any executor.
 """
 
-from collections.abc import Callable, Sequence
 import hashlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +29,8 @@ from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
-from resid.analyses.inputs import Prompts, batch_size_for, prediction_positions, prompts as as_prompts
+from resid.analyses.inputs import Prompts, batch_size_for, prediction_positions
+from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.metrics import Metric, check_metric
 from resid.analyses.vocab import token_ids
 from resid.errors import ResidError, param, python_only

@@ -20,6 +20,7 @@ import torch
 from resid.analyses.io import texts as text_files
 from resid.errors import ResidError, param
 
+
 def read_reference(reference: Sequence[str] | str | Path) -> list[str]:
     """Reference texts: a list of strings, or a .txt / .jsonl file read by the rules of `resid.analyses.io.texts`
     (the ones `--corpus` follows). Blank texts are dropped."""

@@ -11,7 +11,8 @@ from resid.errors import ResidError
 def add_parser(commands, common) -> None:
     parser = commands.add_parser("attribute", parents=[common], help="direct attribution table (scripts)")
     parser.add_argument("text", nargs="?", default=None, help="one prompt (or use --prompts)")
-    parser.add_argument("--prompts", default=None, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}; target optional '
+    parser.add_argument("--prompts", default=None, help='JSONL: {"prompt": ..., "target": ..., "baseline": ...}; '
+                        'target optional '
                         "(default: that prompt's top prediction)")
     parser.add_argument("--target", default=None, help="target token (default: each prompt's top prediction)")
     parser.add_argument("--baseline", default=None, help="attribute logit(target) - logit(baseline)")

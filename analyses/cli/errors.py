@@ -10,7 +10,8 @@ from resid.errors import unset
 # parameter -> flag; a parameter named without a value may read differently (DESCRIBED)
 FLAGS = {
     "reference": "--reference", "method": "--method", "metric": "--metric", "level": "--level", "norm": "--norm",
-    "sites": "--sites", "sign": "--sign", "device": "--device", "dtype": "--dtype", "mean_positions": "--mean-positions",
+    "sites": "--sites", "sign": "--sign", "device": "--device", "dtype": "--dtype",
+    "mean_positions": "--mean-positions",
     "target": "--target", "baseline": "--baseline", "positions": "--positions", "every": "--every",
     "batch_size": "--batch-size", "k": "--k", "align": "--align", "direction": "--direction", "layout": "--layout",
 }

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from resid.errors import ResidError
 from resid.model import Transformer
 
+
 class Job(abc.ABC):
     """Work split into chunks, run by resid.analyses.distributed.driver.drive; see the module docstring.
     Subclasses are plain dataclasses.

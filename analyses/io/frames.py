@@ -44,7 +44,7 @@ _MISSING = {"None": None, "NaN": np.nan, "NA": pd.NA}
 
 def is_text(dtype: object) -> bool:
     """Whether a column of this dtype is a text column (see the glossary)."""
-    return isinstance(dtype, pd.StringDtype) or dtype == object
+    return isinstance(dtype, pd.StringDtype) or pd.api.types.is_object_dtype(dtype)
 
 
 def _is_categorical(dtype: object) -> bool:
@@ -99,7 +99,7 @@ def check(df: pd.DataFrame, path: Path) -> None:
                                  "(.astype(str), or .astype(the categories' dtype)) or drop it.")
             continue
         numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_complex_dtype(dtype)
-        strings = dtype != object or all(isinstance(v, str) for v in df[name].dropna())
+        strings = not pd.api.types.is_object_dtype(dtype) or all(isinstance(v, str) for v in df[name].dropna())
         if not (numeric or is_text(dtype)) or not strings:
             raise ResidError(f"Cannot write {path.name} exactly: column {name!r} has dtype {dtype} (or is an object "
                              "column holding non-strings). Convert it (.astype(str), .astype('float64')) or drop it.")

@@ -40,7 +40,8 @@ def sub_updates(
     value_k: int = 5,
 ) -> pd.DataFrame:
     """The top-k sub-updates m_i * v_i of each layer's MLP at token `pos` of one prompt (a text, or a
-    one-row Tokens or id tensor; see the module docstring). target: a single token or id; default the model's top prediction at `pos`.
+    one-row Tokens or id tensor; see the module docstring).
+    target: a single token or id; default the model's top prediction at `pos`.
 
     One row per (layer, ranking, rank), ranking "magnitude" (by |m_i| ||v_i||) or "target" (by the
     contribution to the target's logit, largest first): layer ranking rank neuron coefficient value_norm

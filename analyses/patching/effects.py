@@ -23,11 +23,10 @@ from torch import Tensor
 
 from resid.analyses.patching.pairs import Mapping
 from resid.interventions import Hook
-from resid.sites import Site
 from resid.model import Transformer
+from resid.sites import Site
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokens
-
 
 EMBED = Site(None, "embed")
 
@@ -99,7 +98,8 @@ class Effects:
                     new["q"] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, tokens)
                 if fix_qk and "k" in self.sites:
                     new["k"] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), tokens)
-                self.moved.update({Site(l, "attn", field=name): pattern - base_pattern for name, pattern in new.items()})
+                self.moved.update({Site(l, "attn", field=name): pattern - base_pattern
+                                   for name, pattern in new.items()})
 
     def __call__(self, grads: dict[Site, Tensor], dropped: int | None = None) -> dict[Site, Tensor]:
         """{site: effect [batch]} for each write, head and head input of the chosen kinds, and {resid_pre site of a

@@ -5,9 +5,9 @@ one site, and measure how much of the clean behaviour that restores.
     direction="noise"    run the clean prompt, patch in the corrupt activation (what is necessary)
 
 score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 1 the clean run's, in both
-directions. Sites: a word of resid.analyses.sites ("resid_pre", "resid_mid", "resid_post": the residual stream at each layer
-and each position, the layer x position map; "sublayer", "head", "layer", "q", "k", "v", "pattern") or a list of
-resid.Site (or their labels): each is given the other prompt's activation by the ablation engine's resample path
+directions. Sites: a word of resid.analyses.sites ("resid_pre", "resid_mid", "resid_post": the residual stream at
+each layer and each position, the layer x position map; "sublayer", "head", "layer", "q", "k", "v", "pattern") or a
+list of resid.Site (or their labels): each is given the other prompt's activation by the ablation engine's resample path
 (resid.analyses.ablation: batched rows, the clean prefix reused, the last token unembedded, out-of-memory
 back-off), and the clean and corrupt metrics come from the same clean passes.
 
@@ -31,7 +31,7 @@ from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
-from resid.analyses.patching.pairs import Align, PatchDirection, Pairs, prepare, scored
+from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, prepare, scored
 from resid.errors import param
 from resid.model import Transformer
 from resid.sites import RESID_PARTS, Site
@@ -66,7 +66,8 @@ def activation(
     n = len(pairs.clean)
     chosen = site_words.expand(sites, model.config, int(pairs.clean.tokens.lengths.max()))
     if any(site.part not in RESID_PARTS or site.positions is None for site in chosen):
-        pairs.require_same_positions(f"Patching {param('sites', sites)}" if isinstance(sites, str) else "Patching Sites")
+        pairs.require_same_positions(f"Patching {param('sites', sites)}" if isinstance(sites, str)
+                                     else "Patching Sites")
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
     settings = dict(analysis="patching.activation", direction=direction, metric=label)
     base_prompts = getattr(pairs, base)

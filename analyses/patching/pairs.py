@@ -25,8 +25,8 @@ from resid.analyses.inputs import Prompts
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.metrics import check_metric
 from resid.analyses.vocab import token_ids
-from resid.errors import ResidError, param
 from resid.batching import BatchSize, run_batched
+from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.tokenizer import Tokens
 
@@ -94,7 +94,8 @@ class Pairs:
     def require_same_positions(self, what: str) -> None:
         if not self.same_positions:
             raise ResidError(f"{what} needs pairs of equal token lengths patched position for position; align= is "
-                             f"taken by the residual sites ({param('sites', 'resid_pre')}, resid_mid, resid_post) and by "
+                             f"taken by the residual sites ({param('sites', 'resid_pre')}, resid_mid, resid_post) "
+                             f"and by "
                              "attribution patching. Drop align= and give pairs of equal lengths.")
 
     def positions(self, which: str, row: int) -> list[tuple[int, int]]:

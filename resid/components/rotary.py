@@ -115,7 +115,8 @@ class Rotary(nn.Module):
 
     @staticmethod
     def apply(
-        x: Float[Tensor, "batch pos head d_head"], cos: Float[Tensor, "batch pos 1 rot"], sin: Float[Tensor, "batch pos 1 rot"]
+        x: Float[Tensor, "batch pos head d_head"], cos: Float[Tensor, "batch pos 1 rot"],
+        sin: Float[Tensor, "batch pos 1 rot"],
     ) -> Float[Tensor, "batch pos head d_head"]:
         dims = cos.shape[-1]
         if dims == x.shape[-1]:

@@ -78,7 +78,8 @@ def _with_rope_factors(config: ModelConfig, gguf: GGUFFile) -> ModelConfig:
     factors = dequantize(gguf.tensors[ROPE_FREQS]).float().reshape(-1).tolist()
     if len(factors) * 2 != config.rotary_dims:
         raise ResidError(
-            f"{gguf.path.name}'s rope_freqs has {len(factors)} factors, but the model rotates {config.rotary_dims // 2} "
+            f"{gguf.path.name}'s rope_freqs has {len(factors)} factors, "
+            f"but the model rotates {config.rotary_dims // 2} "
             "frequencies per head. The file is inconsistent; re-export it."
         )
     return dataclasses.replace(config, rope_scaling=RopeScaling("factors", 1.0, factors=tuple(factors)))

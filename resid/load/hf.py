@@ -11,8 +11,7 @@ from pathlib import Path
 
 import tokenizers
 import torch
-from safetensors import safe_open
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from resid.errors import ResidError
 from resid.load.families import Family
@@ -133,7 +132,8 @@ class _SafetensorsIndex:
         try:
             return self._handles[path].get_tensor(name)
         except (SafetensorError, OSError) as err:
-            raise ResidError(f"Could not read tensor {name!r} from {path} ({err}); the file may be truncated.") from None
+            raise ResidError(f"Could not read tensor {name!r} from {path} ({err}); "
+                             "the file may be truncated.") from None
 
 
 def _tokenizer(folder: Path, hf: dict, family: Family) -> Tokenizer | None:

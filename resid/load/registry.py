@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
+from resid.allocator import keep_by_default
 from resid.errors import ResidError, param
 from resid.load.gguf import load_gguf
 from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
 from resid.load.hub import fetch
 from resid.load.zip_packages import minilm_folder
-from resid.allocator import keep_by_default
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 

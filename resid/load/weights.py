@@ -106,7 +106,8 @@ def assign(
             source = get(key.source)
             if source is None:
                 raise ResidError(
-                    f"{where[:1].upper() + where[1:]} has no tensor {key.source!r} (needed for {key.target}). The file is incomplete or "
+                    f"{where[:1].upper() + where[1:]} has no tensor {key.source!r} (needed for {key.target}). "
+                    "The file is incomplete or "
                     "belongs to a different architecture or size than its config.json says; re-export it."
                 )
             used.add(key.source)

@@ -4,14 +4,14 @@ prompt alone with that single ablation, no prefix reuse, no batching."""
 import pandas as pd
 import pytest
 import torch
+from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS
+from tiny_fixtures import Tiny
 
 import resid
+from resid import Replace, Site, ZeroAblate
 from resid.analyses import ablation
 from resid.analyses.ablation.rows import edited
 from resid.analyses.metrics import metric_values
-from resid import Replace, Site, ZeroAblate
-from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS
-from tiny_fixtures import Tiny
 
 REFERENCE = ["Reference text one is here, and it is long enough to cover every position.", "More words."]
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -59,7 +59,8 @@ def brute_force(model, prompt_idx: int, sites: tuple[Site, ...], method: str, me
                         lambda: model.run(DONORS[prompt_idx], capture=CAPTURE_UNITS).stream)
         edits = [Replace(s, _unit(donor, s)) for s in sites]
     logits = model.run(PROMPTS[prompt_idx], interventions=edits, logits_at="last").logits[:, 0]
-    target, baseline = (torch.tensor(model.tokenizer.encode(t[prompt_idx], prepend_bos=False)) for t in (TARGETS, BASELINES))
+    target, baseline = (torch.tensor(model.tokenizer.encode(t[prompt_idx], prepend_bos=False))
+                        for t in (TARGETS, BASELINES))
     return metric_values(metric, logits, target, baseline).item()
 
 
@@ -112,7 +113,8 @@ def test_metrics_and_clean_values(tiny: Tiny):
     clean = model.run(PROMPTS[0], logits_at="last").logits[0, 0].softmax(-1)
     df = ablation.sweep(model, PROMPTS[:1], TARGETS[0], sites="layer", progress=False)  # default: target_prob
     assert (df.metric == "target_prob").all()
-    torch.testing.assert_close(df.clean_metric.iloc[0], clean[model.tokenizer.encode(" Mary", prepend_bos=False)[0]].item(), **TOL)
+    mary = model.tokenizer.encode(" Mary", prepend_bos=False)[0]
+    torch.testing.assert_close(df.clean_metric.iloc[0], clean[mary].item(), **TOL)
 
 
 def test_batch_size_invariance(tiny: Tiny):

@@ -3,11 +3,11 @@
 
 import pytest
 import torch
+from bad_option import BAD_OPTION
+from random_models import make_random_model
 
 import resid
 from resid.analyses import patching
-from bad_option import BAD_OPTION
-from random_models import make_random_model
 from resid.errors import ResidError
 
 NAMES = [(" Mary", " John"), (" Alice", " Bob")]

@@ -4,11 +4,11 @@ per-prompt targets with some left to the top prediction, the leading-space hints
 
 import pytest
 import torch
+from bad_option import BAD_OPTION
 from random_models import make_random_model
 from tiny_fixtures import Tiny
 
 import resid
-from bad_option import BAD_OPTION
 from resid.analyses import attribution, logit_lens
 from resid.analyses.vocab import single_token_id, spacing_hint, token_ids
 

@@ -3,9 +3,9 @@ gives the same numbers whichever form the prompts came in; models without a toke
 
 import pandas as pd
 import torch
+from random_models import make_random_model
 
 from resid.analyses import ablation, attribution, logit_lens, neurons
-from random_models import make_random_model
 
 TEXTS = ["The quick brown fox jumps over", "Hello there"]
 
@@ -43,7 +43,8 @@ def test_a_model_without_a_tokenizer_runs_every_analysis_from_ids():
     ids = torch.randint(0, model.config.d_vocab, (3, 6), generator=torch.Generator().manual_seed(0))
     df = attribution.direct(model, ids, target=5, level="neuron")
     sums = df.groupby("prompt_idx")["value"].sum()
-    torch.testing.assert_close(torch.tensor(sums.values), torch.tensor(df.groupby("prompt_idx")["logit"].first().values),
+    torch.testing.assert_close(torch.tensor(sums.values),
+                               torch.tensor(df.groupby("prompt_idx")["logit"].first().values),
                                atol=1e-4, rtol=1e-5)
     assert df["token"].str.match(r"<\d+>").all()
     lens = logit_lens.run(model, ids, positions=[0, -1], every="layer")

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from bad_option import BAD_OPTION
 from tiny_fixtures import Tiny
 
 import resid
-from bad_option import BAD_OPTION
 from resid.analyses import attribution, logit_lens
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "A short one", "Residual streams are sums of writes into"]
@@ -38,7 +38,8 @@ def test_sites_follow_the_stream(random_model):
     df = _top1(logit_lens.run(random_model, PROMPTS[0], every="sublayer"))
     parallel = random_model.config.block == "parallel"
     per_layer = ("resid_post",) if parallel else ("resid_mid", "resid_post")
-    expected = [(0, "layers[0].resid_pre")] + [(layer, f"layers[{layer}].{site}") for layer in range(n) for site in per_layer]
+    expected = [(0, "layers[0].resid_pre")] + [(layer, f"layers[{layer}].{site}")
+                                               for layer in range(n) for site in per_layer]
     assert list(zip(df["layer"], df["site"])) == expected
     layers = _top1(logit_lens.run(random_model, PROMPTS[0], every="layer"))
     by_layer = [(0, "layers[0].resid_pre")] + [(layer, f"layers[{layer}].resid_post") for layer in range(n)]

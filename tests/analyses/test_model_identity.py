@@ -4,12 +4,12 @@ place or its file was replaced under the same name."""
 
 import pytest
 import torch
+from swap_prompts import BASELINES, PROMPTS, TARGETS
+from tiny_models import build
 
 import resid
 from resid.analyses import ablation, attribution
 from resid.errors import ResidError
-from swap_prompts import BASELINES, PROMPTS, TARGETS
-from tiny_models import build
 
 
 def _sweep(model, out):

@@ -5,13 +5,13 @@ import json
 
 import pytest
 import torch
+from bad_option import BAD_OPTION
 
 import resid
-from bad_option import BAD_OPTION
 from resid.analyses import corpus, neurons, plots
+from resid.analyses.cli.main import main
 from resid.analyses.neurons import plots as neuron_plots
 from resid.analyses.neurons.keys import windows
-from resid.analyses.cli.main import main
 from resid.errors import ResidError
 
 TEXTS = [

@@ -3,9 +3,9 @@ site written independently here, AtP against finite differences, compare, and ba
 
 import pytest
 import torch
+from numerics import TINY
 
 import resid
-from numerics import TINY
 from resid.analyses import patching
 from resid.errors import ResidError
 
@@ -181,8 +181,9 @@ def test_smollm2_engine_equals_one_forward_per_site(smollm2):
 def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypatch, suffix):
     """With out=, a run killed after its first chunk resumes: the finished pair is not computed again and the
     result equals an uninterrupted run."""
-    from resid.analyses.ablation import chunks
     from random_models import make_random_model
+
+    from resid.analyses.ablation import chunks
 
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     expected = _patch(model, "resid_pre")
@@ -201,6 +202,7 @@ def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypa
     resumed = _patch(model, "resid_pre", batch_size=1, out=out)
     assert calls == [[0], [1], [1]]  # pair 0 was stored before the crash and not recomputed
     assert list(resumed["site"]) == list(expected["site"])
-    assert resumed["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=TINY["atol"])
+    assert resumed["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(),
+                                                                 abs=TINY["atol"])
     assert resumed["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=TINY["atol"], nan_ok=True)
     assert out.exists()

@@ -2,12 +2,12 @@
 are patched, named by the clean prompt's positions, and each value agrees with one forward written here."""
 
 import pytest
+from bad_option import BAD_OPTION
+from numerics import TINY
 
 import resid
 from resid.analyses import patching
-from bad_option import BAD_OPTION
 from resid.errors import ResidError
-from numerics import TINY
 
 CLEAN = ["When Mary and John went to the store, John gave a drink to"]
 CORRUPT = ["When Mary and John went to the big old store, Mary gave a drink to"]  # two tokens longer
@@ -60,7 +60,8 @@ def test_alignment_of_equal_lengths_changes_nothing(random_model):
         plain = analysis(random_model, clean, corrupt, TARGETS, BASELINES, sites="resid_pre")
         aligned = analysis(random_model, clean, corrupt, TARGETS, BASELINES, sites="resid_pre", align="end")
         assert list(plain["site"]) == list(aligned["site"])
-        assert plain["patched_metric"].to_numpy() == pytest.approx(aligned["patched_metric"].to_numpy(), abs=TINY["atol"])
+        assert plain["patched_metric"].to_numpy() == pytest.approx(aligned["patched_metric"].to_numpy(),
+                                                                   abs=TINY["atol"])
 
 
 def test_atp_with_an_alignment_is_the_linear_limit(random_model, lengths):

@@ -5,11 +5,11 @@ projections and run the clean prompt again with only those replaced."""
 
 import pytest
 import torch
+from tiny_models import build
 
 import resid
 from resid.analyses import patching
 from resid.errors import ResidError
-from tiny_models import build
 
 CLEAN = ["The quick brown fox jumps over the lazy dog", "A small red bird sat on the old green fence"]
 CORRUPT = ["The quick brown cat jumps over the lazy dog", "A small red bird sat on the new green fence"]
@@ -155,7 +155,8 @@ def test_bad_input(llama):
     with pytest.raises(ResidError, match="A sender is"):
         patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=["layers[0].mlp.neuron[3]"])
     with pytest.raises(ResidError, match="A receiver is a head's input"):
-        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[_sender(0, 0)], receivers=["layers[1].attn.head[0]"])
+        patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[_sender(0, 0)],
+                      receivers=["layers[1].attn.head[0]"])
     labels = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=["layers[0].attn.head[1]"],
                            receivers=["layers[1].attn.head[2].q"])
     sites = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[_sender(0, 1)],

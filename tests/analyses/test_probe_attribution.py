@@ -3,12 +3,12 @@ like a logit; a probe equal to an unembedding column gives that logit's attribut
 
 import pytest
 import torch
+from tiny_fixtures import Tiny
 
 import resid
 from resid.analyses import attribution
 from resid.analyses.attribution import Probe
 from resid.analyses.vocab import single_token_id
-from tiny_fixtures import Tiny
 
 PROMPTS = ["The quick brown fox jumps over the", "Hello"]
 

@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 
 import pytest
 import torch
+from random_models import make_random_model
 
 import resid
 from resid.analyses.io import provenance
-from random_models import make_random_model
 
 
 @pytest.fixture

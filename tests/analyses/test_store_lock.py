@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tiny_models import build
 
 import resid
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
-from tiny_models import build
 
 SIGNATURE = {"sweep": "lock-test"}
 WRITER = textwrap.dedent(

@@ -12,13 +12,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from bad_option import BAD_OPTION
+from tiny_fixtures import Tiny
+from tiny_models import build, hf_attn, hf_mlp
 
 import resid
 from resid.analyses import ablation
 from resid.analyses.cli.main import main
-from bad_option import BAD_OPTION
-from tiny_fixtures import Tiny
-from tiny_models import build, hf_attn, hf_mlp
 
 NAMES = ["Mary", "John", "Anna", "Paul", "Kate", "Mark", "Lucy", "Tom"]
 
@@ -76,7 +76,8 @@ def test_kill_and_resume(tmp_path):
     model = resid.load(folder)
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(40))
     out = tmp_path / "results.parquet"
-    command = [sys.executable, "-m", "resid.analyses.cli.main", "ablate", "--model", str(folder), "--prompts", str(prompts),
+    command = [sys.executable, "-m", "resid.analyses.cli.main", "ablate", "--model", str(folder),
+               "--prompts", str(prompts),
                "--sites", "head", "--batch-size", "1", "--out", str(out), "--quiet"]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     parts = Path(str(out) + ".parts")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tiny_models import build
 
 import resid
 from resid.analyses import ablation
 from resid.analyses.cli.main import main
-from tiny_models import build
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to",
            "When Anna and Paul went to the store, Paul gave a drink to",

@@ -5,10 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_models import build
 
 from resid.analyses import tables
 from resid.analyses.cli.main import main
-from tiny_models import build
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tiny_models import build
 
 from resid.analyses.cli.main import main
-from tiny_models import build
 
 FAMILIES = ["gemma2", "gemma3", "olmo2", "qwen3_yarn", "phi3", "llama3_scaled", "mixtral"]
 PROMPT = "The quick brown fox jumps over the"

@@ -5,11 +5,10 @@ import struct
 
 import pytest
 import torch
+from random_models import make_random_model
 
 import resid
 from resid.load import registry
-
-from random_models import make_random_model
 
 
 def test_unknown_model_name_lists_known_names():

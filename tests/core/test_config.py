@@ -3,9 +3,9 @@
 import dataclasses
 
 import pytest
+from random_models import make_random_model
 
 import resid
-from random_models import make_random_model
 from resid.config import ModelConfig
 from resid.errors import ResidError
 

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 import torch
+from random_models import make_random_model
 
 import resid
-from random_models import make_random_model
 from resid import Add, Scale, Site, ZeroAblate
 from resid.generate import sample_probs
 

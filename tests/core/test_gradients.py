@@ -3,7 +3,6 @@ on the tiny random models of every family: the gradient of a last-token logit di
 token embedding matrix (the one weight both store in the same layout)."""
 
 import torch
-
 from tiny_fixtures import random_ids
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from numerics import TINY
 
 import resid
 from resid import Add, Hook, Replace, Scale, Site, ZeroAblate
-from numerics import TINY
 
 TEXTS = ["The quick brown fox jumps over", "Hello there"]
 

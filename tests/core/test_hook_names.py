@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+from random_models import make_random_model
 
 import resid
 from resid.hook_names import view
-
-from random_models import make_random_model
 
 TEXTS = ["The quick brown fox jumps", "Hello"]
 

@@ -3,8 +3,8 @@ directions that sum exactly, the folded unembedding, and the norm algebra it is 
 
 import pytest
 import torch
-
 from random_models import RANDOM_CONFIGS, make_random_model
+
 from resid.readout import Direction
 
 TEXTS = ["The quick brown fox jumps", "over the lazy dog"]

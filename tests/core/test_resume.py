@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from numerics import TINY
 
 import resid
-from numerics import TINY
 from resid import Scale, Site, ZeroAblate
 
 TEXTS = ["The quick brown fox jumps over", "Hello there", "One two"]

@@ -5,12 +5,12 @@ clear error."""
 import numpy as np
 import pytest
 import torch
+from bad_option import BAD_OPTION
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numerics import TINY
 
 import resid
-from bad_option import BAD_OPTION
-from numerics import TINY
 from resid import Capture, Replace, Site, ZeroAblate
 from resid.errors import ResidError
 

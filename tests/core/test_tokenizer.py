@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
-import resid
 from bad_option import BAD_OPTION
 from random_models import make_random_model
+
+import resid
 from resid.tokenizer import Tokens
 
 SEQUENCES = [[5, 6, 7], [8], [9, 10]]
@@ -33,7 +33,8 @@ def test_padded_index_maps_prompt_relative_positions(side):
     assert tokens.ids[rows, index].tolist() == [[5, 7], [8, 8], [9, 10]]
     per_prompt = tokens.padded_index([[1], [0], [1]])
     assert tokens.ids[rows, per_prompt].tolist() == [[6], [8], [10]]
-    with pytest.raises(resid.ResidError, match=r"Position\(s\) \[1\] are out of range for prompt 1, which has 1 tokens"):
+    with pytest.raises(resid.ResidError,
+                       match=r"Position\(s\) \[1\] are out of range for prompt 1, which has 1 tokens"):
         tokens.padded_index([1])
 
 

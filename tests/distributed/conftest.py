@@ -4,9 +4,9 @@ here in a few seconds), and a tiny random Llama saved as safetensors, so that wo
 from pathlib import Path
 
 import pytest
+from distributed_helpers import RAY_REASON
 
 import resid
-from distributed_helpers import RAY_REASON
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,13 @@ layout is the engine's plain loop, and asking for Ray where it is not installed,
 built in memory, is one clear error."""
 
 import pytest
+from random_models import make_random_model
 
 from resid.analyses import ablation, neurons
 from resid.analyses.ablation.chunks import MAX_CHUNK_ROWS, layout
-from resid.analyses.sites import expand
 from resid.analyses.distributed import InProcess, ray_executor, resolve
 from resid.analyses.distributed.source import source_of
-from random_models import make_random_model
+from resid.analyses.sites import expand
 from resid.errors import ResidError
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The cat sat on the mat and"]

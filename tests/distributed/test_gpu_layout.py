@@ -5,9 +5,9 @@ what `ray.cluster_resources()` reports, so a stand-in reporting GPUs shows the l
 from types import SimpleNamespace
 
 import pytest
+from distributed_helpers import RAY_REASON
 
 from resid.analyses.distributed import RayExecutor
-from distributed_helpers import RAY_REASON
 from resid.errors import ResidError
 
 pytest.importorskip("ray", reason=RAY_REASON)

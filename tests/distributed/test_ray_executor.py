@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from distributed_helpers import BASELINES, PROMPTS, RAY_REASON, TARGETS, TEST_CPUS
+from numerics import TINY
 
 import resid
 from resid.analyses import ablation
 from resid.analyses.distributed import Job, RayExecutor
-from distributed_helpers import BASELINES, PROMPTS, RAY_REASON, TARGETS, TEST_CPUS
 from resid.errors import ResidError
-from numerics import TINY
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)
 

@@ -2,11 +2,11 @@
 ablation engine's resample sweep), with an alignment too."""
 
 import pytest
+from distributed_helpers import TEST_CPUS
+from numerics import TINY
 
 from resid.analyses import patching
 from resid.analyses.distributed import RayExecutor
-from distributed_helpers import TEST_CPUS
-from numerics import TINY
 
 CLEAN = ["When Mary and John went to the store, John gave a drink to",
          "The cat and the dog sat on the mat, the cat looked at"]

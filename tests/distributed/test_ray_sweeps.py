@@ -4,12 +4,12 @@ loses nothing, and a sweep interrupted after some chunks resumes on Ray from its
 
 import pandas as pd
 import pytest
+from distributed_helpers import BASELINES, DONORS, PROMPTS, RAY_REASON, REFERENCE, TARGETS, TEST_CPUS, TEXTS
+from numerics import TINY
 
 from resid.analyses import ablation, neurons
 from resid.analyses.distributed import RayExecutor
 from resid.analyses.io.store import ResultStore
-from distributed_helpers import BASELINES, DONORS, PROMPTS, RAY_REASON, REFERENCE, TARGETS, TEXTS, TEST_CPUS
-from numerics import TINY
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)
 

@@ -7,11 +7,11 @@ import random
 import numpy as np
 import pytest
 import torch
+from random_models import make_random_model
 
 from resid.analyses import neurons
 from resid.analyses.neurons import scan as scan_module
 from resid.analyses.neurons.topk import EMPTY_FLAT, TopK
-from random_models import make_random_model
 
 K, N_NEURONS = 5, 7
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import transformers
+from encoder_models import VARIANTS, build
 
 import resid
-from encoder_models import VARIANTS, build
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from encoder_models import build, hf_config
 
 import resid
-from encoder_models import build, hf_config
 from resid.components.embed import sinusoids
 from resid.config import ModelConfig
 

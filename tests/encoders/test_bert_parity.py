@@ -3,7 +3,6 @@ sublayer reads) and the outputs, on padded batches; padding never changes a prom
 
 import pytest
 import torch
-
 from encoder_models import VOCAB
 
 ATOL = 1e-4

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
-
-import resid
 from tiny_fixtures import Tiny, random_ids
 from tiny_models import hf_attn, hf_final_norm, hf_mlp
+
+import resid
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import build, hf_config
 
 import resid
 from resid.load.families.model_types import supported_model_types
-from tiny_models import build, hf_config
 
 
 @pytest.fixture(scope="module")

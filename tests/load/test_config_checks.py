@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import resid
 from seq2seq_models import marian
 from tiny_models import build
+
+import resid
 
 CAP = 3 << 30  # bytes of data a loading subprocess may allocate: far above a tiny model, far below the probes'
 

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_models import VARIANTS, hf_config
 
 import resid
 from resid.load.families.model_types import family_for
-from tiny_models import VARIANTS, hf_config
 
 
 def _folder_with(tmp_path: Path, variant: str, **changes) -> Path:
@@ -43,7 +43,8 @@ def test_an_unknown_field_is_refused_by_name(tmp_path: Path, variant: str, field
 
 
 @pytest.mark.parametrize("variant, changes, message", [
-    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}}, "'longrope' is not supported"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+     "'longrope' is not supported"),
     ("phi3", {"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "'su' is not supported"),
     ("gemma3", {"layer_types": ["chunked_attention", "full_attention"]}, "chunked_attention"),
     ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},

@@ -9,13 +9,13 @@ import gguf
 import numpy as np
 import pytest
 import transformers
+from test_gguf_arch import build, build_hf, write_gguf
 
 import resid
 from resid.errors import ResidError
 from resid.load.gguf_arch import hf_config
 from resid.load.gguf_format import read_gguf
 from resid.load.gguf_vocab import tokenizer_from_gguf
-from test_gguf_arch import build, build_hf, write_gguf
 
 
 def test_unknown_architecture_names_the_supported_ones(tmp_path) -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from test_gguf_arch import _BASE, ATOL, write_gguf
 
 import resid
-from test_gguf_arch import ATOL, _BASE, write_gguf
 
 # original context 64: of the 6 frequencies of a 12-dim head, one is kept, one smoothed, four scaled
 ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -19,7 +19,8 @@ def test_hub_id_loads_from_the_hub_cache(tmp_path):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    script = "import resid; m = resid.load('tiny-org/tiny-llama'); print(m.config.architecture, m.config.n_layers, m.name)"
+    script = ("import resid; m = resid.load('tiny-org/tiny-llama'); "
+              "print(m.config.architecture, m.config.n_layers, m.name)")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["llama", "2", "tiny-org/tiny-llama"]

@@ -4,7 +4,6 @@ import pytest
 
 import resid
 
-
 MISSING = ["./no/such/folder", "x/model.gguf", "~/no-such-resid-model", "a/b/c", "w.safetensors"]
 
 

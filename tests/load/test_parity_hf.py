@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny_fixtures import N_POS, Tiny, random_ids
 
 import resid
-from tiny_fixtures import N_POS, Tiny, random_ids
 
 ATOL = 1e-4
 
@@ -97,7 +97,8 @@ def test_config_is_read_correctly(tiny: Tiny):
         "gpt_neox_sequential": dict(block="sequential", rotary_dim=8, rotary_base=1000.0, norm="layernorm"),
         "gemma": dict(norm_gain_offset=1.0, embed_scale=48**0.5, act="gelu_new", tie_embeddings=True),
         "llama": dict(rotary_base=500.0, tie_embeddings=False),
-        "llama3_scaled": dict(rope_scaling=resid.RopeScaling("llama3", 8.0, 16, low_freq_factor=1.0, high_freq_factor=4.0)),
+        "llama3_scaled": dict(rope_scaling=resid.RopeScaling("llama3", 8.0, 16, low_freq_factor=1.0,
+                                                             high_freq_factor=4.0)),
         "llama_dynamic": dict(rope_scaling=resid.RopeScaling("dynamic", 16.0, 8)),  # n_ctx 8 * 16: the base grows
         "qwen2_sliding": dict(sliding_window=4, layer_types=("full", "sliding"), attn_qkv_bias=True),
         "qwen3_yarn": dict(qk_norm="head", attn_qkv_bias=False, layer_types=None, sliding_window=None),

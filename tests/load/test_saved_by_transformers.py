@@ -7,13 +7,13 @@ import copy
 import shutil
 from pathlib import Path
 
+import encoder_models
 import pytest
+import seq2seq_models
 import torch
+from tiny_fixtures import Tiny
 
 import resid
-import encoder_models
-import seq2seq_models
-from tiny_fixtures import Tiny, tiny  # noqa: F401  (tiny is a fixture)
 
 # As transformers names them (a GGUF's tokenizer gives unk_token_id; BERT-like tokenizers cls and mask).
 TOKEN_IDS = {"unk_token_id": 0, "cls_token_id": 1, "mask_token_id": 2}

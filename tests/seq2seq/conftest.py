@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import pytest
 import transformers
+from seq2seq_models import marian, vanilla
 
 import resid
-from seq2seq_models import marian, vanilla
 
 
 @dataclass(frozen=True)

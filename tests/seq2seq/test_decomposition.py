@@ -5,12 +5,12 @@ and the logit lens ends on the model's own prediction. Bad input says what to pa
 
 import pytest
 import torch
+from random_models import make_random_model
+from seq2seq_models import PAD
 
 import resid
 from resid.analyses import attribution, logit_lens
 from resid.errors import ResidError
-from random_models import make_random_model
-from seq2seq_models import PAD
 
 SOURCES = torch.randint(1, PAD, (3, 8), generator=torch.Generator().manual_seed(11))
 TARGETS = torch.randint(1, PAD, (3, 5), generator=torch.Generator().manual_seed(12))

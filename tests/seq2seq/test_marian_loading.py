@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+from seq2seq_models import marian_config
 
 import resid
-from seq2seq_models import marian_config
 
 OPUS_STYLE = {  # the fields of an opus-mt config.json (Helsinki-NLP), at their published kinds of values
     "activation_dropout": 0.0, "activation_function": "swish", "add_bias_logits": False, "add_final_layer_norm": False,

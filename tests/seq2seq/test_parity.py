@@ -4,9 +4,9 @@ with padded sources; padding never changes a pair's numbers."""
 
 import pytest
 import torch
+from seq2seq_models import PAD, VOCAB
 
 import resid
-from seq2seq_models import PAD, VOCAB
 
 ATOL = 1e-4
 

@@ -71,7 +71,8 @@ def activation(name: str) -> str:
 # Fields every family may meet that never change the forward pass's numbers: provenance, training-only
 # settings, token ids (read by the tokenizer), output switches. Anything else must be read by the family.
 HARMLESS = frozenset({
-    "_name_or_path", "_attn_implementation_autoset", "architectures", "auto_map", "attention_dropout", "attn_pdrop", "bos_token_id", "chunk_size_feed_forward",
+    "_name_or_path", "_attn_implementation_autoset", "architectures", "auto_map", "attention_dropout", "attn_pdrop",
+    "bos_token_id", "chunk_size_feed_forward",
     "classifier_dropout", "decoder_start_token_id", "dtype", "embd_pdrop", "eos_token_id", "finetuning_task",
     "hidden_dropout", "id2label", "initializer_range", "is_decoder", "label2id", "model_type", "output_attentions",
     "output_hidden_states", "output_router_logits", "pad_token_id", "prefix", "pretraining_tp", "problem_type",
