@@ -11,7 +11,6 @@ Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (
 from pathlib import Path
 
 from resid.analyses.cli import arguments, output
-from resid.sites import Site
 
 
 def add_parser(commands, common) -> None:
@@ -47,6 +46,7 @@ def check(args) -> None:
 
 def run(model, args) -> str:
     from resid.analyses import logit_lens, plots, tables
+    from resid.sites import Site
 
     lens = None
     if args.loaded is not None:

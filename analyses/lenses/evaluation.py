@@ -47,8 +47,9 @@ def evaluate(
     batch_size: int | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """The logit lens and each of `lenses` at every site of ResidualStream.running(every) on `texts` (documents, packed into windows of
-    seq_len, at most max_tokens tokens) or on ready windows of token ids; the columns of COLUMNS."""
+    """The logit lens and each of `lenses` at every site of ResidualStream.running(every) on `texts` (documents,
+    packed into windows of seq_len, at most max_tokens tokens) or on ready windows of token ids; the columns of
+    COLUMNS."""
     readers = [LogitLens(model), *lenses]
     for reader in readers:
         reader.check(model, every)

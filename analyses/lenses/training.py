@@ -26,9 +26,9 @@ this; the defaults of Recipe are its defaults):
 How it is computed differs, not what: the model runs once per batch without gradients; every site's translator and
 final norm run as one batched graph per chunk of tokens; the head and the KL run site by site, each backward only
 to the norm's output; then one backward through the norms and translators. The gradient of the KL comes from
-resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax). Each step writes an atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every`
-steps and at the end; rerunning with the same arguments resumes from it with the same data order, and a tqdm bar
-shows the tokens per second.
+resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax). Each step writes an
+atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every` steps and at the end; rerunning
+with the same arguments resumes from it with the same data order, and a tqdm bar shows the tokens per second.
 """
 
 import hashlib

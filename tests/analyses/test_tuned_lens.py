@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from random_models import make_random_model
 
 import resid
-from random_models import make_random_model
 from resid.analyses import logit_lens, tuned_lens
 from resid.analyses.lenses import Translators, TunedLens
 from resid.sites import Site

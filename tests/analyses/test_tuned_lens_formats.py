@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 import torch
+from conftest import DATA
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import resid
-from conftest import DATA
 from resid.analyses import logit_lens, tuned_lens
 from resid.analyses.lenses import LogitLens, Translators, formats
 

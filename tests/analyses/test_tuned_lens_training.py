@@ -5,11 +5,11 @@ split, packing and order are deterministic."""
 
 import pytest
 import torch
+from random_models import RANDOM_CONFIGS, make_random_model, randomize
 
 import resid
-from random_models import RANDOM_CONFIGS, make_random_model, randomize
 from resid.analyses import logit_lens, tuned_lens
-from resid.analyses.lenses import Translators, data, training
+from resid.analyses.lenses import Translators, data
 
 
 def random_translators(model: resid.Transformer, seed: int = 1, scale: float = 0.1) -> Translators:
@@ -137,8 +137,8 @@ def test_bfloat16_readout_trains_like_float32():
 
 def test_the_split_depends_on_each_text_only():
     texts = [f"paragraph number {i} of a long speech" for i in range(400)]
-    training, held = data.split(texts, held_out=0.2)
-    assert not set(training) & set(held) and len(training) + len(held) == 400 and 40 < len(held) < 120
+    kept, held = data.split(texts, held_out=0.2)
+    assert not set(kept) & set(held) and len(kept) + len(held) == 400 and 40 < len(held) < 120
     again, held_again = data.split(list(reversed(texts[:200])), held_out=0.2)
     assert set(held_again) == set(held) & set(texts[:200])
 

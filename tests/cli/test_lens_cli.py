@@ -5,11 +5,11 @@ the table and figure, the lens command reads the lens in either layout; bad argu
 from pathlib import Path
 
 import pytest
+from tiny_models import build
 
 from resid.analyses import tuned_lens
 from resid.analyses.cli.main import main
 from resid.analyses.lenses import formats
-from tiny_models import build
 
 WORDS = "the nation budget congress people peace economy world freedom work health school future".split()
 
