@@ -75,12 +75,13 @@ class Recipe:
     bias: bool = True  # translators with a bias
 
     def __post_init__(self) -> None:
-        problems = [f"{name}={getattr(self, name)} must be positive" for name in ("steps", "tokens_per_step", "seq_len")
-                    if getattr(self, name) < 1]
+        problems = [f"{param(name, getattr(self, name))} must be positive"
+                    for name in ("steps", "tokens_per_step", "seq_len") if getattr(self, name) < 1]
         if self.tokens_per_step % self.seq_len:
-            problems.append(f"tokens_per_step={self.tokens_per_step} must be a multiple of seq_len={self.seq_len}")
+            problems.append(f"{param('tokens_per_step', self.tokens_per_step)} must be a multiple of "
+                            f"{param('seq_len', self.seq_len)}")
         if self.precision not in ("bfloat16", "float32"):
-            problems.append(f"precision must be 'bfloat16' or 'float32', got {self.precision!r}")
+            problems.append(f"{param('precision', self.precision)} must be 'bfloat16' or 'float32'")
         if self.every not in EVERY:
             problems.append(f"{param('every', self.every)} must be one of {EVERY}")
         if not 0 <= self.warmup_steps < self.steps:

@@ -66,12 +66,26 @@ def test_a_lens_in_tuned_lens_layout_is_read_by_the_lens_command(setup, capsys, 
     assert tuned.splitlines()[1:] == plain.splitlines()[1:]  # zero translators: the logit lens's table
 
 
+def test_a_lens_of_other_weights_names_the_flag_that_reads_it_anyway(setup, capsys, tmp_path):
+    import resid
+
+    model = resid.load(setup["model"])
+    formats.write(tuned_lens.zeros(model).translators.with_info(unembed_hash="0" * 64), tmp_path)
+    argv = ["lens", "The people", "--model", setup["model"], "--translators", str(tmp_path), "--every", "layer"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "another unembedding" in err and "Pass --skip-unembedding-check to read it" in err, err
+    assert "check_unembedding" not in err
+    assert run([*argv, "--skip-unembedding-check"], capsys).startswith("tuned lens")
+
+
 NO_MODEL = ["--model", "no-such-model"]
 BAD = [
     (["lens", "hi", "--lens", "tuned"], "--lens tuned needs --translators DIR"),
     (["lens", "hi", "--lens", "logit", "--translators", "x"], "--translators is for the tuned lens"),
     (["lens", "hi", "--translators", "no-such-folder"], "No tuned lens in no-such-folder"),
-    (["lens", "train", "--out", "o", "--tokens-per-step", "30", "--seq-len", "16"], "multiple of seq_len=16"),
+    (["lens", "train", "--out", "o", "--tokens-per-step", "30", "--seq-len", "16"],
+     "--tokens-per-step 30 must be a multiple of --seq-len 16"),
     (["lens", "train", "--out", "o", "--steps", "0"], "--steps must be at least 1"),
     (["lens", "train", "--out", "o", "--held-out", "1.5"], "--held-out must be a fraction"),
     (["lens", "train", "--out", "o", "--corpus", "missing.txt"], "missing.txt"),
