@@ -131,7 +131,9 @@ def test_errors_never_destroy_finished_results(tmp_path, capsys):
     assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet"]) == 0
     before = out.read_bytes()
     # A different sweep aimed at the same file is refused; a malformed prompts file fails before anything runs.
-    assert main(["ablate", "--prompts", str(prompts), "--method", "mean", "--reference", str(prompts),
+    reference = tmp_path / "reference.txt"
+    reference.write_text("Some reference text to average over.\nAnd a second line of it.\n")
+    assert main(["ablate", "--prompts", str(prompts), "--method", "mean", "--reference", str(reference),
                  "--out", str(out), "--quiet"]) == 2
     assert "different sweep" in capsys.readouterr().err
     broken = _write_jsonl(tmp_path / "broken.jsonl", ["not json"])

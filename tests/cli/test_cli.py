@@ -47,7 +47,7 @@ def test_every_positional_and_the_model_option_have_help(capsys):
         for action in sub._actions:
             if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
                 assert action.help, f"resid {name}: positional {action.dest!r} has no help"
-    for option in ("--level", "--norm"):
+    for option in ("--every", "--norm"):
         assert next(a for a in commands["lens"]._actions if option in a.option_strings).help
     with pytest.raises(SystemExit):
         main(["predict", "--help"])
