@@ -58,6 +58,7 @@ def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):
             handle.remove()
 
 
+@pytest.mark.slow
 def test_cli_writes_results_and_figure(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.csv"
@@ -70,6 +71,7 @@ def test_cli_writes_results_and_figure(tmp_path, capsys):
     assert (tmp_path / "plotly.min.js").exists()
 
 
+@pytest.mark.slow
 def test_kill_and_resume(tmp_path):
     folder = tmp_path / "model"
     build("llama", folder)
@@ -125,6 +127,7 @@ def test_bad_input(tmp_path, tiny: Tiny):
         read_jsonl(bad)
 
 
+@pytest.mark.slow
 def test_errors_never_destroy_finished_results(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.parquet"

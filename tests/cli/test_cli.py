@@ -9,6 +9,7 @@ import pytest
 from resid.analyses.cli.main import DEFAULT_MODEL, _parser, main
 
 
+@pytest.mark.slow
 def test_predict_prints_paris(capsys):
     assert main(["predict", "The Eiffel Tower is located in the city of", "--top", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -16,6 +17,7 @@ def test_predict_prints_paris(capsys):
     assert len(out) == 2 + 3
 
 
+@pytest.mark.slow
 def test_info_prints_config(capsys):
     assert main(["info", "--model", "smollm2-135m"]) == 0
     out = capsys.readouterr().out

@@ -3,9 +3,12 @@
 import re
 
 import pandas as pd
+import pytest
 
 from resid.analyses import attribution, tables
 from resid.analyses.cli.main import main
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 end to end
 
 PROMPT = "The Eiffel Tower is located in the city of"
 
