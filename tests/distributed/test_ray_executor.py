@@ -23,8 +23,15 @@ ray = pytest.importorskip("ray", reason=RAY_REASON)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test jobs below travel by value
 
 
+class Given(Job):
+    """A job whose chunks the test hands to executor.map itself: its plan is the chunk numbers 0..7."""
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list:
+        return [chunk for chunk in range(8) if chunk not in done]
+
+
 @dataclass
-class Squares(Job):
+class Squares(Given):
     """chunk -> chunk ** 2; the worker process exits (like an OOM kill) on `crash_on` the first time round."""
 
     marker: str  # a file that exists once the crash has happened
@@ -47,7 +54,7 @@ class Squares(Job):
 
 
 @dataclass
-class Threads(Job):
+class Threads(Given):
     def setup(self, model):
         return None
 
