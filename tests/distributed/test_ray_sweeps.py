@@ -49,8 +49,20 @@ def test_top_activating_is_the_same_for_1_2_and_3_workers(saved_llama, ray_clust
     for workers in (1, 2, 3):
         with RayExecutor(workers=workers, cpus=TEST_CPUS) as executor:
             tables.append(neurons.top_activating(saved_llama, TEXTS, executor=executor, **options))
-    pd.testing.assert_frame_equal(tables[0], expected, check_exact=False, **TINY)  # other threads
-    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
+    for table in tables:  # other threads and shards: float32 rounding, which may reorder near-ties
+        _same_up_to_near_ties(table, expected)
+
+
+def _same_up_to_near_ties(table: pd.DataFrame, expected: pd.DataFrame) -> None:
+    """Equal values rank by rank (to float32 rounding); which token holds a rank may differ only among tokens
+    whose activations tie to that rounding (repeated windows of the corpus)."""
+    values = [c for c in expected.columns if expected[c].dtype.kind == "f"]
+    pd.testing.assert_frame_equal(table[values], expected[values], check_exact=False, **TINY)
+    tie = expected[values[0]].round(4).astype(str)
+    keys = [c for c in expected.columns if c not in values]
+    ours, theirs = (t[keys].assign(tie=tie.to_numpy()).sort_values([*keys, "tie"], ignore_index=True)
+                    for t in (table, expected))
+    pd.testing.assert_frame_equal(ours, theirs)
 
 
 class KillsAWorker(RayExecutor):
