@@ -41,8 +41,9 @@ __all__ = ["Add", "Edit", "Hook", "HookCall", "Intervention", "Replace", "Scale"
            "edit_residual", "group_edits"]
 
 # What each part lets interventions edit (Site.what); everything else of a site is read-only
-EDITABLE = {"attn": ("out", "z", "q", "k", "v", "pattern"), "cross": ("out", "z", "q", "k", "v", "pattern"),
-            "mlp": ("out", "post", "expert_out"), "embed": ("write",), "pos_embed": ("write",),
+EDITABLE = {"attn": ("out", "z", "q", "k", "v", "pattern", "normalized"),
+            "cross": ("out", "z", "q", "k", "v", "pattern", "normalized"),
+            "mlp": ("out", "post", "expert_out", "normalized"), "embed": ("write",), "pos_embed": ("write",),
             "type_embed": ("write",), "resid_pre": ("resid",), "resid_mid": ("resid",), "resid_cross": ("resid",),
             "resid_post": ("resid",)}
 

@@ -1,8 +1,9 @@
 """What a Transformer takes and gives: its inputs (texts, Tokens or ids, as Tokens), a run's result, and the
 encoded source a decoder's cross-attention reads."""
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 import torch
@@ -44,6 +45,9 @@ class Run:
     # The final hidden state at the same positions: the final norm's output, what the head reads (transformers'
     # last_hidden_state; an embedding model's output, e.g. mean-pooled into a sentence embedding)
     hidden: Float[Tensor, "batch n d_model"] | None = None
+    # run(dictionaries=[...]): what each dictionary computed (resid.dictionaries.attach.Encoded), by its name;
+    # `run.dictionaries[site]` finds one by the Site (or label) it reads
+    dictionaries: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
     def read(self, site: Site) -> Tensor:
         """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), at the site's prompt-relative
