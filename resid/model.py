@@ -120,7 +120,7 @@ class Transformer(TokenInputs, nn.Module):
         if dictionaries:
             from resid.dictionaries.attach import Attached  # only runs with dictionaries pay for the import
 
-            attached = Attached(self, dictionaries)
+            attached = Attached(self, dictionaries, grad)
             capture, interventions = attached.capture(capture), (*interventions, *attached.hooks())
         capture.validate(self.config.n_layers)
         edits = group_edits(interventions, self.config, tokens)

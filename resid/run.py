@@ -1,6 +1,7 @@
 """What a Transformer takes and gives: its inputs (texts, Tokens or ids, as Tokens), a run's result, and the
 encoded source a decoder's cross-attention reads."""
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -50,9 +51,10 @@ class Run:
     dictionaries: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
     def read(self, site: Site) -> Tensor:
-        """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), at the site's prompt-relative
+        """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), or a learned dictionary's (a
+        feature's activation [batch pos], its error term, ...: run.dictionaries), at the site's prompt-relative
         positions if it names some ([batch k ...], in the order given)."""
-        value = self.stream.read(site)
+        value = self._dictionary_read(site) if site.of_dictionary else self.stream.read(site)
         if site.positions is None:
             return value
         if self.stream.captured is not None:
@@ -61,6 +63,15 @@ class Run:
         index = self.tokens.padded_index(site.positions)
         index = index.view(*index.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])
         return value.gather(1, index.to(value.device))
+
+
+    def _dictionary_read(self, site: Site) -> Tensor:
+        """A dictionary's feature activation [batch pos], or its reconstruction / error / skip path / decoder bias
+        [batch pos d_out], from run.dictionaries."""
+        encoded = self.dictionaries[dataclasses.replace(site, feature=None, field=None, positions=None)]
+        if site.feature is not None:
+            return encoded.feature(site.feature)
+        return encoded.term(site.what)
 
 
 class TokenInputs:

@@ -30,6 +30,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from resid.capture import Capture
@@ -66,8 +67,8 @@ class Splice:
 class Attached:
     """The dictionaries of one `model.run`: the capture they need, the hooks that splice, and the records."""
 
-    def __init__(self, model, dictionaries: Sequence[Dictionary | Observe | Splice]):
-        self.model = model
+    def __init__(self, model, dictionaries: Sequence[Dictionary | Observe | Splice], grad: bool = False):
+        self.model, self.grad = model, grad
         self.uses = [_use(item, model) for item in dictionaries]
         names = [use.dictionary.name for use in self.uses]
         twice = sorted({name for name in names if names.count(name) > 1})
@@ -109,6 +110,10 @@ class Attached:
 
     def finish(self, run):
         """The run with `run.dictionaries` filled in."""
+        with torch.set_grad_enabled(self.grad):
+            return self._finish(run)
+
+    def _finish(self, run):
         residuals = self._residuals(run)
         records = {}
         for use in self.uses:

@@ -64,6 +64,39 @@ class Encoded:
         sparse = self.sparse
         return sparse.indices().T, sparse.values()
 
+    def feature(self, index: int) -> Float[Tensor, "batch pos"]:
+        """One feature's activation."""
+        if not 0 <= index < self.stored.shape[-1]:
+            raise ResidError(f"Dictionary {self.name!r} has {self.stored.shape[-1]} features; feature {index} is out "
+                             "of range.")
+        return self.stored.select(-1, index).to_dense() if self.stored.is_sparse else self.stored[..., index]
+
+    def output_scale(self) -> tuple[Tensor | None, Tensor | None]:
+        """(s, t) [batch pos 1] / [batch pos 1] with reconstruction = (acts @ W_dec + b_dec) * s + t (+ skip): the
+        input normalization undone (None, None without one). A feature then writes a_i * W_dec[i] * s."""
+        d = self.dictionary
+        if d.normalize_activations == "none":
+            return None, None
+        _, scale, shift = d._normalize(self.input)
+        return (1 / scale, None) if shift is None else (scale, shift)
+
+    def term(self, what: str) -> Float[Tensor, "batch pos d_out"]:
+        """A term of the reconstruction: "reconstruction", "error", "skip" (input @ W_skip) or "b_dec" (the decoder
+        bias, normalization undone), [batch pos d_out]."""
+        if what in ("reconstruction", "error"):
+            return getattr(self, what)
+        d = self.dictionary
+        if what == "skip":
+            if d.W_skip is None:
+                raise ResidError(f"Dictionary {self.name!r} has no skip path (W_skip).")
+            return (self.input.float() @ d.W_skip.float()).to(self.reconstruction.dtype)
+        if what != "b_dec":
+            raise ResidError(f"A dictionary's terms are reconstruction, error, skip and b_dec, not {what!r}.")
+        scale, shift = self.output_scale()
+        bias = d.b_dec.float().expand(self.reconstruction.shape)
+        bias = bias if scale is None else bias * scale
+        return (bias if shift is None else bias + shift).to(self.reconstruction.dtype)
+
     def __repr__(self) -> str:
         kind = "sparse" if self.stored.is_sparse else "dense"
         nonzero = int(self.stored._nnz()) if self.stored.is_sparse else int(self.stored.count_nonzero())
@@ -85,6 +118,9 @@ class Recorded(Mapping):
         except ResidError:
             site = None
         found = [] if site is None else [e for e in self._records.values() if site in _sites(e.dictionary)]
+        if site is not None and not found:  # Site(l, "attn") finds a dictionary on the attention's z too
+            found = [e for e in self._records.values()
+                     if (site.layer, site.part) in {(s.layer, s.part) for s in _sites(e.dictionary)}]
         if len(found) == 1:
             return found[0]
         names = ", ".join(repr(n) for n in self._records) or "none"
