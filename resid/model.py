@@ -121,7 +121,7 @@ class Transformer(TokenInputs, nn.Module):
             from resid.dictionaries.attach import Attached  # only runs with dictionaries pay for the import
 
             attached = Attached(self, dictionaries, grad)
-            capture, interventions = attached.capture(capture), (*interventions, *attached.hooks())
+            capture, interventions = attached.capture(capture), attached.interventions(interventions)
         capture.validate(self.config.n_layers)
         edits = group_edits(interventions, self.config, tokens)
         captured = None if capture.positions is None else tokens.padded_index(capture.positions)

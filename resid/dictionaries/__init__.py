@@ -18,9 +18,10 @@ from resid.dictionaries.attach import Observe, Splice
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.edits import feature_edits
 from resid.dictionaries.encoded import Encoded
 from resid.dictionaries.hooks import HookPoint, hook_point
 from resid.dictionaries.load import detect, load
 
 __all__ = ["CrossLayerTranscoder", "Dictionary", "Encoded", "HookPoint", "Observe", "Splice", "check", "detect",
-           "hook_point", "load"]
+           "feature_edits", "hook_point", "load"]

@@ -22,8 +22,10 @@ the sublayer's normalized input and undoes the gain and bias, (normalized - b) /
 input to float32 rounding (a gain with a zero entry cannot be undone: such a splice is refused). Observing reads
 the standardized input exactly (resid.dictionaries.hooks.read).
 
-`Splice(d, edit=fn)` edits the activations inside the pass (fn: acts -> acts) and writes decode(edited) + error,
-with the error of the unedited activations: the feature interventions of resid.dictionaries.features.
+`Splice(d, edit=fn)` edits the activations inside the pass (fn(acts, tokens) -> acts) and writes the tensor plus
+what the edit changed in the reconstruction, decode(edited) - decode(acts): decode(edited) + error, computed so
+that a row the edit leaves alone keeps its tensor exactly. The feature interventions of resid.dictionaries.edits
+(ZeroAblate(Site(3, "resid_post", feature=12)), ...) are such splices.
 """
 
 import dataclasses
@@ -55,13 +57,13 @@ class Observe:
 @dataclass(frozen=True)
 class Splice:
     """Replace the tensor `dictionary` reconstructs by reconstruction + error (error=False: the reconstruction
-    alone), inside the pass. `edit` (acts -> acts, [batch pos feature]) changes the activations before they are
-    decoded; the error term stays the unedited one."""
+    alone), inside the pass. `edit` (fn(acts, tokens) -> acts, [batch pos feature]) changes the activations before
+    they are decoded; the error term stays the unedited one."""
 
     dictionary: Dictionary
     error: bool = True
     storage: Storage = "auto"
-    edit: Callable[[Tensor], Tensor] | None = None
+    edit: Callable[[Tensor, object], Tensor] | None = None
 
 
 class Attached:
@@ -95,6 +97,13 @@ class Attached:
                     layers.add(site.layer)
         return dataclasses.replace(capture, **{part: frozenset(found) for part, found in fields.items()},
                                    layers=None if layers is None else tuple(sorted(layers)))
+
+    def interventions(self, interventions: Sequence) -> list:
+        """`interventions` with those on the dictionaries' features made into splices (resid.dictionaries.edits),
+        then the splices of the spliced dictionaries."""
+        from resid.dictionaries.edits import feature_edits  # it builds Attached splices itself
+
+        return [*feature_edits(self.model, [use.dictionary for use in self.uses], interventions), *self.hooks()]
 
     def hooks(self) -> list[Hook]:
         """The interventions that splice (none for observed dictionaries)."""
@@ -164,11 +173,14 @@ class Attached:
             acts = d.encode(x)
             recon = d.decode(acts, x)
             error = target - recon
+            new = recon + error if use.error else recon
             if use.edit is not None:
-                acts = use.edit(acts)
-                recon = d.decode(acts, x)
+                edited = use.edit(acts, tokens)
+                change = d.decode(edited, x) - recon  # exactly zero where the edit changed nothing
+                acts, recon = edited, recon + change
+                new = target + change if use.error else recon
             self._found[d.name] = (acts, recon, error, x)
-            return _unview(d.point_out, recon + error if use.error else recon, value, self.model)
+            return _unview(d.point_out, new, value, self.model)
 
         return splice
 
