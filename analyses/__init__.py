@@ -2,7 +2,9 @@
 
     attribution    direct logit attribution to embeddings, heads / sublayers, neurons (exact, projected)
     similarity     sentence embeddings (mean pooling) and the exact attribution of their similarity
-    logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL
+    logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL; or a tuned lens
+    tuned_lens     the tuned lens: train (tuned-lens's recipe), read / write (tuned-lens's files too), evaluate
+    lenses/        lens classes over the readout, translators, their files, training, evaluation
     neurons/       FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
     ablation/      layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
     patching/      activation, path and attribution patching (exact, AtP, AtP*), compared with each other

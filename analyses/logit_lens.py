@@ -4,8 +4,8 @@ final one, to see when the prediction forms.
 Sites, in stream order (resid.stream's names):
 
     resid_pre  (layer 0)   the embeddings
-    resid_mid  (layer l)   after layer l's attention (level="sublayer" only; absent for parallel blocks)
-    resid_cross (layer l)  after a decoder's cross-attention (encoder-decoder models, level="sublayer")
+    resid_mid  (layer l)   after layer l's attention (every="sublayer" only; absent for parallel blocks)
+    resid_cross (layer l)  after a decoder's cross-attention (encoder-decoder models, every="sublayer")
     resid_post (layer l)   after layer l; resid_post of the last layer is the final residual
 
 (the sites of ResidualStream.running, summed once per call).
@@ -14,6 +14,10 @@ norm="recompute" applies the final norm to each partial residual, with its own s
 norm="frozen" uses the scale the final norm had in the full forward pass, which keeps the lens linear in the
 writes (the decomposition resid.analyses.attribution sums). Both equal the model's output at the last site.
 KL is KL(final || lens): the model's own distribution against the lens's, in nats, as tuned-lens reports it.
+
+lens=None reads each site as it is (the logit lens); a resid.analyses.lenses.TunedLens (resid.analyses.tuned_lens:
+train, read) first carries each site's residual through its translator (Belrose et al. 2023). Either lens takes
+either norm; the frozen tuned lens stays linear in the writes (resid.analyses.lenses.lens says how).
 """
 
 from collections.abc import Sequence
@@ -28,6 +32,7 @@ from resid.analyses.checks import check_choice, check_k
 from resid.analyses.inputs import batch_size_for, check_sources, decoder_of
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance
+from resid.analyses.lenses.lens import Lens, LogitLens
 from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
@@ -42,7 +47,7 @@ Norm = Literal["recompute", "frozen"]
 NORMS: tuple[str, ...] = ("recompute", "frozen")
 # One row per (prompt, position, site, rank): the lens's top-k tokens (token_id token prob logit), then per
 # (prompt, position, site) the target's prob, logit and rank (1 = top), the entropy and KL(final || lens).
-COLUMNS = ("prompt_idx", "pos", "input", "layer", "site", "norm", "rank", "token_id", "token", "prob", "logit",
+COLUMNS = ("prompt_idx", "pos", "input", "layer", "site", "norm", "lens", "rank", "token_id", "token", "prob", "logit",
            "target", "target_id", "target_prob", "target_logit", "target_rank", "entropy", "kl_to_final")
 
 
@@ -57,18 +62,23 @@ def run(
     k: int = 5,
     batch_size: int | str = "auto",
     source: Inputs | None = None,
+    lens: Lens | None = None,
 ) -> pd.DataFrame:
     """Logit lens at the given prompt-relative `positions` (an index, a list, or "all") of every prompt, read
     after every sublayer (every="sublayer") or every layer (every="layer").
 
     prompts: texts, resid.Tokens or token ids. One row per (prompt, position, site, rank), the columns of
     COLUMNS. target=None follows the model's own top prediction at each position. `df.attrs["notes"]`: hints
-    on the targets as given (resid.analyses.vocab.spacing_hint, read at each prompt's last position asked for)."""
+    on the targets as given (resid.analyses.vocab.spacing_hint, read at each prompt's last position asked for).
+    lens: None for the logit lens, or a lens of `model` (e.g. resid.analyses.tuned_lens.read(model, folder)); its
+    name is the `lens` column."""
     check_choice(every, "every", EVERY)
     check_choice(norm, "norm", NORMS)
     model, sources = decoder_of(model, source)  # encoder-decoder models: the decoder, reading `source`
     model.readout.unembed  # noqa: B018 -- raises for embedding models, which have no token logits to lens
     k = check_k(k, "k", model.config.d_vocab)
+    reader = LogitLens(model) if lens is None else lens
+    reader.check(model, every)  # a lens of another model, or without translators at these sites, fails here
     given = as_prompts(model, prompts)
     check_sources(sources, len(given))
     targets = None if target is None else token_ids(model, target, len(given), "target")
@@ -84,11 +94,11 @@ def run(
     chunks = list(run_batched(
         list(range(len(given))),
         lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, every, norm, k,
-                            None if sources is None else sources.memory(chunk)),
+                            None if sources is None else sources.memory(chunk), reader),
         batch_size_for(model, given.tokens, batch_size),
     ))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
-    parameters = {"positions": positions, "every": every, "norm": norm, "k": k}
+    parameters = {"positions": positions, "every": every, "norm": norm, "k": k, "lens": reader.name}
     df.attrs["provenance"] = provenance.describe(model, "logit_lens.run", parameters, given.record(), target)
     df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
@@ -124,6 +134,7 @@ def _lens(
     norm: str,
     k: int,
     memory: Memory | None = None,
+    lens: Lens | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     lengths = tokens.lengths.tolist()
     # Every (prompt, position) pair: batch row, prompt-relative position, and its column in the captured stream.
@@ -147,8 +158,9 @@ def _lens(
         target_t = torch.tensor([targets[prompt_idx[b]] for b in rows], device=model.device)
     scale = run.stream.final_norm_scale[row_t, col_t] if norm == "frozen" else None
     stats = []
-    for _, resid in run.stream.running(every):
-        lens_logits = model.readout.logits(resid[row_t, col_t], scale).float()
+    lens = LogitLens(model) if lens is None else lens
+    for site, resid in run.stream.running(every):
+        lens_logits = lens.logits(resid[row_t, col_t], site, scale).float()
         stats.append(_statistics(lens_logits, final_logp, target_t, k))
     rel_pos = [p for ps in rel for p in ps]
     padded = [c for cs in columns for c in cs] if wanted is None else tokens.padded_index(wanted).flatten().tolist()
@@ -156,7 +168,8 @@ def _lens(
     last_of_row = dict(zip(rows, range(len(rows))))  # batch row -> index of its last pair
     last_pair = [last_of_row[b] for b in range(len(prompt_idx))]
     notes = spacing_notes(model, as_given, final_logits[last_pair], prompt_idx)
-    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, every), stats, target_t, norm)
+    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, every), stats, target_t, norm,
+                   lens.name)
     return frame, notes
 
 
@@ -187,6 +200,7 @@ def _frame(
     stats: list[dict[str, Tensor]],
     target: Tensor,
     norm: str,
+    lens: str = "logit",
 ) -> pd.DataFrame:
     """Rows ordered by (pair, site, rank), the columns of COLUMNS."""
     n_pairs, n_sites, k = len(rows), len(sites), stats[0]["token_id"].shape[1]
@@ -207,6 +221,7 @@ def _frame(
         "layer": np.tile(np.repeat([site.layer for site in sites], k), n_pairs).astype("int64"),
         "site": np.tile(np.repeat([site.label for site in sites], k), n_pairs).astype(str),
         "norm": norm,
+        "lens": lens,
         "rank": np.tile(np.arange(1, k + 1), n_pairs * n_sites).astype("int64"),
         "token_id": ids.astype("int64"),
         "token": decode_ids(model, ids).astype(str),

@@ -110,7 +110,8 @@ def logit_lens_heatmap(df: pd.DataFrame, prompt_idx: int = 0) -> go.Figure:
         colorscale="Blues", zmin=0, zmax=1, colorbar=dict(title="p(target)"),
     ))
     fig.update_layout(
-        title=f"Logit lens ({rows['norm'].iloc[0]} final norm): top token per site, colour = p({target})",
+        title=f"{str(rows['lens'].iloc[0]).capitalize() if 'lens' in rows else 'Logit'} lens ({rows['norm'].iloc[0]} "
+              f"final norm): top token per site, colour = p({target})",
         xaxis_title="position: input token", yaxis_title="site", height=max(400, 18 * len(sites) + 150),
     )
     return fig

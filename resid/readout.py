@@ -109,8 +109,14 @@ class Readout:
         self, resid: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
     ) -> Float[Tensor, "*batch d_vocab"]:
         """Logits of residual vectors, as if each were the final residual (recomputed or frozen scale)."""
-        unembed = self.unembed
+        self.unembed  # noqa: B018 -- an embedding model fails here, before the norm runs
         normalized, _ = self.normalize(resid, scale)
+        return self.head_logits(normalized)
+
+    def head_logits(self, normalized: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
+        """Logits of the final norm's output (`logits` without the norm): the head, when there is one, and the
+        unembedding. For callers that norm many residuals at once and unembed them a few at a time."""
+        unembed = self.unembed
         return unembed(normalized if self.head is None else self.head(normalized))
 
     @torch.no_grad()

@@ -114,6 +114,21 @@ def existing_file(path: str, flag: str) -> str:
     return path
 
 
+def translators(lens: str | None, folder: str | None):
+    """--lens and --translators: the tuned lens's translators read now (None for the logit lens), so that a wrong
+    folder fails before the model loads; the lens itself is made with the model."""
+    if folder is None:
+        if lens == "tuned":
+            raise ResidError("--lens tuned needs --translators DIR: a folder written by `resid lens train` (or "
+                             "tuned-lens's config.json + params.pt).")
+        return None
+    if lens == "logit":
+        raise ResidError("--translators is for the tuned lens: drop --lens logit (or --translators).")
+    from resid.analyses.lenses import formats
+
+    return formats.read_translators(folder)
+
+
 def self_contained(parser) -> None:
     """--self-contained, for the subcommands that write HTML figures."""
     parser.add_argument("--self-contained", action="store_true",

@@ -13,8 +13,11 @@ FLAGS = {
     "sites": "--sites", "sign": "--sign", "device": "--device", "dtype": "--dtype",
     "mean_positions": "--mean-positions",
     "target": "--target", "baseline": "--baseline", "positions": "--positions", "every": "--every",
-    "batch_size": "--batch-size", "k": "--k", "align": "--align", "direction": "--direction",
+    "batch_size": "--batch-size", "k": "--k", "align": "--align", "direction": "--direction", "layout": "--layout",
+    "steps": "--steps", "tokens_per_step": "--tokens-per-step", "seq_len": "--seq-len", "precision": "--precision",
 }
+# (parameter, value) -> a switch, a flag that takes no value: check_unembedding=False is --skip-unembedding-check
+SWITCHES = {("check_unembedding", False): "--skip-unembedding-check"}
 DESCRIBED = {"reference": "--reference FILE", "baselines": 'a "baseline" on every line of --prompts'}
 
 
@@ -22,6 +25,8 @@ def render(name: str, value: object) -> str | None:
     """The command line's spelling of a parameter (with its value: `--method mean`), or None for the Python one."""
     if value is unset():
         return DESCRIBED.get(name, FLAGS.get(name))
+    if isinstance(value, bool) and (name, value) in SWITCHES:
+        return SWITCHES[name, value]
     flag = FLAGS.get(name)
     if flag is None:
         return None

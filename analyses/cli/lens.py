@@ -1,13 +1,16 @@
-"""`resid lens "prompt"`: the logit lens as a compact table, optionally written as a table and a heatmap.
+"""`resid lens "prompt"`: the logit lens (or a tuned lens) as a compact table, optionally written as a table and a
+heatmap.
 
     resid lens "The Eiffel Tower is located in the city of" --target " Paris" --norm frozen
     resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (heatmap), plotly.min.js
+    resid lens "..." --lens tuned --translators DIR   # a tuned lens from `resid lens train` (or tuned-lens's files)
+
+Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (lens_train.py, lens_eval.py).
 """
 
 from pathlib import Path
 
 from resid.analyses.cli import arguments, output
-from resid.sites import Site
 
 
 def add_parser(commands, common) -> None:
@@ -20,6 +23,12 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"],
                         help="final norm: recomputed on each partial residual (default), or its scale frozen "
                              "from the full run")
+    parser.add_argument("--lens", default=None, choices=["logit", "tuned"],
+                        help="logit lens (default), or tuned lens (needs --translators)")
+    parser.add_argument("--translators", default=None, help="the tuned lens's folder (resid's translators.safetensors "
+                        "or tuned-lens's config.json + params.pt); implies --lens tuned")
+    parser.add_argument("--skip-unembedding-check", action="store_true",
+                        help="read a tuned lens trained on other weights of the model (e.g. unquantized)")
     parser.add_argument("--k", type=int, default=5, help="top tokens kept per site (default 5)")
     parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md): the table; the heatmap (.html) "
                         "goes beside it")
@@ -32,20 +41,28 @@ def check(args) -> None:
     args.positions = arguments.positions(args.positions)  # 'all' or a list of ints from here on
     arguments.at_least(args.k, 1, "--k")
     arguments.out_path(args.out, suffixes.TABLE)
+    args.loaded = arguments.translators(args.lens, args.translators)  # read before the model loads
 
 
 def run(model, args) -> str:
     from resid.analyses import logit_lens, plots, tables
+    from resid.sites import Site
 
+    lens = None
+    if args.loaded is not None:
+        from resid.analyses.lenses import formats
+
+        lens = formats.lens_for(model, args.loaded, not args.skip_unembedding_check, args.translators)
     df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, every=args.every,
-                        norm=args.norm, k=args.k)
+                        norm=args.norm, k=args.k, lens=lens)
     top = df[df["rank"] == 1]
+    name = f"{df['lens'].iloc[0]} lens"
     if args.target is not None:
-        lines = [f"logit lens ({args.norm} final norm), target {top['target'].iloc[0]!r}:",
+        lines = [f"{name} ({args.norm} final norm), target {top['target'].iloc[0]!r}:",
                  f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>9} {'p(target)':>9} {'rank':>6}"]
     else:
         # Without --target each position has its own target (the model's final prediction there): show it.
-        lines = [f"logit lens ({args.norm} final norm), target: the model's top prediction at each position:",
+        lines = [f"{name} ({args.norm} final norm), target: the model's top prediction at each position:",
                  f"  {'pos':>4} {'site':<16} {'top token':<16} {'p(top)':>9} {'target':<16} {'p(target)':>9} "
                  f"{'rank':>6}"]
     for _, row in top.iterrows():

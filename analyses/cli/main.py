@@ -3,6 +3,9 @@
     resid decompose "The Eiffel Tower is located in the city of" [--target T] [--baseline B] [--out DIR]
     resid attribute "prompt" | --prompts x.jsonl [--level head] [--out table.csv]
     resid lens "prompt" [--target T] [--positions all] [--every sublayer] [--norm frozen] [--out lens.csv]
+                        [--lens tuned --translators DIR]
+    resid lens train --out DIR [--corpus FILE] [--steps N --tokens-per-step N --seq-len N]
+    resid lens eval --translators DIR [--tokens N] [--out eval.md]
     resid predict "The Eiffel Tower is located in the city of" [--model M] [--top K]
     resid info [--model M]
     resid ablate --prompts prompts.jsonl [--sites sublayer] [--method mean --reference corpus.txt]
@@ -16,8 +19,9 @@ Bad input ends in one line `resid: error: ...` and exit status 2, never a traceb
 named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons: a
-table and figures), and a file whose suffix picks the format for those that write one table (attribute, lens:
-.csv .parquet .tex .md; ablate: .parquet .csv), with any figure written beside it. Each --out help says which.
+table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format for those
+that write one table (attribute, lens, lens eval: .csv .parquet .tex .md; ablate: .parquet .csv), with any figure
+written beside it. Each --out help says which.
 HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
 
 Building the parser imports no torch, pandas or plotly (the subcommand modules import what `run` needs inside
@@ -34,8 +38,10 @@ from resid.analyses.cli.errors import render
 from resid.errors import ResidError, param_style
 
 DEFAULT_MODEL = "smollm2-135m"
-# Modules of resid.analyses.cli, in the order --help lists them.
-COMMANDS = ("decompose", "attribute", "lens", "predict", "info", "ablate", "patch", "neurons")
+# Commands in the order --help lists them; each is the module of resid.analyses.cli named like it ("lens train":
+# lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
+COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
+            "neurons")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,11 +59,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(name: str):
-    return importlib.import_module(f"resid.analyses.cli.{name}")
+    return importlib.import_module(f"resid.analyses.cli.{name.replace(' ', '_')}")
+
+
+def _route(argv: Sequence[str]) -> list[str]:
+    """`resid lens train ...` -> the command "lens train". A prompt that is one of those words is read as a prompt
+    after `--`: `resid lens -- train`."""
+    argv = list(argv)
+    if len(argv) >= 2 and f"{argv[0]} {argv[1]}" in COMMANDS:
+        return [f"{argv[0]} {argv[1]}", *argv[2:]]
+    return argv
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_route(sys.argv[1:] if argv is None else argv))
     command = _command(args.command)
     try:
         with param_style(render):  # errors name flags, not Python parameters (resid.analyses.cli.errors)

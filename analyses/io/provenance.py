@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import resid
-from resid.identity import identity
+from resid.identities import identity
 from resid.model import Transformer
 
 _HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256: hash each file once

@@ -12,7 +12,8 @@ length. Pairs of different lengths need an alignment, `align=`:
 Only the aligned positions are patched: a base position without a partner keeps its own activation.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import pandas as pd

@@ -1,4 +1,4 @@
-"""One model identity (resid.identity: the weights as they are, dtype, config) behind provenance, result stores
+"""One model identity (resid.identity(model), resid/identities.py: the weights as they are, dtype, config) behind provenance, result stores
 and workers: a store written by other weights is refused, never silently resumed, whether the model was edited in
 place or its file was replaced under the same name."""
 
@@ -71,3 +71,9 @@ def test_provenance_records_the_identity(random_model):
     with torch.no_grad():
         random_model.blocks[0].mlp.W_out.mul_(1.5)
     assert attribution.direct(random_model, PROMPTS[0], " Mary").attrs["provenance"]["identity"] != recorded
+
+
+def test_resid_identity_stays_the_function_after_its_module_is_imported():
+    import resid.identities  # noqa: F401  -- importing a submodule must not rebind resid.identity
+
+    assert callable(resid.identity) and resid.identity is resid.identities.identity

@@ -211,7 +211,7 @@ def test_bad_input_is_explained(random_model):
         neurons.sub_updates(random_model, "Hello there", target=" Eiffel Tower")
     with pytest.raises(ResidError, match=r"Position\(s\) \[5\] are out of range for prompt 1, which has 2 tokens"):
         neurons.set_coefficients(random_model, PROMPTS, [(0, 1)], 1.0, positions=[5])
-    with pytest.raises(ResidError, match="Site neuron 99 is out of range"):
+    with pytest.raises(ResidError, match=r"layers\[0\]\.mlp\.neuron\[99\]: neuron 99 is out of range"):
         neurons.scale_coefficients(random_model, PROMPTS, [(0, 99)], 0.0)
     with pytest.raises(ResidError, match=r"\(layer, neuron\) pairs"):
         neurons.scale_coefficients(random_model, PROMPTS, [(0, 1, 2)], 0.0)

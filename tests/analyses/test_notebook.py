@@ -16,4 +16,7 @@ def test_decompose_notebook_runs(tmp_path):
     figures = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
                if "application/vnd.plotly.v1+json" in out.get("data", {})]
     assert len(figures) == 6  # four decomposition figures, two patching heatmaps
+    shown = "".join(out.get("data", {}).get("text/plain", "") for cell in nb.cells if cell.cell_type == "code"
+                    for out in cell.outputs)
+    assert "tuned" in shown  # the last cell's table sets both lenses side by side
     assert (tmp_path / "exports" / "ioi_heads.tex.json").exists()

@@ -111,9 +111,9 @@ def test_every_out_says_folder_or_file():
         if out is not None:
             kinds[name] = "folder" if out.help.startswith("a folder") else "file" if out.help.startswith("a file (.") \
                 else None
-    assert kinds == {"decompose": "folder", "attribute": "file", "lens": "file", "ablate": "file", "patch": "file",
-                     "neurons values": "folder", "neurons top": "folder", "neurons explain": "folder",
-                     "neurons edit": "folder"}
+    assert kinds == {"decompose": "folder", "attribute": "file", "lens": "file", "lens train": "folder",
+                     "lens eval": "file", "ablate": "file", "patch": "file", "neurons values": "folder",
+                     "neurons top": "folder", "neurons explain": "folder", "neurons edit": "folder"}
     assert "--out is a folder" in cli_main.__doc__
 
 
@@ -168,4 +168,7 @@ def test_a_parameter_without_a_flag_keeps_its_python_spelling():
     with param_style(render):
         assert param("method", "mean") == "--method mean" and param("dtype", torch.float32) == "--dtype float32"
         assert param("check_finite", False) == "check_finite=False"
+        # a switch: the flag alone, for the one value it stands for
+        assert param("check_unembedding", False) == "--skip-unembedding-check"
+        assert param("check_unembedding", True) == "check_unembedding=True"
     assert param("method", "mean") == "method='mean'" and param("dtype", torch.float32) == "dtype=torch.float32"

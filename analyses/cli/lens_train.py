@@ -1,0 +1,61 @@
+"""`resid lens train --out DIR`: train a tuned lens (resid.analyses.lenses.training, tuned-lens's recipe) on a
+corpus, resumably, and write it into DIR.
+
+    resid lens train --out smollm2-lens --steps 96 --tokens-per-step 512 --seq-len 512     # the demo corpus
+    resid lens train --out lens --corpus notes.txt --every sublayer --layout tuned-lens
+
+The corpus is split by paragraph (resid.analyses.lenses.data.split): --held-out of it never reaches training, and
+`resid lens eval` with the same --corpus, --max-docs and --held-out evaluates on exactly that part. DIR gets
+checkpoint.safetensors every --checkpoint-every steps (rerun the same command after a kill: it resumes) and
+translators.safetensors at the end (or config.json + params.pt with --layout tuned-lens).
+"""
+
+from resid.analyses.cli import arguments
+from resid.analyses.cli.lens_data import corpus_options, held_out_split
+
+
+def add_parser(commands, common) -> None:
+    parser = commands.add_parser("lens train", parents=[common], help="train a tuned lens on a corpus, resumably")
+    parser.add_argument("--out", required=True, help="a folder: the checkpoint while training, then the lens")
+    corpus_options(parser)
+    parser.add_argument("--steps", type=int, default=250, help="optimizer steps (default 250, tuned-lens's)")
+    parser.add_argument("--tokens-per-step", type=int, default=2048,
+                        help="tokens per step, a multiple of --seq-len (default 2048; tuned-lens's is 262144)")
+    parser.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
+    parser.add_argument("--every", default="layer", choices=["layer", "sublayer"],
+                        help="translators at every layer input (default, tuned-lens's), or also at every resid_mid")
+    parser.add_argument("--precision", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="the readout's matmul in training (default bfloat16, as tuned-lens autocasts)")
+    parser.add_argument("--lr-scale", type=float, default=1.0, help="learning rate = lr-scale * 0.1 (default 1)")
+    parser.add_argument("--seed", type=int, default=42, help="of the data order (default 42)")
+    parser.add_argument("--layout", default="resid", choices=["resid", "tuned-lens"],
+                        help="resid's translators.safetensors (default) or tuned-lens's config.json + params.pt")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
+    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 2048 "
+                        "tokens' worth)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def check(args) -> None:
+    from resid.analyses.lenses.training import Recipe
+
+    for flag in ("steps", "tokens_per_step", "seq_len", "checkpoint_every"):
+        arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+    if args.batch_size is not None:
+        arguments.at_least(args.batch_size, 1, "--batch-size")
+    args.recipe = Recipe(steps=args.steps, tokens_per_step=args.tokens_per_step, seq_len=args.seq_len,
+                         lr_scale=args.lr_scale, precision=args.precision, every=args.every, seed=args.seed)
+    held_out_split(args)
+
+
+def run(model, args) -> str:
+    from resid.analyses import tuned_lens
+
+    training, _ = args.split(model)
+    lens = tuned_lens.train(model, training, args.recipe, folder=args.out, checkpoint_every=args.checkpoint_every,
+                            batch_size=args.batch_size, progress=not args.quiet)
+    folder = tuned_lens.write(lens, args.out, layout=args.layout)
+    losses = lens.translators.info["losses"]
+    return (f"trained a tuned lens of {model.name}: {len(lens.translators.sites)} translators (every {args.every}), "
+            f"{args.steps} steps of {args.tokens_per_step} tokens; mean KL over sites {losses[0]:.3f} -> "
+            f"{losses[-1]:.3f} nats (first and last step)\nwrote {folder} ({args.layout} layout)")

@@ -1,0 +1,247 @@
+"""Training a tuned lens (Belrose et al. 2023): one affine translator per site, fitted so that the lens's
+distribution at each site matches the model's final one, KL(final || lens), over a corpus.
+
+    lens = train(model, corpus.demo(), Recipe(steps=60, tokens_per_step=4096, seq_len=512), folder="lens/")
+
+The recipe is tuned-lens 0.2.0's `tuned-lens train` (scripts/train_loop.py and scripts/ingredients.py, read for
+this; the defaults of Recipe are its defaults):
+- translators: weight and bias start at zero (the logit lens); translator s reads only site s, and its loss is
+  the KL at that site alone, the mean over the step's tokens; the final residual has none (tuned-lens's
+  num_hidden_layers translators, one per layer input, are every="layer" here).
+- loss: KL(final || lens) against the model's distribution at the same token (tuned-lens's default `--loss kl`,
+  token_shift 0), in nats.
+- optimizer: torch.optim.SGD with Nesterov momentum 0.9, lr = lr_scale * (1 - momentum) = 0.1 (PyTorch's momentum
+  multiplies the steady-state step by 1 / (1 - momentum); tuned-lens divides it back out so that lr_scale 1 is its
+  tuned value), weight decay 1e-3, and before every step the gradients of all translators clipped together to a
+  global L2 norm of 1.0.
+- schedule: no warm-up (tuned-lens warms up only Adam, which is not used here), then the learning rate decays
+  linearly to zero over the steps (transformers' get_linear_schedule_with_warmup: step t of n uses (n - t) / n).
+  With warmup_steps > 0 the decay runs over the remaining steps (tuned-lens passes n - warmup as the total, which
+  leaves the last warmup_steps at a learning rate of zero).
+- budget: 250 steps of 2^18 tokens (65.5M tokens) in windows of 2048, documents joined by end-of-text tokens
+  (resid.analyses.lenses.data.pack), windows in a seeded random order.
+- precision: tuned-lens runs each site's forward and loss under bfloat16 autocast. Here precision="bfloat16"
+  autocasts only the head (the unembedding's matmul, where the FLOPs are); the translator, the final norm and the
+  loss stay float32. precision="float32" runs it all in float32.
+How it is computed differs, not what: the model runs once per batch without gradients; every site's translator and
+final norm run as one batched graph per chunk of tokens; the head and the KL run site by site, each backward only
+to the norm's output; then one backward through the norms and translators. The gradient of the KL comes from
+resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax). Each step writes an
+atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every` steps and at the end; rerunning
+with the same arguments resumes from it with the same data order, and a tqdm bar shows the tokens per second.
+"""
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from resid.analyses.lenses import checkpoint, data
+from resid.analyses.lenses.formats import unembed_hash
+from resid.analyses.lenses.kl import final_distribution, kl_from_final
+from resid.analyses.lenses.lens import TunedLens
+from resid.analyses.lenses.translators import Translators
+from resid.analyses.logit_lens import site_list
+from resid.capture import Capture
+from resid.errors import ResidError, param
+from resid.model import Transformer
+from resid.stream import EVERY
+
+CHUNK_ELEMENTS = 2**24  # tokens per readout call: at most this many logits ([chunk d_vocab] float32 is 64 MiB)
+FORWARD_TOKENS = 2048  # default tokens per forward pass of the model (batch_size windows of seq_len)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a tuned lens is trained; the defaults are tuned-lens's (see the module docstring)."""
+
+    steps: int = 250
+    tokens_per_step: int = 2**18  # a multiple of seq_len
+    seq_len: int = 2048  # tokens per window
+    lr_scale: float = 1.0  # the learning rate is lr_scale * (1 - momentum)
+    momentum: float = 0.9  # Nesterov
+    weight_decay: float = 1e-3
+    warmup_steps: int = 0
+    clip: float = 1.0  # global L2 norm of the gradients of all translators
+    precision: Literal["bfloat16", "float32"] = "bfloat16"  # of the head's matmul (see the module docstring)
+    every: Literal["layer", "sublayer"] = "layer"  # translators at every layer input, or also at every resid_mid
+    seed: int = 42  # of the data order
+    bias: bool = True  # translators with a bias
+
+    def __post_init__(self) -> None:
+        problems = [f"{param(name, getattr(self, name))} must be positive"
+                    for name in ("steps", "tokens_per_step", "seq_len") if getattr(self, name) < 1]
+        if self.tokens_per_step % self.seq_len:
+            problems.append(f"{param('tokens_per_step', self.tokens_per_step)} must be a multiple of "
+                            f"{param('seq_len', self.seq_len)}")
+        if self.precision not in ("bfloat16", "float32"):
+            problems.append(f"{param('precision', self.precision)} must be 'bfloat16' or 'float32'")
+        if self.every not in EVERY:
+            problems.append(f"{param('every', self.every)} must be one of {EVERY}")
+        if not 0 <= self.warmup_steps < self.steps:
+            problems.append(f"warmup_steps={self.warmup_steps} must be in 0..steps-1")
+        if problems:
+            raise ResidError("Invalid Recipe: " + "; ".join(problems) + ".")
+
+    @property
+    def windows_per_step(self) -> int:
+        return self.tokens_per_step // self.seq_len
+
+    def lr(self, step: int) -> float:
+        """The learning rate of step `step` (0-based): linear warm-up, then linear decay to zero."""
+        base = self.lr_scale * (1 - self.momentum)
+        if step < self.warmup_steps:
+            return base * step / self.warmup_steps
+        return base * max(0.0, (self.steps - step) / (self.steps - self.warmup_steps))
+
+
+def train(
+    model: Transformer,
+    texts: Sequence[str] | Int[Tensor, "window seq_len"],
+    recipe: Recipe = Recipe(),
+    folder: str | Path | None = None,
+    checkpoint_every: int = 10,
+    start: Translators | None = None,
+    batch_size: int | None = None,
+    progress: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TunedLens:
+    """A tuned lens of `model` trained on `texts` (documents, packed into windows of recipe.seq_len), or on ready
+    windows of token ids. folder: where the checkpoint goes (None: no checkpoint); a checkpoint there of the same
+    run is resumed. start: translators to fine-tune (default: zeros, the logit lens). batch_size: windows per
+    forward pass (default: FORWARD_TOKENS tokens' worth). on_step(step, mean KL) is called after each step."""
+    if not isinstance(model, Transformer):
+        raise ResidError(f"A tuned lens is trained on a decoder-only resid.Transformer, got {type(model).__name__}.")
+    sites = tuple(site_list(model, recipe.every)[:-1])
+    initial = start if start is not None else Translators.zeros(sites, model.config.d_model, recipe.every, recipe.bias)
+    TunedLens(model, initial)  # checks the model (decoder, token logits) and the translators' sites
+    if initial.sites != sites or (initial.bias is not None) != recipe.bias:
+        raise ResidError(f"start= has translators at {[s.label for s in initial.sites]} (bias: "
+                         f"{initial.bias is not None}); the recipe trains {[s.label for s in sites]} (bias: "
+                         f"{recipe.bias}). Use a start lens of the same {param('every')} and bias.")
+    windows = texts if isinstance(texts, Tensor) else data.pack(model, texts, recipe.seq_len)
+    if windows.ndim != 2 or windows.shape[1] != recipe.seq_len:
+        raise ResidError(f"Windows must be [window seq_len={recipe.seq_len}] token ids, got {list(windows.shape)}.")
+    needed = recipe.steps * recipe.windows_per_step
+    if len(windows) < needed:
+        raise ResidError(
+            f"{recipe.steps} steps of {recipe.windows_per_step} windows need {needed} windows of {recipe.seq_len} "
+            f"tokens; the corpus gives {len(windows)}: give more text, or fewer steps or tokens per step."
+        )
+    order = data.window_order(len(windows), recipe.seed)[:needed]
+    settings = {"model": model.name, "unembed_hash": unembed_hash(model), "sites": [s.label for s in sites],
+                "recipe": asdict(recipe), "data": data.fingerprint(windows),
+                "start": None if start is None else _digest(start)}
+    state = (checkpoint.load(folder, settings) if folder is not None else None) or checkpoint.State(
+        0, initial.weight, initial.bias, None, None, [])
+    # Two leaves, all sites stacked: SGD, weight decay and clipping are elementwise or global, so this is the same
+    # optimizer as one per translator, with two tensors for the small ops instead of 2 x sites.
+    weight = state.weight.detach().to(model.device, torch.float32).clone().requires_grad_()
+    bias = None if state.bias is None else state.bias.detach().to(model.device, torch.float32).clone().requires_grad_()
+    leaves = [weight] if bias is None else [weight, bias]
+    optimizer = torch.optim.SGD(leaves, lr=recipe.lr(0), momentum=recipe.momentum, nesterov=True,
+                                weight_decay=recipe.weight_decay)
+    for leaf, buffer in zip(leaves, (state.momentum_weight, state.momentum_bias)):
+        if buffer is not None:
+            optimizer.state[leaf]["momentum_buffer"] = buffer.to(leaf.device).clone()
+    batch_size = batch_size or max(1, FORWARD_TOKENS // recipe.seq_len)
+    bar = tqdm(total=needed * recipe.seq_len, initial=state.step * recipe.tokens_per_step, unit="tok",
+               unit_scale=True, desc="tuned lens", disable=not progress)
+    for step in range(state.step, recipe.steps):
+        ids = windows[order[step * recipe.windows_per_step:(step + 1) * recipe.windows_per_step]]
+        losses = _accumulate(model, weight, bias, ids, recipe, batch_size)
+        torch.nn.utils.clip_grad_norm_(leaves, recipe.clip)
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.lr(step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.losses.append(float(losses.mean()))
+        state.step = step + 1
+        if folder is not None and (state.step % checkpoint_every == 0 or state.step == recipe.steps):
+            checkpoint.save(folder, _snapshot(optimizer, weight, bias, state), settings)
+        bar.update(recipe.tokens_per_step)
+        bar.set_postfix(kl=f"{state.losses[-1]:.3f}")
+        if on_step is not None:
+            on_step(step, state.losses[-1])
+    bar.close()
+    final = _snapshot(optimizer, weight, bias, state)
+    info = {"model": model.name, "unembed_hash": settings["unembed_hash"], "recipe": asdict(recipe),
+            "tokens": state.step * recipe.tokens_per_step, "losses": state.losses, "windows": len(windows),
+            "data": settings["data"]}
+    return TunedLens(model, Translators(sites, final.weight, final.bias, recipe.every, info))
+
+
+def loss_and_gradients(
+    model: Transformer, translators: Translators, ids: Int[Tensor, "window seq"], precision: str = "float32",
+    batch_size: int | None = None,
+) -> tuple[Tensor, Translators]:
+    """The loss of one step on the windows `ids` ([site] mean KL per token) and its gradient, as Translators
+    (weight and bias hold d loss / d weight, d loss / d bias): what `train` feeds the optimizer, before clipping."""
+    lens = TunedLens(model, translators)
+    if list(translators.sites) != site_list(model, translators.every)[:-1]:
+        raise ResidError("loss_and_gradients takes translators at every site of their `every` but the last.")
+    weight = lens.translators.weight.clone().float().requires_grad_()
+    bias = None if translators.bias is None else lens.translators.bias.clone().float().requires_grad_()
+    recipe = Recipe(steps=1, tokens_per_step=ids.numel(), seq_len=ids.shape[1], precision=precision,
+                    every=translators.every, bias=translators.bias is not None)
+    losses = _accumulate(model, weight, bias, ids, recipe, batch_size or len(ids))
+    return losses, Translators(translators.sites, weight.grad, None if bias is None else bias.grad, translators.every)
+
+
+def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Tensor, recipe: Recipe,
+                batch_size: int) -> Tensor:
+    """Adds d loss / d translators to weight.grad and bias.grad (loss: each site's KL, mean over all tokens of
+    `ids`) and returns the per-site losses [site]. One forward pass of the model per batch_size windows, without
+    gradients; then per chunk of tokens, every site's translator and final norm at once, the head and KL site by
+    site (each with its own backward to the norm's output), and one backward through the norms and translators."""
+    readout, device = model.readout, model.device
+    n_tokens = ids.numel()
+    losses = torch.zeros(len(weight), device=device)
+    bf16 = recipe.precision == "bfloat16"
+    for first in range(0, len(ids), batch_size):
+        run = model.run(ids[first:first + batch_size].to(device), capture=Capture(final_norm_scale=False))
+        final = run.logits.flatten(0, 1)
+        inputs = torch.stack([resid.flatten(0, 1) for _, resid in run.stream.running(recipe.every)][:-1])
+        del run
+        # Equal chunks of at most CHUNK_ELEMENTS logits each (512 tokens: 2 x 256, not 341 + 171).
+        n_chunks = -(-final.shape[0] // max(1, CHUNK_ELEMENTS // model.config.d_vocab))
+        size = -(-final.shape[0] // n_chunks)
+        for at in range(0, final.shape[0], size):
+            p, neg_entropy = final_distribution(final[at:at + size])
+            with torch.enable_grad():
+                h = inputs[:, at:at + size].float()  # [site token d_model]
+                translated = h + (torch.bmm(h, weight.transpose(1, 2)) if bias is None
+                                  else torch.baddbmm(bias[:, None, :], h, weight.transpose(1, 2)))
+                normalized, _ = readout.normalize(translated.to(model.dtype))
+            grads = torch.empty_like(normalized)
+            # autocast for the head's matmul only, around the sites so the unembedding is cast to bfloat16 once
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                for i in range(len(weight)):
+                    with torch.enable_grad():
+                        x = normalized[i].detach().requires_grad_()
+                        loss = kl_from_final(readout.head_logits(x), p, neg_entropy).sum() / n_tokens
+                        (grads[i],) = torch.autograd.grad(loss, x)
+                    losses[i] += loss.detach()
+            normalized.backward(grads)  # into weight.grad and bias.grad
+    return losses
+
+
+def _digest(translators: Translators) -> str:
+    parts = [translators.weight] if translators.bias is None else [translators.weight, translators.bias]
+    return hashlib.sha256(b"".join(t.detach().float().cpu().numpy().tobytes() for t in parts)).hexdigest()
+
+
+def _snapshot(optimizer: torch.optim.Optimizer, weight: Tensor, bias: Tensor | None,
+              state: checkpoint.State) -> checkpoint.State:
+    def momentum(leaf: Tensor | None) -> Tensor | None:
+        buffer = None if leaf is None else optimizer.state.get(leaf, {}).get("momentum_buffer")
+        return None if buffer is None else buffer.detach().cpu()
+
+    return checkpoint.State(state.step, weight.detach().cpu(), None if bias is None else bias.detach().cpu(),
+                            momentum(weight), momentum(bias), list(state.losses))

@@ -1,0 +1,106 @@
+"""`resid lens train`, `resid lens eval` and `resid lens --lens tuned` on a tiny random model and a small corpus
+file: train writes a lens that a rerun resumes (and does not retrain), eval prints both lenses per site and writes
+the table and figure, the lens command reads the lens in either layout; bad arguments fail before the model loads."""
+
+from pathlib import Path
+
+import pytest
+from tiny_models import build
+
+from resid.analyses import tuned_lens
+from resid.analyses.cli.main import main
+from resid.analyses.lenses import formats
+
+WORDS = "the nation budget congress people peace economy world freedom work health school future".split()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("lens_cli")
+    build("llama", root / "model")
+    paragraphs = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12 + i % 5)) + "." for i in range(60)]
+    (root / "corpus.txt").write_text("\n\n".join(paragraphs) + "\n")
+    return {"model": str(root / "model"), "corpus": str(root / "corpus.txt"), "root": str(root)}
+
+
+def run(argv: list[str], capsys) -> str:
+    code = main(argv)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return out.out
+
+
+def test_train_eval_and_read_through_the_lens(setup, capsys):
+    out = Path(setup["root"]) / "lens"
+    train = ["lens", "train", "--model", setup["model"], "--corpus", setup["corpus"], "--out", str(out), "--steps", "3",
+             "--tokens-per-step", "32", "--seq-len", "16", "--checkpoint-every", "1", "--quiet"]
+    printed = run(train, capsys)
+    assert "trained a tuned lens" in printed and "2 translators" in printed
+    assert (out / "translators.safetensors").is_file() and (out / "checkpoint.safetensors").is_file()
+    first = formats.read_translators(out)
+    assert first.info["tokens"] == 96 and len(first.info["losses"]) == 3
+    run(train, capsys)  # a finished checkpoint: nothing left to train, the same lens again
+    assert formats.read_translators(out).weight.equal(first.weight)
+
+    table = Path(setup["root"]) / "eval.md"
+    printed = run(["lens", "eval", "--model", setup["model"], "--corpus", setup["corpus"], "--translators", str(out),
+                   "--tokens", "64", "--seq-len", "16", "--out", str(table), "--quiet"], capsys)
+    assert "logit KL" in printed and "tuned KL" in printed and "L1 post" in printed
+    assert table.is_file() and table.with_suffix(".html").is_file()
+
+    printed = run(["lens", "The nation and the people", "--model", setup["model"], "--translators", str(out),
+                   "--every", "layer"], capsys)
+    assert printed.startswith("tuned lens (recompute final norm)")
+
+
+def test_a_lens_in_tuned_lens_layout_is_read_by_the_lens_command(setup, capsys, tmp_path):
+    import resid
+
+    model = resid.load(setup["model"])
+    formats.write(tuned_lens.zeros(model).translators.with_info(unembed_hash=formats.unembed_hash(model)), tmp_path,
+                  layout="tuned-lens")
+    assert (tmp_path / "params.pt").is_file()
+    tuned = run(["lens", "The people", "--model", setup["model"], "--lens", "tuned", "--translators", str(tmp_path),
+                 "--every", "layer"], capsys)
+    plain = run(["lens", "The people", "--model", setup["model"], "--every", "layer"], capsys)
+    assert tuned.splitlines()[1:] == plain.splitlines()[1:]  # zero translators: the logit lens's table
+
+
+def test_a_lens_of_other_weights_names_the_flag_that_reads_it_anyway(setup, capsys, tmp_path):
+    import resid
+
+    model = resid.load(setup["model"])
+    formats.write(tuned_lens.zeros(model).translators.with_info(unembed_hash="0" * 64), tmp_path)
+    argv = ["lens", "The people", "--model", setup["model"], "--translators", str(tmp_path), "--every", "layer"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "another unembedding" in err and "Pass --skip-unembedding-check to read it" in err, err
+    assert "check_unembedding" not in err
+    assert run([*argv, "--skip-unembedding-check"], capsys).startswith("tuned lens")
+
+
+NO_MODEL = ["--model", "no-such-model"]
+BAD = [
+    (["lens", "hi", "--lens", "tuned"], "--lens tuned needs --translators DIR"),
+    (["lens", "hi", "--lens", "logit", "--translators", "x"], "--translators is for the tuned lens"),
+    (["lens", "hi", "--translators", "no-such-folder"], "No tuned lens in no-such-folder"),
+    (["lens", "train", "--out", "o", "--tokens-per-step", "30", "--seq-len", "16"],
+     "--tokens-per-step 30 must be a multiple of --seq-len 16"),
+    (["lens", "train", "--out", "o", "--steps", "0"], "--steps must be at least 1"),
+    (["lens", "train", "--out", "o", "--held-out", "1.5"], "--held-out must be a fraction"),
+    (["lens", "train", "--out", "o", "--corpus", "missing.txt"], "missing.txt"),
+    (["lens", "eval", "--translators", "no-such-folder"], "No tuned lens in no-such-folder"),
+    (["lens", "eval", "--out", "eval.png"], "--out 'eval.png' must end in one of"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD, ids=[f"{argv[1]} #{i}" for i, (argv, _) in enumerate(BAD)])
+def test_bad_arguments_fail_before_the_model_loads(argv, message, capsys):
+    assert main([*argv, *NO_MODEL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("resid: error: ") and message in err and "Unknown model" not in err, err
+
+
+def test_a_prompt_named_like_a_subcommand_is_read_after_a_double_dash(capsys):
+    assert main(["lens", *NO_MODEL, "--", "train"]) == 2  # the lens command, which reaches the loader
+    assert "Unknown model 'no-such-model'" in capsys.readouterr().err
