@@ -1,6 +1,7 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   -- venv + install + decompose a prediction of the embedded default model (SmolLM2-135M, GGUF)
-#   make test   -- venv + install with test extras + the linter (ruff) + the whole test suite
+#   make test   -- venv + install with test extras + the linter (ruff) + the test suite but its `slow` tests
+#   make test-slow -- the `slow` tests: the real SmolLM2 end to end (CI runs both)
 #   make dist   -- the sdist and wheel of the distribution resid-stream in dist/, checked by twine
 # TORCH pins the CPU wheel these machines carry; on a GPU box use e.g. `make test TORCH=torch`.
 
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PROMPT ?= The Eiffel Tower is located in the city of
 
-.PHONY: demo test bench dist clean
+.PHONY: demo test test-slow bench dist clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +31,10 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(PY) -m ruff check resid analyses tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(VENV)/.test
+	$(PY) -m pytest -q -m slow
 
 bench: $(VENV)/.test
 	$(PIP) install -e '.[test,bench,gemma3,distributed]'

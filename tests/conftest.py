@@ -19,6 +19,14 @@ DATA = Path(__file__).resolve().parent / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of the real SmolLM2 is `slow` (`make test` skips them; `make test-slow` runs them). Tests
+    that reach it another way (the command line's default model, the notebook) say so themselves."""
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> resid.Transformer:
     return resid.load("smollm2-135m")

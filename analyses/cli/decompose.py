@@ -48,7 +48,9 @@ def run(model, args) -> str:
 
 def _predictions(model, text: str, lens, at: int) -> list[str]:
     # The lens's last site at the attributed token is the model's own prediction there (tested exact).
-    final = lens[(lens["pos"] == at) & (lens["site"] == "resid_post") & (lens["layer"] == model.config.n_layers - 1)]
+    from resid.sites import Site
+
+    final = lens[(lens["pos"] == at) & (lens["site"] == Site(model.config.n_layers - 1, "resid_post").label)]
     pieces = model.to_str_tokens(text)
     what = f"top predictions for {pieces[at]!r} (position {at})" if model.config.head == "mlm" else "top next tokens"
     lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "", f"{what}:"]

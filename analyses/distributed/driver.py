@@ -7,7 +7,7 @@ back-off (in its job), a resumable `out=` store, a progress bar and Ray workers 
 A job (resid.analyses.distributed.executor.Job) says what its chunks are (`plan`, given the keys a resumed store
 already holds), how a worker computes one, and how the finished results become the answer (`finish`). Jobs whose
 chunks are table rows may write to a store: the driver opens it with the job's key columns and signature plus the
-model's identity (resid.identity(model), resid/identities.py: a store written by other weights, another dtype or another config is refused),
+model's identity (resid.identity: a store written by other weights, another dtype or another config is refused),
 writes each result as it arrives (the driver is the only writer, whoever computed the rows) and merges them at
 the end. Reductions (top-k lists, sums) take no store: their results come back in chunk order, whatever order
 the workers finished in, so they do not depend on the number of workers.

@@ -3,7 +3,7 @@ weights (resid never unpickles weights).
 
 Glossary: the *source* of a model is the resid model name, local folder, .gguf path or Hub id it was loaded from
 (`model.name`; a relative path is made absolute so that a worker in another working directory finds it) plus its
-dtype and its identity (resid.identity(model), resid/identities.py: a hash of the weights as they are, the dtype and the config). A worker
+dtype and its identity (resid.identity: a hash of the weights as they are, the dtype and the config). A worker
 loads the source and compares identities, so a model that was edited after loading (folded, ablated in place,
 re-drawn), or a file replaced since, is refused instead of being silently replaced by other weights.
 """

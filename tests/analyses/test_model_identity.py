@@ -1,4 +1,4 @@
-"""One model identity (resid.identity(model), resid/identities.py: the weights as they are, dtype, config) behind provenance, result stores
+"""One model identity (resid.identity: the weights as they are, dtype, config) behind provenance, result stores
 and workers: a store written by other weights is refused, never silently resumed, whether the model was edited in
 place or its file was replaced under the same name."""
 

@@ -150,6 +150,7 @@ def test_neuron_figures(random_model, tmp_path):
         neuron_plots.value_bars(values, 1, 5)
 
 
+@pytest.mark.slow
 def test_cli_neurons(tmp_path, capsys):
     docs = tmp_path / "docs.txt"
     docs.write_text("The city of Paris is in France.\n\nThe state of Iowa grows corn.\n")

@@ -3,7 +3,10 @@
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 end to end
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "decompose_prediction.ipynb"
 

@@ -51,12 +51,13 @@ def test_describe_fields(weights):
     record = provenance.describe(model, "logit_lens.run", {"k": 5, "norm": "frozen"}, "a prompt",
                                  target=" Paris", baseline=" London")
     assert set(record) == {"analysis", "parameters", "prompts", "target", "baseline", "model", "weight_files",
-                           "dtype", "device", "resid_version", "timestamp"}
+                           "dtype", "device", "resid_version", "timestamp", "identity"}
     assert record["analysis"] == "logit_lens.run" and record["parameters"] == {"k": 5, "norm": "frozen"}
     assert record["prompts"] == ["a prompt"]  # one string is one prompt
     assert record["target"] == " Paris" and record["baseline"] == " London"
     assert record["model"] == "my-model" and record["dtype"] == "bfloat16" and record["device"] == "cpu"
     assert record["resid_version"] == resid.__version__
+    assert record["identity"] == resid.identity(model).as_dict()
     assert record["weight_files"] == [
         {"path": os.fspath(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()} for path in weights
     ]

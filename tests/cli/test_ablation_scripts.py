@@ -58,6 +58,7 @@ def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):
             handle.remove()
 
 
+@pytest.mark.slow
 def test_cli_writes_results_and_figure(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.csv"
@@ -70,6 +71,7 @@ def test_cli_writes_results_and_figure(tmp_path, capsys):
     assert (tmp_path / "plotly.min.js").exists()
 
 
+@pytest.mark.slow
 def test_kill_and_resume(tmp_path):
     folder = tmp_path / "model"
     build("llama", folder)
@@ -125,13 +127,16 @@ def test_bad_input(tmp_path, tiny: Tiny):
         read_jsonl(bad)
 
 
+@pytest.mark.slow
 def test_errors_never_destroy_finished_results(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.parquet"
     assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet"]) == 0
     before = out.read_bytes()
     # A different sweep aimed at the same file is refused; a malformed prompts file fails before anything runs.
-    assert main(["ablate", "--prompts", str(prompts), "--method", "mean", "--reference", str(prompts),
+    reference = tmp_path / "reference.txt"
+    reference.write_text("Some reference text to average over.\nAnd a second line of it.\n")
+    assert main(["ablate", "--prompts", str(prompts), "--method", "mean", "--reference", str(reference),
                  "--out", str(out), "--quiet"]) == 2
     assert "different sweep" in capsys.readouterr().err
     broken = _write_jsonl(tmp_path / "broken.jsonl", ["not json"])

@@ -9,6 +9,7 @@ import pytest
 from resid.analyses.cli.main import DEFAULT_MODEL, _parser, main
 
 
+@pytest.mark.slow
 def test_predict_prints_paris(capsys):
     assert main(["predict", "The Eiffel Tower is located in the city of", "--top", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -16,6 +17,7 @@ def test_predict_prints_paris(capsys):
     assert len(out) == 2 + 3
 
 
+@pytest.mark.slow
 def test_info_prints_config(capsys):
     assert main(["info", "--model", "smollm2-135m"]) == 0
     out = capsys.readouterr().out
@@ -47,7 +49,7 @@ def test_every_positional_and_the_model_option_have_help(capsys):
         for action in sub._actions:
             if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
                 assert action.help, f"resid {name}: positional {action.dest!r} has no help"
-    for option in ("--level", "--norm"):
+    for option in ("--every", "--norm"):
         assert next(a for a in commands["lens"]._actions if option in a.option_strings).help
     with pytest.raises(SystemExit):
         main(["predict", "--help"])

@@ -104,7 +104,7 @@ def test_resample_reference_of_the_wrong_length_names_the_flag(folder, tmp_path,
     assert main(["ablate", "--model", str(folder), "--prompts", str(prompts), "--method", "resample",
                  "--reference", str(donors), "--out", str(tmp_path / "r.csv"), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "--reference must give one donor prompt per prompt" in err and "got 2 donors for 3 prompts" in err
+    assert "--reference FILE must give one donor prompt per prompt" in err and "got 2 donors for 3 prompts" in err
 
 
 def test_resample_without_donors_suggests_the_reference_flag(folder, tmp_path, capsys):

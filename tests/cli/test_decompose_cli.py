@@ -3,9 +3,12 @@
 import re
 
 import pandas as pd
+import pytest
 
 from resid.analyses import attribution, tables
 from resid.analyses.cli.main import main
+
+pytestmark = pytest.mark.slow  # the real SmolLM2 end to end
 
 PROMPT = "The Eiffel Tower is located in the city of"
 
@@ -85,8 +88,8 @@ def test_lens_bad_positions_is_one_clear_error(capsys):
     assert "--positions must be 'all' or comma-separated integers" in capsys.readouterr().err
 
 
-def test_lens_level_sublayer_adds_the_mid_residuals(capsys):
-    assert main(["lens", PROMPT, "--level", "sublayer"]) == 0
+def test_lens_every_sublayer_adds_the_mid_residuals(capsys):
+    assert main(["lens", PROMPT, "--every", "sublayer"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
     # The embeddings, then resid_mid and resid_post of each of the 30 layers, at the last position.
     assert len(rows) == 1 + 2 * 30 and "L29 post" in rows[-1] and "' Paris'" in rows[-1]

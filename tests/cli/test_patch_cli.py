@@ -8,6 +8,8 @@ import pytest
 from resid.analyses import patching
 from resid.analyses.cli.main import main
 
+pytestmark = pytest.mark.slow  # the real SmolLM2 through the command line
+
 PAIRS = [
     {"clean": "When Mary and John went to the store, John gave a drink to",
      "corrupt": "When Mary and John went to the store, Mary gave a drink to", "target": " Mary", "baseline": " John"},

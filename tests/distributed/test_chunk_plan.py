@@ -79,7 +79,7 @@ def test_executor_arguments(model):
 
 def test_ray_not_installed_is_one_clear_error(model, monkeypatch):
     monkeypatch.setattr(ray_executor, "RAY_MODULE", "ray_is_not_installed_here")
-    expected = r"needs the optional package ray.*pip install 'resid\[distributed\]'"
+    expected = r"needs the optional package ray.*pip install 'resid-stream\[distributed\]'"
     with pytest.raises(ResidError, match=expected):
         ablation.sweep(model, PROMPTS, [" Mary", " the"], executor="ray", workers=2, progress=False)
     with pytest.raises(ResidError, match=expected):
