@@ -48,6 +48,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_minilm.py
 	$(PY) benchmarks/bench_patching.py
 	$(PY) benchmarks/bench_ray.py
+	$(PY) benchmarks/bench_dictionaries.py
 	$(PY) benchmarks/bench_tuned_lens.py
 
 dist: $(VENV)/.base

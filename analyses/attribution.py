@@ -48,7 +48,8 @@ from torch import Tensor
 
 from resid.analyses import sites as site_words
 from resid.analyses.checks import check_choice
-from resid.analyses.components import Contributions, components, frame, probe_frame, read_out
+from resid.analyses.components import Contributions, check_probe, components, frame, probe_frame, read_out
+from resid.analyses.features import attribution as features
 from resid.analyses.inputs import (
     batch_size_for,
     check_sources,
@@ -63,7 +64,6 @@ from resid.analyses.io import provenance
 from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
-from resid.errors import ResidError
 from resid.model import Inputs, Memory, Transformer
 from resid.readout import Direction
 from resid.selection import Padded
@@ -108,6 +108,7 @@ def direct(
     pos: int | None = None,
     batch_size: int | str = "auto",
     source: Inputs | None = None,
+    dictionaries: Sequence = (),
 ) -> pd.DataFrame:
     """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos` (default: the
     last token; for masked-LM models, each prompt's [MASK]). Encoder-decoder models (resid.EncoderDecoder):
@@ -118,7 +119,9 @@ def direct(
     or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
     list, for the prompts whose entry is None); a `Probe` attributes its read-out instead (embedding models
     take only Probes). One row per (prompt, component), in logit units, with the columns of COLUMNS.
-    `df.attrs["notes"]`: hints on the targets as given (resid.analyses.vocab.spacing_hint)."""
+    `df.attrs["notes"]`: hints on the targets as given (resid.analyses.vocab.spacing_hint). dictionaries: learned
+    dictionaries (resid.dictionaries) whose reconstructed writes are split into one row per active feature plus
+    b_dec / skip / error rows, with `feature` and `activation` columns (resid.analyses.features.attribution)."""
     check_choice(level, "level", LEVELS)
     model, sources = decoder_of(model, source)
     given = as_prompts(model, prompts)
@@ -126,7 +129,7 @@ def direct(
     check_sources(sources, n)
     memory = (lambda chunk: None) if sources is None else sources.memory  # noqa: E731
     if isinstance(target, Probe):
-        _check_probe(model, target, baseline, n)
+        check_probe(model, target, baseline, n, dictionaries)
         positions = None if target.pool else prediction_positions(model, given, pos, mask=False)
         run_chunk = lambda chunk: _attribute_probe(  # noqa: E731
             model, given.batch(chunk), chunk, target, level, positions and [positions[i] for i in chunk], memory(chunk)
@@ -141,7 +144,7 @@ def direct(
     as_given = as_list(target, n)
     run_chunk = lambda chunk: _attribute(  # noqa: E731
         model, given.batch(chunk), chunk, targets, as_given, baselines, level, [positions[i] for i in chunk],
-        memory(chunk),
+        memory(chunk), features.dictionaries_of(model, dictionaries),
     )
     shown = ("[MASK]" if model.config.head == "mlm" else -1) if pos is None else pos
     return _collect(model, given, run_chunk, batch_size, level, shown, target, baseline)
@@ -156,19 +159,6 @@ def _collect(model, given, run_chunk, batch_size, level: str, pos, target, basel
     )
     df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
-
-
-def _check_probe(model: Transformer, probe: Probe, baseline, n: int) -> None:
-    d_model = model.config.d_model
-    if baseline is not None:
-        raise ResidError("A Probe target takes no baseline: put the difference into its vector (v1 - v2).")
-    vector = probe.vector
-    if not isinstance(vector, torch.Tensor) or vector.shape not in ((d_model,), (n, d_model)):
-        shape = tuple(vector.shape) if isinstance(vector, torch.Tensor) else type(vector).__name__
-        raise ResidError(
-            f"Probe.vector must be a tensor of shape [d_model] = [{d_model}] or [n_prompts d_model] = [{n}, "
-            f"{d_model}], got {shape}."
-        )
 
 
 def capture_for(model: Transformer, level: str, positions: list[int] | None) -> Capture:
@@ -256,9 +246,12 @@ def _attribute(
     level: str,
     positions: list[int],
     memory: Memory | None = None,
+    dictionaries: Sequence = (),
 ) -> tuple[pd.DataFrame, list[str]]:
     index = tokens.padded_index([[p] for p in positions])  # [batch 1]
-    run = model.run(tokens, capture=capture_for(model, level, positions), logits_at=Padded(index), memory=memory)
+    capture = features.capture_with(capture_for(model, level, positions), model) if dictionaries else capture_for(
+        model, level, positions)
+    run = model.run(tokens, capture=capture, logits_at=Padded(index), memory=memory, dictionaries=dictionaries)
     capped = run.uncapped_logits is not None
     logits = (run.uncapped_logits if capped else run.logits)[:, 0].float()
     top = logits.argmax(-1).tolist()
@@ -282,7 +275,10 @@ def _attribute(
     baseline_names = None if baseline_list is None else list(decode_ids(model, np.array(baseline_list)))
     target_names = list(decode_ids(model, np.array(target_list)))
     meta = meta_columns(model, tokens, chunk, index, target_names, target_list, baseline_names, baseline_list)
+    if dictionaries:
+        groups, acts = features.feature_groups(model, run, direction, groups)
     table, notes = frame(meta, groups, actual), spacing_notes(model, as_given, logits, chunk)
+    table = features.with_features(table, groups, acts) if dictionaries else table
     if capped:
         capped_values = value(run.logits[:, 0].float()).double().cpu().numpy()
         table["logit_capped"] = np.repeat(capped_values, len(table) // len(chunk))

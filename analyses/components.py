@@ -14,6 +14,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from resid.analyses import sites as site_words
+from resid.errors import ResidError
 from resid.model import Transformer
 from resid.readout import Direction
 from resid.sites import Site
@@ -199,3 +200,20 @@ def probe_frame(
     groups = components(model, run.stream, direction, level)
     groups.append(_bias(Site(None, "final_bias"), direction.bias))
     return frame(meta, groups, actual, total="readout")
+
+
+def check_probe(model: Transformer, probe, baseline, n: int, dictionaries=()) -> None:
+    """A Probe target of attribution.direct: its vector's shape, no baseline, no dictionaries."""
+    d_model = model.config.d_model
+    if dictionaries:
+        raise ResidError("Attribution of a Probe to dictionary features is not supported yet: attribute a token's "
+                         "logit, or the Probe without dictionaries.")
+    if baseline is not None:
+        raise ResidError("A Probe target takes no baseline: put the difference into its vector (v1 - v2).")
+    vector = probe.vector
+    if not isinstance(vector, torch.Tensor) or vector.shape not in ((d_model,), (n, d_model)):
+        shape = tuple(vector.shape) if isinstance(vector, torch.Tensor) else type(vector).__name__
+        raise ResidError(
+            f"Probe.vector must be a tensor of shape [d_model] = [{d_model}] or [n_prompts d_model] = [{n}, "
+            f"{d_model}], got {shape}."
+        )

@@ -78,7 +78,7 @@ class Capture:
         (layers, positions, embed, ...)."""
         fields: dict[str, set[str]] = {"attn": {"out"}, "mlp": {"out"}, "cross": {"out"}}
         for site in sites:
-            if site.part in fields and not site.is_term:
+            if site.part in fields and not site.is_term and not site.of_dictionary:
                 fields[site.part].add(site.what)
         return cls(**{part: frozenset(found) for part, found in fields.items()}, **options)
 

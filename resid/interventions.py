@@ -41,8 +41,9 @@ __all__ = ["Add", "Edit", "Hook", "HookCall", "Intervention", "Replace", "Scale"
            "edit_residual", "group_edits"]
 
 # What each part lets interventions edit (Site.what); everything else of a site is read-only
-EDITABLE = {"attn": ("out", "z", "q", "k", "v", "pattern"), "cross": ("out", "z", "q", "k", "v", "pattern"),
-            "mlp": ("out", "post", "expert_out"), "embed": ("write",), "pos_embed": ("write",),
+EDITABLE = {"attn": ("out", "z", "q", "k", "v", "pattern", "normalized"),
+            "cross": ("out", "z", "q", "k", "v", "pattern", "normalized"),
+            "mlp": ("out", "post", "expert_out", "normalized"), "embed": ("write",), "pos_embed": ("write",),
             "type_embed": ("write",), "resid_pre": ("resid",), "resid_mid": ("resid",), "resid_cross": ("resid",),
             "resid_post": ("resid",)}
 
@@ -197,6 +198,9 @@ def _edited_sites(iv: Intervention, site: Site, config: ModelConfig) -> list[Sit
                              "and Scale take it; edit Site(l, 'attn') and Site(l, 'mlp') (or the residual) instead.")
         parts = ("attn", "cross", "mlp") if config.cross_attention else ("attn", "mlp")
         return [dataclasses.replace(site, part=part) for part in parts]
+    if site.of_dictionary:
+        raise ResidError(f"{type(iv).__name__} at {site.label}: a dictionary's feature is edited through the "
+                         "dictionary; pass it, model.run(..., dictionaries=[dictionary]) (resid.dictionaries.edits).")
     if site.what not in EDITABLE.get(site.part, ()):
         raise ResidError(f"{type(iv).__name__} at {site.label}: {site.what!r} of {site.part!r} can be read and "
                          f"captured but not edited. Editable: {_editable_text()}.")

@@ -90,6 +90,7 @@ class Transformer(TokenInputs, nn.Module):
         logits_at: LogitsAt = None,
         memory: Memory | None = None,
         check_finite: bool = True,
+        dictionaries: Sequence = (),
     ) -> Run:
         """Forward pass recording what `capture` asks for (default: the residual writes), with
         `interventions` applied. Gradients are off unless grad=True.
@@ -103,7 +104,11 @@ class Transformer(TokenInputs, nn.Module):
         per prompt); resid.EncoderDecoder.run passes it.
 
         check_finite: a NaN or infinity in the final hidden state (or in half-precision logits) is an error naming
-        the first site that went non-finite; False returns the values as they are."""
+        the first site that went non-finite; False returns the values as they are.
+
+        dictionaries: learned dictionaries (resid.dictionaries) to apply: a Dictionary observes (the model runs
+        unchanged), resid.dictionaries.Splice(d) replaces the tensor it reconstructs by reconstruction + error
+        (error=False: by the reconstruction alone). What each computed is `run.dictionaries[name]`."""
         capture = Capture() if capture is None else capture
         if not isinstance(capture, Capture):
             raise ResidError(
@@ -111,6 +116,12 @@ class Transformer(TokenInputs, nn.Module):
                 "(the residual writes), or resid.Capture(layers=[3], attn={'z'})."
             )
         tokens = self.as_tokens(inputs)
+        attached = None
+        if dictionaries:
+            from resid.dictionaries.attach import Attached  # only runs with dictionaries pay for the import
+
+            attached = Attached(self, dictionaries, grad)
+            capture, interventions = attached.capture(capture), attached.interventions(interventions)
         capture.validate(self.config.n_layers)
         edits = group_edits(interventions, self.config, tokens)
         captured = None if capture.positions is None else tokens.padded_index(capture.positions)
@@ -135,7 +146,8 @@ class Transformer(TokenInputs, nn.Module):
             embed_norm_scale_=kept(done.embed_scale),
             norms=self._stream_norms(),
         )
-        return Run(done.logits, stream, tokens, done.uncapped, done.hidden)
+        run = Run(done.logits, stream, tokens, done.uncapped, done.hidden)
+        return run if attached is None else attached.finish(run)
 
     def generate(
         self, inputs: Inputs, max_new_tokens: int, interventions: Sequence[Intervention] = (), **options

@@ -1,8 +1,10 @@
 """What a Transformer takes and gives: its inputs (texts, Tokens or ids, as Tokens), a run's result, and the
 encoded source a decoder's cross-attention reads."""
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 import torch
@@ -44,11 +46,15 @@ class Run:
     # The final hidden state at the same positions: the final norm's output, what the head reads (transformers'
     # last_hidden_state; an embedding model's output, e.g. mean-pooled into a sentence embedding)
     hidden: Float[Tensor, "batch n d_model"] | None = None
+    # run(dictionaries=[...]): what each dictionary computed (resid.dictionaries.attach.Encoded), by its name;
+    # `run.dictionaries[site]` finds one by the Site (or label) it reads
+    dictionaries: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
     def read(self, site: Site) -> Tensor:
-        """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), at the site's prompt-relative
+        """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), or a learned dictionary's (a
+        feature's activation [batch pos], its error term, ...: run.dictionaries), at the site's prompt-relative
         positions if it names some ([batch k ...], in the order given)."""
-        value = self.stream.read(site)
+        value = self._dictionary_read(site) if site.of_dictionary else self.stream.read(site)
         if site.positions is None:
             return value
         if self.stream.captured is not None:
@@ -57,6 +63,15 @@ class Run:
         index = self.tokens.padded_index(site.positions)
         index = index.view(*index.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])
         return value.gather(1, index.to(value.device))
+
+
+    def _dictionary_read(self, site: Site) -> Tensor:
+        """A dictionary's feature activation [batch pos], or its reconstruction / error / skip path / decoder bias
+        [batch pos d_out], from run.dictionaries."""
+        encoded = self.dictionaries[dataclasses.replace(site, feature=None, field=None, positions=None)]
+        if site.feature is not None:
+            return encoded.feature(site.feature)
+        return encoded.term(site.what)
 
 
 class TokenInputs:

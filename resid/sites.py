@@ -19,6 +19,10 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L].attn.FIELD                            any other field of the sublayer's record, whole: z, q, k, v,
                                                     pattern, normalized (its input after the norm), norm_scale, ...
     layers[L].attn.b_O | post_norm_bias | resid_norm_bias    terms of an attribution (mlp: b_out, ...)
+    layers[L].resid_post.feature[F]                 feature F of the learned dictionary (resid.dictionaries) that
+    layers[L].mlp.feature[F]                        reconstructs this site: its activation (it writes a_F * W_dec[F])
+    layers[L].mlp.error | reconstruction | skip | b_dec     that dictionary's error term, reconstruction, skip path
+                                                    (transcoders) and decoder bias (a term of an attribution)
     ...@P  or  ...@P,Q                              only these prompt-relative positions (0 = a prompt's first
                                                     real token, -1 its last, whatever the padding)
 
@@ -56,11 +60,13 @@ TERMS["cross"] = TERMS["attn"]
 # Which fields an index selects in, and the field it means by default
 UNIT_FIELDS = {"head": ("z", "q", "pattern"), "kv_head": ("k", "v"), "neuron": ("post", "pre", "gate"),
                "expert": ("expert_out", "expert_weights", "router_logits", "post")}
-DEFAULT_FIELD = {"head": "z", "neuron": "post", "expert": "expert_out"}
+DEFAULT_FIELD = {"head": "z", "neuron": "post", "expert": "expert_out", "feature": "acts"}
+# A learned dictionary at a residual site or a sublayer: the terms of what it reconstructs there
+DICTIONARY_FIELDS = ("reconstruction", "error", "skip", "b_dec")
 
 
 def _fields(part: str) -> tuple[str, ...]:
-    return (*(MLP_FIELDS if part == "mlp" else ATTN_FIELDS), *TERMS[part])
+    return (*(MLP_FIELDS if part == "mlp" else ATTN_FIELDS), *TERMS[part], *DICTIONARY_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -91,9 +97,10 @@ class Site:
     expert: SupportsIndex | None = None  # mixture-of-experts expert (its write, or with neuron its post[i])
     field: str | None = None  # the record field; None = the default (the write, z of a head, post of a neuron)
     kv_head: SupportsIndex | None = None  # key/value head (fields k, v)
+    feature: SupportsIndex | None = None  # a learned dictionary's feature at this site (resid.dictionaries)
 
     def __post_init__(self) -> None:
-        for name in ("layer", "head", "neuron", "expert", "kv_head"):
+        for name in ("layer", "head", "neuron", "expert", "kv_head", "feature"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _as_int(value, name))
@@ -104,6 +111,8 @@ class Site:
                 raise ResidError(f"Site part {self.part!r} belongs to no layer: write Site(None, {self.part!r}).")
         elif self.layer is None:
             raise ResidError(f"Site part {self.part!r} needs a layer: Site(3, {self.part!r}).")
+        if self.feature is not None and self.feature < 0:
+            raise ResidError(f"Site feature must be a feature index >= 0, got {self.feature}.")
         self._check_units()
         if self.field is not None and self.field == self._default_field():  # one value per site: defaults are None
             object.__setattr__(self, "field", None)
@@ -116,27 +125,35 @@ class Site:
             object.__setattr__(self, "positions", positions)
 
     def _check_units(self) -> None:
-        units = {name: getattr(self, name) for name in ("head", "kv_head", "neuron", "expert")}
+        units = {name: getattr(self, name) for name in ("head", "kv_head", "neuron", "expert", "feature")}
         given = [name for name, value in units.items() if value is not None]
         where = f"Site({self.layer}, {self.part!r})"
+        if self.feature is not None and (len(given) > 1 or self.field not in (None, "acts")):
+            raise ResidError(f"{where}, feature={self.feature}: a dictionary's feature is a unit of its own (its "
+                             "activation); drop the other indices and the field.")
+        if self.part in RESID_PARTS and given in ([], ["feature"]) and self.field in (None, "acts",
+                                                                                      *DICTIONARY_FIELDS):
+            return  # the residual itself, or a dictionary's feature or term there
         if self.part not in SUBLAYERS:
             if given or self.field is not None:
                 raise ResidError(f"{where} takes no {(given + ['field'])[0]}: heads and fields belong to 'attn' / "
                                  "'cross', neurons and experts to 'mlp'.")
             return
-        allowed = ("head", "kv_head") if self.part != "mlp" else ("neuron", "expert")
+        allowed = ("head", "kv_head", "feature") if self.part != "mlp" else ("neuron", "expert", "feature")
         wrong = [name for name in given if name not in allowed]
         if wrong:
             raise ResidError(f"{where} cannot take {wrong[0]}: heads belong to 'attn' / 'cross', neurons and experts "
                              "to 'mlp'.")
         if self.head is not None and self.kv_head is not None:
             raise ResidError(f"{where}: give head= (a query head) or kv_head= (a key/value head), not both.")
-        if self.field is not None and self.field not in _fields(self.part):
+        if self.field is not None and self.field not in _fields(self.part) and self.feature is None:
             raise ResidError(f"{where}: unknown field {self.field!r}; choose from {', '.join(_fields(self.part))}.")
         if self.kv_head is not None and self.field not in UNIT_FIELDS["kv_head"]:
             raise ResidError(f"{where}, kv_head={self.kv_head} needs field='k' or field='v' (queries and patterns "
                              "belong to query heads: head=).")
         for name in given:
+            if name == "feature":
+                continue
             if name == "expert" and self.neuron is not None:
                 if self.field not in (None, "post"):
                     raise ResidError(f"{where}: an expert's neuron is its post[i]; drop field={self.field!r}.")
@@ -150,14 +167,14 @@ class Site:
     def what(self) -> str:
         """The field the site addresses, defaults filled in: a record field ("out", "z", "post", ...), a term
         ("b_O", ...), "resid" for the residual stream, "write" for an embedding, "layer" or a global term."""
-        if self.part in RESID_PARTS:
-            return "resid"
-        if self.part not in SUBLAYERS:
+        if self.part in RESID_PARTS and self.feature is None:
+            return "resid" if self.field is None else self.field
+        if self.part not in SUBLAYERS and self.part not in RESID_PARTS:
             return "write" if self.part in ("embed", "pos_embed", "type_embed") else self.part
         return self.field if self.field is not None else self._default_field()
 
     def _default_field(self) -> str:
-        for name in ("neuron", "head", "expert"):  # an expert's neuron is its post, like a dense neuron
+        for name in ("feature", "neuron", "head", "expert"):  # an expert's neuron is its post, like a dense neuron
             if getattr(self, name) is not None:
                 return DEFAULT_FIELD[name]
         return "out"
@@ -165,7 +182,14 @@ class Site:
     @property
     def is_term(self) -> bool:
         """A constant of an attribution (a bias carried to the logit), not a tensor of the run."""
-        return self.part in ("embed_norm_bias", "final_bias") or (self.part in TERMS and self.what in TERMS[self.part])
+        if self.part in ("embed_norm_bias", "final_bias") or (self.feature is None and self.what == "b_dec"):
+            return True
+        return self.part in TERMS and self.what in TERMS[self.part]
+
+    @property
+    def of_dictionary(self) -> bool:
+        """A learned dictionary's feature or term (resid.dictionaries): read from run.dictionaries, not the stream."""
+        return self.feature is not None or self.what in DICTIONARY_FIELDS
 
     @property
     def unit(self) -> int | None:
@@ -189,7 +213,7 @@ class Site:
             text = f"layers[{self.layer}]"
         else:
             text = f"layers[{self.layer}].{self.part}"
-            for name in ("expert", "head", "kv_head", "neuron"):
+            for name in ("expert", "head", "kv_head", "neuron", "feature"):
                 if getattr(self, name) is not None:
                     text += f".{name}[{getattr(self, name)}]"
             if self.field is not None and self.field != self._default_field():
@@ -230,6 +254,8 @@ class Site:
     @property
     def hook_name(self) -> str:
         """The TransformerLens hook this site reads (indexed by the site's head / neuron where it has one)."""
+        if self.of_dictionary:
+            raise ResidError(f"{self.label} belongs to a learned dictionary, which TransformerLens has no hook for.")
         if self.part in ("embed", "pos_embed"):
             return f"hook_{self.part}"
         if self.part in RESID_PARTS and self.part != "resid_cross":
@@ -308,8 +334,8 @@ class Site:
 
 _LABEL = re.compile(r"layers\[(?P<layer>-?\d+)\]"
                     r"(?:\.(?P<part>resid_pre|resid_mid|resid_cross|resid_post|attn|cross|mlp)"
-                    r"(?P<units>(?:\.(?:head|kv_head|neuron|expert)\[-?\d+\])*)(?:\.(?P<field>[a-zA-Z_]+))?)?")
-_UNIT = re.compile(r"\.(head|kv_head|neuron|expert)\[(-?\d+)\]")
+                    r"(?P<units>(?:\.(?:head|kv_head|neuron|expert|feature)\[-?\d+\])*)(?:\.(?P<field>[a-zA-Z_]+))?)?")
+_UNIT = re.compile(r"\.(head|kv_head|neuron|expert|feature)\[(-?\d+)\]")
 
 
 def _as_int(value: object, name: str) -> int:

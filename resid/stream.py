@@ -286,6 +286,9 @@ def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_l
 
 def read_site(stream: ResidualStream, site: Site) -> Tensor:
     """ResidualStream.read: the tensor at `site`, without its positions applied."""
+    if site.of_dictionary:
+        raise ResidError(f"{site.label} belongs to a learned dictionary, not to the stream: run the model with "
+                         "dictionaries=[...] and read it with run.read(site) (or run.dictionaries).")
     if site.is_term:
         raise ResidError(f"{site.label} is a term of an attribution (a constant carried to the logit), not a tensor "
                          "of the run.")

@@ -104,6 +104,7 @@ class SweepJob(Job):
     aligned: list[dict[int, tuple[int, int]]] | None = None
     donor_metric: bool = False  # rows carry the donor run's metric (patching)
     reference: list[str] | None = None  # mean ablation: the reference texts the means are taken over
+    dictionaries: tuple = ()  # learned dictionaries whose features are sites (they travel with the job)
 
     name = "sites"
     key = ("prompt_idx", "site")
@@ -124,7 +125,7 @@ class SweepJob(Job):
         whole = sorted({edit.whole for site in self.sites for edit in edited(site, model.config)}, key=str)
         width = max(len(ids) for ids in self.sequences)
         self.means = reference_means(executor, model, whole, self.reference, width, self.per_position,
-                                     self.chunk_batch, self.batch_size)
+                                     self.chunk_batch, self.batch_size, self.dictionaries)
 
     def _exists(self, prompt: int, site: Site, length: int) -> bool:
         """Residual sites of a layer x position map exist only at the prompt's own (aligned) positions."""
@@ -153,7 +154,7 @@ class SweepJob(Job):
         size = model_batch_size(model, width) if self.batch_size == "auto" else self.batch_size
         means = {site: torch.tensor(mean).to(model.dtype).to(model.device) for site, mean in self.means.items()}
         return Context(model, self.method, self.metric, means, self.per_position, BatchSize(size), self.read_at,
-                       self.aligned, self.donor_metric)
+                       self.aligned, self.donor_metric, self.dictionaries)
 
     def run(self, state: Context, chunk: SweepChunk) -> Iterator[pd.DataFrame]:
         prompts, start = list(chunk.prompts), 0

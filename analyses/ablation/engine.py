@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
+import torch
 
 from resid.analyses import sites as site_words
 from resid.analyses.ablation import values
@@ -61,11 +62,14 @@ def sweep(
     progress: bool = True,
     executor: Executor | str | None = None,
     workers: int | None = None,
+    dictionaries: Sequence = (),
 ) -> pd.DataFrame:
     """Run every ablation of `sites` (a word of resid.analyses.sites, or a list of resid.Site or their labels)
     on every prompt (texts, resid.Tokens or token ids); see the module docstring. Returns the columns of
     COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK]. executor: None (in process), "ray"
-    (with `workers`), or a resid.analyses.distributed executor; results are the same on every executor."""
+    (with `workers`), or a resid.analyses.distributed executor; results are the same on every executor.
+    dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name, Site(l, part,
+    feature=i): a feature is ablated inside its dictionary's splice (resid.dictionaries.edits)."""
     _check_model(model)
     given = as_prompts(model, prompts)
     n = len(given)
@@ -83,12 +87,13 @@ def sweep(
         raise ResidError(f"{param('method', 'mean')} needs reference texts to average over: give "
                          f"{param('reference')} ({python_only('a list of texts, or ')}a .txt or .jsonl file).")
     size = batch_size_for(model, given.tokens, batch_size)
+    dictionaries = tuple(getattr(d, "dictionary", d) for d in dictionaries)
     settings = dict(analysis="ablation.sweep", metric=metric_label, seed=seed, mean_positions=mean_positions,
-                    reference=_digest(reference))
+                    reference=_digest(reference), dictionaries=_weights_digest(dictionaries))
     reference_texts = values.read_reference(reference) if method == "mean" else None
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
                    metric, {}, mean_positions == "per_position", read_at, batch_size, size.value,
-                   model.config.n_layers, settings, reference=reference_texts)
+                   model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries)
     result = drive(model, job, out, executor, workers, progress=progress)
     if result is None or result.empty:
         return pd.DataFrame(columns=list(COLUMNS))
@@ -102,6 +107,21 @@ def _digest(reference) -> object:
     if isinstance(reference, (str, Path)) and Path(reference).is_file():
         return hashlib.sha256(Path(reference).read_bytes()).hexdigest()
     return reference if reference is None or isinstance(reference, str) else list(reference)
+
+
+def _weights_digest(dictionaries: tuple) -> str | None:
+    """What the signature records of the dictionaries: a hash of their names and weights (None without any), so
+    that a store written with other dictionaries is refused, never resumed."""
+    if not dictionaries:
+        return None
+    digest = hashlib.sha256()
+    for d in dictionaries:
+        digest.update(f"{d.name};".encode())
+        for name, parameter in d.named_parameters():
+            data = parameter.detach().float().contiguous().cpu()
+            digest.update(f"{name} {tuple(data.shape)};".encode())
+            digest.update(data.view(torch.uint8).reshape(-1).numpy().data)
+    return digest.hexdigest()
 
 
 def _check_model(model) -> None:

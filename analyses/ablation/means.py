@@ -36,6 +36,7 @@ class MeanJob(Job):
     pad: int
     batch_size: int | str
     chunks: list[list[list[int]]]  # the reference texts' token ids, in chunks of a batch
+    dictionaries: tuple = ()  # learned dictionaries whose features are among the sites
 
     name = "reference means"
 
@@ -56,11 +57,12 @@ class MeanJob(Job):
         while start < len(chunk):
             def work(rows: int, start: int = start) -> tuple[int, list]:
                 tokens = Tokens.pad(chunk[start : start + rows], self.pad, "right").to(model.device)
-                stream = model.run(tokens, capture=Capture.of(self.sites), logits_at="last").stream
+                run = model.run(tokens, capture=Capture.of(self.sites), logits_at="last",
+                                dictionaries=self.dictionaries)
                 mask = tokens.attention_mask
                 everywhere = torch.zeros(int(mask.sum()), dtype=torch.long)
                 slot = tokens.position_ids[mask] if self.per_position else everywhere
-                found = [stream.read(site)[mask].double().cpu() for site in self.sites]  # [tokens dim...]
+                found = [run.read(site)[mask].double().cpu() for site in self.sites]  # [tokens dim...]
                 return min(rows, len(chunk) - start), [slot.cpu(), *found]
 
             done, (slot, *found) = with_backoff(work, size)  # summed only once the batch is through
@@ -77,7 +79,7 @@ class MeanJob(Job):
 
 def reference_means(
     executor: Executor, model: Transformer, sites: list[Site], texts: list[str], n_positions: int, per_position: bool,
-    batch: int, batch_size: int | str,
+    batch: int, batch_size: int | str, dictionaries: tuple = (),
 ) -> dict:
     """{site: float64 array}: [dim...] agnostic, [n_positions dim...] per position; chunks of `batch` texts."""
     patterns = [site for site in sites if site.what == "pattern"]
@@ -88,7 +90,7 @@ def reference_means(
     tokenizer = model.require_tokenizer()
     encoded = [ids[:n_positions] for ids in (tokenizer.encode(t) for t in texts) if ids]
     chunks = [encoded[start : start + batch] for start in range(0, len(encoded), batch)]
-    job = MeanJob(sites, per_position, n_positions, tokenizer.pad_token_id, batch_size, chunks)
+    job = MeanJob(sites, per_position, n_positions, tokenizer.pad_token_id, batch_size, chunks, dictionaries)
     parts = drive(model, job, executor=executor, progress=False)
     slots = n_positions if per_position else 1
     counts = np.zeros(slots)

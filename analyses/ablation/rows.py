@@ -23,6 +23,7 @@ from resid.analyses.sites import columns
 from resid.batching import BatchSize, run_batched
 from resid.capture import Capture
 from resid.config import ModelConfig
+from resid.dictionaries.edits import feature_edits
 from resid.interventions import Add, Scale
 from resid.model import Run, Transformer
 from resid.selection import Padded
@@ -43,6 +44,7 @@ class Context:
     # donor's position)}, prompt-relative (None: every position is itself in both)
     aligned: list[dict[int, tuple[int, int]]] | None = None
     donor_metric: bool = False  # rows carry the donor run's metric too (patching)
+    dictionaries: tuple = ()  # learned dictionaries whose features are ablated (Site(..., feature=i))
 
 
 @dataclass
@@ -74,7 +76,8 @@ def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list,
     at = None
     if ctx.read_at is not None:  # donors (same lengths) are read where their prompt is
         at = padded.padded_index([[ctx.read_at[group[i % k]]] for i in range(len(chosen))]).to(model.device)
-    clean = model.run(padded, capture=capture, logits_at="last" if at is None else Padded(at))
+    clean = model.run(padded, capture=capture, logits_at="last" if at is None else Padded(at),
+                      dictionaries=ctx.dictionaries)
     tokens = clean.tokens  # on the model's device, like every index built from it below
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
     baselines = None if baseline_ids is None else torch.tensor([baseline_ids[p] for p in group], device=model.device)
@@ -132,7 +135,7 @@ def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], index: Tens
     for site, members in by_site.items():
         mask = torch.zeros(len(rows), dtype=model.dtype, device=model.device)
         mask[members] = 1
-        if site.part in RESID_PARTS:
+        if site.part in RESID_PARTS and not site.of_dictionary:
             replacement = _residual(ctx, group, rows, members, site, index)
             shape = (-1, 1, 1)
         else:
@@ -141,7 +144,7 @@ def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], index: Tens
         edits.append(Scale(site, (1 - mask).view(shape)))
         if replacement is not None:
             edits.append(Add(site, replacement * mask.view(shape)))
-    return edits
+    return feature_edits(model, ctx.dictionaries, edits) if ctx.dictionaries else edits
 
 
 def edited(site: Site, config: ModelConfig) -> list[Site]:
@@ -150,13 +153,13 @@ def edited(site: Site, config: ModelConfig) -> list[Site]:
     if site.part == "layer":
         parts = ("attn", "cross", "mlp") if config.cross_attention else ("attn", "mlp")
         return [Site(site.layer, part, positions=site.positions) for part in parts]
-    return [site.whole] if site.part in RESID_PARTS else [site]
+    return [site.whole] if site.part in RESID_PARTS and not site.of_dictionary else [site]
 
 
 def _slice_ndim(site: Site) -> int:
     """The number of axes of the slice a site's edit sees ([batch pos] for a neuron, [batch pos d] mostly, with
     a head axis for a whole field)."""
-    if site.neuron is not None:
+    if site.neuron is not None or site.feature is not None:
         return 2
     return 4 if site.what in ("z", "q", "k", "v", "pattern") and site.unit is None else 3
 
@@ -170,7 +173,7 @@ def _replacement(ctx: Context, group: Group, site: Site, index: Tensor) -> Tenso
         if ctx.per_position:
             value = value[tokens.position_ids]
     else:
-        value = group.clean.stream.read(site.whole)[index + k]
+        value = group.clean.read(site.whole)[index + k]
     if site.positions is not None and value.ndim >= 2 and value.shape[1] == tokens.ids.shape[1]:
         at = tokens.padded_index(site.positions)
         at = at.view(*at.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])

@@ -92,13 +92,13 @@ class Block(nn.Module):
         wanted, edited, found = want.get(part, frozenset()), edits.get(part, ()), values[part]
         pre, attention, post = (self.ln_attn, self.attn, self.ln_attn_post) if part == "attn" else (
             self.ln_cross, self.cross, self.ln_cross_post)
-        raw, computed = attention(_pre(pre, resid, found, wanted), ctx, wanted, edited)
+        raw, computed = attention(_pre(pre, resid, found, wanted, edited), ctx, wanted, edited)
         found.update(computed)
         return _post(post, raw, edited, found, wanted)
 
     def _mlp(self, resid: Tensor, want: dict, edits: dict, values: dict) -> Tensor:
         wanted, edited, found = want.get("mlp", frozenset()), edits.get("mlp", ()), values["mlp"]
-        raw, computed = self.mlp(_pre(self.ln_mlp, resid, found, wanted), wanted, edited)
+        raw, computed = self.mlp(_pre(self.ln_mlp, resid, found, wanted, edited), wanted, edited)
         found.update(computed)
         return _post(self.ln_mlp_post, raw, edited, found, wanted)
 
@@ -111,11 +111,14 @@ def _resid_norm(norm: Norm | None, resid: Tensor, values: dict[str, Tensor]) -> 
     return normalized
 
 
-def _pre(norm: Norm | None, resid: Tensor, values: dict[str, Tensor], want: frozenset[str]) -> Tensor:
-    """The sublayer's input: the norm of the residual it reads (or the residual itself, without pre-norms)."""
+def _pre(norm: Norm | None, resid: Tensor, values: dict[str, Tensor], want: frozenset[str],
+         edits: Sequence[Edit]) -> Tensor:
+    """The sublayer's input: the norm of the residual it reads (or the residual itself, without pre-norms), after
+    the edits of its `normalized` field (what a dictionary reading the sublayer's input splices)."""
     if norm is None:
         return resid
     normalized, scale = norm(resid)
+    normalized = apply_edits(normalized, edits, "normalized")
     if "normalized" in want:
         values["normalized"] = normalized
     if "norm_scale" in want:

@@ -31,7 +31,12 @@ def _sites() -> st.SearchStrategy[Site]:
     fields = st.builds(lambda l, p, f: Site(l, p, field=f), index, st.sampled_from(["attn", "mlp"]),
                        st.sampled_from(["normalized", "norm_scale", "out"]))
     terms = st.sampled_from([Site(None, "embed"), Site(None, "final_bias"), Site(2, "attn", field="b_O")])
-    return whole | heads | kv | neurons | experts | fields | terms
+    dictionary_parts = st.sampled_from(["resid_pre", "resid_mid", "resid_post", "attn", "mlp"])
+    features = st.builds(lambda l, p, f, at: Site(l, p, feature=f, positions=at), index, dictionary_parts,
+                         st.integers(0, 20000), positions)
+    dictionary_terms = st.builds(lambda l, p, f: Site(l, p, field=f), index, dictionary_parts,
+                                 st.sampled_from(["reconstruction", "error", "skip", "b_dec"]))
+    return whole | heads | kv | neurons | experts | fields | terms | features | dictionary_terms
 
 
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")  # beartype samples with random
@@ -51,6 +56,11 @@ def test_labels_are_the_table_names():
     assert Site(1, "mlp", expert=2, neuron=7).label == "layers[1].mlp.expert[2].neuron[7]"
     assert Site(None, "embed").label == "embed" and Site(4, "layer").label == "layers[4]"
     assert Site(np.int64(3), "mlp", neuron=np.int32(4)).label == "layers[3].mlp.neuron[4]"  # numpy ints pass
+    assert Site(3, "resid_post", feature=12).label == "layers[3].resid_post.feature[12]"  # a dictionary's feature
+    assert Site(3, "resid_post", feature=12, field="acts") == Site(3, "resid_post", feature=12)
+    assert Site(1, "mlp", field="error").label == "layers[1].mlp.error"
+    assert Site(1, "mlp", field="b_dec").is_term and not Site(1, "mlp", feature=3).is_term
+    assert Site(1, "mlp", feature=3).of_dictionary and not Site(1, "mlp", neuron=3).of_dictionary
 
 
 @pytest.mark.parametrize("make, name", [
@@ -73,6 +83,10 @@ def test_indices_are_integers(make, name):
     (lambda: Site(3, "embed"), "belongs to no layer"),
     (lambda: Site.parse("layers[3].attn head 2"), "is not a site label"),
     (lambda: Site(3, "resid_pre", positions=[]), "positions is empty"),
+    (lambda: Site(3, "mlp", neuron=2, feature=1), "a unit of its own"),
+    (lambda: Site(3, "resid_post", feature=-1), "feature index >= 0"),
+    (lambda: Site(3, "resid_post", field="z"), "takes no field"),
+    (lambda: Site(None, "embed", feature=1), "takes no feature"),
 ])
 def test_bad_sites_are_one_clear_error(make, message):
     with pytest.raises(ResidError, match=message):

@@ -1,0 +1,282 @@
+"""Dictionaries in a run: `model.run(inputs, dictionaries=[sae, Splice(transcoder), ...])`.
+
+Each dictionary reads the tensor its hook means (its HookPoint, resid.dictionaries.hooks) and records, as an
+`Encoded` (resid.dictionaries.encoded), its feature activations [batch pos feature], its reconstruction and its
+error term (the tensor it reconstructs minus the reconstruction). Modes:
+
+    observe        a Dictionary, or Observe(d): the model runs unchanged (its logits are a plain run's, bit for
+                   bit); the dictionary is applied to the run's records after the pass
+    Splice(d)      inside the pass, the tensor d reconstructs is replaced by reconstruction + error: equal to the
+                   clean run to float32 rounding, but now a sum of feature writes, a bias, the skip path and the
+                   error, which attribution to features decomposes
+    Splice(d, error=False)   replaced by the reconstruction alone: later layers see only what d keeps, so the
+                   logits show what it loses
+
+A transcoder reads site_in (e.g. the MLP's normalized input) and reconstructs site_out (the MLP's write):
+splicing it replaces the MLP's write. A splice at a residual site is an edit of the residual, so the stream
+records what it added (new - old) like any residual intervention; a spliced transcoder reading a residual site
+records a zero there (the pass reads the residual through an identity edit).
+
+A splice reading the norm's standardized output (TransformerLens's ln2.hook_normalized, before the gain) gets
+the sublayer's normalized input and undoes the gain and bias, (normalized - b) / g in float32: the standardized
+input to float32 rounding (a gain with a zero entry cannot be undone: such a splice is refused). Observing reads
+the standardized input exactly (resid.dictionaries.hooks.read).
+
+`Splice(d, edit=fn)` edits the activations inside the pass (fn(acts, tokens) -> acts) and writes the tensor plus
+what the edit changed in the reconstruction, decode(edited) - decode(acts): decode(edited) + error, computed so
+that a row the edit leaves alone keeps its tensor exactly. The feature interventions of resid.dictionaries.edits
+(ZeroAblate(Site(3, "resid_post", feature=12)), ...) are such splices.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from resid.capture import Capture
+from resid.dictionaries.check import check
+from resid.dictionaries.crosslayer import CrossLayerTranscoder
+from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, Storage, store
+from resid.dictionaries.hooks import HookPoint, read
+from resid.errors import ResidError
+from resid.interventions import Hook
+from resid.sites import RESID_PARTS
+
+
+@dataclass(frozen=True)
+class Observe:
+    """Apply `dictionary` to the run without changing it (what a bare Dictionary in the list means)."""
+
+    dictionary: Dictionary
+    storage: Storage = "auto"  # feature activations: "auto" (sparse when mostly zero), "sparse" or "dense"
+
+
+@dataclass(frozen=True)
+class Splice:
+    """Replace the tensor `dictionary` reconstructs by reconstruction + error (error=False: the reconstruction
+    alone), inside the pass. `edit` (fn(acts, tokens) -> acts, [batch pos feature]) changes the activations before
+    they are decoded; the error term stays the unedited one."""
+
+    dictionary: Dictionary
+    error: bool = True
+    storage: Storage = "auto"
+    edit: Callable[[Tensor, object], Tensor] | None = None
+
+
+class Attached:
+    """The dictionaries of one `model.run`: the capture they need, the hooks that splice, and the records."""
+
+    def __init__(self, model, dictionaries: Sequence[Dictionary | Observe | Splice], grad: bool = False):
+        self.model, self.grad = model, grad
+        self.uses = [_use(item, model) for item in dictionaries]
+        names = [use.dictionary.name for use in self.uses]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ResidError(f"Two dictionaries of one run are named {twice[0]!r}: run.dictionaries finds them by "
+                             "name, so give each its own (dictionary.name = '...').")
+        self._inputs: dict[str, Tensor] = {}  # a spliced transcoder's input, read earlier in the pass
+        self._found: dict[str, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # name -> (acts, recon, error, input)
+
+    def capture(self, capture: Capture) -> Capture:
+        """`capture` plus the fields the observed dictionaries read."""
+        fields = {part: set(capture.fields(part)) for part in ("attn", "mlp", "cross")}
+        layers = set(capture.layers) if capture.layers is not None else None
+        for use in self.uses:
+            if isinstance(use, Splice):
+                continue
+            for point in _points(use.dictionary):
+                site = point.site
+                if site.part in fields:
+                    fields[site.part].add(site.what)
+                    if point.standardized:
+                        fields[site.part].add("norm_scale")
+                if layers is not None and site.layer is not None:
+                    layers.add(site.layer)
+        return dataclasses.replace(capture, **{part: frozenset(found) for part, found in fields.items()},
+                                   layers=None if layers is None else tuple(sorted(layers)))
+
+    def interventions(self, interventions: Sequence) -> list:
+        """`interventions` with those on the dictionaries' features made into splices (resid.dictionaries.edits),
+        then the splices of the spliced dictionaries."""
+        from resid.dictionaries.edits import feature_edits  # it builds Attached splices itself
+
+        return [*feature_edits(self.model, [use.dictionary for use in self.uses], interventions), *self.hooks()]
+
+    def hooks(self) -> list[Hook]:
+        """The interventions that splice (none for observed dictionaries)."""
+        hooks = []
+        for use in self.uses:
+            if not isinstance(use, Splice):
+                continue
+            d = use.dictionary
+            if d.is_transcoder:
+                hooks.append(Hook(d.point_in.site, self._tap(d)))
+            hooks.append(Hook(d.point_out.site, self._splice(use)))
+        return hooks
+
+    def finish(self, run):
+        """The run with `run.dictionaries` filled in."""
+        with torch.set_grad_enabled(self.grad):
+            return self._finish(run)
+
+    def _finish(self, run):
+        residuals = self._residuals(run)
+        records = {}
+        for use in self.uses:
+            d = use.dictionary
+            if isinstance(use, Splice):
+                acts, recon, error, x = (_kept(t, run.stream.captured) for t in self._found.pop(d.name))
+                mode = "splice" if use.error else "reconstruction"
+            else:
+                x = residuals.get(d.point_in.site) if d.point_in.site in residuals else read(run, self.model,
+                                                                                            d.point_in)
+                target = x if not d.is_transcoder else read(run, self.model, d.point_out)
+                acts = d.encode(x)
+                recon = decode(d, acts, x)
+                error, mode = target - recon, "observe"
+            records[d.name] = Encoded(d, store(acts, use.storage), recon, error, x, mode)
+        return dataclasses.replace(run, dictionaries=Recorded(records))
+
+    def _residuals(self, run) -> dict:
+        """The residual sites the observed dictionaries read, in one walk of the stream (reading each alone would
+        walk it once per dictionary)."""
+        wanted = {use.dictionary.point_in.site for use in self.uses if not isinstance(use, Splice)
+                  and use.dictionary.point_in.site.part in RESID_PARTS and not use.dictionary.point_in.standardized}
+        if len(wanted) < 2:
+            return {}
+        found = {}
+        for site, resid in run.stream.running("sublayer"):
+            if site in wanted:
+                found[site] = resid
+            after = dataclasses.replace(site, layer=site.layer + 1, part="resid_pre")
+            if site.part == "resid_post" and after in wanted:
+                found.setdefault(after, resid)  # an unedited resid_pre is the resid_post before it
+        return found
+
+    # --- inside the pass -------------------------------------------------------------------------------------
+    def _tap(self, d: Dictionary) -> Callable:
+        def tap(value: Tensor, tokens) -> Tensor:
+            self._inputs[d.name] = _view(d.point_in, value, self.model)
+            return value
+
+        return tap
+
+    def _splice(self, use: Splice) -> Callable:
+        d = use.dictionary
+
+        def splice(value: Tensor, tokens) -> Tensor:
+            target = _view(d.point_out, value, self.model)
+            x = self._inputs.pop(d.name) if d.is_transcoder else target
+            acts = d.encode(x)
+            recon = decode(d, acts, x)
+            error = target - recon
+            new = recon + error if use.error else recon
+            if use.edit is not None:
+                edited = use.edit(acts, tokens)
+                change = _write_of(d, edited - acts, x)  # exactly zero where the edit changed nothing
+                acts, recon = edited, recon + change
+                new = target + change if use.error else recon
+            self._found[d.name] = (acts, recon, error, x)
+            return _unview(d.point_out, new, value, self.model)
+
+        return splice
+
+
+SPARSE_DECODE_BELOW = 0.05  # decode from the active features alone when fewer than this fraction is non-zero
+
+
+def decode(d: Dictionary, acts: Tensor, x: Tensor) -> Tensor:
+    """d.decode(acts, x), reading only the decoder rows of active features when few are: b_dec plus, per token,
+    the sum of a_i * W_dec[i] over its active features (about l0 / d_sae of the dense matmul's work). Equal to the
+    dense decode up to float32 summation order."""
+    if d.normalize_activations != "none" or not acts.numel() or \
+            bool(acts.count_nonzero() >= SPARSE_DECODE_BELOW * acts.numel()):
+        return d.decode(acts, x)
+    flat = acts.reshape(-1, acts.shape[-1])
+    token, feature = flat.nonzero(as_tuple=True)
+    writes = flat[token, feature].float()[:, None] * d.W_dec.float()[feature]
+    out = d.b_dec.float().expand(flat.shape[0], -1).clone().index_add_(0, token, writes)
+    out = out.view(*acts.shape[:-1], -1)
+    if d.W_skip is not None:
+        out = out + x.float() @ d.W_skip.float()
+    return out.to(acts.dtype)
+
+
+def _write_of(d: Dictionary, delta: Tensor, x: Tensor) -> Tensor:
+    """What a change of the activations changes in the reconstruction: delta @ W_dec, the input normalization
+    undone (b_dec and the skip path do not change)."""
+    out = delta.float() @ d.W_dec.float()
+    if d.normalize_activations != "none":
+        _, scale, shift = d._normalize(x)
+        out = out / scale if shift is None else out * scale
+    return out.to(delta.dtype)
+
+
+def _use(item, model) -> Observe | Splice:
+    use = item if isinstance(item, (Observe, Splice)) else Observe(item)
+    d = use.dictionary
+    if isinstance(d, CrossLayerTranscoder):
+        raise ResidError(f"Cross-layer transcoder {d.name!r}: model.run(dictionaries=...) takes per-layer "
+                         "dictionaries; apply a CLT with clt.encode / clt.decode to the run's MLP inputs.")
+    if not isinstance(d, Dictionary):
+        raise ResidError(f"dictionaries= takes resid.dictionaries.Dictionary values (or Observe / Splice of one), "
+                         f"got {type(d).__name__}.")
+    if use.storage not in STORAGES:
+        raise ResidError(f"storage must be one of {', '.join(STORAGES)}, got {use.storage!r}.")
+    if d.point_in is None:
+        check(d, model)
+    for point in _points(d):
+        if point.before_post_norm:
+            raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "
+                             "which resid does not record (it records the write after the post-norm).")
+    if isinstance(use, Splice) and d.point_in.standardized:
+        norm = _norm(d.point_in, model)
+        if bool((norm.gain == 0).any()):
+            raise ResidError(f"Dictionary {d.name!r} reads the standardized input of {d.point_in.site.label}, whose "
+                             "norm gain has a zero entry, so a splice cannot recover it; observe it instead.")
+    return use
+
+
+def _points(d: Dictionary) -> tuple[HookPoint, ...]:
+    return (d.point_in,) if not d.is_transcoder else (d.point_in, d.point_out)
+
+
+def _norm(point: HookPoint, model):
+    block = model.blocks[point.site.layer]
+    return block.ln_attn if point.site.part == "attn" else block.ln_mlp if point.site.part == "mlp" else block.ln_cross
+
+
+def _view(point: HookPoint, value: Tensor, model) -> Tensor:
+    """The tensor the hook means, from the slice a Hook at its site gets."""
+    if point.heads_flat:
+        return value.flatten(-2)
+    if point.standardized:
+        norm = _norm(point, model)
+        centred = value.float() - norm.b.float() if norm.b is not None else value.float()
+        return (centred / norm._gain32()).to(value.dtype)
+    return value
+
+
+def _unview(point: HookPoint, tensor: Tensor, like: Tensor, model) -> Tensor:
+    """The slice of the Hook's site holding `tensor` (the inverse of _view), in the slice's dtype."""
+    if point.heads_flat:
+        return tensor.reshape(like.shape).to(like.dtype)
+    if point.standardized:
+        norm = _norm(point, model)
+        tensor = tensor.float() * norm._gain32()
+        tensor = tensor + norm.b.float() if norm.b is not None else tensor
+    return tensor.to(like.dtype)
+
+
+def _kept(tensor: Tensor, captured: Tensor | None) -> Tensor:
+    """A pass's [batch pos ...] tensor at the run's captured positions ([batch k] padded indices, None: all)."""
+    if captured is None:
+        return tensor
+    index = captured.to(tensor.device)
+    return tensor.gather(1, index.view(*index.shape, 1).expand(-1, -1, tensor.shape[-1]))
+
+
+__all__ = ["Attached", "Observe", "Splice"]
