@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from numerics import TINY
 
 import resid
+import resid.hook_names as hook_names
 from resid import Capture, Replace, Site, ZeroAblate
 from resid.errors import ResidError
 
@@ -161,7 +162,7 @@ def test_transformer_lens_names(random_model):
     assert Site.from_hook_name("blocks.2.attn.hook_rot_k", 1) == Site(2, "attn", kv_head=1, field="k")
     assert Site(4, "mlp", neuron=3).hook_name == "blocks.4.mlp.hook_post"
     run = random_model.run(TEXTS, capture=Capture.all())
-    names = resid.hook_names.view(run, random_model)
+    names = hook_names.view(run, random_model)
     for site in [Site(1, "resid_post"), Site(0, "mlp"), Site(2, "attn", field="z")]:
         torch.testing.assert_close(names[site.hook_name], run.read(site))
 
