@@ -64,7 +64,7 @@ def _lens_table(lens, at: int, where: str) -> list[str]:
     lines = ["", f"logit lens at {where} ({top['norm'].iloc[0]} final norm), target {target!r}:",
              f"  {'layer':<6} {'top token':<16} {'p(top)':>9} {'p(target)':>9} {'rank':>6}"]
     for _, row in top.iterrows():
-        layer = "embed" if row["site"] == "resid_pre" else str(row["layer"])
+        layer = "embed" if row["site"] == "layers[0].resid_pre" else str(row["layer"])  # the stream's start
         lines.append(f"  {layer:<6} {row['token']!r:<16} {output.prob(row['prob'])} {output.prob(row['target_prob'])} "
                      f"{row['target_rank']:>6}")
     return lines
