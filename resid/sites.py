@@ -35,7 +35,6 @@ is written "blocks.3.attn.hook_z" plus `site.head`); `Site.from_hook_name("block
 """
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import SupportsIndex
@@ -228,74 +227,25 @@ class Site:
     @classmethod
     def parse(cls, text: str) -> "Site":
         """The Site of a label (see the module docstring), or of a TransformerLens hook name."""
-        if not isinstance(text, str):
-            raise ResidError(f"Site.parse takes a site label such as 'layers[3].attn.head[5]', got {text!r}.")
-        if text.startswith(("blocks.", "hook_")):
-            return cls.from_hook_name(text)
-        body, _, at = text.strip().partition("@")
-        positions = None
-        if at:
-            try:
-                positions = tuple(int(p) for p in at.split(","))
-            except ValueError:
-                raise ResidError(f"Site label {text!r}: positions after '@' must be integers "
-                                 "like @-1 or @3,4.") from None
-        if body in GLOBAL_PARTS:
-            return cls(None, body, positions=positions)
-        match = _LABEL.fullmatch(body)
-        if match is None:
-            raise ResidError(f"{text!r} is not a site label: write e.g. 'layers[3].resid_pre', 'layers[3].attn', "
-                             "'layers[3].attn.head[5]', 'layers[3].mlp.neuron[42]', 'embed' (resid.sites).")
-        layer, part, units, field = match["layer"], match["part"], match["units"] or "", match["field"]
-        found = dict((name, int(value)) for name, value in _UNIT.findall(units))
-        return cls(int(layer), part or "layer", positions=positions, field=field, **found)
+        from resid.site_names import parse
+
+        return parse(text)
 
     # --- TransformerLens names ---------------------------------------------------------------------------------
     @property
     def hook_name(self) -> str:
         """The TransformerLens hook this site reads (indexed by the site's head / neuron where it has one)."""
-        if self.of_dictionary:
-            raise ResidError(f"{self.label} belongs to a learned dictionary, which TransformerLens has no hook for.")
-        if self.part in ("embed", "pos_embed"):
-            return f"hook_{self.part}"
-        if self.part in RESID_PARTS and self.part != "resid_cross":
-            return f"blocks.{self.layer}.hook_{self.part}"
-        what = self.what
-        names = {("attn", "out"): "hook_attn_out", ("mlp", "out"): "hook_mlp_out", ("attn", "z"): "attn.hook_z",
-                 ("attn", "q"): "attn.hook_q", ("attn", "k"): "attn.hook_k", ("attn", "v"): "attn.hook_v",
-                 ("attn", "pattern"): "attn.hook_pattern", ("mlp", "post"): "mlp.hook_post",
-                 ("mlp", "pre"): "mlp.hook_pre_linear", ("mlp", "gate"): "mlp.hook_pre"}
-        name = names.get((self.part, what))
-        if name is None or self.expert is not None:
-            raise ResidError(f"{self.label} has no TransformerLens hook name (resid.hook_names lists the names).")
-        return f"blocks.{self.layer}.{name}"
+        from resid.site_names import hook_name
+
+        return hook_name(self)
 
     @classmethod
     def from_hook_name(cls, name: str, index: int | None = None) -> "Site":
         """The Site a TransformerLens hook name reads; `index` picks a head (attn.hook_z / q / pattern), key/value
-        head (hook_k / hook_v) or neuron (mlp.hook_post / hook_pre) within it. hook_rot_q / hook_rot_k are q / k
-        (resid records them after rotary)."""
-        for site_name in ("hook_embed", "hook_pos_embed"):
-            if name == site_name:
-                return cls(None, site_name.removeprefix("hook_"))
-        match = re.fullmatch(r"blocks\.(-?\d+)\.(.+)", name)
-        inverse = {"hook_attn_out": ("attn", "out"), "hook_mlp_out": ("mlp", "out"), "attn.hook_z": ("attn", "z"),
-                   "attn.hook_q": ("attn", "q"), "attn.hook_rot_q": ("attn", "q"), "attn.hook_k": ("attn", "k"),
-                   "attn.hook_rot_k": ("attn", "k"), "attn.hook_v": ("attn", "v"),
-                   "attn.hook_pattern": ("attn", "pattern"), "mlp.hook_post": ("mlp", "post"),
-                   "mlp.hook_pre_linear": ("mlp", "pre"), "mlp.hook_pre": ("mlp", "gate")}
-        if match is not None:
-            layer, suffix = int(match[1]), match[2]
-            if suffix in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"):
-                return cls(layer, suffix.removeprefix("hook_"))
-            if suffix in inverse:
-                part, field = inverse[suffix]
-                axis = {"z": "head", "q": "head", "pattern": "head", "k": "kv_head",
-                        "v": "kv_head"}.get(field, "neuron")
-                units = {} if index is None or field == "out" else {axis: index}
-                return cls(layer, part, field=field if field != "out" else None, **units)
-        raise ResidError(f"{name!r} is not a TransformerLens hook name resid maps to a site (the residual stream, the "
-                         "sublayer writes, attn.hook_z/q/k/v/pattern, mlp.hook_post/pre); see docs/hook_names.md.")
+        head (hook_k / hook_v) or neuron (mlp.hook_post / hook_pre) within it (resid.site_names)."""
+        from resid.site_names import site_of
+
+        return site_of(name, index)
 
     # --- against a model ---------------------------------------------------------------------------------------
     def resolve(self, config: ModelConfig) -> "Site":
@@ -330,12 +280,6 @@ class Site:
         if experts and self.neuron is not None and self.expert is None:
             raise ResidError(f"{where}: layer {self.layer}'s MLP is a mixture of {experts} experts, each with its own "
                              f"neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron}).")
-
-
-_LABEL = re.compile(r"layers\[(?P<layer>-?\d+)\]"
-                    r"(?:\.(?P<part>resid_pre|resid_mid|resid_cross|resid_post|attn|cross|mlp)"
-                    r"(?P<units>(?:\.(?:head|kv_head|neuron|expert|feature)\[-?\d+\])*)(?:\.(?P<field>[a-zA-Z_]+))?)?")
-_UNIT = re.compile(r"\.(head|kv_head|neuron|expert|feature)\[(-?\d+)\]")
 
 
 def _as_int(value: object, name: str) -> int:

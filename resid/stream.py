@@ -25,7 +25,7 @@ from torch import Tensor
 from resid.components.norm import Norm
 from resid.errors import ResidError
 from resid.records import AttnRecord, LayerRecord, MLPRecord
-from resid.sites import RESID_PARTS, Site
+from resid.sites import Site
 
 __all__ = ["AttnRecord", "LayerRecord", "MLPRecord", "ResidualStream", "StreamNorms"]
 
@@ -200,6 +200,8 @@ class ResidualStream:
         Run.read for those): the residual [batch pos d_model], an embedding or a write, a field of a sublayer's
         record, indexed by the site's head / key-value head / neuron / expert ([batch pos d_head], [batch pos],
         a head's pattern [batch pos key_pos], ...)."""
+        from resid.site_read import read_site  # the one reader of a site's tensor
+
         return read_site(self, site)
 
     def _site(self, site: Site) -> Tensor:
@@ -282,37 +284,3 @@ def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_l
     if norm.b is not None:
         carried.append((bias_label, norm.b.float().expand_as(carried[0][1])))
     return carried
-
-
-def read_site(stream: ResidualStream, site: Site) -> Tensor:
-    """ResidualStream.read: the tensor at `site`, without its positions applied."""
-    if site.of_dictionary:
-        raise ResidError(f"{site.label} belongs to a learned dictionary, not to the stream: run the model with "
-                         "dictionaries=[...] and read it with run.read(site) (or run.dictionaries).")
-    if site.is_term:
-        raise ResidError(f"{site.label} is a term of an attribution (a constant carried to the logit), not a tensor "
-                         "of the run.")
-    if site.part in RESID_PARTS:
-        value = {"resid_pre": stream.resid_pre, "resid_mid": stream.resid_mid, "resid_cross": stream.resid_cross,
-                 "resid_post": stream.resid_post}[site.part](site.layer)
-        if value is None:
-            raise ResidError(f"{site.label} does not exist in this model (no resid_mid in parallel blocks, no "
-                             "resid_cross without cross-attention).")
-        return value
-    if site.part in ("embed", "pos_embed", "type_embed"):
-        value = getattr(stream, site.part)
-        if value is None:
-            raise ResidError(f"{site.label}: this model has no such embedding write.")
-        return value
-    if site.part == "layer":
-        raise ResidError(f"{site.label} is a whole layer (several writes): read Site(l, 'attn') and Site(l, 'mlp').")
-    record = getattr(stream._layer(site.layer), site.part)
-    if record is None:
-        raise ResidError(f"{site.label}: this model has no cross-attention.")
-    tensor = getattr(record, site.what)
-    if site.what == "pattern" and site.head is not None:  # [batch head pos key_pos]
-        return tensor[:, site.head]
-    if site.expert is not None:
-        return tensor[:, :, site.expert, site.neuron] if site.neuron is not None else tensor[:, :, site.expert]
-    return tensor if site.unit is None else tensor[:, :, site.unit]
-
