@@ -225,8 +225,9 @@ def apply_edits(tensor: Tensor, edits: Sequence[Edit], what: str) -> Tensor:
         rows = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
         region = (slice(None), slice(None)) if index is None else (rows, index)
         region = region if unit is None else (*region, unit)
+        new = iv.edit(tensor[region])  # read before the copy is written: autograd may keep what the edit read
         tensor = tensor.clone()
-        tensor[region] = iv.edit(tensor[region])
+        tensor[region] = new
     return tensor
 
 

@@ -21,6 +21,7 @@ def test_python_blocks_are_found():
     assert len(blocks) >= 4 and blocks[0][1].startswith("import resid")
 
 
+@pytest.mark.slow  # the README's examples load the real SmolLM2 end to end (about a minute)
 def test_readme_python_runs_as_printed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "readme"}

@@ -18,7 +18,11 @@ import venv
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import resid
+
+pytestmark = pytest.mark.slow  # builds the distribution and runs the real SmolLM2 from an empty environment
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in", "resid", "analyses"]

@@ -89,7 +89,7 @@ def sweep(
     size = batch_size_for(model, given.tokens, batch_size)
     dictionaries = tuple(getattr(d, "dictionary", d) for d in dictionaries)
     settings = dict(analysis="ablation.sweep", metric=metric_label, seed=seed, mean_positions=mean_positions,
-                    reference=_digest(reference), dictionaries=_weights_digest(dictionaries))
+                    reference=_digest(reference), dictionaries=dictionaries_digest(dictionaries))
     reference_texts = values.read_reference(reference) if method == "mean" else None
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
                    metric, {}, mean_positions == "per_position", read_at, batch_size, size.value,
@@ -109,7 +109,7 @@ def _digest(reference) -> object:
     return reference if reference is None or isinstance(reference, str) else list(reference)
 
 
-def _weights_digest(dictionaries: tuple) -> str | None:
+def dictionaries_digest(dictionaries: tuple) -> str | None:
     """What the signature records of the dictionaries: a hash of their names and weights (None without any), so
     that a store written with other dictionaries is refused, never resumed."""
     if not dictionaries:

@@ -11,7 +11,9 @@ Sites match resid.analyses.patching.activation's labels, so `compare` can join a
 "resid_pre" (layer x position; d/d resid_pre(l) is d/d of the write just before it, layers[l-1].mlp.out, or of
 the embedding for layer 0: exact for models whose stream is a sum of writes, so post-LN models are refused),
 "sublayer" (each attention / MLP write), "head" (each head's z), and each head's "q", "k", "v" (keys and values
-per key/value head) and "pattern".
+per key/value head) and "pattern", and "feature" (with `dictionaries=`: each feature of the learned dictionaries
+whose activation differs between the prompts of a pair, its gradient taken through the dictionary's splice;
+resid.analyses.patching.features; magnitude is |estimate| for features under AtP* too).
 """
 
 from collections.abc import Callable, Sequence
@@ -23,6 +25,7 @@ import pandas as pd
 import torch
 
 from resid.analyses import sites as site_words
+from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
@@ -30,6 +33,7 @@ from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
+from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of
 from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError, param
@@ -37,7 +41,7 @@ from resid.model import Transformer
 from resid.sites import Site
 
 SITES = ("resid_pre", "sublayer", "head")
-ALL_SITES = (*SITES, "q", "k", "v", "pattern")
+ALL_SITES = (*SITES, "q", "k", "v", "pattern", WORD)
 Method = Literal["atp", "atp*"]
 
 
@@ -57,6 +61,7 @@ def atp(
     progress: bool = False,
     executor: Executor | str | None = None,
     workers: int | None = None,
+    dictionaries: Sequence = (),
 ) -> pd.DataFrame:
     """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
     resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
@@ -66,6 +71,7 @@ def atp(
     sites = [sites] if isinstance(sites, str) else list(sites)
     for kind in sites:
         check_choice(kind, "sites", ALL_SITES)
+    dictionaries = dictionaries_of(dictionaries, sites)
     check_choice(method, "method", ("atp", "atp*"))
     if "resid_pre" in sites and model.config.post_ln:
         raise ResidError("AtP of resid_pre needs a stream that is a sum of writes; post-LN models norm it after each "
@@ -76,15 +82,17 @@ def atp(
         pairs.require_same_positions(f"{param('sites', 'pattern')} (a pattern spans every key position)")
     base = "corrupt" if direction == "denoise" else "clean"
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
-                    sites=sites, method=method)
+    settings = dict(direction=direction, metric=label,
+                    **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
+    job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, settings, sites=sites, method=method,
+                    dictionaries=dictionaries)
     df = drive(model, job, out, executor, workers, progress=progress)
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
     # rows in the order of `sites`, each kind's sites as resid.analyses.sites lists them
     width = int(pairs.clean.tokens.lengths.max())
-    order = {site.label: i for i, site in enumerate(s for kind in sites for s in site_words.expand(kind, model.config,
-                                                                                                    width))}
+    order = {site.label: i for i, site in enumerate(s for kind in sites if kind != WORD
+                                                     for s in site_words.expand(kind, model.config, width))}
     df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
     df = df.drop(columns="_order")
     df["method"] = method
@@ -97,6 +105,7 @@ class AtPJob(PairsJob):
 
     sites: list[str] = field(default_factory=list)
     method: str = "atp"
+    dictionaries: tuple = ()  # learned dictionaries whose features are sites (they travel with the job)
 
     name = "attribution patching"
     key = ("prompt_idx", "site")
@@ -105,8 +114,23 @@ class AtPJob(PairsJob):
         return {"analysis": "patching.atp", "sites": self.sites, "method": self.method, **super().signature()}
 
     def rows(self, model: Transformer, pairs: Pairs, indices: list[int]) -> pd.DataFrame:
-        return _chunk(model, pairs, self.base, indices, self.targets, self.baselines, self.metric, self.sites,
-                      self.method)
+        kinds = [kind for kind in self.sites if kind != WORD]
+        frames = [_chunk(model, pairs, self.base, indices, self.targets, self.baselines, self.metric, kinds,
+                         self.method)] if kinds else []
+        if WORD in self.sites:
+            frames.append(_features(model, pairs, self.base, indices, self.targets, self.baselines, self.metric,
+                                    self.dictionaries))
+        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _features(model, pairs: Pairs, base, chunk, targets, baselines, metric, dictionaries) -> pd.DataFrame:
+    t = torch.tensor([targets[i] for i in chunk], device=model.device)
+    b = None if baselines is None else torch.tensor([baselines[i] for i in chunk], device=model.device)
+    frame, value, donor_value = atp_frame(model, pairs, base, list(chunk), dictionaries, metric, t, b)
+    rows = frame["prompt_idx"].map({prompt: row for row, prompt in enumerate(chunk)}).to_numpy(dtype=np.int64)
+    frame["clean_metric"] = donor_value[rows] if base == "corrupt" else value[rows]
+    frame["corrupt_metric"] = value[rows] if base == "corrupt" else donor_value[rows]
+    return frame
 
 
 def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:

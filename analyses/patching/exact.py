@@ -6,8 +6,10 @@ one site, and measure how much of the clean behaviour that restores.
 
 score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 1 the clean run's, in both
 directions. Sites: a word of resid.analyses.sites ("resid_pre", "resid_mid", "resid_post": the residual stream at
-each layer and each position, the layer x position map; "sublayer", "head", "layer", "q", "k", "v", "pattern") or a
-list of resid.Site (or their labels): each is given the other prompt's activation by the ablation engine's resample path
+each layer and each position, the layer x position map; "sublayer", "head", "layer", "q", "k", "v", "pattern"),
+"feature" (with `dictionaries=`: every feature of the learned dictionaries active in some prompt of a pair;
+resid.analyses.patching.features) or a list of resid.Site (or their labels, feature sites Site(l, part, feature=i)
+included): each is given the other prompt's activation by the ablation engine's resample path
 (resid.analyses.ablation: batched rows, the clean prefix reused, the last token unembedded, out-of-memory
 back-off), and the clean and corrupt metrics come from the same clean passes.
 
@@ -28,9 +30,11 @@ import pandas as pd
 
 from resid.analyses import sites as site_words
 from resid.analyses.ablation.chunks import SweepJob
+from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
+from resid.analyses.patching.features import WORD, active, dictionaries_of, require
 from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, prepare, scored
 from resid.errors import param
 from resid.model import Transformer
@@ -57,24 +61,35 @@ def activation(
     align: Align = None,
     executor: Executor | str | None = None,
     workers: int | None = None,
+    dictionaries: Sequence = (),
 ) -> pd.DataFrame:
     """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS. executor:
-    None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same rows on each."""
+    None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same rows on each.
+    dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name."""
+    dictionaries = dictionaries_of(dictionaries, sites)
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     n = len(pairs.clean)
-    chosen = site_words.expand(sites, model.config, int(pairs.clean.tokens.lengths.max()))
+    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    if sites == WORD:
+        pairs.require_same_positions(f"Patching {param('sites', sites)}")
+        chosen = active(model, pairs, dictionaries, size.value)
+        if not chosen:
+            return pd.DataFrame(columns=list(COLUMNS))
+    else:
+        chosen = site_words.expand(sites, model.config, int(pairs.clean.tokens.lengths.max()))
+        require(chosen, dictionaries)
     if any(site.part not in RESID_PARTS or site.positions is None for site in chosen):
         pairs.require_same_positions(f"Patching {param('sites', sites)}" if isinstance(sites, str)
                                      else "Patching Sites")
-    size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    settings = dict(analysis="patching.activation", direction=direction, metric=label)
+    settings = dict(analysis="patching.activation", direction=direction, metric=label,
+                    **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
     base_prompts = getattr(pairs, base)
     job = SweepJob(base_prompts.sequences(range(n)), base_prompts.pad_token_id, target_ids, baseline_ids,
                    getattr(pairs, donor).sequences(range(n)), chosen, "resample", metric, {}, False, None, batch_size,
                    size.value, model.config.n_layers, settings, aligned=named_positions(pairs, base),
-                   donor_metric=True)
+                   donor_metric=True, dictionaries=dictionaries)
     df = drive(model, job, out, executor, workers, progress=progress)
     if df is None or df.empty:
         return pd.DataFrame(columns=list(COLUMNS))

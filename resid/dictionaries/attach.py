@@ -84,6 +84,7 @@ class Attached:
         """`capture` plus the fields the observed dictionaries read."""
         fields = {part: set(capture.fields(part)) for part in ("attn", "mlp", "cross")}
         layers = set(capture.layers) if capture.layers is not None else None
+        embed = capture.embed
         for use in self.uses:
             if isinstance(use, Splice):
                 continue
@@ -93,10 +94,14 @@ class Attached:
                     fields[site.part].add(site.what)
                     if point.standardized:
                         fields[site.part].add("norm_scale")
+                if site.part in RESID_PARTS:  # the stream there is the sum of the writes before it
+                    embed = True
+                    for part in ("attn", "mlp", "cross") if self.model.config.cross_attention else ("attn", "mlp"):
+                        fields[part].add("out")
                 if layers is not None and site.layer is not None:
-                    layers.add(site.layer)
+                    layers.update(range(site.layer + 1) if site.part in RESID_PARTS else (site.layer,))
         return dataclasses.replace(capture, **{part: frozenset(found) for part, found in fields.items()},
-                                   layers=None if layers is None else tuple(sorted(layers)))
+                                   layers=None if layers is None else tuple(sorted(layers)), embed=embed)
 
     def interventions(self, interventions: Sequence) -> list:
         """`interventions` with those on the dictionaries' features made into splices (resid.dictionaries.edits),
