@@ -1,0 +1,157 @@
+"""The trainable part shared by every recipe: weights, their initialisation, the decoder's unit norm, the count of
+tokens since each feature fired, and the export to a resid Dictionary.
+
+Axes: `token` the rows of a training batch, `d_in` / `d_out` the widths read and reconstructed (equal for an SAE),
+`feature` the d_sae learned features.
+
+    pre  = (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc          (b_dec is subtracted for SAEs only)
+    y^   = acts @ W_dec + b_dec (+ x @ W_skip for skip transcoders)
+
+Initialisation (every library read agrees): decoder rows drawn at random and scaled to `decoder_init_norm` (unit
+norm for TopK / BatchTopK, 0.1 for SAELens's ReLU and JumpReLU), the encoder the decoder's transpose (a transcoder
+whose d_in differs from d_out: an independent draw of the same norm), b_enc zero, W_skip zero, and b_dec set from
+the first batch's targets (`Recipe.b_dec_init`: geometric median, mean or zeros).
+"""
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from resid.analyses.training.recipe import Recipe
+from resid.dictionaries import Dictionary
+
+
+class Coder(nn.Module):
+    """One dictionary being trained. Subclasses (one per recipe) define `loss` and may add parameters."""
+
+    unit_norm: bool = False  # decoder rows kept at unit norm (and their parallel gradient removed)
+    activation: str = "relu"  # the exported Dictionary's activation
+
+    def __init__(self, d_in: int, d_out: int, recipe: Recipe, transcoder: bool = False, skip: bool = False):
+        super().__init__()
+        self.recipe, self.transcoder = recipe, transcoder
+        self.d_in, self.d_out, self.d_sae = d_in, d_out, recipe.width(d_in)
+        g = torch.Generator().manual_seed(recipe.seed)
+        norm = recipe.decoder_init_norm if recipe.decoder_init_norm is not None else (1.0 if self.unit_norm else 0.1)
+        W_dec = torch.randn(self.d_sae, d_out, generator=g)
+        W_dec = norm * W_dec / W_dec.norm(dim=1, keepdim=True)
+        if d_in == d_out:
+            W_enc = W_dec.T.clone()
+        else:
+            W_enc = torch.randn(d_in, self.d_sae, generator=g)
+            W_enc = norm * W_enc / W_enc.norm(dim=0, keepdim=True)
+        self.W_enc = nn.Parameter(W_enc.contiguous())
+        self.b_enc = nn.Parameter(torch.zeros(self.d_sae))
+        self.W_dec = nn.Parameter(W_dec)
+        self.b_dec = nn.Parameter(torch.zeros(d_out))
+        self.W_skip = nn.Parameter(torch.zeros(d_in, d_out)) if skip else None
+        self.apply_b_dec_to_input = not transcoder
+        # tokens since each feature last fired (dead features: >= recipe.dead_tokens), and whether b_dec was set
+        self.register_buffer("since_fired", torch.zeros(self.d_sae, dtype=torch.long))
+        self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+
+    # --- the maths -------------------------------------------------------------------------------------------
+    def pre(self, x: Float[Tensor, "token d_in"]) -> Float[Tensor, "token feature"]:
+        x = x - self.b_dec if self.apply_b_dec_to_input else x
+        return x @ self.W_enc + self.b_enc
+
+    def decode(self, acts: Float[Tensor, "token feature"], x: Float[Tensor, "token d_in"]
+               ) -> Float[Tensor, "token d_out"]:
+        out = acts @ self.W_dec + self.b_dec
+        return out + x @ self.W_skip if self.W_skip is not None else out
+
+    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, feature activations, reconstruction) of a batch: x the input, y the target (x for an SAE)."""
+        raise NotImplementedError
+
+    # --- around the optimizer step ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def start(self, y: Float[Tensor, "token d_out"]) -> None:
+        """b_dec from the first batch's targets (once; a resumed run keeps its own)."""
+        if bool(self.initialised):
+            return
+        method = self.recipe.b_dec_init
+        if method == "mean":
+            self.b_dec.copy_(y.mean(0))
+        elif method == "geometric_median":
+            self.b_dec.copy_(geometric_median(y))
+        self.initialised.fill_(True)
+
+    @torch.no_grad()
+    def count(self, acts: Tensor) -> None:
+        """Tokens since each feature fired, after a batch."""
+        fired = (acts > 0).any(0)
+        self.since_fired += acts.shape[0]
+        self.since_fired[fired] = 0
+
+    def dead(self) -> Tensor:
+        return self.since_fired >= self.recipe.dead_tokens
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """Remove the part of the decoder's gradient that would change its rows' norms (unit-norm recipes)."""
+        if self.unit_norm and self.W_dec.grad is not None:
+            rows = self.W_dec / self.W_dec.norm(dim=1, keepdim=True)
+            self.W_dec.grad -= (self.W_dec.grad * rows).sum(1, keepdim=True) * rows
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        if self.unit_norm:
+            self.W_dec /= self.W_dec.norm(dim=1, keepdim=True)
+
+    # --- export ----------------------------------------------------------------------------------------------
+    def export_fields(self) -> dict:
+        """The activation-specific fields of the exported Dictionary (activation, threshold, k)."""
+        return {"activation": self.activation}
+
+    def dictionary(self, hook_in: str | None = None, hook_out: str | None = None, name: str = "dictionary",
+                   model_name: str | None = None, metadata: dict | None = None) -> Dictionary:
+        """The trained dictionary as a resid Dictionary (float32, on the CPU), ready for model.run(dictionaries=)
+        and the SAELens writer."""
+        take = lambda t: t.detach().float().cpu().clone()  # noqa: E731
+        return Dictionary(
+            W_enc=take(self.W_enc), b_enc=take(self.b_enc), W_dec=take(self.W_dec), b_dec=take(self.b_dec),
+            W_skip=None if self.W_skip is None else take(self.W_skip), **self.export_fields(),
+            apply_b_dec_to_input=self.apply_b_dec_to_input, name=name, format="resid-trained", hook_in=hook_in,
+            hook_out=hook_out if hook_out is not None else hook_in, model_name=model_name,
+            metadata=dict(metadata or {}), transcoder=self.transcoder,
+        )
+
+
+def mse(y: Tensor, y_hat: Tensor) -> Tensor:
+    """Squared error summed over the features of a token, mean over tokens (SAELens, dictionary_learning)."""
+    return (y - y_hat).pow(2).sum(-1).mean()
+
+
+def geometric_median(points: Float[Tensor, "token d"], iterations: int = 100, tol: float = 1e-5
+                     ) -> Float[Tensor, "d"]:
+    """Weiszfeld's iteration from the mean (as dictionary_learning and sparsify compute it)."""
+    guess = points.mean(0)
+    for _ in range(iterations):
+        weights = 1 / (points - guess).norm(dim=1).clamp_min(1e-8)
+        new = (weights[:, None] * points).sum(0) / weights.sum()
+        if (new - guess).norm() < tol:
+            return new
+        guess = new
+    return guess
+
+
+def auxk_loss(coder: Coder, pre: Tensor, residual: Tensor, k_aux: int, variance: Tensor) -> Tensor:
+    """The AuxK loss of Gao et al. 2024: the top k_aux dead features (by relu(pre)) reconstruct the main
+    reconstruction's residual (detached) through the decoder without its bias; the squared error summed over
+    features, mean over tokens, divided by `variance` (each recipe says which). Zero while no feature is dead."""
+    dead = coder.dead()
+    n_dead = int(dead.sum())
+    if n_dead == 0:
+        return pre.new_zeros(())
+    k = min(k_aux, n_dead)
+    relu = torch.relu(pre)
+    values, index = torch.where(dead, relu, torch.full_like(relu, -torch.inf)).topk(k, dim=-1, sorted=False)
+    acts = torch.zeros_like(pre).scatter(-1, index, values)
+    e_hat = acts @ coder.W_dec
+    return ((residual - e_hat).pow(2).sum(-1).mean() / variance).nan_to_num(0.0)
+
+
+def variance(y: Float[Tensor, "token d"]) -> Tensor:
+    """Summed squared deviation from the batch mean, mean over tokens (the denominator of the FVU)."""
+    return (y - y.mean(0)).pow(2).sum(-1).mean()

@@ -1,0 +1,99 @@
+"""How a dictionary is trained: one Recipe per run, the same for every site the run trains.
+
+Activation functions and the library whose recipe each follows (read for this; see the trainer modules):
+
+    relu       SAELens 6's "standard" training SAE: MSE + l1_coefficient * decoder-norm-weighted L1
+    topk       sparsify (EleutherAI) / Gao et al. 2024: FVU + auxk_alpha * AuxK, unit-norm decoder rows
+    batchtopk  dictionary_learning's BatchTopKTrainer (Bussmann et al. 2024), exported as a JumpReLU threshold
+    jumprelu   SAELens 6's JumpReLU training SAE (Rajamanoharan et al. 2024): MSE + l0_coefficient * L0 through a
+               straight-through estimator with a rectangle kernel of width `bandwidth`
+
+Schedule (all recipes): Adam (betas 0.9, 0.999); the learning rate rises linearly from 0 over `warmup_steps`
+(sparsify, dictionary_learning: 1000 steps), stays at `lr`, and falls linearly to 0 over the last `decay_steps`
+(SAELens's lr_decay_steps; dictionary_learning's decay_start is steps - decay_steps). The sparsity coefficient
+rises linearly over `sparsity_warmup_steps` (SAELens's l1_warm_up_steps / l0_warm_up_steps).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from resid.errors import ResidError, param
+
+Kind = Literal["relu", "topk", "batchtopk", "jumprelu"]
+KINDS = ("relu", "topk", "batchtopk", "jumprelu")
+BDecInit = Literal["geometric_median", "mean", "zeros"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The settings of a training run (defaults: the followed library's, scaled to short runs where noted)."""
+
+    activation: Kind = "topk"
+    expansion: int = 8  # d_sae = expansion * d_in (ignored when d_sae is given)
+    d_sae: int | None = None
+    k: int = 32  # topk, batchtopk: active features per token (batchtopk: on average over the batch)
+    steps: int = 1000
+    batch_size: int = 4096  # tokens per optimizer step
+    lr: float | None = None  # None: the recipe's default (see default_lr)
+    warmup_steps: int = 100  # sparsify / dictionary_learning use 1000 on runs of tens of thousands of steps
+    decay_steps: int = 0  # linear decay to zero over the last decay_steps
+    l1_coefficient: float = 5.0  # relu (SAELens's default is 1.0; activations here are not rescaled to norm sqrt(d))
+    l0_coefficient: float = 1.0  # jumprelu (SAELens's default)
+    sparsity_warmup_steps: int = 0
+    bandwidth: float = 0.05  # jumprelu: the straight-through estimator's kernel width (SAELens's default)
+    init_threshold: float = 0.01  # jumprelu: the initial threshold (SAELens's default)
+    auxk_alpha: float = 1 / 32  # topk, batchtopk (sparsify, dictionary_learning)
+    dead_tokens: int = 10_000_000  # a feature is dead after this many tokens without firing (both libraries)
+    threshold_beta: float = 0.999  # batchtopk: the threshold's moving-average weight (dictionary_learning)
+    threshold_start_step: int = 100  # batchtopk: steps before the threshold is tracked (dictionary_learning: 1000)
+    clip: float | None = None  # gradient norm clip (dictionary_learning clips at 1.0; sparsify and SAELens do not)
+    b_dec_init: BDecInit = "geometric_median"  # from the first batch (sparsify, dictionary_learning; SAELens option)
+    decoder_init_norm: float | None = None  # None: the recipe's (relu, jumprelu: SAELens's 0.1; topk: unit rows)
+    seed: int = 0  # of the initialisation and of the data order
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.activation not in KINDS:
+            problems.append(f"{param('activation', self.activation)} must be one of {', '.join(KINDS)}")
+        for name in ("expansion", "k", "steps", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{param(name, value)} must be a positive integer")
+        if self.d_sae is not None and self.d_sae < 1:
+            problems.append(f"{param('d_sae', self.d_sae)} must be positive")
+        if not 0 <= self.warmup_steps + self.decay_steps <= self.steps:
+            problems.append(f"{param('warmup_steps', self.warmup_steps)} + {param('decay_steps', self.decay_steps)} "
+                            f"must be at most {param('steps', self.steps)}")
+        if self.b_dec_init not in ("geometric_median", "mean", "zeros"):
+            problems.append(f"{param('b_dec_init', self.b_dec_init)} must be geometric_median, mean or zeros")
+        if self.lr is not None and not self.lr > 0:
+            problems.append(f"{param('lr', self.lr)} must be positive")
+        if problems:
+            raise ResidError("Invalid Recipe: " + "; ".join(problems) + ".")
+
+    def width(self, d_in: int) -> int:
+        """d_sae for an input of width d_in."""
+        return self.d_sae if self.d_sae is not None else self.expansion * d_in
+
+    def default_lr(self, d_sae: int) -> float:
+        """sparsify / dictionary_learning (topk, batchtopk): 2e-4 / sqrt(d_sae / 2^14), Gao et al.'s scaling law;
+        SAELens (relu, jumprelu): 3e-4... scaled the same way here, so that small dictionaries train quickly."""
+        if self.lr is not None:
+            return self.lr
+        return 2e-4 / math.sqrt(d_sae / 2**14) if self.activation in ("topk", "batchtopk") else \
+            3e-4 / math.sqrt(d_sae / 2**14)
+
+    def lr_factor(self, step: int) -> float:
+        """The learning rate of step `step` (0-based) as a fraction of lr: warm-up, constant, decay."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.decay_steps and step >= self.steps - self.decay_steps:
+            return (self.steps - step) / self.decay_steps
+        return 1.0
+
+    def sparsity_factor(self, step: int) -> float:
+        """The sparsity coefficient's fraction at step `step` (SAELens's coefficient warm-up)."""
+        if step >= self.sparsity_warmup_steps:
+            return 1.0
+        return (step + 1) / self.sparsity_warmup_steps

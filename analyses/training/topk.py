@@ -1,0 +1,43 @@
+"""TopK with the AuxK loss for dead features, as sparsify (EleutherAI) trains it, after Gao et al. 2024
+("Scaling and evaluating sparse autoencoders"), read for this:
+
+    acts = the k largest of relu(pre) per token, the rest zero
+    fvu  = sum (y - y^)^2 / sum (y - mean(y))^2                 (over the batch)
+    aux  = min(n_dead / k_aux, 1) * sum (e - e^)^2 / sum (y - mean(y))^2,   k_aux = d_out // 2,
+           e = y - y^ (detached), e^ the top k_aux dead features' decode without b_dec
+    loss = fvu + auxk_alpha * aux
+
+A feature is dead after recipe.dead_tokens tokens without firing (sparsify's dead_feature_threshold, 10M).
+Decoder rows are unit norm: the gradient's component along each row is removed before the step and the rows are
+renormalised after it. sparsify's default learning rate is 2e-4 / sqrt(d_sae / 2^14) with Adam.
+"""
+
+import torch
+from torch import Tensor
+
+from resid.analyses.training.coder import Coder, auxk_loss, variance
+
+
+def top_k(pre: Tensor, k: int) -> Tensor:
+    """relu(pre) kept at its k largest per row."""
+    values, index = pre.topk(k, dim=-1, sorted=False)
+    return torch.zeros_like(pre).scatter(-1, index, torch.relu(values))
+
+
+class TopKCoder(Coder):
+    unit_norm = True
+    activation = "topk"
+
+    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        pre = self.pre(x)
+        acts = top_k(pre, self.recipe.k)
+        y_hat = self.decode(acts, x)
+        total = variance(y)
+        fvu = (y - y_hat).pow(2).sum(-1).mean() / total
+        k_aux = self.d_out // 2
+        scale = min(int(self.dead().sum()) / k_aux, 1.0)
+        aux = auxk_loss(self, pre, (y - y_hat).detach(), k_aux, total)
+        return fvu + self.recipe.auxk_alpha * scale * aux, acts, y_hat
+
+    def export_fields(self) -> dict:
+        return {"activation": "topk", "k": self.recipe.k}
