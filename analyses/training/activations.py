@@ -1,0 +1,131 @@
+"""The activation pipeline: a corpus through the model in padded batches, the tensors the dictionaries read, a
+shuffling buffer, training batches.
+
+Glossary: a *window* is at most `window` tokens of one document (resid.analyses.neurons.keys.windows: long documents
+become consecutive windows, BOS first if the model prepends one); a *block* is `block_windows` consecutive windows
+of the shuffled window order; a *hook* is a dictionary hook name (TransformerLens's `blocks.6.hook_resid_post`,
+`blocks.6.ln2.hook_normalized`, `blocks.6.hook_mlp_out`; resid.dictionaries.hooks maps them onto sites).
+
+    source = Activations(model, texts, hooks=["blocks.3.hook_resid_post"], batch_size=4096)
+    for position, batch in source.batches():     # batch: {hook: [batch_size d]} float32, the same tokens per hook
+        ...
+
+The order, a function of the seed alone (so a resumed run sees the same batches):
+1. The windows are permuted (torch.randperm seeded with (seed, epoch)); the corpus repeats, in a new order, when
+   training needs more tokens than it has.
+2. A block's windows run through the model `forward_batch` at a time, right-padded (resid.tokenizer.Tokens), once
+   for every hook: each hook's tensor is read at the same positions (resid.dictionaries.hooks.read), so several
+   dictionaries train from one forward pass, and a transcoder's input and output rows are the same tokens.
+3. Padding is dropped, and so are the BOS tokens the model prepends (their activations are attention-sink outliers
+   that no dictionary should spend features on) unless keep_bos=True.
+4. The block's tokens are shuffled (a permutation seeded with (seed, block)) and cut into batches of batch_size
+   tokens; the remainder of a block (fewer than batch_size tokens) is dropped.
+A block's activations are the shuffling buffer: block_windows * window tokens x the hooks' widths, float32, on
+`device`. A `Position` (block, batch in block) says where the stream is, which is all a checkpoint needs.
+"""
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from resid.analyses.neurons.keys import windows as cut_windows
+from resid.analyses.neurons.scan import Window, batch_tokens
+from resid.capture import Capture
+from resid.dictionaries.hooks import HookPoint, hook_point, read, width
+from resid.errors import ResidError, param
+from resid.model import Transformer
+
+
+@dataclass(frozen=True)
+class Position:
+    block: int  # blocks started (0-based index of the current one)
+    batch: int  # batches of that block already given out
+
+
+class Activations:
+    """Training batches of the tensors `hooks` name, from `texts` run through `model` (see the module docstring)."""
+
+    def __init__(self, model: Transformer, texts: Sequence[str], hooks: Sequence[str], batch_size: int = 4096,
+                 window: int = 256, forward_batch: int = 8, block_windows: int = 64, keep_bos: bool = False,
+                 seed: int = 0, device: torch.device | str | None = None):
+        for name, value in (("batch_size", batch_size), ("forward_batch", forward_batch),
+                            ("block_windows", block_windows)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ResidError(f"{param(name, value)} must be a positive integer.")
+        self.model, self.batch_size, self.forward_batch = model, batch_size, forward_batch
+        self.keep_bos, self.seed = keep_bos, seed
+        self.device = torch.device(device) if device is not None else model.device
+        self.hooks = list(dict.fromkeys(hooks))
+        self.points = {hook: hook_point(hook, model.config) for hook in self.hooks}
+        for hook, point in self.points.items():
+            if point is None:
+                raise ResidError(f"Hook {hook!r} needs the model's config to be mapped, and it did not map.")
+        self.capture = capture_for(list(self.points.values()))
+        self.windows = cut_windows(model, texts, window)
+        self.block_windows = min(block_windows, len(self.windows))
+        self.n_blocks = -(-len(self.windows) // self.block_windows)  # per epoch
+        self.pad = model.require_tokenizer().pad_token_id
+        per_block = self.tokens_per_block()
+        if max(per_block) < batch_size:
+            raise ResidError(f"A block of {self.block_windows} windows holds at most {max(per_block)} training tokens, "
+                             f"fewer than one batch of {param('batch_size', batch_size)}: raise block_windows or "
+                             "give a smaller batch.")
+
+    def width(self, hook: str) -> int:
+        return width(self.points[hook], self.model.config)
+
+    def tokens_per_block(self) -> list[int]:
+        """Training tokens (no padding, no added BOS unless kept) of each block of the first epoch."""
+        counts = []
+        for b in range(self.n_blocks):
+            counts.append(sum(len(w) - (w.bos and not self.keep_bos) for w in self._block_windows(b)))
+        return counts
+
+    def _block_windows(self, block: int) -> list[Window]:
+        epoch, index = divmod(block, self.n_blocks)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.windows), generator=g).tolist()
+        chosen = order[index * self.block_windows:(index + 1) * self.block_windows]
+        return [self.windows[i] for i in chosen]
+
+    @torch.no_grad()
+    def block(self, block: int) -> dict[str, Tensor]:
+        """The shuffled training tokens of block `block`, per hook: {hook: [token d]} float32 on self.device."""
+        pieces: dict[str, list[Tensor]] = {hook: [] for hook in self.hooks}
+        chunk = self._block_windows(block)
+        for start in range(0, len(chunk), self.forward_batch):
+            part = chunk[start:start + self.forward_batch]
+            tokens, valid = batch_tokens(part, self.pad, self.model.device)
+            if self.keep_bos:
+                valid = tokens.attention_mask
+            run = self.model.run(tokens, capture=self.capture, logits_at="last")
+            for hook, point in self.points.items():
+                pieces[hook].append(read(run, self.model, point)[valid].to(self.device, torch.float32))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * (block + 1))
+        found = {hook: torch.cat(parts) for hook, parts in pieces.items()}
+        order = torch.randperm(len(next(iter(found.values()))), generator=g).to(self.device)
+        return {hook: tensor[order] for hook, tensor in found.items()}
+
+    def batches(self, start: Position = Position(0, 0)) -> Iterator[tuple[Position, dict[str, Tensor]]]:
+        """Endless training batches from `start` on; each comes with the Position after it."""
+        block, skip = start.block, start.batch
+        while True:
+            found = self.block(block)
+            n = len(next(iter(found.values()))) // self.batch_size
+            for i in range(skip, n):
+                span = slice(i * self.batch_size, (i + 1) * self.batch_size)
+                yield Position(block, i + 1), {hook: tensor[span] for hook, tensor in found.items()}
+            block, skip = block + 1, 0
+
+
+def capture_for(points: Sequence[HookPoint]) -> Capture:
+    """What a run must record for `points` to be read: the residual writes (any residual site), each sublayer
+    field the points read, the norm scales of standardized points; no final norm scale."""
+    capture = Capture.of([p.site for p in points], final_norm_scale=False)
+    fields = {part: set(capture.fields(part)) for part in ("attn", "mlp", "cross")}
+    for point in points:
+        if point.standardized:
+            fields[point.site.part].add("norm_scale")
+    return Capture(attn=fields["attn"], mlp=fields["mlp"], cross=fields["cross"], final_norm_scale=False)
