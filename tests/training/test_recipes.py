@@ -11,15 +11,6 @@ from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer, fit
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small matmuls run fastest on one thread (and do not fight the other tests for the cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _trainer(activation: str, **options) -> tuple[Trainer, torch.Tensor]:
     recipe = Recipe(activation=activation, d_sae=40, k=4, steps=10, batch_size=64, warmup_steps=0, seed=3,
                     b_dec_init="mean", **options)

@@ -1,0 +1,133 @@
+"""How good a dictionary is, on a corpus, as SAELens's and sparsify's evaluations measure it.
+
+    df = evaluate(model, [sae, transcoder], corpus.demo(max_documents=200))
+
+Per dictionary, over the evaluation tokens (padding and, unless keep_bos, BOS excluded, as in training):
+
+    fvu                 fraction of variance unexplained: sum |y - y^|^2 / sum |y - mean(y)|^2 (mean over the tokens)
+    l0                  mean number of active features per token
+    dead_fraction       features that never fire on these tokens
+    dense_fraction      features that fire on more than `dense` (default 10%) of them
+    ce_clean            next-token cross-entropy of the model (nats), at the positions whose prediction is scored
+    ce_spliced          ... with the tensor the dictionary reconstructs replaced by the reconstruction alone
+                        (resid.dictionaries.Splice(d, error=False)), at every position of the pass
+    ce_zero_ablated     ... with that tensor replaced by zeros (a splice of the dictionary with a zero decoder)
+    ce_loss_recovered   1 - (ce_spliced - ce_clean) / (ce_zero_ablated - ce_clean)
+    kl_spliced          KL(clean || spliced) of the next-token distributions, mean over the scored positions
+
+A prediction is scored at a training position (real, not an added BOS unless keep_bos) whose next token is real.
+The spliced runs replace BOS positions too (a splice covers the whole pass), as SAELens's evaluation does.
+"""
+
+import copy
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from resid.analyses.io import corpus as corpora
+from resid.analyses.io.provenance import describe
+from resid.analyses.neurons.keys import windows as cut_windows
+from resid.analyses.neurons.scan import batch_tokens
+from resid.dictionaries import Dictionary, Splice, check
+from resid.errors import ResidError
+from resid.model import Transformer
+
+
+def evaluate(
+    model: Transformer,
+    dictionaries: Dictionary | Sequence[Dictionary],
+    corpus: corpora.Source,
+    max_windows: int = 64,
+    window: int = 128,
+    batch_size: int = 4,
+    keep_bos: bool = False,
+    dense: float = 0.1,
+) -> pd.DataFrame:
+    """One row per dictionary (see the module docstring), over the first `max_windows` windows of `corpus`."""
+    dictionaries = [dictionaries] if isinstance(dictionaries, Dictionary) else list(dictionaries)
+    if not dictionaries:
+        raise ResidError("Give at least one dictionary to evaluate.")
+    if not 0 < dense < 1:
+        raise ResidError(f"dense must be a fraction between 0 and 1, got {dense!r}.")
+    dictionaries = [check(d, model) for d in dictionaries]
+    pieces = cut_windows(model, corpora.load(corpus), window)[:max_windows]
+    pad = model.require_tokenizer().pad_token_id
+    totals = [_Totals(d) for d in dictionaries]
+    with torch.no_grad():
+        for start in range(0, len(pieces), batch_size):
+            tokens, valid = batch_tokens(pieces[start:start + batch_size], pad, model.device)
+            if keep_bos:
+                valid = tokens.attention_mask
+            scored = valid.clone()
+            scored[:, :-1] &= tokens.attention_mask[:, 1:]  # the next token is real
+            scored[:, -1] = False
+            clean = model.run(tokens, dictionaries=dictionaries)
+            clean_logp = torch.log_softmax(clean.logits[scored].float(), dim=-1)
+            targets = tokens.ids[:, 1:][scored[:, :-1]]
+            for d, total in zip(dictionaries, totals):
+                total.observe(clean.dictionaries[d.name], valid)
+                total.ce_clean += _nll(clean_logp, targets)
+                spliced = torch.log_softmax(model.run(tokens, dictionaries=[Splice(d, error=False)]).logits[scored]
+                                            .float(), dim=-1)
+                total.ce_spliced += _nll(spliced, targets)
+                total.kl += float((clean_logp.exp() * (clean_logp - spliced)).sum())
+                zeroed = model.run(tokens, dictionaries=[Splice(total.zero, error=False)]).logits[scored]
+                total.ce_zero += _nll(torch.log_softmax(zeroed.float(), dim=-1), targets)
+                total.scored += len(targets)
+    df = pd.DataFrame([t.row(dense) for t in totals])
+    df.attrs["provenance"] = describe(model, "training.evaluate", {
+        "dictionaries": [d.name for d in dictionaries], "windows": len(pieces), "window": window,
+        "keep_bos": keep_bos, "dense": dense})
+    return df
+
+
+def _nll(logp: Tensor, targets: Tensor) -> float:
+    return float(-logp.gather(-1, targets[:, None]).sum())
+
+
+class _Totals:
+    """Running sums over the evaluation batches of one dictionary (float64)."""
+
+    def __init__(self, d: Dictionary):
+        self.d = d
+        self.zero = copy.deepcopy(d)  # the same hooks, reconstructing zeros: the zero ablation as a splice
+        self.zero.name = f"{d.name}/zero"
+        with torch.no_grad():
+            for field in ("W_dec", "b_dec", "W_skip"):
+                if getattr(self.zero, field) is not None:
+                    getattr(self.zero, field).zero_()
+        self.tokens = 0
+        self.error = self.square = 0.0
+        self.sum = torch.zeros(d.d_out, dtype=torch.float64)
+        self.active = 0.0
+        self.fired = torch.zeros(d.d_sae, dtype=torch.float64)
+        self.ce_clean = self.ce_spliced = self.ce_zero = self.kl = 0.0
+        self.scored = 0
+
+    def observe(self, record, valid: Tensor) -> None:
+        target = (record.reconstruction + record.error)[valid].double()
+        acts = record.acts.to_dense() if record.acts.is_sparse else record.acts
+        on = acts[valid] > 0
+        self.tokens += len(target)
+        self.error += float(record.error[valid].double().pow(2).sum())
+        self.square += float(target.pow(2).sum())
+        self.sum += target.sum(0).cpu()
+        self.active += float(on.sum())
+        self.fired += on.sum(0).double().cpu()
+
+    def row(self, dense: float) -> dict:
+        n = max(self.tokens, 1)
+        variance = self.square - float(self.sum.pow(2).sum()) / n
+        ce = {name: value / max(self.scored, 1) for name, value in
+              (("ce_clean", self.ce_clean), ("ce_spliced", self.ce_spliced), ("ce_zero_ablated", self.ce_zero))}
+        gap = ce["ce_zero_ablated"] - ce["ce_clean"]
+        return {
+            "dictionary": self.d.name, "hook_in": self.d.hook_in, "hook_out": self.d.hook_out, "d_sae": self.d.d_sae,
+            "tokens": self.tokens, "fvu": self.error / variance if variance > 0 else float("nan"),
+            "l0": self.active / n, "dead_fraction": float((self.fired == 0).double().mean()),
+            "dense_fraction": float((self.fired > dense * n).double().mean()), **ce,
+            "ce_loss_recovered": 1 - (ce["ce_spliced"] - ce["ce_clean"]) / gap if gap != 0 else float("nan"),
+            "kl_spliced": self.kl / max(self.scored, 1),
+        }

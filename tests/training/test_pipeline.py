@@ -1,0 +1,107 @@
+"""The activation pipeline and the training loop on a tiny random model: the buffer holds exactly the real tokens
+(no padding, no BOS unless asked), several dictionaries from one forward pass train as each would alone, a run
+killed mid-way and resumed ends with the uninterrupted run's weights, and the result runs in model.run and loads
+back from its SAELens folder."""
+
+import dataclasses
+
+import pytest
+import torch
+from numerics import TINY
+
+import resid
+from resid.analyses.training.activations import Activations
+from resid.analyses.training.loop import Spec, train
+from resid.analyses.training.recipe import Recipe
+from resid.dictionaries.hooks import hook_point, read
+
+HOOK = "blocks.1.hook_resid_post"
+
+
+def _rows_alone(model, source: Activations, block: int, hook: str, keep_bos: bool) -> torch.Tensor:
+    """The block's tokens, each window run alone (no padding), BOS dropped unless kept."""
+    point = hook_point(hook, model.config)
+    rows = []
+    for w in source._block_windows(block):
+        run = model.run(torch.as_tensor(w.ids)[None], capture=resid.Capture.all())
+        rows.append(read(run, model, point)[0, 0 if keep_bos or not w.bos else 1:])
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("keep_bos", [False, True])
+def test_the_buffer_holds_the_real_tokens_and_no_padding_or_bos(bos_model, texts, keep_bos: bool) -> None:
+    source = Activations(bos_model, texts, [HOOK], batch_size=64, window=24, forward_batch=5, block_windows=12,
+                         keep_bos=keep_bos)
+    found = source.block(1)[HOOK]
+    alone = _rows_alone(bos_model, source, 1, HOOK, keep_bos)
+    assert found.shape == alone.shape  # padding would add rows, a dropped BOS would remove some
+    distance = torch.cdist(found, alone)  # the same rows, shuffled (two tokens may have the same activations)
+    torch.testing.assert_close(found, alone[distance.argmin(1)], **TINY)
+    torch.testing.assert_close(alone, found[distance.argmin(0)], **TINY)
+    bos_row = read(bos_model.run(torch.tensor([[50256]]), capture=resid.Capture.all()), bos_model,
+                   hook_point(HOOK, bos_model.config))[0, 0]
+    assert bool(torch.isclose(found, bos_row, **TINY).all(1).any()) == keep_bos
+
+
+def test_a_transcoders_input_and_output_rows_are_the_same_tokens(bos_model, texts) -> None:
+    spec = Spec.transcoder(bos_model, 1)
+    source = Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, block_windows=8)
+    block = source.block(0)
+    alone_in = _rows_alone(bos_model, source, 0, spec.hook_in, False)
+    alone_out = _rows_alone(bos_model, source, 0, spec.hook_out, False)
+    match = torch.cdist(block[spec.hook_in], alone_in).argmin(1)  # which token each shuffled row is
+    torch.testing.assert_close(block[spec.hook_out], alone_out[match], **TINY)
+
+
+RECIPE = Recipe(activation="topk", k=4, d_sae=64, steps=9, batch_size=96, warmup_steps=2, dead_tokens=200)
+OPTIONS = dict(window=24, block_windows=6, forward_batch=4, progress=False)
+
+
+def _weights(dictionaries) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.detach().clone() for k, v in d.state_dict().items()} for d in dictionaries]
+
+
+def test_several_dictionaries_from_one_forward_train_as_each_alone(bos_model, texts) -> None:
+    specs = [Spec("blocks.0.hook_resid_post"), Spec.transcoder(bos_model, 2)]
+    recipe = Recipe(activation="batchtopk", k=4, d_sae=64, steps=6, batch_size=96, warmup_steps=2,
+                    threshold_start_step=2)
+    together = _weights(train(bos_model, texts, specs, recipe, **OPTIONS))
+    alone = [_weights(train(bos_model, texts, [s], recipe, **OPTIONS))[0] for s in specs]
+    for both, one in zip(together, alone):
+        assert both.keys() == one.keys()
+        for name in both:
+            assert torch.equal(both[name], one[name]), name
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(bos_model, texts, tmp_path) -> None:
+    def kill(step, stats):
+        if step == 7:
+            raise Killed
+
+    specs = [HOOK, Spec("blocks.0.hook_resid_post", name="early")]
+    with pytest.raises(Killed):
+        train(bos_model, texts, specs, RECIPE, folder=tmp_path, checkpoint_every=3, on_step=kill, **OPTIONS)
+    resumed_from = []
+    resumed = train(bos_model, texts, specs, RECIPE, folder=tmp_path, checkpoint_every=3,
+                    on_step=lambda step, stats: resumed_from.append(step), **OPTIONS)
+    assert resumed_from[0] == 7  # it went on from the checkpoint of step 6, not from the start
+    straight = train(bos_model, texts, specs, RECIPE, **OPTIONS)
+    for a, b in zip(_weights(resumed), _weights(straight)):
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+    # the saved folder loads back and encodes as the trained dictionary does
+    loaded = resid.dictionaries.load(tmp_path / HOOK, bos_model)
+    x = torch.randn(5, bos_model.config.d_model)
+    torch.testing.assert_close(loaded.encode(x), resumed[0].encode(x), **TINY)
+    run = bos_model.run(texts[:2], dictionaries=resumed)
+    assert set(run.dictionaries) == {HOOK, "early"}
+
+
+def test_other_settings_do_not_resume(bos_model, texts, tmp_path) -> None:
+    train(bos_model, texts, [HOOK], RECIPE, folder=tmp_path, checkpoint_every=3, **OPTIONS)
+    with pytest.raises(resid.ResidError, match="other settings"):
+        train(bos_model, texts, [HOOK], dataclasses.replace(RECIPE, activation="relu"), folder=tmp_path, **OPTIONS)
