@@ -42,6 +42,7 @@ DEFAULT_MODEL = "smollm2-135m"
 # lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
 COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
             "neurons")
+COMMANDS += ("train",)  # `resid train-sae` and `resid train-transcoder` (analyses/cli/train.py)
 
 
 def _parser() -> argparse.ArgumentParser:

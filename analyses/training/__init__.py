@@ -1,3 +1,31 @@
-"""Training dictionaries (sparse autoencoders, transcoders) on a model's activations; see resid.analyses.training
-modules: recipe (settings), coder + relu / topk / batchtopk / jumprelu (the recipes), trainer (one step),
-activations (the pipeline), loop (train), checkpoint, evaluation."""
+"""Training dictionaries (sparse autoencoders, transcoders) on a model's activations, and evaluating them.
+
+    from resid.analyses.training import Recipe, Spec, evaluate, train
+    sae, = train(model, corpus.demo(), ["blocks.15.hook_resid_post"], Recipe(activation="topk", k=32), folder="sae")
+    evaluate(model, sae, held_out)          # FVU, L0, dead / dense fractions, CE loss recovered, KL
+
+    recipe       Recipe: the settings, and which library's recipe each activation function follows
+    coder        the trainable weights shared by every recipe (initialisation, unit-norm decoder, export)
+    relu topk batchtopk jumprelu    one recipe each (SAELens, sparsify, dictionary_learning, SAELens)
+    trainer      Trainer: one dictionary's optimizer step (Adam, warm-up and decay), fit() on ready tensors
+    activations  Activations: the corpus through the model, every hook from one forward, a seeded shuffling buffer
+    loop         train(): several dictionaries from one stream, checkpoints, SAELens folders
+    checkpoint   the resumable state on disk (safetensors, written atomically)
+    evaluation   evaluate(): the metrics as a table
+
+Imported lazily, so that `resid train-sae --help` loads no torch.
+"""
+
+import importlib
+
+_PUBLIC = {"Recipe": "recipe", "Spec": "loop", "train": "loop", "evaluate": "evaluation", "Trainer": "trainer",
+           "fit": "trainer", "Activations": "activations"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"resid.analyses.training.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module 'resid.analyses.training' has no attribute {name!r}")
+
+
+__all__ = sorted(_PUBLIC)

@@ -16,7 +16,9 @@ Per dictionary, over the evaluation tokens (padding and, unless keep_bos, BOS ex
     kl_spliced          KL(clean || spliced) of the next-token distributions, mean over the scored positions
 
 A prediction is scored at a training position (real, not an added BOS unless keep_bos) whose next token is real.
-The spliced runs replace BOS positions too (a splice covers the whole pass), as SAELens's evaluation does.
+The spliced and zero-ablated runs replace the training positions only: BOS and padding keep the model's own tensor
+(resid.analyses.training.splice says why). splice_bos=True splices every position with
+resid.dictionaries.Splice(d, error=False), as SAELens's evaluation does.
 """
 
 import copy
@@ -30,6 +32,7 @@ from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.neurons.scan import batch_tokens
+from resid.analyses.training.splice import splice_at
 from resid.dictionaries import Dictionary, Splice, check
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -44,6 +47,7 @@ def evaluate(
     batch_size: int = 4,
     keep_bos: bool = False,
     dense: float = 0.1,
+    splice_bos: bool = False,
 ) -> pd.DataFrame:
     """One row per dictionary (see the module docstring), over the first `max_windows` windows of `corpus`."""
     dictionaries = [dictionaries] if isinstance(dictionaries, Dictionary) else list(dictionaries)
@@ -69,17 +73,21 @@ def evaluate(
             for d, total in zip(dictionaries, totals):
                 total.observe(clean.dictionaries[d.name], valid)
                 total.ce_clean += _nll(clean_logp, targets)
-                spliced = torch.log_softmax(model.run(tokens, dictionaries=[Splice(d, error=False)]).logits[scored]
-                                            .float(), dim=-1)
+                if splice_bos:
+                    spliced = model.run(tokens, dictionaries=[Splice(d, error=False)]).logits
+                    zeroed = model.run(tokens, dictionaries=[Splice(total.zero, error=False)]).logits
+                else:
+                    spliced = model.run(tokens, interventions=splice_at(model, d, valid)).logits
+                    zeroed = model.run(tokens, interventions=splice_at(model, d, valid, zero=True)).logits
+                spliced = torch.log_softmax(spliced[scored].float(), dim=-1)
                 total.ce_spliced += _nll(spliced, targets)
                 total.kl += float((clean_logp.exp() * (clean_logp - spliced)).sum())
-                zeroed = model.run(tokens, dictionaries=[Splice(total.zero, error=False)]).logits[scored]
-                total.ce_zero += _nll(torch.log_softmax(zeroed.float(), dim=-1), targets)
+                total.ce_zero += _nll(torch.log_softmax(zeroed[scored].float(), dim=-1), targets)
                 total.scored += len(targets)
     df = pd.DataFrame([t.row(dense) for t in totals])
     df.attrs["provenance"] = describe(model, "training.evaluate", {
         "dictionaries": [d.name for d in dictionaries], "windows": len(pieces), "window": window,
-        "keep_bos": keep_bos, "dense": dense})
+        "keep_bos": keep_bos, "dense": dense, "splice_bos": splice_bos})
     return df
 
 

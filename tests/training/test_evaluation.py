@@ -21,12 +21,13 @@ def _exact(model) -> Dictionary:
                             b_dec=torch.zeros(d), activation="relu", hook_in=HOOK, name="exact"), model)
 
 
-def test_an_exact_dictionary_recovers_everything(bos_model, texts) -> None:
-    row = evaluate(bos_model, _exact(bos_model), texts, max_windows=6, window=24).iloc[0]
+@pytest.mark.parametrize("splice_bos", [False, True])
+def test_an_exact_dictionary_recovers_everything(bos_model, texts, splice_bos: bool) -> None:
+    row = evaluate(bos_model, _exact(bos_model), texts, max_windows=6, window=24, splice_bos=splice_bos).iloc[0]
     assert row.fvu == pytest.approx(0, abs=1e-6)
     assert row.ce_loss_recovered == pytest.approx(1, abs=1e-4)
     assert row.kl_spliced == pytest.approx(0, abs=1e-5)
-    assert abs(row.ce_zero_ablated - row.ce_clean) > 0.1  # zeroing the residual changes the predictions
+    assert abs(row.ce_zero_ablated - row.ce_clean) > 1e-3  # zeroing the residual changes the predictions
     # ce_clean from its definition: next-token NLL at each non-BOS real token whose next token is real
     nll, n = 0.0, 0
     for w in cut_windows(bos_model, texts, 24)[:6]:
@@ -50,3 +51,16 @@ def test_a_trained_dictionary_lies_between_clean_and_ablated(bos_model, texts) -
     assert 0 <= row.dead_fraction <= 1 and 0 <= row.dense_fraction <= 1
     assert row.kl_spliced > 0
     assert "provenance" in df.attrs
+
+
+def test_splicing_bos_or_not_differs_only_through_bos(bos_model, texts) -> None:
+    """A dictionary that zeroes everything: spliced everywhere it also zeroes BOS, which changes the CE; spliced at
+    the training positions, its spliced CE is exactly the zero-ablated one."""
+    zero = _exact(bos_model)
+    with torch.no_grad():
+        zero.W_dec.zero_()
+    kept = evaluate(bos_model, zero, texts, max_windows=4, window=24).iloc[0]
+    everywhere = evaluate(bos_model, zero, texts, max_windows=4, window=24, splice_bos=True).iloc[0]
+    assert kept.ce_spliced == pytest.approx(kept.ce_zero_ablated, rel=1e-6)
+    assert everywhere.ce_spliced == pytest.approx(everywhere.ce_zero_ablated, rel=1e-6)
+    assert abs(kept.ce_spliced - everywhere.ce_spliced) > 1e-3

@@ -1,0 +1,133 @@
+"""`resid train-sae` / `resid train-transcoder`: train dictionaries on a corpus (resid.analyses.training),
+resumably, write them in SAELens's format and evaluate them on held-out paragraphs.
+
+    resid train-sae --layers 15 --out smollm2-sae --k 32 --expansion 8 --tokens 2000000           # the demo corpus
+    resid train-sae --layers 15 --site resid_pre --activation jumprelu --l0-coefficient 1 --out sae --corpus notes.txt
+    resid train-transcoder --layers all --out transcoders --activation batchtopk --k 16 --tokens 500000
+    resid train-sae --transcoder ...                                     (the same as train-transcoder)
+
+All layers given train from one forward pass per batch. DIR gets checkpoint.safetensors every --checkpoint-every
+steps (after a kill, rerun the same command with --resume), then one SAELens folder per dictionary
+(cfg.json + sae_weights.safetensors, named by its hook) and evaluation.md (FVU, L0, dead and dense fractions, CE loss
+recovered, KL) over --eval-windows windows of the held-out paragraphs (--held-out, split as `resid lens train`).
+"""
+
+from pathlib import Path
+
+from resid.analyses.cli import arguments
+from resid.analyses.cli.errors import render
+from resid.analyses.cli.lens_data import corpus_options, held_out_split
+from resid.errors import ResidError, param_style
+
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+HOOKS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
+         "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out"}
+# Recipe parameters -> flags, beside those resid.analyses.cli.errors already maps (k, batch_size, steps)
+FLAGS = {"activation": "--activation", "expansion": "--expansion", "d_sae": "--d-sae", "lr": "--lr",
+         "warmup_steps": "--warmup-steps", "decay_steps": "--decay-steps", "l1_coefficient": "--l1-coefficient",
+         "l0_coefficient": "--l0-coefficient", "b_dec_init": "--b-dec-init", "steps": "--tokens / --batch-size"}
+
+
+def _render(name: str, value: object) -> str | None:
+    if name in FLAGS:
+        return FLAGS[name] if value is None or name == "steps" else f"{FLAGS[name]} {value}"
+    return render(name, value)
+
+
+def add_parser(commands, common) -> None:
+    for name, transcoder in (("train-sae", False), ("train-transcoder", True)):
+        what = "transcoders (MLP input -> MLP output)" if transcoder else "sparse autoencoders"
+        parser = commands.add_parser(name, parents=[common], help=f"train {what} on a corpus, resumably")
+        parser.set_defaults(command="train", transcoder=transcoder)
+        parser.add_argument("--out", required=True, help="a folder: the checkpoint, the dictionaries, evaluation.md")
+        parser.add_argument("--layers", required=True, help="layer indices, e.g. '15' or '3,9,15', or 'all'")
+        if not transcoder:
+            parser.add_argument("--site", default="resid_post", choices=SITES, help="the tensor an SAE reads "
+                                "(default resid_post)")
+            parser.add_argument("--transcoder", action="store_true", help="train transcoders instead "
+                                "(= resid train-transcoder)")
+        parser.add_argument("--skip", action="store_true", help="transcoders with a skip path x @ W_skip")
+        corpus_options(parser)
+        parser.add_argument("--activation", default=None, choices=["topk", "batchtopk", "relu", "jumprelu"],
+                            help="recipe (default: topk for SAEs, batchtopk for transcoders; see "
+                            "resid.analyses.training.recipe)")
+        parser.add_argument("--k", type=int, default=32, help="topk / batchtopk: active features (default 32)")
+        parser.add_argument("--expansion", type=int, default=8, help="d_sae = expansion * width (default 8)")
+        parser.add_argument("--d-sae", type=int, default=None, help="features (overrides --expansion)")
+        parser.add_argument("--tokens", type=int, default=1_000_000, help="training tokens (default 1M)")
+        parser.add_argument("--batch-size", type=int, default=4096, help="tokens per step (default 4096)")
+        parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the recipe's)")
+        parser.add_argument("--warmup-steps", type=int, default=None, help="default: 5%% of the steps")
+        parser.add_argument("--decay-steps", type=int, default=None, help="default: the last 20%% of the steps")
+        parser.add_argument("--l1-coefficient", type=float, default=5.0, help="relu: L1 weight (default 5)")
+        parser.add_argument("--l0-coefficient", type=float, default=1.0, help="jumprelu: L0 weight (default 1)")
+        parser.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
+        parser.add_argument("--forward-batch", type=int, default=8, help="windows per forward pass (default 8)")
+        parser.add_argument("--buffer-windows", type=int, default=64, help="windows per shuffling buffer "
+                            "(default 64)")
+        parser.add_argument("--keep-bos", action="store_true", help="train on BOS positions too")
+        parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
+        parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
+                            "(default 100)")
+        parser.add_argument("--resume", action="store_true", help="continue the run checkpointed in --out")
+        parser.add_argument("--eval-windows", type=int, default=32, help="held-out windows evaluated (default 32; "
+                            "0: none)")
+        parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def check(args) -> None:
+    for flag in ("tokens", "batch_size", "window", "forward_batch", "buffer_windows", "checkpoint_every", "k",
+                 "expansion"):
+        arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+    arguments.at_least(args.eval_windows, 0, "--eval-windows")
+    args.layer_list = arguments.layers(args.layers)
+    if args.tokens < args.batch_size:
+        raise ResidError(f"--tokens {args.tokens} is less than one batch (--batch-size {args.batch_size}).")
+    if (Path(args.out) / "checkpoint.safetensors").exists() and not args.resume:
+        raise ResidError(f"{args.out} holds a checkpoint of an earlier run: pass --resume to continue it, or choose "
+                         "another --out.")
+    from resid.analyses.training.recipe import Recipe
+
+    steps = args.tokens // args.batch_size
+    activation = args.activation or ("batchtopk" if args.transcoder else "topk")
+    with param_style(_render):
+        args.recipe = Recipe(
+            activation=activation, expansion=args.expansion, d_sae=args.d_sae, k=args.k, steps=steps,
+            batch_size=args.batch_size, lr=args.lr,
+            warmup_steps=args.warmup_steps if args.warmup_steps is not None else steps // 20,
+            decay_steps=args.decay_steps if args.decay_steps is not None else steps // 5,
+            l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
+            threshold_start_step=min(1000, steps // 10), seed=args.seed)
+    held_out_split(args)
+
+
+def run(model, args) -> str:
+    from resid.analyses.io import tables
+    from resid.analyses.training.evaluation import evaluate
+    from resid.analyses.training.loop import Spec, train
+
+    layers = args.layer_list if args.layer_list is not None else list(range(model.config.n_layers))
+    bad = [l for l in layers if not 0 <= l < model.config.n_layers]
+    if bad:
+        raise ResidError(f"--layers {bad} out of range: {model.name} has layers 0..{model.config.n_layers - 1}.")
+    if args.transcoder:
+        specs = [Spec.transcoder(model, l, skip=args.skip) for l in layers]
+    else:
+        specs = [Spec(f"blocks.{l}.{HOOKS[args.site]}") for l in layers]
+    training, held_out = args.split(model)
+    with param_style(_render):
+        dictionaries = train(model, training, specs, args.recipe, folder=args.out,
+                             checkpoint_every=args.checkpoint_every, window=args.window,
+                             forward_batch=args.forward_batch, block_windows=args.buffer_windows,
+                             keep_bos=args.keep_bos, progress=not args.quiet)
+    lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
+             f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
+             f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]
+    if args.eval_windows:
+        df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
+                      keep_bos=args.keep_bos)
+        path = Path(args.out) / "evaluation.md"
+        tables.export(df, path)
+        lines.append(tables.to_markdown(df.drop(columns=["hook_in", "hook_out"])))
+        lines.append(f"wrote {path}")
+    return "\n".join(lines)

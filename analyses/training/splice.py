@@ -1,0 +1,37 @@
+"""A splice of a dictionary's reconstruction alone at chosen positions only, for evaluation: the positions a
+dictionary was trained on are replaced by its reconstruction (or by zeros), the others (BOS, padding) keep the
+model's own tensor. resid.dictionaries.Splice(d, error=False) replaces every position of the pass; a dictionary
+trained without BOS reconstructs a BOS residual (an attention-sink outlier, hundreds of times the usual norm in
+SmolLM2) so badly that every later token's prediction breaks, which would measure BOS, not the dictionary.
+
+The hooks read and write each tensor as resid.dictionaries.attach does for a splice (the same views of a
+standardized norm input or of flattened heads), so the two agree wherever both splice.
+"""
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from resid.dictionaries import Dictionary
+from resid.dictionaries.attach import _unview, _view
+from resid.interventions import Hook
+
+
+def splice_at(model, d: Dictionary, where: Bool[Tensor, "batch pos"], zero: bool = False) -> list[Hook]:
+    """Interventions replacing d's output tensor by its reconstruction (zero=True: by zeros) where `where` is
+    True. A transcoder's input is read, unchanged, earlier in the pass."""
+    found: dict[str, Tensor] = {}
+
+    def tap(value: Tensor, tokens) -> Tensor:
+        found["x"] = _view(d.point_in, value, model)
+        return value
+
+    def splice(value: Tensor, tokens) -> Tensor:
+        target = _view(d.point_out, value, model)
+        x = found.pop("x") if d.is_transcoder else target
+        new = torch.zeros_like(target) if zero else d.decode(d.encode(x), x).to(target.dtype)
+        mask = where.to(target.device).view(*where.shape, *([1] * (target.ndim - 2)))
+        return _unview(d.point_out, torch.where(mask, new, target), value, model)
+
+    hooks = [Hook(d.point_in.site, tap)] if d.is_transcoder else []
+    return hooks + [Hook(d.point_out.site, splice)]
