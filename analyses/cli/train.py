@@ -80,6 +80,7 @@ def check(args) -> None:
                  "expansion"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     arguments.at_least(args.eval_windows, 0, "--eval-windows")
+    arguments.out_folder(args.out)
     args.layer_list = arguments.layers(args.layers)
     if args.tokens < args.batch_size:
         raise ResidError(f"--tokens {args.tokens} is less than one batch (--batch-size {args.batch_size}).")

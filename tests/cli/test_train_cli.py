@@ -1,0 +1,67 @@
+"""`resid train-sae` and `resid train-transcoder` on a tiny random model and a small corpus file: each writes a
+SAELens folder per layer that resid loads back, and the evaluation table; a finished run resumes with --resume
+(and trains nothing more); bad arguments fail before the model loads, named by their flags."""
+
+from pathlib import Path
+
+import pytest
+from tiny_models import build
+
+import resid
+from resid.analyses.cli.main import main
+
+WORDS = "the nation budget congress people peace economy world freedom work health school future".split()
+NO_MODEL = ["--model", "no-such-model"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("train_cli")
+    build("llama", root / "model")
+    paragraphs = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(12 + i % 5)) + "." for i in range(80)]
+    (root / "corpus.txt").write_text("\n\n".join(paragraphs) + "\n")
+    return {"model": str(root / "model"), "corpus": str(root / "corpus.txt"), "root": str(root)}
+
+
+def _run(argv: list[str], capsys) -> str:
+    code = main(argv)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return out.out
+
+
+def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None:
+    common = ["--model", setup["model"], "--corpus", setup["corpus"], "--tokens", "256", "--batch-size", "64",
+              "--window", "16", "--buffer-windows", "16", "--eval-windows", "4", "--quiet", "--k", "4",
+              "--expansion", "2"]
+    out = Path(setup["root"]) / "sae"
+    printed = _run(["train-sae", "--layers", "0,1", "--out", str(out), *common], capsys)
+    assert "trained 2 topk SAE(s)" in printed and "ce\\_loss\\_recovered" in printed
+    model = resid.load(setup["model"])
+    for layer in (0, 1):
+        sae = resid.dictionaries.load(out / f"blocks.{layer}.hook_resid_post", model)
+        assert sae.activation == "topk" and sae.k == 4 and sae.d_sae == 2 * model.config.d_model
+    assert (out / "evaluation.md").is_file()
+    printed = _run(["train-sae", "--layers", "0,1", "--out", str(out), "--resume", *common], capsys)
+    assert "trained 2" in printed  # resumed at the end: nothing left to train
+
+    out = Path(setup["root"]) / "transcoders"
+    printed = _run(["train-transcoder", "--layers", "1", "--skip", "--out", str(out), *common], capsys)
+    assert "trained 1 batchtopk transcoder(s)" in printed
+    found = resid.dictionaries.load(out / "blocks.1.ln2.hook_normalized-to-blocks.1.hook_mlp_out", model)
+    assert found.is_transcoder and found.W_skip is not None and found.activation == "jumprelu"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train-sae", "--layers", "1", "--out", "x", "--tokens", "0"], "--tokens must be at least 1"),
+    (["train-sae", "--layers", "one", "--out", "x"], "--layers must be integers"),
+    (["train-sae", "--layers", "1", "--out", "x", "--tokens", "100", "--batch-size", "200"], "less than one batch"),
+    (["train-transcoder", "--layers", "1", "--out", "x", "--lr", "-1"], "--lr -1.0 must be positive"),
+    (["train-sae", "--layers", "1", "--out", "x", "--tokens", "8192", "--warmup-steps", "5"],
+     "--warmup-steps 5 + --decay-steps 0 must be at most --tokens / --batch-size"),
+])
+def test_bad_arguments_are_named_by_their_flags_before_the_model_loads(argv, message, capsys, tmp_path) -> None:
+    argv = [a if a != "x" else str(tmp_path / "out") for a in argv]
+    assert main(argv + NO_MODEL) == 2
+    err = capsys.readouterr().err
+    assert message in err and "no-such-model" not in err, err
