@@ -63,8 +63,8 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--l0-coefficient", type=float, default=1.0, help="jumprelu: L0 weight (default 1)")
         parser.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
         parser.add_argument("--forward-batch", type=int, default=8, help="windows per forward pass (default 8)")
-        parser.add_argument("--buffer-windows", type=int, default=64, help="windows per shuffling buffer "
-                            "(default 64)")
+        parser.add_argument("--buffer-tokens", type=int, default=2**16, help="training tokens per shuffling "
+                            "buffer (default 65536; 150 MB per hook of width 576)")
         parser.add_argument("--keep-bos", action="store_true", help="train on BOS positions too")
         parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
         parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
@@ -76,7 +76,7 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    for flag in ("tokens", "batch_size", "window", "forward_batch", "buffer_windows", "checkpoint_every", "k",
+    for flag in ("tokens", "batch_size", "window", "forward_batch", "buffer_tokens", "checkpoint_every", "k",
                  "expansion"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     arguments.at_least(args.eval_windows, 0, "--eval-windows")
@@ -119,7 +119,7 @@ def run(model, args) -> str:
     with param_style(_render):
         dictionaries = train(model, training, specs, args.recipe, folder=args.out,
                              checkpoint_every=args.checkpoint_every, window=args.window,
-                             forward_batch=args.forward_batch, block_windows=args.buffer_windows,
+                             forward_batch=args.forward_batch, buffer_tokens=args.buffer_tokens,
                              keep_bos=args.keep_bos, progress=not args.quiet)
     lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
              f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "

@@ -2,8 +2,9 @@
 shuffling buffer, training batches.
 
 Glossary: a *window* is at most `window` tokens of one document (resid.analyses.neurons.keys.windows: long documents
-become consecutive windows, BOS first if the model prepends one); a *block* is `block_windows` consecutive windows
-of the shuffled window order; a *hook* is a dictionary hook name (TransformerLens's `blocks.6.hook_resid_post`,
+become consecutive windows, BOS first if the model prepends one); a *block* is the shortest run of consecutive
+windows of the shuffled window order that holds at least `buffer_tokens` training tokens (the last block of an
+epoch may hold fewer); a *hook* is a dictionary hook name (TransformerLens's `blocks.6.hook_resid_post`,
 `blocks.6.ln2.hook_normalized`, `blocks.6.hook_mlp_out`; resid.dictionaries.hooks maps them onto sites).
 
     source = Activations(model, texts, hooks=["blocks.3.hook_resid_post"], batch_size=4096)
@@ -20,8 +21,9 @@ The order, a function of the seed alone (so a resumed run sees the same batches)
    that no dictionary should spend features on) unless keep_bos=True.
 4. The block's tokens are shuffled (a permutation seeded with (seed, block)) and cut into batches of batch_size
    tokens; the remainder of a block (fewer than batch_size tokens) is dropped.
-A block's activations are the shuffling buffer: block_windows * window tokens x the hooks' widths, float32, on
-`device`. A `Position` (block, batch in block) says where the stream is, which is all a checkpoint needs.
+A block's activations are the shuffling buffer: about buffer_tokens x the hooks' widths, float32, on `device`
+(2^16 tokens of SmolLM2's d_model 576 are 150 MB per hook).
+A `Position` (block, batch in block) says where the stream is, which is all a checkpoint needs.
 """
 
 from collections.abc import Iterator, Sequence
@@ -48,10 +50,10 @@ class Activations:
     """Training batches of the tensors `hooks` name, from `texts` run through `model` (see the module docstring)."""
 
     def __init__(self, model: Transformer, texts: Sequence[str], hooks: Sequence[str], batch_size: int = 4096,
-                 window: int = 256, forward_batch: int = 8, block_windows: int = 64, keep_bos: bool = False,
+                 window: int = 256, forward_batch: int = 8, buffer_tokens: int = 2**16, keep_bos: bool = False,
                  seed: int = 0, device: torch.device | str | None = None):
         for name, value in (("batch_size", batch_size), ("forward_batch", forward_batch),
-                            ("block_windows", block_windows)):
+                            ("buffer_tokens", buffer_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ResidError(f"{param(name, value)} must be a positive integer.")
         self.model, self.batch_size, self.forward_batch = model, batch_size, forward_batch
@@ -64,31 +66,47 @@ class Activations:
                 raise ResidError(f"Hook {hook!r} needs the model's config to be mapped, and it did not map.")
         self.capture = capture_for(list(self.points.values()))
         self.windows = cut_windows(model, texts, window)
-        self.block_windows = min(block_windows, len(self.windows))
-        self.n_blocks = -(-len(self.windows) // self.block_windows)  # per epoch
+        self.buffer_tokens = buffer_tokens
         self.pad = model.require_tokenizer().pad_token_id
+        self._epochs: list[list[list[int]]] = []  # per epoch, the window indices of each block
         per_block = self.tokens_per_block()
         if max(per_block) < batch_size:
-            raise ResidError(f"A block of {self.block_windows} windows holds at most {max(per_block)} training tokens, "
-                             f"fewer than one batch of {param('batch_size', batch_size)}: raise block_windows or "
-                             "give a smaller batch.")
+            raise ResidError(f"The buffer holds at most {max(per_block)} training tokens, fewer than one batch of "
+                             f"{param('batch_size', batch_size)}: raise {param('buffer_tokens', buffer_tokens)}, give "
+                             "more text, or a smaller batch.")
 
     def width(self, hook: str) -> int:
         return width(self.points[hook], self.model.config)
 
+    def _tokens(self, w: Window) -> int:
+        """Training tokens of a window: no padding, no added BOS unless kept."""
+        return len(w) - (w.bos and not self.keep_bos)
+
     def tokens_per_block(self) -> list[int]:
-        """Training tokens (no padding, no added BOS unless kept) of each block of the first epoch."""
-        counts = []
-        for b in range(self.n_blocks):
-            counts.append(sum(len(w) - (w.bos and not self.keep_bos) for w in self._block_windows(b)))
-        return counts
+        """Training tokens of each block of the first epoch."""
+        return [sum(self._tokens(self.windows[i]) for i in block) for block in self._epoch(0)]
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        """The blocks of epoch `epoch`: its seeded window order cut where each block reaches buffer_tokens."""
+        while len(self._epochs) <= epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + len(self._epochs))
+            blocks, current, count = [], [], 0
+            for i in torch.randperm(len(self.windows), generator=g).tolist():
+                current.append(i)
+                count += self._tokens(self.windows[i])
+                if count >= self.buffer_tokens:
+                    blocks.append(current)
+                    current, count = [], 0
+            self._epochs.append(blocks + ([current] if current else []))
+        return self._epochs[epoch]
 
     def _block_windows(self, block: int) -> list[Window]:
-        epoch, index = divmod(block, self.n_blocks)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(self.windows), generator=g).tolist()
-        chosen = order[index * self.block_windows:(index + 1) * self.block_windows]
-        return [self.windows[i] for i in chosen]
+        """The windows of global block `block` (blocks count on across epochs)."""
+        epoch = 0
+        while block >= len(self._epoch(epoch)):
+            block -= len(self._epoch(epoch))
+            epoch += 1
+        return [self.windows[i] for i in self._epoch(epoch)[block]]
 
     @torch.no_grad()
     def block(self, block: int) -> dict[str, Tensor]:

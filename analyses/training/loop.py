@@ -67,7 +67,7 @@ def train(
     checkpoint_every: int = 100,
     window: int = 256,
     forward_batch: int = 8,
-    block_windows: int = 64,
+    buffer_tokens: int = 2**16,
     keep_bos: bool = False,
     device: torch.device | str | None = None,
     progress: bool = True,
@@ -88,13 +88,13 @@ def train(
                          "transcoders with activation='batchtopk' (saved as JumpReLU), 'jumprelu' or 'relu'.")
     texts = corpora.load(corpus)
     hooks = [h for s in specs for h in (s.hook_in, s.hook_out) if h is not None]
-    source = Activations(model, texts, hooks, recipe.batch_size, window, forward_batch, block_windows, keep_bos,
+    source = Activations(model, texts, hooks, recipe.batch_size, window, forward_batch, buffer_tokens, keep_bos,
                          recipe.seed, device)
     trainers = [Trainer.new(recipe, source.width(s.hook_in), source.width(s.hook_out or s.hook_in),
                             transcoder=s.hook_out is not None, skip=s.skip, device=source.device) for s in specs]
     settings = {"model": model.name, "specs": [asdict(s) for s in specs], "recipe": asdict(recipe),
                 "data": _fingerprint(source), "window": window, "forward_batch": forward_batch,
-                "block_windows": block_windows, "keep_bos": keep_bos}
+                "buffer_tokens": buffer_tokens, "keep_bos": keep_bos}
     saved = checkpoint.load(folder, settings) if folder is not None else None
     step, position = 0, Position(0, 0)
     if saved is not None:

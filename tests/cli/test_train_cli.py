@@ -32,7 +32,7 @@ def _run(argv: list[str], capsys) -> str:
 
 def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None:
     common = ["--model", setup["model"], "--corpus", setup["corpus"], "--tokens", "256", "--batch-size", "64",
-              "--window", "16", "--buffer-windows", "16", "--eval-windows", "4", "--quiet", "--k", "4",
+              "--window", "16", "--buffer-tokens", "200", "--eval-windows", "4", "--quiet", "--k", "4",
               "--expansion", "2"]
     out = Path(setup["root"]) / "sae"
     printed = _run(["train-sae", "--layers", "0,1", "--out", str(out), *common], capsys)

@@ -42,7 +42,7 @@ def test_an_exact_dictionary_recovers_everything(bos_model, texts, splice_bos: b
 
 def test_a_trained_dictionary_lies_between_clean_and_ablated(bos_model, texts) -> None:
     recipe = Recipe(activation="topk", k=8, d_sae=128, steps=30, batch_size=128, warmup_steps=3)
-    sae = train(bos_model, texts, [HOOK], recipe, window=24, block_windows=8, progress=False)[0]
+    sae = train(bos_model, texts, [HOOK], recipe, window=24, buffer_tokens=150, progress=False)[0]
     df = evaluate(bos_model, [sae, _exact(bos_model)], texts, max_windows=6, window=24)
     row = df.set_index("dictionary").loc[HOOK]
     assert 0 < row.fvu < 1 and 0 < row.l0 <= 8

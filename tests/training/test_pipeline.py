@@ -30,7 +30,7 @@ def _rows_alone(model, source: Activations, block: int, hook: str, keep_bos: boo
 
 @pytest.mark.parametrize("keep_bos", [False, True])
 def test_the_buffer_holds_the_real_tokens_and_no_padding_or_bos(bos_model, texts, keep_bos: bool) -> None:
-    source = Activations(bos_model, texts, [HOOK], batch_size=64, window=24, forward_batch=5, block_windows=12,
+    source = Activations(bos_model, texts, [HOOK], batch_size=64, window=24, forward_batch=5, buffer_tokens=200,
                          keep_bos=keep_bos)
     found = source.block(1)[HOOK]
     alone = _rows_alone(bos_model, source, 1, HOOK, keep_bos)
@@ -45,7 +45,7 @@ def test_the_buffer_holds_the_real_tokens_and_no_padding_or_bos(bos_model, texts
 
 def test_a_transcoders_input_and_output_rows_are_the_same_tokens(bos_model, texts) -> None:
     spec = Spec.transcoder(bos_model, 1)
-    source = Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, block_windows=8)
+    source = Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, buffer_tokens=150)
     block = source.block(0)
     alone_in = _rows_alone(bos_model, source, 0, spec.hook_in, False)
     alone_out = _rows_alone(bos_model, source, 0, spec.hook_out, False)
@@ -54,7 +54,7 @@ def test_a_transcoders_input_and_output_rows_are_the_same_tokens(bos_model, text
 
 
 RECIPE = Recipe(activation="topk", k=4, d_sae=64, steps=9, batch_size=96, warmup_steps=2, dead_tokens=200)
-OPTIONS = dict(window=24, block_windows=6, forward_batch=4, progress=False)
+OPTIONS = dict(window=24, buffer_tokens=100, forward_batch=4, progress=False)
 
 
 def _weights(dictionaries) -> list[dict[str, torch.Tensor]]:
