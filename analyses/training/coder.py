@@ -112,7 +112,8 @@ class Coder(nn.Module):
         return Dictionary(
             W_enc=take(self.W_enc), b_enc=take(self.b_enc), W_dec=take(self.W_dec), b_dec=take(self.b_dec),
             W_skip=None if self.W_skip is None else take(self.W_skip), **self.export_fields(),
-            apply_b_dec_to_input=self.apply_b_dec_to_input, name=name, format="resid-trained", hook_in=hook_in,
+            apply_b_dec_to_input=self.apply_b_dec_to_input, normalize_activations=self.recipe.normalize, name=name,
+            format="resid-trained", hook_in=hook_in,
             hook_out=hook_out if hook_out is not None else hook_in, model_name=model_name,
             metadata=dict(metadata or {}), transcoder=self.transcoder,
         )

@@ -23,6 +23,7 @@ from resid.errors import ResidError, param
 Kind = Literal["relu", "topk", "batchtopk", "jumprelu"]
 KINDS = ("relu", "topk", "batchtopk", "jumprelu")
 BDecInit = Literal["geometric_median", "mean", "zeros"]
+Normalize = Literal["none", "constant_norm_rescale"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class Recipe:
     b_dec_init: BDecInit = "geometric_median"  # from the first batch (sparsify, dictionary_learning; SAELens option)
     decoder_init_norm: float | None = None  # None: the recipe's (relu, jumprelu: SAELens's 0.1; topk: unit rows)
     seed: int = 0  # of the initialisation and of the data order
+    # SAELens's normalize_activations, saved in the config (SAEs only): "constant_norm_rescale" trains on
+    # x * sqrt(d_in) / |x| (target scaled alike), and the saved dictionary rescales its input and output so
+    normalize: Normalize = "none"
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,6 +71,8 @@ class Recipe:
                             f"must be at most {param('steps', self.steps)}")
         if self.b_dec_init not in ("geometric_median", "mean", "zeros"):
             problems.append(f"{param('b_dec_init', self.b_dec_init)} must be geometric_median, mean or zeros")
+        if self.normalize not in ("none", "constant_norm_rescale"):
+            problems.append(f"{param('normalize', self.normalize)} must be none or constant_norm_rescale")
         if self.lr is not None and not self.lr > 0:
             problems.append(f"{param('lr', self.lr)} must be positive")
         if problems:

@@ -20,6 +20,7 @@ from resid.analyses.training.jumprelu import JumpReLUCoder
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.relu import ReLUCoder
 from resid.analyses.training.topk import TopKCoder
+from resid.errors import ResidError
 
 CODERS = {"relu": ReLUCoder, "topk": TopKCoder, "batchtopk": BatchTopKCoder, "jumprelu": JumpReLUCoder}
 BETAS = (0.9, 0.999)  # Adam's, in every library followed
@@ -47,6 +48,9 @@ class Trainer:
     @classmethod
     def new(cls, recipe: Recipe, d_in: int, d_out: int | None = None, transcoder: bool = False, skip: bool = False,
             device: torch.device | str = "cpu") -> "Trainer":
+        if transcoder and recipe.normalize != "none":
+            raise ResidError(f"normalize={recipe.normalize!r} is for SAEs: a transcoder's output is another tensor, "
+                             "which its input's norm cannot rescale (SAELens refuses it too).")
         coder = CODERS[recipe.activation](d_in, d_out if d_out is not None else d_in, recipe, transcoder, skip)
         return cls(coder, device)
 
@@ -55,6 +59,9 @@ class Trainer:
         coder, step = self.coder, self.steps_done
         y = x if y is None else y
         x, y = x.float(), y.float()
+        if self.recipe.normalize == "constant_norm_rescale":  # as the saved Dictionary rescales (SAELens's)
+            scale = coder.d_in**0.5 / x.norm(dim=-1, keepdim=True)
+            x, y = x * scale, y * scale
         coder.start(y)
         loss, acts, y_hat = coder.loss(x, y, step)
         loss.backward()

@@ -7,6 +7,7 @@ import torch
 from numerics import TINY
 from planted import batches, planted, recovered
 
+import resid
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer, fit
 
@@ -149,3 +150,24 @@ def test_training_recovers_a_planted_dictionary(activation: str) -> None:
     _, acts, _ = trainer.coder.loss(x, x, recipe.steps)
     if activation != "batchtopk":  # batchtopk is exported with its threshold instead of the batch's top-k
         torch.testing.assert_close(d.encode(x), acts.detach(), **TINY)
+
+
+def test_constant_norm_rescale_is_saved_and_computed_as_trained() -> None:
+    """Trained on x * sqrt(d) / |x|: the exported dictionary (normalize_activations="constant_norm_rescale", as
+    SAELens computes it) encodes raw x to the trained activations and reconstructs |x| / sqrt(d) times the
+    trained reconstruction."""
+    D = planted()
+    recipe = Recipe(activation="topk", k=3, d_sae=96, steps=50, batch_size=256, warmup_steps=5,
+                    normalize="constant_norm_rescale")
+    trainer = Trainer.new(recipe, 24)
+    fit(trainer, batches(D, 50, 256))
+    d = trainer.coder.dictionary()
+    assert d.normalize_activations == "constant_norm_rescale"
+    x = 3.0 * next(batches(D, 1, 64, seed=9))
+    scale = 24**0.5 / x.norm(dim=-1, keepdim=True)
+    _, acts, x_hat = trainer.coder.loss(x * scale, x * scale, recipe.steps)
+    found, reconstruction = d(x)
+    torch.testing.assert_close(found, acts.detach(), **TINY)
+    torch.testing.assert_close(reconstruction, x_hat.detach() / scale, **TINY)
+    with pytest.raises(resid.ResidError, match="for SAEs"):
+        Trainer.new(recipe, 24, transcoder=True)
