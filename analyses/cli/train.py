@@ -66,6 +66,8 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--buffer-tokens", type=int, default=2**16, help="training tokens per shuffling "
                             "buffer (default 65536; 150 MB per hook of width 576)")
         parser.add_argument("--keep-bos", action="store_true", help="train on BOS positions too")
+        parser.add_argument("--normalize", default="none", choices=["none", "constant_norm_rescale"],
+                            help="SAELens's activation normalisation, saved in cfg.json (SAEs only; default none)")
         parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
         parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
                             "(default 100)")
@@ -98,7 +100,7 @@ def check(args) -> None:
             warmup_steps=args.warmup_steps if args.warmup_steps is not None else steps // 20,
             decay_steps=args.decay_steps if args.decay_steps is not None else steps // 5,
             l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
-            threshold_start_step=min(1000, steps // 10), seed=args.seed)
+            threshold_start_step=min(1000, steps // 10), seed=args.seed, normalize=args.normalize)
     held_out_split(args)
 
 
