@@ -12,6 +12,8 @@ from resid.dictionaries import CrossLayerTranscoder, Splice, check
 
 
 def random_clt(model, d_sae: int = 24, seed: int = 0) -> CrossLayerTranscoder:
+    if model.name.removeprefix("random-") not in FAMILIES:
+        pytest.skip("the CLT's hooks are checked on a few unlike families")
     g = torch.Generator().manual_seed(seed)
     n, d = model.config.n_layers, model.config.d_model
     clt = CrossLayerTranscoder(
@@ -22,6 +24,7 @@ def random_clt(model, d_sae: int = 24, seed: int = 0) -> CrossLayerTranscoder:
     return check(clt, model)
 
 
+FAMILIES = ("llama_gqa", "gemma3_like", "neox_parallel", "gpt2_like")  # pre-, sandwich-norm, parallel, biases
 PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The cat sat on the"]
 
 
