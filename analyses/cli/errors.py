@@ -14,6 +14,7 @@ FLAGS = {
     "mean_positions": "--mean-positions",
     "target": "--target", "baseline": "--baseline", "positions": "--positions", "every": "--every",
     "batch_size": "--batch-size", "k": "--k", "align": "--align", "direction": "--direction", "layout": "--layout",
+    "features": "--features", "dictionary": "--dictionary",
     "steps": "--steps", "tokens_per_step": "--tokens-per-step", "seq_len": "--seq-len", "precision": "--precision",
 }
 # (parameter, value) -> a switch, a flag that takes no value: check_unembedding=False is --skip-unembedding-check

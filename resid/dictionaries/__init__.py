@@ -8,6 +8,8 @@ against the model they are applied to.
     sae.site_in                                                    # the resid Site its hook reads
     run = model.run(prompts, dictionaries=[sae, Splice(transcoder)])  # observe one, splice the other
     run.dictionaries[sae.name].acts, .reconstruction, .error       # [batch pos feature], [batch pos d_out]
+    run = model.run(prompts, dictionaries=[Splice(clt)])           # a cross-layer transcoder replaces every MLP
+    run.dictionaries[clt.name].acts, .written(source, target)      # [layer batch pos feature], [batch pos d_out]
 
 Axes: `feature` (d_sae) the learned features, `d_in` / `d_out` the widths of the tensors a dictionary reads and
 reconstructs, `layer` the model's layers (cross-layer transcoders). See resid.dictionaries.dictionary for the maths,
@@ -19,9 +21,9 @@ from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.edits import feature_edits
-from resid.dictionaries.encoded import Encoded
+from resid.dictionaries.encoded import CrossLayerEncoded, Encoded
 from resid.dictionaries.hooks import HookPoint, hook_point
 from resid.dictionaries.load import detect, load
 
-__all__ = ["CrossLayerTranscoder", "Dictionary", "Encoded", "HookPoint", "Observe", "Splice", "check", "detect",
-           "feature_edits", "hook_point", "load"]
+__all__ = ["CrossLayerEncoded", "CrossLayerTranscoder", "Dictionary", "Encoded", "HookPoint", "Observe", "Splice",
+           "check", "detect", "feature_edits", "hook_point", "load"]

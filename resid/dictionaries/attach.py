@@ -38,6 +38,7 @@ from torch import Tensor
 from resid.capture import Capture
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
+from resid.dictionaries.crosslayer_run import SplicedCLT, observed
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, Storage, store
 from resid.dictionaries.hooks import HookPoint, read
@@ -50,7 +51,7 @@ from resid.sites import RESID_PARTS
 class Observe:
     """Apply `dictionary` to the run without changing it (what a bare Dictionary in the list means)."""
 
-    dictionary: Dictionary
+    dictionary: Dictionary | CrossLayerTranscoder
     storage: Storage = "auto"  # feature activations: "auto" (sparse when mostly zero), "sparse" or "dense"
 
 
@@ -60,7 +61,7 @@ class Splice:
     alone), inside the pass. `edit` (fn(acts, tokens) -> acts, [batch pos feature]) changes the activations before
     they are decoded; the error term stays the unedited one."""
 
-    dictionary: Dictionary
+    dictionary: Dictionary | CrossLayerTranscoder
     error: bool = True
     storage: Storage = "auto"
     edit: Callable[[Tensor, object], Tensor] | None = None
@@ -69,7 +70,8 @@ class Splice:
 class Attached:
     """The dictionaries of one `model.run`: the capture they need, the hooks that splice, and the records."""
 
-    def __init__(self, model, dictionaries: Sequence[Dictionary | Observe | Splice], grad: bool = False):
+    def __init__(self, model, dictionaries: Sequence[Dictionary | CrossLayerTranscoder | Observe | Splice],
+                 grad: bool = False):
         self.model, self.grad = model, grad
         self.uses = [_use(item, model) for item in dictionaries]
         names = [use.dictionary.name for use in self.uses]
@@ -79,6 +81,7 @@ class Attached:
                              "name, so give each its own (dictionary.name = '...').")
         self._inputs: dict[str, Tensor] = {}  # a spliced transcoder's input, read earlier in the pass
         self._found: dict[str, tuple[Tensor, Tensor, Tensor, Tensor]] = {}  # name -> (acts, recon, error, input)
+        self._clts: dict[str, SplicedCLT] = {}  # the spliced cross-layer transcoders' state during the pass
 
     def capture(self, capture: Capture) -> Capture:
         """`capture` plus the fields the observed dictionaries read."""
@@ -117,6 +120,10 @@ class Attached:
             if not isinstance(use, Splice):
                 continue
             d = use.dictionary
+            if isinstance(d, CrossLayerTranscoder):
+                self._clts[d.name] = SplicedCLT(d, use.error, self.model, _view, _unview)
+                hooks += self._clts[d.name].hooks()
+                continue
             if d.is_transcoder:
                 hooks.append(Hook(d.point_in.site, self._tap(d)))
             hooks.append(Hook(d.point_out.site, self._splice(use)))
@@ -132,6 +139,10 @@ class Attached:
         records = {}
         for use in self.uses:
             d = use.dictionary
+            if isinstance(d, CrossLayerTranscoder):
+                records[d.name] = self._clts.pop(d.name).record(use.storage, lambda t: _kept(
+                    t, run.stream.captured)) if isinstance(use, Splice) else observed(d, run, self.model, use.storage)
+                continue
             if isinstance(use, Splice):
                 acts, recon, error, x = (_kept(t, run.stream.captured) for t in self._found.pop(d.name))
                 mode = "splice" if use.error else "reconstruction"
@@ -149,6 +160,7 @@ class Attached:
         """The residual sites the observed dictionaries read, in one walk of the stream (reading each alone would
         walk it once per dictionary)."""
         wanted = {use.dictionary.point_in.site for use in self.uses if not isinstance(use, Splice)
+                  and not isinstance(use.dictionary, CrossLayerTranscoder)
                   and use.dictionary.point_in.site.part in RESID_PARTS and not use.dictionary.point_in.standardized}
         if len(wanted) < 2:
             return {}
@@ -223,29 +235,29 @@ def _write_of(d: Dictionary, delta: Tensor, x: Tensor) -> Tensor:
 def _use(item, model) -> Observe | Splice:
     use = item if isinstance(item, (Observe, Splice)) else Observe(item)
     d = use.dictionary
-    if isinstance(d, CrossLayerTranscoder):
-        raise ResidError(f"Cross-layer transcoder {d.name!r}: model.run(dictionaries=...) takes per-layer "
-                         "dictionaries; apply a CLT with clt.encode / clt.decode to the run's MLP inputs.")
-    if not isinstance(d, Dictionary):
-        raise ResidError(f"dictionaries= takes resid.dictionaries.Dictionary values (or Observe / Splice of one), "
-                         f"got {type(d).__name__}.")
+    if not isinstance(d, (Dictionary, CrossLayerTranscoder)):
+        raise ResidError(f"dictionaries= takes resid.dictionaries.Dictionary or CrossLayerTranscoder values (or "
+                         f"Observe / Splice of one), got {type(d).__name__}.")
+    if isinstance(use, Splice) and use.edit is not None and isinstance(d, CrossLayerTranscoder):
+        raise ResidError(f"Cross-layer transcoder {d.name!r}: Splice(edit=...) edits per-layer dictionaries only.")
     if use.storage not in STORAGES:
         raise ResidError(f"storage must be one of {', '.join(STORAGES)}, got {use.storage!r}.")
-    if d.point_in is None:
+    if (d.points_in if isinstance(d, CrossLayerTranscoder) else d.point_in) is None:
         check(d, model)
     for point in _points(d):
         if point.before_post_norm:
             raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "
                              "which resid does not record (it records the write after the post-norm).")
-    if isinstance(use, Splice) and d.point_in.standardized:
-        norm = _norm(d.point_in, model)
-        if bool((norm.gain == 0).any()):
-            raise ResidError(f"Dictionary {d.name!r} reads the standardized input of {d.point_in.site.label}, whose "
+    for point in _points(d)[:1] if isinstance(d, Dictionary) else d.points_in:
+        if isinstance(use, Splice) and point.standardized and bool((_norm(point, model).gain == 0).any()):
+            raise ResidError(f"Dictionary {d.name!r} reads the standardized input of {point.site.label}, whose "
                              "norm gain has a zero entry, so a splice cannot recover it; observe it instead.")
     return use
 
 
-def _points(d: Dictionary) -> tuple[HookPoint, ...]:
+def _points(d: Dictionary | CrossLayerTranscoder) -> tuple[HookPoint, ...]:
+    if isinstance(d, CrossLayerTranscoder):
+        return (*d.points_in, *d.points_out)
     return (d.point_in,) if not d.is_transcoder else (d.point_in, d.point_out)
 
 

@@ -6,12 +6,14 @@ tensors it reads and reconstructs.
 
 Feature activations are mostly zero (a few dozen of 16k features fire on a token), so they are stored as a torch
 sparse COO tensor when fewer than a quarter are non-zero ("auto"), or always sparse / always dense on request.
+A cross-layer transcoder's record (CrossLayerEncoded) holds the same per layer (resid.dictionaries.crosslayer_run).
 """
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -103,14 +105,62 @@ class Encoded:
         return f"Encoded({self.name!r}, {self.mode}, acts {list(self.stored.shape)} {kind}, {nonzero} non-zero)"
 
 
+@dataclass(frozen=True)
+class CrossLayerEncoded:
+    """What a cross-layer transcoder computed in a run; reconstruction[t] + error[t] is layer t's MLP write."""
+
+    dictionary: object  # the CrossLayerTranscoder (typed loosely, as Encoded's)
+    stored: tuple[Tensor, ...]  # per source layer, [batch pos feature], sparse COO or dense
+    reconstruction: Float[Tensor, "layer batch pos d_out"]
+    error: Float[Tensor, "layer batch pos d_out"]
+    input: Float[Tensor, "layer batch pos d_in"]  # what each layer's features read
+    mode: Literal["observe", "splice", "reconstruction"]
+
+    @property
+    def name(self) -> str:
+        return self.dictionary.name
+
+    @property
+    def acts(self) -> Float[Tensor, "layer batch pos feature"]:
+        """Every source layer's feature activations, dense."""
+        return torch.stack([self.layer_acts(l) for l in range(len(self.stored))])
+
+    def layer_acts(self, layer: int) -> Float[Tensor, "batch pos feature"]:
+        """Source layer `layer`'s feature activations, dense."""
+        self._check(layer, "layer")
+        stored = self.stored[layer]
+        return stored.to_dense() if stored.is_sparse else stored
+
+    def written(self, source: int, target: int) -> Float[Tensor, "batch pos d_out"]:
+        """What source layer's features write into target layer's MLP write, acts[source] @ W_dec[source][:,
+        target - source] (zero contribution for source > target is refused: a feature writes forward only)."""
+        self._check(source, "source")
+        self._check(target, "target")
+        if source > target:
+            raise ResidError(f"Cross-layer transcoder {self.name!r}: layer {source}'s features write into layers "
+                             f"{source}.., not into layer {target}.")
+        w = self.dictionary.W_dec[source][:, target - source]
+        return (self.layer_acts(source).float() @ w.float()).to(self.reconstruction.dtype)
+
+    def _check(self, layer: int, what: str) -> None:
+        n = len(self.stored)
+        if not 0 <= layer < n:
+            raise ResidError(f"Cross-layer transcoder {self.name!r} spans layers 0..{n - 1}; {what} {layer} is out "
+                             "of range.")
+
+    def __repr__(self) -> str:
+        nonzero = sum(int(s._nnz()) if s.is_sparse else int(s.count_nonzero()) for s in self.stored)
+        return f"CrossLayerEncoded({self.name!r}, {self.mode}, {len(self.stored)} layers, {nonzero} non-zero)"
+
+
 class Recorded(Mapping):
     """The dictionaries' records of a run, by dictionary name; a Site (or its label) finds the dictionary reading
     or reconstructing that site, when exactly one does."""
 
-    def __init__(self, records: dict[str, Encoded]):
+    def __init__(self, records: dict[str, "Encoded | CrossLayerEncoded"]):
         self._records = dict(records)
 
-    def __getitem__(self, key: "str | Site") -> Encoded:
+    def __getitem__(self, key: "str | Site") -> "Encoded | CrossLayerEncoded":
         if isinstance(key, str) and key in self._records:
             return self._records[key]
         try:

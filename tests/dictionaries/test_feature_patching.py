@@ -16,13 +16,18 @@ NAMES = [(" Mary", " John"), (" Alice", " Bob")]
 CLEAN = [f"When{a} and{b} went to the store,{b} gave a drink to" for a, b in NAMES]
 CORRUPT = [f"When{a} and{b} went to the store,{a} gave a drink to" for a, b in NAMES]
 TARGETS, BASELINES = [a for a, _ in NAMES], [b for _, b in NAMES]
+# The patching code is the same on every family (test_in_run covers the splices on all): a pre-norm, a sandwich-norm
+# and a parallel-block family keep this fast
+FAMILIES = ("llama_gqa", "gemma3_like", "neox_parallel")
 
 
 @pytest.fixture
 def setup(random_model):
     model = random_model
-    dictionaries = [random_dictionary(model, "blocks.0.hook_resid_post", seed=3, name="r0"),
-                    random_dictionary(model, "blocks.1.hook_mlp_out", seed=4, name="m1")]
+    if model.name.removeprefix("random-") not in FAMILIES:
+        pytest.skip("feature patching is checked on a few unlike families")
+    dictionaries = [random_dictionary(model, "blocks.0.hook_resid_post", d_sae=16, seed=3, name="r0"),
+                    random_dictionary(model, "blocks.1.hook_mlp_out", d_sae=16, seed=4, name="m1")]
     clean = model.run(CLEAN, capture=resid.Capture.all())
     corrupt = model.run(CORRUPT, capture=resid.Capture.all())
     ids = [(model.to_single_token(a), model.to_single_token(b)) for a, b in NAMES]
@@ -86,6 +91,8 @@ def test_feature_atp_is_the_gradient_at_the_site_times_the_change_of_the_write(s
 
 def test_features_join_the_other_sites_and_compare_scores_them(setup) -> None:
     model, dictionaries, *_ = setup
+    if model.name != "random-llama_gqa":
+        pytest.skip("one family: the join does not depend on it")
     both = patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=("head", "feature"),
                         dictionaries=dictionaries, method="atp*")
     heads = both[both["site"].str.contains(".head[", regex=False)]

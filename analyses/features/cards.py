@@ -1,0 +1,128 @@
+"""A dictionary feature's card (plotly): what activates it and what it writes, in one figure.
+
+    table = features.top_activating(model, sae, corpus.demo(), features=[3, 7])
+    fig = features.card(model, sae, 3, table)
+    plots.save_html(fig, "feature_3.html")          (resid.analyses.plots; self_contained=False shares plotly.js)
+
+Top: the feature's top-activating contexts (features.top_activating), the activating token in bold and coloured.
+Bottom left: its activation histogram over every scanned token (the table's `attrs["histogram"]`,
+resid.analyses.features.histogram): the tokens where it is off (0) and its geometric bins, on a log count axis.
+Bottom right: the tokens its decoder direction promotes and suppresses most, read through the unembedding with the
+final norm's gain folded in (features.views.decoder_top_tokens).
+"""
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from resid.analyses.features.examples import select_features, site_of
+from resid.analyses.features.views import decoder_top_tokens
+from resid.analyses.neurons.keys import MARK
+from resid.analyses.neurons.plots import _add_bars
+from resid.dictionaries import Dictionary
+from resid.errors import ResidError
+from resid.model import Transformer
+
+HIGHLIGHT = "#b2182b"
+OFF, ACTIVE = "#999999", "#2166ac"
+
+
+def card(model: Transformer, dictionary: Dictionary, feature: int, table: pd.DataFrame, k: int = 10,
+         examples: int = 20, histogram: pd.DataFrame | None = None, through_final_norm: bool = True) -> go.Figure:
+    """Feature `feature` of `dictionary`: its top `examples` contexts from `table` (features.top_activating's frame),
+    its activation histogram (`histogram`, default `table.attrs["histogram"]`) and its k most promoted and
+    suppressed tokens (see the module docstring)."""
+    select_features(dictionary, feature)
+    counts = _histogram(dictionary, feature, table, histogram)
+    rows = table[(table["dictionary"] == dictionary.name) & (table["feature"] == feature)].sort_values("rank")
+    tokens = decoder_top_tokens(model, dictionary, feature, k=k, through_final_norm=through_final_norm)
+    fig = make_subplots(
+        rows=2, cols=2, row_heights=[0.5, 0.5], column_widths=[0.55, 0.45], vertical_spacing=0.12,
+        specs=[[{"type": "table", "colspan": 2}, None], [{"type": "xy"}, {"type": "xy"}]],
+        subplot_titles=("top-activating contexts", "activation histogram (all scanned tokens)",
+                        "decoder direction: promoted / suppressed tokens"),
+    )
+    fig.add_trace(_contexts(rows.head(examples)), row=1, col=1)
+    for trace in _bins(counts):
+        fig.add_trace(trace, row=2, col=1)
+    _add_bars(fig, tokens, row=2, col=2)
+    fig.update_yaxes(type="log", title_text="tokens", row=2, col=1)
+    fig.update_xaxes(title_text="activation", type="category", row=2, col=1)
+    fig.update_yaxes(autorange="reversed", row=2, col=2)
+    fig.update_xaxes(title_text="logit added by the decoder direction", row=2, col=2)
+    total = int(counts["count"].sum())
+    off = int(counts.loc[(counts["low"] == 0) & (counts["high"] == 0), "count"].sum())
+    peak = f", max {rows['activation'].iloc[0]:.3g}" if len(rows) else ""
+    fig.update_layout(
+        title=f"{site_of(dictionary, feature).label} ({dictionary.name}): active on {total - off} of {total} "
+              f"scanned tokens ({(total - off) / max(total, 1):.2%}){peak}",
+        barmode="overlay", height=max(800, 22 * min(len(rows), examples) + 2 * 24 * k + 250), showlegend=False,
+    )
+    return fig
+
+
+def _histogram(d: Dictionary, feature: int, table: pd.DataFrame, histogram: pd.DataFrame | None) -> pd.DataFrame:
+    found = histogram if histogram is not None else table.attrs.get("histogram")
+    if found is None:
+        raise ResidError("The table has no activation histogram (attrs['histogram']): pass the frame "
+                         "features.top_activating returned (a table read back from a file has lost it), or its "
+                         "histogram as histogram=.")
+    rows = found[(found["dictionary"] == d.name) & (found["feature"] == feature)]
+    if rows.empty:
+        scanned = sorted(set(zip(found["dictionary"], found["feature"])))[:10]
+        raise ResidError(f"Feature {feature} of dictionary {d.name!r} was not scanned: the table has (dictionary, "
+                         f"feature) pairs such as {scanned}. Run features.top_activating for it.")
+    return rows
+
+
+def _bins(counts: pd.DataFrame) -> list[go.Bar]:
+    """The zero bin (grey) and every bin between the lowest and highest non-empty one (blue), in order."""
+    from resid.analyses.features.histogram import SIDE, ZERO, edges
+
+    low, high = edges()
+    full = np.zeros(len(low), dtype=np.int64)
+    index = {(a, b): i for i, (a, b) in enumerate(zip(low, high))}
+    for row in counts.itertuples():
+        full[index[(row.low, row.high)]] += row.count
+    used = np.flatnonzero(full)
+    labels = ["0 (off)" if i == ZERO else _range(low[i], high[i], i, SIDE) for i in range(len(low))]
+    span = range(used.min(), used.max() + 1)
+    active = [i for i in span if i != ZERO]
+    traces = [go.Bar(x=[labels[ZERO]], y=[int(full[ZERO])], name="off", marker_color=OFF,
+                     hovertemplate="off (0): %{y} tokens<extra></extra>")] if full[ZERO] else []
+    return traces + [go.Bar(x=[labels[i] for i in active], y=[int(full[i]) for i in active], name="active",
+                            marker_color=ACTIVE, hovertemplate="%{x}: %{y} tokens<extra></extra>")]
+
+
+def _range(low: float, high: float, index: int, side: int) -> str:
+    if index < side:  # a negative bin
+        return f"[{low:.3g}, {high:.3g}]" if np.isfinite(low) else f"< {high:.3g}"
+    return f"[{low:.3g}, {high:.3g})" if np.isfinite(high) else f">= {low:.3g}"
+
+
+def _contexts(rows: pd.DataFrame) -> go.Table:
+    if rows.empty:
+        return go.Table(header={"values": ["rank", "activation", "context"]},
+                        cells={"values": [[""], [""], ["(no scanned token activates this feature)"]]})
+    return go.Table(
+        columnwidth=[0.6, 1.2, 10],
+        header={"values": ["rank", "activation", "context"], "align": "left"},
+        cells={"values": [rows["rank"], rows["activation"].map("{:.3f}".format),
+                          [highlight(c) for c in rows["context"]]], "align": "left"},
+    )
+
+
+def highlight(context: str) -> str:
+    """A context of top_activating (its trigger marked ⟦ ⟧) as the HTML plotly draws, the trigger bold and coloured;
+    the text itself escaped, so that a token like "<b>" shows as written."""
+    before, rest = context.split(MARK[0], 1)
+    token, after = rest.rsplit(MARK[1], 1)
+    return (f"{_visible(before)}<b><span style='color:{HIGHLIGHT}'>{_visible(token)}</span></b>"
+            f"{_visible(after)}")
+
+
+def _visible(text: str) -> str:
+    return html.escape(text).replace("\n", "⏎")
