@@ -11,11 +11,31 @@ log_softmax(z)))`, the same value and gradient). Every pass over [token d_vocab]
 unembedding's matmul in bfloat16, so they are counted: softmax and logsumexp are made in place in one float32 copy
 of the logits (max, subtract, exp, sum, divide), and dot products are batched matrix-vector products, which write
 no [token d_vocab] temporary. Logits may be bfloat16 (an autocast matmul); the arithmetic here is float32.
+
+Training a lens runs the loss and its gradient for every site of a chunk of tokens: `kl_and_input_grad` does one
+site without autograd (the head's two matmuls in the compute dtype, everything else float32), writing its
+[token d_vocab] arrays into a `Scratch` that the sites share. On a CPU a fresh 50 MB tensor per op costs more in
+page faults than the op itself (the allocator returns blocks of that size to the system when freed), so reusing
+three buffers makes the softmax and the copies several times faster.
 """
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+
+
+class Scratch:
+    """[token d_vocab] buffers by name, allocated once and reused (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def get(self, name: str, rows: int, like: Tensor, dtype: torch.dtype) -> Tensor:
+        """A contiguous [rows like.shape[1]] buffer of `dtype` on like's device (contents undefined)."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != like.shape[1] or buffer.dtype != dtype:
+            buffer = self._buffers[name] = torch.empty(rows, like.shape[1], dtype=dtype, device=like.device)
+        return buffer[:rows]
 
 
 def _dot(p: Tensor, z: Tensor) -> Tensor:
@@ -61,6 +81,36 @@ def kl_from_final(
 ) -> Float[Tensor, "token"]:
     """KL(p || softmax(logits)) per token, in nats, differentiable in `logits` (gradient: softmax(logits) - p)."""
     return _KLFromFinal.apply(logits, p, neg_entropy)
+
+
+@torch.no_grad()
+def kl_and_input_grad(
+    normalized: Float[Tensor, "token d_model"],
+    weight: Float[Tensor, "d_vocab d_model"],
+    bias: Float[Tensor, "d_vocab"] | None,
+    p: Float[Tensor, "token d_vocab"],
+    neg_entropy: Float[Tensor, "token"],
+    scratch: Scratch,
+) -> tuple[Float[Tensor, "token"], Float[Tensor, "token d_model"]]:
+    """KL(p || softmax(normalized @ weight.T + bias)) per token, and its gradient with respect to `normalized`,
+    (q - p) @ weight, for a plain linear unembedding (no head, no soft cap). The two matmuls run in weight's dtype
+    (bfloat16 as under tuned-lens's autocast: logits and q - p rounded to it); the softmax and KL in float32."""
+    logits = scratch.get("logits", len(normalized), p, weight.dtype)
+    x = normalized.to(weight.dtype)
+    if bias is None:
+        torch.mm(x, weight.T, out=logits)
+    else:
+        torch.addmm(bias, x, weight.T, out=logits)
+    z = logits if logits.dtype == torch.float32 else scratch.get("z", len(x), p, torch.float32).copy_(logits)
+    dot = _dot(p, z)
+    q = torch.softmax(z, -1, out=scratch.get("q", len(x), p, torch.float32))
+    # The largest q is exp(0) / sum exp(z - max z), so logsumexp(z) = max z - log max q: two cheap reductions
+    # instead of a second exponential pass.
+    lse = z.amax(-1) - q.amax(-1).log()
+    g = q.sub_(p)
+    if weight.dtype != torch.float32:
+        g = scratch.get("logits", len(x), p, weight.dtype).copy_(g)  # the logits are no longer needed
+    return neg_entropy + lse - dot, torch.mm(g, weight).float()
 
 
 @torch.no_grad()

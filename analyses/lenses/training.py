@@ -26,7 +26,9 @@ this; the defaults of Recipe are its defaults):
 How it is computed differs, not what: the model runs once per batch without gradients; every site's translator and
 final norm run as one batched graph per chunk of tokens; the head and the KL run site by site, each backward only
 to the norm's output; then one backward through the norms and translators. The gradient of the KL comes from
-resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax). Each step writes an
+resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax); for a plain linear
+unembedding (no head, no soft cap: most models) the head's forward and backward matmuls are written out there too
+(kl_and_input_grad, no autograd), in buffers shared by the sites. Each step writes an
 atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every` steps and at the end; rerunning
 with the same arguments resumes from it with the same data order, and a tqdm bar shows the tokens per second.
 """
@@ -44,7 +46,7 @@ from tqdm.auto import tqdm
 
 from resid.analyses.lenses import checkpoint, data
 from resid.analyses.lenses.formats import unembed_hash
-from resid.analyses.lenses.kl import final_distribution, kl_from_final
+from resid.analyses.lenses.kl import Scratch, final_distribution, kl_and_input_grad, kl_from_final
 from resid.analyses.lenses.lens import TunedLens
 from resid.analyses.lenses.translators import Translators
 from resid.analyses.logit_lens import site_list
@@ -204,6 +206,7 @@ def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Te
     n_tokens = ids.numel()
     losses = torch.zeros(len(weight), device=device)
     bf16 = recipe.precision == "bfloat16"
+    head, scratch = _plain_head(model, bf16), Scratch()
     for first in range(0, len(ids), batch_size):
         run = model.run(ids[first:first + batch_size].to(device), capture=Capture(final_norm_scale=False))
         final = run.logits.flatten(0, 1)
@@ -220,16 +223,33 @@ def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Te
                                   else torch.baddbmm(bias[:, None, :], h, weight.transpose(1, 2)))
                 normalized, _ = readout.normalize(translated.to(model.dtype))
             grads = torch.empty_like(normalized)
-            # autocast for the head's matmul only, around the sites so the unembedding is cast to bfloat16 once
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            if head is not None:  # a plain unembedding: each site's loss and gradient by hand, in shared buffers
                 for i in range(len(weight)):
-                    with torch.enable_grad():
-                        x = normalized[i].detach().requires_grad_()
-                        loss = kl_from_final(readout.head_logits(x), p, neg_entropy).sum() / n_tokens
-                        (grads[i],) = torch.autograd.grad(loss, x)
-                    losses[i] += loss.detach()
+                    kl, grad = kl_and_input_grad(normalized[i].detach(), *head, p, neg_entropy, scratch)
+                    grads[i] = grad / n_tokens
+                    losses[i] += kl.sum() / n_tokens
+            else:  # autocast for the head's matmul only, around the sites so the unembedding is cast once
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    for i in range(len(weight)):
+                        with torch.enable_grad():
+                            x = normalized[i].detach().requires_grad_()
+                            loss = kl_from_final(readout.head_logits(x), p, neg_entropy).sum() / n_tokens
+                            (grads[i],) = torch.autograd.grad(loss, x)
+                        losses[i] += loss.detach()
             normalized.backward(grads)  # into weight.grad and bias.grad
     return losses
+
+
+def _plain_head(model: Transformer, bf16: bool) -> tuple[Tensor, Tensor | None] | None:
+    """The unembedding's weight and bias in the head's compute dtype, cast once per step, when the readout after the
+    final norm is that linear map alone (no head, no soft cap); else None (autograd through head_logits)."""
+    readout = model.readout
+    unembed = readout.unembed
+    if readout.head is not None or unembed.softcap is not None:
+        return None
+    dtype = torch.bfloat16 if bf16 else unembed.weight.dtype
+    bias = None if unembed.b_U is None else unembed.b_U.detach().to(dtype)
+    return unembed.weight.detach().to(dtype), bias
 
 
 def _digest(translators: Translators) -> str:
