@@ -114,7 +114,8 @@ def test_every_out_says_folder_or_file():
     assert kinds == {"decompose": "folder", "attribute": "file", "lens": "file", "lens train": "folder",
                      "lens eval": "file", "ablate": "file", "patch": "file", "neurons values": "folder",
                      "neurons top": "folder", "neurons explain": "folder", "neurons edit": "folder",
-                     "features values": "folder", "features top": "folder"}
+                     "features values": "folder", "features top": "folder", "train-sae": "folder",
+                     "train-transcoder": "folder"}
     assert "--out is a folder" in cli_main.__doc__
 
 
