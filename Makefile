@@ -31,7 +31,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(PY) -m ruff check resid analyses tests benchmarks
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
+	$(PY) -m pytest -q -m "not slow"
 
 test-slow: $(VENV)/.test
 	$(PY) -m pytest -q -m slow

@@ -21,15 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of the real SmolLM2 is `slow` (`make test` skips them; `make test-slow` runs them). Tests
-    that reach it another way (the command line's default model, the notebook) say so themselves.
-
-    `make test` runs the tests on two pytest-xdist workers (`--dist loadgroup`): the distributed tests share one
-    local Ray cluster, so they form one group and run on one worker, one after the other."""
+    that reach it another way (the command line's default model, the notebook) say so themselves."""
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        if Path(str(item.fspath)).parent.name == "distributed":
-            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")
