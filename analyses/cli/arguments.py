@@ -158,3 +158,27 @@ def executor(ray: str | None, workers: int | None):
     from resid.analyses.distributed.ray_executor import RayExecutor
 
     return RayExecutor(workers=workers, address=None if ray == "local" else ray)
+
+
+def scan_options(parser, what: str) -> None:
+    """The corpus-scan flags of `neurons top` and `features top` (`what`: the token shown, e.g. "the trigger")."""
+    parser.add_argument("--corpus", default=None, help=".txt (blank-line paragraphs) or .jsonl {'text': ...}; "
+                        "default: the demo corpus (State of the Union addresses)")
+    parser.add_argument("--max-docs", type=int, default=300, help="demo corpus: documents to use (default 300)")
+    parser.add_argument("--context", type=int, default=12, help=f"tokens shown before {what} (default 12)")
+    parser.add_argument("--sign", default="positive", choices=["positive", "negative", "abs"])
+    parser.add_argument("--batch-size", default="auto", help="windows per forward pass, or auto")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    executor_options(parser)
+
+
+def scan(args) -> None:
+    """Check the flags of scan_options; sets args.batch_size, args.texts (None: the demo, read in run) and
+    args.executor."""
+    from resid.analyses import corpus
+
+    at_least(args.max_docs, 1, "--max-docs")
+    at_least(args.context, 0, "--context")
+    args.batch_size = batch_size(args.batch_size)
+    args.texts = corpus.load(args.corpus) if args.corpus else None
+    args.executor = executor(args.ray, args.workers)

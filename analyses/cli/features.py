@@ -26,14 +26,7 @@ def add_parser(commands, common) -> None:
     values.add_argument("--encoder", action="store_true",
                         help="the encoder direction read against the token embeddings instead of the decoder")
     top = actions.add_parser("top", parents=[common], help="the corpus tokens that activate features most")
-    top.add_argument("--corpus", default=None, help=".txt (blank-line paragraphs) or .jsonl {'text': ...}; "
-                     "default: the demo corpus (State of the Union addresses)")
-    top.add_argument("--max-docs", type=int, default=300, help="demo corpus: documents to use (default 300)")
-    top.add_argument("--context", type=int, default=12, help="tokens shown before the activating one (default 12)")
-    top.add_argument("--sign", default="positive", choices=["positive", "negative", "abs"])
-    top.add_argument("--batch-size", default="auto", help="windows per forward pass, or auto")
-    top.add_argument("--quiet", action="store_true", help="no progress bar")
-    arguments.executor_options(top)
+    arguments.scan_options(top, "the activating one")
     for parser, k in ((values, "top and bottom tokens per feature"), (top, "contexts per feature")):
         parser.add_argument("--dictionary", required=True, help="a local dictionary folder (SAELens, sparsify, "
                             "Gemma Scope, circuit-tracer)")
@@ -66,13 +59,7 @@ def check(args) -> None:
                          "holding SAELens's cfg.json and sae_weights.safetensors).")
     detect(folder)  # an unknown layout is refused before the model loads
     if args.action == "top":
-        from resid.analyses import corpus
-
-        arguments.at_least(args.max_docs, 1, "--max-docs")
-        arguments.at_least(args.context, 0, "--context")
-        args.batch_size = arguments.batch_size(args.batch_size)
-        args.texts = corpus.load(args.corpus) if args.corpus else None  # the demo is read in run, if needed
-        args.executor = arguments.executor(args.ray, args.workers)
+        arguments.scan(args)
 
 
 def run(model, args) -> str:

@@ -34,15 +34,8 @@ def add_parser(commands, common) -> None:
     top = actions.add_parser("top", parents=[common], help="the corpus tokens that activate neurons most")
     top.add_argument("--layers", required=True, help="'20', '20,21' or 'all'")
     top.add_argument("--neurons", default=None, help="'5' or '5,7' (default: all)")
-    top.add_argument("--corpus", default=None, help=".txt (blank-line paragraphs) or .jsonl {'text': ...}; "
-                     "default: the demo corpus (State of the Union addresses)")
-    top.add_argument("--max-docs", type=int, default=300, help="demo corpus: documents to use (default 300)")
     top.add_argument("--k", type=int, default=10, help="contexts per neuron (default 10)")
-    top.add_argument("--context", type=int, default=12, help="tokens shown before the trigger (default 12)")
-    top.add_argument("--sign", default="positive", choices=["positive", "negative", "abs"])
-    top.add_argument("--batch-size", default="auto", help="windows per forward pass, or auto")
-    top.add_argument("--quiet", action="store_true", help="no progress bar")
-    arguments.executor_options(top)
+    arguments.scan_options(top, "the trigger")
 
     explain = actions.add_parser("explain", parents=[common], help="sub-updates m_i v_i behind a prediction")
     explain.add_argument("prompt", help="the prompt whose prediction is explained")
@@ -84,13 +77,7 @@ def check(args) -> None:
     if args.action in ("values", "top"):
         args.neurons = arguments.ints(args.neurons, "--neurons")
     if args.action == "top":
-        from resid.analyses import corpus
-
-        arguments.at_least(args.max_docs, 1, "--max-docs")
-        arguments.at_least(args.context, 0, "--context")
-        args.batch_size = arguments.batch_size(args.batch_size)
-        args.texts = corpus.load(args.corpus) if args.corpus else None  # the demo is read in run, if needed
-        args.executor = arguments.executor(args.ray, args.workers)
+        arguments.scan(args)
     if args.action == "edit":
         args.neurons = arguments.neuron_pairs(args.neurons)
 

@@ -12,14 +12,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
-from resid.analyses.io import atomic
-from resid.errors import ResidError
+from resid.analyses.io import checkpoints
 
-FILE = "checkpoint.safetensors"
 FORMAT = "resid.tuned_lens.checkpoint"
 
 
@@ -39,30 +35,15 @@ def save(folder: str | Path, state: State, settings: dict) -> Path:
     parts = {"weight": state.weight, "bias": state.bias, "momentum_weight": state.momentum_weight,
              "momentum_bias": state.momentum_bias}
     tensors = {name: t.detach().float().cpu().contiguous() for name, t in parts.items() if t is not None}
-    metadata = {"format": FORMAT, "step": str(state.step), "losses": json.dumps(state.losses),
-                "settings": json.dumps(settings, sort_keys=True)}
-    path = folder / FILE
-    atomic.write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-    return path
+    metadata = {"format": FORMAT, "step": str(state.step), "losses": json.dumps(state.losses)}
+    return checkpoints.write(folder, tensors, metadata, settings)
 
 
 def load(folder: str | Path, settings: dict) -> State | None:
     """The state saved in `folder`, None if there is none; an error if it was saved with other settings."""
-    path = Path(folder) / FILE
-    if not path.is_file():
+    found = checkpoints.read(folder, FORMAT, "tuned-lens", settings)
+    if found is None:
         return None
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-        if metadata.get("format") != FORMAT:
-            raise ResidError(f"{path} is not a resid tuned-lens checkpoint: delete it or choose another folder.")
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    saved = json.loads(metadata["settings"])
-    ours = json.loads(json.dumps(settings, sort_keys=True))  # the same JSON round trip as the saved ones
-    if saved != ours:
-        changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
-        raise ResidError(
-            f"The checkpoint in {path} is of a run with other settings ({', '.join(changed)} differ), so it cannot "
-            "be resumed with these: rerun with the same ones, or delete it (or choose another folder) to start over."
-        )
+    tensors, metadata = found
     return State(int(metadata["step"]), tensors["weight"], tensors.get("bias"), tensors.get("momentum_weight"),
                  tensors.get("momentum_bias"), json.loads(metadata["losses"]))
