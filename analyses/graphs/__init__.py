@@ -1,0 +1,13 @@
+"""Attribution graphs (Ameisen et al. 2025; circuit-tracer): a prompt's prediction traced through transcoder
+features. Each MLP is replaced by its transcoder, attention patterns and norm scales are frozen from the run, and
+the model becomes linear in its nodes (token embeddings, active features, error terms), so every edge is an exact
+direct effect.
+
+    graph = graphs.attribute(model, "The capital of France is", transcoders)   # a Graph
+    graph.to_frame(); graph.edges(); graph.scores(); graph.prune(0.8, 0.98)
+"""
+
+from resid.analyses.graphs.attribute import attribute
+from resid.analyses.graphs.graph import Graph
+
+__all__ = ["Graph", "attribute"]

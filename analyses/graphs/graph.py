@@ -1,0 +1,138 @@
+"""An attribution graph: nodes, the dense adjacency matrix of direct effects, and what is computed from it.
+
+Nodes, in circuit-tracer's order (so its tools read the matrix as is):
+
+    features   the visited active features (layer, position, feature), sorted      site layers[L].mlp.feature[F]@P
+    errors     one per layer and position, layer by layer                          site layers[L].mlp.error@P
+    tokens     one per position                                                    site embed@P
+    logits     the salient next tokens, most likely first
+
+`adjacency[t, s]` is the direct effect of node s on node t: on a feature's pre-activation, or on a logit node's
+value (logit - mean logit). Rows of errors and tokens are zero (nothing writes into them).
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from resid.analyses.graphs import influence as inf
+from resid.sites import Site
+
+
+@dataclass
+class Graph:
+    model_name: str
+    token_ids: Tensor  # [pos]
+    token_strs: list[str]
+    n_layers: int
+    features: Tensor  # [n 3] (layer, position, feature) of the feature nodes
+    activations: Tensor  # [n]
+    pre_activations: Tensor  # [n]: each feature node's value
+    active_features: Tensor  # [m 3]: every active feature (the feature nodes are these or a subset)
+    logit_tokens: Tensor  # [k]
+    logit_probabilities: Tensor  # [k]
+    logit_values: Tensor  # [k]: logit - mean logit (before a final soft cap)
+    adjacency: Tensor  # [N N]
+    transcoders: str
+    skip_bos: bool = False
+    metadata: dict = field(default_factory=dict)
+
+    # --- sizes and slices -----------------------------------------------------------------------------------
+    @property
+    def n_pos(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.features)
+
+    @property
+    def n_errors(self) -> int:
+        return self.n_layers * self.n_pos
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.logit_tokens)
+
+    @property
+    def n_nodes(self) -> int:
+        return self.adjacency.shape[0]
+
+    def kinds(self) -> list[str]:
+        return (["feature"] * self.n_features + ["error"] * self.n_errors + ["token"] * self.n_pos
+                + ["logit"] * self.n_logits)
+
+    def values(self) -> Tensor:
+        """Each node's value: a feature's pre-activation, a logit node's logit - mean logit, NaN for errors and
+        tokens (sources only)."""
+        nan = torch.full((self.n_errors + self.n_pos,), float("nan"))
+        return torch.cat([self.pre_activations, nan, self.logit_values])
+
+    def sites(self) -> list[Site | None]:
+        """The Site of every node (None for logits)."""
+        out: list[Site | None] = [Site(int(l), "mlp", feature=int(f), positions=(int(p),))
+                                  for l, p, f in self.features.tolist()]
+        out += [Site(l, "mlp", field="error", positions=(p,)) for l in range(self.n_layers) for p in range(self.n_pos)]
+        out += [Site(None, "embed", positions=(p,)) for p in range(self.n_pos)]
+        return out + [None] * self.n_logits
+
+    # --- analyses -------------------------------------------------------------------------------------------
+    def influence(self) -> Tensor:
+        """Each node's influence on the logits (resid.analyses.graphs.influence)."""
+        return inf.node_influence(self.adjacency, self.logit_probabilities)
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> inf.Pruned:
+        return inf.prune(self.adjacency, self.logit_probabilities, self.n_features, self.n_pos, node_threshold,
+                         edge_threshold)
+
+    def scores(self) -> tuple[float, float]:
+        """(replacement score, completeness score)."""
+        return inf.scores(self.adjacency, self.logit_probabilities, self.n_features, self.n_errors, self.n_pos)
+
+    def pruned(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> "Graph":
+        """The graph with only the kept feature nodes and edges (every error, token and logit node stays, so the
+        layout is unchanged; pruned errors keep their node with no edges)."""
+        result = self.prune(node_threshold, edge_threshold)
+        keep = result.node_mask[:self.n_features]
+        index = torch.cat([keep.nonzero().flatten(), torch.arange(self.n_features, self.n_nodes)])
+        adjacency = (self.adjacency * result.edge_mask)[index][:, index]
+        return dataclasses.replace(self, features=self.features[keep], activations=self.activations[keep],
+                                   pre_activations=self.pre_activations[keep], adjacency=adjacency,
+                                   metadata={**self.metadata, "node_threshold": node_threshold,
+                                             "edge_threshold": edge_threshold})
+
+    # --- tables ---------------------------------------------------------------------------------------------
+    def to_frame(self) -> pd.DataFrame:
+        """One row per node: node, kind, site, layer, position, feature, token, activation, value, influence."""
+        kinds = self.kinds()
+        layers = (self.features[:, 0].tolist() + [l for l in range(self.n_layers) for _ in range(self.n_pos)]
+                  + [None] * (self.n_pos + self.n_logits))
+        positions = (self.features[:, 1].tolist() + list(range(self.n_pos)) * self.n_layers
+                     + list(range(self.n_pos)) + [self.n_pos - 1] * self.n_logits)
+        tokens = ([None] * (self.n_features + self.n_errors) + self.token_ids.tolist()
+                  + self.logit_tokens.tolist())
+        activation = torch.cat([self.activations, torch.full((self.n_nodes - self.n_features,), float("nan"))])
+        logit_prob = torch.cat([torch.full((self.n_nodes - self.n_logits,), float("nan")), self.logit_probabilities])
+        return pd.DataFrame({
+            "node": range(self.n_nodes), "kind": kinds,
+            "site": [None if s is None else s.label for s in self.sites()],
+            "layer": pd.array(layers, dtype="Int64"), "position": positions,
+            "feature": pd.array(self.features[:, 2].tolist() + [None] * (self.n_nodes - self.n_features),
+                                dtype="Int64"),
+            "token": pd.array(tokens, dtype="Int64"), "activation": activation.double().numpy(),
+            "value": self.values().double().numpy(), "probability": logit_prob.double().numpy(),
+            "influence": self.influence().double().numpy(),
+        })
+
+    def edges(self, min_abs: float = 0.0) -> pd.DataFrame:
+        """One row per non-zero edge (|weight| > min_abs): source, target (node indices), weight."""
+        target, source = (self.adjacency.abs() > min_abs).nonzero(as_tuple=True)
+        return pd.DataFrame({"source": source.numpy(), "target": target.numpy(),
+                             "weight": self.adjacency[target, source].double().numpy()})
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.model_name}, {self.n_pos} tokens, {self.n_features} features, {self.n_logits} logits, "
+                f"{int((self.adjacency != 0).sum())} edges)")
