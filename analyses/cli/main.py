@@ -13,6 +13,7 @@
     resid patch --pairs pairs.jsonl [--sites resid_pre|sublayer|head] [--method exact|atp] --out results.parquet
     resid neurons values|top|explain|edit ...
     resid features values|top --dictionary DIR ...
+    resid graph "prompt" --transcoders DIR [--out graph.json] [--validate K]
 
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
 that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
@@ -22,7 +23,8 @@ named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons and
 features: a table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format
 for those that write one table (attribute, lens, lens eval: .csv .parquet .tex .md; ablate: .parquet .csv), with
-any figure written beside it. Each --out help says which.
+any figure written beside it (graph: the graph's .json, its viewer page .html beside it). Each --out help says
+which.
 HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
 
 Building the parser imports no torch, pandas or plotly (the subcommand modules import what `run` needs inside
@@ -43,7 +45,7 @@ DEFAULT_MODEL = "smollm2-135m"
 # lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
 COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
             "neurons", "features")
-COMMANDS += ("train",)  # `resid train-sae` and `resid train-transcoder` (analyses/cli/train.py)
+COMMANDS += ("train", "graph")  # `resid train-sae` and `resid train-transcoder` (analyses/cli/train.py)
 
 
 def _parser() -> argparse.ArgumentParser:

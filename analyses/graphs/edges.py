@@ -83,9 +83,8 @@ class Sweeper:
         logit = targets.layer == n_layers
         if bool(logit.any()):
             index = logit.nonzero().flatten()
-            for b in index.tolist():
-                p = int(targets.position[b])
-                g[b, p] += frozen.final_adjoint(targets.vector[b][None], p)[0]
+            positions = targets.position[index]
+            g[index, positions] += frozen.final_adjoint(targets.vector[index], positions)
         for layer in range(min(top, n_layers - 1), -1, -1):
             g_out = view.write_adjoint(layer, g)  # [b pos d_out]
             errors = rep.errors[layer, :n_pos]

@@ -94,7 +94,7 @@ class Frozen:
         scale = self.scales[(layer, "mlp")] if scale is None else scale
         if read == "standardized":
             return _centre(norm, w.float()) * scale
-        return norm.pull_back(w, scale)
+        return norm.fold(w) * scale
 
     def write_forward(self, layer: int, y: Tensor, constants: bool = True) -> Tensor:
         """w(y): what the transcoder's output y [pos d_out] writes into the residual."""
@@ -106,7 +106,7 @@ class Frozen:
         """The cotangent on the transcoder's output space from g [batch pos d] on the residual after the write."""
         if not self.before_post_norm[layer]:
             return g
-        return self.model.blocks[layer].ln_mlp_post.pull_back(g, self.scales[(layer, "mlp_post")])
+        return self.model.blocks[layer].ln_mlp_post.fold(g) * self.scales[(layer, "mlp_post")]
 
     def skip_adjoint(self, layer: int, g_out: Tensor) -> Tensor | None:
         """The cotangent the skip path carries back to the residual the MLP reads (None without one)."""
@@ -116,10 +116,10 @@ class Frozen:
         return self.input_adjoint(layer, g_out @ skip.float().T)
 
     # --- the final norm -------------------------------------------------------------------------------------
-    def final_adjoint(self, u: Tensor, position: int) -> Tensor:
-        """The cotangent on the final residual at `position` of reading u [n d] after the final norm."""
+    def final_adjoint(self, u: Tensor, positions: Tensor) -> Tensor:
+        """The cotangents on the final residual of reading u [n d] after the final norm at `positions` [n]."""
         norm = self.model.readout.norm
-        return u.float() if norm is None else norm.pull_back(u, self.final_scale[position])
+        return u.float() if norm is None else norm.fold(u) * self.final_scale[positions]
 
     def final_forward(self, resid: Tensor, constants: bool = True) -> Tensor:
         """The final norm's output [pos d] (what the unembedding reads)."""
@@ -135,7 +135,7 @@ def _norm(norm: Norm | None, x: Tensor, scale: Tensor | None, constants: bool) -
 
 
 def _pull(norm: Norm | None, g: Tensor, scale: Tensor | None) -> Tensor:
-    return g if norm is None else norm.pull_back(g, scale)
+    return g if norm is None else norm.fold(g) * scale
 
 
 def _centre(norm: Norm, x: Tensor) -> Tensor:

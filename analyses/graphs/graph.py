@@ -35,6 +35,7 @@ class Graph:
     logit_tokens: Tensor  # [k]
     logit_probabilities: Tensor  # [k]
     logit_values: Tensor  # [k]: logit - mean logit (before a final soft cap)
+    logit_strs: list[str]
     adjacency: Tensor  # [N N]
     transcoders: str
     skip_bos: bool = False
@@ -132,6 +133,15 @@ class Graph:
         target, source = (self.adjacency.abs() > min_abs).nonzero(as_tuple=True)
         return pd.DataFrame({"source": source.numpy(), "target": target.numpy(),
                              "weight": self.adjacency[target, source].double().numpy()})
+
+    def to_json(self, path, slug: str | None = None, node_threshold: float = 0.8,
+                edge_threshold: float = 0.98):
+        """Write the pruned graph as the JSON circuit-tracer's and Neuronpedia's viewers read
+        (resid.analyses.graphs.export); returns the path."""
+        from resid.analyses.graphs.export import write_json
+
+        strs = dict(zip(self.logit_tokens.tolist(), self.logit_strs, strict=True))
+        return write_json(self, path, slug, node_threshold, edge_threshold, decode=lambda i: strs.get(i, str(i)))
 
     def __repr__(self) -> str:
         return (f"Graph({self.model_name}, {self.n_pos} tokens, {self.n_features} features, {self.n_logits} logits, "

@@ -1,0 +1,113 @@
+"""`resid graph "prompt" --transcoders DIR --out g.json`: the attribution graph of the prompt's next-token
+prediction (resid.analyses.graphs): every MLP replaced by its transcoder, patterns and norm scales frozen, edges
+the exact direct effects. Prints the logit nodes, the scores and the most influential features; writes the pruned
+graph as the JSON circuit-tracer's and Neuronpedia's viewers read (with graph-metadata.json beside it) and resid's
+own viewer page next to it (g.html).
+
+--transcoders is a local folder resid.dictionaries.load reads as one transcoder per layer (a circuit-tracer set, a
+sparsify set) or as a cross-layer transcoder, or a folder of single-transcoder folders (what `resid
+train-transcoder --layers all --out DIR` writes: one SAELens folder per layer). --validate K ablates the K most
+influential features in the real model and reports the measured effects beside the graph's predictions.
+"""
+
+from pathlib import Path
+
+from resid.analyses.cli import arguments
+from resid.errors import ResidError
+
+SHOWN = 10  # features printed
+
+
+def add_parser(commands, common) -> None:
+    parser = commands.add_parser("graph", parents=[common], help="attribution graph through transcoder features")
+    parser.add_argument("text", help="the prompt whose next-token prediction is traced")
+    parser.add_argument("--transcoders", required=True, help="a local folder: one transcoder per layer or a "
+                        "cross-layer transcoder (circuit-tracer, SAELens, sparsify)")
+    parser.add_argument("--out", default=None, help="a file (.json) for the pruned graph; the viewer page is "
+                        "written beside it (.html)")
+    parser.add_argument("--node-threshold", type=float, default=0.8, help="share of influence the kept nodes hold "
+                        "(default 0.8)")
+    parser.add_argument("--edge-threshold", type=float, default=0.98, help="share of edge influence the kept edges "
+                        "hold (default 0.98)")
+    parser.add_argument("--max-feature-nodes", type=int, default=None, help="visit at most this many features, "
+                        "the most influential first (default: all)")
+    parser.add_argument("--max-n-logits", type=int, default=10, help="at most this many logit nodes (default 10)")
+    parser.add_argument("--desired-logit-prob", type=float, default=0.95, help="logit nodes until their "
+                        "probabilities sum to this (default 0.95)")
+    parser.add_argument("--batch-size", type=int, default=64, help="targets per backward sweep (default 64)")
+    parser.add_argument("--skip-bos", action="store_true", help="no feature nodes at position 0")
+    parser.add_argument("--validate", type=int, default=0, help="ablate the K most influential features in the "
+                        "real model and compare with the graph (default 0: no check)")
+
+
+def check(args) -> None:
+    arguments.at_least(args.max_n_logits, 1, "--max-n-logits")
+    arguments.at_least(args.batch_size, 1, "--batch-size")
+    arguments.at_least(args.validate, 0, "--validate")
+    if args.max_feature_nodes is not None:
+        arguments.at_least(args.max_feature_nodes, 0, "--max-feature-nodes")
+    for flag, value in (("--node-threshold", args.node_threshold), ("--edge-threshold", args.edge_threshold),
+                        ("--desired-logit-prob", args.desired_logit_prob)):
+        if not 0 <= value <= 1:
+            raise ResidError(f"{flag} {value} is a share: give a number in [0, 1].")
+    arguments.out_path(args.out, (".json",))
+    if not Path(args.transcoders).expanduser().is_dir():
+        raise ResidError(f"--transcoders {args.transcoders} is not a folder: give a local transcoder folder (a "
+                         "circuit-tracer set with its config.yaml, or per-layer SAELens / sparsify transcoders).")
+
+
+def run(model, args) -> str:
+    from resid.analyses import graphs
+    from resid.analyses.graphs.validate import validate
+    from resid.analyses.graphs.viewer import write_html
+
+    transcoders = load_transcoders(args.transcoders, model)
+    graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
+                             desired_logit_prob=args.desired_logit_prob, batch_size=args.batch_size,
+                             max_feature_nodes=args.max_feature_nodes, skip_bos=args.skip_bos)
+    if args.validate:
+        validate(model, graph, transcoders, top=args.validate)
+    replacement, completeness = graph.scores()
+    lines = [f"model: {model.name}   prompt: {graph.n_pos} tokens   transcoders: {graph.transcoders}",
+             f"{graph.n_features} feature nodes (of {len(graph.active_features)} active), {graph.n_errors} error, "
+             f"{graph.n_pos} token, {graph.n_logits} logit nodes; {int((graph.adjacency != 0).sum())} edges",
+             f"replacement score {replacement:.4f}   completeness score {completeness:.4f}", "logit nodes:"]
+    for token, text, p in zip(graph.logit_tokens.tolist(), graph.logit_strs, graph.logit_probabilities.tolist(),
+                              strict=True):
+        lines.append(f"  {p:7.4f}  {token:>6}  {text!r}")
+    frame = graph.to_frame()
+    top = frame[frame["kind"] == "feature"].nlargest(SHOWN, "influence")
+    lines.append(f"most influential features (of {graph.n_features}):")
+    lines += [f"  {row.site:<32} activation {row.activation:9.4f}  influence {row.influence:.4f}"
+              for row in top.itertuples()]
+    if args.validate:
+        report = graph.metadata["validation"]
+        lines.append(f"validation: {len(report['features'])} features ablated in the real model; target logit "
+                     f"effect predicted vs measured: correlation {report['target_logit_correlation']:.3f}")
+    if args.out is not None:
+        path = graph.to_json(args.out, node_threshold=args.node_threshold, edge_threshold=args.edge_threshold)
+        page = write_html(graph, Path(path).with_suffix(".html"), node_threshold=args.node_threshold,
+                          edge_threshold=args.edge_threshold)
+        lines.append(f"wrote {path} (+ graph-metadata.json) and {page}")
+    return "\n".join(lines)
+
+
+def load_transcoders(folder: str, model):
+    """The transcoders of `folder`: what resid.dictionaries.load reads there, or else one per subfolder."""
+    import resid.dictionaries
+
+    path = Path(folder).expanduser()
+    try:
+        return resid.dictionaries.load(path, model)
+    except ResidError as err:
+        subfolders = sorted(p for p in path.iterdir() if p.is_dir())
+        if not subfolders:
+            raise
+        found = []
+        for sub in subfolders:
+            try:
+                loaded = resid.dictionaries.load(sub, model)
+            except ResidError:
+                raise err from None
+            found += loaded if isinstance(loaded, list) else [loaded]
+        return found

@@ -1,0 +1,101 @@
+"""A graph as the JSON file circuit-tracer's frontend and Neuronpedia's graph viewer read (a pruned graph: the nodes
+and edges `Graph.prune` keeps), and the index file their local server lists graphs from.
+
+    {"metadata": {slug, scan, transcoder_list, prompt_tokens, prompt, node_threshold, ...},
+     "qParams": {pinnedIds, supernodes, linkType, clickedId, sg_pos},
+     "nodes": [{node_id, feature, layer, ctx_idx, feature_type, token_prob, is_target_logit, run_idx,
+                reverse_ctx_idx, jsNodeId, clerp, influence, activation}, ...],
+     "links": [{source, target, weight}, ...]}
+
+Node ids: a feature "L_F_P", an error "0_L_P", a token "E_T_P" (T its token id), a logit "(n_layers + 1)_T_P" at
+the last position. `influence` is a node's place in the influence ranking (the cumulative share of influence up to
+it); feature nodes carry their activation. The first logit is the target logit. Only nodes with a kept edge stay,
+tokens and logits always. resid adds its own keys under metadata["resid"] (scores, the model, timings).
+"""
+
+import json
+from pathlib import Path
+
+from resid.analyses.graphs.graph import Graph
+from resid.analyses.io import atomic
+
+
+def _token(text: str) -> str:
+    return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
+
+
+def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, edge_threshold: float = 0.98,
+               decode=None) -> dict:
+    """The viewer's JSON object of `graph` pruned at the thresholds. `decode(id) -> str` names the logit tokens
+    (default: the graph's own token strings for prompt tokens, the id otherwise)."""
+    pruned = graph.prune(node_threshold, edge_threshold)
+    scores = pruned.cumulative_scores
+    n_f, n_e, n_p, layers = graph.n_features, graph.n_errors, graph.n_pos, graph.n_layers
+    decode = decode or (lambda i: str(i))
+    nodes: dict[int, dict] = {}
+    for index in pruned.node_mask.nonzero().flatten().tolist():
+        influence = float(scores[index])
+        if index < n_f:
+            layer, pos, feature = graph.features[index].tolist()
+            nodes[index] = _node(f"{layer}_{feature}_{pos}", feature, str(layer), pos, "cross layer transcoder",
+                                 f"{layer}_{feature}-0", influence=influence,
+                                 activation=float(graph.activations[index]))
+        elif index < n_f + n_e:
+            layer, pos = divmod(index - n_f, n_p)
+            nodes[index] = _node(f"0_{layer}_{pos}", -1, str(layer), pos, "mlp reconstruction error",
+                                 f"{layer}_{pos}-0", influence=influence)
+        elif index < n_f + n_e + n_p:
+            pos = index - n_f - n_e
+            token = int(graph.token_ids[pos])
+            nodes[index] = _node(f"E_{token}_{pos}", pos, "E", pos, "embedding", f"E_{token}-{pos}",
+                                 influence=influence)
+        else:
+            k = index - n_f - n_e - n_p
+            token, prob = int(graph.logit_tokens[k]), float(graph.logit_probabilities[k])
+            layer = str(layers + 1)
+            nodes[index] = _node(f"{layer}_{token}_{n_p - 1}", token, layer, n_p - 1, "logit", f"L_{token}-{n_p - 1}",
+                                 token_prob=prob, is_target_logit=k == 0,
+                                 clerp=f'Output "{_token(decode(token))}" (p={prob:.3f})')
+    targets, sources = pruned.edge_mask.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources].tolist()
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
+             for s, t, w in zip(sources.tolist(), targets.tolist(), weights, strict=True) if s in nodes and t in nodes]
+    connected = {link["source"] for link in links} | {link["target"] for link in links}
+    used = [n for n in nodes.values() if n["node_id"] in connected or n["feature_type"] in ("embedding", "logit")]
+    replacement, completeness = graph.scores()
+    metadata = {
+        "slug": slug, "scan": graph.transcoders, "transcoder_list": [], "node_threshold": node_threshold,
+        "prompt_tokens": [_token(t) for t in graph.token_strs], "prompt": "".join(graph.token_strs),
+        "resid": {"model": graph.model_name, "edge_threshold": edge_threshold, "replacement_score": replacement,
+                  "completeness_score": completeness, "n_active_features": len(graph.active_features),
+                  **{k: v for k, v in graph.metadata.items() if isinstance(v, (int, float, str, bool, type(None)))}},
+    }
+    if "validation" in graph.metadata:
+        metadata["resid"]["validation"] = graph.metadata["validation"]
+    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    return {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
+
+
+def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_threshold: float = 0.8,
+               edge_threshold: float = 0.98, decode=None) -> Path:
+    """Write the viewer's JSON file to `path` (a .json file) and list it in graph-metadata.json beside it, the
+    index circuit-tracer's local server reads."""
+    path = Path(path)
+    slug = slug or path.stem
+    data = graph_json(graph, slug, node_threshold, edge_threshold, decode)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write(path, json.dumps(data, indent=1))
+    index = path.parent / "graph-metadata.json"
+    listed = json.loads(index.read_text()) if index.exists() else {"graphs": []}
+    entry = {k: v for k, v in data["metadata"].items() if k != "resid"}
+    listed["graphs"] = [g for g in listed.get("graphs", []) if g.get("slug") != slug] + [entry]
+    atomic.write(index, json.dumps(listed, indent=1))
+    return path
+
+
+def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: str, js_id: str, *,
+          influence: float | None = None, activation: float | None = None, token_prob: float = 0.0,
+          is_target_logit: bool = False, clerp: str = "") -> dict:
+    return {"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx_idx, "feature_type": feature_type,
+            "token_prob": token_prob, "is_target_logit": is_target_logit, "run_idx": 0, "reverse_ctx_idx": 0,
+            "jsNodeId": js_id, "clerp": clerp, "influence": influence, "activation": activation}

@@ -1,0 +1,113 @@
+"""resid's own graph viewer: one self-contained HTML page (no network, no libraries) drawing the pruned graph's JSON
+(resid.analyses.graphs.export) as an SVG.
+
+Columns are prompt positions (the token under each), rows are layers: token embeddings at the bottom, features and
+error nodes (squares) at their layer, logits at the top. Edges are lines whose width follows |weight| (blue
+positive, red negative). Clicking a node lists its strongest incoming and outgoing edges and, for a feature with a
+card (resid.analyses.features.card) given in `cards`, shows the card in a frame.
+"""
+
+import html
+import json
+from pathlib import Path
+
+from resid.analyses.graphs.export import graph_json
+from resid.analyses.graphs.graph import Graph
+from resid.analyses.io import atomic
+
+_SCRIPT = r"""
+const data = JSON.parse(document.getElementById('graph-data').textContent);
+const cards = JSON.parse(document.getElementById('graph-cards').textContent);
+const svg = document.getElementById('graph');
+const info = document.getElementById('info');
+const NS = 'http://www.w3.org/2000/svg';
+const tokens = data.metadata.prompt_tokens;
+const nLayers = Math.max(...data.nodes.map(n => n.layer === 'E' ? 0 : Number(n.layer)));
+const colW = 110, rowH = 70, left = 40, top = 30;
+const rowOf = n => n.layer === 'E' ? nLayers + 1 : nLayers - Number(n.layer) + (n.feature_type === 'logit' ? 1 : 0);
+const groups = {};
+data.nodes.forEach(n => { const k = rowOf(n) + ':' + n.ctx_idx; (groups[k] = groups[k] || []).push(n); });
+const where = {};
+Object.values(groups).forEach(g => g.forEach((n, i) => {
+  where[n.node_id] = [left + n.ctx_idx * colW + (i + 1) * colW / (g.length + 1), top + rowOf(n) * rowH];
+}));
+const height = top + (nLayers + 3) * rowH;
+svg.setAttribute('width', left + tokens.length * colW + 20);
+svg.setAttribute('height', height);
+const maxW = Math.max(1e-12, ...data.links.map(l => Math.abs(l.weight)));
+const edgesOf = {};
+data.links.forEach(l => {
+  const [x1, y1] = where[l.source], [x2, y2] = where[l.target];
+  const line = document.createElementNS(NS, 'line');
+  Object.entries({x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
+                  'stroke-width': 0.3 + 3 * Math.abs(l.weight) / maxW, 'stroke-opacity': 0.5}).forEach(
+    ([k, v]) => line.setAttribute(k, v));
+  svg.appendChild(line);
+  (edgesOf[l.source] = edgesOf[l.source] || []).push(l);
+  (edgesOf[l.target] = edgesOf[l.target] || []).push(l);
+});
+tokens.forEach((t, i) => {
+  const label = document.createElementNS(NS, 'text');
+  label.setAttribute('x', left + i * colW + colW / 2); label.setAttribute('y', height - 8);
+  label.setAttribute('text-anchor', 'middle'); label.textContent = t; svg.appendChild(label);
+});
+const colour = {'embedding': '#999', 'logit': '#4daf4a', 'mlp reconstruction error': '#ff7f00'};
+data.nodes.forEach(n => {
+  const [x, y] = where[n.node_id];
+  const error = n.feature_type === 'mlp reconstruction error';
+  const shape = document.createElementNS(NS, error ? 'rect' : 'circle');
+  if (error) { shape.setAttribute('x', x - 5); shape.setAttribute('y', y - 5);
+               shape.setAttribute('width', 10); shape.setAttribute('height', 10); }
+  else { shape.setAttribute('cx', x); shape.setAttribute('cy', y); shape.setAttribute('r', 6); }
+  shape.setAttribute('fill', colour[n.feature_type] || '#984ea3');
+  shape.setAttribute('class', 'node'); shape.setAttribute('data-id', n.node_id);
+  const title = document.createElementNS(NS, 'title'); title.textContent = n.node_id + ' ' + n.clerp;
+  shape.appendChild(title);
+  shape.addEventListener('click', () => show(n));
+  svg.appendChild(shape);
+});
+function show(n) {
+  const edges = (edgesOf[n.node_id] || []).slice().sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
+  const rows = edges.slice(0, 12).map(l => `<tr><td>${l.source}</td><td>&rarr;</td><td>${l.target}</td>` +
+                                           `<td>${l.weight.toFixed(4)}</td></tr>`).join('');
+  const card = cards[n.node_id] ? `<iframe src="${cards[n.node_id]}" width="100%" height="420"></iframe>` : '';
+  info.innerHTML = `<h3>${n.node_id} <small>${n.feature_type}</small></h3>` +
+    `<p>layer ${n.layer}, position ${n.ctx_idx}` +
+    (n.activation != null ? `, activation ${n.activation.toFixed(4)}` : '') +
+    (n.influence != null ? `, cumulative influence ${n.influence.toFixed(4)}` : '') + ` ${n.clerp}</p>` +
+    `<table>${rows}</table>${card}`;
+}
+"""
+
+
+def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
+         cards: dict[str, str] | None = None) -> str:
+    """The viewer page of `graph` pruned at the thresholds; `cards` maps a feature's node_id ("L_F_P") to the path
+    (relative to the page) of its card."""
+    data = graph_json(graph, graph.model_name, node_threshold, edge_threshold,
+                      decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get)
+    meta = data["metadata"]["resid"]
+    title = html.escape(f"{graph.model_name}: {''.join(graph.token_strs)!r}")
+    summary = html.escape(f"{len(data['nodes'])} nodes, {len(data['links'])} edges (node threshold {node_threshold},"
+                          f" edge threshold {edge_threshold}); replacement score {meta['replacement_score']:.3f}, "
+                          f"completeness score {meta['completeness_score']:.3f}")
+
+    def embedded(value) -> str:  # JSON inside <script>: "</" must not close the tag
+        return json.dumps(value).replace("</", "<\\/")
+
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
+            "body{font-family:sans-serif;margin:12px} #wrap{overflow:auto;border:1px solid #ddd} "
+            ".node{cursor:pointer} text{font-size:12px} td{padding:0 6px;font-family:monospace}</style></head><body>"
+            f"<h2>{title}</h2><p>{summary}</p><div id='wrap'><svg id='graph' xmlns='http://www.w3.org/2000/svg'>"
+            f"</svg></div><div id='info'><p>Click a node.</p></div>"
+            f"<script type='application/json' id='graph-data'>{embedded(data)}</script>"
+            f"<script type='application/json' id='graph-cards'>{embedded(cards or {})}</script>"
+            f"<script>{_SCRIPT}</script></body></html>")
+
+
+def write_html(graph: Graph, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.98,
+               cards: dict[str, str] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write(path, page(graph, node_threshold, edge_threshold, cards))
+    return path

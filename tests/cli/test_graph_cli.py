@@ -1,0 +1,73 @@
+"""`resid graph` end to end on the tiny random Llama of tests/data/dictionaries with the committed circuit-tracer
+per-layer set and cross-layer transcoder, and with a folder of SAELens transcoders as `resid train-transcoder`
+writes them: the printed scores are the graph's, --out writes the viewer JSON and page, and bad input ends in one
+line naming the flag."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build
+
+import resid
+import resid.dictionaries
+from resid.analyses import graphs
+from resid.analyses.cli.main import main
+from resid.dictionaries.formats import saelens
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "dictionaries" / "circuit_tracer"
+PROMPT = "The cat sat on the mat because"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny_llama_graph")
+    build("llama", folder)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+def test_graph_prints_the_scores_and_writes_the_viewer_files(folder, kind, tmp_path, capsys) -> None:
+    out = tmp_path / "g.json"
+    assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(DATA / kind), "--out", str(out),
+                 "--validate", "2"]) == 0
+    printed = capsys.readouterr().out
+    model = resid.load(folder)
+    graph = graphs.attribute(model, PROMPT, resid.dictionaries.load(DATA / kind, model))
+    replacement, completeness = graph.scores()
+    assert f"replacement score {replacement:.4f}   completeness score {completeness:.4f}" in printed
+    assert re.search(r"validation: 2 features ablated", printed)
+    data = json.loads(out.read_text())
+    assert data["metadata"]["resid"]["validation"]["factor"] == 0.0
+    assert (tmp_path / "g.html").read_text().startswith("<!DOCTYPE html>")
+    assert (tmp_path / "graph-metadata.json").exists()
+
+
+def test_graph_reads_a_folder_of_saelens_transcoders(folder, tmp_path, capsys) -> None:
+    model = resid.load(folder)
+    d = model.config.d_model
+    g = torch.Generator().manual_seed(0)
+    loaded = []
+    for layer in range(model.config.n_layers):
+        transcoder = resid.dictionaries.Dictionary(
+            W_enc=torch.randn(d, 32, generator=g) / d**0.5, b_enc=-0.3 * torch.rand(32, generator=g),
+            W_dec=torch.randn(32, d, generator=g) / 32**0.5, b_dec=torch.zeros(d), activation="relu",
+            hook_in=f"blocks.{layer}.ln2.hook_normalized", hook_out=f"blocks.{layer}.hook_mlp_out", name=f"t{layer}")
+        saelens.write(transcoder, tmp_path / "set" / f"layer_{layer}")
+        loaded.append(resid.dictionaries.check(transcoder, model))
+    assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(tmp_path / "set")]) == 0
+    expected = graphs.attribute(model, PROMPT, loaded)
+    assert f"{expected.n_features} feature nodes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--node-threshold", "2"], "--node-threshold 2.0 is a share"),
+    (["--out", "g.csv"], "--out 'g.csv' must end in one of .json"),
+    (["--max-n-logits", "0"], "--max-n-logits"),
+])
+def test_bad_graph_flags_end_in_one_line(folder, flags, message, capsys) -> None:
+    assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(DATA / "plt"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,111 @@
+"""What a graph is written as and checked with: the viewer JSON holds exactly the pruned nodes and edges with the
+adjacency's weights, the viewer page embeds it, the frame lists every node, and the intervention check measures
+the real model's change with the feature's write removed and scales the graph's prediction linearly."""
+
+import json
+
+import pytest
+import torch
+from numerics import TINY
+from random_models import make_random_model
+from random_transcoders import per_layer
+
+import resid
+from resid.analyses import graphs
+from resid.analyses.graphs.export import graph_json
+from resid.analyses.graphs.validate import predicted_effects, validate
+from resid.analyses.graphs.viewer import page
+
+IDS = [11, 5, 7, 2, 9, 31, 3]
+
+
+@pytest.fixture(scope="module")
+def built():
+    model = make_random_model("llama_gqa")
+    transcoders = per_layer(model)
+    return model, transcoders, graphs.attribute(model, IDS, transcoders)
+
+
+def test_the_json_holds_the_pruned_nodes_and_their_edges(built, tmp_path) -> None:
+    _, _, graph = built
+    path = graph.to_json(tmp_path / "g.json", node_threshold=0.7, edge_threshold=0.95)
+    data = json.loads(path.read_text())
+    pruned = graph.prune(0.7, 0.95)
+    ids = {}
+    for index in pruned.node_mask.nonzero().flatten().tolist():
+        if index < graph.n_features:
+            layer, pos, feature = graph.features[index].tolist()
+            ids[index] = f"{layer}_{feature}_{pos}"
+        elif index < graph.n_features + graph.n_errors:
+            layer, pos = divmod(index - graph.n_features, graph.n_pos)
+            ids[index] = f"0_{layer}_{pos}"
+        elif index < graph.n_nodes - graph.n_logits:
+            pos = index - graph.n_features - graph.n_errors
+            ids[index] = f"E_{IDS[pos]}_{pos}"
+        else:
+            ids[index] = f"{graph.n_layers + 1}_{int(graph.logit_tokens[index - graph.n_nodes + graph.n_logits])}_6"
+    by_id = {v: k for k, v in ids.items()}
+    links = data["links"]
+    assert len(links) == int(pruned.edge_mask.sum()) > 0
+    for link in links:
+        target, source = by_id[link["target"]], by_id[link["source"]]
+        assert pruned.edge_mask[target, source]
+        assert link["weight"] == pytest.approx(float(graph.adjacency[target, source]), rel=1e-6)
+    listed = {node["node_id"] for node in data["nodes"]}
+    assert listed <= set(ids.values())
+    assert {f"E_{t}_{p}" for p, t in enumerate(IDS)} <= listed  # tokens always stay
+    assert sum(node["is_target_logit"] for node in data["nodes"]) == 1
+    replacement, completeness = graph.scores()
+    assert data["metadata"]["resid"]["replacement_score"] == pytest.approx(replacement)
+    assert 0 < replacement < 1 and 0 < completeness < 1
+    index = json.loads((tmp_path / "graph-metadata.json").read_text())
+    assert [g["slug"] for g in index["graphs"]] == ["g"]
+
+
+def test_the_viewer_page_embeds_the_graph(built) -> None:
+    _, _, graph = built
+    html = page(graph, cards={"0_3_4": "cards/x.html"})
+    start = html.index("id='graph-data'>") + len("id='graph-data'>")
+    embedded = json.loads(html[start:html.index("</script>", start)].replace("<\\/", "</"))
+    assert embedded["links"] == graph_json(graph, graph.model_name)["links"]
+    assert "cards/x.html" in html and "<svg id='graph'" in html
+
+
+def test_the_frame_lists_every_node_with_its_site(built) -> None:
+    _, _, graph = built
+    frame = graph.to_frame()
+    assert len(frame) == graph.n_nodes
+    assert frame["kind"].value_counts().to_dict() == {"feature": graph.n_features, "error": graph.n_errors,
+                                                      "token": graph.n_pos, "logit": graph.n_logits}
+    first = frame.iloc[0]
+    layer, pos, feature = graph.features[0].tolist()
+    assert resid.Site.parse(first["site"]) == resid.Site(layer, "mlp", feature=feature, positions=(pos,))
+    edges = graph.edges()
+    assert len(edges) == int((graph.adjacency != 0).sum())
+
+
+def test_validation_measures_the_real_model_without_the_features_write(built) -> None:
+    model, transcoders, graph = built
+    report = validate(model, graph, transcoders, top=3)
+    clean = model.run(torch.tensor([IDS])).logits[0, -1]
+    for row in report["features"]:
+        layer, pos, feature, a = row["layer"], row["position"], row["feature"], row["activation"]
+        write = a * transcoders[layer].W_dec[feature].detach()
+
+        def remove(value, tokens, write=write, pos=pos):
+            value = value.clone()
+            value[:, pos] -= write
+            return value
+
+        logits = model.run(torch.tensor([IDS]), interventions=[resid.Hook(resid.Site(layer, "mlp"), remove)]).logits
+        change = (logits[0, -1] - logits[0, -1].mean()) - (clean - clean.mean())
+        torch.testing.assert_close(torch.tensor(row["measured"]), change[graph.logit_tokens], **TINY)
+    nodes = [row["node"] for row in report["features"]]
+    doubled = validate(model, graph, transcoders, top=3, factor=2.0)
+    torch.testing.assert_close(torch.tensor([r["predicted"] for r in doubled["features"]]),
+                               -torch.tensor([r["predicted"] for r in report["features"]]))
+    # a feature of the last layer reaches the logits directly only: its prediction is its edge
+    last = [i for i in range(graph.n_features) if graph.features[i, 0] == graph.n_layers - 1]
+    direct = graph.adjacency[graph.n_nodes - graph.n_logits:, last].T
+    torch.testing.assert_close(predicted_effects(graph, last), direct, **TINY)
+    assert nodes == torch.argsort(graph.influence()[:graph.n_features], descending=True)[:3].tolist()
