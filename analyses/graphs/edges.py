@@ -14,8 +14,9 @@ fixed), the frozen norms and any skip path, and on the way contracts the cotange
 
 Because every map is linear with the freezes, each contraction is exactly the source's direct effect, and the
 effects into a target plus its constant terms sum to its value (resid.analyses.graphs tests this). A batch only
-spans the layers and positions below its highest target (later ones carry no cotangent), and features are
-contracted in chunks so the memory of a batch is bounded by `chunk` rather than by the number of features.
+spans the layers and positions below its highest target (later ones carry no cotangent). Features are contracted
+per position in one batched matmul (their decoder rows laid out [pos m d], m the most features any position has),
+so memory stays linear in the number of active features and nothing of size [batch features d] is built.
 
 Columns are ordered as circuit-tracer orders its nodes: features (as `Replacement.features`), errors (layer by
 layer, each position), tokens (each position).
@@ -28,8 +29,6 @@ from torch import Tensor
 
 from resid.analyses.graphs.frozen import Frozen
 from resid.analyses.graphs.replacement import Replacement
-
-CHUNK_FLOATS = 1 << 24  # at most this many floats gathered at once when contracting features (64 MiB)
 
 
 @dataclass
@@ -48,7 +47,7 @@ class Sweeper:
         self.n_sources = self.n_features + (rep.n_layers + 1) * rep.n_pos
         t = rep.transcoders
         # the decoder rows of each (source, target) pair, scaled by the activations: built on first use
-        self._decoders: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor]] = {}
+        self._decoders: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self._by_layer = [torch.nonzero(rep.features[:, 0] == l).flatten() for l in range(rep.n_layers)]
         self._sources_into = [[s for s in range(rep.n_layers) if l in t.targets(s)] for l in range(rep.n_layers)]
 
@@ -60,14 +59,23 @@ class Sweeper:
         start = self.n_features + self.rep.n_layers * self.rep.n_pos
         return slice(start, start + self.rep.n_pos)
 
-    def decoders(self, source: int, target: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(columns, positions, a * W_dec rows [n d_out]) of `source`'s active features writing into `target`."""
+    def decoders(self, source: int, target: int) -> tuple[Tensor, Tensor]:
+        """`source`'s active features writing into `target`, laid out by position: (columns [pos m], -1 where a
+        position has fewer than m features; a * W_dec rows [pos m d_out], zero there)."""
         key = (source, target)
         if key not in self._decoders:
             rows = self._by_layer[source]
             features = self.rep.features[rows]
             weights = self.rep.transcoders.decoder(source, target, features[:, 2]) * self.rep.activations[rows, None]
-            self._decoders[key] = (rows, features[:, 1], weights)
+            positions = features[:, 1]
+            counts = torch.bincount(positions, minlength=self.rep.n_pos)
+            width = max(1, int(counts.max()) if len(counts) else 1)
+            slot = torch.arange(len(rows)) - (torch.cumsum(counts, 0) - counts)[positions]  # rank within position
+            columns = torch.full((self.rep.n_pos, width), -1, dtype=torch.long)
+            padded = torch.zeros(self.rep.n_pos, width, weights.shape[-1])
+            columns[positions, slot] = rows
+            padded[positions, slot] = weights
+            self._decoders[key] = (columns, padded)
         return self._decoders[key]
 
     def sweep(self, targets: Targets) -> Tensor:
@@ -120,20 +128,13 @@ class Sweeper:
         g[here, positions] += vectors
 
     @staticmethod
-    def _contract(out: Tensor, g_out: Tensor, columns: Tensor, positions: Tensor, weights: Tensor,
-                  n_pos: int) -> None:
-        """out[:, columns] += a * W_dec . G[position] for the features at positions below n_pos, in chunks."""
-        keep = positions < n_pos
-        if not bool(keep.all()):
-            columns, positions, weights = columns[keep], positions[keep], weights[keep]
-        if not len(columns):
-            return
-        batch, _, width = g_out.shape
-        chunk = max(1, CHUNK_FLOATS // (batch * width))
-        for start in range(0, len(columns), chunk):
-            end = start + chunk
-            gathered = g_out[:, positions[start:end]]  # [b n d]
-            out[:, columns[start:end]] += torch.einsum("bnd,nd->bn", gathered, weights[start:end])
+    def _contract(out: Tensor, g_out: Tensor, columns: Tensor, padded: Tensor, n_pos: int) -> None:
+        """out[:, columns] += a * W_dec . G[position] for the features at positions below n_pos: one batched
+        matmul over positions, [pos b d] @ [pos d m], no per-feature gather."""
+        columns, padded = columns[:n_pos], padded[:n_pos]
+        products = torch.bmm(g_out.transpose(0, 1), padded.transpose(1, 2))  # [pos b m]
+        valid = columns >= 0
+        out[:, columns[valid]] += products.permute(1, 0, 2)[:, valid]
 
 
 def _truncated(frozen: Frozen, n_pos: int) -> Frozen:
