@@ -70,7 +70,7 @@ def run(model, args) -> str:
     replacement, completeness = graph.scores()
     lines = [f"model: {model.name}   prompt: {graph.n_pos} tokens   transcoders: {graph.transcoders}",
              f"{graph.n_features} feature nodes (of {len(graph.active_features)} active), {graph.n_errors} error, "
-             f"{graph.n_pos} token, {graph.n_logits} logit nodes; {int((graph.adjacency != 0).sum())} edges",
+             f"{graph.n_pos} token, {graph.n_logits} logit nodes; {graph.n_edges} edges",
              f"replacement score {replacement:.4f}   completeness score {completeness:.4f}", "logit nodes:"]
     for token, text, p in zip(graph.logit_tokens.tolist(), graph.logit_strs, graph.logit_probabilities.tolist(),
                               strict=True):

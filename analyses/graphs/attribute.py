@@ -20,7 +20,7 @@ import torch
 
 from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.graph import Graph
-from resid.analyses.graphs.influence import influence
+from resid.analyses.graphs.influence import influence_of_rows
 from resid.analyses.graphs.replacement import Replacement, replace
 from resid.errors import ResidError, param
 
@@ -54,10 +54,10 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     selected = order.visited
     # columns: the selected features, then every error and token node; rows in node order
     columns = torch.cat([selected, torch.arange(n_features, sweeper.n_sources)])
-    n_nodes = len(columns) + n_logits
-    adjacency = torch.zeros(n_nodes, n_nodes)
-    adjacency[:len(selected), :len(columns)] = feature_rows[:, columns]
-    adjacency[len(columns):, :len(columns)] = logit_rows[:, columns]
+    rows = torch.zeros(len(selected) + n_logits, len(columns) + n_logits)
+    rows[:len(selected), :len(columns)] = feature_rows[:, columns]
+    rows[len(selected):, :len(columns)] = logit_rows[:, columns]
+    del feature_rows, order
     uncapped = rep.uncapped
     return Graph(
         model_name=model.name, token_ids=rep.token_ids.cpu(), token_strs=_token_strs(model, rep.token_ids),
@@ -65,7 +65,7 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         pre_activations=rep.pre_activations[selected].cpu(), active_features=rep.features.cpu(),
         logit_tokens=tokens.cpu(), logit_probabilities=probs.cpu(),
         logit_values=(uncapped[tokens] - uncapped.mean()).cpu(), logit_strs=_token_strs(model, tokens),
-        adjacency=adjacency,
+        rows=rows,
         transcoders=rep.transcoders.name, skip_bos=skip_bos,
         metadata={"seconds": time.perf_counter() - started, "n_active_features": n_features,
                   "batch_size": batch_size, "max_feature_nodes": max_feature_nodes},
@@ -118,7 +118,7 @@ def _visit_order(rep: Replacement, sweeper: Sweeper, logit_rows: torch.Tensor, p
     while int(visited.sum()) < limit:
         rows_so_far = torch.cat(computed_rows)
         index_so_far = torch.cat(computed_index)
-        scores = influence(rows_so_far, index_so_far, probs, sweeper.n_sources)[:n_features]
+        scores = influence_of_rows(rows_so_far, index_so_far, probs, sweeper.n_sources)[:n_features]
         ranked = torch.argsort(scores, descending=True)
         pending = ranked[~visited[ranked]][:min(update_interval * batch_size, limit - int(visited.sum()))]
         new = rows_of(pending)

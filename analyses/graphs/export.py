@@ -56,8 +56,9 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
             nodes[index] = _node(f"{layer}_{token}_{n_p - 1}", token, layer, n_p - 1, "logit", f"L_{token}-{n_p - 1}",
                                  token_prob=prob, is_target_logit=k == 0,
                                  clerp=f'Output "{_token(decode(token))}" (p={prob:.3f})')
-    targets, sources = pruned.edge_mask.nonzero(as_tuple=True)
-    weights = graph.adjacency[targets, sources].tolist()
+    kept_rows, sources = pruned.edge_mask.nonzero(as_tuple=True)
+    weights = graph.rows[kept_rows, sources].tolist()
+    targets = graph.row_nodes[kept_rows]
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
              for s, t, w in zip(sources.tolist(), targets.tolist(), weights, strict=True) if s in nodes and t in nodes]
     connected = {link["source"] for link in links} | {link["target"] for link in links}

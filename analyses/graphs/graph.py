@@ -1,4 +1,4 @@
-"""An attribution graph: nodes, the dense adjacency matrix of direct effects, and what is computed from it.
+"""An attribution graph: nodes, the adjacency matrix of direct effects, and what is computed from it.
 
 Nodes, in circuit-tracer's order (so its tools read the matrix as is):
 
@@ -8,7 +8,9 @@ Nodes, in circuit-tracer's order (so its tools read the matrix as is):
     logits     the salient next tokens, most likely first
 
 `adjacency[t, s]` is the direct effect of node s on node t: on a feature's pre-activation, or on a logit node's
-value (logit - mean logit). Rows of errors and tokens are zero (nothing writes into them).
+value (logit - mean logit). Rows of errors and tokens are zero (nothing writes into them), so the graph keeps only
+the rows of features and logits (`rows`, [n_features + n_logits, N]; `row_nodes` says which node each is) and builds
+the square `adjacency` only when asked: memory linear in the number of nodes.
 """
 
 import dataclasses
@@ -36,7 +38,8 @@ class Graph:
     logit_probabilities: Tensor  # [k]
     logit_values: Tensor  # [k]: logit - mean logit (before a final soft cap)
     logit_strs: list[str]
-    adjacency: Tensor  # [N N]
+    rows: Tensor  # [n_features + n_logits, N]: the feature nodes' rows, then the logit nodes'
+
     transcoders: str
     skip_bos: bool = False
     metadata: dict = field(default_factory=dict)
@@ -60,7 +63,23 @@ class Graph:
 
     @property
     def n_nodes(self) -> int:
-        return self.adjacency.shape[0]
+        return self.rows.shape[1]
+
+    @property
+    def row_nodes(self) -> Tensor:
+        """The node of each row: the feature nodes, then the logit nodes."""
+        return torch.cat([torch.arange(self.n_features), torch.arange(self.n_nodes - self.n_logits, self.n_nodes)])
+
+    @property
+    def adjacency(self) -> Tensor:
+        """The square [N N] matrix (zero rows for errors and tokens): N^2 floats, for small graphs."""
+        square = torch.zeros(self.n_nodes, self.n_nodes)
+        square[self.row_nodes] = self.rows
+        return square
+
+    @property
+    def n_edges(self) -> int:
+        return int((self.rows != 0).sum())
 
     def kinds(self) -> list[str]:
         return (["feature"] * self.n_features + ["error"] * self.n_errors + ["token"] * self.n_pos
@@ -83,15 +102,16 @@ class Graph:
     # --- analyses -------------------------------------------------------------------------------------------
     def influence(self) -> Tensor:
         """Each node's influence on the logits (resid.analyses.graphs.influence)."""
-        return inf.node_influence(self.adjacency, self.logit_probabilities)
+        return inf.node_influence(self.rows, self.row_nodes, self.logit_probabilities)
 
     def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> inf.Pruned:
-        return inf.prune(self.adjacency, self.logit_probabilities, self.n_features, self.n_pos, node_threshold,
-                         edge_threshold)
+        return inf.prune(self.rows, self.row_nodes, self.logit_probabilities, self.n_features, self.n_pos,
+                         node_threshold, edge_threshold)
 
     def scores(self) -> tuple[float, float]:
         """(replacement score, completeness score)."""
-        return inf.scores(self.adjacency, self.logit_probabilities, self.n_features, self.n_errors, self.n_pos)
+        return inf.scores(self.rows, self.row_nodes, self.logit_probabilities, self.n_features, self.n_errors,
+                          self.n_pos)
 
     def pruned(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> "Graph":
         """The graph with only the kept feature nodes and edges (every error, token and logit node stays, so the
@@ -99,9 +119,10 @@ class Graph:
         result = self.prune(node_threshold, edge_threshold)
         keep = result.node_mask[:self.n_features]
         index = torch.cat([keep.nonzero().flatten(), torch.arange(self.n_features, self.n_nodes)])
-        adjacency = (self.adjacency * result.edge_mask)[index][:, index]
+        kept_rows = torch.cat([keep.nonzero().flatten(), torch.arange(self.n_features, len(self.rows))])
+        rows = (self.rows * result.edge_mask)[kept_rows][:, index]
         return dataclasses.replace(self, features=self.features[keep], activations=self.activations[keep],
-                                   pre_activations=self.pre_activations[keep], adjacency=adjacency,
+                                   pre_activations=self.pre_activations[keep], rows=rows,
                                    metadata={**self.metadata, "node_threshold": node_threshold,
                                              "edge_threshold": edge_threshold})
 
@@ -130,9 +151,9 @@ class Graph:
 
     def edges(self, min_abs: float = 0.0) -> pd.DataFrame:
         """One row per non-zero edge (|weight| > min_abs): source, target (node indices), weight."""
-        target, source = (self.adjacency.abs() > min_abs).nonzero(as_tuple=True)
-        return pd.DataFrame({"source": source.numpy(), "target": target.numpy(),
-                             "weight": self.adjacency[target, source].double().numpy()})
+        row, source = (self.rows.abs() > min_abs).nonzero(as_tuple=True)
+        return pd.DataFrame({"source": source.numpy(), "target": self.row_nodes[row].numpy(),
+                             "weight": self.rows[row, source].double().numpy()})
 
     def to_json(self, path, slug: str | None = None, node_threshold: float = 0.8,
                 edge_threshold: float = 0.98):
@@ -145,4 +166,4 @@ class Graph:
 
     def __repr__(self) -> str:
         return (f"Graph({self.model_name}, {self.n_pos} tokens, {self.n_features} features, {self.n_logits} logits, "
-                f"{int((self.adjacency != 0).sum())} edges)")
+                f"{self.n_edges} edges)")

@@ -13,6 +13,9 @@ The graph is a DAG, so the series ends after at most its depth in terms.
                      without kept outgoing ones
     replacement      the share of the influence reaching tokens rather than errors: tokens / (tokens + errors)
     completeness     the influence-weighted share of each node's (normalized) inputs that are not errors
+
+Only feature and logit nodes have inputs, so A is kept as its non-zero rows: `rows` [r N] with `row_nodes` [r],
+the node each row is (memory linear in the nodes, not quadratic); the results equal those over the square matrix.
 """
 
 from typing import NamedTuple
@@ -25,37 +28,21 @@ from resid.errors import ResidError
 MAX_DEPTH = 1000
 
 
-def normalized(adjacency: Tensor) -> Tensor:
-    a = adjacency.abs()
+def normalized(rows: Tensor) -> Tensor:
+    a = rows.abs()
     return a / a.sum(dim=1, keepdim=True).clamp(min=1e-10)
 
 
-def series(matrix: Tensor, weights: Tensor) -> Tensor:
-    """weights @ (M + M² + ...) for a nilpotent M (a DAG's matrix)."""
-    term = weights @ matrix
-    total = term.clone()
-    for _ in range(MAX_DEPTH):
-        if not bool(term.any()):
-            return total
-        term = term @ matrix
-        total += term
-    raise ResidError(f"The influence series did not end after {MAX_DEPTH} terms: the graph has a cycle.")
-
-
-def influence(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_sources: int) -> Tensor:
-    """The influence on the logits of every source, from the rows computed so far ([r n_sources], each row the
-    node `row_nodes[i]`: a feature index, or n_sources + i for logit i): the series above over those rows."""
-    matrix = normalized(rows)
-    weights = torch.zeros(n_sources + len(probs))
-    weights[n_sources:] = probs
-    total = torch.zeros(n_sources)
+def series(matrix: Tensor, row_nodes: Tensor, weights: Tensor) -> Tensor:
+    """weights @ (Â + Â² + ...) over the nodes, Â given by its rows `matrix` [r N] (node `row_nodes[i]` each)."""
+    total = torch.zeros(matrix.shape[1])
     for _ in range(MAX_DEPTH):
         term = weights[row_nodes] @ matrix
         if not bool(term.any()):
             return total
         total += term
-        weights = torch.cat([term, torch.zeros(len(probs))])
-    raise ResidError(f"The influence series did not end after {MAX_DEPTH} terms.")
+        weights = term
+    raise ResidError(f"The influence series did not end after {MAX_DEPTH} terms: the graph has a cycle.")
 
 
 def logit_weights(n_nodes: int, probs: Tensor) -> Tensor:
@@ -64,8 +51,8 @@ def logit_weights(n_nodes: int, probs: Tensor) -> Tensor:
     return weights
 
 
-def node_influence(adjacency: Tensor, probs: Tensor) -> Tensor:
-    return series(normalized(adjacency), logit_weights(adjacency.shape[0], probs))
+def node_influence(rows: Tensor, row_nodes: Tensor, probs: Tensor) -> Tensor:
+    return series(normalized(rows), row_nodes, logit_weights(rows.shape[1], probs))
 
 
 def threshold_of(scores: Tensor, fraction: float) -> Tensor:
@@ -77,57 +64,65 @@ def threshold_of(scores: Tensor, fraction: float) -> Tensor:
 
 
 class Pruned(NamedTuple):
-    node_mask: Tensor  # [n] kept nodes
-    edge_mask: Tensor  # [n n] kept edges
-    cumulative_scores: Tensor  # [n] each node's place in the influence ranking: the share of total influence
+    node_mask: Tensor  # [N] kept nodes
+    edge_mask: Tensor  # [r N] kept edges, by row (as the graph's rows)
+    cumulative_scores: Tensor  # [N] each node's place in the influence ranking: the share of total influence
     # held by the nodes ranked up to it
 
 
-def prune(adjacency: Tensor, probs: Tensor, n_features: int, n_tokens: int, node_threshold: float = 0.8,
-          edge_threshold: float = 0.98) -> Pruned:
+def prune(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_features: int, n_tokens: int,
+          node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 <= value <= 1.0:
             raise ResidError(f"{name}={value} is a fraction of the total influence: give a value in [0, 1].")
-    n_logits = len(probs)
-    weights = logit_weights(adjacency.shape[0], probs)
-    influence_ = series(normalized(adjacency), weights)
-    nodes = influence_ >= threshold_of(influence_, node_threshold)
+    n_nodes, n_logits = rows.shape[1], len(probs)
+    weights = logit_weights(n_nodes, probs)
+    influence = series(normalized(rows), row_nodes, weights)
+    nodes = influence >= threshold_of(influence, node_threshold)
     fixed = n_logits + n_tokens  # tokens and logits are always kept
     nodes[-fixed:] = True
-    kept = adjacency.clone()
-    kept[~nodes] = 0
-    kept[:, ~nodes] = 0
+    kept = rows * nodes[row_nodes, None] * nodes[None, :]
     matrix = normalized(kept)
-    edge_scores = matrix * (series(matrix, weights) + weights)[:, None]
+    edge_scores = matrix * (series(matrix, row_nodes, weights) + weights)[row_nodes, None]
     edges = edge_scores >= threshold_of(edge_scores, edge_threshold)
     previous = nodes.clone()
-    _need_edges(nodes, edges, fixed, n_features)
+    _need_edges(nodes, edges, row_nodes, fixed, n_features)
     while not torch.equal(previous, nodes):  # each pass can leave more nodes without edges
         previous = nodes.clone()
-        edges[~nodes] = False
-        edges[:, ~nodes] = False
-        _need_edges(nodes, edges, fixed, n_features)
-    ordered, order = torch.sort(influence_, descending=True)
-    cumulative = torch.zeros_like(influence_)
+        edges &= nodes[row_nodes, None] & nodes[None, :]
+        _need_edges(nodes, edges, row_nodes, fixed, n_features)
+    ordered, order = torch.sort(influence, descending=True)
+    cumulative = torch.zeros_like(influence)
     cumulative[order] = torch.cumsum(ordered, dim=0) / ordered.sum()
     return Pruned(nodes, edges, cumulative)
 
 
-def _need_edges(nodes: Tensor, edges: Tensor, fixed: int, n_features: int) -> None:
+def _need_edges(nodes: Tensor, edges: Tensor, row_nodes: Tensor, fixed: int, n_features: int) -> None:
     nodes[:-fixed] &= edges[:, :-fixed].any(0)  # features and errors need a kept outgoing edge
-    nodes[:n_features] &= edges[:n_features].any(1)  # features need a kept incoming edge
+    has_input = torch.zeros_like(nodes)
+    has_input[row_nodes] = edges.any(1)
+    nodes[:n_features] &= has_input[:n_features]  # features need a kept incoming edge
 
 
-def scores(adjacency: Tensor, probs: Tensor, n_features: int, n_errors: int, n_tokens: int) -> tuple[float, float]:
+def scores(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_features: int, n_errors: int,
+           n_tokens: int) -> tuple[float, float]:
     """(replacement score, completeness score)."""
-    weights = logit_weights(adjacency.shape[0], probs)
-    matrix = normalized(adjacency)
-    influence_ = series(matrix, weights)
+    weights = logit_weights(rows.shape[1], probs)
+    matrix = normalized(rows)
+    influence = series(matrix, row_nodes, weights)
     errors = slice(n_features, n_features + n_errors)
     tokens = slice(n_features + n_errors, n_features + n_errors + n_tokens)
-    from_tokens, from_errors = influence_[tokens].sum(), influence_[errors].sum()
+    from_tokens, from_errors = influence[tokens].sum(), influence[errors].sum()
     replacement = from_tokens / (from_tokens + from_errors)
-    non_error = 1 - matrix[:, errors].sum(dim=1)
-    output = influence_ + weights
-    completeness = (non_error * output).sum() / output.sum()
+    output = influence + weights
+    # nodes without inputs (errors, tokens) count as wholly not from errors, as in the square matrix's zero rows
+    from_error_inputs = (matrix[:, errors].sum(dim=1) * output[row_nodes]).sum()
+    completeness = (output.sum() - from_error_inputs) / output.sum()
     return float(replacement), float(completeness)
+
+
+def influence_of_rows(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_sources: int) -> Tensor:
+    """The influence of every source from the rows computed so far while features are visited ([r n_sources],
+    logit rows' nodes n_sources + i): `series` with the logits as extra columns that nothing reaches."""
+    padded = torch.cat([rows, torch.zeros(rows.shape[0], len(probs))], dim=1)
+    return node_influence(padded, row_nodes, probs)[:n_sources]

@@ -27,10 +27,9 @@ from resid.sites import Site
 def predicted_effects(graph: Graph, sources: list[int]) -> torch.Tensor:
     """[len(sources) n_logits]: the total effect on each logit node of removing each feature node's whole write."""
     n_f = graph.n_features
-    a = graph.adjacency.double()
+    a = graph.rows.double()  # feature rows, then logit rows
     per_unit = a[:, :n_f] / graph.activations.double().clamp_min(1e-12)  # an edge per unit of activation
     feature_block = per_unit[:n_f]  # [target source] among features
-    logits = slice(graph.n_nodes - graph.n_logits, graph.n_nodes)
     out = []
     for s in sources:
         direct = a[:n_f, s]
@@ -40,7 +39,7 @@ def predicted_effects(graph: Graph, sources: list[int]) -> torch.Tensor:
             if not bool(term.any()):
                 break
             total += term
-        out.append(a[logits, s] + per_unit[logits] @ total)
+        out.append(a[n_f:, s] + per_unit[n_f:] @ total)
     return torch.stack(out).float() if out else torch.zeros(0, graph.n_logits)
 
 
