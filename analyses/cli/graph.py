@@ -35,7 +35,9 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--desired-logit-prob", type=float, default=0.95, help="logit nodes until their "
                         "probabilities sum to this (default 0.95)")
     parser.add_argument("--batch-size", type=int, default=64, help="targets per backward sweep (default 64)")
-    parser.add_argument("--skip-bos", action="store_true", help="no feature nodes at position 0")
+    parser.add_argument("--bos", default="auto", choices=["auto", "skip", "keep"], help="position 0's features and "
+                        "errors: 'skip' makes them constants, not nodes, as circuit-tracer does for a BOS token; "
+                        "'auto' (default) skips them when the prompt starts with the BOS token")
     parser.add_argument("--validate", type=int, default=0, help="ablate the K most influential features in the "
                         "real model and compare with the graph (default 0: no check)")
 
@@ -64,7 +66,8 @@ def run(model, args) -> str:
     transcoders = load_transcoders(args.transcoders, model)
     graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
                              desired_logit_prob=args.desired_logit_prob, batch_size=args.batch_size,
-                             max_feature_nodes=args.max_feature_nodes, skip_bos=args.skip_bos)
+                             max_feature_nodes=args.max_feature_nodes,
+                             skip_bos={"auto": None, "skip": True, "keep": False}[args.bos])
     if args.validate:
         validate(model, graph, transcoders, top=args.validate)
     replacement, completeness = graph.scores()

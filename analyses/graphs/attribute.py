@@ -28,10 +28,11 @@ from resid.errors import ResidError, param
 @torch.no_grad()
 def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
               batch_size: int = 64, max_feature_nodes: int | None = None, update_interval: int = 4,
-              skip_bos: bool = False) -> Graph:
+              skip_bos: bool | None = None) -> Graph:
     """The attribution graph of `prompt`'s prediction at its last position through `transcoders` (per-layer
-    transcoders, one per layer in any order, or a cross-layer transcoder). skip_bos: no feature nodes at
-    position 0 (their writes go to that position's error nodes)."""
+    transcoders, one per layer in any order, or a cross-layer transcoder). skip_bos: position 0's features and
+    errors are no nodes (their writes are constants), as circuit-tracer's zero_bos; None (default): when the
+    prompt starts with the tokenizer's BOS token, as circuit-tracer decides it."""
     if max_n_logits < 1:
         raise ResidError(f"{param('max_n_logits', max_n_logits)} must be at least 1.")
     if not 0 < desired_logit_prob <= 1:
@@ -66,7 +67,7 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         logit_tokens=tokens.cpu(), logit_probabilities=probs.cpu(),
         logit_values=(uncapped[tokens] - uncapped.mean()).cpu(), logit_strs=_token_strs(model, tokens),
         rows=rows,
-        transcoders=rep.transcoders.name, skip_bos=skip_bos,
+        transcoders=rep.transcoders.name, skip_bos=rep.skip_bos,
         metadata={"seconds": time.perf_counter() - started, "n_active_features": n_features,
                   "batch_size": batch_size, "max_feature_nodes": max_feature_nodes},
     )

@@ -32,9 +32,11 @@ class Replacement:
     activations: Tensor  # [n]
     pre_activations: Tensor  # [n]
     errors: Tensor  # [layer pos d_out]
+    fixed: Tensor  # [layer pos d_out]: MLP writes that are no node (position 0's with skip_bos), constants
     inputs: list[Tensor]  # per layer [pos d_in]: what the transcoder read
     logits: Tensor  # [d_vocab] at the last position, after any final soft cap
     uncapped: Tensor  # [d_vocab] before it (== logits without a cap)
+    skip_bos: bool = False
 
     @property
     def n_pos(self) -> int:
@@ -45,9 +47,10 @@ class Replacement:
         return self.frozen.n_layers
 
 
-def replace(model, prompt, transcoders, skip_bos: bool = False) -> Replacement:
+def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replacement:
     """Run `prompt` (text or token ids, one prompt) with every MLP replaced by `transcoders` (checked: see
-    Transcoders.of). skip_bos: features at position 0 are not nodes (their writes join that position's error)."""
+    Transcoders.of). skip_bos: position 0's features and errors are no nodes, their writes are constants, as
+    circuit-tracer's zero_bos has it (None: when the prompt starts with the tokenizer's BOS token)."""
     found = Transcoders.of(model, transcoders)
     config = model.config
     attn, mlp = {"pattern"}, set()
@@ -88,6 +91,10 @@ def replace(model, prompt, transcoders, skip_bos: bool = False) -> Replacement:
         if extra is not None:
             embed = embed + extra[0].float()
     acts, errors, inputs = found.record(run)
+    if skip_bos is None:
+        bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+        skip_bos = bos is not None and int(tokens.ids[0, 0]) == bos
+    fixed = torch.zeros(torch.stack(errors).shape)
     rows, values, pre = [], [], []
     for layer in range(n):
         a = acts[layer].clone()
@@ -97,14 +104,14 @@ def replace(model, prompt, transcoders, skip_bos: bool = False) -> Replacement:
         rows.append(torch.cat([torch.full((len(index), 1), layer), index], dim=1))
         values.append(a[index[:, 0], index[:, 1]])
         pre.append(found.pre_activations(layer, inputs[layer][index[:, 0]]).gather(1, index[:, 1:]).flatten())
-        if skip_bos:  # the features left out are still in the write: the error node of position 0 carries them
-            written = _written(found, acts, layer, 0)
+        if skip_bos:  # position 0's MLP write (its features' and its error) becomes a constant
+            fixed[layer, 0] = errors[layer][0] + _written(found, acts, layer, 0)
             errors[layer] = errors[layer].clone()
-            errors[layer][0] += written
+            errors[layer][0] = 0
     logits = run.logits[0, -1].float()
     uncapped = run.uncapped_logits[0, -1].float() if run.uncapped_logits is not None else logits
     return Replacement(frozen, found, tokens.ids[0], embed, torch.cat(rows).long(), torch.cat(values).float(),
-                       torch.cat(pre).float(), torch.stack(errors), inputs, logits, uncapped)
+                       torch.cat(pre).float(), torch.stack(errors), fixed, inputs, logits, uncapped, skip_bos)
 
 
 def _written(found: Transcoders, acts: list[Tensor], target: int, position: int) -> Tensor:

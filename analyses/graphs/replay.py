@@ -2,8 +2,8 @@
 
     replay(rep)                     every node's write and every constant: the transcoders' inputs and the logits
                                     of the real run (to float32 rounding)
-    replay(rep, nodes=False)        the constants alone (biases, b_dec, norm biases): each target's bias, the part
-                                    of its value no node carries
+    replay(rep, nodes=False)        the constants alone (biases, b_dec, norm biases, MLP writes that are no node):
+                                    each target's bias, the part of its value no node carries
 
 Since the frozen model is affine in the node writes, a target's value is its bias plus the sum of its incoming
 edges; tests/graphs checks exactly that, with edges from the transposed maps and biases from this forward pass.
@@ -30,7 +30,7 @@ def replay(rep: Replacement, nodes: bool = True, constants: bool = True) -> tupl
         if nodes:
             y = y + rep.errors[layer] + _feature_writes(rep, layer)
         if constants:
-            y = y + found.b_dec(layer)
+            y = y + found.b_dec(layer) + rep.fixed[layer]
         if frozen.skips[layer] is not None:
             y = y + x @ frozen.skips[layer]
         write = frozen.write_forward(layer, y, constants)

@@ -18,7 +18,7 @@ IDS = [11, 5, 7, 2, 9, 31, 3]
 
 def _check_sums(model, transcoders, **options) -> graphs.Graph:
     graph = graphs.attribute(model, IDS, transcoders, **options)
-    rep = replace(model, IDS, transcoders, skip_bos=options.get("skip_bos", False))
+    rep = replace(model, IDS, transcoders, skip_bos=options.get("skip_bos"))
     inputs, logits = replay(rep)
     torch.testing.assert_close(logits[-1], rep.uncapped, **TINY)  # the replacement model is the model here
     capped = model.run(torch.tensor([IDS])).logits[0, -1]
@@ -60,11 +60,17 @@ def test_other_transcoder_hooks_are_exact() -> None:
         graphs.attribute(model, IDS, per_layer(model, before_post_norm=True))
 
 
-def test_skipping_bos_moves_its_features_into_the_error_nodes() -> None:
+def test_skipping_bos_makes_position_0s_mlp_writes_constants() -> None:
+    """As circuit-tracer's zero_bos: no feature node at position 0 and its error nodes write nothing; the sums
+    still hold with those writes among the constants."""
     from random_models import make_random_model
     model = make_random_model("llama_gqa")
     graph = _check_sums(model, per_layer(model), skip_bos=True)
-    assert not bool((graph.features[:, 1] == 0).any())
+    assert graph.skip_bos and not bool((graph.features[:, 1] == 0).any())
+    errors_at_0 = [graph.n_features + layer * graph.n_pos for layer in range(graph.n_layers)]
+    assert not bool(graph.rows[:, errors_at_0].any())
+    kept = graphs.attribute(model, IDS, per_layer(model))
+    assert not kept.skip_bos and bool((kept.features[:, 1] == 0).any())  # no tokenizer BOS: kept by default
 
 
 def test_an_edge_is_the_product_through_the_frozen_attention() -> None:
