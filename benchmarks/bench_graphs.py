@@ -1,0 +1,192 @@
+"""Attribution graphs on SmolLM2-135M with resid-trained transcoders: resid against circuit-tracer, same model,
+same transcoders, same prompts and settings (time, peak memory, node and edge sets).
+
+    python benchmarks/bench_graphs.py [--long 1024] [--max-feature-nodes 256] [--batch-size 64] [--no-peer]
+
+1. transcoders  one per layer (30), trained here once with resid.analyses.training (BatchTopK k=16, 2x expansion,
+                a short run: this measures speed, not transcoder quality) and kept in build/bench-graphs/
+2. resid        graphs.attribute for a 16-token prompt (every active feature) and a --long-token prompt (at most
+                --max-feature-nodes features, visited by influence as circuit-tracer does), each in a fresh process
+                (peak RSS = the process's maximum resident set); replacement and completeness scores; the
+                intervention check (10 top features ablated in the real model) on the short prompt
+3. peer         circuit-tracer's attribute() on the same inputs in its own venv (build/graph-reference-venv, made by
+                tests/data/make_graph_reference.py) through benchmarks/graphs_circuit_tracer.py, which builds its
+                TransformerLens model from the weights written here; skipped (and said so) when the venv is missing
+4. viewer       the short graph's viewer page rendered by headless Chromium to build/bench-graphs/viewer.png when a
+                chromium binary is installed
+
+Targets (issue 23): <= 0.5x circuit-tracer's time and <= 0.5x its peak memory at equal node and edge sets.
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "bench-graphs"
+PEER_PYTHON = ROOT / "build" / "graph-reference-venv" / "bin" / "python"
+SHORT = 16
+
+
+def transcoders(model):
+    """The 30 transcoders, trained once and cached as SAELens folders."""
+    import resid.dictionaries
+    from resid.analyses import corpus
+    from resid.analyses.training.loop import Spec, train
+    from resid.analyses.training.recipe import Recipe
+
+    folder = WORK / "transcoders-saelens"
+    n = model.config.n_layers
+    if folder.exists() and len([p for p in folder.iterdir() if p.is_dir()]) == n:
+        found = [resid.dictionaries.load(p, model) for p in sorted(folder.iterdir()) if p.is_dir()]
+        return sorted(found, key=lambda d: d.point_out.site.layer)
+    recipe = Recipe(activation="batchtopk", k=16, expansion=2, steps=24, batch_size=2048, warmup_steps=4,
+                    threshold_start_step=8)
+    started = time.perf_counter()
+    out = train(model, corpus.demo(max_documents=400), [Spec.transcoder(model, l) for l in range(n)], recipe,
+                folder=folder, progress=False)
+    seconds = time.perf_counter() - started
+    print(f"trained {n} transcoders ({recipe.steps * recipe.batch_size} tokens) in {seconds:.0f} s")
+    return out
+
+
+def prompts(model) -> dict[str, list[int]]:
+    from resid.analyses import corpus
+
+    text = " ".join(corpus.demo(max_documents=200))
+    ids = model.tokenizer.encode(text)
+    return {"short": ids[:SHORT], "long": ids[:LONG]}
+
+
+def worker(case: str, settings: dict) -> None:
+    """One graph in this process: prints a JSON line with its time, peak memory, sizes and scores."""
+    import resource
+
+    import torch
+
+    import resid
+    from resid.analyses import graphs
+    from resid.analyses.graphs.validate import validate
+
+    model = resid.load("smollm2-135m")
+    found = transcoders(model)
+    ids = settings["prompts"][case]
+    limit = None if case == "short" else settings["max_feature_nodes"]
+    started = time.perf_counter()
+    graph = graphs.attribute(model, torch.tensor(ids), found, batch_size=settings["batch_size"],
+                             max_feature_nodes=limit)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    replacement, completeness = graph.scores()
+    report = {"case": case, "seconds": seconds, "peak_bytes": peak, "n_features": graph.n_features,
+              "n_active": len(graph.active_features), "n_logits": graph.n_logits, "n_edges": graph.n_edges,
+              "replacement": replacement, "completeness": completeness}
+    if case == "short":
+        check = validate(model, graph, found, top=10)
+        report["validation_correlation"] = check["target_logit_correlation"]
+        graph.to_json(WORK / "short.json")
+        from resid.analyses.graphs.viewer import write_html
+        write_html(graph, WORK / "short.html")
+    from safetensors.torch import save_file
+    save_file({"rows": graph.rows.contiguous(), "features": graph.features.contiguous(),
+               "logit_tokens": graph.logit_tokens.contiguous()}, str(WORK / f"resid_{case}.safetensors"))
+    print(json.dumps(report))
+
+
+def run_worker(command: list[str]) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(case: str) -> str:
+    """Node and edge sets of the two graphs of `case`: features equal? max |edge difference| / max |edge|."""
+    from safetensors.torch import load_file
+
+    ours, theirs = WORK / f"resid_{case}.safetensors", WORK / f"peer_{case}.safetensors"
+    if not theirs.exists():
+        return "no peer graph to compare"
+    a, b = load_file(str(ours)), load_file(str(theirs))
+    same_features = a["features"].shape == b["features"].shape and bool((a["features"] == b["features"]).all())
+    same_logits = bool((a["logit_tokens"] == b["logit_tokens"]).all()) if a["logit_tokens"].shape == \
+        b["logit_tokens"].shape else False
+    if not (same_features and same_logits):
+        return f"node sets differ (features equal: {same_features}, logits equal: {same_logits})"
+    diff = float((a["rows"] - b["rows"]).abs().max()) / max(float(a["rows"].abs().max()), 1e-12)
+    return f"equal node sets; max |edge difference| / max |edge| = {diff:.2e}"
+
+
+def screenshot() -> str:
+    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+                   None)
+    if browser is None:
+        return "no chromium binary installed: viewer not rendered (apt-get install chromium)"
+    png = WORK / "viewer.png"
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
+                           "--window-size=1400,1000", (WORK / "short.html").as_uri()], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0 or not png.exists():
+        return f"chromium failed: {done.stderr[-500:]}"
+    return f"viewer rendered by {Path(browser).name}: {png} ({png.stat().st_size} bytes)"
+
+
+def main() -> None:
+    global LONG
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--long", type=int, default=1024)
+    parser.add_argument("--max-feature-nodes", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    LONG = args.long
+    WORK.mkdir(parents=True, exist_ok=True)
+    settings_path = WORK / "settings.json"
+    if args.worker is not None:
+        worker(args.worker, json.loads(settings_path.read_text()))
+        return
+    from graph_exports import check_roundtrip, write_circuit_tracer_set, write_llama
+
+    import resid
+
+    model = resid.load("smollm2-135m")
+    found = transcoders(model)
+    write_llama(model, WORK / "model")
+    write_circuit_tracer_set(found, WORK / "transcoders")
+    assert check_roundtrip(model, found, WORK / "transcoders") == 0.0
+    settings = {"prompts": prompts(model), "max_feature_nodes": args.max_feature_nodes,
+                "batch_size": args.batch_size, "max_n_logits": 10, "desired_logit_prob": 0.95}
+    settings_path.write_text(json.dumps(settings))
+    del model, found
+    print(f"SmolLM2-135M, 30 resid-trained transcoders; prompts of {SHORT} and {LONG} tokens; batch "
+          f"{args.batch_size}; long prompt: at most {args.max_feature_nodes} feature nodes")
+    peer = PEER_PYTHON.exists() and not args.no_peer
+    for case in ("short", "long"):
+        ours = run_worker([sys.executable, __file__, "--worker", case])
+        line = (f"{case:>5}: resid {ours['seconds']:8.1f} s, peak {ours['peak_bytes'] / 2**30:5.2f} GiB; "
+                f"{ours['n_features']} features (of {ours['n_active']} active), {ours['n_edges']} edges; "
+                f"replacement {ours['replacement']:.3f}, completeness {ours['completeness']:.3f}")
+        if "validation_correlation" in ours:
+            line += f"; intervention check r = {ours['validation_correlation']:.3f}"
+        print(line)
+        if peer:
+            theirs = run_worker([str(PEER_PYTHON), str(ROOT / "benchmarks" / "graphs_circuit_tracer.py"), str(WORK),
+                                 case])
+            print(f"{'':>5}  circuit-tracer {theirs['seconds']:8.1f} s, peak {theirs['peak_bytes'] / 2**30:5.2f} GiB"
+                  f"  -> time {ours['seconds'] / theirs['seconds']:.2f}x, memory "
+                  f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x (targets <= 0.5x); {compare(case)}")
+    if not peer:
+        print("circuit-tracer not run: " + ("--no-peer" if args.no_peer else f"{PEER_PYTHON} is missing (python "
+                                            "tests/data/make_graph_reference.py builds it)"))
+    print(screenshot())
+
+
+LONG = 1024
+
+if __name__ == "__main__":
+    main()
