@@ -5,36 +5,18 @@ changes no edge; pruning keeps what it is asked to keep."""
 
 import pytest
 import torch
+from graph_checks import check_sums
 from numerics import TINY
 from random_transcoders import cross_layer, per_layer
 
 import resid
 from resid.analyses import graphs
-from resid.analyses.graphs.replacement import replace
-from resid.analyses.graphs.replay import replay
 
 IDS = [11, 5, 7, 2, 9, 31, 3]
 
 
 def _check_sums(model, transcoders, **options) -> graphs.Graph:
-    graph = graphs.attribute(model, IDS, transcoders, **options)
-    rep = replace(model, IDS, transcoders, skip_bos=options.get("skip_bos"))
-    inputs, logits = replay(rep)
-    torch.testing.assert_close(logits[-1], rep.uncapped, **TINY)  # the replacement model is the model here
-    capped = model.run(torch.tensor([IDS])).logits[0, -1]
-    torch.testing.assert_close(rep.logits, capped, **TINY)
-    for x, real in zip(inputs, rep.inputs, strict=True):
-        torch.testing.assert_close(x, real, **TINY)
-    zero_inputs, zero_logits = replay(rep, nodes=False)
-    incoming = graph.adjacency.double().sum(1)
-    bias = torch.stack([rep.transcoders.pre_activations(l, zero_inputs[l][p])[f]
-                        for l, p, f in graph.features.tolist()])
-    torch.testing.assert_close(incoming[:graph.n_features], (graph.pre_activations - bias).double(), **TINY)
-    last = zero_logits[-1]
-    logit_bias = last[graph.logit_tokens] - last.mean()
-    torch.testing.assert_close(incoming[-graph.n_logits:], (graph.logit_values - logit_bias).double(), **TINY)
-    assert graph.n_features > 20 and graph.adjacency[:graph.n_features].abs().sum() > 0
-    return graph
+    return check_sums(model, transcoders, IDS, TINY, **options)
 
 
 def test_edges_into_every_node_sum_to_its_value_minus_its_bias(random_model) -> None:
@@ -48,6 +30,13 @@ def test_a_cross_layer_transcoder_graph_is_exact(kind, gpt2_tokenizer) -> None:
     from random_models import make_random_model
     model = make_random_model(kind)
     _check_sums(model, cross_layer(model))
+
+
+def test_a_mixture_of_experts_model_is_exact() -> None:
+    """Transcoders replace the whole MoE MLP (router and experts) like any MLP."""
+    from moe_models import make_moe_model
+    model = make_moe_model(post_norms=True)
+    _check_sums(model, per_layer(model))
 
 
 def test_other_transcoder_hooks_are_exact() -> None:
