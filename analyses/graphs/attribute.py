@@ -20,8 +20,8 @@ import torch
 
 from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.graph import Graph
-from resid.analyses.graphs.influence import influence_of_rows
 from resid.analyses.graphs.replacement import Replacement, replace
+from resid.analyses.graphs.visiting import every_row, most_influential_rows
 from resid.errors import ResidError, param
 
 
@@ -43,22 +43,17 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     rep = replace(model, prompt, transcoders, skip_bos=skip_bos)
     tokens, probs, vectors = salient_logits(model, rep, max_n_logits, desired_logit_prob)
     sweeper = Sweeper(rep)
-    n_features, n_logits, last = sweeper.n_features, len(tokens), rep.n_pos - 1
+    n_features, last = sweeper.n_features, rep.n_pos - 1
     layers = rep.n_layers
     logit_rows = torch.cat([sweeper.sweep(Targets(torch.full((len(chunk),), layers), torch.full((len(chunk),), last),
                                                   chunk)) for chunk in vectors.split(batch_size)])
     limit = n_features if max_feature_nodes is None else min(max_feature_nodes, n_features)
     if limit < 0:
         raise ResidError(f"{param('max_feature_nodes', max_feature_nodes)} must be at least 0.")
-    order = _visit_order(rep, sweeper, logit_rows, probs, limit, batch_size, update_interval)
-    feature_rows = order.rows
-    selected = order.visited
-    # columns: the selected features, then every error and token node; rows in node order
-    columns = torch.cat([selected, torch.arange(n_features, sweeper.n_sources)])
-    rows = torch.zeros(len(selected) + n_logits, len(columns) + n_logits)
-    rows[:len(selected), :len(columns)] = feature_rows[:, columns]
-    rows[len(selected):, :len(columns)] = logit_rows[:, columns]
-    del feature_rows, order
+    if limit == n_features:
+        rows, selected = every_row(rep, sweeper, logit_rows, batch_size), torch.arange(n_features)
+    else:
+        rows, selected = most_influential_rows(rep, sweeper, logit_rows, probs, limit, batch_size, update_interval)
     uncapped = rep.uncapped
     return Graph(
         model_name=model.name, token_ids=rep.token_ids.cpu(), token_strs=_token_strs(model, rep.token_ids),
@@ -81,56 +76,6 @@ def salient_logits(model, rep: Replacement, max_n_logits: int, desired_logit_pro
     top_p, top = top_p[:cutoff], top[:cutoff]
     weight = model.readout.unembed.weight.detach().float()  # [d_vocab d_model]
     return top, top_p, weight[top] - weight.mean(0)
-
-
-class _Visited:
-    def __init__(self, rows: torch.Tensor, visited: torch.Tensor):
-        self.rows, self.visited = rows, visited
-
-
-def _visit_order(rep: Replacement, sweeper: Sweeper, logit_rows: torch.Tensor, probs: torch.Tensor, limit: int,
-                 batch_size: int, update_interval: int) -> _Visited:
-    """The rows of the features visited (all of them, or the `limit` most influential as the rows computed so far
-    rank them), in feature order."""
-    n_features = sweeper.n_features
-    features = rep.features
-
-    def rows_of(index: torch.Tensor) -> torch.Tensor:
-        out = []
-        for chunk in index.split(batch_size):
-            layer = features[chunk, 0]
-            vectors = torch.zeros(len(chunk), rep.inputs[0].shape[-1])
-            for l in layer.unique().tolist():
-                here = (layer == l).nonzero().flatten()
-                vectors[here] = rep.transcoders.encoder(l, features[chunk[here], 2])
-            out.append(sweeper.sweep(Targets(layer, features[chunk, 1], vectors)))
-        return torch.cat(out) if out else torch.zeros(0, sweeper.n_sources)
-
-    if limit == n_features:  # every feature: batches by layer (top down) keep each sweep short
-        order = torch.argsort(features[:, 0] * rep.n_pos + features[:, 1], stable=True)
-        rows = torch.zeros(n_features, sweeper.n_sources)
-        if n_features:
-            rows[order] = rows_of(order)
-        return _Visited(rows, torch.arange(n_features))
-    visited = torch.zeros(n_features, dtype=torch.bool)
-    computed_rows = [logit_rows]
-    computed_index = [torch.arange(len(probs)) + sweeper.n_sources]  # logits as node indices past the sources
-    done: list[torch.Tensor] = []
-    while int(visited.sum()) < limit:
-        rows_so_far = torch.cat(computed_rows)
-        index_so_far = torch.cat(computed_index)
-        scores = influence_of_rows(rows_so_far, index_so_far, probs, sweeper.n_sources)[:n_features]
-        ranked = torch.argsort(scores, descending=True)
-        pending = ranked[~visited[ranked]][:min(update_interval * batch_size, limit - int(visited.sum()))]
-        new = rows_of(pending)
-        visited[pending] = True
-        computed_rows.append(new)
-        computed_index.append(pending)
-        done.append(pending)
-    index = torch.cat(done) if done else torch.zeros(0, dtype=torch.long)
-    rows = torch.cat(computed_rows[1:]) if len(computed_rows) > 1 else torch.zeros(0, sweeper.n_sources)
-    order = torch.argsort(index)
-    return _Visited(rows[order], index[order])
 
 
 def _token_strs(model, ids: torch.Tensor) -> list[str]:

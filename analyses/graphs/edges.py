@@ -31,6 +31,9 @@ from resid.analyses.graphs.frozen import Frozen
 from resid.analyses.graphs.replacement import Replacement
 
 
+CACHE_FLOATS = 1 << 28  # decoder layouts kept between sweeps: at most this many floats (1 GiB)
+
+
 @dataclass
 class Targets:
     """A batch of targets: `layer` n_layers for a logit node (read after the final norm), else a feature's layer."""
@@ -48,6 +51,7 @@ class Sweeper:
         t = rep.transcoders
         # the decoder rows of each (source, target) pair, scaled by the activations: built on first use
         self._decoders: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+        self._cached = 0
         self._by_layer = [torch.nonzero(rep.features[:, 0] == l).flatten() for l in range(rep.n_layers)]
         self._sources_into = [[s for s in range(rep.n_layers) if l in t.targets(s)] for l in range(rep.n_layers)]
 
@@ -61,7 +65,8 @@ class Sweeper:
 
     def decoders(self, source: int, target: int) -> tuple[Tensor, Tensor]:
         """`source`'s active features writing into `target`, laid out by position: (columns [pos m], -1 where a
-        position has fewer than m features; a * W_dec rows [pos m d_out], zero there)."""
+        position has fewer than m features; a * W_dec rows [pos m d_out], zero there). Kept for the next sweeps
+        while they fit in CACHE_FLOATS (a cross-layer transcoder has a layout per source and target layer)."""
         key = (source, target)
         if key not in self._decoders:
             rows = self._by_layer[source]
@@ -75,6 +80,9 @@ class Sweeper:
             padded = torch.zeros(self.rep.n_pos, width, weights.shape[-1])
             columns[positions, slot] = rows
             padded[positions, slot] = weights
+            if self._cached + padded.numel() > CACHE_FLOATS:
+                return columns, padded
+            self._cached += padded.numel()
             self._decoders[key] = (columns, padded)
         return self._decoders[key]
 
