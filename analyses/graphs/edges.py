@@ -30,7 +30,6 @@ from torch import Tensor
 from resid.analyses.graphs.frozen import Frozen
 from resid.analyses.graphs.replacement import Replacement
 
-
 CACHE_FLOATS = 1 << 28  # decoder layouts kept between sweeps: at most this many floats (1 GiB)
 
 
