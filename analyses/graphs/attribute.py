@@ -11,7 +11,9 @@
                  and the graph keeps the visited ones, as circuit-tracer does.
 
 Every edge is exact for the local replacement model: with the freezes the model is linear in the node writes, and
-the rows are computed through its transposed maps, not estimated.
+the rows are computed through its transposed maps, not estimated. metadata["replacement_logit_error"] is the
+check that the frozen model is the model at this prompt: the largest difference between its logits, run forward
+from the node writes (resid.analyses.graphs.replay), and the model's (float32 rounding).
 """
 
 import time
@@ -21,6 +23,7 @@ import torch
 from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.replacement import Replacement, replace
+from resid.analyses.graphs.replay import replay
 from resid.analyses.graphs.visiting import every_row, most_influential_rows
 from resid.errors import ResidError, param
 
@@ -55,6 +58,8 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     else:
         rows, selected = most_influential_rows(rep, sweeper, logit_rows, probs, limit, batch_size, update_interval)
     uncapped = rep.uncapped
+    # the check that the frozen linear model is the model here: its logits from the node writes
+    replay_error = float((replay(rep)[1][-1] - uncapped).abs().max())
     return Graph(
         model_name=model.name, token_ids=rep.token_ids.cpu(), token_strs=_token_strs(model, rep.token_ids),
         n_layers=layers, features=rep.features[selected].cpu(), activations=rep.activations[selected].cpu(),
@@ -64,7 +69,8 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         rows=rows,
         transcoders=rep.transcoders.name, skip_bos=rep.skip_bos,
         metadata={"seconds": time.perf_counter() - started, "n_active_features": n_features,
-                  "batch_size": batch_size, "max_feature_nodes": max_feature_nodes},
+                  "batch_size": batch_size, "max_feature_nodes": max_feature_nodes,
+                  "replacement_logit_error": replay_error},
     )
 
 

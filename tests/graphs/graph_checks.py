@@ -26,5 +26,6 @@ def check_sums(model, transcoders, ids: list[int], tolerance: dict, **options) -
     last = zero_logits[-1]
     logit_bias = last[graph.logit_tokens] - last.mean()
     torch.testing.assert_close(incoming[-graph.n_logits:], (graph.logit_values - logit_bias).double(), **tolerance)
+    assert graph.metadata["replacement_logit_error"] < tolerance["atol"] * 10
     assert graph.n_features > 20 and graph.rows[:graph.n_features].abs().sum() > 0
     return graph
