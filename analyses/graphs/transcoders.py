@@ -41,6 +41,12 @@ class Transcoders:
                              "an MLM head): attribution graphs are built for decoder-only models.")
         if isinstance(transcoders, (Dictionary, CrossLayerTranscoder)):
             transcoders = transcoders if isinstance(transcoders, CrossLayerTranscoder) else [transcoders]
+        elif len(transcoders) == 1 and isinstance(transcoders[0], CrossLayerTranscoder):
+            transcoders = transcoders[0]
+        if not isinstance(transcoders, CrossLayerTranscoder) and not all(
+                isinstance(d, Dictionary) for d in transcoders):
+            raise ResidError("transcoders= takes per-layer transcoders (resid.dictionaries.Dictionary, one per layer) "
+                             "or one cross-layer transcoder (resid.dictionaries.CrossLayerTranscoder).")
         if isinstance(transcoders, CrossLayerTranscoder):
             clt = transcoders if transcoders.points_in is not None else check(transcoders, model)
             if clt.n_layers != config.n_layers:

@@ -148,5 +148,7 @@ def test_bad_transcoder_sets_are_refused_with_what_to_pass() -> None:
         graphs.attribute(model, IDS, transcoders[:2])
     with pytest.raises(resid.ResidError, match="Two transcoders replace layer 0"):
         graphs.attribute(model, IDS, [transcoders[0], *transcoders])
+    with pytest.raises(resid.ResidError, match="one cross-layer transcoder"):
+        graphs.attribute(model, IDS, [transcoders[0], "layer 1"])
     with pytest.raises(resid.ResidError, match="max_n_logits"):
         graphs.attribute(model, IDS, transcoders, max_n_logits=0)
