@@ -15,7 +15,7 @@ from resid.analyses.graphs.export import graph_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.io import atomic
 
-_SCRIPT = r"""
+_SCRIPT = r"""(() => {
 const data = JSON.parse(document.getElementById('graph-data').textContent);
 const cards = JSON.parse(document.getElementById('graph-cards').textContent);
 const svg = document.getElementById('graph');
@@ -23,7 +23,7 @@ const info = document.getElementById('info');
 const NS = 'http://www.w3.org/2000/svg';
 const tokens = data.metadata.prompt_tokens;
 const nLayers = Math.max(...data.nodes.map(n => n.layer === 'E' ? 0 : Number(n.layer)));
-const colW = 110, rowH = 70, left = 40, top = 30;
+const colW = 110, rowH = 70, left = 40, top = 30;  // inside the closure: window.top is not shadowed globally
 const rowOf = n => n.layer === 'E' ? nLayers + 1 : nLayers - Number(n.layer) + (n.feature_type === 'logit' ? 1 : 0);
 const groups = {};
 data.nodes.forEach(n => { const k = rowOf(n) + ':' + n.ctx_idx; (groups[k] = groups[k] || []).push(n); });
@@ -77,6 +77,7 @@ function show(n) {
     (n.influence != null ? `, cumulative influence ${n.influence.toFixed(4)}` : '') + ` ${n.clerp}</p>` +
     `<table>${rows}</table>${card}`;
 }
+})();
 """
 
 
