@@ -34,8 +34,8 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
               skip_bos: bool | None = None) -> Graph:
     """The attribution graph of `prompt`'s prediction at its last position through `transcoders` (per-layer
     transcoders, one per layer in any order, or a cross-layer transcoder). skip_bos: position 0's features and
-    errors are no nodes (their writes are constants), as circuit-tracer's zero_bos; None (default): when the
-    prompt starts with the tokenizer's BOS token, as circuit-tracer decides it."""
+    errors are no nodes (their writes are constants); None (default): when the prompt starts with the tokenizer's
+    BOS token. (circuit-tracer 0.5.0 always treats position 0 so: pass skip_bos=True to match it.)"""
     if max_n_logits < 1:
         raise ResidError(f"{param('max_n_logits', max_n_logits)} must be at least 1.")
     if not 0 < desired_logit_prob <= 1:

@@ -7,9 +7,11 @@ and edges `Graph.prune` keeps), and the index file their local server lists grap
                 reverse_ctx_idx, jsNodeId, clerp, influence, activation}, ...],
      "links": [{source, target, weight}, ...]}
 
-Node ids: a feature "L_F_P", an error "0_L_P", a token "E_T_P" (T its token id), a logit "(n_layers + 1)_T_P" at
-the last position. `influence` is a node's place in the influence ranking (the cumulative share of influence up to
-it); feature nodes carry their activation. The first logit is the target logit. Only nodes with a kept edge stay,
+Node ids (circuit-tracer 0.5.0's): a feature "L_F_P" (its `feature` field Cantor's pairing of L and F), an error
+"0_L_P", a token "E_T_P" (T its token id), a logit "(n_layers + 1)_T_P" at the last position. (A layer-0 feature F
+at P and layer F's error at P share an id in this format; the matrix and the frame keep them apart.) `influence`
+is a node's place in the influence ranking (the cumulative share of influence up to it); feature nodes carry their
+activation. The first logit is the target logit. Only nodes with a kept edge stay,
 tokens and logits always. resid adds its own keys under metadata["resid"] (scores, the model, timings).
 """
 
@@ -18,6 +20,11 @@ from pathlib import Path
 
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.io import atomic
+
+
+def _cantor(x: int, y: int) -> int:
+    """The feature field of a feature node: a unique integer of (layer, feature), Cantor's pairing."""
+    return (x + y) * (x + y + 1) // 2 + y
 
 
 def _token(text: str) -> str:
@@ -37,8 +44,8 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
         influence = float(scores[index])
         if index < n_f:
             layer, pos, feature = graph.features[index].tolist()
-            nodes[index] = _node(f"{layer}_{feature}_{pos}", feature, str(layer), pos, "cross layer transcoder",
-                                 f"{layer}_{feature}-0", influence=influence,
+            nodes[index] = _node(f"{layer}_{feature}_{pos}", _cantor(layer, feature), str(layer), pos,
+                                 "cross layer transcoder", f"{layer}_{feature}-0", influence=influence,
                                  activation=float(graph.activations[index]))
         elif index < n_f + n_e:
             layer, pos = divmod(index - n_f, n_p)

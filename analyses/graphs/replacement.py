@@ -50,7 +50,7 @@ class Replacement:
 def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replacement:
     """Run `prompt` (text or token ids, one prompt) with every MLP replaced by `transcoders` (checked: see
     Transcoders.of). skip_bos: position 0's features and errors are no nodes, their writes are constants, as
-    circuit-tracer's zero_bos has it (None: when the prompt starts with the tokenizer's BOS token)."""
+    circuit-tracer does for position 0 (None: when the prompt starts with the tokenizer's BOS token)."""
     found = Transcoders.of(model, transcoders)
     config = model.config
     attn, mlp = {"pattern"}, set()
