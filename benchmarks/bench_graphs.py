@@ -7,7 +7,9 @@ same transcoders, same prompts and settings (time, peak memory, node and edge se
                 a short run: this measures speed, not transcoder quality) and kept in build/bench-graphs/
 2. resid        graphs.attribute for a 16-token prompt (every active feature) and a --long-token prompt (at most
                 --max-feature-nodes features, visited by influence as circuit-tracer does), each in a fresh process
-                (peak RSS = the process's maximum resident set); replacement and completeness scores; the
+                (memory: the growth of the resident set during attribute, sampled every 5 ms by benchmarks/rss.py,
+                the same on both sides); position 0's features and errors are constants on both sides (circuit-
+                tracer 0.5.0 always zeroes position 0); replacement and completeness scores; the
                 intervention check (10 top features ablated in the real model) on the short prompt
 3. peer         circuit-tracer's attribute() on the same inputs in its own venv (build/graph-reference-venv, made by
                 tests/data/make_graph_reference.py) through benchmarks/graphs_circuit_tracer.py, which builds its
@@ -64,9 +66,8 @@ def prompts(model) -> dict[str, list[int]]:
 
 def worker(case: str, settings: dict) -> None:
     """One graph in this process: prints a JSON line with its time, peak memory, sizes and scores."""
-    import resource
-
     import torch
+    from rss import PeakRSS
 
     import resid
     from resid.analyses import graphs
@@ -76,11 +77,12 @@ def worker(case: str, settings: dict) -> None:
     found = transcoders(model)
     ids = settings["prompts"][case]
     limit = None if case == "short" else settings["max_feature_nodes"]
-    started = time.perf_counter()
-    graph = graphs.attribute(model, torch.tensor(ids), found, batch_size=settings["batch_size"],
-                             max_feature_nodes=limit)
-    seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with PeakRSS() as memory:  # circuit-tracer zeroes position 0 whatever its token: skip_bos=True matches it
+        started = time.perf_counter()
+        graph = graphs.attribute(model, torch.tensor(ids), found, batch_size=settings["batch_size"],
+                                 max_feature_nodes=limit, skip_bos=True)
+        seconds = time.perf_counter() - started
+    peak = memory.growth
     replacement, completeness = graph.scores()
     report = {"case": case, "seconds": seconds, "peak_bytes": peak, "n_features": graph.n_features,
               "n_active": len(graph.active_features), "n_logits": graph.n_logits, "n_edges": graph.n_edges,
@@ -168,7 +170,7 @@ def main() -> None:
     peer = PEER_PYTHON.exists() and not args.no_peer
     for case in ("short", "long"):
         ours = run_worker([sys.executable, __file__, "--worker", case])
-        line = (f"{case:>5}: resid {ours['seconds']:8.1f} s, peak {ours['peak_bytes'] / 2**30:5.2f} GiB; "
+        line = (f"{case:>5}: resid {ours['seconds']:8.1f} s, peak +{ours['peak_bytes'] / 2**30:5.2f} GiB; "
                 f"{ours['n_features']} features (of {ours['n_active']} active), {ours['n_edges']} edges; "
                 f"replacement {ours['replacement']:.3f}, completeness {ours['completeness']:.3f}")
         if "validation_correlation" in ours:
@@ -177,7 +179,7 @@ def main() -> None:
         if peer:
             theirs = run_worker([str(PEER_PYTHON), str(ROOT / "benchmarks" / "graphs_circuit_tracer.py"), str(WORK),
                                  case])
-            print(f"{'':>5}  circuit-tracer {theirs['seconds']:8.1f} s, peak {theirs['peak_bytes'] / 2**30:5.2f} GiB"
+            print(f"{'':>5}  circuit-tracer {theirs['seconds']:8.1f} s, peak +{theirs['peak_bytes'] / 2**30:5.2f} GiB"
                   f"  -> time {ours['seconds'] / theirs['seconds']:.2f}x, memory "
                   f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x (targets <= 0.5x); {compare(case)}")
     if not peer:
