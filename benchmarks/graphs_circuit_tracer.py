@@ -13,6 +13,7 @@ the logit tokens) and prints one JSON line: seconds, peak RSS growth during attr
 
 import gc
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ def model_and_transcoders(work: Path):
         n_layers=hf_config["num_hidden_layers"], d_model=d_model, d_head=hf_config["head_dim"], n_heads=n_heads,
         n_key_value_heads=hf_config["num_key_value_heads"], d_mlp=hf_config["intermediate_size"],
         d_vocab=hf_config["vocab_size"], n_ctx=hf_config["max_position_embeddings"], act_fn="silu",
-        normalization_type="RMSPre", final_rms=True, eps=hf_config["rms_norm_eps"], positional_embedding_type="rotary",
+        normalization_type="RMS", final_rms=True, eps=hf_config["rms_norm_eps"], positional_embedding_type="rotary",
         rotary_dim=hf_config["head_dim"], rotary_base=hf_config["rope_theta"], rotary_adjacent_pairs=False,
         gated_mlp=True, original_architecture="LlamaForCausalLM", tokenizer_name=None, model_name="smollm2-135m",
         default_prepend_bos=False, dtype=torch.float32, device="cpu")
@@ -51,6 +52,9 @@ def model_and_transcoders(work: Path):
                                       feature_input_hook="ln2.hook_normalized", feature_output_hook="hook_mlp_out",
                                       device=torch.device("cpu"), lazy_encoder=False, lazy_decoder=False)
     model = TransformerLensReplacementModel.from_config(cfg, transcoders)
+    # the replacement model wraps each MLP and the unembedding (old_mlp, old_unembed); their weights move with them
+    state = {re.sub(r"^(blocks\.\d+\.mlp|unembed)\.", lambda m: f"{m[1]}.old_{m[1].split('.')[-1]}.", k): v
+             for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     wanted = [k for k in missing if "transcoder" not in k and not k.endswith(("IGNORE", "mask", "rotary_sin",
                                                                                "rotary_cos"))]

@@ -74,6 +74,7 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     metadata = {
         "slug": slug, "scan": graph.transcoders, "transcoder_list": [], "node_threshold": node_threshold,
         "prompt_tokens": [_token(t) for t in graph.token_strs], "prompt": "".join(graph.token_strs),
+        "schema_version": 1,
         "resid": {"model": graph.model_name, "edge_threshold": edge_threshold, "replacement_score": replacement,
                   "completeness_score": completeness, "n_active_features": len(graph.active_features),
                   **{k: v for k, v in graph.metadata.items() if isinstance(v, (int, float, str, bool, type(None)))}},

@@ -24,6 +24,7 @@ What it writes (no pickles):
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "graphs"
 VENV = ROOT / "build" / "graph-reference-venv"
 PINS = ["circuit-tracer==0.5.0"]
-PROMPT = [5, 17, 33, 2, 48, 11, 60, 23]
+PROMPT = [0, 5, 17, 33, 2, 48, 11, 60, 23]  # <bos> first: circuit-tracer zeroes position 0
 D_MODEL, D_SAE, N_LAYERS, VOCAB = 48, 32, 2, 64
 GRAPHS = {"full": {}, "budget": {"max_feature_nodes": 24, "batch_size": 8, "update_interval": 2}}
 TOLERANCE = 1e-5  # --check: largest |difference| between a regenerated reference and the committed one
@@ -52,11 +53,15 @@ def ensure_venv() -> Path:
 
 
 def tokenizer_folder(where: Path) -> str:
-    """A folder AutoTokenizer reads offline: GPT-2's tokenizer.json (committed beside) as a fast tokenizer."""
-    where.mkdir(parents=True, exist_ok=True)
-    shutil.copy(DATA.parent / "gpt2-tokenizer" / "tokenizer.json", where / "tokenizer.json")
-    (where / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                             "bos_token": "<|endoftext|>"}))
+    """A folder AutoTokenizer reads offline: a word-level tokenizer of the tiny vocabulary, "<bos>" (id 0, special,
+    so circuit-tracer prepends nothing to a prompt starting with it) and "t1".."t63"."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<bos>": 0, **{f"t{i}": i for i in range(1, VOCAB)}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<bos>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<bos>").save_pretrained(where)
     return str(where)
 
 
@@ -80,7 +85,7 @@ def build_model(out: Path, tokenizer: str):
     hf.save_pretrained(out / "model", safe_serialization=True)
     cfg = HookedTransformerConfig(
         n_layers=N_LAYERS, d_model=D_MODEL, d_head=12, n_heads=4, n_key_value_heads=2, d_mlp=96, d_vocab=VOCAB,
-        n_ctx=64, act_fn="silu", normalization_type="RMSPre", final_rms=True, eps=1e-5,
+        n_ctx=64, act_fn="silu", normalization_type="RMS", final_rms=True, eps=1e-5,
         positional_embedding_type="rotary", rotary_dim=12, rotary_base=10000.0, rotary_adjacent_pairs=False,
         gated_mlp=True, original_architecture="LlamaForCausalLM", tokenizer_name=tokenizer, model_name="tiny-llama",
         default_prepend_bos=False, dtype=torch.float32, device="cpu")
@@ -104,6 +109,9 @@ def build_model(out: Path, tokenizer: str):
         "model_kind: transcoder_set\nmodel_name: tiny-llama\nfeature_input_hook: mlp.hook_in\n"
         "feature_output_hook: mlp.hook_out\nscan: tiny-graph\n")
     model = TransformerLensReplacementModel.from_config(cfg, transcoders)
+    # the replacement model wraps each MLP and the unembedding (old_mlp, old_unembed); their weights move with them
+    state = {re.sub(r"^(blocks\.\d+\.mlp|unembed)\.", lambda m: f"{m[1]}.old_{m[1].split('.')[-1]}.", k): v
+             for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if "transcoder" not in k and not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos"))]:
         raise SystemExit(f"TransformerLens weights missing: {missing}")
@@ -129,7 +137,7 @@ def generate(out: Path) -> None:
             graph = attribute(ids, model, **options)
             pruned = prune_graph(graph, 0.8, 0.98)
             scores[name] = dict(zip(("replacement", "completeness"), compute_graph_scores(graph), strict=True))
-            tensors.update({f"{name}.{key}": value.detach().contiguous() for key, value in {
+            tensors.update({f"{name}.{key}": value.detach().clone().contiguous() for key, value in {
                 "adjacency": graph.adjacency_matrix.float(), "active_features": graph.active_features.long(),
                 "activations": graph.activation_values.float(), "selected": graph.selected_features.long(),
                 "logit_tokens": torch.tensor([t.vocab_idx for t in graph.logit_targets]),
@@ -167,6 +175,8 @@ def main() -> None:
         print(f"largest difference from the committed reference: {worst:.2e}")
         sys.exit(0 if worst <= TOLERANCE else 1)
     shutil.copy(DATA.parent / "dictionaries" / "LICENSES" / "circuit-tracer.LICENSE", DATA / "circuit-tracer.LICENSE")
+    licence = next((VENV / "lib").glob("python*/site-packages/transformer_lens-*.dist-info/licenses/LICENSE"))
+    shutil.copy(licence, DATA / "TransformerLens.LICENSE")
     print(f"wrote {DATA}")
 
 
