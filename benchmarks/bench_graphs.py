@@ -57,10 +57,12 @@ def transcoders(model):
 
 
 def prompts(model) -> dict[str, list[int]]:
+    """Token ids of the demo corpus after the BOS token: circuit-tracer prepends a special token to a prompt that
+    does not start with one and zeroes position 0, so both sides get the same ids and resid skips position 0."""
     from resid.analyses import corpus
 
     text = " ".join(corpus.demo(max_documents=200))
-    ids = model.tokenizer.encode(text)
+    ids = [model.tokenizer.bos_token_id, *model.tokenizer.encode(text)]
     return {"short": ids[:SHORT], "long": ids[:LONG]}
 
 

@@ -22,6 +22,9 @@ import torch
 from rss import PeakRSS
 from safetensors.torch import load_file, save_file
 
+# circuit-tracer names its logit nodes with the tokenizer: SmolLM2's, committed with the tests
+TOKENIZER = str(Path(__file__).resolve().parents[1] / "tests" / "data" / "smollm2-135m")
+
 
 def model_and_transcoders(work: Path):
     from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
@@ -42,7 +45,7 @@ def model_and_transcoders(work: Path):
         d_vocab=hf_config["vocab_size"], n_ctx=hf_config["max_position_embeddings"], act_fn="silu",
         normalization_type="RMS", final_rms=True, eps=hf_config["rms_norm_eps"], positional_embedding_type="rotary",
         rotary_dim=hf_config["head_dim"], rotary_base=hf_config["rope_theta"], rotary_adjacent_pairs=False,
-        gated_mlp=True, original_architecture="LlamaForCausalLM", tokenizer_name=None, model_name="smollm2-135m",
+        gated_mlp=True, original_architecture="LlamaForCausalLM", tokenizer_name=TOKENIZER, model_name="smollm2-135m",
         default_prepend_bos=False, dtype=torch.float32, device="cpu")
     state = convert_llama_weights(hf, cfg)
     del hf
