@@ -41,6 +41,7 @@ print(json.dumps({"n_active": len(graph.active_features), "peak": peak, "n_featu
 BYTES_PER_FEATURE = 8192  # generous: the measured slope is about a fifth of this
 
 
+@pytest.mark.slow  # two fresh processes building 2,048-position graphs (about 20 s)
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
 def test_memory_grows_linearly_with_the_active_features(tmp_path: Path) -> None:
     script = tmp_path / "long_graph.py"
