@@ -42,17 +42,20 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         raise ResidError(f"{param('desired_logit_prob', desired_logit_prob)} is a probability in (0, 1].")
     if batch_size < 1:
         raise ResidError(f"{param('batch_size', batch_size)} must be at least 1.")
+    if max_feature_nodes is not None and max_feature_nodes < 0:
+        raise ResidError(f"{param('max_feature_nodes', max_feature_nodes)} must be at least 0 (None: every feature).")
+    if update_interval < 1:
+        raise ResidError(f"{param('update_interval', update_interval)} must be at least 1.")
     started = time.perf_counter()
     rep = replace(model, prompt, transcoders, skip_bos=skip_bos)
     tokens, probs, vectors = salient_logits(model, rep, max_n_logits, desired_logit_prob)
+    tokens, probs = tokens.cpu(), probs.cpu()  # bookkeeping on the CPU; the sweeps run on the model's device
     sweeper = Sweeper(rep)
     n_features, last = sweeper.n_features, rep.n_pos - 1
     layers = rep.n_layers
     logit_rows = torch.cat([sweeper.sweep(Targets(torch.full((len(chunk),), layers), torch.full((len(chunk),), last),
                                                   chunk)) for chunk in vectors.split(batch_size)])
     limit = n_features if max_feature_nodes is None else min(max_feature_nodes, n_features)
-    if limit < 0:
-        raise ResidError(f"{param('max_feature_nodes', max_feature_nodes)} must be at least 0.")
     if limit == n_features:
         rows, selected = every_row(rep, sweeper, logit_rows, batch_size), torch.arange(n_features)
     else:
@@ -64,7 +67,7 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         model_name=model.name, token_ids=rep.token_ids.cpu(), token_strs=_token_strs(model, rep.token_ids),
         n_layers=layers, features=rep.features[selected].cpu(), activations=rep.activations[selected].cpu(),
         pre_activations=rep.pre_activations[selected].cpu(), active_features=rep.features.cpu(),
-        logit_tokens=tokens.cpu(), logit_probabilities=probs.cpu(),
+        logit_tokens=tokens, logit_probabilities=probs,
         logit_values=(uncapped[tokens] - uncapped.mean()).cpu(), logit_strs=_token_strs(model, tokens),
         rows=rows,
         transcoders=rep.transcoders.name, skip_bos=rep.skip_bos,

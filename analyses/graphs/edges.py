@@ -76,7 +76,7 @@ class Sweeper:
             width = max(1, int(counts.max()) if len(counts) else 1)
             slot = torch.arange(len(rows)) - (torch.cumsum(counts, 0) - counts)[positions]  # rank within position
             columns = torch.full((self.rep.n_pos, width), -1, dtype=torch.long)
-            padded = torch.zeros(self.rep.n_pos, width, weights.shape[-1])
+            padded = torch.zeros(self.rep.n_pos, width, weights.shape[-1], device=weights.device)
             columns[positions, slot] = rows
             padded[positions, slot] = weights
             if self._cached + padded.numel() > CACHE_FLOATS:
@@ -93,8 +93,9 @@ class Sweeper:
         top = int(targets.layer.max())
         n_pos = int(targets.position.max()) + 1  # later positions carry no cotangent (causal attention)
         view = _truncated(frozen, n_pos)
-        out = torch.zeros(batch, self.n_sources)
-        g = torch.zeros(batch, n_pos, rep.embed.shape[-1])
+        device = rep.embed.device  # the model's: the sweep runs there, the rows come back to the CPU
+        out = torch.zeros(batch, self.n_sources, device=device)
+        g = torch.zeros(batch, n_pos, rep.embed.shape[-1], device=device)
         logit = targets.layer == n_layers
         if bool(logit.any()):
             index = logit.nonzero().flatten()
@@ -121,7 +122,7 @@ class Sweeper:
                 g = g_new
         cols = self.token_columns()
         out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g, rep.embed[:n_pos])
-        return out
+        return out.cpu()
 
     def _inject(self, g: Tensor, targets: Targets, layer: int, view: Frozen) -> None:
         """Add the read-out vectors of the feature targets of `layer` at their positions."""
@@ -141,7 +142,7 @@ class Sweeper:
         columns, padded = columns[:n_pos], padded[:n_pos]
         products = torch.bmm(g_out.transpose(0, 1), padded.transpose(1, 2))  # [pos b m]
         valid = columns >= 0
-        out[:, columns[valid]] += products.permute(1, 0, 2)[:, valid]
+        out[:, columns[valid].to(out.device)] += products.permute(1, 0, 2)[:, valid.to(out.device)]
 
 
 def _truncated(frozen: Frozen, n_pos: int) -> Frozen:

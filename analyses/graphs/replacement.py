@@ -94,14 +94,14 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
     if skip_bos is None:
         bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
         skip_bos = bos is not None and int(tokens.ids[0, 0]) == bos
-    fixed = torch.zeros(torch.stack(errors).shape)
+    fixed = torch.zeros_like(torch.stack(errors))
     rows, values, pre = [], [], []
     for layer in range(n):
         a = acts[layer].clone()
         if skip_bos:
             a[0] = 0
-        index = a.nonzero()  # [m 2] (position, feature), sorted
-        rows.append(torch.cat([torch.full((len(index), 1), layer), index], dim=1))
+        index = a.nonzero()  # [m 2] (position, feature), sorted; kept on the CPU as the graph's bookkeeping
+        rows.append(torch.cat([torch.full((len(index), 1), layer), index.cpu()], dim=1))
         values.append(a[index[:, 0], index[:, 1]])
         pre.append(found.pre_activations(layer, inputs[layer][index[:, 0]]).gather(1, index[:, 1:]).flatten())
         if skip_bos:  # position 0's MLP write (its features' and its error) becomes a constant

@@ -23,7 +23,7 @@ def _sweep_features(rep: Replacement, sweeper: Sweeper, index: Tensor) -> Tensor
     """The rows [len(index) n_sources] of these features (one sweep)."""
     features = rep.features[index]
     layer = features[:, 0]
-    vectors = torch.zeros(len(index), rep.inputs[0].shape[-1])
+    vectors = torch.zeros(len(index), rep.inputs[0].shape[-1], device=rep.embed.device)
     for l in layer.unique().tolist():
         here = (layer == l).nonzero().flatten()
         vectors[here] = rep.transcoders.encoder(l, features[here, 2])
