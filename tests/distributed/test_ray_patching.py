@@ -29,6 +29,7 @@ def test_patching_on_two_workers_equals_in_process(ray_cluster, saved_llama, sit
     assert got["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=TINY["atol"])
 
 
+@pytest.mark.slow  # the CLI on a fresh Ray pool (test_ray_executor checks the CLI path on Ray in make test)
 def test_patch_cli_on_ray_writes_the_in_process_results(saved_llama, ray_cluster, tmp_path, capsys):
     import json
 

@@ -43,15 +43,15 @@ def test_sweep_on_ray_equals_in_process(saved_llama, executor, kind: str):
     _assert_same_rows(_sweep(saved_llama, executor=executor, **SWEEPS[kind]), expected)
 
 
-def test_top_activating_is_the_same_for_1_2_and_3_workers(saved_llama, ray_cluster):
+# each pool costs seconds: 2 workers in make test, 1 and 3 in make test-slow
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2,
+                                     pytest.param(3, marks=pytest.mark.slow)])
+def test_top_activating_is_the_same_for_1_2_and_3_workers(saved_llama, ray_cluster, workers: int):
     options = dict(layers=[0, 1], k=4, window=9, batch_size=2, progress=False)  # 14 shards of 8 windows
     expected = neurons.top_activating(saved_llama, TEXTS, **options)
-    tables = []
-    for workers in (1, 2, 3):
-        with RayExecutor(workers=workers, cpus=TEST_CPUS) as executor:
-            tables.append(neurons.top_activating(saved_llama, TEXTS, executor=executor, **options))
-    for table in tables:  # other threads and shards: float32 rounding, which may reorder near-ties
-        _same_up_to_near_ties(table, expected)
+    with RayExecutor(workers=workers, cpus=TEST_CPUS) as executor:
+        table = neurons.top_activating(saved_llama, TEXTS, executor=executor, **options)
+    _same_up_to_near_ties(table, expected)  # other threads and shards: float32 rounding, which may reorder near-ties
 
 
 def _same_up_to_near_ties(table: pd.DataFrame, expected: pd.DataFrame) -> None:

@@ -218,6 +218,7 @@ def test_config_read_from_metadata(tiny_gguf) -> None:
         assert config.attn_qkv_bias
 
 
+@pytest.mark.slow  # transformers' GGUF loader builds its model (7 s each)
 @pytest.mark.parametrize("variant", ["llama_plain", "qwen2"])
 def test_writer_agrees_with_transformers_gguf_loader(tmp_path, variant: str) -> None:
     """The oracle for the writer's conventions (llama's Q/K permutation, the names): transformers' own GGUF

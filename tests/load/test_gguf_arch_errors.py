@@ -79,6 +79,7 @@ def test_sentencepiece_tokenizer_equals_transformers(tmp_path) -> None:
     assert resid.load(path).tokenizer.encode("the cat") == theirs("the cat")["input_ids"]  # BOS prepended
 
 
+@pytest.mark.slow  # transformers' GGUF tokenizer conversion (4-5 s each)
 @pytest.mark.parametrize("pre", ["qwen2", "gpt-2"])
 def test_byte_level_splits_equal_transformers(tmp_path, pre: str) -> None:
     path = write_gguf(build_hf("qwen2"), "qwen2", tmp_path / "tok.gguf", pre=pre)
