@@ -1,11 +1,12 @@
 """Attribution graphs on SmolLM2-135M with resid-trained transcoders: resid against circuit-tracer, same model,
 same transcoders, same prompts and settings (time, peak memory, node and edge sets).
 
-    python benchmarks/bench_graphs.py [--long 1024] [--max-feature-nodes 256] [--batch-size 64] [--no-peer]
+    python benchmarks/bench_graphs.py [--long 512,1024] [--max-feature-nodes 256] [--batch-size 64]
+                                      [--peer-batch-size N] [--no-short] [--no-peer]
 
 1. transcoders  one per layer (30), trained here once with resid.analyses.training (BatchTopK k=16, 2x expansion,
                 a short run: this measures speed, not transcoder quality) and kept in build/bench-graphs/
-2. resid        graphs.attribute for a 16-token prompt (every active feature) and a --long-token prompt (at most
+2. resid        graphs.attribute for a 16-token prompt (every active feature) and --long-token prompts (at most
                 --max-feature-nodes features, visited by influence as circuit-tracer does), each in a fresh process
                 (memory: the growth of the resident set during attribute, sampled every 5 ms by benchmarks/rss.py,
                 the same on both sides); position 0's features and errors are constants on both sides (circuit-
@@ -22,6 +23,7 @@ Targets (issue 23): <= 0.5x circuit-tracer's time and <= 0.5x its peak memory at
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -63,7 +65,7 @@ def prompts(model) -> dict[str, list[int]]:
 
     text = " ".join(corpus.demo(max_documents=200))
     ids = [model.tokenizer.bos_token_id, *model.tokenizer.encode(text)]
-    return {"short": ids[:SHORT], "long": ids[:LONG]}
+    return {"short": ids[:SHORT], **{f"long{n}": ids[:n] for n in LONG}}
 
 
 def worker(case: str, settings: dict) -> None:
@@ -92,6 +94,11 @@ def worker(case: str, settings: dict) -> None:
     if case == "short":
         check = validate(model, graph, found, top=10)
         report["validation_correlation"] = check["target_logit_correlation"]
+        predicted = torch.tensor([row["predicted"] for row in check["features"]])
+        measured = torch.tensor([row["measured"] for row in check["features"]])
+        report["validation_all_logits"] = float(torch.corrcoef(torch.stack([predicted.flatten(),
+                                                                            measured.flatten()]))[0, 1])
+        report["validation_scale"] = [float(predicted.abs().median()), float(measured.abs().median())]
         graph.to_json(WORK / "short.json")
         from resid.analyses.graphs.viewer import write_html
         write_html(graph, WORK / "short.html")
@@ -102,9 +109,13 @@ def worker(case: str, settings: dict) -> None:
 
 
 def run_worker(command: list[str]) -> dict:
+    """The worker's JSON line, or {"failed": why} (a peer killed for memory is a result, not a crash)."""
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode == -9:
+        return {"failed": "killed by the kernel (out of memory: the machine has "
+                          f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB)"}
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+        return {"failed": f"exit status {done.returncode}: {done.stderr[-2000:]}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -142,13 +153,16 @@ def screenshot() -> str:
 def main() -> None:
     global LONG
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--long", type=int, default=1024)
+    parser.add_argument("--long", default="512,1024", help="lengths of the long prompts, comma-separated")
     parser.add_argument("--max-feature-nodes", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--peer-batch-size", type=int, default=None,
+                        help="circuit-tracer's batch size when it differs (its memory grows with batch x tokens^2)")
+    parser.add_argument("--no-short", action="store_true", help="only the long prompts")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    LONG = args.long
+    LONG = [int(n) for n in args.long.split(",")]
     WORK.mkdir(parents=True, exist_ok=True)
     settings_path = WORK / "settings.json"
     if args.worker is not None:
@@ -164,24 +178,35 @@ def main() -> None:
     write_circuit_tracer_set(found, WORK / "transcoders")
     assert check_roundtrip(model, found, WORK / "transcoders") == 0.0
     settings = {"prompts": prompts(model), "max_feature_nodes": args.max_feature_nodes,
-                "batch_size": args.batch_size, "max_n_logits": 10, "desired_logit_prob": 0.95}
+                "batch_size": args.batch_size, "peer_batch_size": args.peer_batch_size or args.batch_size,
+                "max_n_logits": 10, "desired_logit_prob": 0.95}
     settings_path.write_text(json.dumps(settings))
     del model, found
-    print(f"SmolLM2-135M, 30 resid-trained transcoders; prompts of {SHORT} and {LONG} tokens; batch "
-          f"{args.batch_size}; long prompt: at most {args.max_feature_nodes} feature nodes")
+    print(f"SmolLM2-135M, 30 resid-trained transcoders; prompts of {SHORT} and {', '.join(map(str, LONG))} tokens; "
+          f"batch {args.batch_size}; long prompts: at most {args.max_feature_nodes} feature nodes")
     peer = PEER_PYTHON.exists() and not args.no_peer
-    for case in ("short", "long"):
+    if args.peer_batch_size:
+        print(f"circuit-tracer's batch size: {args.peer_batch_size} (the graph does not depend on it)")
+    for case in (*([] if args.no_short else ["short"]), *(f"long{n}" for n in LONG)):
         ours = run_worker([sys.executable, __file__, "--worker", case])
-        line = (f"{case:>5}: resid {ours['seconds']:8.1f} s, peak +{ours['peak_bytes'] / 2**30:5.2f} GiB; "
+        if "failed" in ours:
+            print(f"{case:>8}: resid failed: {ours['failed']}")
+            continue
+        line = (f"{case:>8}: resid {ours['seconds']:8.1f} s, peak +{ours['peak_bytes'] / 2**30:5.2f} GiB; "
                 f"{ours['n_features']} features (of {ours['n_active']} active), {ours['n_edges']} edges; "
                 f"replacement {ours['replacement']:.3f}, completeness {ours['completeness']:.3f}")
         if "validation_correlation" in ours:
-            line += f"; intervention check r = {ours['validation_correlation']:.3f}"
+            line += (f"; intervention check (10 top features ablated): r = {ours['validation_correlation']:.3f} on "
+                     f"the target logit, {ours['validation_all_logits']:.3f} on every logit node, median |effect| "
+                     f"predicted {ours['validation_scale'][0]:.3f} vs measured {ours['validation_scale'][1]:.3f}")
         print(line)
         if peer:
             theirs = run_worker([str(PEER_PYTHON), str(ROOT / "benchmarks" / "graphs_circuit_tracer.py"), str(WORK),
                                  case])
-            print(f"{'':>5}  circuit-tracer {theirs['seconds']:8.1f} s, peak +{theirs['peak_bytes'] / 2**30:5.2f} GiB"
+            if "failed" in theirs:
+                print(f"{'':>8}  circuit-tracer failed: {theirs['failed']}")
+                continue
+            print(f"{'':>8}  circuit-tracer {theirs['seconds']:8.1f} s, peak +{theirs['peak_bytes'] / 2**30:5.2f} GiB"
                   f"  -> time {ours['seconds'] / theirs['seconds']:.2f}x, memory "
                   f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x (targets <= 0.5x); {compare(case)}")
     if not peer:
@@ -190,7 +215,7 @@ def main() -> None:
     print(screenshot())
 
 
-LONG = 1024
+LONG = [512, 1024]
 
 if __name__ == "__main__":
     main()

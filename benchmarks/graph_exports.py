@@ -62,5 +62,6 @@ def check_roundtrip(model, transcoders, folder: Path) -> float:
     import resid.dictionaries
 
     back = resid.dictionaries.load(folder, model)
-    return max(float((a.W_enc - b.W_enc).abs().max()) for a, b in zip(transcoders, back, strict=True)) if back else \
-        float(torch.nan)
+    with torch.no_grad():
+        return max(float((a.W_enc - b.W_enc).abs().max()) for a, b in zip(transcoders, back, strict=True)) \
+            if back else float(torch.nan)

@@ -1,7 +1,7 @@
 """circuit-tracer's side of bench_graphs.py, run with the Python of build/graph-reference-venv (circuit-tracer from
 PyPI and the TransformerLens it pins; resid is not imported here):
 
-    build/graph-reference-venv/bin/python benchmarks/graphs_circuit_tracer.py build/bench-graphs short|long
+    build/graph-reference-venv/bin/python benchmarks/graphs_circuit_tracer.py build/bench-graphs short|long<N>
 
 Reads what bench_graphs.py wrote in the folder: model/ (a Hugging Face Llama folder), transcoders/ (a circuit-tracer
 transcoder set) and settings.json (the prompts' token ids and the settings). The TransformerLens model is built from
@@ -74,11 +74,12 @@ def main() -> None:
     model = model_and_transcoders(work)
     ids = torch.tensor(settings["prompts"][case])
     limit = None if case == "short" else settings["max_feature_nodes"]
+    batch_size = settings.get("peer_batch_size", settings["batch_size"])
     gc.collect()
     with PeakRSS() as memory:
         started = time.perf_counter()
         graph = attribute(ids, model, max_n_logits=settings["max_n_logits"],
-                          desired_logit_prob=settings["desired_logit_prob"], batch_size=settings["batch_size"],
+                          desired_logit_prob=settings["desired_logit_prob"], batch_size=batch_size,
                           max_feature_nodes=limit)
         seconds = time.perf_counter() - started
     a = graph.adjacency_matrix

@@ -2,9 +2,10 @@
 (resid.analyses.graphs.export) as an SVG.
 
 Columns are prompt positions (the token under each), rows are layers: token embeddings at the bottom, features and
-error nodes (squares) at their layer, logits at the top. Edges are lines whose width follows |weight| (blue
-positive, red negative). Clicking a node lists its strongest incoming and outgoing edges and, for a feature with a
-card (resid.analyses.features.card) given in `cards`, shows the card in a frame.
+error nodes (squares) at their layer, logits at the top; the drawing is scaled to fit the window. Edges are lines
+whose width follows |weight| (blue positive, red negative). Clicking a node lists its strongest incoming and
+outgoing edges and, for a feature with a card (resid.analyses.features.card) given in `cards`, shows the card in a
+frame.
 """
 
 import html
@@ -32,8 +33,9 @@ Object.values(groups).forEach(g => g.forEach((n, i) => {
   where[n.node_id] = [left + n.ctx_idx * colW + (i + 1) * colW / (g.length + 1), top + rowOf(n) * rowH];
 }));
 const height = top + (nLayers + 3) * rowH;
-svg.setAttribute('width', left + tokens.length * colW + 20);
-svg.setAttribute('height', height);
+const width = left + tokens.length * colW + 20;  // drawn in its own units, scaled to fit the window
+svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+svg.setAttribute('width', '100%'); svg.setAttribute('height', Math.min(height, 0.85 * window.innerHeight));
 const maxW = Math.max(1e-12, ...data.links.map(l => Math.abs(l.weight)));
 const edgesOf = {};
 data.links.forEach(l => {
