@@ -45,7 +45,7 @@ def describe(
         "target": target,
         "baseline": baseline,
         "model": model.name,
-        "identity": identity(model).as_dict(),  # the weights as they are now: an in-place edit changes it
+        "identity": identity(model, reuse=True).as_dict(),  # the weights as they are now (an edit changes it)
         "weight_files": [{"path": os.fspath(f), "sha256": sha256(f)} for f in model.weight_files],
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),

@@ -77,3 +77,29 @@ def test_resid_identity_stays_the_function_after_its_module_is_imported():
     import resid.identities  # noqa: F401  -- importing a submodule must not rebind resid.identity
 
     assert callable(resid.identity) and resid.identity is resid.identities.identity
+
+
+def test_provenance_reuses_the_identity_until_the_weights_change(random_model, monkeypatch):
+    """Provenance (every analysis call) hashes the weights again only when an edit is seen: a version counter
+    (torch in-place ops), a replaced parameter or a sampled element (`.data` edits)."""
+    from resid import identities
+
+    hashed = []
+    real = identities._hash
+    monkeypatch.setattr(identities, "_hash", lambda model: hashed.append(1) or real(model))
+    first = identities.identity(random_model, reuse=True)
+    assert identities.identity(random_model, reuse=True) == first and len(hashed) == 1
+    assert identities.identity(random_model) == first and len(hashed) == 2  # stores and workers always hash
+    W = random_model.blocks[0].mlp.W_out
+    W.data.mul_(2)  # invisible to the version counter: the sampled elements see it
+    scaled = identities.identity(random_model, reuse=True)
+    assert scaled.weights != first.weights and scaled == resid.identity(random_model)
+    with torch.no_grad():
+        W[0, 1] += 1.0  # one element, perhaps no sampled one: the version counter sees it
+    assert identities.identity(random_model, reuse=True) == resid.identity(random_model) != scaled
+    path, parameter = next(iter(random_model.named_parameters()))
+    owner, _, attribute = path.rpartition(".")
+    setattr(random_model.get_submodule(owner), attribute, torch.nn.Parameter(parameter.detach().clone()))  # new tensor
+    calls = len(hashed)
+    assert identities.identity(random_model, reuse=True) == resid.identity(random_model)
+    assert len(hashed) == calls + 2
