@@ -68,7 +68,8 @@ def _state(model: nn.Module) -> tuple[tuple, torch.Tensor]:
                         parameter.device))
             flat = parameter.detach().reshape(-1)
             if flat.numel():
-                where = torch.linspace(0, flat.numel() - 1, min(SAMPLE, flat.numel()), device=flat.device).long()
+                k = min(SAMPLE, flat.numel())  # k positions from the first to the last, in integers
+                where = torch.arange(k, device=flat.device) * (flat.numel() - 1) // max(k - 1, 1)
                 samples.append(flat[where].cpu().double())
     return tuple(key), torch.cat(samples) if samples else torch.zeros(0, dtype=torch.float64)
 

@@ -103,3 +103,14 @@ def test_provenance_reuses_the_identity_until_the_weights_change(random_model, m
     calls = len(hashed)
     assert identities.identity(random_model, reuse=True) == resid.identity(random_model)
     assert len(hashed) == calls + 2
+
+
+def test_the_sampled_elements_stay_inside_large_parameters(random_model):
+    """A parameter of SmolLM2's embedding size (49,152 x 576): float32 positions from linspace rounded past its end."""
+    from resid import identities
+
+    path, _ = next(iter(random_model.named_parameters()))
+    owner, _, attribute = path.rpartition(".")
+    setattr(random_model.get_submodule(owner), attribute, torch.nn.Parameter(torch.zeros(49_152, 576)))
+    _, sample = identities._state(random_model)
+    assert len(sample) == sum(min(identities.SAMPLE, p.numel()) for p in random_model.parameters())
