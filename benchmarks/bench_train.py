@@ -27,6 +27,10 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
    against one layer's, as the cost of 30 transcoders from one forward vs 30 separate runs' generation.
 
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
+Measured (2-core CPU, torch 2.13.0, 2 threads each; --steps 8 --batch-size 2048 --held-out 4096 --forward-batch 32):
+training on the same activations resid 4,297 tokens/s, SAELens 3,064 (1.40x); end to end resid 226, SAELens 715
+(0.32x: resid pads each batch of 32 documents to the longest, 2.5x the real tokens, and runs all 30 layers); held-
+out FVU after 8 steps resid 0.550, SAELens 1.008 (its decoder starts at norm 0.1; too few steps to compare FVU).
 The recipes differ where each library's TopK recipe does (resid: sparsify's, unit-norm decoder rows, b_dec at the
 geometric median; SAELens: its TopK defaults, see train_saelens.py); learning rate, warm-up, steps and batch are the
 same.

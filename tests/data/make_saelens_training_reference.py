@@ -11,6 +11,8 @@ itself inside it with --inside), which never imports resid, so SAELens's outputs
 construction. Pins:
     torch==2.13.0        first, alone: installed by sae-lens's requirements it would pull a multi-GB CUDA build
     sae-lens==6.54.12    the release on PyPI when this was written (tests/data/make_dictionary_reference.py too)
+    gguf==0.19.0         not for the fixtures: benchmarks/train_saelens.py's end-to-end mode has transformers read
+                         SmolLM2 from resid's GGUF file (resid's own environment has the same gguf)
 
 The dictionaries (d_in 16, 64 features, trained for STEPS steps of BATCH tokens on a synthetic planted-dictionary
 stream: no model, no download), one per recipe that SAELens's format can hold:
@@ -37,7 +39,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "saelens-training"
 VENV = Path(__file__).resolve().parents[2] / "build" / "saelens-reference-venv"
-TORCH, PINS = "torch==2.13.0", ["sae-lens==6.54.12"]
+TORCH, PINS = "torch==2.13.0", ["sae-lens==6.54.12", "gguf==0.19.0"]
 D_IN, D_SAE, STEPS, BATCH, N_X, SEED = 16, 64, 40, 128, 12, 0
 TOLERANCE = 1e-5  # --check: largest |difference| between SAELens's regenerated outputs and the committed ones
 MODEL = "resid-synthetic"
