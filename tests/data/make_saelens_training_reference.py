@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reference_venv import build_venv
+
 OUT = Path(__file__).resolve().parent / "saelens-training"
 VENV = Path(__file__).resolve().parents[2] / "build" / "saelens-reference-venv"
 TORCH, PINS = "torch==2.13.0", ["sae-lens==6.54.12", "gguf==0.19.0"]
@@ -165,16 +167,6 @@ def compare(new: Path, old: Path) -> list[str]:
     return problems
 
 
-def build_venv(venv: Path) -> Path:
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install"]
-        subprocess.run([*pip, TORCH], check=True)
-        subprocess.run([*pip, *PINS, TORCH], check=True)  # torch named again, so that nothing replaces it
-    return python
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="regenerate elsewhere and compare; write nothing")
@@ -184,7 +176,7 @@ def main() -> None:
     if args.inside is not None:
         print(json.dumps(saelens_outputs(args.inside)["fixtures"]))
         return
-    python = build_venv(args.venv)
+    python = build_venv(args.venv, TORCH, PINS)
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "saelens-training"
         target.mkdir()

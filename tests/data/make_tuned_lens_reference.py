@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from reference_venv import build_venv
+
 OUT = Path(__file__).resolve().parent / "tuned-lens"
 VENV = Path(__file__).resolve().parents[2] / "build" / "tuned-lens-venv"
 PINS = ["tuned-lens==0.2.0", "transformers==4.46.3", "datasets==3.1.0", "torchdata==0.8.0"]
@@ -35,16 +37,6 @@ TORCH = "torch==2.13.0"
 SEED = 0
 N_BATCH, N_POS = 2, 8
 TOLERANCE = 1e-5  # --check: largest |difference| of any logit
-
-
-def build_venv(venv: Path) -> Path:
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install"]
-        subprocess.run([*pip, TORCH], check=True)
-        subprocess.run([*pip, *PINS, TORCH], check=True)  # torch named again, so that nothing replaces it
-    return python
 
 
 def reference(out: Path) -> dict:
@@ -119,7 +111,7 @@ def main() -> None:
     if args.inside is not None:
         print(json.dumps(reference(args.inside)))
         return
-    python = build_venv(args.venv)
+    python = build_venv(args.venv, TORCH, PINS)
     target = OUT if not args.check else Path(args.venv) / "check"
     if args.check:
         shutil.rmtree(target, ignore_errors=True)
