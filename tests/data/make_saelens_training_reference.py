@@ -37,8 +37,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reference_venv import build_venv
-
 OUT = Path(__file__).resolve().parent / "saelens-training"
 VENV = Path(__file__).resolve().parents[2] / "build" / "saelens-reference-venv"
 TORCH, PINS = "torch==2.13.0", ["sae-lens==6.54.12", "gguf==0.19.0"]
@@ -176,6 +174,8 @@ def main() -> None:
     if args.inside is not None:
         print(json.dumps(saelens_outputs(args.inside)["fixtures"]))
         return
+    from reference_venv import build_venv  # beside this script (sys.path[0] when it runs)
+
     python = build_venv(args.venv, TORCH, PINS)
     with tempfile.TemporaryDirectory() as scratch:
         target = Path(scratch) / "saelens-training"

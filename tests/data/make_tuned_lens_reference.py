@@ -28,8 +28,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reference_venv import build_venv
-
 OUT = Path(__file__).resolve().parent / "tuned-lens"
 VENV = Path(__file__).resolve().parents[2] / "build" / "tuned-lens-venv"
 PINS = ["tuned-lens==0.2.0", "transformers==4.46.3", "datasets==3.1.0", "torchdata==0.8.0"]
@@ -111,6 +109,8 @@ def main() -> None:
     if args.inside is not None:
         print(json.dumps(reference(args.inside)))
         return
+    from reference_venv import build_venv  # beside this script (sys.path[0] when it runs)
+
     python = build_venv(args.venv, TORCH, PINS)
     target = OUT if not args.check else Path(args.venv) / "check"
     if args.check:
