@@ -56,8 +56,13 @@ class ModelConfig:
     norm_eps: float  # epsilon inside the square root of every norm
     norm_gain_offset: float = 0.0  # gain = offset + w; Gemma stores w - 1 and uses 1 + w
     block: Literal["sequential", "parallel"] = "sequential"  # parallel: attn and MLP both read resid_pre
-    # learned: W_pos added to the embedding; sinusoidal: the fixed table of Vaswani et al. 2017 added instead
-    positions: Literal["learned", "rotary", "sinusoidal"] = "rotary"
+    # learned: W_pos added to the embedding; sinusoidal: the fixed table of Vaswani et al. 2017 added instead;
+    # relative: nothing added, each self-attention score gets a learned bias per head and relative-distance
+    # bucket (T5: log-spaced buckets, bidirectional in encoders, causal in decoders)
+    positions: Literal["learned", "rotary", "sinusoidal", "relative"] = "rotary"
+    relative_buckets: int = 32  # relative: number of buckets (half per direction when bidirectional)
+    relative_max_distance: int = 128  # relative: distances >= this share the last bucket
+    relative_bias_per_layer: bool = False  # relative: every layer has its own table (umT5); else layer 0's is shared
     # sinusoidal table layout: sin and cos interleaved (the 2017 formula, dims 2i / 2i+1) or all sines then all
     # cosines (Marian, fairseq)
     sinusoid_layout: Literal["interleaved", "halves"] = "interleaved"
@@ -77,6 +82,9 @@ class ModelConfig:
     post_ln: bool = False
     embed_norm: bool = False  # a norm of the summed embeddings before the first block (BERT)
     final_norm: bool = True  # a norm before the head (pre-LN models); BERT ends on its last block's norm
+    # the final norm's output is multiplied by this (T5 v1.0 rescales its decoder's output by d_model^-0.5 before
+    # the tied head); resid folds it into that norm's gain, so the final hidden state is the head's input
+    final_norm_multiplier: float = 1.0
     causal: bool = True  # False: every position reads every real position (encoders: BERT)
     # decoders of encoder-decoder models: a cross-attention sublayer after self-attention reads the encoder's
     # final hidden state (queries from the decoder stream, keys and values from the source)
@@ -124,6 +132,12 @@ class ModelConfig:
             problems.append("post_ln blocks are sequential and have no pre_norms or post_norms")
         if self.cross_attention and self.block == "parallel":
             problems.append("cross_attention needs sequential blocks")
+        exact = self.relative_buckets // (1 if self.causal else 2) // 2  # buckets of single distances
+        if self.positions == "relative" and not (exact >= 1 and self.relative_max_distance > exact):
+            problems.append(f"relative positions need at least {2 if self.causal else 4} relative_buckets and a "
+                            "relative_max_distance beyond the exact buckets (a quarter of them, bidirectional)")
+        if self.final_norm_multiplier != 1.0 and not self.final_norm:
+            problems.append("final_norm_multiplier needs a final norm to fold into")
         if self.positions == "sinusoidal" and self.d_model % 2:
             problems.append(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.n_heads % self.n_kv_heads:

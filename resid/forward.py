@@ -43,9 +43,10 @@ class Pass:
 
 
 def context(model, tokens: Tokens, memory: Memory | None = None, cache: KVCache | None = None,
-            allowed: dict[str, Tensor] | None = None) -> AttnContext:
+            allowed: dict[str, Tensor] | None = None, key_positions: Tensor | None = None) -> AttnContext:
     """What every attention layer of a pass shares. `allowed` (generation steps): which cached keys each layer
-    type's new position may read, instead of the masks of `tokens`."""
+    type's new position may read, instead of the masks of `tokens`; `key_positions` [batch key_pos]: the
+    position ids of those keys (relative position bias), by default those of `tokens`."""
     cfg = model.config
     kinds = cfg.layer_types_used
     rotary = {}
@@ -65,6 +66,10 @@ def context(model, tokens: Tokens, memory: Memory | None = None, cache: KVCache 
 
         allowed = {kind: mask(kind) for kind in kinds}
     ctx = dataclasses.replace(AttnContext.build(allowed, rotary, cfg.causal), cache=cache)
+    if model.relative is not None:
+        keys = tokens.position_ids if key_positions is None else key_positions
+        ctx = dataclasses.replace(ctx, relative=model.relative,
+                                  buckets=model.relative.buckets(tokens.position_ids, keys.to(tokens.position_ids)))
     if memory is not None:
         real = memory.mask.to(model.device)
         ctx = dataclasses.replace(ctx, memory=memory.hidden.to(model.dtype),

@@ -20,6 +20,7 @@ from resid.components.block import Block
 from resid.components.embed import Embed, PosEmbed, TokenTypeEmbed, Unembed
 from resid.components.head import MLMHead
 from resid.components.norm import Norm
+from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
 from resid.config import ModelConfig
 from resid.errors import ResidError
@@ -55,8 +56,9 @@ class Transformer(TokenInputs, nn.Module):
         # Gemma 3's sliding layers rotate with their own (local, unscaled) base
         local = config.positions == "rotary" and config.rotary_base_local is not None
         self.rotary_local = Rotary(config, base=config.rotary_base_local, scaled=False) if local else None
+        self.relative = RelativeBias(config) if config.positions == "relative" else None  # T5
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
-        self.ln_final = Norm(config) if config.final_norm else None
+        self.ln_final = Norm(config, multiplier=config.final_norm_multiplier) if config.final_norm else None
         self.mlm_head = MLMHead(config) if config.head == "mlm" else None
         self.unembed = Unembed(config, self.embed) if config.head != "none" else None
 

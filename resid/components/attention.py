@@ -9,6 +9,7 @@ Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Fac
 attention pattern (Site(..., field="pattern")) takes the explicit path: z = pattern @ v.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from resid.components.norm import Norm
+from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
@@ -67,6 +69,22 @@ class AttnContext:
     # positions are real (None: all)
     memory: Float[Tensor, "batch src_pos d_model"] | None = None
     memory_allowed: Bool[Tensor, "batch 1 1 src_pos"] | None = None
+    # relative position bias (T5): the model's tables, the bucket of every (query, key) pair, and each table's
+    # additive score mask (bias, -inf where blocked), computed once per pass by the first layer that reads it
+    relative: RelativeBias | None = None
+    buckets: Tensor | None = None
+    biases: dict[int, Tensor] = dataclasses.field(default_factory=dict)
+
+    def position_bias(self, layer: int, dtype: torch.dtype) -> Float[Tensor, "batch head pos key_pos"]:
+        """What self-attention layer `layer` adds to its scores (relative position bias and the mask)."""
+        table = self.relative.table(layer)
+        if table not in self.biases:
+            blocked = self.blocked["full"]
+            if blocked is None and self.causal:  # plain causal: queries and keys are the same positions
+                n = self.buckets.shape[-1]
+                blocked = torch.ones(n, n, dtype=torch.bool, device=self.buckets.device).triu(1)
+            self.biases[table] = self.relative.bias(layer, self.buckets, blocked, dtype)
+        return self.biases[table]
 
     @classmethod
     def build(
@@ -189,7 +207,9 @@ class Attention(nn.Module):
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         else:
             # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
-            mask = ctx.memory_allowed if self.cross else ctx.allowed[self.layer_type]
+            relative = ctx.relative is not None and not self.cross
+            mask = ctx.memory_allowed if self.cross else (
+                ctx.position_bias(self.layer, q_h.dtype) if relative else ctx.allowed[self.layer_type])
             causal = mask is None and ctx.causal and not self.cross
             z_h = F.scaled_dot_product_attention(
                 q_h, k_h, v_h, attn_mask=mask, is_causal=causal, scale=self.scale,
@@ -208,12 +228,15 @@ class Attention(nn.Module):
         k_h: Float[Tensor, "batch kv_head key_pos d_head"],
         ctx: AttnContext,
     ) -> Float[Tensor, "batch head pos key_pos"]:
-        """softmax(q k^T * scale) over the allowed keys (scores soft-capped first if the model caps them), in
-        float32, as the eager Hugging Face attention does."""
+        """softmax(q k^T * scale) over the allowed keys (scores soft-capped first if the model caps them, plus the
+        relative position bias of models with one), in float32, as the eager Hugging Face attention does."""
         k_r = k_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
+        if ctx.relative is not None and not self.cross:  # the bias carries the mask
+            return torch.softmax(scores + ctx.position_bias(self.layer, scores.dtype), dim=-1,
+                                 dtype=torch.float32).to(q_h.dtype)
         if self.cross:
             blocked = None if ctx.memory_allowed is None else ~ctx.memory_allowed
         else:

@@ -18,24 +18,28 @@ from resid.config import ModelConfig
 
 
 class Norm(nn.Module):
-    def __init__(self, config: ModelConfig, width: int | None = None, rms: bool = False):
-        """A norm of the residual (width d_model), or of `width` dims (q/k norms: always RMSNorm, rms=True)."""
+    def __init__(self, config: ModelConfig, width: int | None = None, rms: bool = False, multiplier: float = 1.0):
+        """A norm of the residual (width d_model), or of `width` dims (q/k norms: always RMSNorm, rms=True).
+        `multiplier`: a constant the output is multiplied by, folded into the gain (T5 v1.0's final norm)."""
         super().__init__()
         width = config.d_model if width is None else width
         self.centre = config.norm == "layernorm" and not rms
         self.eps = config.norm_eps
         self.gain_offset = config.norm_gain_offset
+        self.multiplier = multiplier
         self.w = nn.Parameter(torch.ones(width) - config.norm_gain_offset)
         self.b = nn.Parameter(torch.zeros(width)) if self.centre else None
 
     @property
     def gain(self) -> Float[Tensor, "d_model"]:
-        """The effective multiplier g: w, or 1 + w for Gemma-style stored gains."""
-        return self.w + self.gain_offset if self.gain_offset else self.w
+        """The effective multiplier g: w, or 1 + w for Gemma-style stored gains (times a constant multiplier)."""
+        gain = self.w + self.gain_offset if self.gain_offset else self.w
+        return gain * self.multiplier if self.multiplier != 1.0 else gain
 
     def _gain32(self) -> Float[Tensor, "d_model"]:
         # The gain in float32 before adding the offset: Gemma's 1 + w rounded to bfloat16 would lose most of w.
-        return self.w.float() + self.gain_offset
+        gain = self.w.float() + self.gain_offset
+        return gain * self.multiplier if self.multiplier != 1.0 else gain
 
     def _centred(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         x32 = x.float()
@@ -48,7 +52,7 @@ class Norm(nn.Module):
         computed from x, in the same float32 arithmetic. A float32 LayerNorm computing its own scale runs as
         torch's fused kernel, which returns the scale (rstd) beside the output; it agrees with the frozen
         arithmetic to float32 rounding."""
-        if scale is None and self.centre and x.dtype == torch.float32 and not self.gain_offset:
+        if scale is None and self.centre and x.dtype == torch.float32 and not self.gain_offset and self.multiplier == 1:
             out, _, rstd = torch.native_layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
             return out, rstd
         x32 = self._centred(x)
@@ -56,7 +60,7 @@ class Norm(nn.Module):
             scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         normalized = x32 * scale.float() * self._gain32()
         if self.b is not None:
-            normalized = normalized + self.b.float()
+            normalized = normalized + self.b.float() * self.multiplier
         return normalized.to(x.dtype), scale.to(x.dtype)
 
     def standardized(
@@ -85,4 +89,4 @@ class Norm(nn.Module):
         """b . u (zero for RMSNorm), in float32."""
         if self.b is None:
             return torch.zeros(u.shape[:-1], device=u.device)
-        return u.float() @ self.b.float()
+        return (u.float() @ self.b.float()) * self.multiplier

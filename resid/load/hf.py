@@ -29,9 +29,9 @@ def load_hf_folder(
     hf = _read_json(folder / "config.json", "config.json")
     family = family_for(hf.get("model_type"), folder)
     config = family.read(hf, f"{folder}/config.json")
+    configs = (config,) if family.encoder is None else (family.encoder(hf), config)
     files = _weight_files(folder)
     tensors = _SafetensorsIndex(files)
-    configs = (config,) if family.encoder is None else (family.encoder(hf), config)
     check_size(configs, tensors.values, f"the model in {folder}")  # before anything of the config's size exists
     if family.encoder is not None:
         model = EncoderDecoder(Transformer(configs[0]), Transformer(config))

@@ -52,7 +52,7 @@ def model_values(config: ModelConfig) -> int:
     mlp = (3 if config.gated_mlp else 2) * d_model * config.d_mlp * max(config.n_experts, 1)
     layer = attn * (2 if config.cross_attention else 1) + mlp
     embeddings = config.d_vocab * d_model * (1 if config.tie_embeddings or config.head == "none" else 2)
-    positions = 0 if config.positions == "rotary" else config.n_ctx * d_model
+    positions = config.n_ctx * d_model if config.positions in ("learned", "sinusoidal") else 0
     return config.n_layers * layer + embeddings + positions
 
 

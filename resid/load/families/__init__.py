@@ -108,8 +108,10 @@ COUNTS = {
         "n_positions", "n_ctx", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "decoder_vocab_size", "num_local_experts",
         "num_experts_per_tok", "sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
-        "original_max_position_embeddings",
+        "original_max_position_embeddings", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
+        "relative_attention_max_distance",
     ), 1),
+    "relative_attention_num_buckets": 2,
     "type_vocab_size": 0, "max_window_layers": 0,
 }
 # Real numbers that must be finite and positive (or null where optional): epsilons, rotary bases and fractions,

@@ -3,11 +3,25 @@
 from pathlib import Path
 
 from resid.errors import ResidError
-from resid.load.families import Family, bert, gemma, gemma2, gpt2, gpt_neox, llama, marian, mixtral, olmo2, phi3, qwen3
+from resid.load.families import (
+    Family,
+    bert,
+    gemma,
+    gemma2,
+    gpt2,
+    gpt_neox,
+    llama,
+    marian,
+    mixtral,
+    olmo2,
+    phi3,
+    qwen3,
+    t5,
+)
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, gemma.FAMILY, qwen3.FAMILY, gemma2.FAMILY, phi3.FAMILY, olmo2.FAMILY,
-    mixtral.FAMILY, bert.FAMILY, marian.FAMILY,
+    mixtral.FAMILY, bert.FAMILY, marian.FAMILY, t5.FAMILY,
 )
 
 
