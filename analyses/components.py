@@ -3,7 +3,7 @@ on the final residual (at one position, or pooled over positions), at the level 
 neurons, and the long table they make; `read_out` turns a vector read out of the final hidden state into such
 a direction. See analyses/attribution.py for the algebra."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,13 +35,16 @@ def unit_sites(layer: int, part: str, unit: str, count: int) -> tuple[Site, ...]
     return tuple(Site(layer, part, **{unit: i}) for i in range(count))
 
 
-def components(model: Transformer, stream: ResidualStream, direction: Direction, level: str) -> list[Contributions]:
+def components(model: Transformer, stream: ResidualStream, direction: Direction, level: str,
+               cross: Callable | None = None) -> list[Contributions]:
     """Every component's contribution to `direction`, a read-out at the stream's captured positions (its vector
     [batch pos d_model], one row per captured position; the contributions are summed over them).
 
     Post-LN models norm the residual after every write, so the direction changes along the stream: it is pulled
     back through each norm (scale frozen) from the last layer down, and each write is read with the direction of
-    the norm that follows it; each norm's bias is a row of its own (embed_norm_bias, resid_norm_bias)."""
+    the norm that follows it; each norm's bias is a row of its own (embed_norm_bias, resid_norm_bias).
+    `cross(layer, record, direction)`, if given, gives the rows of each cross-attention sublayer's heads instead
+    (the direction as the sublayer's output reads it; resid.analyses.source_side splits them by source)."""
     norms = stream.norms
     groups_by_layer = []
     for layer in reversed(range(len(stream.layers))):
@@ -57,7 +60,7 @@ def components(model: Transformer, stream: ResidualStream, direction: Direction,
             if norms is not None:
                 direction, carried = direction.before_norm(getattr(norms, part)[layer], written.resid_norm_scale)
                 bias_groups.append(_bias(Site(layer, part, field="resid_norm_bias"), carried))
-            later = _attn(model, written, direction, layer, level, part) + bias_groups + later
+            later = _attn(model, written, direction, layer, level, part, cross) + bias_groups + later
         groups_by_layer.append(later)
     bias_groups = []
     if norms is not None and norms.embed is not None:
@@ -76,15 +79,22 @@ def _bias(site: Site, values: Float[Tensor, "batch"]) -> Contributions:
     return Contributions([site], values[:, None])
 
 
-def _attn(model: Transformer, written, direction: Direction, layer: int, level: str, part: str) -> list[Contributions]:
+def _attn(model: Transformer, written, direction: Direction, layer: int, level: str, part: str,
+          cross: Callable | None = None) -> list[Contributions]:
     """An attention sublayer's rows (self-attention, or a decoder's cross-attention: `part`): its write, or its
     heads (and output bias). `written` is its record."""
     block = model.blocks[layer]
     attn, post_norm = (block.attn, block.ln_attn_post) if part == "attn" else (block.cross, block.ln_cross_post)
-    if level == "sublayer":
+    split = cross is not None and part == "cross"
+    if level == "sublayer" and not split:
         return [Contributions([Site(layer, part)], direction.project(written.out)[:, None])]
     groups: list[Contributions] = []
     into = _through_post_norm(post_norm, written, direction, layer, part, groups)
+    if split:
+        groups += cross(layer, written, into)
+        if attn.b_O is not None:
+            groups.append(_bias(Site(layer, part, field="b_O"), into.through(attn.b_O).sum(1)))
+        return groups
     # z[h] . (W_O[h] @ u'): W_O pulled back onto the direction first, a [batch pos head d_head] tensor.
     heads = (written.z.float() * into.through(attn.W_O)).sum(-1).sum(1)
     groups.append(Contributions(unit_sites(layer, part, "head", heads.shape[1]), heads))
