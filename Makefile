@@ -50,6 +50,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_ray.py
 	$(PY) benchmarks/bench_dictionaries.py
 	$(PY) benchmarks/bench_tuned_lens.py
+	$(PY) benchmarks/bench_t5.py
 
 dist: $(VENV)/.base
 	$(PIP) install build twine
