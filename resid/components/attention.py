@@ -75,7 +75,7 @@ class AttnContext:
     buckets: Tensor | None = None
     biases: dict[int, Tensor] = dataclasses.field(default_factory=dict)
 
-    def position_bias(self, layer: int, dtype: torch.dtype) -> Float[Tensor, "batch head pos key_pos"]:
+    def position_bias(self, layer: int, dtype: torch.dtype) -> Float[Tensor, "#batch head pos key_pos"]:
         """What self-attention layer `layer` adds to its scores (relative position bias and the mask)."""
         table = self.relative.table(layer)
         if table not in self.biases:

@@ -53,7 +53,11 @@ class RelativeBias(nn.Module):
 
     def buckets(
         self, query_positions: Int[Tensor, "batch pos"], key_positions: Int[Tensor, "batch key_pos"]
-    ) -> Int[Tensor, "batch pos key_pos"]:
+    ) -> Int[Tensor, "#batch pos key_pos"]:
+        """The bucket of every (query, key) pair; one row for the whole batch when every row has the same
+        positions (nothing padded), so that the bias is computed once, not per prompt."""
+        if bool((query_positions == query_positions[:1]).all()) and bool((key_positions == key_positions[:1]).all()):
+            query_positions, key_positions = query_positions[:1], key_positions[:1]
         relative = key_positions[:, None, :] - query_positions[:, :, None]
         return relative_buckets(relative, self.bidirectional, self.n_buckets, self.max_distance)
 
@@ -64,12 +68,12 @@ class RelativeBias(nn.Module):
     def bias(
         self,
         layer: int,
-        buckets: Int[Tensor, "batch pos key_pos"],
-        blocked: Bool[Tensor, "batch 1 pos key_pos"] | Bool[Tensor, "pos key_pos"] | None,
+        buckets: Int[Tensor, "#batch pos key_pos"],
+        blocked: Bool[Tensor, "#batch 1 pos key_pos"] | Bool[Tensor, "pos key_pos"] | None,
         dtype: torch.dtype,
-    ) -> Float[Tensor, "batch head pos key_pos"]:
+    ) -> Float[Tensor, "#batch head pos key_pos"]:
         """What `layer` adds to its scores: the bias, and -inf where a key may not be read (an additive mask)."""
         bias = self.tables[self.table(layer)][buckets].permute(0, 3, 1, 2).to(dtype)
-        if blocked is not None:
-            bias = bias.masked_fill(blocked, float("-inf"))
+        if blocked is not None:  # buckets may be one row shared by the batch, the mask per row: broadcast
+            bias = torch.where(blocked, torch.tensor(float("-inf"), dtype=dtype, device=bias.device), bias)
         return bias
