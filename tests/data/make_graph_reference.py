@@ -42,14 +42,10 @@ TOLERANCE = 1e-5  # --check: largest |difference| between a regenerated referenc
 
 
 def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if not (VENV / ".installed").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, "torch==2.13.0"], check=True)  # first: the CPU wheel, before the libraries ask
-        subprocess.run([*pip, *PINS], check=True)
-        (VENV / ".installed").touch()
-    return python
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests import this file as a module
+    from reference_venv import build_venv
+
+    return build_venv(VENV, "torch==2.13.0", PINS)
 
 
 def tokenizer_folder(where: Path) -> str:
