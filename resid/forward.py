@@ -37,7 +37,7 @@ class Pass:
     embed_scale: Tensor | None  # the embedding norm's scale (BERT)
     records: list[LayerRecord]
     logits: Tensor | None  # None without a head
-    final_scale: Tensor
+    final_scale: Tensor | None  # None when the pass stopped before the final norm
     uncapped: Tensor | None  # logits before a final soft cap (models with one)
     hidden: Tensor  # the final norm's output at the positions asked for
 
@@ -96,15 +96,19 @@ def embed(model, tokens: Tokens, edits: dict) -> tuple[Tensor, dict[str, Tensor]
 
 
 def forward(model, tokens: Tokens, edits: dict, capture: Capture, keep, *, start: int = 0, resid: Tensor | None = None,
-            ctx: AttnContext | None = None, logits_at: LogitsAt = None, check: bool = True) -> Pass:
+            ctx: AttnContext | None = None, logits_at: LogitsAt = None, check: bool = True,
+            stop: int | None = None) -> Pass:
     """Layers start..n-1 from `resid` (the embeddings of `tokens` when None), then the final norm and the head.
-    `keep` selects the captured positions (resid.selection.position_selector), None to record nothing."""
+    `keep` selects the captured positions (resid.selection.position_selector), None to record nothing. `stop`:
+    run layers start..stop-1 only, and neither the final norm nor the head (no logits; `hidden` is the residual
+    after layer stop-1)."""
     ctx = context(model, tokens) if ctx is None else ctx
     embeddings, scale = {}, None
     if resid is None:
         resid, embeddings, scale = embed(model, tokens, edits)
     records = []
-    for layer in range(start, model.config.n_layers):
+    end = model.config.n_layers if stop is None else stop
+    for layer in range(start, end):
         block = model.blocks[layer]
         kept = keep is not None and capture.keeps_layer(layer, model.config.n_layers)
         want = {part: capture.fields(part) for part in block.parts} if kept else {}
@@ -115,6 +119,10 @@ def forward(model, tokens: Tokens, edits: dict, capture: Capture, keep, *, start
         resid = edit_residual(resid, edits.get((layer, "resid_post"), ()), "resid_post", deltas)
         if keep is not None:
             records.append(_record(model, layer, values, deltas, keep))
+    if end < model.config.n_layers:
+        if check and ctx.cache is None:
+            _check_finite(model, None, resid, tokens, edits, start, resid if start else None, ctx, logits_at)
+        return Pass(embeddings, scale, records, None, None, None, resid)
     logits, final_scale, uncapped, hidden = _unembed(model, resid, tokens, logits_at)
     if check and ctx.cache is None:  # generation checks its steps itself (resid.generate)
         _check_finite(model, logits, hidden, tokens, edits, start, resid if start else None, ctx, logits_at)

@@ -93,6 +93,7 @@ class Transformer(TokenInputs, nn.Module):
         memory: Memory | None = None,
         check_finite: bool = True,
         dictionaries: Sequence = (),
+        stop_at_layer: int | None = None,
     ) -> Run:
         """Forward pass recording what `capture` asks for (default: the residual writes), with
         `interventions` applied. Gradients are off unless grad=True.
@@ -110,7 +111,11 @@ class Transformer(TokenInputs, nn.Module):
 
         dictionaries: learned dictionaries (resid.dictionaries) to apply: a Dictionary observes (the model runs
         unchanged), resid.dictionaries.Splice(d) replaces the tensor it reconstructs by reconstruction + error
-        (error=False: by the reconstruction alone). What each computed is `run.dictionaries[name]`."""
+        (error=False: by the reconstruction alone). What each computed is `run.dictionaries[name]`.
+
+        stop_at_layer: run layers 0..stop_at_layer-1 only (as TransformerLens names it), for reading early
+        layers of a deep model: no final norm, no logits (run.logits is None), run.hidden is the residual after
+        the last layer run, and the stream has that many layers."""
         capture = Capture() if capture is None else capture
         if not isinstance(capture, Capture):
             raise ResidError(
@@ -125,13 +130,22 @@ class Transformer(TokenInputs, nn.Module):
             attached = Attached(self, dictionaries, grad)
             capture, interventions = attached.capture(capture), attached.interventions(interventions)
         capture.validate(self.config.n_layers)
+        n = self.config.n_layers
+        if stop_at_layer is not None and (isinstance(stop_at_layer, bool) or not isinstance(stop_at_layer, int)
+                                          or not 0 <= stop_at_layer <= n):
+            raise ResidError(f"stop_at_layer={stop_at_layer!r} must be a whole number of layers in 0..{n} ({self.name} "
+                             f"has {n}), or None to run them all.")
         edits = group_edits(interventions, self.config, tokens)
+        past = sorted({key[0] for key in edits if key[0] is not None and key[0] >= (n if stop_at_layer is None else stop_at_layer)})
+        if past:
+            raise ResidError(f"Interventions at layer(s) {past} lie past stop_at_layer={stop_at_layer}: the run stops "
+                             "before them. Raise stop_at_layer or drop them.")
         captured = None if capture.positions is None else tokens.padded_index(capture.positions)
         keep = position_selector(captured)
         with torch.set_grad_enabled(grad):
             ctx = forward.context(self, tokens, check_memory(self, memory, tokens))
             done = forward.forward(self, tokens, edits, capture, keep, ctx=ctx, logits_at=logits_at,
-                                   check=check_finite)
+                                   check=check_finite, stop=stop_at_layer)
 
         def kept(write: Tensor | None, wanted: bool = capture.embed) -> Tensor | None:
             return keep(write) if wanted and write is not None else None

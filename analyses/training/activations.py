@@ -14,8 +14,8 @@ epoch may hold fewer); a *hook* is a dictionary hook name (TransformerLens's `bl
 The order, a function of the seed alone (so a resumed run sees the same batches):
 1. The windows are permuted (torch.randperm seeded with (seed, epoch)); the corpus repeats, in a new order, when
    training needs more tokens than it has.
-2. A block's windows run through the model `forward_batch` at a time, right-padded (resid.tokenizer.Tokens), once
-   for every hook: each hook's tensor is read at the same positions (resid.dictionaries.hooks.read), so several
+2. A block's windows run through the model `forward_batch` at a time, longest first (so that a forward batch pads
+   little), right-padded (resid.tokenizer.Tokens), up to the deepest hooked layer (stop_at_layer), once for every hook: each hook's tensor is read at the same positions (resid.dictionaries.hooks.read), so several
    dictionaries train from one forward pass, and a transcoder's input and output rows are the same tokens.
 3. Padding is dropped, and so are the BOS tokens the model prepends (their activations are attention-sink outliers
    that no dictionary should spend features on) unless keep_bos=True.
@@ -65,6 +65,8 @@ class Activations:
             if point is None:
                 raise ResidError(f"Hook {hook!r} needs the model's config to be mapped, and it did not map.")
         self.capture = capture_for(list(self.points.values()))
+        # the layers a forward runs: up to the deepest hooked one (a layer-15 hook of a 30-layer model runs 16)
+        self.stop = max(0 if p.site.layer is None else p.site.layer + 1 for p in self.points.values())
         self.windows = cut_windows(model, texts, window)
         self.buffer_tokens = buffer_tokens
         self.pad = model.require_tokenizer().pad_token_id
@@ -112,13 +114,14 @@ class Activations:
     def block(self, block: int) -> dict[str, Tensor]:
         """The shuffled training tokens of block `block`, per hook: {hook: [token d]} float32 on self.device."""
         pieces: dict[str, list[Tensor]] = {hook: [] for hook in self.hooks}
-        chunk = self._block_windows(block)
+        # longest first, so that each forward batch pads little (the block's tokens are shuffled afterwards)
+        chunk = sorted(self._block_windows(block), key=len, reverse=True)
         for start in range(0, len(chunk), self.forward_batch):
             part = chunk[start:start + self.forward_batch]
             tokens, valid = batch_tokens(part, self.pad, self.model.device)
             if self.keep_bos:
                 valid = tokens.attention_mask
-            run = self.model.run(tokens, capture=self.capture, logits_at="last")
+            run = self.model.run(tokens, capture=self.capture, logits_at="last", stop_at_layer=self.stop)
             for hook, point in self.points.items():
                 pieces[hook].append(read(run, self.model, point)[valid].to(self.device, torch.float32))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * (block + 1))
