@@ -136,7 +136,8 @@ class Transformer(TokenInputs, nn.Module):
             raise ResidError(f"stop_at_layer={stop_at_layer!r} must be a whole number of layers in 0..{n} ({self.name} "
                              f"has {n}), or None to run them all.")
         edits = group_edits(interventions, self.config, tokens)
-        past = sorted({key[0] for key in edits if key[0] is not None and key[0] >= (n if stop_at_layer is None else stop_at_layer)})
+        end = n if stop_at_layer is None else stop_at_layer
+        past = sorted({key[0] for key in edits if key[0] is not None and key[0] >= end})
         if past:
             raise ResidError(f"Interventions at layer(s) {past} lie past stop_at_layer={stop_at_layer}: the run stops "
                              "before them. Raise stop_at_layer or drop them.")

@@ -15,7 +15,8 @@ The order, a function of the seed alone (so a resumed run sees the same batches)
 1. The windows are permuted (torch.randperm seeded with (seed, epoch)); the corpus repeats, in a new order, when
    training needs more tokens than it has.
 2. A block's windows run through the model `forward_batch` at a time, longest first (so that a forward batch pads
-   little), right-padded (resid.tokenizer.Tokens), up to the deepest hooked layer (stop_at_layer), once for every hook: each hook's tensor is read at the same positions (resid.dictionaries.hooks.read), so several
+   little), right-padded (resid.tokenizer.Tokens), up to the deepest hooked layer (stop_at_layer), once for every
+   hook: each hook's tensor is read at the same positions (resid.dictionaries.hooks.read), so several
    dictionaries train from one forward pass, and a transcoder's input and output rows are the same tokens.
 3. Padding is dropped, and so are the BOS tokens the model prepends (their activations are attention-sink outliers
    that no dictionary should spend features on) unless keep_bos=True.
