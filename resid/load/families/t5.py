@@ -1,8 +1,8 @@
-"""T5 (Raffel et al. 2020; Hugging Face's `t5`, and `mt5`, which has the same tensors): a pre-norm
-encoder-decoder with
+"""T5 (Raffel et al. 2020; Hugging Face's `t5`, `mt5`, which has the same tensors, and `umt5`, whose every layer
+has a bias table of its own): a pre-norm encoder-decoder with
 
 - relative position bias instead of positions (resid.components.relative): a table of [bucket head] in the
-  first layer of each stack, shared by all its layers, bidirectional buckets in the encoder and causal ones in
+  first layer of each stack, shared by all its layers (umT5: one per layer), bidirectional buckets in the encoder and causal ones in
   the decoder; cross-attention has none;
 - no 1/sqrt(d_head) scaling of the scores (the initialisation absorbs it);
 - RMSNorm without mean or bias, computed in float32 (T5LayerNorm), before every sublayer and at the end of
@@ -67,6 +67,7 @@ def _half(hf: dict, side: str) -> ModelConfig:
         positions="relative",
         relative_buckets=hf.get("relative_attention_num_buckets", 32),
         relative_max_distance=hf.get("relative_attention_max_distance", 128),
+        relative_bias_per_layer=hf.get("model_type") == "umt5",  # umT5: every layer has its own table
         attn_scale=1.0,
         causal=decoder,
         cross_attention=decoder,
@@ -96,7 +97,9 @@ def _stack(side: str, config: ModelConfig) -> list[Key]:
     target = f"{side}.blocks.{{layer}}"
     keys = [
         Key(f"{side}.embed.W_E", "shared.weight"),
-        Key(f"{side}.relative.tables.0", f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+        Key(f"{side}.relative.tables.{{layer}}" if config.relative_bias_per_layer else f"{side}.relative.tables.0",
+            f"{attn}.relative_attention_bias.weight" if config.relative_bias_per_layer else
+            f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
         *[Key(f"{target}.attn._w_{x}", f"{attn}.{x}.weight") for x in "qkvo"],
         Key(f"{target}.ln_attn.w", f"{layer}.0.layer_norm.weight"),
         Key(f"{target}.ln_mlp.w", f"{layer}.{mlp_at}.layer_norm.weight"),
@@ -125,7 +128,7 @@ def keys(encoder: ModelConfig, decoder: ModelConfig, hf: dict) -> list[Key]:
 
 
 FAMILY = Family(
-    model_types=("t5", "mt5"),
+    model_types=("t5", "mt5", "umt5"),
     config=decoder_config,
     keys=lambda config: [],  # an encoder-decoder: `seq2seq_keys` gives the table of both halves
     prefix="",
