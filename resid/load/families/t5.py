@@ -2,8 +2,8 @@
 has a bias table of its own): a pre-norm encoder-decoder with
 
 - relative position bias instead of positions (resid.components.relative): a table of [bucket head] in the
-  first layer of each stack, shared by all its layers (umT5: one per layer), bidirectional buckets in the encoder and causal ones in
-  the decoder; cross-attention has none;
+  first layer of each stack, shared by all its layers (umT5: one per layer), bidirectional buckets in the
+  encoder and causal ones in the decoder; cross-attention has none;
 - no 1/sqrt(d_head) scaling of the scores (the initialisation absorbs it);
 - RMSNorm without mean or bias, computed in float32 (T5LayerNorm), before every sublayer and at the end of
   both stacks (the encoder's final norm gives the memory every cross-attention reads);
