@@ -27,6 +27,7 @@ from resid.capture import Capture
 from resid.components.attention import KVCache
 from resid.errors import ResidError
 from resid.interventions import HookCall, Intervention, group_edits
+from resid.run import Memory
 from resid.tokenizer import Tokens
 
 
@@ -49,14 +50,17 @@ def generate(
     seed: int | torch.Generator | None = None,
     stop_at_eos: bool = False,
     return_logits: bool = False,
+    memory: Memory | None = None,
 ) -> Generation:
     """Continue each prompt by `max_new_tokens` tokens: the most likely one (do_sample=False) or one sampled from
     softmax(logits / temperature), over the top_k most likely only if top_k is given. `seed` (an int or a
     torch.Generator) makes sampling reproducible. With stop_at_eos, a row that produced the tokenizer's eos
     continues with eos, and generation ends early once every row has. `inputs` are what model.run takes; a
-    batch must be left-padded. Interventions: see the module docstring."""
+    batch must be left-padded. Interventions: see the module docstring. memory: for the decoder of an
+    encoder-decoder model, the encoded source its cross-attention reads (resid.EncoderDecoder.generate passes
+    it); its keys and values are computed once and cached with the rest."""
     tokens = model.as_tokens(inputs)
-    eos = _check(model, tokens, max_new_tokens, do_sample, temperature, top_k, stop_at_eos)
+    eos = _check(model, tokens, max_new_tokens, do_sample, temperature, top_k, stop_at_eos, memory)
     generator = _generator(seed, model.device) if do_sample else None
     batch, n_prompt = tokens.ids.shape
     edits = group_edits(interventions, model.config, tokens)
@@ -68,9 +72,10 @@ def generate(
     done = torch.zeros(batch, dtype=torch.bool, device=model.device)
     new_ids, step_logits = [], []
     with torch.no_grad():
-        ctx = forward.context(model, tokens, cache=cache)
+        ctx = forward.context(model, tokens, memory, cache=cache)
         logits = forward.forward(model, tokens, edits, Capture.none(), None, ctx=ctx, logits_at="last").logits[:, 0]
-        _check_finite(model, logits, tokens, edits)
+        _check_finite(model, logits, tokens, edits, memory)
+        positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # of every key, for a relative position bias
         for step in range(max_new_tokens):
             next_ids = _choose(logits, temperature, top_k, generator) if do_sample else logits.argmax(dim=-1)
             if eos is not None:
@@ -83,8 +88,9 @@ def generate(
             position_ids = position_ids + 1
             cfg, seen = model.config, mask[:, : n_prompt + step + 1]
             allowed = {kind: _allowed_last(seen, cfg.window(kind)) for kind in cfg.layer_types_used}
-            logits = _step(model, next_ids[:, None], position_ids, allowed, cache, step_edits)
-            _check_finite(model, logits, _grown_tokens(tokens, torch.stack(new_ids, dim=1), None), edits)
+            logits = _step(model, next_ids[:, None], position_ids, allowed, cache, step_edits, memory,
+                           positions[:, : n_prompt + step + 1])
+            _check_finite(model, logits, _grown_tokens(tokens, torch.stack(new_ids, dim=1), None), edits, memory)
     new = torch.stack(new_ids, dim=1)
     return Generation(
         tokens=_grown_tokens(tokens, new, eos),
@@ -94,12 +100,21 @@ def generate(
     )
 
 
-def _check(model, tokens: Tokens, max_new_tokens: int, do_sample: bool, temperature: float, top_k, stop_at_eos):
+def _check(model, tokens: Tokens, max_new_tokens: int, do_sample: bool, temperature: float, top_k, stop_at_eos,
+           memory: Memory | None = None):
     """Validate the request; the eos id to stop at, or None."""
     config = model.config
-    if config.cross_attention or not config.causal or config.head != "lm":
-        what = ("an encoder-decoder model's decoder" if config.cross_attention
-                else "an encoder (bidirectional attention)" if not config.causal else "a model without an LM head")
+    if config.cross_attention and memory is None:
+        raise ResidError(f"{model.name}'s decoder reads a source: generate with the resid.EncoderDecoder, "
+                         "model.generate(source, max_new_tokens=...), or pass memory=.")
+    if memory is not None and not config.cross_attention:
+        raise ResidError(f"memory= is the encoded source of an encoder-decoder model's decoder; {model.name} has no "
+                         "cross-attention.")
+    if memory is not None and memory.hidden.shape[0] != tokens.ids.shape[0]:
+        raise ResidError(f"Got {memory.hidden.shape[0]} encoded sources for {tokens.ids.shape[0]} target prefixes: "
+                         "generation pairs each target prefix with one source.")
+    if not config.causal or config.head != "lm":
+        what = "an encoder (bidirectional attention)" if not config.causal else "a model without an LM head"
         raise ResidError(
             f"generate() continues text with a causal language model; {model.name} is {what}. Read its predictions "
             "with model.run instead."
@@ -168,24 +183,26 @@ def _allowed_last(
     return allowed[:, None, None, :]
 
 
-def _step(model, ids: Tensor, position_ids: Tensor, allowed: dict[str, Tensor], cache: KVCache, edits: dict) -> Tensor:
+def _step(model, ids: Tensor, position_ids: Tensor, allowed: dict[str, Tensor], cache: KVCache, edits: dict,
+          memory: Memory | None = None, key_positions: Tensor | None = None) -> Tensor:
     """Logits [batch d_vocab] after one new position per row, reading the earlier ones from the cache."""
     step = Tokens(ids, torch.ones_like(ids, dtype=torch.bool), position_ids)
     # The step's own mask would let it see only itself; it reads the cached keys through `allowed`.
-    ctx = forward.context(model, step, cache=cache, allowed=allowed)
+    ctx = forward.context(model, step, memory, cache=cache, allowed=allowed, key_positions=key_positions)
     # A Hook was bound to the prompt's Tokens by `group_edits`; at this step it edits (and is told about) the new token.
     edits = {key: [(HookCall(iv.hook, step) if isinstance(iv, HookCall) else iv, index) for iv, index in group]
              for key, group in edits.items()}
     return forward.forward(model, step, edits, Capture.none(), None, ctx=ctx).logits[:, 0]
 
 
-def _check_finite(model, logits: Tensor, tokens: Tokens, edits: dict) -> None:
+def _check_finite(model, logits: Tensor, tokens: Tokens, edits: dict, memory: Memory | None = None) -> None:
     """Non-finite logits are the error `Transformer.run` gives, naming the first non-finite site: found by a
     pass over the prompt and the tokens so far without the cache (the prompt's edits keep their padded indices,
     since new tokens only follow the prompt)."""
     if bool(torch.isfinite(logits).all()):
         return
-    where = forward.first_nonfinite(model, tokens, edits)
+    ctx = None if memory is None else forward.context(model, tokens, memory)
+    where = forward.first_nonfinite(model, tokens, edits, ctx=ctx)
     raise ResidError(f"generate produced NaN or infinite logits; the first non-finite site is {where}. Check the "
                      "interventions' values, or load the model in float32 if it is in half precision.")
 

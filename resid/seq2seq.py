@@ -22,11 +22,17 @@ from torch import Tensor, nn
 
 from resid.capture import Capture
 from resid.errors import ResidError
+from resid.generate import Generation, generate
 from resid.interventions import Intervention
 from resid.model import CaptureArg, Inputs, Memory, Run, Transformer
 from resid.selection import LogitsAt
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
+
+
+def _texts(target) -> bool:
+    return isinstance(target, Sequence) and not isinstance(target, str) and len(target) > 0 and all(
+        isinstance(t, str) for t in target)
 
 
 @dataclass(frozen=True)
@@ -39,12 +45,15 @@ class Seq2SeqRun:
 
 
 class EncoderDecoder(nn.Module):
-    def __init__(self, encoder: Transformer, decoder: Transformer, name: str = "custom", weight_files: tuple = ()):
+    def __init__(self, encoder: Transformer, decoder: Transformer, name: str = "custom", weight_files: tuple = (),
+                 decoder_start_token_id: int | None = None):
         super().__init__()
         if not decoder.config.cross_attention or encoder.config.head != "none":
             raise ResidError("An EncoderDecoder needs an encoder without a head and a decoder with cross-attention.")
         self.encoder, self.decoder = encoder, decoder
         self.name, self.weight_files = name, weight_files
+        # the token every target starts from (config.json's decoder_start_token_id: Marian's and T5's pad id)
+        self.decoder_start_token_id = decoder_start_token_id
         self.encoder.name = self.decoder.name = name
 
     @property
@@ -83,11 +92,12 @@ class EncoderDecoder(nn.Module):
         encoder_capture: CaptureArg = None,
         encoder_interventions: Sequence[Intervention] = (),
     ) -> Seq2SeqRun:
-        """Encode `source` and run the decoder over `target` (the target prefix, one per source). `capture`,
+        """Encode `source` and run the decoder over `target` (the target prefix, one per source; texts begin
+        with the decoder start token, see target_tokens). `capture`,
         `interventions` and `logits_at` act on the decoder as in Transformer.run; `encoder_capture` and
         `encoder_interventions` on the encoder."""
         encoded = self.encode(source, encoder_capture, encoder_interventions, grad)
-        decoder_tokens = self.decoder.as_tokens(target)
+        decoder_tokens = self.target_tokens(target, encoded.tokens.ids.shape[0])
         if decoder_tokens.ids.shape[0] != encoded.tokens.ids.shape[0]:
             raise ResidError(
                 f"Got {encoded.tokens.ids.shape[0]} sources and {decoder_tokens.ids.shape[0]} targets: an "
@@ -95,6 +105,40 @@ class EncoderDecoder(nn.Module):
             )
         run = self.decoder.run(decoder_tokens, capture, interventions, grad, logits_at, memory=self.memory(encoded))
         return Seq2SeqRun(run.logits, run.stream, run.tokens, encoded, run.hidden)
+
+    def target_tokens(self, target: Inputs | None, n: int) -> Tokens:
+        """The decoder's input for `target`: Tokens or ids as given; texts as the decoder start token followed by
+        their tokens (no end-of-sequence token), left-padded; None: the start token alone, for each of n sources."""
+        if target is not None and not isinstance(target, str) and not _texts(target):
+            return self.decoder.as_tokens(target)
+        start = self.decoder_start_token_id
+        if start is None:
+            raise ResidError(f"{self.name} has no decoder_start_token_id (config.json gives it): pass the target "
+                             "prefix as token ids that begin with the decoder's start token.")
+        texts = [""] * n if target is None else [target] if isinstance(target, str) else list(target)
+        tokenizer = self.decoder.require_tokenizer() if any(texts) else None
+        rows = [[start, *(tokenizer.encode(text, prepend_bos=False) if text else [])] for text in texts]
+        pad = self.decoder.tokenizer.pad_token_id if self.decoder.tokenizer is not None else None
+        return Tokens.pad(rows, start if pad is None else pad, "left")
+
+    def generate(
+        self,
+        source: Inputs,
+        max_new_tokens: int,
+        target: Inputs | None = None,
+        interventions: Sequence[Intervention] = (),
+        encoder_interventions: Sequence[Intervention] = (),
+        **options,
+    ) -> Generation:
+        """Translate (continue the target of) each source by `max_new_tokens` tokens with a KV cache: the source
+        is encoded once (with `encoder_interventions`); the decoder starts from its start token, or from `target`
+        (texts: the start token and their tokens; Tokens or ids: as given, left-padded), caching its own keys and
+        values and, once, the cross-attentions' keys and values of the source. `interventions` act on the decoder
+        at every step as in Transformer.generate; options: do_sample, temperature, top_k, seed, stop_at_eos,
+        return_logits (resid.generate)."""
+        encoded = self.encode(source, interventions=encoder_interventions)
+        tokens = self.target_tokens(target, encoded.tokens.ids.shape[0])
+        return generate(self.decoder, tokens, max_new_tokens, interventions, memory=self.memory(encoded), **options)
 
     def forward(self, source: Inputs, target: Inputs) -> Tensor:
         """The decoder's logits [batch pos d_vocab], nothing recorded."""

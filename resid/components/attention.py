@@ -33,6 +33,9 @@ class KVCache:
     keys: list[Float[Tensor, "batch kv_head max_pos d_head"]]  # one per layer
     values: list[Float[Tensor, "batch kv_head max_pos d_head"]]
     filled: list[int]  # positions written so far, per layer
+    # decoders of encoder-decoder models: each layer's cross-attention keys and values of the source, computed
+    # (and edited) once, on the first pass, and read by every later step
+    cross: dict[int, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def empty(
@@ -175,24 +178,18 @@ class Attention(nn.Module):
         """The attention output before any post-norm (resid.components.block applies that, and the write edits);
         head edits act on z here."""
         batch, n_pos, _ = normalized.shape
-        source = ctx.memory if self.cross else normalized  # what keys and values are read from
-        n_keys = source.shape[1]
-        q = F.linear(normalized, self._w_q, self._b_q)
-        k = F.linear(source, self._w_k, self._b_k)
-        v = F.linear(source, self._w_v, self._b_v).view(batch, n_keys, self.n_kv_heads, self.d_head)
-        if self.qk_norm == "all":
-            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
-        q = q.view(batch, n_pos, self.n_heads, self.d_head)
-        k = k.view(batch, n_keys, self.n_kv_heads, self.d_head)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
-        if ctx.rotary and not self.cross:
-            cos, sin = ctx.rotary[self.layer_type]
-            q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        if edits:  # a head's q, k or v, as the scores read them (Site(..., field="q"))
-            q, k, v = apply_edits(q, edits, "q"), apply_edits(k, edits, "k"), apply_edits(v, edits, "v")
+        cached = ctx.cache.cross.get(self.layer) if self.cross and ctx.cache is not None else None
+        if cached is not None:  # a generation step: the source's keys and values as the first pass made them
+            q, k, v = self._queries(normalized, ctx), cached[0].transpose(1, 2), cached[1].transpose(1, 2)
+            q = apply_edits(q, edits, "q") if edits else q
+        else:
+            q, k, v = self._qkv(normalized, ctx)
+            if edits:  # a head's q, k or v, as the scores read them (Site(..., field="q"))
+                q, k, v = apply_edits(q, edits, "q"), apply_edits(k, edits, "k"), apply_edits(v, edits, "v")
         # [batch head pos d_head] for the score matmuls
         q_h, k_h, v_h = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if ctx.cache is not None and self.cross and cached is None:
+            ctx.cache.cross[self.layer] = (k_h, v_h)
         if ctx.cache is not None and not self.cross:
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
@@ -221,6 +218,34 @@ class Attention(nn.Module):
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z}
         return out, {name: values[name] for name in want if values.get(name) is not None}
+
+    def _qkv(self, normalized: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
+        """q [batch pos head d_head], k and v [batch key_pos kv_head d_head]: projected, q/k-normed, rotated."""
+        batch, n_pos, _ = normalized.shape
+        source = ctx.memory if self.cross else normalized  # what keys and values are read from
+        n_keys = source.shape[1]
+        q = F.linear(normalized, self._w_q, self._b_q)
+        k = F.linear(source, self._w_k, self._b_k)
+        v = F.linear(source, self._w_v, self._b_v).view(batch, n_keys, self.n_kv_heads, self.d_head)
+        if self.qk_norm == "all":
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        q = q.view(batch, n_pos, self.n_heads, self.d_head)
+        k = k.view(batch, n_keys, self.n_kv_heads, self.d_head)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        if ctx.rotary and not self.cross:
+            cos, sin = ctx.rotary[self.layer_type]
+            q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
+        return q, k, v
+
+    def _queries(self, normalized: Tensor, ctx: AttnContext) -> Tensor:
+        """A cross-attention's q alone (its keys and values are cached): projected and q-normed."""
+        batch, n_pos, _ = normalized.shape
+        q = F.linear(normalized, self._w_q, self._b_q)
+        if self.qk_norm == "all":
+            q = self.q_norm(q)[0]
+        q = q.view(batch, n_pos, self.n_heads, self.d_head)
+        return self.q_norm(q)[0] if self.qk_norm == "head" else q
 
     def pattern_of(
         self,

@@ -34,7 +34,8 @@ def load_hf_folder(
     tensors = _SafetensorsIndex(files)
     check_size(configs, tensors.values, f"the model in {folder}")  # before anything of the config's size exists
     if family.encoder is not None:
-        model = EncoderDecoder(Transformer(configs[0]), Transformer(config))
+        start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
+        model = EncoderDecoder(Transformer(configs[0]), Transformer(config), decoder_start_token_id=start)
         table = family.seq2seq_keys(configs[0], config, hf)
     else:
         model = Transformer(config)
