@@ -51,6 +51,7 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_dictionaries.py
 	$(PY) benchmarks/bench_tuned_lens.py
 	$(PY) benchmarks/bench_t5.py
+	$(PY) benchmarks/bench_seq2seq_generate.py
 
 dist: $(VENV)/.base
 	$(PIP) install build twine
