@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 import tokenizers
-from seq2seq_models import PAD
+from seq2seq_models import PAD, marian
+
+import resid
 
 
 def add_word_tokenizer(folder: Path) -> None:
@@ -20,3 +22,10 @@ def add_word_tokenizer(folder: Path) -> None:
 def words(ids) -> str:
     """The text of token ids: "w3 w17 w5"."""
     return " ".join(f"w{int(i)}" for i in ids)
+
+
+def worded_marian(folder: Path):
+    """(the Hugging Face model, resid.load of its folder) of the tiny Marian with the word tokenizer beside it."""
+    hf = marian(folder)
+    add_word_tokenizer(folder)
+    return hf, resid.load(folder)

@@ -128,7 +128,7 @@ class SweepJob(Job):
         return layout(len(self.sequences), self.sites, todo, self.chunk_batch, self.n_layers, workers, per_worker,
                       self.encoder_layers)
 
-    def prepare(self, model: Transformer, executor, chunks: list) -> None:
+    def prepare(self, model: Transformer | EncoderDecoder, executor, chunks: list) -> None:
         """Mean ablation: the reference means of every edited site, on the same executor, if rows are left."""
         if self.method != "mean" or not chunks or self.means:
             return
@@ -164,7 +164,7 @@ class SweepJob(Job):
             **self.settings,
         }
 
-    def setup(self, model: Transformer) -> Context:
+    def setup(self, model: Transformer | EncoderDecoder) -> Context:
         width = max(len(ids) for ids in self.sequences)
         decoder = model.decoder if isinstance(model, EncoderDecoder) else model
         size = model_batch_size(decoder, width) if self.batch_size == "auto" else self.batch_size

@@ -79,7 +79,9 @@ def donors(lengths: list[int], source_lengths: list[int], seed: int, reference) 
         raise ResidError(f"Resample ablation of an encoder-decoder model draws its donors among the pairs; drop "
                          f"{param('reference')}.")
     try:
-        return values.random_donors(list(zip(lengths, source_lengths)), seed)
+        pairs = list(zip(lengths, source_lengths))
+        kinds = {pair: i for i, pair in enumerate(sorted(set(pairs)))}  # donors are drawn among equal kinds
+        return values.random_donors([kinds[pair] for pair in pairs], seed)
     except ResidError:
         raise ResidError("Resample ablation of an encoder-decoder model needs, for each pair, another pair whose "
                          "target prefix and source have the same token counts; some pair has none. Give pairs of "
