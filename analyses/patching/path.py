@@ -42,7 +42,7 @@ RECEIVER_FIELDS = ("q", "k", "v", "pattern")
 
 
 def path(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     clean: Sequence[str],
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
