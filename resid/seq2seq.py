@@ -10,7 +10,8 @@ decoder stream, joined by the decoder's cross-attention.
 Both halves are resid Transformers: the encoder is bidirectional and has no head (its output, the final hidden
 state, is the `memory` every cross-attention reads), the decoder is causal with a cross-attention sublayer per
 block (resid.components.block). Cross-attention heads are typed, capturable (Capture(cross={...})), editable
-(Site(l, "cross", head=h)) and attributable like self-attention heads. Source padding is masked in every
+(Site(l, "cross", head=h)) and attributable like self-attention heads; the encoder's sites are Site(...,
+stack="encoder") ("encoder.layers[l]..."), routed to the encoder by `run`. Source padding is masked in every
 cross-attention, so a pair's numbers do not depend on its batch.
 """
 
