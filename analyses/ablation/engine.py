@@ -112,6 +112,7 @@ def _sweep_pairs(model: EncoderDecoder, given: Prompts, sources: Sources, target
     """The sweep of an encoder-decoder model over (source, target prefix) pairs (resid.analyses.ablation.seq2seq)."""
     if dictionaries:
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
+    seq2seq.in_process(executor)
     if reference is not None and method != "resample":
         raise ResidError(f"{param('reference')}: encoder-decoder sweeps take no reference texts (mean ablation "
                          "averages over the pairs themselves); drop it.")

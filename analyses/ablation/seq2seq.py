@@ -88,6 +88,15 @@ def donors(lengths: list[int], source_lengths: list[int], seed: int, reference) 
                          "equal lengths.") from None
 
 
+def in_process(executor) -> None:
+    """Encoder-decoder jobs run in the driver's process for now: Ray workers load decoder-only models."""
+    from resid.analyses.distributed.executor import InProcess
+
+    if executor is not None and not isinstance(executor, InProcess):
+        raise ResidError(f"Encoder-decoder models are swept and patched in process for now: drop "
+                         f"{param('executor')} (and workers).")
+
+
 def means(model: EncoderDecoder, sites: list[Site], sequences: list[list[int]], pad: int, sources: SourceIds,
           per_position: bool, batch: int) -> dict:
     """{whole site: float64 array} over the sweep's own pairs: [dim...] agnostic, [n_positions dim...] per position

@@ -119,6 +119,7 @@ def _pairs_atp(model: EncoderDecoder, sources: PairSources, clean, corrupt, targ
     sites = [sites] if isinstance(sites, str) else list(sites)
     if dictionaries:
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
+    seq2seq.in_process(executor)
     pairs, target_ids, baseline_ids, metric, label = prepare(model.decoder, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     seq2seq_atp.check(sites, method, pairs)

@@ -76,6 +76,8 @@ def activation(
     full, (model, sources) = model, pair_sources(model, source, corrupt_source, _count(clean))
     if sources is not None and (dictionaries or sites == WORD):
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
+    if sources is not None:
+        seq2seq.in_process(executor)
     dictionaries = dictionaries_of(dictionaries, sites)
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)

@@ -159,5 +159,9 @@ def test_bad_input_says_what_to_pass(worded):
         patching.atp(model, TARGETS, TARGETS, TARGET, method="atp*", source=CLEAN_SOURCES)
     with pytest.raises(ResidError, match="sites of sublayer, head"):
         patching.atp(model, TARGETS, TARGETS, TARGET, sites="resid_pre", source=CLEAN_SOURCES)
+    with pytest.raises(ResidError, match="in process for now"):
+        patching.atp(model, TARGETS, TARGETS, TARGET, sites="head", source=CLEAN_SOURCES, executor="ray", workers=2)
+    with pytest.raises(ResidError, match="in process for now"):
+        patching.activation(model, TARGETS, TARGETS, TARGET, source=CLEAN_SOURCES, executor="ray", workers=2)
     with pytest.raises(ResidError, match="Path patching does not take encoder-decoder models"):
         patching.path(model, TARGETS, TARGETS, TARGET, senders=[[Site(0, "attn")]], receivers=[Site(1, "attn")])

@@ -178,6 +178,10 @@ def test_bad_input_says_what_to_pass(tiny_marian, gpt2_tokenizer):
         ablation.sweep(model, TARGETS, TARGET, sites=["encoder.layers[7].mlp"], source=SOURCES, progress=False)
     with pytest.raises(ResidError, match="take no reference texts"):
         ablation.sweep(model, TARGETS, TARGET, method="mean", reference=["w1 w2"], source=SOURCES, progress=False)
+    with pytest.raises(ResidError, match="in process for now"):
+        ablation.sweep(model, TARGETS, TARGET, source=SOURCES, executor="ray", workers=2, progress=False)
+    with pytest.raises(ResidError, match="dictionaries are not taken with encoder-decoder models"):
+        ablation.sweep(model, TARGETS, TARGET, source=SOURCES, dictionaries=[object()], progress=False)
     with pytest.raises(ResidError, match="draws its donors among the pairs"):
         ablation.sweep(model, TARGETS, TARGET, method="resample", reference=["w1 w2"] * 3, source=SOURCES,
                        progress=False)
