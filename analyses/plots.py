@@ -1,5 +1,6 @@
 """Figures (plotly), kept apart from the analyses that produce the DataFrames they draw."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -17,12 +18,13 @@ def ablation_effects(df: pd.DataFrame) -> go.Figure:
     if df.empty:
         raise ResidError("The ablation results are empty: nothing to plot.")
     method, metric = df["method"].iloc[0], df["metric"].iloc[0]
+    df, name = _stacks(df)
     title = f"{method}-ablation effect on {metric} (mean over {df['prompt_idx'].nunique()} prompts)"
     heads = df[df["head"].notna()]
     if not heads.empty:
         grid = heads.groupby(["layer", "head"])["delta"].mean().unstack("head")
         fig = go.Figure(go.Heatmap(
-            z=grid.values, x=[f"H{h}" for h in grid.columns], y=[f"L{l}" for l in grid.index],
+            z=grid.values, x=[f"H{h}" for h in grid.columns], y=[name(l) for l in grid.index],
             colorscale="RdBu", zmid=0, colorbar=dict(title="mean delta"),
             hovertemplate="layer %{y} head %{x}<br>mean delta %{z:.4f}<extra></extra>",
         ))
@@ -48,12 +50,13 @@ def patching_heatmap(df: pd.DataFrame) -> go.Figure:
         raise ResidError("The patching results are empty: nothing to plot.")
     title = (f"{df['direction'].iloc[0]} patching, {df['metric'].iloc[0]}: mean score over "
              f"{df['prompt_idx'].nunique()} pairs (0 = corrupt, 1 = clean)")
+    df, name = _stacks(df)
     for kind, axis in (("position", "position"), ("head", "head"), ("kv_head", "key/value head")):
         rows = df[df[kind].notna()]
         if not rows.empty:
             grid = rows.groupby(["layer", kind])["score"].mean().unstack(kind)
             fig = go.Figure(go.Heatmap(
-                z=grid.values, x=[str(c) for c in grid.columns], y=[f"L{l}" for l in grid.index], colorscale="RdBu",
+                z=grid.values, x=[str(c) for c in grid.columns], y=[name(l) for l in grid.index], colorscale="RdBu",
                 zmid=0, colorbar=dict(title="score"),
                 hovertemplate=f"layer %{{y}} {axis} %{{x}}<br>score %{{z:.3f}}<extra></extra>",
             ))
@@ -65,6 +68,18 @@ def patching_heatmap(df: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Scatter(x=means.index, y=means.values, mode="lines+markers", name=part))
     fig.update_layout(title=title, xaxis_title="layer", yaxis_title="score")
     return fig
+
+
+def _stacks(df: pd.DataFrame) -> tuple[pd.DataFrame, Callable[[int], str]]:
+    """Encoder-decoder results (sites "encoder.<label>"): the encoder's layers keyed before the decoder's (-n..-1)
+    and its parts named "encoder <part>", with each key's axis label (E0.. the encoder's, L0.. the decoder's)."""
+    encoder = df["site"].astype(str).str.startswith("encoder.")
+    if not encoder.any():
+        return df, lambda layer: f"L{layer}"
+    n = int(df.loc[encoder, "layer"].max()) + 1
+    stacked = df.assign(layer=df["layer"].where(~encoder, df["layer"] - n),
+                        part=df["part"].where(~encoder, "encoder " + df["part"].astype(str)))
+    return stacked, lambda layer: f"E{layer + n}" if layer < 0 else f"L{layer}"
 
 
 def save_html(fig: go.Figure, path: str | Path, self_contained: bool = True) -> Path:

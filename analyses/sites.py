@@ -6,14 +6,14 @@ Words (what `sites=` takes besides a list of Sites or of labels):
 
     "layer"       each layer's writes together (Site(l, "layer"))
     "sublayer"    each attention (cross-attention) and MLP write
-    "head"        each head's z
+    "head"        each head's z (a decoder's cross-attention heads too)
     "expert"      each expert's weighted write (mixtures of experts)
     "q", "pattern"  each head's query / attention pattern;  "k", "v": each key/value head's key / value
     "resid_pre", "resid_mid", "resid_post"   the residual stream at each layer and each position (one site per
                   (layer, position), positions 0..n_positions-1; patching's layer x position map)
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 
@@ -28,9 +28,11 @@ COLUMNS = ("layer", "part", "head", "kv_head", "expert", "neuron")
 
 
 def expand(sites: str | Sequence[Site | str], config: ModelConfig, n_positions: int | None = None,
-           name: str = "sites") -> list[Site]:
+           name: str = "sites", resolve: Callable[[Site], Site] | None = None) -> list[Site]:
     """The Sites of a word (see the module docstring) or of a list of Sites / labels, resolved against the model
-    (indices non-negative), each once. Residual words need `n_positions` (the longest prompt's token count)."""
+    (indices non-negative), each once. Residual words need `n_positions` (the longest prompt's token count).
+    resolve: how a listed Site is resolved (EncoderDecoder.resolve: against the stack it names); default
+    Site.resolve(config)."""
     if isinstance(sites, str):
         return _word(sites, config, n_positions, name)
     if not isinstance(sites, Sequence) or not sites:
@@ -46,7 +48,7 @@ def expand(sites: str | Sequence[Site | str], config: ModelConfig, n_positions: 
         if site.is_term:
             raise ResidError(f"{spell(name)}: {site.label} is a term of an attribution, "
                              "not something a run can change.")
-        out.append(site.resolve(config))
+        out.append(site.resolve(config) if resolve is None else resolve(site))
     labels = [site.label for site in out]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
@@ -61,8 +63,9 @@ def _word(word: str, config: ModelConfig, n_positions: int | None, name: str) ->
     if word == "sublayer":
         parts = ("attn", "cross", "mlp") if config.cross_attention else ("attn", "mlp")
         return [Site(l, part) for l in layers for part in parts]
-    if word == "head":
-        return [Site(l, "attn", head=h) for l in layers for h in range(config.n_heads)]
+    if word == "head":  # a decoder with cross-attention: its cross-attention heads too
+        parts = ("attn", "cross") if config.cross_attention else ("attn",)
+        return [Site(l, part, head=h) for l in layers for part in parts for h in range(config.n_heads)]
     if word == "expert":
         if not config.n_experts:
             raise ResidError(f"{spell(name, 'expert')} needs a mixture-of-experts model; "

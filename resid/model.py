@@ -197,12 +197,12 @@ class Transformer(TokenInputs, nn.Module):
         inputs: Inputs,
         interventions: Sequence[Intervention] = (),
         logits_at: LogitsAt = None,
+        memory: Memory | None = None,
     ) -> Float[Tensor, "batch k d_vocab"]:
         """Logits of a forward pass that starts from `resid_pre` entering `layer` (e.g. a clean run's
-        stream.resid_pre(layer)) and runs only layers >= layer. `inputs` gives the mask and positions."""
+        stream.resid_pre(layer)) and runs only layers >= layer. `inputs` gives the mask and positions; `memory`
+        the encoded source of a decoder with cross-attention (as in run)."""
         n = self.config.n_layers
-        if self.config.cross_attention:
-            raise ResidError("resume() does not take a decoder with cross-attention yet: run the EncoderDecoder.")
         if not 0 <= layer < n:
             raise ResidError(f"resume(layer={layer}) is out of range: the model has {n} layers (0..{n - 1}).")
         tokens = self.as_tokens(inputs)
@@ -219,8 +219,9 @@ class Transformer(TokenInputs, nn.Module):
                 "they would have no effect. Apply them in the run that produced resid_pre."
             )
         with torch.no_grad():
+            ctx = forward.context(self, tokens, check_memory(self, memory, tokens))
             done = forward.forward(self, tokens, edits, Capture.none(), None, start=layer,
-                                   resid=resid_pre.to(self.dtype), logits_at=logits_at)
+                                   resid=resid_pre.to(self.dtype), ctx=ctx, logits_at=logits_at)
             return done.hidden if done.logits is None else done.logits
 
     def _stream_norms(self) -> StreamNorms | None:

@@ -10,10 +10,12 @@ decoder stream, joined by the decoder's cross-attention.
 Both halves are resid Transformers: the encoder is bidirectional and has no head (its output, the final hidden
 state, is the `memory` every cross-attention reads), the decoder is causal with a cross-attention sublayer per
 block (resid.components.block). Cross-attention heads are typed, capturable (Capture(cross={...})), editable
-(Site(l, "cross", head=h)) and attributable like self-attention heads. Source padding is masked in every
+(Site(l, "cross", head=h)) and attributable like self-attention heads; the encoder's sites are Site(...,
+stack="encoder") ("encoder.layers[l]..."), routed to the encoder by `run`. Source padding is masked in every
 cross-attention, so a pair's numbers do not depend on its batch.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +28,8 @@ from resid.generate import Generation, generate
 from resid.interventions import Intervention
 from resid.model import CaptureArg, Inputs, Memory, Run, Transformer
 from resid.selection import LogitsAt
+from resid.site_checks import resolve_encoder
+from resid.sites import Site
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
 
@@ -42,6 +46,12 @@ class Seq2SeqRun:
     tokens: Tokens  # the decoder's (target) tokens
     encoder: Run  # the encoder's run: its stream, its tokens (the source) and its final hidden state
     hidden: Tensor | None = None  # the decoder's final hidden state
+
+    def read(self, site: Site) -> Tensor:
+        """The tensor at `site` (Run.read): an encoder site (Site(..., stack="encoder")) from the encoder's run."""
+        if site.stack == "encoder":
+            return self.encoder.read(dataclasses.replace(site, stack=None))
+        return Run(self.logits, self.stream, self.tokens, hidden=self.hidden).read(site)
 
 
 class EncoderDecoder(nn.Module):
@@ -76,6 +86,10 @@ class EncoderDecoder(nn.Module):
         return self.encoder.run(source, capture=Capture.none() if capture is None else capture,
                                 interventions=interventions, grad=grad)
 
+    def resolve(self, site: Site) -> Site:
+        """The site checked against the stack it names: the encoder's for encoder sites, else the decoder's."""
+        return resolve_encoder(site, self.encoder.config) if site.stack == "encoder" else site.resolve(self.config)
+
     @staticmethod
     def memory(encoded: Run) -> Memory:
         """What the decoder's cross-attention reads from an encoder run."""
@@ -94,8 +108,13 @@ class EncoderDecoder(nn.Module):
     ) -> Seq2SeqRun:
         """Encode `source` and run the decoder over `target` (the target prefix, one per source; texts begin
         with the decoder start token, see target_tokens). `capture`,
-        `interventions` and `logits_at` act on the decoder as in Transformer.run; `encoder_capture` and
-        `encoder_interventions` on the encoder."""
+        `interventions` and `logits_at` act on the decoder as in Transformer.run, except that interventions on
+        encoder sites (Site(..., stack="encoder")) go to the encoder; `encoder_capture` and `encoder_interventions`
+        act on the encoder."""
+        encoder_interventions = [*encoder_interventions, *(iv for iv in interventions if _on_encoder(iv))]
+        interventions = [iv for iv in interventions if not _on_encoder(iv)]
+        encoder_interventions = [dataclasses.replace(iv, site=dataclasses.replace(self.resolve(iv.site), stack=None))
+                                 if _on_encoder(iv) else iv for iv in encoder_interventions]  # errors name its site
         encoded = self.encode(source, encoder_capture, encoder_interventions, grad)
         decoder_tokens = self.target_tokens(target, encoded.tokens.ids.shape[0])
         if decoder_tokens.ids.shape[0] != encoded.tokens.ids.shape[0]:
@@ -143,3 +162,8 @@ class EncoderDecoder(nn.Module):
     def forward(self, source: Inputs, target: Inputs) -> Tensor:
         """The decoder's logits [batch pos d_vocab], nothing recorded."""
         return self.run(source, target, capture=Capture.none()).logits
+
+
+def _on_encoder(intervention: Intervention) -> bool:
+    site = getattr(intervention, "site", None)
+    return isinstance(site, Site) and site.stack == "encoder"

@@ -2,6 +2,7 @@
 names both ways (`Site.hook_name`, `Site.from_hook_name`: one table, its inverse derived from it; hook_rot_q /
 hook_rot_k read q / k, which resid records after rotary)."""
 
+import dataclasses
 import re
 
 from resid.errors import ResidError
@@ -24,6 +25,8 @@ AXIS = {"z": "head", "q": "head", "pattern": "head", "k": "kv_head", "v": "kv_he
 def hook_name(site: Site) -> str:
     if site.of_dictionary:
         raise ResidError(f"{site.label} belongs to a learned dictionary, which TransformerLens has no hook for.")
+    if site.stack is not None:
+        raise ResidError(f"{site.label} is an encoder site, which resid gives no TransformerLens hook name.")
     if site.part in ("embed", "pos_embed"):
         return f"hook_{site.part}"
     if site.part in RESID_PARTS and site.part != "resid_cross":
@@ -57,6 +60,8 @@ def parse(text: str) -> Site:
         raise ResidError(f"Site.parse takes a site label such as 'layers[3].attn.head[5]', got {text!r}.")
     if text.startswith(("blocks.", "hook_")):
         return site_of(text)
+    if text.strip().startswith("encoder."):  # the encoder's stack of an encoder-decoder model
+        return dataclasses.replace(parse(text.strip().removeprefix("encoder.")), stack="encoder")
     body, _, at = text.strip().partition("@")
     positions = None
     if at:

@@ -10,6 +10,9 @@ from resid.sites import RESID_PARTS, Site
 
 def read_site(stream, site: Site) -> Tensor:  # stream: a resid.stream.ResidualStream
     """ResidualStream.read: the tensor at `site`, without its positions applied."""
+    if site.stack is not None:
+        raise ResidError(f"{site.label} is a site of an encoder-decoder model's encoder, not of this stream: read it "
+                         "from the EncoderDecoder's run (run.read(site)).")
     if site.of_dictionary:
         raise ResidError(f"{site.label} belongs to a learned dictionary, not to the stream: run the model with "
                          "dictionaries=[...] and read it with run.read(site) (or run.dictionaries).")

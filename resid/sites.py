@@ -23,6 +23,8 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L].mlp.feature[F]                        reconstructs this site: its activation (it writes a_F * W_dec[F])
     layers[L].mlp.error | reconstruction | skip | b_dec     that dictionary's error term, reconstruction, skip path
                                                     (transcoders) and decoder bias (a term of an attribution)
+    encoder.SITE                                    the same site in an encoder-decoder model's encoder (stack=
+                                                    "encoder"; without the prefix, the decoder or the only stack)
     ...@P  or  ...@P,Q                              only these prompt-relative positions (0 = a prompt's first
                                                     real token, -1 its last, whatever the padding)
 
@@ -97,12 +99,18 @@ class Site:
     field: str | None = None  # the record field; None = the default (the write, z of a head, post of a neuron)
     kv_head: SupportsIndex | None = None  # key/value head (fields k, v)
     feature: SupportsIndex | None = None  # a learned dictionary's feature at this site (resid.dictionaries)
+    stack: str | None = None  # "encoder": an encoder-decoder model's encoder; None: the decoder, or the only stack
 
     def __post_init__(self) -> None:
         for name in ("layer", "head", "neuron", "expert", "kv_head", "feature"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _as_int(value, name))
+        if self.stack == "decoder":  # one value per site: the decoder is the default stack
+            object.__setattr__(self, "stack", None)
+        if self.stack not in (None, "encoder"):
+            raise ResidError(f"Site stack must be 'encoder' (or None: the decoder, or the only stack), got "
+                             f"{self.stack!r}.")
         if self.part not in PARTS:
             raise ResidError(f"Site part must be one of {', '.join(PARTS)}; got {self.part!r}.")
         if self.part in GLOBAL_PARTS:
@@ -219,7 +227,7 @@ class Site:
                 text += f".{self.field}"
         if self.positions is not None:
             text += "@" + ",".join(str(p) for p in self.positions)
-        return text
+        return text if self.stack is None else f"{self.stack}.{text}"
 
     def __str__(self) -> str:
         return self.label
@@ -249,37 +257,11 @@ class Site:
 
     # --- against a model ---------------------------------------------------------------------------------------
     def resolve(self, config: ModelConfig) -> "Site":
-        """The site checked against the model, with its layer and indices made non-negative."""
-        where = self.label
-        changes = {}
-        if self.layer is not None:
-            changes["layer"] = _index(self.layer, config.n_layers, "layer", where, "layers")
-        self._check_model(config, where)
-        kv = config.n_kv_heads
-        sizes = {"head": (config.n_heads, "heads"), "kv_head": (kv, "key/value heads"),
-                 "neuron": (config.d_mlp, "MLP neurons"), "expert": (config.n_experts, "experts")}
-        for name, (size, noun) in sizes.items():
-            if getattr(self, name) is not None:
-                changes[name] = _index(getattr(self, name), size, name, where, noun)
-        return dataclasses.replace(self, **changes)
+        """The site checked against the model, with its layer and indices made non-negative (resid.site_checks);
+        encoder sites are resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config."""
+        from resid.site_checks import resolve
 
-    def _check_model(self, config: ModelConfig, where: str) -> None:
-        part = self.part
-        if part in ("cross", "resid_cross") and not config.cross_attention:
-            raise ResidError(f"{where}: this model has no cross-attention (only decoders of encoder-decoder models "
-                             "do); use 'attn' or 'mlp'.")
-        if part == "resid_mid" and config.block == "parallel":
-            raise ResidError(f"{where}: parallel blocks have no resid_mid (both sublayers read resid_pre).")
-        if part == "pos_embed" and config.positions not in ("learned", "sinusoidal"):
-            raise ResidError(f"{where}: this model has no positional embedding write (its positions are rotary).")
-        if part == "type_embed" and not config.n_token_types:
-            raise ResidError(f"{where}: this model has no token-type embedding.")
-        experts = config.n_experts
-        if self.expert is not None and not experts:
-            raise ResidError(f"{where}: this model's MLPs are dense, not mixtures of experts. Drop expert=.")
-        if experts and self.neuron is not None and self.expert is None:
-            raise ResidError(f"{where}: layer {self.layer}'s MLP is a mixture of {experts} experts, each with its own "
-                             f"neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron}).")
+        return resolve(self, config)
 
 
 def _as_int(value: object, name: str) -> int:
@@ -287,10 +269,3 @@ def _as_int(value: object, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ResidError(f"Site {name} must be an integer, got {value!r} ({type(value).__name__}).")
     return int(value)
-
-
-def _index(value: int, size: int, name: str, where: str, noun: str) -> int:
-    if not -size <= value < size:
-        raise ResidError(f"{where}: {name} {value} is out of range; the model has {size} {noun} (0..{size - 1}, or "
-                         f"-{size}..-1).")
-    return value % size

@@ -7,6 +7,7 @@ what each does to a metric of the next-token prediction.
     means    mean-ablation reference statistics as a reduction over chunks of reference texts
     sites    what a sweep ablates, and its signature for resuming
     values   replacement values: reference means (agnostic or per position) and resample donors
+    seq2seq  encoder-decoder models (source=): sites on both stacks, encoder rows, means over the pairs
 """
 
 from resid.analyses.ablation.engine import sweep

@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from resid.analyses.ablation import seq2seq
 from resid.analyses.ablation.means import reference_means
 from resid.analyses.ablation.rows import Context, ablate_group, clean_pass, edited, start_layer
+from resid.analyses.ablation.seq2seq import SourceIds
 from resid.analyses.distributed.executor import Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.model import Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.sites import RESID_PARTS, Site
 
 MAX_CHUNK_ROWS = 4096  # remote chunks: about this many (prompt, site) rows at most, so a lost chunk costs little
@@ -46,7 +49,7 @@ class SweepChunk:
 
 
 def layout(n_prompts: int, sites: list[Site], todo: Callable[[int, int], bool], batch: int, n_layers: int,
-         workers: int | None = None, per_worker: int = 1) -> list[SweepChunk]:
+         workers: int | None = None, per_worker: int = 1, encoder_layers: int = 0) -> list[SweepChunk]:
     """The chunks of a sweep (see the module docstring): the in-process layout for workers=None, else at least
     workers x per_worker chunks where the rows allow. Only rows (prompt, site index) with todo(...) true are
     kept (not stored by a resumed sweep, and existing for that prompt); empty chunks are left out."""
@@ -60,20 +63,21 @@ def layout(n_prompts: int, sites: list[Site], todo: Callable[[int, int], bool], 
         site_blocks = min(n_sites, math.ceil(wanted / count))
     chunks = []
     for prompts in prompt_blocks:
-        for block in _site_blocks(sites, n_layers, site_blocks):
+        for block in _site_blocks(sites, n_layers, site_blocks, encoder_layers):
             rows = tuple((p, s) for p in prompts for s in block if todo(p, s))
             if rows:
                 chunks.append(SweepChunk(tuple(sorted({p for p, _ in rows})), rows))
     return chunks
 
 
-def _site_blocks(sites: list[Site], n_layers: int, blocks: int) -> list[list[int]]:
+def _site_blocks(sites: list[Site], n_layers: int, blocks: int, encoder_layers: int = 0) -> list[list[int]]:
     """Site indices in `blocks` runs of consecutive start layers, each of about the same cost; whole layers
-    (one forward each) unless more blocks than layers are asked for."""
+    (one forward each) unless more blocks than layers are asked for (encoder layers count before the decoder's)."""
     units: dict[object, list[int]] = {}
-    for s in sorted(range(len(sites)), key=lambda s: (start_layer(sites[s]), s)):
-        units.setdefault(start_layer(sites[s]) if blocks <= n_layers else s, []).append(s)
-    cost = [sum(n_layers - start_layer(sites[s]) + ROW_COST for s in unit) for unit in units.values()]
+    start = [start_layer(site, encoder_layers) for site in sites]
+    for s in sorted(range(len(sites)), key=lambda s: (start[s], s)):
+        units.setdefault(start[s] if blocks <= n_layers + encoder_layers else s, []).append(s)
+    cost = [sum(n_layers - start[s] + ROW_COST for s in unit) for unit in units.values()]
     total, before, out = sum(cost), 0, [[] for _ in range(blocks)]
     for unit, c in zip(units.values(), cost):
         out[min(blocks - 1, int((before + c / 2) * blocks / total))] += unit  # by the cost at its middle
@@ -105,6 +109,8 @@ class SweepJob(Job):
     donor_metric: bool = False  # rows carry the donor run's metric (patching)
     reference: list[str] | None = None  # mean ablation: the reference texts the means are taken over
     dictionaries: tuple = ()  # learned dictionaries whose features are sites (they travel with the job)
+    sources: SourceIds | None = None  # encoder-decoder models: each prompt's source (resid.analyses.ablation.seq2seq)
+    encoder_layers: int = 0  # encoder-decoder models: the encoder's layers
 
     name = "sites"
     key = ("prompt_idx", "site")
@@ -112,17 +118,25 @@ class SweepJob(Job):
     def plan(self, done: set, workers: int | None, per_worker: int) -> list[SweepChunk]:
         labels = [site.label for site in self.sites]
         lengths = [len(ids) for ids in self.sequences]
+        sources = None if self.sources is None else [len(ids) for ids in self.sources.sequences]
 
         def todo(prompt: int, s: int) -> bool:
-            return (prompt, labels[s]) not in done and self._exists(prompt, self.sites[s], lengths[prompt])
+            site = self.sites[s]
+            length = lengths[prompt] if site.stack is None else sources[prompt]
+            return (prompt, labels[s]) not in done and self._exists(prompt, site, length)
 
-        return layout(len(self.sequences), self.sites, todo, self.chunk_batch, self.n_layers, workers, per_worker)
+        return layout(len(self.sequences), self.sites, todo, self.chunk_batch, self.n_layers, workers, per_worker,
+                      self.encoder_layers)
 
-    def prepare(self, model: Transformer, executor, chunks: list) -> None:
+    def prepare(self, model: Transformer | EncoderDecoder, executor, chunks: list) -> None:
         """Mean ablation: the reference means of every edited site, on the same executor, if rows are left."""
         if self.method != "mean" or not chunks or self.means:
             return
         whole = sorted({edit.whole for site in self.sites for edit in edited(site, model.config)}, key=str)
+        if self.sources is not None:  # encoder-decoder models: means over the pairs themselves
+            self.means = seq2seq.means(model, whole, self.sequences, self.pad, self.sources, self.per_position,
+                                       self.chunk_batch)
+            return
         width = max(len(ids) for ids in self.sequences)
         self.means = reference_means(executor, model, whole, self.reference, width, self.per_position,
                                      self.chunk_batch, self.batch_size, self.dictionaries)
@@ -131,7 +145,7 @@ class SweepJob(Job):
         """Residual sites of a layer x position map exist only at the prompt's own (aligned) positions."""
         if site.part not in RESID_PARTS or site.positions is None:
             return True
-        if self.aligned is not None:
+        if self.aligned is not None and site.stack is None:
             return all(p in self.aligned[prompt] for p in site.positions)
         return all(-length <= p < length for p in site.positions)
 
@@ -146,15 +160,18 @@ class SweepJob(Job):
             "aligned": digest(None if self.aligned is None else [sorted(a.items()) for a in self.aligned]),
             "method": self.method,
             "read_at": self.read_at,
+            **({} if self.sources is None else {"sources": digest(self.sources.digest())}),
             **self.settings,
         }
 
-    def setup(self, model: Transformer) -> Context:
+    def setup(self, model: Transformer | EncoderDecoder) -> Context:
         width = max(len(ids) for ids in self.sequences)
-        size = model_batch_size(model, width) if self.batch_size == "auto" else self.batch_size
-        means = {site: torch.tensor(mean).to(model.dtype).to(model.device) for site, mean in self.means.items()}
-        return Context(model, self.method, self.metric, means, self.per_position, BatchSize(size), self.read_at,
-                       self.aligned, self.donor_metric, self.dictionaries)
+        decoder = model.decoder if isinstance(model, EncoderDecoder) else model
+        size = model_batch_size(decoder, width) if self.batch_size == "auto" else self.batch_size
+        means = {site: torch.tensor(mean).to(decoder.dtype).to(model.device) for site, mean in self.means.items()}
+        encoder = model.encoder if isinstance(model, EncoderDecoder) else None
+        return Context(decoder, self.method, self.metric, means, self.per_position, BatchSize(size), self.read_at,
+                       self.aligned, self.donor_metric, self.dictionaries, encoder)
 
     def run(self, state: Context, chunk: SweepChunk) -> Iterator[pd.DataFrame]:
         prompts, start = list(chunk.prompts), 0
@@ -164,7 +181,7 @@ class SweepJob(Job):
                 members = set(group)
                 todo = [(p, self.sites[s]) for p, s in chunk.rows if p in members]
                 return todo, clean_pass(state, self.sequences, self.pad, group, todo, self.target_ids,
-                                        self.baseline_ids, self.donors)
+                                        self.baseline_ids, self.donors, self.sources)
 
             todo, group = with_backoff(clean, state.size)  # out of memory: fewer prompts per clean pass
             yield from ablate_group(state, group, todo)

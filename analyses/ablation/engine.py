@@ -25,12 +25,12 @@ import pandas as pd
 import torch
 
 from resid.analyses import sites as site_words
-from resid.analyses.ablation import values
+from resid.analyses.ablation import seq2seq, values
 from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
-from resid.analyses.inputs import Prompts, batch_size_for, prediction_positions
+from resid.analyses.inputs import Prompts, Sources, batch_size_for, check_sources, decoder_of, prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.metrics import Metric, check_metric
 from resid.analyses.vocab import token_ids
@@ -63,16 +63,22 @@ def sweep(
     executor: Executor | str | None = None,
     workers: int | None = None,
     dictionaries: Sequence = (),
+    source: Inputs | None = None,
 ) -> pd.DataFrame:
     """Run every ablation of `sites` (a word of resid.analyses.sites, or a list of resid.Site or their labels)
     on every prompt (texts, resid.Tokens or token ids); see the module docstring. Returns the columns of
     COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK]. executor: None (in process), "ray"
     (with `workers`), or a resid.analyses.distributed executor; results are the same on every executor.
     dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name, Site(l, part,
-    feature=i): a feature is ablated inside its dictionary's splice (resid.dictionaries.edits)."""
+    feature=i): a feature is ablated inside its dictionary's splice (resid.dictionaries.edits).
+    source: encoder-decoder models (resid.EncoderDecoder) only, one source per prompt (the prompts are then the
+    decoder's target prefixes); sites are on both stacks (encoder sites labelled "encoder.<label>"), see
+    resid.analyses.ablation.seq2seq."""
+    full, (model, sources) = model, decoder_of(model, source)
     _check_model(model)
     given = as_prompts(model, prompts)
     n = len(given)
+    check_sources(sources, n)
     read_at = prediction_positions(model, given, None, mask=True) if model.config.head == "mlm" else None
     target_ids = token_ids(model, targets, n, "target")
     baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
@@ -81,6 +87,9 @@ def sweep(
     check_choice(method, "method", ("zero", "mean", "resample"))
     check_choice(mean_positions, "mean_positions", ("agnostic", "per_position"))
     lengths = given.tokens.lengths.tolist()
+    if sources is not None:
+        return _sweep_pairs(full, given, sources, target_ids, baseline_ids, sites, method, reference, metric,
+                            batch_size, out, seed, mean_positions, progress, executor, workers, dictionaries)
     chosen = site_words.expand(sites, model.config, max(lengths))
     donors = _donors(method, reference, given, model, seed)
     if method == "mean" and reference is None:
@@ -94,7 +103,35 @@ def sweep(
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
                    metric, {}, mean_positions == "per_position", read_at, batch_size, size.value,
                    model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries)
-    result = drive(model, job, out, executor, workers, progress=progress)
+    return _ordered(drive(model, job, out, executor, workers, progress=progress), chosen)
+
+
+def _sweep_pairs(model: EncoderDecoder, given: Prompts, sources: Sources, target_ids, baseline_ids, sites, method,
+                 reference, metric, batch_size, out, seed, mean_positions, progress, executor, workers,
+                 dictionaries) -> pd.DataFrame:
+    """The sweep of an encoder-decoder model over (source, target prefix) pairs (resid.analyses.ablation.seq2seq)."""
+    if dictionaries:
+        raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
+    seq2seq.in_process(executor)
+    if reference is not None and method != "resample":
+        raise ResidError(f"{param('reference')}: encoder-decoder sweeps take no reference texts (mean ablation "
+                         "averages over the pairs themselves); drop it.")
+    n, lengths = len(given), given.tokens.lengths.tolist()
+    source_lengths = sources.prompts.tokens.lengths.tolist()
+    chosen = seq2seq.expand(model, sites, max(lengths), max(source_lengths))
+    donors = seq2seq.donors(lengths, source_lengths, seed, reference) if method == "resample" else None
+    size = batch_size_for(model.decoder, given.tokens, batch_size)
+    source_ids = seq2seq.SourceIds(sources.prompts.sequences(range(n)), sources.prompts.pad_token_id)
+    settings = dict(analysis="ablation.sweep", metric=check_metric(metric, baseline_ids is not None), seed=seed,
+                    mean_positions=mean_positions)
+    job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
+                   metric, {}, mean_positions == "per_position", None, batch_size, size.value,
+                   model.config.n_layers, settings, sources=source_ids, encoder_layers=model.encoder.config.n_layers)
+    return _ordered(drive(model, job, out, executor, workers, progress=progress), chosen)
+
+
+def _ordered(result: pd.DataFrame | None, chosen: list[Site]) -> pd.DataFrame:
+    """The rows in prompt order, then in the order of the sites."""
     if result is None or result.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     order = {site.label: i for i, site in enumerate(chosen)}
@@ -126,11 +163,6 @@ def dictionaries_digest(dictionaries: tuple) -> str | None:
 
 def _check_model(model) -> None:
     """Ablation metrics read token logits of one stream: refuse, clearly, models that have neither."""
-    if isinstance(model, EncoderDecoder):
-        raise ResidError(
-            f"ablation.sweep does not take encoder-decoder models ({model.name}) yet. Ablate with interventions, "
-            "e.g. model.run(source, target, interventions=[resid.ZeroAblate(resid.Site(l, 'cross', head=h))])."
-        )
     model.readout.unembed  # noqa: B018 -- raises for embedding models, saying what to read out instead
 
 

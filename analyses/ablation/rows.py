@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from resid.analyses.ablation.seq2seq import SourceIds, plain, resume_encoder
 from resid.analyses.metrics import check_metric, metric_values
 from resid.analyses.sites import columns
 from resid.batching import BatchSize, run_batched
@@ -25,7 +26,7 @@ from resid.capture import Capture
 from resid.config import ModelConfig
 from resid.dictionaries.edits import feature_edits
 from resid.interventions import Add, Scale
-from resid.model import Run, Transformer
+from resid.model import Memory, Run, Transformer
 from resid.selection import Padded
 from resid.sites import RESID_PARTS, Site
 from resid.tokenizer import Tokens
@@ -45,6 +46,7 @@ class Context:
     aligned: list[dict[int, tuple[int, int]]] | None = None
     donor_metric: bool = False  # rows carry the donor run's metric too (patching)
     dictionaries: tuple = ()  # learned dictionaries whose features are ablated (Site(..., feature=i))
+    encoder: Transformer | None = None  # encoder-decoder models: the encoder (`model` is then the decoder)
 
 
 @dataclass
@@ -60,23 +62,43 @@ class Group:
     clean_metric: Tensor
     donor_metric: Tensor | None
     at: Tensor | None = None  # masked-LM models: [k 1] padded index of each prompt's [MASK]
+    encoded: Run | None = None  # encoder-decoder models: the sources' clean encoder run (donors' appended)
+    sources: Tokens | None = None  # the group's prompts' sources
+    donor_sources: Tokens | None = None
+
+    def side(self, site: Site) -> tuple[Run, Tokens, Tokens | None]:
+        """(the clean run, the prompts' tokens, the donors' tokens) of the stack a site is on."""
+        if site.stack == "encoder":
+            return self.encoded, self.sources, self.donor_sources
+        return self.clean, self.tokens, self.donors
+
+    def memory(self, index: Tensor) -> Memory | None:
+        """The clean encoded sources of these rows (None without an encoder)."""
+        if self.encoded is None:
+            return None
+        return Memory(self.encoded.hidden[index], self.encoded.tokens.attention_mask[index])
 
 
 def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list, target_ids: list,
-               baseline_ids: list | None, donors: list | None) -> Group:
+               baseline_ids: list | None, donors: list | None, sources: SourceIds | None = None) -> Group:
     """The group's prompts (then their donors, if any) in one clean run. sequences: every prompt's real token ids;
-    donors: per prompt, a prompt index or the donor's token ids."""
+    donors: per prompt, a prompt index or the donor's token ids; sources: encoder-decoder models' sources."""
     model = ctx.model
+    encoded = None
+    if sources is not None:  # encoder-decoder models: the sources (then the donors') through the encoder
+        wanted = {plain(edit.whole) for _, site in todo for edit in edited(site, model.config) if edit.stack}
+        encoded = ctx.encoder.run(Tokens.pad(sources.of(group, donors), sources.pad), capture=Capture.of(wanted))
     chosen = [sequences[p] for p in group]
     if donors is not None:
         chosen += [sequences[d] if isinstance(d, int) else d for d in (donors[p] for p in group)]
-    capture = Capture.of({edit.whole for _, site in todo for edit in edited(site, model.config)})
+    capture = Capture.of({edit.whole for _, site in todo for edit in edited(site, model.config) if edit.stack is None})
     padded = Tokens.pad(chosen, pad)
     k = len(group)
     at = None
     if ctx.read_at is not None:  # donors (same lengths) are read where their prompt is
         at = padded.padded_index([[ctx.read_at[group[i % k]]] for i in range(len(chosen))]).to(model.device)
     clean = model.run(padded, capture=capture, logits_at="last" if at is None else Padded(at),
+                      memory=None if encoded is None else Memory(encoded.hidden, encoded.tokens.attention_mask),
                       dictionaries=ctx.dictionaries)
     tokens = clean.tokens  # on the model's device, like every index built from it below
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)
@@ -93,6 +115,9 @@ def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list,
         clean_metric=metric[:k],
         donor_metric=metric[k:] if donors is not None else None,
         at=None if ctx.read_at is None else at[:k],
+        encoded=encoded,
+        sources=None if encoded is None else encoded.tokens.rows(torch.arange(k)),
+        donor_sources=None if encoded is None or donors is None else encoded.tokens.rows(torch.arange(k, 2 * k)),
     )
 
 
@@ -101,16 +126,22 @@ def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> It
     model, k = ctx.model, len(group.prompts)
     local = {p: i for i, p in enumerate(group.prompts)}
     by_layer: dict[int, list] = {}
+    n_encoder = 0 if ctx.encoder is None else ctx.encoder.config.n_layers
     for p, site in todo:
-        by_layer.setdefault(start_layer(site), []).append((local[p], site))
-    for layer, resid in group.clean.stream.entering():
+        by_layer.setdefault(start_layer(site, n_encoder), []).append((local[p], site))
+    entering = [] if group.encoded is None else [(l - n_encoder, r) for l, r in group.encoded.stream.entering()]
+    for layer, resid in [*entering, *group.clean.stream.entering()]:
         resid = resid[:k]
         if layer in by_layer:
             def work(rows, layer=layer, resid_pre=resid):
                 index = torch.tensor([i for i, _ in rows], device=model.device)
                 edits = _edits(ctx, group, rows, index)
                 at = "last" if group.at is None else Padded(group.at[index])
-                logits = model.resume(layer, resid_pre[index], group.tokens.rows(index), edits, logits_at=at)
+                if layer < 0:  # an encoder layer: the encoder resumed there, then the whole decoder
+                    logits = resume_encoder(ctx, group, layer + n_encoder, resid_pre[index], index, edits, at)
+                else:
+                    logits = model.resume(layer, resid_pre[index], group.tokens.rows(index), edits, logits_at=at,
+                                          memory=group.memory(index))
                 baselines = None if group.baselines is None else group.baselines[index]
                 return metric_values(ctx.metric, logits[:, 0], group.targets[index], baselines)
 
@@ -118,9 +149,11 @@ def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> It
                 yield _frame(ctx, rows, group, ablated)
 
 
-def start_layer(site: Site) -> int:
-    """The first layer whose computation a site's edit changes: a resumed run starts there."""
-    return 0 if site.layer is None else site.layer
+def start_layer(site: Site, encoder_layers: int = 0) -> int:
+    """The first layer whose computation a site's edit changes: a resumed run starts there. Encoder sites count
+    from -encoder_layers (the encoder's first layer) to -1 (its last), before the decoder's layer 0."""
+    layer = 0 if site.layer is None else site.layer
+    return layer - encoder_layers if site.stack == "encoder" else layer
 
 
 def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], index: Tensor) -> list:
@@ -151,8 +184,8 @@ def edited(site: Site, config: ModelConfig) -> list[Site]:
     """The sites a row's edits act on: a layer's sublayer writes, a residual site whole (its positions are each
     row's own), any other site as it is."""
     if site.part == "layer":
-        parts = ("attn", "cross", "mlp") if config.cross_attention else ("attn", "mlp")
-        return [Site(site.layer, part, positions=site.positions) for part in parts]
+        parts = ("attn", "cross", "mlp") if config.cross_attention and site.stack is None else ("attn", "mlp")
+        return [Site(site.layer, part, positions=site.positions, stack=site.stack) for part in parts]
     return [site.whole] if site.part in RESID_PARTS and not site.of_dictionary else [site]
 
 
@@ -167,13 +200,14 @@ def _slice_ndim(site: Site) -> int:
 def _replacement(ctx: Context, group: Group, site: Site, index: Tensor) -> Tensor:
     """[rows pos ...] the mean or donor value of a site's field, at the site's positions if it names some."""
     k = len(group.prompts)
-    tokens = group.tokens.rows(index)
+    run, tokens, _ = group.side(site)
+    tokens = tokens.rows(index)
     if ctx.method == "mean":
         value = ctx.means[site.whole]
         if ctx.per_position:
             value = value[tokens.position_ids]
     else:
-        value = group.clean.read(site.whole)[index + k]
+        value = run.read(plain(site.whole))[index + k]
     if site.positions is not None and value.ndim >= 2 and value.shape[1] == tokens.ids.shape[1]:
         at = tokens.padded_index(site.positions)
         at = at.view(*at.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])
@@ -186,19 +220,20 @@ def _residual(ctx: Context, group: Group, rows: list[tuple[int, Site]], members:
     """[rows pos d_model] the clean residual at `site` with each member row's positions replaced (zero, mean or
     the donor's residual at the aligned positions); other rows keep the clean residual (masked off anyway)."""
     k = len(group.prompts)
-    whole = group.clean.stream.read(site)  # [prompts (+ donors) pos d_model]
+    run, tokens, donors = group.side(site)
+    whole = run.stream.read(plain(site))  # [prompts (+ donors) pos d_model]
     value = whole[index].clone()
     for row in members:
         prompt, named = group.prompts[int(index[row])], rows[row][1]
-        base, donor = _aligned(ctx, prompt, named.positions)
-        at = group.tokens.rows(index[row : row + 1]).padded_index(base)[0]
+        base, donor = _aligned(ctx, prompt, named.positions) if site.stack is None else (named.positions,) * 2
+        at = tokens.rows(index[row : row + 1]).padded_index(base)[0]
         if ctx.method == "zero":
             value[row, at] = 0
         elif ctx.method == "mean":
             mean = ctx.means[site]
-            value[row, at] = mean[group.tokens.position_ids[index[row], at]] if ctx.per_position else mean
+            value[row, at] = mean[tokens.position_ids[index[row], at]] if ctx.per_position else mean
         else:
-            theirs = group.donors.rows(index[row : row + 1]).padded_index(donor)[0]
+            theirs = donors.rows(index[row : row + 1]).padded_index(donor)[0]
             value[row, at] = whole[int(index[row]) + k, theirs]
     return value
 

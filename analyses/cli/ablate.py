@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from resid.analyses.cli import arguments
+from resid.analyses.cli import arguments, sources
 from resid.errors import ResidError
 
 
@@ -23,6 +23,7 @@ def add_parser(commands, common) -> None:
     ablate.add_argument("--seed", type=int, default=0)
     ablate.add_argument("--out", required=True, help="a file (.parquet .csv): the results (re-running resumes)")
     ablate.add_argument("--figure", default=None, help="a file (.html): the effect per layer (default: OUT.html)")
+    sources.add(ablate)
     arguments.self_contained(ablate)
     arguments.executor_options(ablate)
     ablate.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -38,7 +39,7 @@ def check(args) -> None:
     arguments.out_path(args.out, suffixes.STORE)
     arguments.not_being_written(args.out)
     arguments.out_path(args.figure, (".html",), "--figure")
-    if args.method == "mean" and args.reference is None:
+    if args.method == "mean" and args.reference is None and args.source is None:  # encoder-decoder: over the pairs
         raise ResidError("--method mean needs --reference FILE (.txt or .jsonl texts) to average each write over.")
     if args.method == "zero" and args.reference is not None:
         raise ResidError("--reference is not used by --method zero; drop it, or choose --method mean or resample.")
@@ -46,6 +47,7 @@ def check(args) -> None:
         arguments.existing_file(args.reference, "--reference")
     args.prompt_set = read_jsonl(args.prompts)
     args.prompt_set.require_targets("resid ablate")
+    args.source_texts = sources.read(args.source, len(args.prompt_set.prompts))
     if args.metric == "logit_diff" and args.prompt_set.baselines is None:
         raise ResidError(f'--metric logit_diff needs a "baseline" on every line of {args.prompts}; '
                          "or use --metric logit, target_prob or loss.")
@@ -61,7 +63,7 @@ def run(model, args) -> str:
             model, prompt_set.prompts, prompt_set.targets, prompt_set.baselines, sites=args.sites,
             method=args.method, reference=args.reference, metric=args.metric, batch_size=args.batch_size,
             out=args.out, seed=args.seed, mean_positions=args.mean_positions, progress=not args.quiet,
-            executor=args.executor,
+            executor=args.executor, source=args.source_texts,
         )
     finally:
         if args.executor is not None:

@@ -6,7 +6,7 @@ length)."""
 
 from pathlib import Path
 
-from resid.analyses.cli import arguments
+from resid.analyses.cli import arguments, sources
 from resid.analyses.io import suffixes
 from resid.errors import ResidError
 
@@ -35,6 +35,8 @@ def add_parser(commands, common) -> None:
     patch.add_argument("--batch-size", default="auto", help="rows per forward pass, or auto")
     patch.add_argument("--out", required=True, help="a file (.parquet .csv): one row per (pair, site)")
     patch.add_argument("--figure", default=None, help="a file (.html): the heatmap (default: OUT.html)")
+    sources.add(patch, what="each clean prompt's source")
+    sources.add(patch, "--corrupt-source", "each corrupt prompt's source (default: --source)")
     arguments.self_contained(patch)
     arguments.executor_options(patch)
 
@@ -61,6 +63,10 @@ def check(args) -> None:
         raise ResidError(f"--sites {args.sites} is patched exactly only: use --method exact, or --sites resid_pre, "
                          f"sublayer, head, q, k, v or pattern with --method {args.method}.")
     args.pairs_read = found
+    if args.corrupt_source is not None and args.source is None:
+        raise ResidError("--corrupt-source goes with --source (the clean prompts' sources); give both, or neither.")
+    args.source_texts = sources.read(args.source, len(found))
+    args.corrupt_texts = sources.read(args.corrupt_source, len(found), "--corrupt-source")
     args.executor = arguments.executor(args.ray, args.workers)
 
 
@@ -71,7 +77,8 @@ def run(model, args) -> str:
     clean, corrupt = [r["clean"] for r in found], [r["corrupt"] for r in found]
     targets = [r["target"] for r in found]
     baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
-    options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size, align=args.align)
+    options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size, align=args.align,
+                   source=args.source_texts, corrupt_source=args.corrupt_texts)
     try:
         if args.method == "exact":
             df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites,

@@ -19,6 +19,9 @@ from collections.abc import Iterator, Sequence
 
 from resid.errors import ResidError
 from resid.model import Transformer
+from resid.seq2seq import EncoderDecoder
+
+Model = Transformer | EncoderDecoder  # what a job runs on
 
 
 class Job(abc.ABC):
@@ -38,7 +41,7 @@ class Job(abc.ABC):
         """The chunks still to compute: all of them less the rows whose keys are in `done` (a resumed store's);
         laid out for `workers` remote workers (None: in process), at least `per_worker` chunks each."""
 
-    def prepare(self, model: Transformer, executor: "Executor", chunks: list) -> None:
+    def prepare(self, model: Model, executor: "Executor", chunks: list) -> None:
         """Called once the chunks are planned, before any runs: e.g. statistics the chunks need (the means of
         mean ablation), computed on the same executor, and only if there is work left."""
 
@@ -52,7 +55,7 @@ class Job(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} takes no store")
 
     @abc.abstractmethod
-    def setup(self, model: Transformer) -> object:
+    def setup(self, model: Model) -> object:
         """Per-worker state built once from the worker's own model."""
 
     @abc.abstractmethod
@@ -84,7 +87,7 @@ class Executor(abc.ABC):
         return 1
 
     @abc.abstractmethod
-    def map(self, model: Transformer, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
+    def map(self, model: Model, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
         """(chunk index, result) for every chunk, as they arrive."""
 
     def close(self) -> None:
@@ -104,7 +107,7 @@ class InProcess(Executor):
     def workers(self) -> int:
         return 1
 
-    def map(self, model: Transformer, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
+    def map(self, model: Model, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
         state = job.setup(model) if chunks else None
         for index, chunk in enumerate(chunks):
             for piece in job.run(state, chunk):

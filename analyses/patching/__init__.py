@@ -9,7 +9,8 @@ Every table's `site` column is a resid.Site label, so estimate and exact tables 
 it. Pairs of different token lengths take an alignment (align="end", or explicit positions;
 resid.analyses.patching.pairs) for the residual stream and for attribution patching. Every method runs on the one
 driver (resid.analyses.distributed.driver): batched, backing off on out-of-memory, resumable with `out=`, on Ray
-workers with `executor="ray"`.
+workers with `executor="ray"`. Encoder-decoder models take source= and corrupt_source= (activation patching and
+AtP; resid.analyses.patching.sources), with sites on the decoder and the encoder ("encoder.<label>").
 """
 
 from resid.analyses.patching.atp import atp

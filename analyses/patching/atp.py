@@ -25,19 +25,23 @@ import pandas as pd
 import torch
 
 from resid.analyses import sites as site_words
+from resid.analyses.ablation import seq2seq
 from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
+from resid.analyses.patching import atp_seq2seq as seq2seq_atp
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
 from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of
 from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
+from resid.analyses.patching.sources import PairSources, pair_sources
 from resid.capture import Capture
 from resid.errors import ResidError, param
-from resid.model import Transformer
+from resid.model import Inputs, Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 SITES = ("resid_pre", "sublayer", "head")
@@ -46,7 +50,7 @@ Method = Literal["atp", "atp*"]
 
 
 def atp(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     clean: Sequence[str],
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
@@ -62,12 +66,22 @@ def atp(
     executor: Executor | str | None = None,
     workers: int | None = None,
     dictionaries: Sequence = (),
+    source: Inputs | None = None,
+    corrupt_source: Inputs | None = None,
 ) -> pd.DataFrame:
     """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
     resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
     estimated effect (AtP*: with the query / key fix), magnitude the estimated size of the effect (AtP: |effect|;
     AtP*: GradDrop's). Chunks of pairs run on the one driver: `out=` stores finished pairs (resumable), executor:
-    None (in process), "ray" (with `workers`) or an executor, the same rows on each."""
+    None (in process), "ray" (with `workers`) or an executor, the same rows on each. source, corrupt_source:
+    encoder-decoder models only, each clean / corrupt prompt's source (resid.analyses.patching.atp_seq2seq: AtP of
+    the writes and heads of both stacks; default sites "sublayer" and "head")."""
+    full, (model, sources) = model, pair_sources(model, source, corrupt_source,
+                                                 1 if isinstance(clean, str) else len(clean))
+    if sources is not None:
+        return _pairs_atp(full, sources, clean, corrupt, targets, baselines, seq2seq_atp.SITES if sites is SITES
+                          else sites, direction, metric, batch_size, method, align, out, progress, executor, workers,
+                          dictionaries)
     sites = [sites] if isinstance(sites, str) else list(sites)
     for kind in sites:
         check_choice(kind, "sites", ALL_SITES)
@@ -93,6 +107,35 @@ def atp(
     width = int(pairs.clean.tokens.lengths.max())
     order = {site.label: i for i, site in enumerate(s for kind in sites if kind != WORD
                                                      for s in site_words.expand(kind, model.config, width))}
+    df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
+    df = df.drop(columns="_order")
+    df["method"] = method
+    return scored(df, direction, label)[[*COLUMNS, "method", "magnitude"]].reset_index(drop=True)
+
+
+def _pairs_atp(model: EncoderDecoder, sources: PairSources, clean, corrupt, targets, baselines, sites, direction,
+               metric, batch_size, method, align, out, progress, executor, workers, dictionaries) -> pd.DataFrame:
+    """AtP of an encoder-decoder model (resid.analyses.patching.atp_seq2seq)."""
+    sites = [sites] if isinstance(sites, str) else list(sites)
+    if dictionaries:
+        raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
+    seq2seq.in_process(executor)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model.decoder, clean, corrupt, targets, baselines, metric,
+                                                              direction, align)
+    seq2seq_atp.check(sites, method, pairs)
+    width, source_width = int(pairs.clean.tokens.lengths.max()), int(sources.clean.tokens.lengths.max())
+    chosen = [site for kind in sites for site in seq2seq.expand(model, kind, width, source_width)]
+    sources.check(chosen)
+    base = "corrupt" if direction == "denoise" else "clean"
+    size = batch_size_for(model.decoder, pairs.clean.tokens, batch_size)
+    every = range(len(pairs.clean))
+    ids = (sources.clean.sequences(every), sources.corrupt.sequences(every), sources.clean.pad_token_id)
+    job = seq2seq_atp.Seq2SeqAtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value,
+                                       dict(direction=direction, metric=label), sites=chosen, sources=ids)
+    df = drive(model, job, out, executor, workers, progress=progress)
+    if df is None or df.empty:
+        return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
+    order = {site.label: i for i, site in enumerate(chosen)}
     df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
     df = df.drop(columns="_order")
     df["method"] = method

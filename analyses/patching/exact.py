@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from resid.analyses import sites as site_words
+from resid.analyses.ablation import seq2seq
 from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.distributed.driver import drive
@@ -36,8 +37,10 @@ from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.patching.features import WORD, active, dictionaries_of, require
 from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, prepare, scored
-from resid.errors import param
-from resid.model import Transformer
+from resid.analyses.patching.sources import pair_sources
+from resid.errors import ResidError, param
+from resid.model import Inputs, Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.sites import RESID_PARTS, Site
 
 # One row per (pair, site); patched_metric is the metric with the site patched, score its normalized value;
@@ -47,7 +50,7 @@ COLUMNS = ("prompt_idx", "site", *site_words.COLUMNS, "position", "direction", "
 
 
 def activation(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     clean: Sequence[str],
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
@@ -62,10 +65,19 @@ def activation(
     executor: Executor | str | None = None,
     workers: int | None = None,
     dictionaries: Sequence = (),
+    source: Inputs | None = None,
+    corrupt_source: Inputs | None = None,
 ) -> pd.DataFrame:
     """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS. executor:
     None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same rows on each.
-    dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name."""
+    dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name.
+    source, corrupt_source: encoder-decoder models only, each clean / corrupt prompt's source
+    (resid.analyses.patching.sources); sites are then on both stacks (encoder sites "encoder.<label>")."""
+    full, (model, sources) = model, pair_sources(model, source, corrupt_source, _count(clean))
+    if sources is not None and (dictionaries or sites == WORD):
+        raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
+    if sources is not None:
+        seq2seq.in_process(executor)
     dictionaries = dictionaries_of(dictionaries, sites)
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
@@ -77,10 +89,14 @@ def activation(
         chosen = active(model, pairs, dictionaries, size.value)
         if not chosen:
             return pd.DataFrame(columns=list(COLUMNS))
+    elif sources is not None:
+        chosen = seq2seq.expand(full, sites, int(pairs.clean.tokens.lengths.max()),
+                                int(sources.clean.tokens.lengths.max()))
+        sources.check(chosen)
     else:
         chosen = site_words.expand(sites, model.config, int(pairs.clean.tokens.lengths.max()))
         require(chosen, dictionaries)
-    if any(site.part not in RESID_PARTS or site.positions is None for site in chosen):
+    if any((site.part not in RESID_PARTS or site.positions is None) and site.stack is None for site in chosen):
         pairs.require_same_positions(f"Patching {param('sites', sites)}" if isinstance(sites, str)
                                      else "Patching Sites")
     settings = dict(analysis="patching.activation", direction=direction, metric=label,
@@ -89,8 +105,10 @@ def activation(
     job = SweepJob(base_prompts.sequences(range(n)), base_prompts.pad_token_id, target_ids, baseline_ids,
                    getattr(pairs, donor).sequences(range(n)), chosen, "resample", metric, {}, False, None, batch_size,
                    size.value, model.config.n_layers, settings, aligned=named_positions(pairs, base),
-                   donor_metric=True, dictionaries=dictionaries)
-    df = drive(model, job, out, executor, workers, progress=progress)
+                   donor_metric=True, dictionaries=dictionaries,
+                   sources=None if sources is None else sources.ids(base, donor),
+                   encoder_layers=0 if sources is None else full.encoder.config.n_layers)
+    df = drive(full, job, out, executor, workers, progress=progress)
     if df is None or df.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     df = df.rename(columns={"ablated_metric": "patched_metric"})
@@ -102,6 +120,10 @@ def activation(
     order = {site.label: i for i, site in enumerate(chosen)}
     df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
     return scored(df, direction, label)[list(COLUMNS)].reset_index(drop=True)
+
+
+def _count(prompts) -> int:
+    return 1 if isinstance(prompts, str) else len(prompts)
 
 
 def named_positions(pairs: Pairs, base: str) -> list[dict[int, tuple[int, int]]] | None:

@@ -29,6 +29,7 @@ from resid.analyses.vocab import token_ids
 from resid.batching import BatchSize, run_batched
 from resid.errors import ResidError, param
 from resid.model import Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokens
 
 PatchDirection = Literal["denoise", "noise"]  # which prompt of a pair is run, which patched in
@@ -198,7 +199,7 @@ class PairsJob(Job):
         return {"pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
                 "targets": [self.targets, self.baselines], **self.settings}
 
-    def setup(self, model: Transformer) -> tuple[Transformer, "Pairs", BatchSize]:
+    def setup(self, model: Transformer | EncoderDecoder) -> tuple[Transformer | EncoderDecoder, "Pairs", BatchSize]:
         prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
                    for ids in (self.clean, self.corrupt)]
         return model, Pairs(*prompts, self.aligned), BatchSize(self.batch)

@@ -35,13 +35,14 @@ from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace
 from resid.model import Transformer
+from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 RECEIVER_FIELDS = ("q", "k", "v", "pattern")
 
 
 def path(
-    model: Transformer,
+    model: Transformer | EncoderDecoder,
     clean: Sequence[str],
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
@@ -57,6 +58,9 @@ def path(
     workers: int | None = None,
 ) -> pd.DataFrame:
     """Path patching from each sender set to `receivers` (see the module docstring)."""
+    if isinstance(model, EncoderDecoder):
+        raise ResidError(f"Path patching does not take encoder-decoder models ({model.name}) yet: use "
+                         "patching.activation or patching.atp with source=, whose sites span both stacks.")
     config = model.config
     sets = [_sender_set(group, config) for group in senders]
     if not sets:

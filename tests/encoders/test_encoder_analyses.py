@@ -42,7 +42,7 @@ def test_embedding_and_encoder_decoder_models_are_refused_clearly(bert_base, tmp
     from seq2seq_models import vanilla
 
     _, seq2seq = vanilla()
-    with pytest.raises(ResidError, match="does not take encoder-decoder models.*Site"):
+    with pytest.raises(ResidError, match="encoder-decoder model: pass source="):  # sweeps take source=
         ablation.sweep(seq2seq, torch.tensor([[1, 2]]), [3], progress=False)
 
 
