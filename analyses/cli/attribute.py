@@ -51,7 +51,8 @@ def run(model, args) -> str:
     if args.prompt_set is None:
         prompts, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
     elif hasattr(model, "decoder"):
-        sources.split(model, "", None)  # the encoder-decoder model's missing --source, said once
+        raise ResidError(f"{model.name} is an encoder-decoder model: attribute one target prefix with --source TEXT "
+                         "(--prompts files carry no sources yet).")
     df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos, source=source)
     lines = []
     for prompt_idx, rows in df.groupby("prompt_idx", sort=True):

@@ -39,6 +39,7 @@ def run(model, args) -> str:
     lens = logit_lens.run(model, text, target=args.target, positions="all", every="layer", norm=args.norm, k=args.top,
                           source=source)
     lines = _predictions(model, text, lens, at)
+    lines[0] += sources.shown(model, source)
     lines += _lens_table(lens, at, f"the [MASK] (position {at})" if model.config.head == "mlm" else "the last token")
     lines += _components(attr, args.top)
     notes = output.notes(lens, attr)

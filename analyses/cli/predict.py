@@ -30,7 +30,8 @@ def run(model, args) -> str:
     probs = torch.softmax(logits, dim=-1)
     values, ids = probs.topk(min(top, probs.shape[-1]))
     pieces = sources.pieces(model, prompt)
-    lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "rank  prob     id      token"]
+    header = f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}" + sources.shown(model, source)
+    lines = [header, "rank  prob     id      token"]
     for rank, (p, i) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
         lines.append(f"{rank:>4}  {p:7.4f}  {i:>6}  {model.tokenizer.decode([i])!r}")
     if target_id is not None:

@@ -66,6 +66,11 @@ def pieces(model, prompt) -> list[str]:
     return [model.tokenizer.decode([i]) for i in prompt[0].tolist()]
 
 
+def shown(model, source) -> str:
+    """The source as the header line shows it after the prompt ("" for a decoder-only model)."""
+    return "" if source is None else f"   source: {len(source[0])} tokens {pieces(model, source)}"
+
+
 def last_logits(model, prompt, source):
     """The next-token logits [d_vocab] after the prompt (the decoder's, reading the source, for an encoder-decoder
     model), nothing recorded."""

@@ -59,6 +59,7 @@ def _hf_logits(folder: Path, decoder_ids: list[int]) -> torch.Tensor:
 def test_predict_top_token_is_the_models_and_hugging_faces(folder, model, prefix, decoder_ids, capsys):
     assert main(["predict", prefix, "--source", SOURCE, "--model", str(folder), "--top", "3"]) == 0
     out = capsys.readouterr().out
+    assert "source: 5 tokens ['w3', 'w17', 'w40', 'w8', '</s>']" in out.splitlines()[0]
     first = out.splitlines()[2].split()  # rank prob id token
     ours = model.run(_ids(SOURCE_IDS), _ids(decoder_ids)).logits[0, -1]
     assert int(first[2]) == int(ours.argmax()) == int(_hf_logits(folder, decoder_ids).argmax())
@@ -128,3 +129,10 @@ def test_source_with_a_prompts_file_is_refused(folder, tmp_path, capsys):
     prompts.write_text('{"prompt": "w5"}\n')
     assert main(["attribute", "--prompts", str(prompts), "--source", SOURCE, "--model", str(folder)]) == 2
     assert "--source goes with one prompt" in capsys.readouterr().err
+
+
+def test_prompts_file_on_an_encoder_decoder_model_says_to_use_one_prefix(folder, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w5"}\n')
+    assert main(["attribute", "--prompts", str(prompts), "--model", str(folder)]) == 2
+    assert "attribute one target prefix with --source TEXT" in capsys.readouterr().err
