@@ -4,7 +4,7 @@
     resid attribute --prompts ioi.jsonl --level head --out heads.parquet      # .csv .parquet .tex .md
 """
 
-from resid.analyses.cli import arguments, output
+from resid.analyses.cli import arguments, output, sources
 from resid.errors import ResidError
 
 
@@ -21,6 +21,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--top", type=int, default=10, help="components listed per prompt (default 10)")
     parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md): the table, "
                         "plus a .json provenance sidecar")
+    sources.add_source(parser)
 
 
 def check(args) -> None:
@@ -32,6 +33,8 @@ def check(args) -> None:
         raise ResidError("Give either one prompt or --prompts FILE.jsonl (not both).")
     if args.prompts is not None and (args.target is not None or args.baseline is not None):
         raise ResidError("With --prompts, targets and baselines come from the JSONL file, not --target.")
+    if args.prompts is not None and args.source is not None:
+        raise ResidError("--source goes with one prompt (the target prefix), not with --prompts.")
     arguments.at_least(args.top, 1, "--top")
     arguments.out_path(args.out, suffixes.TABLE)
     args.prompt_set = read_jsonl(args.prompts) if args.prompts is not None else None
@@ -44,7 +47,13 @@ def run(model, args) -> str:
         prompts, target, baseline = args.prompt_set.prompts, args.prompt_set.targets, args.prompt_set.baselines
     else:
         prompts, target, baseline = [args.text], args.target, args.baseline
-    df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos)
+    source = None
+    if args.prompt_set is None:
+        prompts, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
+    elif hasattr(model, "decoder"):
+        raise ResidError(f"{model.name} is an encoder-decoder model: attribute one target prefix with --source TEXT "
+                         "(--prompts files carry no sources yet).")
+    df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos, source=source)
     lines = []
     for prompt_idx, rows in df.groupby("prompt_idx", sort=True):
         lines.append(f"prompt {prompt_idx}: {attribution.metric_name(rows)} = {rows['logit'].iloc[0]:.4f} "

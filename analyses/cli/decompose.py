@@ -6,7 +6,7 @@ With --out DIR: the full tables (CSV, LaTeX, each with a provenance sidecar) and
 
 from pathlib import Path
 
-from resid.analyses.cli import arguments, output
+from resid.analyses.cli import arguments, output, sources
 
 
 def add_parser(commands, common) -> None:
@@ -21,6 +21,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"], help="logit-lens final norm")
     parser.add_argument("--out", default=None, help="a folder: the tables (CSV, LaTeX) and report.html go in it")
     arguments.self_contained(parser)
+    sources.add_source(parser)
 
 
 def check(args) -> None:
@@ -31,27 +32,29 @@ def check(args) -> None:
 def run(model, args) -> str:
     from resid.analyses import attribution, logit_lens
 
-    text = args.text
-    attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level)
+    text, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
+    attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level, source=source)
     at = int(attr["pos"].iloc[0])  # the last token, or the [MASK] of a masked-LM model
     # Every position for the heatmap; the table reads the attributed one.
-    lens = logit_lens.run(model, text, target=args.target, positions="all", every="layer", norm=args.norm, k=args.top)
+    lens = logit_lens.run(model, text, target=args.target, positions="all", every="layer", norm=args.norm, k=args.top,
+                          source=source)
     lines = _predictions(model, text, lens, at)
+    lines[0] += sources.shown(model, source)
     lines += _lens_table(lens, at, f"the [MASK] (position {at})" if model.config.head == "mlm" else "the last token")
     lines += _components(attr, args.top)
     notes = output.notes(lens, attr)
     lines += ([""] + notes) if notes else []
     if args.out is not None:
-        lines += _write(model, text, lens, attr, at, Path(args.out), "\n".join(lines), args.self_contained)
+        lines += _write(model, args.text, lens, attr, at, Path(args.out), "\n".join(lines), args.self_contained)
     return "\n".join(lines)
 
 
-def _predictions(model, text: str, lens, at: int) -> list[str]:
+def _predictions(model, text, lens, at: int) -> list[str]:
     # The lens's last site at the attributed token is the model's own prediction there (tested exact).
     from resid.sites import Site
 
     final = lens[(lens["pos"] == at) & (lens["site"] == Site(model.config.n_layers - 1, "resid_post").label)]
-    pieces = model.to_str_tokens(text)
+    pieces = sources.pieces(model, text)
     what = f"top predictions for {pieces[at]!r} (position {at})" if model.config.head == "mlm" else "top next tokens"
     lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "", f"{what}:"]
     lines += [f"  {p:7.4f}  {token!r}" for p, token in zip(final["prob"], final["token"])]

@@ -10,7 +10,7 @@ Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (
 
 from pathlib import Path
 
-from resid.analyses.cli import arguments, output
+from resid.analyses.cli import arguments, output, sources
 
 
 def add_parser(commands, common) -> None:
@@ -33,6 +33,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md): the table; the heatmap (.html) "
                         "goes beside it")
     arguments.self_contained(parser)
+    sources.add_source(parser)
 
 
 def check(args) -> None:
@@ -53,8 +54,9 @@ def run(model, args) -> str:
         from resid.analyses.lenses import formats
 
         lens = formats.lens_for(model, args.loaded, not args.skip_unembedding_check, args.translators)
-    df = logit_lens.run(model, args.text, target=args.target, positions=args.positions, every=args.every,
-                        norm=args.norm, k=args.k, lens=lens)
+    prompt, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
+    df = logit_lens.run(model, prompt, target=args.target, positions=args.positions, every=args.every,
+                        norm=args.norm, k=args.k, lens=lens, source=source)
     top = df[df["rank"] == 1]
     name = f"{df['lens'].iloc[0]} lens"
     if args.target is not None:

@@ -1,7 +1,7 @@
 """`resid predict "text" [--top K] [--target T]`: the top next tokens with probabilities, and where a target
 stands among them (TransformerLens's `test_prompt`)."""
 
-from resid.analyses.cli import arguments
+from resid.analyses.cli import arguments, sources
 
 
 def add_parser(commands, common) -> None:
@@ -10,6 +10,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--top", type=int, default=10, help="how many tokens to list (default 10)")
     parser.add_argument("--target", default=None, help="also print this token's rank, probability and logit, "
                         "e.g. ' Mary' (one token)")
+    sources.add_source(parser)
 
 
 def check(args) -> None:
@@ -20,17 +21,17 @@ def run(model, args) -> str:
     import torch
 
     from resid.analyses.vocab import single_token_id
-    from resid.capture import Capture
 
-    text, top = args.text, args.top
+    top = args.top
+    prompt, source = sources.split(model, args.text, args.source)
     # Before the forward pass: a multi-token target is reported without running the model.
-    target_id = None if args.target is None else single_token_id(model, args.target)
-    result = model.run(text, capture=Capture.none(), logits_at="last")
-    logits = result.logits[0, 0].float()
+    target_id = None if args.target is None else single_token_id(getattr(model, "decoder", model), args.target)
+    logits = sources.last_logits(model, prompt, source).float()
     probs = torch.softmax(logits, dim=-1)
     values, ids = probs.topk(min(top, probs.shape[-1]))
-    pieces = model.to_str_tokens(text)
-    lines = [f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}", "rank  prob     id      token"]
+    pieces = sources.pieces(model, prompt)
+    header = f"model: {model.name}   prompt: {len(pieces)} tokens {pieces}" + sources.shown(model, source)
+    lines = [header, "rank  prob     id      token"]
     for rank, (p, i) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
         lines.append(f"{rank:>4}  {p:7.4f}  {i:>6}  {model.tokenizer.decode([i])!r}")
     if target_id is not None:
