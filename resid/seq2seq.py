@@ -106,8 +106,8 @@ class EncoderDecoder(nn.Module):
         encoder_capture: CaptureArg = None,
         encoder_interventions: Sequence[Intervention] = (),
     ) -> Seq2SeqRun:
-        """Encode `source` and run the decoder over `target` (the target prefix, one per source; texts begin
-        with the decoder start token, see target_tokens). `capture`,
+        """Encode `source` and run the decoder over `target` (the target prefix, one per source: texts are
+        tokenized as the analyses' prompts are; generate's target_tokens puts the start token first). `capture`,
         `interventions` and `logits_at` act on the decoder as in Transformer.run, except that interventions on
         encoder sites (Site(..., stack="encoder")) go to the encoder; `encoder_capture` and `encoder_interventions`
         act on the encoder."""
@@ -116,7 +116,7 @@ class EncoderDecoder(nn.Module):
         encoder_interventions = [dataclasses.replace(iv, site=dataclasses.replace(self.resolve(iv.site), stack=None))
                                  if _on_encoder(iv) else iv for iv in encoder_interventions]  # errors name its site
         encoded = self.encode(source, encoder_capture, encoder_interventions, grad)
-        decoder_tokens = self.target_tokens(target, encoded.tokens.ids.shape[0])
+        decoder_tokens = self.decoder.as_tokens(target)
         if decoder_tokens.ids.shape[0] != encoded.tokens.ids.shape[0]:
             raise ResidError(
                 f"Got {encoded.tokens.ids.shape[0]} sources and {decoder_tokens.ids.shape[0]} targets: an "
