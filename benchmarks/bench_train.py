@@ -48,7 +48,7 @@ from safetensors.torch import save_file
 
 import resid
 from resid.analyses import corpus
-from resid.analyses.training.activations import Activations
+from resid.analyses.training.activations import Activations, forward_batches
 from resid.analyses.training.loop import Spec, train
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer
@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--forward-batch", type=int, default=8)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--transcoders", action="store_true")
+    parser.add_argument("--autocast", action="store_true",
+                        help="both run the model under bf16 autocast (resid's autocast, SAELens's autocast_lm)")
     parser.add_argument("--held-out", type=int, default=8192, help="tokens the FVU is measured on")
     parser.add_argument("--no-saelens", action="store_true", help="skip the SAELens comparison")
     parser.add_argument("--saelens-prompts", type=int, default=8,
@@ -83,11 +85,12 @@ def main() -> None:
     recipe = Recipe(activation="topk", expansion=8, k=32, steps=args.steps, batch_size=args.batch_size,
                     warmup_steps=1)
     print(f"SmolLM2-135M on {args.device}, {torch.get_num_threads()} threads; TopK SAE 8x (d_sae 4608) k=32 at {hook}; "
-          f"batch {args.batch_size} tokens, windows of {args.window}, {args.forward_batch} windows per forward")
+          f"batch {args.batch_size} tokens, windows of {args.window}, at most {args.forward_batch} x {args.window} "
+          f"padded tokens per forward; the model in {'bf16 autocast' if args.autocast else 'fp32'}")
 
     tokens = args.steps * args.batch_size
     source = Activations(model, texts, [hook], args.batch_size, args.window, args.forward_batch,
-                         tokens + args.held_out)
+                         tokens + args.held_out, autocast=args.autocast)
     start = time.perf_counter()
     block = source.block(0)[hook]
     _sync(args.device)
@@ -112,19 +115,19 @@ def main() -> None:
 
     start = time.perf_counter()
     sae, = train(model, texts, [hook], recipe, window=args.window, forward_batch=args.forward_batch,
-                 buffer_tokens=buffer_tokens, progress=False, device=args.device)
+                 buffer_tokens=buffer_tokens, progress=False, device=args.device, autocast=args.autocast)
     _sync(args.device)
     ours = {"seconds": time.perf_counter() - start, **_held_out(sae, held_out)}
     ours["tokens_per_s"] = tokens / ours["seconds"]
     print(f"end to end {tokens:>8} tokens in {ours['seconds']:7.2f} s: {ours['tokens_per_s']:9.0f} tokens/s "
           f"(held-out FVU {ours['fvu']:.4f}, L0 {ours['l0']:.1f})")
     if not args.no_saelens:
-        chunk = source._block_windows(0)
-        parts = [chunk[i:i + args.forward_batch] for i in range(0, len(chunk), args.forward_batch)]
-        real, slots = sum(len(w) for w in chunk), sum(len(p) * max(len(w) for w in p) for p in parts)
-        print(f"tokens per forward: resid {args.forward_batch} windows, {real / len(parts):.0f} tokens on average "
-              f"({slots / real:.1f}x that in padded positions), SAELens {args.saelens_prompts} contexts x "
-              f"{args.window} tokens")
+        lengths = sorted((len(w) for w in source._block_windows(0)), reverse=True)
+        spans = forward_batches(lengths, args.forward_batch * args.window)
+        real, slots = sum(lengths), sum((end - start) * lengths[start] for start, end in spans)
+        print(f"tokens per forward: resid at most {args.forward_batch} x {args.window} padded, {real / len(spans):.0f} "
+              f"real tokens on average ({slots / real:.2f}x that in padded positions), SAELens "
+              f"{args.saelens_prompts} contexts x {args.window} tokens")
         texts_file = args.acts.with_name("texts.json")
         texts_file.write_text(json.dumps(texts))
         peer = _saelens(args, None, recipe.default_lr(sae.d_sae), [
@@ -132,7 +135,8 @@ def main() -> None:
             "--texts", str(texts_file), "--steps", str(args.steps), "--layer", str(args.layer),
             "--context-size", str(args.window), "--store-batch-prompts", str(args.saelens_prompts),
             # a buffer of about resid's buffer_tokens (SAELens's default, 20 batches of prompts, may be larger)
-            "--batches-in-buffer", str(max(2, -(-buffer_tokens // (args.saelens_prompts * args.window))))])
+            "--batches-in-buffer", str(max(2, -(-buffer_tokens // (args.saelens_prompts * args.window)))),
+            *(["--autocast"] if args.autocast else [])])
         _compare(ours, peer, tokens, args)
 
     if args.transcoders:

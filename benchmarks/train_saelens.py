@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=15)
     parser.add_argument("--context-size", type=int, default=256)
     parser.add_argument("--store-batch-prompts", type=int, default=8)
+    parser.add_argument("--autocast", action="store_true", help="end to end: autocast_lm (the model in bf16 autocast)")
     parser.add_argument("--batches-in-buffer", type=int, default=20, help="SAELens's n_batches_in_buffer")
     args = parser.parse_args()
 
@@ -126,7 +127,8 @@ def _end_to_end(args, sae_cfg):
         context_size=args.context_size, store_batch_size_prompts=args.store_batch_prompts,
         n_batches_in_buffer=args.batches_in_buffer,
         training_tokens=args.steps * args.batch_size, train_batch_size_tokens=args.batch_size,
-        exclude_special_tokens=True, lr=args.lr, lr_warm_up_steps=args.warmup_steps, device=args.device,
+        exclude_special_tokens=True, autocast_lm=args.autocast, lr=args.lr, lr_warm_up_steps=args.warmup_steps,
+        device=args.device,
         seed=args.seed, logger=LoggingConfig(log_to_wandb=False), checkpoint_path=None, output_path=None,
         verbose=False,
     )

@@ -66,6 +66,8 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--buffer-tokens", type=int, default=2**16, help="training tokens per shuffling "
                             "buffer (default 65536; 150 MB per hook of width 576)")
         parser.add_argument("--keep-bos", action="store_true", help="train on BOS positions too")
+        parser.add_argument("--autocast", action="store_true",
+                            help="run the model under bf16 autocast (SAELens's autocast_lm; faster, CPU too)")
         parser.add_argument("--normalize", default="none", choices=["none", "constant_norm_rescale"],
                             help="SAELens's activation normalisation, saved in cfg.json (SAEs only; default none)")
         parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
@@ -122,7 +124,7 @@ def run(model, args) -> str:
         dictionaries = train(model, training, specs, args.recipe, folder=args.out,
                              checkpoint_every=args.checkpoint_every, window=args.window,
                              forward_batch=args.forward_batch, buffer_tokens=args.buffer_tokens,
-                             keep_bos=args.keep_bos, progress=not args.quiet)
+                             keep_bos=args.keep_bos, autocast=args.autocast, progress=not args.quiet)
     lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
              f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
              f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]

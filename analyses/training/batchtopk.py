@@ -8,7 +8,8 @@
 After recipe.threshold_start_step steps, a threshold tracks the smallest non-zero activation of each batch as a
 moving average (weight threshold_beta = 0.999); at inference a feature fires when relu(pre) > threshold, so the
 dictionary is exported as a JumpReLU with that one threshold for every feature (as SAELens saves BatchTopK SAEs).
-Decoder rows are unit norm as in topk; dictionary_learning also clips the gradient norm at 1.0 (recipe.clip).
+The decoder reads only the kept entries' rows (Coder.decode_sparse). Decoder rows are unit norm as in topk;
+dictionary_learning also clips the gradient norm at 1.0 (recipe.clip).
 """
 
 import torch
@@ -17,12 +18,12 @@ from torch import Tensor
 from resid.analyses.training.coder import Coder, auxk_loss, variance
 
 
-def batch_top_k(pre: Tensor, k: int) -> Tensor:
-    """relu(pre) kept at its k * rows largest entries over the whole batch."""
-    relu = torch.relu(pre)
-    flat = relu.flatten()
-    values, index = flat.topk(k * pre.shape[0], sorted=False)
-    return torch.zeros_like(flat).scatter(0, index, values).view_as(pre)
+def batch_top_k(pre: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """relu(pre) kept at its k * rows largest entries over the whole batch, as (values, token, feature) of the kept
+    entries, sorted by token."""
+    values, flat = torch.relu(pre).flatten().topk(k * pre.shape[0], sorted=False)
+    flat, order = flat.sort()
+    return values[order], flat // pre.shape[1], flat % pre.shape[1]
 
 
 class BatchTopKCoder(Coder):
@@ -35,10 +36,13 @@ class BatchTopKCoder(Coder):
 
     def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
-        acts = batch_top_k(pre, self.recipe.k)
+        values, token, feature = batch_top_k(pre, self.recipe.k)
+        with torch.no_grad():
+            acts = torch.zeros_like(pre).index_put_((token, feature), values)
         if step > self.recipe.threshold_start_step:
             self._track(acts)
-        y_hat = self.decode(acts, x)
+        counts = torch.bincount(token, minlength=len(x))
+        y_hat = self.decode_sparse(feature, values, x, offsets=torch.cumsum(counts, 0) - counts)
         residual = (y - y_hat).detach()
         aux = auxk_loss(self, pre, residual, self.d_out // 2, variance(residual))
         return (y - y_hat).pow(2).sum(-1).mean() + self.recipe.auxk_alpha * aux, acts, y_hat

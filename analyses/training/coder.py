@@ -14,6 +14,7 @@ the first batch's targets (`Recipe.b_dec_init`: geometric median, mean or zeros)
 """
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -58,6 +59,15 @@ class Coder(nn.Module):
     def decode(self, acts: Float[Tensor, "token feature"], x: Float[Tensor, "token d_in"]
                ) -> Float[Tensor, "token d_out"]:
         out = acts @ self.W_dec + self.b_dec
+        return out + x @ self.W_skip if self.W_skip is not None else out
+
+    def decode_sparse(self, index: Tensor, values: Tensor, x: Float[Tensor, "token d_in"],
+                      offsets: Tensor | None = None) -> Float[Tensor, "token d_out"]:
+        """`decode` of activations given by their non-zero entries: index and values [token k] (k per token), or
+        flat [entry] with `offsets` [token] (each token's first entry; entries sorted by token). A gather of the
+        active decoder rows (torch's embedding_bag), so a TopK step costs k rows per token instead of a dense
+        [token feature] @ [feature d_out] product and its gradient (as sparsify decodes)."""
+        out = F.embedding_bag(index, self.W_dec, offsets, mode="sum", per_sample_weights=values) + self.b_dec
         return out + x @ self.W_skip if self.W_skip is not None else out
 
     def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -148,8 +158,7 @@ def auxk_loss(coder: Coder, pre: Tensor, residual: Tensor, k_aux: int, variance:
     k = min(k_aux, n_dead)
     relu = torch.relu(pre)
     values, index = torch.where(dead, relu, torch.full_like(relu, -torch.inf)).topk(k, dim=-1, sorted=False)
-    acts = torch.zeros_like(pre).scatter(-1, index, values)
-    e_hat = acts @ coder.W_dec
+    e_hat = F.embedding_bag(index, coder.W_dec, mode="sum", per_sample_weights=values)
     return ((residual - e_hat).pow(2).sum(-1).mean() / variance).nan_to_num(0.0)
 
 

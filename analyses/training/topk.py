@@ -8,6 +8,7 @@
     loss = fvu + auxk_alpha * aux
 
 A feature is dead after recipe.dead_tokens tokens without firing (sparsify's dead_feature_threshold, 10M).
+The decoder reads only the k active rows per token (Coder.decode_sparse, as sparsify's decoder does).
 Decoder rows are unit norm: the gradient's component along each row is removed before the step and the rows are
 renormalised after it. sparsify's default learning rate is 2e-4 / sqrt(d_sae / 2^14) with Adam.
 """
@@ -18,10 +19,10 @@ from torch import Tensor
 from resid.analyses.training.coder import Coder, auxk_loss, variance
 
 
-def top_k(pre: Tensor, k: int) -> Tensor:
-    """relu(pre) kept at its k largest per row."""
+def top_k(pre: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """relu(pre) kept at its k largest per row, as (values, index) [token k] each."""
     values, index = pre.topk(k, dim=-1, sorted=False)
-    return torch.zeros_like(pre).scatter(-1, index, torch.relu(values))
+    return torch.relu(values), index
 
 
 class TopKCoder(Coder):
@@ -30,8 +31,10 @@ class TopKCoder(Coder):
 
     def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
-        acts = top_k(pre, self.recipe.k)
-        y_hat = self.decode(acts, x)
+        values, index = top_k(pre, self.recipe.k)
+        y_hat = self.decode_sparse(index, values, x)
+        with torch.no_grad():
+            acts = torch.zeros_like(pre).scatter(-1, index, values)
         total = variance(y)
         fvu = (y - y_hat).pow(2).sum(-1).mean() / total
         k_aux = self.d_out // 2
