@@ -23,10 +23,12 @@ from resid.stream import ResidualStream
 
 @dataclass(frozen=True)
 class Contributions:
-    """A group of components: their sites and their values [batch m]."""
+    """A group of components: their sites and their values [batch m]; `sources`, for rows read through a
+    cross-attention head, the encoder component each row carries (resid.analyses.source_side), else None."""
 
     sites: Sequence[Site]
     values: Float[Tensor, "batch m"]
+    sources: Sequence[str] | None = None
 
 
 @lru_cache(maxsize=256)

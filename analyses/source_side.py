@@ -86,14 +86,6 @@ def direct(
     return df
 
 
-class _Split(Contributions):
-    """Rows of one cross head split by source: the head's site repeated, and the source of each row."""
-
-    def __init__(self, sites, values, sources):
-        super().__init__(sites, values)
-        object.__setattr__(self, "sources", sources)
-
-
 def _attribute(model: EncoderDecoder, given, source_prompts, chunk, targets, baselines, level, positions):
     decoder = model.decoder
     tokens = given.batch(chunk)
@@ -126,7 +118,7 @@ def _attribute(model: EncoderDecoder, given, source_prompts, chunk, targets, bas
     meta = meta_columns(decoder, tokens, chunk, stream.captured, list(decode_ids(decoder, np.array(target_list))),
                         target_list, baseline_names, baseline_list)
     table = frame(meta, groups, actual)
-    per_row = [s for g in groups for s in (g.sources if isinstance(g, _Split) else [None] * len(g.sites))]
+    per_row = [s for g in groups for s in (g.sources if g.sources is not None else [None] * len(g.sites))]
     table.insert(table.columns.get_loc("value"), "source", pd.array(np.tile(np.asarray(per_row, dtype=object),
                                                                            len(chunk)), dtype="string"))
     return table
@@ -160,9 +152,10 @@ def _split_heads(attn, layer: int, written, into: Direction, memory_pieces, labe
     groups: list[Contributions] = []
     for head in range(n_heads):
         site = Site(layer, "cross", head=head)
-        groups.append(_Split([site] * n_pieces, values[:, head], labels))
+        groups.append(Contributions([site] * n_pieces, values[:, head], sources=labels))
     if attn.b_V is not None:
         b_v = attn.b_V.float().repeat_interleave(repeat, dim=0)  # [head d_head]
         biases = torch.einsum("bhts,bthe,he->bh", pattern, w, b_v)
-        groups += [_Split([Site(layer, "cross", head=h)], biases[:, h : h + 1], ["b_V"]) for h in range(n_heads)]
+        groups += [Contributions([Site(layer, "cross", head=h)], biases[:, h : h + 1], sources=["b_V"])
+                   for h in range(n_heads)]
     return groups

@@ -2,8 +2,8 @@
 loaded as resid.EncoderDecoder); the positional prompt is then the decoder's target prefix.
 
 One prediction (predict, decompose, attribute, lens): `add_source` / `split`. The target prefix starts with the
-decoder start token (Marian's is its pad token, as in Hugging Face's generate), so an empty prompt ("") asks for the
-first target token. A decoder-only model takes no --source.
+decoder start token (config.json's decoder_start_token_id, as in Hugging Face's generate; Marian's is its pad
+token), so an empty prompt ("") asks for the first target token. A decoder-only model takes no --source.
 
 Sweeps (resid ablate, resid patch): `add` / `read`. A text is every prompt's source; a file (.txt: one source per
 line, or per paragraph when it has blank lines; .jsonl: {"text": ...} per line) gives one source per prompt, in order.
@@ -73,17 +73,10 @@ def source_ids(model, source: str):
 
 
 def target_ids(model, text: str):
-    """The decoder's tokens for a target prefix: the decoder start token, then the text's tokens (no end-of-text)."""
-    import torch
-
-    tok = model.tokenizer
-    if tok is None or tok.pad_token_id is None:
-        raise ResidError(f"{model.name} has no tokenizer.json with a pad token (Marian's decoder start token) next to "
-                         "its weights: the target prefix cannot be tokenized.")
-    ids = tok.encode(text, prepend_bos=False) if text else []
-    if ids and ids[-1] == tok.eos_token_id:  # Marian's tokenizer ends every text with </s>; a prefix goes on
-        ids = ids[:-1]
-    return torch.tensor([[tok.pad_token_id, *ids]], device=model.device)
+    """The decoder's tokens for a target prefix [1 pos]: the decoder start token (config.json's
+    decoder_start_token_id), then the text's tokens, no end-of-text (EncoderDecoder.target_tokens, as generate
+    takes a text target)."""
+    return model.target_tokens(text, 1).ids.to(model.device)
 
 
 def pieces(model, prompt) -> list[str]:

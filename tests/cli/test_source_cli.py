@@ -136,3 +136,12 @@ def test_prompts_file_on_an_encoder_decoder_model_says_to_use_one_prefix(folder,
     prompts.write_text('{"prompt": "w5"}\n')
     assert main(["attribute", "--prompts", str(prompts), "--model", str(folder)]) == 2
     assert "attribute one target prefix with --source TEXT" in capsys.readouterr().err
+
+
+def test_the_target_prefix_starts_with_the_decoder_start_token_config_json_gives(model, monkeypatch) -> None:
+    from resid.analyses.cli.sources import split
+
+    assert split(model, PREFIX, SOURCE)[0].tolist() == [PREFIX_IDS]  # Marian's start token is its pad token
+    monkeypatch.setattr(model, "decoder_start_token_id", 7)  # a model whose start token is not its pad token
+    target, source = split(model, PREFIX, SOURCE)
+    assert target.tolist() == [[7, 5, 9]] and source.tolist() == [SOURCE_IDS]
