@@ -23,8 +23,8 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
               access. SAELens packs the documents into contexts of --window tokens, --saelens-prompts of them per
               forward; resid runs --forward-batch windows (documents, cut at --window tokens) per forward, padded:
               the line before the table gives each one's tokens per forward.
-4. --transcoders: one forward pass reading all 30 layers' transcoder hooks (MLP standardized input and MLP write)
-   against one layer's, as the cost of 30 transcoders from one forward vs 30 separate runs' generation.
+4. --transcoders: 30 transcoders (every layer's MLP standardized input to its write) from one forward pass against
+   30 separate runs (each stops after its own layer): generation timed both ways, the training steps once.
 
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
 Measured (2-core CPU, torch 2.13.0, 2 threads each; --steps 8 --batch-size 2048 --held-out 4096 --forward-batch 32):
@@ -140,18 +140,40 @@ def main() -> None:
         _compare(ours, peer, tokens, args)
 
     if args.transcoders:
-        every = [h for layer in range(model.config.n_layers) for h in
-                 (Spec.transcoder(model, layer).hook_in, Spec.transcoder(model, layer).hook_out)]
-        timings = {}
-        for label, hooks in (("1 layer", every[:2]), ("30 layers", every)):
-            source = Activations(model, texts, hooks, args.batch_size, args.window, args.forward_batch, args.batch_size)
-            start = time.perf_counter()
-            found = source.block(0)
-            _sync(args.device)
-            timings[label] = time.perf_counter() - start
-            print(f"transcoder hooks, {label:9}: {len(found[hooks[0]]):>7} tokens in {timings[label]:6.2f} s")
-        print(f"30 transcoders from one forward: {timings['30 layers'] / (30 * timings['1 layer']):.2f}x the "
-              "generation time of 30 separate runs")
+        _transcoders(model, texts, args)
+
+
+def _transcoders(model, texts, args) -> None:
+    """30 BatchTopK transcoders (8x, k=32) trained on one block of tokens: every layer's hooks from one forward
+    pass, then each transcoder's steps; against 30 separate runs, layer l's alone (a forward up to layer l, its
+    steps). The steps cost the same either way, so they are timed once, on one transcoder, and counted 30 times."""
+    n = model.config.n_layers
+    specs = [Spec.transcoder(model, layer) for layer in range(n)]
+    recipe = Recipe(activation="batchtopk", expansion=8, k=32, steps=1, batch_size=args.batch_size, warmup_steps=1)
+
+    def generate(hooks):
+        source = Activations(model, texts, hooks, args.batch_size, args.window, args.forward_batch, args.batch_size,
+                             autocast=args.autocast)
+        start = time.perf_counter()
+        found = source.block(0)
+        _sync(args.device)
+        return found, time.perf_counter() - start
+
+    found, together = generate([h for s in specs for h in (s.hook_in, s.hook_out)])
+    tokens = len(found[specs[0].hook_in]) // args.batch_size * args.batch_size
+    trainer = Trainer.new(recipe, model.config.d_model, transcoder=True, device=args.device)
+    start = time.perf_counter()
+    for i in range(0, tokens, args.batch_size):
+        trainer.step(found[specs[0].hook_in][i:i + args.batch_size], found[specs[0].hook_out][i:i + args.batch_size])
+    _sync(args.device)
+    steps = time.perf_counter() - start
+    alone = sum(generate([s.hook_in, s.hook_out])[1] for s in specs)
+    one, separate = together + n * steps, alone + n * steps
+    print(f"\n{n} transcoders (BatchTopK 8x k=32), {tokens} tokens each: generation from one forward {together:.2f} s, "
+          f"from {n} separate runs (layer l's forward stops after layer l) {alone:.2f} s; training steps "
+          f"{steps:.2f} s per transcoder")
+    print(f"tokens/s of all {n} transcoders: one forward {tokens / one:.0f}, {n} separate runs {tokens / separate:.0f} "
+          f"({separate / one:.2f}x)")
 
 
 def _held_out(dictionary, rows) -> dict:

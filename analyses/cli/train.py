@@ -65,7 +65,9 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--forward-batch", type=int, default=8, help="windows per forward pass (default 8)")
         parser.add_argument("--buffer-tokens", type=int, default=2**16, help="training tokens per shuffling "
                             "buffer (default 65536; 150 MB per hook of width 576)")
-        parser.add_argument("--keep-bos", action="store_true", help="train on BOS positions too")
+        parser.add_argument("--keep-bos", action="store_true",
+                            help="train on each window's first position too (the BOS, or the first token of a model "
+                                 "that prepends none: the attention sink)")
         parser.add_argument("--autocast", action="store_true",
                             help="run the model under bf16 autocast (SAELens's autocast_lm; faster, CPU too)")
         parser.add_argument("--normalize", default="none", choices=["none", "constant_norm_rescale"],

@@ -22,8 +22,8 @@ The order, a function of the seed alone (so a resumed run sees the same batches)
    With autocast=True the forward runs under torch.autocast(bfloat16) on the model's device (SAELens's
    autocast_lm; CPU too): matrix products in bf16, about 1.7x the fp32 tokens/s on a 2-core AVX-512 CPU, the
    activations within about 1% (relative norm) of fp32's. The buffer is float32 either way.
-3. Padding is dropped, and so are the BOS tokens the model prepends (their activations are attention-sink outliers
-   that no dictionary should spend features on) unless keep_bos=True.
+3. Padding is dropped, and so is each window's first position unless keep_bos=True: the BOS the model prepends, or
+   the first token of a model that prepends none, which is then the attention sink (training_positions).
 4. The block's tokens are shuffled (a permutation seeded with (seed, block)) and cut into batches of batch_size
    tokens; the remainder of a block (fewer than batch_size tokens) is dropped.
 A block's activations are the shuffling buffer: about buffer_tokens x the hooks' widths, float32, on `device`
@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Bool
 from torch import Tensor
 
 from resid.analyses.neurons.keys import windows as cut_windows
@@ -43,6 +44,7 @@ from resid.capture import Capture
 from resid.dictionaries.hooks import HookPoint, hook_point, read, width
 from resid.errors import ResidError, param
 from resid.model import Transformer
+from resid.tokenizer import Tokens
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,8 @@ class Activations:
         return width(self.points[hook], self.model.config)
 
     def _tokens(self, w: Window) -> int:
-        """Training tokens of a window: no padding, no added BOS unless kept."""
-        return len(w) - (w.bos and not self.keep_bos)
+        """Training tokens of a window: no padding, no first position unless kept (training_positions)."""
+        return len(w) - (not self.keep_bos)
 
     def tokens_per_block(self) -> list[int]:
         """Training tokens of each block of the first epoch."""
@@ -123,9 +125,8 @@ class Activations:
         chunk = sorted(self._block_windows(block), key=len, reverse=True)
         for start, end in forward_batches([len(w) for w in chunk], self.forward_batch * self.window):
             part = chunk[start:end]
-            tokens, valid = batch_tokens(part, self.pad, self.model.device)
-            if self.keep_bos:
-                valid = tokens.attention_mask
+            tokens = batch_tokens(part, self.pad, self.model.device)[0]
+            valid = training_positions(tokens, self.keep_bos)
             with torch.autocast(self.model.device.type, torch.bfloat16, enabled=self.autocast):
                 run = self.model.run(tokens, capture=self.capture, logits_at="last", stop_at_layer=self.stop)
             for hook, point in self.points.items():
@@ -145,6 +146,18 @@ class Activations:
                 span = slice(i * self.batch_size, (i + 1) * self.batch_size)
                 yield Position(block, i + 1), {hook: tensor[span] for hook, tensor in found.items()}
             block, skip = block + 1, 0
+
+
+def training_positions(tokens: Tokens, keep_bos: bool = False) -> Bool[Tensor, "batch pos"]:
+    """The positions of right-padded windows that dictionaries train on (and evaluate splices): the real tokens,
+    without each window's first position unless keep_bos. That position is the BOS the model prepends or, for a model
+    that prepends none (SmolLM2, GPT-2), the window's first token, which plays BOS's part as the attention sink: from
+    SmolLM2's early layers on its residual has ~100x the norm of any other token's, and left in, it would be most of
+    a batch's variance (every FVU would measure it) and the features the dictionary spends on it."""
+    valid = tokens.attention_mask.clone()
+    if not keep_bos:
+        valid[:, 0] = False
+    return valid
 
 
 def forward_batches(lengths: Sequence[int], most: int, overhead: int = 40) -> list[tuple[int, int]]:

@@ -2,7 +2,8 @@
 
     df = evaluate(model, [sae, transcoder], corpus.demo(max_documents=200))
 
-Per dictionary, over the evaluation tokens (padding and, unless keep_bos, BOS excluded, as in training):
+Per dictionary, over the evaluation tokens (padding and, unless keep_bos, each window's first position excluded, as
+in training: resid.analyses.training.activations.training_positions):
 
     fvu                 fraction of variance unexplained: sum |y - y^|^2 / sum |y - mean(y)|^2 (mean over the tokens)
     l0                  mean number of active features per token
@@ -15,8 +16,9 @@ Per dictionary, over the evaluation tokens (padding and, unless keep_bos, BOS ex
     ce_loss_recovered   1 - (ce_spliced - ce_clean) / (ce_zero_ablated - ce_clean)
     kl_spliced          KL(clean || spliced) of the next-token distributions, mean over the scored positions
 
-A prediction is scored at a training position (real, not an added BOS unless keep_bos) whose next token is real.
-The spliced and zero-ablated runs replace the training positions only: BOS and padding keep the model's own tensor
+A prediction is scored at a training position (real, not a window's first unless keep_bos) whose next token is real.
+The spliced and zero-ablated runs replace the training positions only: the first position (BOS or, in a model that
+prepends none, the attention sink) and padding keep the model's own tensor
 (resid.analyses.training.splice says why). splice_bos=True splices every position with
 resid.dictionaries.Splice(d, error=False), as SAELens's evaluation does.
 """
@@ -32,6 +34,7 @@ from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.neurons.scan import batch_tokens
+from resid.analyses.training.activations import training_positions
 from resid.analyses.training.splice import splice_at
 from resid.dictionaries import Dictionary, Splice, check
 from resid.errors import ResidError
@@ -61,9 +64,8 @@ def evaluate(
     totals = [_Totals(d) for d in dictionaries]
     with torch.no_grad():
         for start in range(0, len(pieces), batch_size):
-            tokens, valid = batch_tokens(pieces[start:start + batch_size], pad, model.device)
-            if keep_bos:
-                valid = tokens.attention_mask
+            tokens = batch_tokens(pieces[start:start + batch_size], pad, model.device)[0]
+            valid = training_positions(tokens, keep_bos)
             scored = valid.clone()
             scored[:, :-1] &= tokens.attention_mask[:, 1:]  # the next token is real
             scored[:, -1] = False

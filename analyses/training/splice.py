@@ -1,8 +1,9 @@
 """A splice of a dictionary's reconstruction alone at chosen positions only, for evaluation: the positions a
 dictionary was trained on are replaced by its reconstruction (or by zeros), the others (BOS, padding) keep the
 model's own tensor. resid.dictionaries.Splice(d, error=False) replaces every position of the pass; a dictionary
-trained without BOS reconstructs a BOS residual (an attention-sink outlier, hundreds of times the usual norm in
-SmolLM2) so badly that every later token's prediction breaks, which would measure BOS, not the dictionary.
+trained without BOS reconstructs a BOS residual (an attention-sink outlier, ~100 times the usual norm in SmolLM2,
+whose first token is its sink) so badly that every later token's prediction breaks, which would measure BOS, not
+the dictionary.
 
 The hooks read and write each tensor as resid.dictionaries.attach does for a splice (the same views of a
 standardized norm input or of flattened heads), so the two agree wherever both splice.

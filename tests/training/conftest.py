@@ -20,6 +20,14 @@ def bos_model() -> resid.Transformer:
 
 
 @pytest.fixture(scope="module")
+def plain_model() -> resid.Transformer:
+    """The same model with a tokenizer that prepends no BOS (as SmolLM2's and GPT-2's)."""
+    raw = tokenizers.Tokenizer.from_file(str(TOKENIZER))
+    tokenizer = resid.Tokenizer(raw, bos_token_id=50256, prepend_bos=False, eos_token_id=50256)
+    return make_random_model("llama_gqa", tokenizer)
+
+
+@pytest.fixture(scope="module")
 def texts() -> list[str]:
     from resid.analyses.io import corpus
 

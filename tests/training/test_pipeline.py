@@ -19,12 +19,12 @@ HOOK = "blocks.1.hook_resid_post"
 
 
 def _rows_alone(model, source: Activations, block: int, hook: str, keep_bos: bool) -> torch.Tensor:
-    """The block's tokens, each window run alone (no padding), BOS dropped unless kept."""
+    """The block's tokens, each window run alone (no padding), its first position dropped unless kept."""
     point = hook_point(hook, model.config)
     rows = []
     for w in source._block_windows(block):
         run = model.run(torch.as_tensor(w.ids)[None], capture=resid.Capture.all())
-        rows.append(read(run, model, point)[0, 0 if keep_bos or not w.bos else 1:])
+        rows.append(read(run, model, point)[0, 0 if keep_bos else 1:])
     return torch.cat(rows)
 
 
@@ -41,6 +41,22 @@ def test_the_buffer_holds_the_real_tokens_and_no_padding_or_bos(bos_model, texts
     bos_row = read(bos_model.run(torch.tensor([[50256]]), capture=resid.Capture.all()), bos_model,
                    hook_point(HOOK, bos_model.config))[0, 0]
     assert bool(torch.isclose(found, bos_row, **TINY).all(1).any()) == keep_bos
+
+
+@pytest.mark.parametrize("keep_bos", [False, True])
+def test_without_bos_the_first_token_of_each_window_is_dropped_unless_kept(plain_model, texts, keep_bos) -> None:
+    source = Activations(plain_model, texts, [HOOK], batch_size=64, window=24, forward_batch=5, buffer_tokens=200,
+                         keep_bos=keep_bos)
+    windows = source._block_windows(1)
+    assert not any(w.bos for w in windows)  # the tokenizer prepends nothing: each window's first token is the sink
+    found = source.block(1)[HOOK]
+    alone = _rows_alone(plain_model, source, 1, HOOK, keep_bos)
+    assert len(found) == len(alone) == sum(len(w) - (not keep_bos) for w in windows)
+    distance = torch.cdist(found, alone)
+    torch.testing.assert_close(found, alone[distance.argmin(1)], **TINY)
+    firsts = torch.cat([read(plain_model.run(torch.as_tensor(w.ids[:1])[None], capture=resid.Capture.all()),
+                             plain_model, hook_point(HOOK, plain_model.config))[0] for w in windows])
+    assert bool((torch.cdist(firsts, found).min(1).values < 1e-4).any()) == keep_bos
 
 
 def test_a_transcoders_input_and_output_rows_are_the_same_tokens(bos_model, texts) -> None:
