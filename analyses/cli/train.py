@@ -68,6 +68,9 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--keep-bos", action="store_true",
                             help="train on each window's first position too (the BOS, or the first token of a model "
                                  "that prepends none: the attention sink)")
+        parser.add_argument("--max-norm-ratio", type=float, default=10.0,
+                            help="leave out tokens whose activation norm exceeds this multiple of the median "
+                                 "(attention sinks; default 10; 0 keeps every token)")
         parser.add_argument("--autocast", action="store_true",
                             help="run the model under bf16 autocast (SAELens's autocast_lm; faster, CPU too)")
         parser.add_argument("--normalize", default="none", choices=["none", "constant_norm_rescale"],
@@ -126,13 +129,14 @@ def run(model, args) -> str:
         dictionaries = train(model, training, specs, args.recipe, folder=args.out,
                              checkpoint_every=args.checkpoint_every, window=args.window,
                              forward_batch=args.forward_batch, buffer_tokens=args.buffer_tokens,
-                             keep_bos=args.keep_bos, autocast=args.autocast, progress=not args.quiet)
+                             keep_bos=args.keep_bos, autocast=args.autocast, progress=not args.quiet,
+                             max_norm_ratio=args.max_norm_ratio or None)
     lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
              f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
              f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]
     if args.eval_windows:
         df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
-                      keep_bos=args.keep_bos)
+                      keep_bos=args.keep_bos, max_norm_ratio=args.max_norm_ratio or None)
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)
         lines.append(tables.to_markdown(df.drop(columns=["hook_in", "hook_out"])))

@@ -16,6 +16,9 @@ in training: resid.analyses.training.activations.training_positions):
     ce_loss_recovered   1 - (ce_spliced - ce_clean) / (ce_zero_ablated - ce_clean)
     kl_spliced          KL(clean || spliced) of the next-token distributions, mean over the scored positions
 
+Tokens whose target norm exceeds max_norm_ratio x the batch's median (attention sinks past the first position) are
+left out of these sums and keep their tensor in the spliced runs, as training leaves them out.
+
 A prediction is scored at a training position (real, not a window's first unless keep_bos) whose next token is real.
 The spliced and zero-ablated runs replace the training positions only: the first position (BOS or, in a model that
 prepends none, the attention sink) and padding keep the model's own tensor
@@ -34,7 +37,7 @@ from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.neurons.scan import batch_tokens
-from resid.analyses.training.activations import training_positions
+from resid.analyses.training.activations import ordinary, training_positions
 from resid.analyses.training.splice import splice_at
 from resid.dictionaries import Dictionary, Splice, check
 from resid.errors import ResidError
@@ -51,6 +54,7 @@ def evaluate(
     keep_bos: bool = False,
     dense: float = 0.1,
     splice_bos: bool = False,
+    max_norm_ratio: float | None = 10.0,
 ) -> pd.DataFrame:
     """One row per dictionary (see the module docstring), over the first `max_windows` windows of `corpus`."""
     dictionaries = [dictionaries] if isinstance(dictionaries, Dictionary) else list(dictionaries)
@@ -73,14 +77,16 @@ def evaluate(
             clean_logp = torch.log_softmax(clean.logits[scored].float(), dim=-1)
             targets = tokens.ids[:, 1:][scored[:, :-1]]
             for d, total in zip(dictionaries, totals):
-                total.observe(clean.dictionaries[d.name], valid)
+                record = clean.dictionaries[d.name]
+                where = _trained_on(record, valid, max_norm_ratio)
+                total.observe(record, where)
                 total.ce_clean += _nll(clean_logp, targets)
                 if splice_bos:
                     spliced = model.run(tokens, dictionaries=[Splice(d, error=False)]).logits
                     zeroed = model.run(tokens, dictionaries=[Splice(total.zero, error=False)]).logits
                 else:
-                    spliced = model.run(tokens, interventions=splice_at(model, d, valid)).logits
-                    zeroed = model.run(tokens, interventions=splice_at(model, d, valid, zero=True)).logits
+                    spliced = model.run(tokens, interventions=splice_at(model, d, where)).logits
+                    zeroed = model.run(tokens, interventions=splice_at(model, d, where, zero=True)).logits
                 spliced = torch.log_softmax(spliced[scored].float(), dim=-1)
                 total.ce_spliced += _nll(spliced, targets)
                 total.kl += float((clean_logp.exp() * (clean_logp - spliced)).sum())
@@ -89,8 +95,20 @@ def evaluate(
     df = pd.DataFrame([t.row(dense) for t in totals])
     df.attrs["provenance"] = describe(model, "training.evaluate", {
         "dictionaries": [d.name for d in dictionaries], "windows": len(pieces), "window": window,
-        "keep_bos": keep_bos, "dense": dense, "splice_bos": splice_bos})
+        "keep_bos": keep_bos, "dense": dense, "splice_bos": splice_bos,
+        "max_norm_ratio": max_norm_ratio})
     return df
+
+
+def _trained_on(record, valid: Tensor, ratio: float | None) -> Tensor:
+    """The positions of `valid` a dictionary trains on: without those whose target's norm exceeds ratio x the
+    median over `valid` (resid.analyses.training.activations.ordinary; a transcoder's input is normed, so its target
+    is where such outliers show)."""
+    if ratio is None or not bool(valid.any()):
+        return valid
+    where = valid.clone()
+    where[valid] = ordinary((record.reconstruction + record.error)[valid].float().norm(dim=-1), ratio)
+    return where
 
 
 def _nll(logp: Tensor, targets: Tensor) -> float:

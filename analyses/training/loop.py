@@ -71,12 +71,14 @@ def train(
     keep_bos: bool = False,
     device: torch.device | str | None = None,
     autocast: bool = False,
+    max_norm_ratio: float | None = 10.0,
     progress: bool = True,
     on_step: Callable[[int, list[Stats]], None] | None = None,
 ) -> list[Dictionary]:
     """One dictionary per Spec (a hook name is an SAE there), trained on `corpus` (a list of documents or a .txt /
-    .jsonl path) as `recipe` says; see the module docstring. autocast: the model's forward under bf16 autocast
-    (resid.analyses.training.activations). on_step(step, stats per dictionary) after each step."""
+    .jsonl path) as `recipe` says; see the module docstring. autocast: the model's forward under bf16 autocast;
+    max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). on_step(step, stats per dictionary)
+    after each step."""
     specs = [Spec(s) if isinstance(s, str) else s for s in specs]
     if not specs:
         raise ResidError("Give at least one hook or Spec to train a dictionary at.")
@@ -91,12 +93,13 @@ def train(
     texts = corpora.load(corpus)
     hooks = [h for s in specs for h in (s.hook_in, s.hook_out) if h is not None]
     source = Activations(model, texts, hooks, recipe.batch_size, window, forward_batch, buffer_tokens, keep_bos,
-                         recipe.seed, device, autocast)
+                         recipe.seed, device, autocast, max_norm_ratio)
     trainers = [Trainer.new(recipe, source.width(s.hook_in), source.width(s.hook_out or s.hook_in),
                             transcoder=s.hook_out is not None, skip=s.skip, device=source.device) for s in specs]
     settings = {"model": model.name, "specs": [asdict(s) for s in specs], "recipe": asdict(recipe),
                 "data": _fingerprint(source), "window": window, "forward_batch": forward_batch,
-                "buffer_tokens": buffer_tokens, "keep_bos": keep_bos, "autocast": autocast}
+                "buffer_tokens": buffer_tokens, "keep_bos": keep_bos, "autocast": autocast,
+                "max_norm_ratio": max_norm_ratio}
     saved = checkpoint.load(folder, settings) if folder is not None else None
     step, position = 0, Position(0, 0)
     if saved is not None:
@@ -118,7 +121,8 @@ def train(
             on_step(step, stats)
     bar.close()
     info = {"recipe": asdict(recipe), "tokens": recipe.steps * recipe.batch_size, "data": settings["data"],
-            "keep_bos": keep_bos, "autocast": autocast, "trainer": "resid.analyses.training"}
+            "keep_bos": keep_bos, "autocast": autocast, "max_norm_ratio": max_norm_ratio,
+            "trainer": "resid.analyses.training"}
     out = [check(t.coder.dictionary(s.hook_in, s.hook_out, name=s.label, model_name=model.name, metadata=info), model)
            for t, s in zip(trainers, specs)]
     if folder is not None:
