@@ -64,3 +64,16 @@ def test_splicing_bos_or_not_differs_only_through_bos(bos_model, texts) -> None:
     assert kept.ce_spliced == pytest.approx(kept.ce_zero_ablated, rel=1e-6)
     assert everywhere.ce_spliced == pytest.approx(everywhere.ce_zero_ablated, rel=1e-6)
     assert abs(kept.ce_spliced - everywhere.ce_spliced) > 1e-3
+
+
+def test_tokens_far_above_the_median_norm_are_neither_counted_nor_spliced(bos_model, texts) -> None:
+    zero = _exact(bos_model)
+    with torch.no_grad():
+        zero.W_dec.zero_()
+    every = evaluate(bos_model, zero, texts, max_windows=4, window=24, max_norm_ratio=None).iloc[0]
+    some = evaluate(bos_model, zero, texts, max_windows=4, window=24, max_norm_ratio=1.1).iloc[0]
+    assert 0 < some.tokens < every.tokens  # the tokens above 1.1 x the median norm are left out of the sums
+    assert some.ce_clean == pytest.approx(every.ce_clean, rel=1e-6)  # the same predictions are scored
+    # ... but those tokens keep their residual in the spliced run: zeroing the rest hurts less than zeroing all
+    assert some.ce_spliced == pytest.approx(some.ce_zero_ablated, rel=1e-6)
+    assert abs(some.ce_spliced - every.ce_spliced) > 1e-4

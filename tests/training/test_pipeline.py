@@ -155,3 +155,18 @@ def test_autocast_gives_the_same_tokens_within_bf16(bos_model, texts) -> None:
         assert not torch.equal(bf16[hook], exact[hook])  # the products did run in bf16
         error = (bf16[hook] - exact[hook]).norm(dim=-1) / exact[hook].norm(dim=-1)  # the same rows, the same order
         assert float(error.mean()) < 0.03 and float(error.max()) < 0.2, hook  # bf16's 3 digits, through 2 layers
+
+
+def test_tokens_far_above_the_median_norm_are_left_out(bos_model, texts) -> None:
+    spec = Spec.transcoder(bos_model, 1)
+    hooks = [HOOK, spec.hook_in, spec.hook_out]
+    every = Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=None)
+    some = Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=1.1)
+    everything, kept = every.block(0), some.block(0)
+    ordinary = torch.stack([t.norm(dim=-1) <= 1.1 * t.norm(dim=-1).median() for t in everything.values()]).all(0)
+    assert 0 < len(kept[HOOK]) == int(ordinary.sum()) < len(everything[HOOK])  # one mask for every hook
+    for hook in hooks:  # the same rows (in another order): the ordinary ones, aligned across the hooks
+        distance = torch.cdist(kept[HOOK], everything[HOOK][ordinary])
+        torch.testing.assert_close(kept[hook], everything[hook][ordinary][distance.argmin(1)], **TINY)
+    with pytest.raises(resid.ResidError, match="max_norm_ratio"):
+        Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=0.5)
