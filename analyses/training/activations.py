@@ -173,8 +173,10 @@ def training_positions(tokens: Tokens, keep_bos: bool = False) -> Bool[Tensor, "
 def ordinary(norms: Tensor, ratio: float) -> Tensor:
     """The tokens whose norm is at most `ratio` x the median of `norms` [token] (a mask). The others are attention
     sinks past the first position: in SmolLM2 a few tokens early in a document (13 of 131k demo-corpus tokens at
-    layer 15, after the first positions are dropped) carry residual norms of 1,000 to 23,000 against a median of
-    170 and a largest ordinary norm of about 540; one of them outweighs a whole batch's variance."""
+    layer 15 above 1,000, after the first positions are dropped) carry residual norms up to 23,000 against a median
+    of 170 and a largest ordinary norm of about 540; one of them outweighs a whole batch's variance."""
+    if norms.numel() == 0:
+        return torch.ones_like(norms, dtype=torch.bool)
     return norms <= ratio * norms.median()
 
 
