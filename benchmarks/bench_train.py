@@ -21,16 +21,18 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
               SAELens's HookedProxyLM (override_model) and the corpus as an in-memory dataset (override_dataset),
               since its own loaders read the model and data by Hugging Face Hub name and this machine has no Hub
               access. SAELens packs the documents into contexts of --window tokens, --saelens-prompts of them per
-              forward; resid runs --forward-batch windows (documents, cut at --window tokens) per forward, padded:
+              forward; resid runs windows (documents, cut at --window tokens) longest first, at most --forward-batch x --window padded
+              tokens per forward:
               the line before the table gives each one's tokens per forward.
 4. --transcoders: 30 transcoders (every layer's MLP standardized input to its write) from one forward pass against
    30 separate runs (each stops after its own layer): generation timed both ways, the training steps once.
 
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
-Measured (2-core CPU, torch 2.13.0, 2 threads each; --steps 8 --batch-size 2048 --held-out 4096 --forward-batch 32):
-training on the same activations resid 4,297 tokens/s, SAELens 3,064 (1.40x); end to end resid 226, SAELens 715
-(0.32x: resid pads each batch of 32 documents to the longest, 2.5x the real tokens, and runs all 30 layers); held-
-out FVU after 8 steps resid 0.550, SAELens 1.008 (its decoder starts at norm 0.1; too few steps to compare FVU).
+Measured (2-core AVX-512 CPU, torch 2.13.0, 2 threads each; --steps 48 --batch-size 2048 --held-out 4096
+--forward-batch 32): training on the same activations resid 8,619 tokens/s, SAELens 3,850 (2.24x); end to end resid
+1,180, SAELens 932 (1.27x; with --autocast 1,727 and 1,305, 1.32x); held-out FVU after 48 steps resid 0.513,
+SAELens 1.470. Generation is most of the end-to-end time, and both libraries' forwards run near the CPU's matrix
+peak (resid's: 1,320 tokens/s, 1% of the positions padding), so end to end stays far from 2x on this machine.
 The recipes differ where each library's TopK recipe does (resid: sparsify's, unit-norm decoder rows, b_dec at the
 geometric median; SAELens: its TopK defaults, see train_saelens.py); learning rate, warm-up, steps and batch are the
 same.
