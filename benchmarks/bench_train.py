@@ -21,9 +21,9 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
               SAELens's HookedProxyLM (override_model) and the corpus as an in-memory dataset (override_dataset),
               since its own loaders read the model and data by Hugging Face Hub name and this machine has no Hub
               access. SAELens packs the documents into contexts of --window tokens, --saelens-prompts of them per
-              forward; resid runs windows (documents, cut at --window tokens) longest first, at most --forward-batch x --window padded
-              tokens per forward:
-              the line before the table gives each one's tokens per forward.
+              forward; resid runs windows (documents, cut at --window tokens) longest first, at most
+              --forward-batch x --window padded tokens per forward: the line before the table gives each one's
+              tokens per forward.
 4. --transcoders: 30 transcoders (every layer's MLP standardized input to its write) from one forward pass against
    30 separate runs (each stops after its own layer): generation timed both ways, the training steps once.
 
