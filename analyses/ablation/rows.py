@@ -28,6 +28,7 @@ from resid.dictionaries.edits import feature_edits
 from resid.interventions import Add, Scale
 from resid.model import Memory, Run, Transformer
 from resid.selection import Padded
+from resid.seq2seq import EncoderDecoder
 from resid.sites import RESID_PARTS, Site
 from resid.tokenizer import Tokens
 
@@ -98,7 +99,7 @@ def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list,
     if ctx.read_at is not None:  # donors (same lengths) are read where their prompt is
         at = padded.padded_index([[ctx.read_at[group[i % k]]] for i in range(len(chosen))]).to(model.device)
     clean = model.run(padded, capture=capture, logits_at="last" if at is None else Padded(at),
-                      memory=None if encoded is None else Memory(encoded.hidden, encoded.tokens.attention_mask),
+                      memory=None if encoded is None else EncoderDecoder.memory(encoded),
                       dictionaries=ctx.dictionaries)
     tokens = clean.tokens  # on the model's device, like every index built from it below
     targets = torch.tensor([target_ids[p] for p in group], device=model.device)

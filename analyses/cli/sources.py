@@ -56,7 +56,8 @@ def split(model, text: str, source: str | None):
     if source is None:
         raise ResidError(f"{model.name} is an encoder-decoder model: give the text to translate with --source TEXT; "
                          "the prompt is then the decoder's target prefix (\"\" for the first target token).")
-    return target_ids(model, text), source_ids(model, source)
+    # the target prefix as generate takes a text target: the decoder start token (config.json's), then its tokens
+    return model.target_tokens(text, 1).ids.to(model.device), source_ids(model, source)
 
 
 def source_ids(model, source: str):
@@ -70,13 +71,6 @@ def source_ids(model, source: str):
     if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
         ids = [*ids, tok.eos_token_id]
     return torch.tensor([ids], device=model.device)
-
-
-def target_ids(model, text: str):
-    """The decoder's tokens for a target prefix [1 pos]: the decoder start token (config.json's
-    decoder_start_token_id), then the text's tokens, no end-of-text (EncoderDecoder.target_tokens, as generate
-    takes a text target)."""
-    return model.target_tokens(text, 1).ids.to(model.device)
 
 
 def pieces(model, prompt) -> list[str]:

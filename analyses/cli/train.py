@@ -125,18 +125,19 @@ def run(model, args) -> str:
     else:
         specs = [Spec(f"blocks.{l}.{HOOKS[args.site]}") for l in layers]
     training, held_out = args.split(model)
+    ratio = args.max_norm_ratio or None  # 0: keep every token
     with param_style(_render):
         dictionaries = train(model, training, specs, args.recipe, folder=args.out,
                              checkpoint_every=args.checkpoint_every, window=args.window,
                              forward_batch=args.forward_batch, buffer_tokens=args.buffer_tokens,
                              keep_bos=args.keep_bos, autocast=args.autocast, progress=not args.quiet,
-                             max_norm_ratio=args.max_norm_ratio or None)
+                             max_norm_ratio=ratio)
     lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
              f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
              f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]
     if args.eval_windows:
         df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
-                      keep_bos=args.keep_bos, max_norm_ratio=args.max_norm_ratio or None)
+                      keep_bos=args.keep_bos, max_norm_ratio=ratio)
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)
         lines.append(tables.to_markdown(df.drop(columns=["hook_in", "hook_out"])))

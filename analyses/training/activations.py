@@ -68,10 +68,7 @@ class Activations:
                 raise ResidError(f"{param(name, value)} must be a positive integer.")
         self.model, self.batch_size, self.forward_batch = model, batch_size, forward_batch
         self.keep_bos, self.seed, self.autocast = keep_bos, seed, autocast
-        if max_norm_ratio is not None and not (isinstance(max_norm_ratio, (int, float)) and max_norm_ratio > 1):
-            raise ResidError(f"{param('max_norm_ratio', max_norm_ratio)} must be a number above 1 (a multiple of the "
-                             "median norm), or None to keep every token.")
-        self.max_norm_ratio = max_norm_ratio
+        self.max_norm_ratio = check_ratio(max_norm_ratio)
         self.device = torch.device(device) if device is not None else model.device
         self.hooks = list(dict.fromkeys(hooks))
         self.points = {hook: hook_point(hook, model.config) for hook in self.hooks}
@@ -178,6 +175,14 @@ def ordinary(norms: Tensor, ratio: float) -> Tensor:
     if norms.numel() == 0:
         return torch.ones_like(norms, dtype=torch.bool)
     return norms <= ratio * norms.median()
+
+
+def check_ratio(ratio: float | None) -> float | None:
+    """max_norm_ratio as given, if it is None or a number above 1 (a multiple of the median norm)."""
+    if ratio is not None and not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 1):
+        raise ResidError(f"{param('max_norm_ratio', ratio)} must be a number above 1 (a multiple of the median "
+                         "norm), or None to keep every token.")
+    return ratio
 
 
 def forward_batches(lengths: Sequence[int], most: int, overhead: int = 40) -> list[tuple[int, int]]:

@@ -37,7 +37,7 @@ from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.neurons.scan import batch_tokens
-from resid.analyses.training.activations import ordinary, training_positions
+from resid.analyses.training.activations import check_ratio, ordinary, training_positions
 from resid.analyses.training.splice import splice_at
 from resid.dictionaries import Dictionary, Splice, check
 from resid.errors import ResidError
@@ -63,6 +63,7 @@ def evaluate(
     if not 0 < dense < 1:
         raise ResidError(f"dense must be a fraction between 0 and 1, got {dense!r}.")
     dictionaries = [check(d, model) for d in dictionaries]
+    check_ratio(max_norm_ratio)
     pieces = cut_windows(model, corpora.load(corpus), window)[:max_windows]
     pad = model.require_tokenizer().pad_token_id
     totals = [_Totals(d) for d in dictionaries]

@@ -10,6 +10,7 @@ from resid.analyses.training.evaluation import evaluate
 from resid.analyses.training.loop import train
 from resid.analyses.training.recipe import Recipe
 from resid.dictionaries import Dictionary, check
+from resid.errors import ResidError
 
 HOOK = "blocks.1.hook_resid_post"
 
@@ -77,3 +78,5 @@ def test_tokens_far_above_the_median_norm_are_neither_counted_nor_spliced(bos_mo
     # ... but those tokens keep their residual in the spliced run: zeroing the rest hurts less than zeroing all
     assert some.ce_spliced == pytest.approx(some.ce_zero_ablated, rel=1e-6)
     assert abs(some.ce_spliced - every.ce_spliced) > 1e-4
+    with pytest.raises(ResidError, match="max_norm_ratio"):
+        evaluate(bos_model, zero, texts, max_windows=4, window=24, max_norm_ratio=0.5)
