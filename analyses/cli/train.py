@@ -73,8 +73,12 @@ def add_parser(commands, common) -> None:
                                  "(attention sinks; default 10; 0 keeps every token)")
         parser.add_argument("--autocast", action="store_true",
                             help="run the model under bf16 autocast (SAELens's autocast_lm; faster, CPU too)")
-        parser.add_argument("--normalize", default="none", choices=["none", "constant_norm_rescale"],
-                            help="SAELens's activation normalisation, saved in cfg.json (SAEs only; default none)")
+        parser.add_argument("--normalize", default=None,
+                            choices=["none", "constant_norm_rescale", "expected_average_only_in"],
+                            help="SAELens's activation normalisation (default: none for SAEs, "
+                                 "expected_average_only_in for transcoders, whose output's scale is not their "
+                                 "input's; constant_norm_rescale is saved in cfg.json, expected_average_only_in "
+                                 "folded into the weights)")
         parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
         parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
                             "(default 100)")
@@ -107,7 +111,8 @@ def check(args) -> None:
             warmup_steps=args.warmup_steps if args.warmup_steps is not None else steps // 20,
             decay_steps=args.decay_steps if args.decay_steps is not None else steps // 5,
             l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
-            threshold_start_step=min(1000, steps // 10), seed=args.seed, normalize=args.normalize)
+            threshold_start_step=min(1000, steps // 10), seed=args.seed,
+            normalize=args.normalize or ("expected_average_only_in" if args.transcoder else "none"))
     held_out_split(args)
 
 

@@ -10,7 +10,9 @@ Axes: `token` the rows of a training batch, `d_in` / `d_out` the widths read and
 Initialisation (every library read agrees): decoder rows drawn at random and scaled to `decoder_init_norm` (unit
 norm for TopK / BatchTopK, 0.1 for SAELens's ReLU and JumpReLU), the encoder the decoder's transpose (a transcoder
 whose d_in differs from d_out: an independent draw of the same norm), b_enc zero, W_skip zero, and b_dec set from
-the first batch's targets (`Recipe.b_dec_init`: geometric median, mean or zeros).
+the first batch's targets (`Recipe.b_dec_init`: geometric median, mean or zeros). With Recipe.normalize
+"expected_average_only_in", inputs and targets are multiplied by constants fixed on the first batch (their mean
+norm becomes sqrt(width)), and the export folds them into the weights.
 """
 
 import torch
@@ -50,6 +52,9 @@ class Coder(nn.Module):
         # tokens since each feature last fired (dead features: >= recipe.dead_tokens), and whether b_dec was set
         self.register_buffer("since_fired", torch.zeros(self.d_sae, dtype=torch.long))
         self.register_buffer("initialised", torch.zeros((), dtype=torch.bool))
+        # the constants inputs and targets are multiplied by in training (Recipe.normalize "expected_average_only_in")
+        self.register_buffer("in_scale", torch.ones(()))
+        self.register_buffer("out_scale", torch.ones(()))
 
     # --- the maths -------------------------------------------------------------------------------------------
     def pre(self, x: Float[Tensor, "token d_in"]) -> Float[Tensor, "token feature"]:
@@ -76,10 +81,16 @@ class Coder(nn.Module):
 
     # --- around the optimizer step ---------------------------------------------------------------------------
     @torch.no_grad()
-    def start(self, y: Float[Tensor, "token d_out"]) -> None:
-        """b_dec from the first batch's targets (once; a resumed run keeps its own)."""
+    def start(self, x: Float[Tensor, "token d_in"], y: Float[Tensor, "token d_out"]) -> None:
+        """From the first batch (once; a resumed run keeps its own): the normalisation constants, then b_dec from
+        the scaled targets."""
         if bool(self.initialised):
             return
+        if self.recipe.normalize == "expected_average_only_in":
+            self.in_scale.fill_(self.d_in**0.5 / float(x.norm(dim=-1).mean()))
+            self.out_scale.fill_(self.d_out**0.5 / float(y.norm(dim=-1).mean()) if self.transcoder else
+                                 float(self.in_scale))
+        y = y * self.out_scale
         method = self.recipe.b_dec_init
         if method == "mean":
             self.b_dec.copy_(y.mean(0))
@@ -117,15 +128,21 @@ class Coder(nn.Module):
     def dictionary(self, hook_in: str | None = None, hook_out: str | None = None, name: str = "dictionary",
                    model_name: str | None = None, metadata: dict | None = None) -> Dictionary:
         """The trained dictionary as a resid Dictionary (float32, on the CPU), ready for model.run(dictionaries=)
-        and the SAELens writer."""
+        and the SAELens writer. Expected-average constants are folded into the weights (as SAELens's
+        fold_activation_norm_scaling_factor; the pre-activations, so thresholds and top-k, are unchanged):
+        W_enc * in_scale, and W_dec, b_dec divided by out_scale, W_skip * in_scale / out_scale."""
         take = lambda t: t.detach().float().cpu().clone()  # noqa: E731
+        s_in, s_out = float(self.in_scale), float(self.out_scale)
+        normalize, metadata = self.recipe.normalize, dict(metadata or {})
+        if normalize == "expected_average_only_in":  # recorded, and already in the weights
+            normalize, metadata["folded_scaling_factors"] = "none", {"in": s_in, "out": s_out}
         return Dictionary(
-            W_enc=take(self.W_enc), b_enc=take(self.b_enc), W_dec=take(self.W_dec), b_dec=take(self.b_dec),
-            W_skip=None if self.W_skip is None else take(self.W_skip), **self.export_fields(),
-            apply_b_dec_to_input=self.apply_b_dec_to_input, normalize_activations=self.recipe.normalize, name=name,
-            format="resid-trained", hook_in=hook_in,
-            hook_out=hook_out if hook_out is not None else hook_in, model_name=model_name,
-            metadata=dict(metadata or {}), transcoder=self.transcoder,
+            W_enc=take(self.W_enc) * s_in, b_enc=take(self.b_enc), W_dec=take(self.W_dec) / s_out,
+            b_dec=take(self.b_dec) / s_out, W_skip=None if self.W_skip is None else take(self.W_skip) * s_in / s_out,
+            **self.export_fields(), apply_b_dec_to_input=self.apply_b_dec_to_input, normalize_activations=normalize,
+            name=name, format="resid-trained", hook_in=hook_in,
+            hook_out=hook_out if hook_out is not None else hook_in, model_name=model_name, metadata=metadata,
+            transcoder=self.transcoder,
         )
 
 

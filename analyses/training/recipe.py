@@ -23,7 +23,8 @@ from resid.errors import ResidError, param
 Kind = Literal["relu", "topk", "batchtopk", "jumprelu"]
 KINDS = ("relu", "topk", "batchtopk", "jumprelu")
 BDecInit = Literal["geometric_median", "mean", "zeros"]
-Normalize = Literal["none", "constant_norm_rescale"]
+Normalize = Literal["none", "constant_norm_rescale", "expected_average_only_in"]
+NORMALIZE = ("none", "constant_norm_rescale", "expected_average_only_in")
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class Recipe:
     b_dec_init: BDecInit = "geometric_median"  # from the first batch (sparsify, dictionary_learning; SAELens option)
     decoder_init_norm: float | None = None  # None: the recipe's (relu, jumprelu: SAELens's 0.1; topk: unit rows)
     seed: int = 0  # of the initialisation and of the data order
-    # SAELens's normalize_activations, saved in the config (SAEs only): "constant_norm_rescale" trains on
-    # x * sqrt(d_in) / |x| (target scaled alike), and the saved dictionary rescales its input and output so
+    # SAELens's normalize_activations: "constant_norm_rescale" (SAEs only) trains on x * sqrt(d_in) / |x| (target
+    # scaled alike), and the saved dictionary rescales its input and output so; "expected_average_only_in" trains
+    # on x times one constant, sqrt(d_in) / the first batch's mean |x| (a transcoder's target by its own constant,
+    # sqrt(d_out) / mean |y|: resid's extension), folded into the saved weights as SAELens folds it
     normalize: Normalize = "none"
 
     def __post_init__(self) -> None:
@@ -71,8 +74,8 @@ class Recipe:
                             f"must be at most {param('steps', self.steps)}")
         if self.b_dec_init not in ("geometric_median", "mean", "zeros"):
             problems.append(f"{param('b_dec_init', self.b_dec_init)} must be geometric_median, mean or zeros")
-        if self.normalize not in ("none", "constant_norm_rescale"):
-            problems.append(f"{param('normalize', self.normalize)} must be none or constant_norm_rescale")
+        if self.normalize not in NORMALIZE:
+            problems.append(f"{param('normalize', self.normalize)} must be one of {', '.join(NORMALIZE)}")
         if self.lr is not None and not self.lr > 0:
             problems.append(f"{param('lr', self.lr)} must be positive")
         if problems:

@@ -48,9 +48,10 @@ class Trainer:
     @classmethod
     def new(cls, recipe: Recipe, d_in: int, d_out: int | None = None, transcoder: bool = False, skip: bool = False,
             device: torch.device | str = "cpu") -> "Trainer":
-        if transcoder and recipe.normalize != "none":
-            raise ResidError(f"normalize={recipe.normalize!r} is for SAEs: a transcoder's output is another tensor, "
-                             "which its input's norm cannot rescale (SAELens refuses it too).")
+        if transcoder and recipe.normalize == "constant_norm_rescale":
+            raise ResidError("normalize='constant_norm_rescale' is for SAEs: a transcoder's output is another "
+                             "tensor, which its input's norm cannot rescale (SAELens refuses it too); "
+                             "'expected_average_only_in' scales each side by its own constant.")
         coder = CODERS[recipe.activation](d_in, d_out if d_out is not None else d_in, recipe, transcoder, skip)
         return cls(coder, device)
 
@@ -62,7 +63,9 @@ class Trainer:
         if self.recipe.normalize == "constant_norm_rescale":  # as the saved Dictionary rescales (SAELens's)
             scale = coder.d_in**0.5 / x.norm(dim=-1, keepdim=True)
             x, y = x * scale, y * scale
-        coder.start(y)
+        coder.start(x, y)
+        if self.recipe.normalize == "expected_average_only_in":  # constants from the first batch, folded at export
+            x, y = x * coder.in_scale, y * coder.out_scale
         loss, acts, y_hat = coder.loss(x, y, step)
         loss.backward()
         coder.before_step()

@@ -17,7 +17,7 @@ def _trainer(activation: str, **options) -> tuple[Trainer, torch.Tensor]:
                     b_dec_init="mean", **options)
     trainer = Trainer.new(recipe, 16)
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(5)) * 2 + 0.5
-    trainer.coder.start(x)
+    trainer.coder.start(x, x)
     with torch.no_grad():  # a non-zero encoder bias, so that the reference has to add it
         trainer.coder.b_enc.copy_(0.1 * torch.randn(40, generator=torch.Generator().manual_seed(6)))
     return trainer, x
