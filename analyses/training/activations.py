@@ -29,7 +29,8 @@ The order, a function of the seed alone (so a resumed run sees the same batches)
 4. The block's tokens are shuffled (a permutation seeded with (seed, block)) and cut into batches of batch_size
    tokens; the remainder of a block (fewer than batch_size tokens) is dropped.
 A block's activations are the shuffling buffer: about buffer_tokens x the hooks' widths, float32, on `device`
-(2^16 tokens of SmolLM2's d_model 576 are 150 MB per hook).
+(2^16 tokens of SmolLM2's d_model 576 are 150 MB per hook; 30 transcoders read 60 tensors: 9 GB), filled in place;
+a buffer that would not fit in the device's free memory is refused before any work, naming buffer_tokens.
 A `Position` (block, batch in block) says where the stream is, which is all a checkpoint needs.
 """
 
@@ -87,6 +88,15 @@ class Activations:
             raise ResidError(f"The buffer holds at most {max(per_block)} training tokens, fewer than one batch of "
                              f"{param('batch_size', batch_size)}: raise {param('buffer_tokens', buffer_tokens)}, give "
                              "more text, or a smaller batch.")
+        need, free = self.buffer_bytes(), available_bytes(self.device)
+        if free is not None and need > 0.8 * free:
+            fit = int(buffer_tokens * 0.8 * free / need)
+            raise ResidError(
+                f"The shuffling buffer needs {need / 2**30:.1f} GiB ({max(per_block)} tokens x {len(self.hooks)} "
+                f"tensors of width {sum(self.width(h) for h in self.hooks) // len(self.hooks)} on average x 4 bytes), "
+                f"more than the {free / 2**30:.1f} GiB free on {self.device}: lower "
+                f"{param('buffer_tokens', buffer_tokens)} to at most {fit} (a smaller buffer shuffles across fewer "
+                "documents), or train fewer layers per run.")
 
     def width(self, hook: str) -> int:
         return width(self.points[hook], self.model.config)
@@ -123,36 +133,66 @@ class Activations:
 
     @torch.no_grad()
     def block(self, block: int) -> dict[str, Tensor]:
-        """The shuffled training tokens of block `block`, per hook: {hook: [token d]} float32 on self.device."""
-        pieces: dict[str, list[Tensor]] = {hook: [] for hook in self.hooks}
+        """The shuffled training tokens of block `block`, per hook: {hook: [token d]} float32 on self.device.
+        Filled in place and permuted one hook at a time, so that the block costs its own size plus one hook's."""
         # longest first, cut where padding is least (the block's tokens are shuffled afterwards)
         chunk = sorted(self._block_windows(block), key=len, reverse=True)
+        total = sum(self._tokens(w) for w in chunk)
+        found = {hook: torch.empty(total, self.width(hook), device=self.device) for hook in self.hooks}
+        filled = 0
         for start, end in forward_batches([len(w) for w in chunk], self.forward_batch * self.window):
             part = chunk[start:end]
             tokens = batch_tokens(part, self.pad, self.model.device)[0]
             valid = training_positions(tokens, self.keep_bos)
             with torch.autocast(self.model.device.type, torch.bfloat16, enabled=self.autocast):
                 run = self.model.run(tokens, capture=self.capture, logits_at="last", stop_at_layer=self.stop)
+            n = int(valid.sum())
             for hook, point in self.points.items():
-                pieces[hook].append(read(run, self.model, point)[valid].to(self.device, torch.float32))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * (block + 1))
-        found = {hook: torch.cat(parts) for hook, parts in pieces.items()}
+                found[hook][filled:filled + n] = read(run, self.model, point)[valid]
+            filled += n
+        keep = torch.ones(total, dtype=torch.bool, device=self.device)
         if self.max_norm_ratio is not None:
-            keep = torch.stack([ordinary(t.norm(dim=-1), self.max_norm_ratio) for t in found.values()]).all(0)
-            found = {hook: tensor[keep] for hook, tensor in found.items()}
-        order = torch.randperm(len(next(iter(found.values()))), generator=g).to(self.device)
-        return {hook: tensor[order] for hook, tensor in found.items()}
+            for tensor in found.values():
+                keep &= ordinary(tensor.norm(dim=-1), self.max_norm_ratio)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * (block + 1))
+        kept = keep.nonzero().squeeze(1)
+        order = kept[torch.randperm(len(kept), generator=g).to(self.device)]
+        for hook in self.hooks:  # one hook's copy at a time
+            found[hook] = found[hook][order]
+        return found
 
     def batches(self, start: Position = Position(0, 0)) -> Iterator[tuple[Position, dict[str, Tensor]]]:
-        """Endless training batches from `start` on; each comes with the Position after it."""
+        """Endless training batches from `start` on; each comes with the Position after it. A batch is a copy, so
+        that a caller holding it does not keep the previous block alive while the next one fills."""
         block, skip = start.block, start.batch
         while True:
             found = self.block(block)
             n = len(next(iter(found.values()))) // self.batch_size
             for i in range(skip, n):
                 span = slice(i * self.batch_size, (i + 1) * self.batch_size)
-                yield Position(block, i + 1), {hook: tensor[span] for hook, tensor in found.items()}
-            block, skip = block + 1, 0
+                yield Position(block, i + 1), {hook: tensor[span].clone() for hook, tensor in found.items()}
+            block, skip, found = block + 1, 0, None
+
+    def buffer_bytes(self) -> int:
+        """The largest block's float32 activations, every hook together."""
+        return max(self.tokens_per_block()) * sum(self.width(h) for h in self.hooks) * 4
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new buffer on `device`: the GPU's free memory, or the host's MemAvailable (Linux); None
+    where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def training_positions(tokens: Tokens, keep_bos: bool = False) -> Bool[Tensor, "batch pos"]:

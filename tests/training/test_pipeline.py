@@ -170,3 +170,18 @@ def test_tokens_far_above_the_median_norm_are_left_out(bos_model, texts) -> None
         torch.testing.assert_close(kept[hook], everything[hook][ordinary][distance.argmin(1)], **TINY)
     with pytest.raises(resid.ResidError, match="max_norm_ratio"):
         Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=0.5)
+
+
+def test_a_buffer_larger_than_free_memory_is_refused_before_any_work(bos_model, texts, monkeypatch) -> None:
+    from resid.analyses.training import activations
+
+    spec = Spec.transcoder(bos_model, 1)
+    source = Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24,
+                         buffer_tokens=150)
+    need = source.buffer_bytes()
+    assert need == max(source.tokens_per_block()) * 2 * bos_model.config.d_model * 4
+    monkeypatch.setattr(activations, "available_bytes", lambda device: need)  # 80% of it is too little
+    with pytest.raises(resid.ResidError, match=r"lower buffer_tokens=150 to at most \d+"):
+        Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, buffer_tokens=150)
+    monkeypatch.setattr(activations, "available_bytes", lambda device: 2 * need)
+    Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, buffer_tokens=150)
