@@ -1,5 +1,6 @@
 """The notebook runs top to bottom in a fresh kernel (nbclient); any failing cell fails the test."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -16,6 +17,9 @@ def test_decompose_notebook_runs(tmp_path):
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     printed = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
     assert "sum of components" in printed and r"\toprule" in printed and "atp*: Spearman" in printed
+    sums = re.search(r"sum of rows (\S+) = model logit (\S+)", printed)  # the features' decomposition is exact
+    assert sums is not None and abs(float(sums[1]) - float(sums[2])) < 1e-3
+    assert printed.count("promotes [") == 4 and "⟦" in printed  # each feature's tokens and top contexts
     figures = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
                if "application/vnd.plotly.v1+json" in out.get("data", {})]
     assert len(figures) == 6  # four decomposition figures, two patching heatmaps
