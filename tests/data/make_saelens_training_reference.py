@@ -21,6 +21,8 @@ stream: no model, no download), one per recipe that SAELens's format can hold:
     jumprelu                 Recipe(activation="jumprelu")   -> SAELens "jumprelu"
     relu_constant_norm       Recipe(activation="relu", normalize="constant_norm_rescale") -> SAELens "standard"
     batchtopk_skip_transcoder  a transcoder with W_skip      -> SAELens "jumprelu_skip_transcoder"
+    batchtopk_skip_transcoder_expected_average  the same, normalize="expected_average_only_in" (its constants folded
+                             into the saved weights)         -> SAELens "jumprelu_skip_transcoder"
 Each is written by resid.dictionaries.formats.saelens.write, as resid.analyses.training.train writes its folders
 (the same metadata). Inside the SAELens environment, SAE.load_from_disk reads each folder, and SAELens's
 encode(x) and decode(encode(x)) (forward(x) for the skip transcoder, whose skip path decode does not add) of the
@@ -50,6 +52,8 @@ FIXTURES = {  # name -> (Recipe fields, transcoder, skip)
     "relu_constant_norm": (dict(activation="relu", normalize="constant_norm_rescale", l1_coefficient=0.5),
                            False, False),
     "batchtopk_skip_transcoder": (dict(activation="batchtopk", k=4, threshold_start_step=5), True, True),
+    "batchtopk_skip_transcoder_expected_average": (dict(activation="batchtopk", k=4, threshold_start_step=5,
+                                                        normalize="expected_average_only_in"), True, True),
 }
 
 
