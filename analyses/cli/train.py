@@ -26,7 +26,7 @@ HOOKS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_po
 FLAGS = {"activation": "--activation", "expansion": "--expansion", "d_sae": "--d-sae", "lr": "--lr",
          "warmup_steps": "--warmup-steps", "decay_steps": "--decay-steps", "l1_coefficient": "--l1-coefficient",
          "l0_coefficient": "--l0-coefficient", "b_dec_init": "--b-dec-init", "steps": "--tokens / --batch-size",
-         "buffer_tokens": "--buffer-tokens", "normalize": "--normalize", "max_norm_ratio": "--max-norm-ratio"}
+         "buffer_tokens": "--buffer-tokens", "dead_tokens": "--dead-tokens", "normalize": "--normalize", "max_norm_ratio": "--max-norm-ratio"}
 
 
 def _render(name: str, value: object) -> str | None:
@@ -80,6 +80,9 @@ def add_parser(commands, common) -> None:
                                  "expected_average_only_in for transcoders, whose output's scale is not their "
                                  "input's; constant_norm_rescale is saved in cfg.json, expected_average_only_in "
                                  "folded into the weights)")
+        parser.add_argument("--dead-tokens", type=int, default=None,
+                            help="tokens without firing after which a feature counts as dead (and AuxK revives it; "
+                                 "default: a tenth of --tokens, at most sparsify's 10M)")
         parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
         parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
                             "(default 100)")
@@ -94,6 +97,8 @@ def check(args) -> None:
                  "expansion"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     arguments.at_least(args.eval_windows, 0, "--eval-windows")
+    if args.dead_tokens is not None:
+        arguments.at_least(args.dead_tokens, 1, "--dead-tokens")
     arguments.out_folder(args.out)
     args.layer_list = arguments.layers(args.layers)
     if args.tokens < args.batch_size:
@@ -113,6 +118,7 @@ def check(args) -> None:
             decay_steps=args.decay_steps if args.decay_steps is not None else steps // 5,
             l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
             threshold_start_step=min(1000, steps // 10), seed=args.seed,
+            dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
             normalize=args.normalize or ("expected_average_only_in" if args.transcoder else "none"))
     held_out_split(args)
 

@@ -10,8 +10,8 @@ gives every dictionary the same tokens. With `folder`, a checkpoint (resid.analy
 every `checkpoint_every` steps and at the end, and rerunning the same call resumes from it: the stream restarts at
 the saved Position and every dictionary's weights, buffers and Adam state are restored, so the run ends with the
 weights of a run that was never stopped. At the end each dictionary is written to FOLDER/<name>/ in SAELens's
-format (resid.dictionaries.formats.saelens.write). A tqdm bar shows tokens/s and the first dictionary's L0, FVU and
-dead fraction.
+format (resid.dictionaries.formats.saelens.write). A tqdm bar shows tokens/s and the last step's L0, FVU and dead
+fraction, each the mean over the dictionaries.
 """
 
 import hashlib
@@ -77,8 +77,8 @@ def train(
 ) -> list[Dictionary]:
     """One dictionary per Spec (a hook name is an SAE there), trained on `corpus` (a list of documents or a .txt /
     .jsonl path) as `recipe` says; see the module docstring. autocast: the model's forward under bf16 autocast;
-    max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). on_step(step, stats per dictionary)
-    after each step."""
+    max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). progress: a bar with the step's L0,
+    FVU and dead fraction, means over the dictionaries. on_step(step, stats per dictionary) after each step."""
     specs = [Spec(s) if isinstance(s, str) else s for s in specs]
     if not specs:
         raise ResidError("Give at least one hook or Spec to train a dictionary at.")
@@ -116,7 +116,8 @@ def train(
         if folder is not None and (step % checkpoint_every == 0 or step == recipe.steps):
             checkpoint.save(folder, step, position, [t.state() for t in trainers], settings)
         bar.update(recipe.batch_size)
-        bar.set_postfix(l0=f"{stats[0].l0:.1f}", fvu=f"{stats[0].fvu:.3f}", dead=f"{stats[0].dead:.2f}")
+        mean = lambda field: sum(getattr(x, field) for x in stats) / len(stats)  # noqa: E731 (over dictionaries)
+        bar.set_postfix(l0=f"{mean('l0'):.1f}", fvu=f"{mean('fvu'):.3f}", dead=f"{mean('dead'):.2f}")
         if on_step is not None:
             on_step(step, stats)
     bar.close()

@@ -63,7 +63,7 @@ class Recipe:
         problems = []
         if self.activation not in KINDS:
             problems.append(f"{param('activation', self.activation)} must be one of {', '.join(KINDS)}")
-        for name in ("expansion", "k", "steps", "batch_size"):
+        for name in ("expansion", "k", "steps", "batch_size", "dead_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{param(name, value)} must be a positive integer")

@@ -50,6 +50,9 @@ def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None
     assert "trained 1 batchtopk transcoder(s)" in printed
     found = resid.dictionaries.load(out / "blocks.1.ln2.hook_normalized-to-blocks.1.hook_mlp_out", model)
     assert found.is_transcoder and found.W_skip is not None and found.activation == "jumprelu"
+    recipe = found.metadata["recipe"]  # scaled to the budget: transcoders normalised, dead after a tenth of it
+    assert recipe["normalize"] == "expected_average_only_in" and recipe["dead_tokens"] == 64
+    assert set(found.metadata["folded_scaling_factors"]) == {"in", "out"}
 
 
 @pytest.mark.parametrize("argv, message", [
