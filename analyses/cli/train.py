@@ -26,7 +26,8 @@ HOOKS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_po
 FLAGS = {"activation": "--activation", "expansion": "--expansion", "d_sae": "--d-sae", "lr": "--lr",
          "warmup_steps": "--warmup-steps", "decay_steps": "--decay-steps", "l1_coefficient": "--l1-coefficient",
          "l0_coefficient": "--l0-coefficient", "b_dec_init": "--b-dec-init", "steps": "--tokens / --batch-size",
-         "buffer_tokens": "--buffer-tokens", "dead_tokens": "--dead-tokens", "normalize": "--normalize", "max_norm_ratio": "--max-norm-ratio"}
+         "buffer_tokens": "--buffer-tokens", "dead_tokens": "--dead-tokens", "normalize": "--normalize",
+         "max_norm_ratio": "--max-norm-ratio"}
 
 
 def _render(name: str, value: object) -> str | None:

@@ -87,9 +87,9 @@ class Coder(nn.Module):
         if bool(self.initialised):
             return
         if self.recipe.normalize == "expected_average_only_in":
-            self.in_scale.fill_(self.d_in**0.5 / float(x.norm(dim=-1).mean()))
-            self.out_scale.fill_(self.d_out**0.5 / float(y.norm(dim=-1).mean()) if self.transcoder else
-                                 float(self.in_scale))
+            mean_norm = lambda t: max(float(t.norm(dim=-1).mean()), 1e-12)  # noqa: E731
+            self.in_scale.fill_(self.d_in**0.5 / mean_norm(x))
+            self.out_scale.fill_(self.d_out**0.5 / mean_norm(y) if self.transcoder else float(self.in_scale))
         y = y * self.out_scale
         method = self.recipe.b_dec_init
         if method == "mean":
