@@ -96,7 +96,10 @@ class Trainer:
 
     def restore(self, tensors: dict[str, Tensor], steps_done: int) -> None:
         device = next(self.coder.parameters()).device
-        self.coder.load_state_dict({k[len("coder."):]: v for k, v in tensors.items() if k.startswith("coder.")})
+        state = {k[len("coder."):]: v for k, v in tensors.items() if k.startswith("coder.")}
+        for name in ("in_scale", "out_scale"):  # checkpoints from before expected-average normalisation: unscaled
+            state.setdefault(name, torch.ones(()))
+        self.coder.load_state_dict(state)
         for name, param in self.coder.named_parameters():
             state = {key: tensors[f"adam.{name}.{key}"].to(device) for key in ("step", "exp_avg", "exp_avg_sq")
                      if f"adam.{name}.{key}" in tensors}

@@ -2,6 +2,8 @@
 norm sqrt(width)), folded into the exported weights so that the saved dictionary computes on raw activations
 exactly what was trained on scaled ones; and why transcoders need it (their output's scale is not their input's)."""
 
+import dataclasses
+
 import pytest
 import torch
 from numerics import TINY
@@ -67,3 +69,25 @@ def test_constant_norm_rescale_is_still_refused_for_transcoders() -> None:
 
     with pytest.raises(ResidError, match="expected_average_only_in"):
         Trainer.new(Recipe(normalize="constant_norm_rescale"), 24, 24, transcoder=True)
+
+
+def test_a_resumed_run_keeps_its_constants() -> None:
+    """The constants are part of the checkpoint: a run restored after 3 steps ends as one that never stopped (and a
+    checkpoint written before they existed restores unscaled)."""
+    recipe = Recipe(activation="topk", k=3, d_sae=96, steps=6, batch_size=128, warmup_steps=2,
+                    normalize="expected_average_only_in")
+    data = list(transcoder_batches(6, 128, 0.2, 300.0))
+    straight = Trainer.new(recipe, 24, 24, transcoder=True)
+    fit(straight, data)
+    first = Trainer.new(recipe, 24, 24, transcoder=True)
+    fit(first, data[:3])
+    resumed = Trainer.new(recipe, 24, 24, transcoder=True)
+    resumed.restore(first.state(), 3)
+    fit(resumed, data[3:])
+    assert resumed.coder.out_scale != 1
+    for name, value in straight.coder.state_dict().items():
+        torch.testing.assert_close(resumed.coder.state_dict()[name], value, **TINY, msg=name)
+    old = {k: v for k, v in first.state().items() if not k.endswith("_scale")}
+    unscaled = Trainer.new(dataclasses.replace(recipe, normalize="none"), 24, 24, transcoder=True)
+    unscaled.restore(old, 3)
+    assert unscaled.coder.in_scale == 1 and unscaled.coder.out_scale == 1
