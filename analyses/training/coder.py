@@ -80,6 +80,17 @@ class Coder(nn.Module):
         raise NotImplementedError
 
     # --- around the optimizer step ---------------------------------------------------------------------------
+    def normalise(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """A batch as the recipe trains on it (Recipe.normalize): constant_norm_rescale scales both by each row's
+        sqrt(d_in) / |x|, as the saved Dictionary rescales (SAELens's); expected_average_only_in multiplies them by
+        the constants of the first batch (start), which the export folds into the weights."""
+        if self.recipe.normalize == "constant_norm_rescale":
+            scale = self.d_in**0.5 / x.norm(dim=-1, keepdim=True)
+            return x * scale, y * scale
+        if self.recipe.normalize == "expected_average_only_in":
+            return x * self.in_scale, y * self.out_scale
+        return x, y
+
     @torch.no_grad()
     def start(self, x: Float[Tensor, "token d_in"], y: Float[Tensor, "token d_out"]) -> None:
         """From the first batch (once; a resumed run keeps its own): the normalisation constants, then b_dec from
@@ -90,7 +101,7 @@ class Coder(nn.Module):
             mean_norm = lambda t: max(float(t.norm(dim=-1).mean()), 1e-12)  # noqa: E731
             self.in_scale.fill_(self.d_in**0.5 / mean_norm(x))
             self.out_scale.fill_(self.d_out**0.5 / mean_norm(y) if self.transcoder else float(self.in_scale))
-        y = y * self.out_scale
+        y = self.normalise(x, y)[1]
         method = self.recipe.b_dec_init
         if method == "mean":
             self.b_dec.copy_(y.mean(0))

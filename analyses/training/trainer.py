@@ -60,12 +60,8 @@ class Trainer:
         coder, step = self.coder, self.steps_done
         y = x if y is None else y
         x, y = x.float(), y.float()
-        if self.recipe.normalize == "constant_norm_rescale":  # as the saved Dictionary rescales (SAELens's)
-            scale = coder.d_in**0.5 / x.norm(dim=-1, keepdim=True)
-            x, y = x * scale, y * scale
         coder.start(x, y)
-        if self.recipe.normalize == "expected_average_only_in":  # constants from the first batch, folded at export
-            x, y = x * coder.in_scale, y * coder.out_scale
+        x, y = coder.normalise(x, y)
         loss, acts, y_hat = coder.loss(x, y, step)
         loss.backward()
         coder.before_step()
