@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses.features.attribution import _rows, _z_rows, dictionaries_of
+from resid.analyses.features.attribution import _rows, _z_rows, capture_with, dictionaries_of
 from resid.analyses.inputs import prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.vocab import Token, token_ids
@@ -47,7 +47,9 @@ def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
     positions = prediction_positions(model, given, pos, mask=False)
     tokens = given.tokens
     index = tokens.padded_index([[p] for p in positions])
-    run = model.run(tokens, capture=Capture(positions=[[p] for p in positions]), logits_at=Padded(index),
+    # a z dictionary's rows go through the attention's post-norm (Gemma 2/3, OLMo 2), which reads its scale
+    capture = capture_with(Capture(positions=[[p] for p in positions]), model)
+    run = model.run(tokens, capture=capture, logits_at=Padded(index),
                     dictionaries=found)
     logits = (run.uncapped_logits if run.uncapped_logits is not None else run.logits)[:, 0].float()
     wanted = [None] * n if target is None else token_ids(model, target, n, "target", optional=True)

@@ -1,6 +1,7 @@
 """Attribution to the features of many dictionaries at once: each dictionary's rows sum to the contribution of the
 tensor it reconstructs, and equal the rows of attribution.direct with that dictionary alone."""
 
+import pytest
 import torch
 from numerics import EXACT
 from random_dictionaries import random_dictionary
@@ -10,8 +11,9 @@ from resid.analyses import attribution
 from resid.analyses.features.by_dictionary import COLUMNS, by_dictionary
 
 
-def test_each_dictionary_sums_to_what_it_reconstructs() -> None:
-    model = make_random_model("llama_gqa")
+@pytest.mark.parametrize("kind", ["llama_gqa", "gemma3_like", "olmo2_like"])  # the last two: attention post-norms
+def test_each_dictionary_sums_to_what_it_reconstructs(kind: str) -> None:
+    model = make_random_model(kind)
     ids = torch.randint(0, model.config.d_vocab, (3, 9), generator=torch.Generator().manual_seed(0))
     dictionaries = [random_dictionary(model, "blocks.0.hook_resid_post", seed=1, name="r0"),
                     random_dictionary(model, "blocks.1.hook_resid_pre", seed=2, name="r1"),
