@@ -46,9 +46,16 @@ class Spec:
 
     @classmethod
     def transcoder(cls, model: Transformer, layer: int, skip: bool = False) -> "Spec":
-        """The MLP of `layer`: its standardized input (TransformerLens's ln2.hook_normalized, or hook_mlp_in in a
-        model without pre-norms) to its write (hook_mlp_out)."""
-        hook_in = f"blocks.{layer}.ln2.hook_normalized" if model.config.pre_norms else f"blocks.{layer}.hook_mlp_in"
+        """The MLP of `layer`: its standardized input (TransformerLens's ln2.hook_normalized) to its write
+        (hook_mlp_out). In a model without pre-norms the input is hook_mlp_in; in one where a pre-MLP norm's gain
+        has a zero entry (Gemma 3 270M: 17 of its 18 layers) it is the norm's output after the gain (mlp.hook_in)
+        at every layer, since a splice cannot undo such a gain and attribution graphs splice the transcoders."""
+        if not model.config.pre_norms:
+            hook_in = f"blocks.{layer}.hook_mlp_in"
+        elif any(bool((block.ln_mlp._gain32() == 0).any()) for block in model.blocks if block.ln_mlp is not None):
+            hook_in = f"blocks.{layer}.mlp.hook_in"
+        else:
+            hook_in = f"blocks.{layer}.ln2.hook_normalized"
         return cls(hook_in, f"blocks.{layer}.hook_mlp_out", skip)
 
     @property
