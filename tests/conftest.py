@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import tokenizers
+import torch
 from random_models import RANDOM_CONFIGS, make_random_model
 from tiny_fixtures import Tiny, build_tiny
 from tiny_models import VARIANTS
@@ -21,10 +22,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of the real SmolLM2 is `slow` (`make test` skips them; `make test-slow` runs them). Tests
-    that reach it another way (the command line's default model, the notebook) say so themselves."""
+    that reach it another way (the command line's default model, the notebook) say so themselves. Every test of
+    the `gpu` fixture is `cuda` (`pytest -m cuda` runs them alone)."""
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        if "gpu" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cuda)
+
+
+@pytest.fixture
+def gpu() -> torch.device:
+    """The GPU that the `cuda` tests compare with the CPU; they are skipped without one. RESID_TEST_DEVICE names
+    another device instead: RESID_TEST_DEVICE=cpu runs those tests on the CPU against itself, which checks the
+    tests (not the GPU) on a machine without one."""
+    name = os.environ.get("RESID_TEST_DEVICE", "cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return torch.device(name)
 
 
 @pytest.fixture(scope="session")

@@ -29,13 +29,15 @@ RANDOM_CONFIGS = {
 }
 
 
-def make_random_model(kind: str, tokenizer: resid.Tokenizer | None = None, seed: int = 0) -> resid.Transformer:
-    """A small model of the given kind with every parameter random (gains and biases included)."""
+def make_random_model(kind: str, tokenizer: resid.Tokenizer | None = None, seed: int = 0,
+                      **sizes) -> resid.Transformer:
+    """A small model of the given kind with every parameter random (gains and biases included); `sizes`
+    override the config's fields (e.g. d_mlp=8192 for a model whose forward needs much memory)."""
     base = dict(
         architecture=kind, d_model=32, n_layers=3, n_heads=4, n_kv_heads=4, d_head=8, d_mlp=64,
         d_vocab=50257 if tokenizer is not None else 97, n_ctx=64, norm_eps=1e-5,
     )
-    config = resid.ModelConfig(**{**base, **RANDOM_CONFIGS[kind]})
+    config = resid.ModelConfig(**{**base, **RANDOM_CONFIGS[kind], **sizes})
     return randomize(resid.Transformer(config, tokenizer=tokenizer, name=f"random-{kind}"), seed)
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from random_models import make_random_model
 
 import resid
 from resid.analyses import ablation
@@ -58,12 +59,33 @@ def test_sweep_survives_out_of_memory(random_model, monkeypatch):
                                torch.tensor(expected.ablated_metric.to_numpy()), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_sweep_on_cuda_matches_cpu(random_model):
+def test_sweep_on_cuda_matches_cpu(random_model, gpu):
     prompts = ["The quick brown fox jumps", "A slow green turtle walks"]
     cpu = ablation.sweep(random_model, prompts, " over", sites="head", method="resample",
                          reference=prompts[::-1], progress=False)
-    gpu = ablation.sweep(random_model.to("cuda"), prompts, " over", sites="head", method="resample",
-                         reference=prompts[::-1], progress=False)
-    torch.testing.assert_close(torch.tensor(gpu.ablated_metric.to_numpy()),
+    on_gpu = ablation.sweep(random_model.to(gpu), prompts, " over", sites="head", method="resample",
+                            reference=prompts[::-1], progress=False)
+    torch.testing.assert_close(torch.tensor(on_gpu.ablated_metric.to_numpy()),
                                torch.tensor(cpu.ablated_metric.to_numpy()), atol=1e-4, rtol=1e-4)
+
+
+def test_cuda_out_of_memory_backs_off_to_the_rows_of_a_small_batch(gpu):
+    """A real out-of-memory error: a sweep asked to run, in one batch, more rows than the GPU's free memory holds
+    (by the forward's own working set), finishes with the rows of a small-batch run."""
+    if gpu.type != "cuda":
+        pytest.skip("an out-of-memory error needs a CUDA GPU")
+    model = make_random_model("llama_gqa", n_layers=2, d_model=256, d_head=64, d_mlp=8192, n_ctx=1024).to(gpu)
+    free, _ = torch.cuda.mem_get_info(gpu)
+    n_pos = model.config.n_ctx
+    # one MLP hidden alone is 4 * d_mlp bytes per token in float32: rows enough that one batch needs 2x free memory
+    rows = int(2 * free // (4 * model.config.d_mlp * n_pos)) + 1
+    if rows > 20_000:
+        pytest.skip(f"{free / 2**30:.0f} GiB free: too many rows for a quick test")
+    ids = torch.randint(0, model.config.d_vocab, (rows, n_pos), generator=torch.Generator().manual_seed(0))
+    site = [resid.Site(model.config.n_layers - 1, "mlp")]
+    one_batch = ablation.sweep(model, ids, 3, sites=site, batch_size=rows, progress=False)
+    small = ablation.sweep(model, ids[:64], 3, sites=site, batch_size=8, progress=False)
+    assert len(one_batch) == rows
+    first = one_batch.sort_values("prompt_idx").ablated_metric.to_numpy()[:64]
+    torch.testing.assert_close(torch.tensor(first), torch.tensor(small.sort_values("prompt_idx").ablated_metric
+                                                                 .to_numpy()), atol=1e-5, rtol=1e-4)
