@@ -52,6 +52,8 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/bench_tuned_lens.py
 	$(PY) benchmarks/bench_t5.py
 	$(PY) benchmarks/bench_seq2seq_generate.py
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then $(PY) benchmarks/bench_gpu.py; \
+	else echo "bench_gpu.py: no CUDA GPU here, skipped (python benchmarks/bench_gpu.py --smoke checks it on the CPU)"; fi
 
 dist: $(VENV)/.base
 	$(PIP) install build twine

@@ -74,7 +74,7 @@ def make_prompts(model: resid.Transformer, n: int) -> tuple[list[str], list[str]
             baselines.append(" " + b)
     assert len(prompts) == n, f"found only {len(prompts)} prompts of {width} tokens"
     for word in {*targets, *baselines}:
-        assert len(model.to_tokens(word).ids[0]) == 1, f"{word!r} is not a single token"
+        model.to_single_token(word)  # raises, naming the word, where it is not one token (BOS not counted)
     return prompts, targets, baselines
 
 

@@ -29,20 +29,22 @@ from resid.dictionaries import Dictionary, Observe, check
 
 
 def random_saes(model: resid.Transformer, calibration: torch.Tensor, d_sae: int, l0: int) -> list[Dictionary]:
-    """One random ReLU SAE per layer on hook_resid_post, each feature firing on about l0 / d_sae of the tokens."""
+    """One random ReLU SAE per layer on hook_resid_post, each feature firing on about l0 / d_sae of the tokens, on
+    the model's device."""
     d_model, n_layers = model.config.d_model, model.config.n_layers
     g = torch.Generator().manual_seed(0)
     run = model.run(calibration)
     saes = []
     with torch.no_grad():
         for layer, (_, resid_post) in enumerate(r for r in run.stream.running("layer") if r[0].part == "resid_post"):
-            w_enc = torch.randn(d_model, d_sae, generator=g)
+            w_enc = torch.randn(d_model, d_sae, generator=g).to(model.device)
             w_enc /= w_enc.norm(dim=0, keepdim=True)
             pre = resid_post.reshape(-1, d_model).float() @ w_enc
             rank = max(1, round(pre.shape[0] * l0 / d_sae))
             b_enc = -pre.topk(rank, dim=0).values[-1]  # the rank-th largest pre-activation of each feature fires
-            sae = Dictionary(W_enc=w_enc, b_enc=b_enc, W_dec=w_enc.T.contiguous(), b_dec=torch.zeros(d_model),
-                             activation="relu", hook_in=f"blocks.{layer}.hook_resid_post", name=f"sae{layer}")
+            sae = Dictionary(W_enc=w_enc, b_enc=b_enc, W_dec=w_enc.T.contiguous(),
+                             b_dec=torch.zeros(d_model, device=model.device), activation="relu",
+                             hook_in=f"blocks.{layer}.hook_resid_post", name=f"sae{layer}")
             saes.append(check(sae, model))
     assert len(saes) == n_layers
     return saes
