@@ -256,7 +256,9 @@ class Attention(nn.Module):
         """softmax(q k^T * scale) over the allowed keys (scores soft-capped first if the model caps them, plus the
         relative position bias of models with one), in float32, as the eager Hugging Face attention does."""
         k_r = k_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        scores = (q_h @ k_r.transpose(-1, -2)) * self.scale
+        # in place where a fresh tensor would only be thrown away: the same numbers, two fewer passes over the
+        # [batch head pos key_pos] scores (a third of what capturing the pattern costs beside SDPA)
+        scores = (q_h @ k_r.transpose(-1, -2)).mul_(self.scale)
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if ctx.relative is not None and not self.cross:  # the bias carries the mask
@@ -270,5 +272,5 @@ class Attention(nn.Module):
             n = scores.shape[-1]
             blocked = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
         if blocked is not None:
-            scores = scores.masked_fill(blocked, float("-inf"))
+            scores = scores.masked_fill_(blocked, float("-inf"))
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_h.dtype)
