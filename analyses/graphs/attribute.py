@@ -81,7 +81,7 @@ def salient_logits(model, rep: Replacement, max_n_logits: int, desired_logit_pro
     """(token ids, probabilities, read-out vectors [k d_model] after the final norm: W_U[:, t] - mean_v W_U)."""
     probs = torch.softmax(rep.logits, dim=-1)
     top_p, top = torch.topk(probs, min(max_n_logits, probs.shape[0]))
-    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob))) + 1
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob, device=top_p.device))) + 1
     top_p, top = top_p[:cutoff], top[:cutoff]
     weight = model.readout.unembed.weight.detach().float()  # [d_vocab d_model]
     return top, top_p, weight[top] - weight.mean(0)

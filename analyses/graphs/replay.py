@@ -55,5 +55,5 @@ def _feature_writes(rep: Replacement, target: int) -> Tensor:
             continue
         positions, features = rep.features[rows, 1], rep.features[rows, 2]
         weights = found.decoder(source, target, features) * rep.activations[rows, None]
-        out.index_add_(0, positions, weights)
+        out.index_add_(0, positions.to(out.device), weights)  # the bookkeeping (rep.features) is on the CPU
     return out
