@@ -31,6 +31,7 @@ from resid.analyses.ablation.rows import Context, ablate_group, clean_pass, edit
 from resid.analyses.ablation.seq2seq import SourceIds
 from resid.analyses.distributed.executor import Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
+from resid.dictionaries.check import on_device
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.sites import RESID_PARTS, Site
@@ -171,7 +172,7 @@ class SweepJob(Job):
         means = {site: torch.tensor(mean).to(decoder.dtype).to(model.device) for site, mean in self.means.items()}
         encoder = model.encoder if isinstance(model, EncoderDecoder) else None
         return Context(decoder, self.method, self.metric, means, self.per_position, BatchSize(size), self.read_at,
-                       self.aligned, self.donor_metric, self.dictionaries, encoder)
+                       self.aligned, self.donor_metric, on_device(self.dictionaries, decoder), encoder)
 
     def run(self, state: Context, chunk: SweepChunk) -> Iterator[pd.DataFrame]:
         prompts, start = list(chunk.prompts), 0

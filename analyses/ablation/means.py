@@ -17,6 +17,7 @@ from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.executor import Executor, Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
+from resid.dictionaries.check import on_device
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
@@ -44,12 +45,12 @@ class MeanJob(Job):
         planned, self.chunks = self.chunks, []  # the texts travel with their chunks, not with the job
         return planned
 
-    def setup(self, model: Transformer) -> tuple[Transformer, BatchSize]:
+    def setup(self, model: Transformer) -> tuple[Transformer, BatchSize, tuple]:
         size = model_batch_size(model, self.n_positions) if self.batch_size == "auto" else self.batch_size
-        return model, BatchSize(size)
+        return model, BatchSize(size), on_device(self.dictionaries, model)
 
-    def run(self, state: tuple[Transformer, BatchSize], chunk: list[list[int]]) -> Iterator[Sums]:
-        model, size = state
+    def run(self, state: tuple[Transformer, BatchSize, tuple], chunk: list[list[int]]) -> Iterator[Sums]:
+        model, size, dictionaries = state
         slots = self.n_positions if self.per_position else 1
         counts = torch.zeros(slots, dtype=torch.float64)
         sums: dict = {}
@@ -57,8 +58,7 @@ class MeanJob(Job):
         while start < len(chunk):
             def work(rows: int, start: int = start) -> tuple[int, list]:
                 tokens = Tokens.pad(chunk[start : start + rows], self.pad, "right").to(model.device)
-                run = model.run(tokens, capture=Capture.of(self.sites), logits_at="last",
-                                dictionaries=self.dictionaries)
+                run = model.run(tokens, capture=Capture.of(self.sites), logits_at="last", dictionaries=dictionaries)
                 mask = tokens.attention_mask
                 everywhere = torch.zeros(int(mask.sum()), dtype=torch.long)
                 slot = tokens.position_ids[mask] if self.per_position else everywhere

@@ -21,7 +21,6 @@ activation histogram over every scanned token (resid.analyses.features.histogram
 scanned tokens, `df.attrs["provenance"]["parameters"]["tokens"]`), which features.card draws.
 """
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from resid.analyses.neurons.keys import SIGNS, Sign, _frame, windows
 from resid.analyses.neurons.scan import Reader, scan_with
 from resid.capture import Capture
 from resid.dictionaries import CrossLayerTranscoder, Dictionary, check
+from resid.dictionaries.check import on_device
 from resid.dictionaries.hooks import read
 from resid.errors import ResidError, param
 from resid.model import Transformer
@@ -69,10 +69,8 @@ class FeatureReader(Reader):
         return width * (stream + sum(5 * d.d_sae for d in self.dictionaries))
 
     def setup(self, model: Transformer) -> tuple:
-        on_device = tuple(d if d.W_enc.device == model.device else copy.deepcopy(d).to(model.device)
-                          for d in self.dictionaries)
         index = tuple(None if f is None else torch.tensor(f, device=model.device) for f in self.features)
-        return model, on_device, index
+        return model, on_device(self.dictionaries, model), index
 
     def capture(self) -> Capture:
         fields: dict[str, set[str]] = {"attn": set(), "mlp": set(), "cross": set()}

@@ -39,6 +39,7 @@ from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of
 from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.analyses.patching.sources import PairSources, pair_sources
 from resid.capture import Capture
+from resid.dictionaries.check import on_device
 from resid.errors import ResidError, param
 from resid.model import Inputs, Transformer
 from resid.seq2seq import EncoderDecoder
@@ -162,7 +163,7 @@ class AtPJob(PairsJob):
                          self.method)] if kinds else []
         if WORD in self.sites:
             frames.append(_features(model, pairs, self.base, indices, self.targets, self.baselines, self.metric,
-                                    self.dictionaries))
+                                    on_device(self.dictionaries, model)))
         return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 

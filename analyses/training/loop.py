@@ -136,7 +136,7 @@ def train(
     if folder is not None:
         for d in out:
             saelens.write(d, Path(folder) / _folder_name(d.name))
-    return out
+    return [d.to(model.device) for d in out]  # where the model runs them (trained on a GPU: there)
 
 
 def _fingerprint(source: Activations) -> str:

@@ -16,6 +16,7 @@ wrong decomposition.
    fold_value_biases in its model_from_pretrained_kwargs) reads other tensors than resid's unprocessed model has.
 """
 
+import copy
 import re
 
 from resid.config import ModelConfig
@@ -123,3 +124,10 @@ def same_model(a: str, b: str) -> bool:
     if version_a and version_b and version_a != version_b:
         return False
     return not (size_a and size_b and size_a != size_b)
+
+
+def on_device(dictionaries, model) -> tuple:
+    """Each dictionary on `model`'s device: itself where it is already there, else a moved copy (the caller's
+    objects stay where they are). Jobs that carry dictionaries to a worker (a Ray worker with a GPU gets the
+    driver's CPU copies) call this when they set up."""
+    return tuple(d if d.W_enc.device == model.device else copy.deepcopy(d).to(model.device) for d in dictionaries)

@@ -52,9 +52,10 @@ def detect(folder: Path) -> str:
 def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str | None = None,
          norm_scaling_factor: float | None = None) -> Loaded:
     """Read the dictionary (or set of dictionaries) at `path`, a local folder or a Hub id, and when `model` (a
-    resid.Transformer) is given, check it against the model (resid.dictionaries.check) and record the sites its
-    hooks read. `hook` / `hook_out` name the hooks of a file that does not say them (Gemma Scope 1);
-    `norm_scaling_factor` is SAELens's registry factor for "expected_average_only_in" dictionaries."""
+    resid.Transformer) is given, check it against the model (resid.dictionaries.check), record the sites its
+    hooks read and put it on the model's device. `hook` / `hook_out` name the hooks of a file that does not say
+    them (Gemma Scope 1); `norm_scaling_factor` is SAELens's registry factor for "expected_average_only_in"
+    dictionaries."""
     folder = _local(path)
     fmt = detect(folder)
     if fmt == "saelens":
@@ -73,6 +74,7 @@ def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str
     for dictionary in dictionaries:
         if model is not None:
             check(dictionary, model)
+            dictionary.to(model.device)
         elif isinstance(dictionary, Dictionary):
             _map_without_model(dictionary)
     return found

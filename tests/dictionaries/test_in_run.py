@@ -114,3 +114,10 @@ def test_decoding_from_the_active_features_equals_the_dense_decode() -> None:
     assert 0 < int(acts.count_nonzero()) < 0.05 * acts.numel()  # topk 5 of 400: the sparse path
     torch.testing.assert_close(decode(d, acts, x), d.decode(acts, x), **EXACT)
     torch.testing.assert_close(decode(d, torch.zeros_like(acts), x), d.b_dec.expand(2, 7, -1), **EXACT)
+
+
+def test_a_dictionary_on_another_device_than_the_model_is_refused_with_what_to_do() -> None:
+    model = make_random_model("llama_gqa")
+    sae = random_dictionary(model, "blocks.0.hook_resid_post", seed=1, name="r0").to("meta")
+    with pytest.raises(resid.ResidError, match=r"'r0' is on meta and the model on cpu: move it there first"):
+        model.run(torch.tensor([[1, 2, 3]]), dictionaries=[sae])
