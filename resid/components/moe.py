@@ -97,7 +97,7 @@ class MoE(nn.Module):
                 post = apply_edits(full, mine, "post").reshape(x.shape[0], -1)[tokens]
             write = F.linear(post, self._w_out[e]) * weight[tokens, e, None]
             if post_all is not None:
-                post_all[tokens, e] = post
+                post_all[tokens, e] = post.to(post_all.dtype)  # bf16 under autocast, into the model's dtype
             if any(edit[0].site.what == "expert_out" for edit in mine):
                 full = _scatter(write, tokens, x.shape[0]).view(batch, n_pos, d_model)
                 full = apply_edits(full, mine, "expert_out").reshape(-1, d_model)
@@ -107,7 +107,7 @@ class MoE(nn.Module):
                 continue
             out.index_add_(0, tokens, write)
             if expert_out is not None:
-                expert_out[tokens, e] = write
+                expert_out[tokens, e] = write.to(expert_out.dtype)
         values = {
             "router_logits": logits,
             "expert_weights": weights,

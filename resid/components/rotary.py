@@ -94,6 +94,15 @@ class Rotary(nn.Module):
         inv_freq, self.attention_factor = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """Moves the frequencies with the model but keeps them float32 (as transformers does): model.to(bfloat16)
+        would round 0.1 to 0.1001 and turn each angle by ~0.1 rad at position 1,000."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            inv_freq = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx)[0]
+            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
     def cos_sin(
         self, position_ids: Int[Tensor, "batch pos"], dtype: torch.dtype
     ) -> tuple[Float[Tensor, "batch pos 1 rot"], Float[Tensor, "batch pos 1 rot"]]:
