@@ -149,6 +149,9 @@ def _check(model, tokens: Tokens, max_new_tokens: int, do_sample: bool, temperat
 
 
 def _generator(seed: int | torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    if isinstance(seed, torch.Generator) and seed.device.type != device.type:
+        raise ResidError(f"The generator is on {seed.device} and the model on {device}: sampling draws on the "
+                         "model's device, so pass torch.Generator(device=model.device) or an int seed.")
     if seed is None or isinstance(seed, torch.Generator):
         return seed
     return torch.Generator(device=device).manual_seed(seed)

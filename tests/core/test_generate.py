@@ -170,3 +170,14 @@ def test_bad_input_padding_and_eos(gpt2_tokenizer):
         make_random_model("llama_gqa").generate(torch.tensor([1, 2, 3]), 2, stop_at_eos=True)
     with pytest.raises(resid.ResidError, match="does not broadcast"):  # a per-position value cannot follow new tokens
         model.generate(PROMPTS, 2, interventions=[resid.Replace(Site(0, "attn"), torch.zeros(2, 11, 32))])
+
+
+def test_sampling_on_a_gpu_takes_an_int_seed_or_a_generator_of_its_device(gpt2_tokenizer, gpu):
+    model = make_random_model("llama_gqa", gpt2_tokenizer).to(gpu)
+    options = dict(do_sample=True, temperature=100.0)
+    one = model.generate(PROMPTS, 8, seed=0, **options)
+    again = model.generate(PROMPTS, 8, seed=torch.Generator(device=gpu).manual_seed(0), **options)
+    assert torch.equal(one.new_ids, again.new_ids)
+    if gpu.type != "cpu":
+        with pytest.raises(resid.ResidError, match="pass torch.Generator\\(device=model.device\\) or an int seed"):
+            model.generate(PROMPTS, 8, seed=torch.Generator().manual_seed(0), **options)
