@@ -240,7 +240,7 @@ def _use(item, model) -> Observe | Splice:
                          f"Observe / Splice of one), got {type(d).__name__}.")
     if d.W_enc.device != model.device:
         raise ResidError(f"Dictionary {d.name!r} is on {d.W_enc.device} and the model on {model.device}: move it "
-                         f"there first (dictionary.to(model.device)); resid.dictionaries.load(path, model) puts it "
+                         "there first (dictionary.to(model.device)); resid.dictionaries.load(path, model) puts it "
                          "on the model's device.")
     if isinstance(use, Splice) and use.edit is not None and isinstance(d, CrossLayerTranscoder):
         raise ResidError(f"Cross-layer transcoder {d.name!r}: Splice(edit=...) edits per-layer dictionaries only.")
