@@ -10,7 +10,7 @@ CLEAN = ["When Mary and John went to the store, John gave a drink to",
 CORRUPT = ["When Mary and John went to the store, Mary gave a drink to",
            "When Alice and Bob went to the park, Alice gave a book to"]
 TARGETS, BASELINES = [" Mary", " Alice"], [" John", " Bob"]
-CLOSE = dict(atol=1e-4, rtol=1e-4)
+CLOSE = dict(atol=1e-3, rtol=1e-3)  # float32 on either device: reduction order differs
 
 
 def _column(df, name: str) -> torch.Tensor:
