@@ -3,11 +3,13 @@
 
     python benchmarks/bench_gpu.py [--models smollm2-135m,gemma-3-270m] [--dtypes fp32,bf16]
         [--shapes 1x128,8x512,32x1024,1x8192] [--only forward,dla,sweep,patching,backoff,dictionaries,training,graph]
-        [--repeats 5] [--out build/bench-gpu/results.jsonl] [--smoke] [--device cuda]
+        [--repeats 5] [--out build/bench-gpu/results.jsonl] [--smoke] [--device cuda] [--weights gguf|random]
 
 Needs `pip install 'resid-stream[bench,gemma3]'`. Without CUDA it runs on the CPU, where everything but the
 out-of-memory back-off is measured the same way; --smoke shrinks every workload so that the whole script runs in
-minutes on a small CPU (a check that it works, not figures). Per model and dtype:
+minutes on a small CPU (a check that it works, not figures). --weights random measures models of the same
+architectures with random weights (gpu_models.py), for a machine that cannot receive the GGUF files; the
+speed and memory are the same. Per model and dtype:
   forward       transformers (SDPA attention, use_cache=False: its plainest forward) against resid's model.run with
                 Capture.none(), the default capture and Capture.all() at each batch x length (position 0 the BOS
                 token, the rest random): median of interleaved rounds, ratio to transformers, peak memory (weights
@@ -37,6 +39,7 @@ import traceback
 from pathlib import Path
 
 import gpu_dictionaries
+import gpu_models
 import gpu_workloads
 import torch
 from gpu_timing import free_cache, interleaved
@@ -53,32 +56,6 @@ FULL = dict(shapes="1x128,8x512,32x1024,1x8192", repeats=5, rate_rows=0, dla=64,
 SMOKE = dict(shapes="1x16,2x32", repeats=1, rate_rows=8, dla=4, sweep=4, pairs=4, backoff_pos=32, backoff_rows=64,
              backoff_small=2, dict_shape="2x16", features=1024, l0=16, train_steps=4, train_batch=256,
              forward_batch=8, buffer_tokens=1024, graph_tokens=12, graph_nodes=64, graph_batch=64)
-
-
-def gguf_path(name: str) -> Path:
-    if name == "smollm2-135m":
-        from resid.load.registry import _smollm2_path
-
-        return _smollm2_path()
-    if name == "gemma-3-270m":
-        from resid.load.gguf_packages import gemma3_270m_path
-
-        return gemma3_270m_path()
-    raise SystemExit(f"bench_gpu.py compares smollm2-135m and gemma-3-270m with transformers, not {name!r}")
-
-
-def load_transformers(name: str, dtype: torch.dtype, device: torch.device):
-    """transformers' model of the GGUF file resid loads, dense (dequantize=True: without it, where the `kernels`
-    package is installed, transformers 5 keeps the weights in GGUF blocks and multiplies by them in float32)."""
-    from transformers import AutoModelForCausalLM, GgufConfig
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    path = gguf_path(name)
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="sdpa",
-                                              dtype=dtype, quantization_config=GgufConfig(dequantize=True))
-    assert all(p.dtype == dtype for p in hf.parameters()), "transformers' model is not dense in the dtype asked for"
-    return hf.to(device).eval()
 
 
 def forward(model, hf, shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
@@ -185,6 +162,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--weights", choices=["gguf", "random"], default="gguf",
+                        help="random: the same architectures with random weights (gpu_models.py), no GGUF needed")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-gpu" / "results.jsonl")
     parser.add_argument("--smoke", action="store_true", help="tiny workloads: checks that the script works")
     for key, value in FULL.items():
@@ -203,14 +182,16 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
     results = Results(args.out, dict(workload="header", device=name, torch=torch.__version__,
                                      transformers=transformers.__version__, resid=resid.__version__,
+                                     weights=args.weights,
                                      threads=torch.get_num_threads(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
                                      settings=settings))
     for model_name in args.models.split(","):
         for dtype_name in args.dtypes.split(","):
             context = dict(model=model_name, dtype=dtype_name)
             print(f"== {model_name} {dtype_name} on {name}", flush=True)
-            model = resid.load(model_name, device=device, dtype=DTYPES[dtype_name])
-            run_workloads(model, model_name, DTYPES[dtype_name], shapes, settings, only, results, context)
+            model = gpu_models.load(model_name, args.weights, device, DTYPES[dtype_name])
+            run_workloads(model, model_name, args.weights, DTYPES[dtype_name], shapes, settings, only, results,
+                          context)
             del model
             free_cache(device)
     print("\n== targets on " + name)
@@ -220,10 +201,11 @@ def main() -> None:
     sys.exit(1 if results.failed else 0)
 
 
-def run_workloads(model, model_name, dtype, shapes, s, only, results: Results, context: dict) -> None:
+def run_workloads(model, model_name, weights, dtype, shapes, s, only, results: Results, context: dict
+                  ) -> None:
     repeats = s["repeats"]
     if "forward" in only:
-        hf = load_transformers(model_name, dtype, model.device)
+        hf = gpu_models.load_transformers(model_name, weights, dtype, model.device)
         results.attempt(context, "forward", lambda: forward(model, hf, shapes, repeats))
         del hf
         free_cache(model.device)

@@ -36,3 +36,19 @@ def test_the_gpu_benchmark_runs_every_workload_on_the_cpu(tmp_path) -> None:
     assert backoff["same_rows"] and not backoff["escaped"] and max(backoff["max_gap"].values()) < 1e-4
     assert by["training"]["dictionaries"] == 30 and by["graph"]["features"] > 0
     assert "== targets" in done.stdout and "resid_no_capture <= 1.05x" in done.stdout
+
+
+@pytest.mark.slow
+def test_random_weights_of_both_architectures_give_transformers_logits(tmp_path) -> None:
+    """--weights random (for a GPU machine that cannot receive the GGUF files): both libraries load the same
+    random safetensors folder, and resid's logits are transformers'."""
+    out = tmp_path / "results.jsonl"
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--device", "cpu", "--weights",
+               "random", "--models", "smollm2-135m,gemma-3-270m", "--dtypes", "fp32", "--only", "forward",
+               "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[0]["weights"] == "random"
+    gaps = {r["model"]: r["max_logit_gap"] for r in records if "max_logit_gap" in r}
+    assert set(gaps) == {"smollm2-135m", "gemma-3-270m"} and max(gaps.values()) < 1e-3
