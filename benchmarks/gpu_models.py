@@ -31,13 +31,13 @@ def gguf_path(name: str) -> Path:
         from resid.load.gguf_packages import gemma3_270m_path
 
         return gemma3_270m_path()
-    raise SystemExit(f"bench_gpu.py compares smollm2-135m and gemma-3-270m with transformers, not {name!r}")
+    raise _unknown(name)
 
 
 def random_folder(name: str) -> Path:
     """build/bench-gpu/<name>-random: config.json, model.safetensors (float32, seed 0) and tokenizer.json."""
     if name not in CONFIGS:
-        raise SystemExit(f"bench_gpu.py compares smollm2-135m and gemma-3-270m with transformers, not {name!r}")
+        raise _unknown(name)
     folder = ROOT / "build" / "bench-gpu" / f"{name}-random"
     if (folder / "model.safetensors").exists():
         return folder
@@ -52,6 +52,10 @@ def random_folder(name: str) -> Path:
     shutil.copy(TOKENIZERS[name], partial / "tokenizer.json")
     partial.rename(folder)
     return folder
+
+
+def _unknown(name: str) -> SystemExit:
+    return SystemExit(f"bench_gpu.py compares {' and '.join(CONFIGS)} with transformers, not {name!r}")
 
 
 def load(name: str, weights: str, device: torch.device, dtype: torch.dtype) -> resid.Transformer:
