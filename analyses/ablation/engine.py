@@ -29,6 +29,7 @@ from resid.analyses.ablation import seq2seq, values
 from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import Prompts, Sources, batch_size_for, check_sources, decoder_of, prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
@@ -103,7 +104,7 @@ def sweep(
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
                    metric, {}, mean_positions == "per_position", read_at, batch_size, size.value,
                    model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries)
-    return _ordered(drive(model, job, out, executor, workers, progress=progress), chosen)
+    return _ordered(drive(model, job, Execution(executor, workers, batch_size, progress, out)), chosen)
 
 
 def _sweep_pairs(model: EncoderDecoder, given: Prompts, sources: Sources, target_ids, baseline_ids, sites, method,
@@ -127,7 +128,7 @@ def _sweep_pairs(model: EncoderDecoder, given: Prompts, sources: Sources, target
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
                    metric, {}, mean_positions == "per_position", None, batch_size, size.value,
                    model.config.n_layers, settings, sources=source_ids, encoder_layers=model.encoder.config.n_layers)
-    return _ordered(drive(model, job, out, executor, workers, progress=progress), chosen)
+    return _ordered(drive(model, job, Execution(executor, workers, batch_size, progress, out)), chosen)
 
 
 def _ordered(result: pd.DataFrame | None, chosen: list[Site]) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Executor, Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
@@ -91,7 +92,7 @@ def reference_means(
     encoded = [ids[:n_positions] for ids in (tokenizer.encode(t) for t in texts) if ids]
     chunks = [encoded[start : start + batch] for start in range(0, len(encoded), batch)]
     job = MeanJob(sites, per_position, n_positions, tokenizer.pad_token_id, batch_size, chunks, dictionaries)
-    parts = drive(model, job, executor=executor, progress=False)
+    parts = drive(model, job, Execution(executor=executor, progress=False))
     slots = n_positions if per_position else 1
     counts = np.zeros(slots)
     sums: dict = {}

@@ -2,7 +2,7 @@
 reference means of mean ablation) runs through `drive`, so each gets batching (in its job), out-of-memory
 back-off (in its job), a resumable `out=` store, a progress bar and Ray workers from this one loop.
 
-    result = drive(model, job, out="results.parquet", executor="ray", workers=2)
+    result = drive(model, job, Execution(out="results.parquet", executor="ray", workers=2))
 
 A job (resid.analyses.distributed.executor.Job) says what its chunks are (`plan`, given the keys a resumed store
 already holds), how a worker computes one, and how the finished results become the answer (`finish`). Jobs whose
@@ -13,25 +13,26 @@ the end. Reductions (top-k lists, sums) take no store: their results come back i
 the workers finished in, so they do not depend on the number of workers.
 """
 
-import os
 from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
+from resid.analyses.distributed.execution import Execution
+from resid.analyses.distributed.executor import InProcess, Job, resolve
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
 from resid.identities import identity
 
 
-def drive(model, job: Job, out: str | os.PathLike | None = None, executor: Executor | str | None = None,
-          workers: int | None = None, progress: bool = True) -> object:
-    """Run `job` on `model` (see the module docstring): the chunks not yet in the store at `out` (a .parquet or
-    .csv file, table jobs only), on `executor` (None: in process; "ray" with `workers`; or an Executor)."""
+def drive(model, job: Job, execution: Execution) -> object:
+    """Run `job` on `model` (see the module docstring) as `execution` says: the chunks not yet in the store at its
+    `out` (a .parquet or .csv file, table jobs only), on its executor, with a bar if it shows progress (the job's
+    batch size is the job's own business: it was cut into chunks with it)."""
+    out = execution.out
     if out is not None and job.key is None:
         raise ResidError(f"{job.name} computes a reduction, not table rows: it takes no out= file.")
-    runner, owned = resolve(executor, workers)
+    runner, owned = resolve(execution.executor, execution.workers)
     store = None
     try:
         if out is not None:
@@ -42,7 +43,7 @@ def drive(model, job: Job, out: str | os.PathLike | None = None, executor: Execu
         job.prepare(model, runner, chunks)
         results: list = [None] * len(chunks) if job.key is None else []
         with tqdm(total=sum(job.size(chunk) for chunk in chunks), desc=f"{job.name} ({len(chunks)} chunks)",
-                  unit=job.unit, disable=not progress) as bar:
+                  unit=job.unit, disable=not execution.shows_progress) as bar:
             for index, result in runner.map(model, job, chunks):
                 if job.key is None:  # a reduction: each chunk's one result, kept in chunk order
                     results[index] = result

@@ -23,6 +23,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
 from resid.analyses.neurons.topk import TopK
 from resid.batching import BatchSize, model_batch_size, with_backoff
@@ -246,7 +247,7 @@ def scan_with(
         size = _batch_size(model, batch_size, width, reader)
         planned = shards(pieces, size.value, None if isinstance(runner, InProcess) else runner.workers)
         job = ScanJob(model.require_tokenizer().pad_token_id, reader, k, sign, batch_size, width, planned)
-        return drive(model, job, executor=runner, progress=progress)
+        return drive(model, job, Execution(executor=runner, progress=progress))
     finally:
         if owned:
             runner.close()

@@ -29,6 +29,7 @@ from resid.analyses.ablation import seq2seq
 from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
@@ -101,7 +102,7 @@ def atp(
                     **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
     job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, settings, sites=sites, method=method,
                     dictionaries=dictionaries)
-    df = drive(model, job, out, executor, workers, progress=progress)
+    df = drive(model, job, Execution(executor, workers, batch_size, progress, out))
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
     # rows in the order of `sites`, each kind's sites as resid.analyses.sites lists them
@@ -133,7 +134,7 @@ def _pairs_atp(model: EncoderDecoder, sources: PairSources, clean, corrupt, targ
     ids = (sources.clean.sequences(every), sources.corrupt.sequences(every), sources.clean.pad_token_id)
     job = seq2seq_atp.Seq2SeqAtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value,
                                        dict(direction=direction, metric=label), sites=chosen, sources=ids)
-    df = drive(model, job, out, executor, workers, progress=progress)
+    df = drive(model, job, Execution(executor, workers, batch_size, progress, out))
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
     order = {site.label: i for i, site in enumerate(chosen)}

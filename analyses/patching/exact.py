@@ -33,6 +33,7 @@ from resid.analyses.ablation import seq2seq
 from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.patching.features import WORD, active, dictionaries_of, require
@@ -108,7 +109,7 @@ def activation(
                    donor_metric=True, dictionaries=dictionaries,
                    sources=None if sources is None else sources.ids(base, donor),
                    encoder_layers=0 if sources is None else full.encoder.config.n_layers)
-    df = drive(full, job, out, executor, workers, progress=progress)
+    df = drive(full, job, Execution(executor, workers, batch_size, progress, out))
     if df is None or df.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     df = df.rename(columns={"ablated_metric": "patched_metric"})

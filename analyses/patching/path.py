@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Executor
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
@@ -74,7 +75,7 @@ def path(
     size = batch_size_for(model, pairs.clean.tokens, batch_size)
     job = PathJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
                      sets=sets, receivers=None if receivers == "logits" else receivers)
-    df = drive(model, job, out, executor, workers, progress=progress)
+    df = drive(model, job, Execution(executor, workers, batch_size, progress, out))
     names = [" + ".join(site.label for site in group) for group in sets]
     if df is None or df.empty:
         return pd.DataFrame(columns=["prompt_idx", "senders", "receivers", "patched_metric", "clean_metric",
