@@ -25,7 +25,7 @@ from torch import Tensor
 from resid.components.norm import Norm
 from resid.errors import ResidError
 from resid.records import AttnRecord, LayerRecord, MLPRecord
-from resid.sites import Site
+from resid.sites import RESID_PARTS, Site
 
 __all__ = ["AttnRecord", "LayerRecord", "MLPRecord", "ResidualStream", "StreamNorms"]
 
@@ -200,9 +200,42 @@ class ResidualStream:
         Run.read for those): the residual [batch pos d_model], an embedding or a write, a field of a sublayer's
         record, indexed by the site's head / key-value head / neuron / expert ([batch pos d_head], [batch pos],
         a head's pattern [batch pos key_pos], ...)."""
-        from resid.site_read import read_site  # the one reader of a site's tensor
-
-        return read_site(self, site)
+        if site.stack is not None:
+            raise ResidError(f"{site.label} is a site of an encoder-decoder model's encoder, not of this stream: read "
+                             "it from the EncoderDecoder's run (run.read(site)).")
+        if site.of_dictionary:
+            raise ResidError(f"{site.label} belongs to a learned dictionary, not to the stream: run the model with "
+                             "dictionaries=[...] and read it with run.read(site) (or run.dictionaries).")
+        if site.is_term:
+            raise ResidError(f"{site.label} is a term of an attribution (a constant carried to the logit), not a "
+                             "tensor of the run.")
+        if site.part == "logits":
+            raise ResidError(f"{site.label}: the logits are the run's, not the stream's: read them with "
+                             "run.read(site) (or run.logits).")
+        if site.part in RESID_PARTS:
+            value = {"resid_pre": self.resid_pre, "resid_mid": self.resid_mid, "resid_cross": self.resid_cross,
+                     "resid_post": self.resid_post}[site.part](site.layer)
+            if value is None:
+                raise ResidError(f"{site.label} does not exist in this model (no resid_mid in parallel blocks, no "
+                                 "resid_cross without cross-attention).")
+            return value
+        if site.part in ("embed", "pos_embed", "type_embed"):
+            value = getattr(self, site.part)
+            if value is None:
+                raise ResidError(f"{site.label}: this model has no such embedding write.")
+            return value
+        if site.part == "layer":
+            raise ResidError(f"{site.label} is a whole layer (several writes): read Site(l, 'attn') and "
+                             "Site(l, 'mlp').")
+        record = getattr(self._layer(site.layer), site.part)
+        if record is None:
+            raise ResidError(f"{site.label}: this model has no cross-attention.")
+        tensor = getattr(record, site.what)
+        if site.what == "pattern" and site.head is not None:  # [batch head pos key_pos]
+            return tensor[:, site.head]
+        if site.expert is not None:
+            return tensor[:, :, site.expert, site.neuron] if site.neuron is not None else tensor[:, :, site.expert]
+        return tensor if site.unit is None else tensor[:, :, site.unit]
 
     def _site(self, site: Site) -> Tensor:
         """The running residual at `site`, walking only as far as it lies."""
