@@ -137,7 +137,7 @@ class Transformer(TokenInputs, nn.Module):
                              f"has {n}), or None to run them all.")
         edits = group_edits(interventions, self.config, tokens)
         end = n if stop_at_layer is None else stop_at_layer
-        past = sorted({key[0] for key in edits if key[0] is not None and key[0] >= end})
+        past = sorted({site.layer for site in edits if site.layer is not None and site.layer >= end})
         if past:
             raise ResidError(f"Interventions at layer(s) {past} lie past stop_at_layer={stop_at_layer}: the run stops "
                              "before them. Raise stop_at_layer or drop them.")
@@ -212,7 +212,8 @@ class Transformer(TokenInputs, nn.Module):
                 f"{(*tokens.ids.shape, self.config.d_model)} (batch, pos, d_model)."
             )
         edits = group_edits(interventions, self.config, tokens)
-        early = sorted({l for l, _ in edits if l is None or l < layer}, key=lambda l: -1 if l is None else l)
+        early = sorted({site.layer for site in edits if site.layer is None or site.layer < layer},
+                       key=lambda l: -1 if l is None else l)
         if early:
             raise ResidError(
                 f"Interventions at layers {early} come before layer {layer}, where this resumed run starts: "

@@ -178,14 +178,14 @@ class ResidualStream:
                 resid = resid + deltas["resid_post"]
             yield Site(layer, "resid_post"), resid
 
-    def accumulated(self, every: Every = "layer") -> tuple[list[str], Float[Tensor, "site batch pos d_model"]]:
-        """The running residual at every site of `running(every)`, stacked, with the sites' labels
-        ("layers[0].resid_pre", "layers[3].resid_mid", ...; TransformerLens's accumulated_resid, in one pass)."""
-        labels, sums = [], []
+    def accumulated(self, every: Every = "layer") -> tuple[list[Site], Float[Tensor, "site batch pos d_model"]]:
+        """The running residual at every site of `running(every)`, stacked, with the sites (Site(0, "resid_pre"),
+        Site(3, "resid_mid"), ...; TransformerLens's accumulated_resid, in one pass)."""
+        sites, sums = [], []
         for site, resid in self.running(every):
-            labels.append(site.label)
+            sites.append(site)
             sums.append(resid)
-        return labels, torch.stack(sums)
+        return sites, torch.stack(sums)
 
     def entering(self) -> Iterator[tuple[int, Tensor]]:
         """(layer, resid_pre(layer)) for every layer, in one pass."""
@@ -272,37 +272,37 @@ class ResidualStream:
         """The residual stream entering the final norm."""
         return self.resid_post(len(self.layers) - 1)
 
-    def components(self) -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
-        """Every write, stacked, with its site's label ("embed", "layers[3].attn", ...); they sum to final().
-        What interventions on residual sites added is a component too, labelled by that site. Post-LN models:
-        each write carried through the frozen norms after it, plus each norm's bias carried the same way
-        ("embed_norm_bias", "layers[3].attn.resid_norm_bias"; float32 arithmetic, returned in the model dtype);
-        they sum to final() up to rounding. Per-head and per-neuron contributions come from
-        resid.analyses.attribution."""
-        pieces = self._embedding_writes()
+    def components(self) -> tuple[list[Site], Float[Tensor, "component batch pos d_model"]]:
+        """Every write, stacked, with its Site (Site(None, "embed"), Site(3, "attn"), ...; `site.label` prints
+        it); they sum to final(). What interventions on residual sites added is a component too, at that site.
+        Post-LN models: each write carried through the frozen norms after it, plus each norm's bias carried the
+        same way (Site(None, "embed_norm_bias"), Site(3, "attn", field="resid_norm_bias"); float32 arithmetic,
+        returned in the model dtype); they sum to final() up to rounding. Per-head and per-neuron contributions
+        come from resid.analyses.attribution."""
+        pieces = [(Site(None, part), write) for part, write in self._embedding_writes()]
         norms = self.norms
         dtype = pieces[0][1].dtype
         if norms is not None:
-            pieces = [(label, write.float()) for label, write in pieces]
+            pieces = [(site, write.float()) for site, write in pieces]
             if norms.embed is not None:
-                pieces = _through(pieces, norms.embed, self.embed_norm_scale, "embed_norm_bias")
+                pieces = _through(pieces, norms.embed, self.embed_norm_scale, Site(None, "embed_norm_bias"))
         by_part = None if norms is None else {"attn": norms.attn, "cross": norms.cross, "mlp": norms.mlp}
         after = {"attn": "resid_mid", "cross": "resid_cross", "mlp": None}
         for i, record in enumerate(self.layers):
             deltas = {part: (delta if norms is None else delta.float()) for part, delta in record.deltas.items()}
             if "resid_pre" in deltas:
-                pieces.append((Site(i, "resid_pre").label, deltas["resid_pre"]))
+                pieces.append((Site(i, "resid_pre"), deltas["resid_pre"]))
             for part in _sublayers(record):
                 name = part._part
-                pieces.append((Site(i, name).label, part.out if norms is None else part.out.float()))
+                pieces.append((Site(i, name), part.out if norms is None else part.out.float()))
                 if norms is not None:
-                    bias = Site(i, name, field="resid_norm_bias").label
+                    bias = Site(i, name, field="resid_norm_bias")
                     pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, bias)
                 if not self.parallel and after[name] in deltas:
-                    pieces.append((Site(i, after[name]).label, deltas[after[name]]))
+                    pieces.append((Site(i, after[name]), deltas[after[name]]))
             if "resid_post" in deltas:
-                pieces.append((Site(i, "resid_post").label, deltas["resid_post"]))
-        return [label for label, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
+                pieces.append((Site(i, "resid_post"), deltas["resid_post"]))
+        return [site for site, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
 
 
 def _sublayers(record: LayerRecord) -> list[AttnRecord | MLPRecord]:
@@ -310,10 +310,10 @@ def _sublayers(record: LayerRecord) -> list[AttnRecord | MLPRecord]:
     return [record.attn, record.mlp] if record.cross is None else [record.attn, record.cross, record.mlp]
 
 
-def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_label: str) -> list[tuple[str, Tensor]]:
+def _through(pieces: list[tuple[Site, Tensor]], norm: Norm, scale: Tensor, bias: Site) -> list[tuple[Site, Tensor]]:
     """Every piece carried through a norm with its scale frozen (s * g * centre(x)), and the norm's bias as a
-    piece of its own: their sum is the norm of their sum."""
-    carried = [(label, norm.linear(write) * scale.float()) for label, write in pieces]
+    piece of its own (at `bias`): their sum is the norm of their sum."""
+    carried = [(site, norm.linear(write) * scale.float()) for site, write in pieces]
     if norm.b is not None:
-        carried.append((bias_label, norm.b.float().expand_as(carried[0][1])))
+        carried.append((bias, norm.b.float().expand_as(carried[0][1])))
     return carried

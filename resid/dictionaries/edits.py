@@ -59,7 +59,7 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
     found = []
     for item in dictionaries:
         d = item.dictionary if isinstance(item, (Observe, Splice)) else item
-        if not isinstance(d, Dictionary):
+        if not isinstance(d, Dictionary) or site.dictionary not in (None, d.name):
             continue
         if d.point_in is None:
             check(d, model)
@@ -68,7 +68,7 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
             found.append(d)
     if len(found) != 1:
         names = ", ".join(repr(d.name) for d in found)
-        what = f"several do ({names}): pass one" if found else \
+        what = f"several do ({names}): name it, Site(..., dictionary=name)" if found else \
             "none of the dictionaries given does: pass it, model.run(..., dictionaries=[dictionary])"
         raise ResidError(f"{site.label} names a feature of the dictionary reconstructing layers[{site.layer}]."
                          f"{site.part}, and {what}.")

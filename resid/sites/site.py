@@ -6,8 +6,7 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     embed | pos_embed | type_embed                  the embedding writes
     embed_norm_bias | final_bias                    terms of an attribution (post-LN embedding norm; final norm +
                                                     unembedding biases), not tensors of the run
-    logits | logits.token[T]                        the logits (before a final soft cap: what attribution
-                                                    decomposes), or one token's (a logit node of a graph)
+    logits | logits.token[T]                        the run's logits, or one token's (a logit node of a graph)
     layers[L].resid_pre | resid_mid | resid_cross | resid_post      the residual stream itself
     layers[L]                                       the whole layer (its sublayer writes together)
     layers[L].attn | cross | mlp                    a sublayer's write (its `out`)
