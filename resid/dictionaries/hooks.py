@@ -64,6 +64,27 @@ class HookPoint:
     heads_flat: bool = False
     before_post_norm: bool = False
 
+    def norm(self, model):
+        """The norm whose output the site is (a sublayer's input norm), for a standardized point."""
+        block = model.blocks[self.site.layer]
+        return {"attn": block.ln_attn, "mlp": block.ln_mlp, "cross": block.ln_cross}[self.site.part]
+
+    def view(self, value: Tensor, model) -> Tensor:
+        """The tensor this point means, from the slice a Hook at its site gets inside the pass."""
+        if self.heads_flat:
+            return value.flatten(-2)
+        if self.standardized:
+            return self.norm(model).to_standardized(value)
+        return value
+
+    def unview(self, tensor: Tensor, like: Tensor, model) -> Tensor:
+        """The slice of the Hook's site holding `tensor` (the inverse of view), in the slice's dtype."""
+        if self.heads_flat:
+            return tensor.reshape(like.shape).to(like.dtype)
+        if self.standardized:
+            tensor = self.norm(model).from_standardized(tensor)
+        return tensor.to(like.dtype)
+
 
 # Hugging Face module paths: an optional model prefix, the layer list, then a module path and .input/.output
 _HF = re.compile(r"(?:model\.language_model\.|model\.|transformer\.|gpt_neox\.)?(?:layers|h)\.(\d+)(?:\.(.+))?\."
@@ -201,11 +222,10 @@ def read(run, model, point: HookPoint) -> Tensor:
         raise ResidError(f"{point.name!r} is {site.label} before its post-norm, which resid does not record (it "
                          "records the write after the post-norm).")
     if point.standardized:
-        stream, block = run.stream, model.blocks[site.layer]
+        stream = run.stream
         first = site.part == "attn" or model.config.block == "parallel"  # the norm reads resid_pre
         reads = stream.resid_pre(site.layer) if first else stream.resid_mid(site.layer)
-        norm = block.ln_attn if site.part == "attn" else block.ln_mlp
         record = getattr(stream.layers[site.layer], site.part)
-        return norm.standardized(reads, record.norm_scale)
+        return point.norm(model).standardized(reads, record.norm_scale)
     value = run.read(site)
     return value.flatten(-2) if point.heads_flat else value
