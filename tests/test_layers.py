@@ -1,8 +1,8 @@
-"""The layers of docs/design.md: the core resid (0) <- resid.dictionaries (1) <- resid.analyses (2) <- resid.analyses.cli
-(3). A module may import its own layer or a lower one, never a higher one: the core never imports the dictionaries
-(it attaches them through resid.attachments) nor the analyses, the dictionaries never import the analyses, the
-analyses never import the CLI. The analyses live in the folder analyses/ and install as resid.analyses
-(pyproject.toml).
+"""The layers of docs/design.md: the core resid (0) <- resid.dictionaries (1) <- resid.analyses (2) <-
+resid.analyses.cli (3). A module may import its own layer or a lower one, never a higher one: the core never imports
+the dictionaries (it attaches them through resid.attachments) nor the analyses, the dictionaries never import the
+analyses, the analyses never import the CLI. The analyses live in the folder analyses/ and install as
+resid.analyses (pyproject.toml).
 
 Read from the source (ast), not by importing, so an import inside a function, behind `if TYPE_CHECKING` or
 through `importlib.import_module("...")` counts too."""
@@ -13,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"resid": "resid", "analyses": "resid.analyses"}  # folder under the repository root -> package name
-LAYERS = (("resid.analyses.cli", 3), ("resid.analyses", 2), ("resid.dictionaries", 1), ("resid", 0))  # most specific first
+# the most specific prefix first
+LAYERS = (("resid.analyses.cli", 3), ("resid.analyses", 2), ("resid.dictionaries", 1), ("resid", 0))
 
 
 def layer_of(module: str) -> int | None:
@@ -83,8 +84,8 @@ def violations(root: Path) -> list[str]:
 def test_no_module_imports_a_higher_layer():
     assert (ROOT / "resid" / "__init__.py").is_file() and (ROOT / "analyses" / "cli" / "main.py").is_file()
     found = violations(ROOT)
-    assert not found, ("imports against the layers resid <- resid.dictionaries <- resid.analyses <- resid.analyses.cli:\n"
-                       + "\n".join(found))
+    layers = "resid <- resid.dictionaries <- resid.analyses <- resid.analyses.cli"
+    assert not found, f"imports against the layers {layers}:\n" + "\n".join(found)
 
 
 def test_the_checker_catches_upward_imports(tmp_path):

@@ -78,6 +78,16 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
     return d
 
 
+def named(d: Dictionary, dictionaries: Sequence) -> str | None:
+    """The `dictionary` of the Sites of d's features and terms among `dictionaries`: d's name where another of them
+    reconstructs the same site (so that their labels never collide), else None (the label names the site alone)."""
+    others = [item.dictionary if isinstance(item, (Observe, Splice)) else item for item in dictionaries]
+    at = d.point_out.site.reconstructed
+    clash = any(o is not d and isinstance(o, Dictionary) and o.point_out is not None
+                and o.point_out.site.reconstructed == at for o in others)
+    return d.name if clash else None
+
+
 def _editor(edits: list[Intervention]):
     """fn(acts, tokens) applying `edits` to their features' activations [batch pos] at their positions."""
 
