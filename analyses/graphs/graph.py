@@ -156,15 +156,6 @@ class Graph:
         return pd.DataFrame({"source": source.numpy(), "target": self.row_nodes[row].numpy(),
                              "weight": self.rows[row, source].double().numpy()})
 
-    def to_json(self, path, slug: str | None = None, node_threshold: float = 0.8,
-                edge_threshold: float = 0.98):
-        """Write the pruned graph as the JSON circuit-tracer's and Neuronpedia's viewers read
-        (resid.analyses.graphs.export); returns the path."""
-        from resid.analyses.graphs.export import write_json
-
-        strs = dict(zip(self.logit_tokens.tolist(), self.logit_strs, strict=True))
-        return write_json(self, path, slug, node_threshold, edge_threshold, decode=lambda i: strs.get(i, str(i)))
-
     def __repr__(self) -> str:
         return (f"Graph({self.model_name}, {self.n_pos} tokens, {self.n_features} features, {self.n_logits} logits, "
                 f"{self.n_edges} edges)")

@@ -28,7 +28,7 @@ def built():
 
 def test_the_json_holds_the_pruned_nodes_and_their_edges(built, tmp_path) -> None:
     _, _, graph = built
-    path = graph.to_json(tmp_path / "g.json", node_threshold=0.7, edge_threshold=0.95)
+    path = graphs.write_json(graph, tmp_path / "g.json", node_threshold=0.7, edge_threshold=0.95)
     data = json.loads(path.read_text())
     pruned = graph.prune(0.7, 0.95)
     ids = {}
