@@ -36,6 +36,7 @@ restates it; `frozen_pre` / `frozen_post` / `frozen_attn` are the pieces, each w
 Everything frozen is float32.
 """
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 from jaxtyping import Float, Int
@@ -50,7 +51,7 @@ from resid.errors import ResidError
 from resid.interventions import Edit, apply_edits, edit_residual
 from resid.sites import Site
 
-Frozen = Mapping[Site, Tensor]  # one prompt's frozen values: patterns [head pos key_pos], scales [pos 1]
+FrozenValues = Mapping[Site, Tensor]  # one prompt's frozen values: patterns [head pos key_pos], scales [pos 1]
 
 
 class Block(nn.Module):
@@ -120,15 +121,15 @@ class Block(nn.Module):
         if self.cross is not None:
             raise ResidError(f"Layer {self.layer} has cross-attention, whose values read the encoder's output: the "
                              "frozen block covers decoder-only and encoder stacks (no cross-attention).")
-        sites = [Site(self.layer, "attn", field="pattern")]
+        sites = [_site(self.layer, "attn", "pattern")]
         for part in ("attn", "mlp"):
             pre, post, resid = self._norms(part)
-            sites += [Site(self.layer, part, field=field) for norm, field in (
+            sites += [_site(self.layer, part, field) for norm, field in (
                 (pre, "norm_scale"), (post, "post_norm_scale"), (resid, "resid_norm_scale")) if norm is not None]
         return tuple(sites)
 
     def frozen_pre(
-        self, part: str, resid: Float[Tensor, "*batch d_model"], frozen: Frozen, constants: bool = True,
+        self, part: str, resid: Float[Tensor, "*batch d_model"], frozen: FrozenValues, constants: bool = True,
         standardized: bool = False,
     ) -> Float[Tensor, "*batch d_model"]:
         """What sublayer `part` ("attn" | "mlp") reads from the residual: its pre-norm with the scale frozen (or
@@ -138,11 +139,11 @@ class Block(nn.Module):
             if standardized:
                 raise ResidError(f"Layer {self.layer}'s {part} has no pre-norm, so it has no standardized input.")
             return resid.float()
-        scale = frozen[Site(self.layer, part, field="norm_scale")]
+        scale = frozen[_site(self.layer, part, "norm_scale")]
         return norm.standardized(resid.float(), scale) if standardized else norm.frozen(resid, scale, constants)
 
     def frozen_pre_adjoint(
-        self, part: str, g: Float[Tensor, "*batch d_model"], frozen: Frozen,
+        self, part: str, g: Float[Tensor, "*batch d_model"], frozen: FrozenValues,
         positions: Int[Tensor, "n"] | None = None, standardized: bool = False,
     ) -> Float[Tensor, "*batch d_model"]:
         """The adjoint of frozen_pre's linear part: g [... pos d_model] on what the sublayer reads, or one row per
@@ -150,48 +151,48 @@ class Block(nn.Module):
         norm = self._norms(part)[0]
         if norm is None:
             return g.float()
-        scale = frozen[Site(self.layer, part, field="norm_scale")]
+        scale = frozen[_site(self.layer, part, "norm_scale")]
         scale = scale if positions is None else scale[positions]
         return norm.standardized_adjoint(g, scale) if standardized else norm.pull_back(g, scale)
 
     def frozen_post(
-        self, part: str, out: Float[Tensor, "*batch d_model"], frozen: Frozen, constants: bool = True
+        self, part: str, out: Float[Tensor, "*batch d_model"], frozen: FrozenValues, constants: bool = True
     ) -> Float[Tensor, "*batch d_model"]:
         """Sublayer `part`'s write from its output: through its post-norm (scale frozen), if it has one."""
         norm = self._norms(part)[1]
         if norm is None:
             return out.float()
-        return norm.frozen(out, frozen[Site(self.layer, part, field="post_norm_scale")], constants)
+        return norm.frozen(out, frozen[_site(self.layer, part, "post_norm_scale")], constants)
 
     def frozen_post_adjoint(
-        self, part: str, g: Float[Tensor, "*batch d_model"], frozen: Frozen
+        self, part: str, g: Float[Tensor, "*batch d_model"], frozen: FrozenValues
     ) -> Float[Tensor, "*batch d_model"]:
         """The adjoint of frozen_post's linear part: from a cotangent on the write to one on the output."""
         norm = self._norms(part)[1]
         if norm is None:
             return g
-        return norm.pull_back(g, frozen[Site(self.layer, part, field="post_norm_scale")])
+        return norm.pull_back(g, frozen[_site(self.layer, part, "post_norm_scale")])
 
     def frozen_attn(
-        self, resid: Float[Tensor, "pos d_model"], frozen: Frozen, constants: bool = True
+        self, resid: Float[Tensor, "pos d_model"], frozen: FrozenValues, constants: bool = True
     ) -> Float[Tensor, "pos d_model"]:
         """The attention's write from the residual it reads, pattern and norm scales frozen (float32)."""
         normalized = self.frozen_pre("attn", resid, frozen, constants)
-        out = self.attn.frozen(normalized, frozen[Site(self.layer, "attn", field="pattern")], constants)
+        out = self.attn.frozen(normalized, frozen[_site(self.layer, "attn", "pattern")], constants)
         return self.frozen_post("attn", out, frozen, constants)
 
     def frozen_attn_adjoint(
-        self, g: Float[Tensor, "batch pos d_model"], frozen: Frozen
+        self, g: Float[Tensor, "batch pos d_model"], frozen: FrozenValues
     ) -> Float[Tensor, "batch pos d_model"]:
         """The cotangents on the residual the attention reads from cotangents g on its write."""
         g = self.frozen_post_adjoint("attn", g, frozen)
-        g = self.attn.frozen_adjoint(g, frozen[Site(self.layer, "attn", field="pattern")])
+        g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")])
         return self.frozen_pre_adjoint("attn", g, frozen)
 
     def frozen(
         self,
         resid_pre: Float[Tensor, "pos d_model"],
-        frozen: Frozen,
+        frozen: FrozenValues,
         mlp: Callable[[Tensor], Tensor],
         constants: bool = True,
     ) -> Float[Tensor, "pos d_model"]:
@@ -207,7 +208,7 @@ class Block(nn.Module):
     def frozen_adjoint(
         self,
         g: Float[Tensor, "batch pos d_model"],
-        frozen: Frozen,
+        frozen: FrozenValues,
         mlp_adjoint: Callable[[Tensor, Tensor], Tensor],
     ) -> Float[Tensor, "batch pos d_model"]:
         """The cotangents on resid_pre from cotangents g on resid_post: the transpose of `frozen`'s linear part.
@@ -220,18 +221,18 @@ class Block(nn.Module):
         g_mid = self._frozen_resid_adjoint("attn", mlp_adjoint(g, g), frozen)
         return g_mid + self.frozen_attn_adjoint(g_mid, frozen)
 
-    def _frozen_resid(self, part: str, resid: Tensor, frozen: Frozen, constants: bool) -> Tensor:
+    def _frozen_resid(self, part: str, resid: Tensor, frozen: FrozenValues, constants: bool) -> Tensor:
         """Post-LN: the norm of the residual after `part`'s write, its scale frozen; else the residual."""
         norm = self._norms(part)[2]
         if norm is None:
             return resid
-        return norm.frozen(resid, frozen[Site(self.layer, part, field="resid_norm_scale")], constants)
+        return norm.frozen(resid, frozen[_site(self.layer, part, "resid_norm_scale")], constants)
 
-    def _frozen_resid_adjoint(self, part: str, g: Tensor, frozen: Frozen) -> Tensor:
+    def _frozen_resid_adjoint(self, part: str, g: Tensor, frozen: FrozenValues) -> Tensor:
         norm = self._norms(part)[2]
         if norm is None:
             return g
-        return norm.pull_back(g, frozen[Site(self.layer, part, field="resid_norm_scale")])
+        return norm.pull_back(g, frozen[_site(self.layer, part, "resid_norm_scale")])
 
     def _norms(self, part: str) -> tuple[Norm | None, Norm | None, Norm | None]:
         """(pre-norm, post-norm, post-LN residual norm) of sublayer `part`; None where the block has none."""
@@ -240,6 +241,12 @@ class Block(nn.Module):
         if part == "mlp":
             return self.ln_mlp, self.ln_mlp_post, self.ln_mlp_resid
         raise ResidError(f"The frozen block's sublayers are 'attn' and 'mlp', got {part!r}.")
+
+
+@functools.cache
+def _site(layer: int, part: str, field: str) -> Site:
+    """The Site of a frozen value, made once: frozen lookups run per layer in every backward sweep of a graph."""
+    return Site(layer, part, field=field)
 
 
 def _resid_norm(norm: Norm | None, resid: Tensor, values: dict[str, Tensor]) -> Tensor:
