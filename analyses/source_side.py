@@ -132,10 +132,10 @@ def _memory_pieces(model: EncoderDecoder, encoded, pieces, labels):
     if norm is None:
         return pieces, labels
     scale = encoded.stream.final_norm_scale.float()  # [batch src 1]
-    pieces = norm.linear(pieces) * scale
-    if norm.b is not None:
-        bias = (norm.b.float() * norm.multiplier).expand_as(pieces[0])
-        pieces, labels = torch.cat([pieces, bias[None]]), [*labels, "encoder.final_norm_bias"]
+    pieces = norm.frozen(pieces, scale, constants=False)  # each piece through the norm's linear part
+    constant = norm.constant()
+    if constant is not None:
+        pieces, labels = torch.cat([pieces, constant.expand_as(pieces[0])[None]]), [*labels, "encoder.final_norm_bias"]
     return pieces, labels
 
 
