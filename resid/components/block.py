@@ -214,7 +214,8 @@ class Block(nn.Module):
         """The cotangents on resid_pre from cotangents g on resid_post: the transpose of `frozen`'s linear part.
         `mlp_adjoint(g_write, g_read)`: given the cotangent on the MLP's write and the one the residual it reads
         has from the other paths, that residual's whole cotangent (g_read plus what flows back through the
-        replacement; g_read may be added to in place and returned)."""
+        replacement). It may add to g_read in place and return it; in a sequential block g_read is g_write itself
+        (both are the cotangent on resid_mid + write), so it reads g_write before it adds anything."""
         if self.parallel:
             return mlp_adjoint(g, g + self.frozen_attn_adjoint(g, frozen))
         g = self._frozen_resid_adjoint("mlp", g, frozen)
