@@ -133,10 +133,11 @@ def _memory_pieces(model: EncoderDecoder, encoded, pieces, sites: list[Site]):
     if norm is None:
         return pieces, labels
     scale = encoded.stream.final_norm_scale.float()  # [batch src 1]
-    pieces = norm.linear(pieces) * scale
-    if norm.b is not None:
-        bias = (norm.b.float() * norm.multiplier).expand_as(pieces[0])
-        pieces, labels = torch.cat([pieces, bias[None]]), [*labels, Site(None, "final_bias", stack="encoder").label]
+    pieces = norm.frozen(pieces, scale, constants=False)  # each piece through the norm's linear part
+    constant = norm.constant()
+    if constant is not None:
+        bias = Site(None, "final_bias", stack="encoder").label
+        pieces, labels = torch.cat([pieces, constant.expand_as(pieces[0])[None]]), [*labels, bias]
     return pieces, labels
 
 

@@ -4,6 +4,9 @@ residual stream. Every analysis goes through it; none touches a norm's internals
     readout = model.readout
     readout.logits(resid)                    final norm (recomputed) + unembedding: the logit lens
     readout.logits(resid, scale)             the same with the final norm's scale frozen from a run
+    readout.frozen(resid, scale)             that final norm alone, float32 (constants on or off), and
+    readout.frozen_adjoint(u, scale)         its adjoint: u read after the final norm as a read-out before it
+    readout.unembed.frozen(normalized)       the logits before any final soft cap, float32 (and frozen_adjoint)
     d = readout.logit_direction(targets, scale, baselines)
     d.project(write)                         what a write adds to logit(target) - logit(baseline)
     d.through(W_O)                           the direction pulled back through a weight: [batch head d_head]
@@ -113,6 +116,26 @@ class Readout:
         normalized, _ = self.normalize(resid, scale)
         return self.head_logits(normalized)
 
+    def frozen(
+        self, resid: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"], constants: bool = True
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The final norm with its scale frozen at `scale`, in float32 (with its bias only with `constants`): what
+        the unembedding reads in an attribution graph's replacement model; the residual itself without a norm.
+        The uncapped logits of its output are `unembed.frozen`."""
+        if self.norm is None:
+            return resid.float()
+        return self.norm.frozen(resid, scale, constants)
+
+    def frozen_adjoint(
+        self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]
+    ) -> Float[Tensor, "*batch d_model"]:
+        """Reading u after the final norm (scale frozen at `scale`) as a read-out of the final residual: the adjoint
+        of `frozen`'s linear part, float32 (the constant it leaves out is the norm's bias_dot(u)); u itself
+        without a final norm."""
+        if self.norm is None:
+            return u.float()
+        return self.norm.pull_back(u, scale)
+
     def head_logits(self, normalized: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
         """Logits of the final norm's output (`logits` without the norm): the head, when there is one, and the
         unembedding. For callers that norm many residuals at once and unembed them a few at a time."""
@@ -157,7 +180,7 @@ class Readout:
             bias = bias + head_bias
         if self.norm is None:
             return Direction(u.float() * scale.float(), bias)
-        return Direction(self.norm.fold(u) * scale.float(), bias + self.norm.bias_dot(u))
+        return Direction(self.frozen_adjoint(u, scale), bias + self.norm.bias_dot(u))
 
     def logit_direction(
         self,

@@ -313,7 +313,8 @@ def _sublayers(record: LayerRecord) -> list[AttnRecord | MLPRecord]:
 def _through(pieces: list[tuple[Site, Tensor]], norm: Norm, scale: Tensor, bias: Site) -> list[tuple[Site, Tensor]]:
     """Every piece carried through a norm with its scale frozen (s * g * centre(x)), and the norm's bias as a
     piece of its own (at `bias`): their sum is the norm of their sum."""
-    carried = [(site, norm.linear(write) * scale.float()) for site, write in pieces]
-    if norm.b is not None:
-        carried.append((bias, norm.b.float().expand_as(carried[0][1])))
+    carried = [(site, norm.frozen(write, scale, constants=False)) for site, write in pieces]
+    constant = norm.constant()
+    if constant is not None:
+        carried.append((bias, constant.expand_as(carried[0][1])))
     return carried

@@ -99,7 +99,7 @@ def encoder_directions(model: Transformer, dictionary: Dictionary,
         block = model.blocks[site.layer]
         norm = block.ln_attn if site.part == "attn" else block.ln_mlp
         if point.standardized:  # read before the gain: the standardized input is centred already (LayerNorm)
-            return w_enc - w_enc.mean(-1, keepdim=True) if norm.centre else w_enc
+            return norm.centred(w_enc)
         return norm.fold(w_enc)
     raise ResidError(f"Dictionary {d.name!r} reads {site.label}, which is not the residual stream or a norm of it; "
                      "encoder views take dictionaries reading the residual or a sublayer's normalized input.")

@@ -1,11 +1,13 @@
 """Rows of the adjacency matrix: the direct effect of every source node on a batch of target nodes, in one
-backward sweep through the frozen linear maps (resid.analyses.graphs.frozen) per batch.
+backward sweep per batch through the model's own frozen blocks (Block.frozen_adjoint, with the frozen values of
+resid.analyses.graphs.frozen) and its readout (Readout.frozen_adjoint).
 
 A target is a linear read-out of the residual at one place: a feature's pre-activation reads the residual its
 MLP reads at its position through the encoder column (x . W_enc[:, f]); a logit node reads the final residual at
 the last position through the final norm and a demeaned unembedding column. The sweep starts from each target's
-read-out vector (its cotangent), walks down the layers through the adjoints of the frozen attention (patterns
-fixed), the frozen norms and any skip path, and on the way contracts the cotangent with every source's write:
+read-out vector (its cotangent), walks down the layers through each block's adjoint (the attention with its
+pattern fixed, the frozen norms, the block's topology) and, in place of the MLP, the transcoder's (its skip path),
+and on the way contracts the cotangent with every source's write:
 
     feature (l, p, f)  a * W_dec[f] . G_t[p]  for each layer t it writes into (G_t: the cotangent on layer t's
                        MLP output space)
@@ -53,6 +55,7 @@ class Sweeper:
         self._cached = 0
         self._by_layer = [torch.nonzero(rep.features[:, 0] == l).flatten() for l in range(rep.n_layers)]
         self._sources_into = [[s for s in range(rep.n_layers) if l in t.targets(s)] for l in range(rep.n_layers)]
+        self._skips = [t.skip(l) for l in range(rep.n_layers)]  # W_skip [d_in d_out] per layer, or None
 
     def error_columns(self, layer: int) -> slice:
         start = self.n_features + layer * self.rep.n_pos
@@ -87,12 +90,12 @@ class Sweeper:
 
     def sweep(self, targets: Targets) -> Tensor:
         """[b n_sources]: the direct effect of every source on each target."""
-        rep, frozen = self.rep, self.rep.frozen
+        rep = self.rep
         n_layers = rep.n_layers
         batch = int(targets.layer.shape[0])
         top = int(targets.layer.max())
         n_pos = int(targets.position.max()) + 1  # later positions carry no cotangent (causal attention)
-        view = _truncated(frozen, n_pos)
+        frozen = rep.frozen.truncated(n_pos)
         device = rep.embed.device  # the model's: the sweep runs there, the rows come back to the CPU
         out = torch.zeros(batch, self.n_sources, device=device)
         g = torch.zeros(batch, n_pos, rep.embed.shape[-1], device=device)
@@ -100,40 +103,41 @@ class Sweeper:
         if bool(logit.any()):
             index = logit.nonzero().flatten()
             positions = targets.position[index]
-            g[index, positions] += frozen.final_adjoint(targets.vector[index], positions)
+            g[index, positions] += rep.model.readout.frozen_adjoint(targets.vector[index],
+                                                                    frozen.final_scale[positions])
         for layer in range(min(top, n_layers - 1), -1, -1):
-            g_out = view.write_adjoint(layer, g)  # [b pos d_out]
-            errors = rep.errors[layer, :n_pos]
-            cols = self.error_columns(layer)
-            out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g_out, errors)
-            for source in self._sources_into[layer]:
-                self._contract(out, g_out, *self.decoders(source, layer), n_pos)
-            skip = view.skip_adjoint(layer, g_out)
-            if not view.parallel:
-                if skip is not None:
-                    g = g + skip
-                self._inject(g, targets, layer, view)
-                g = g + view.attn_adjoint(layer, g)
-            else:
-                g_new = g + view.attn_adjoint(layer, g)
-                if skip is not None:
-                    g_new = g_new + skip
-                self._inject(g_new, targets, layer, view)
-                g = g_new
+            through = self._through_transcoder(layer, targets, frozen, out, n_pos)
+            g = rep.model.blocks[layer].frozen_adjoint(g, frozen.values, through)
         cols = self.token_columns()
         out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g, rep.embed[:n_pos])
         return out.cpu()
 
-    def _inject(self, g: Tensor, targets: Targets, layer: int, view: Frozen) -> None:
+    def _through_transcoder(self, layer: int, targets: Targets, frozen: Frozen, out: Tensor, n_pos: int):
+        """The adjoint of layer's MLP replaced by its transcoder, for Block.frozen_adjoint: contracts the cotangent
+        on its write with the layer's error and feature writes into `out`, then adds to the cotangent on the
+        residual the MLP reads what the skip path carries back and the read-out vectors of the layer's targets."""
+        rep = self.rep
+
+        def adjoint(g_write: Tensor, g_read: Tensor) -> Tensor:
+            # the transcoder's output is the MLP's whole write: g_write is its cotangent as it is
+            cols = self.error_columns(layer)
+            out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g_write, rep.errors[layer, :n_pos])
+            for source in self._sources_into[layer]:
+                self._contract(out, g_write, *self.decoders(source, layer), n_pos)
+            skip = self._skips[layer]
+            if skip is not None:  # before g_read is added to in place: it may be g_write itself
+                g_read = g_read + rep.transcoder_input_adjoint(layer, g_write @ skip.T, frozen)
+            self._inject(g_read, targets, layer, frozen)
+            return g_read
+        return adjoint
+
+    def _inject(self, g: Tensor, targets: Targets, layer: int, frozen: Frozen) -> None:
         """Add the read-out vectors of the feature targets of `layer` at their positions."""
         here = (targets.layer == layer).nonzero().flatten()
         if not len(here):
             return
         positions = targets.position[here]
-        scale = view.scales.get((layer, "mlp"))
-        scale = None if scale is None else scale[positions]
-        vectors = view.input_adjoint(layer, targets.vector[here], scale)
-        g[here, positions] += vectors
+        g[here, positions] += self.rep.transcoder_input_adjoint(layer, targets.vector[here], frozen, positions)
 
     @staticmethod
     def _contract(out: Tensor, g_out: Tensor, columns: Tensor, padded: Tensor, n_pos: int) -> None:
@@ -144,11 +148,3 @@ class Sweeper:
         valid = columns >= 0
         out[:, columns[valid].to(out.device)] += products.permute(1, 0, 2)[:, valid.to(out.device)]
 
-
-def _truncated(frozen: Frozen, n_pos: int) -> Frozen:
-    """The frozen maps restricted to the first n_pos positions (exact under causal attention)."""
-    if n_pos == frozen.final_scale.shape[0]:
-        return frozen
-    return Frozen(frozen.model, [p[:, :n_pos, :n_pos] for p in frozen.patterns],
-                  {key: s[:n_pos] for key, s in frozen.scales.items()}, frozen.final_scale[:n_pos], frozen.reads,
-                  frozen.before_post_norm, frozen.skips)

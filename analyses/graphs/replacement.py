@@ -1,5 +1,5 @@
-"""One prompt's run with its MLPs replaced by transcoders: the frozen linear maps (resid.analyses.graphs.frozen) and
-the graph's nodes.
+"""One prompt's run with its MLPs replaced by transcoders: its frozen values (resid.analyses.graphs.frozen) and the
+graph's nodes.
 
     nodes    token embeddings (one per position: every embedding write summed), active features (layer, position,
              feature) with their activation, error nodes (one per layer and position: the MLP's true write minus
@@ -8,7 +8,13 @@ the graph's nodes.
              the vocabulary (before a final soft cap), as circuit-tracer defines its logit targets
 
 The run splices every transcoder with its error kept (resid.dictionaries.Splice), so it is the model's own run to
-float32 rounding, and records every pattern and norm scale the frozen maps need.
+float32 rounding, and records every pattern and norm scale the frozen blocks need (Block.frozen_sites).
+
+The replacement model of layer l is the model's block with those values frozen (Block.frozen / frozen_adjoint) and
+the MLP sublayer replaced by its transcoder: x = what the transcoder reads from the residual the MLP reads
+(`transcoder_input`: the MLP's pre-norm output, its standardized form, or the residual itself), y = its output
+(feature writes, b_dec, skip path x @ W_skip, error), which is the MLP's whole write (a transcoder writing before
+a post-norm is refused when the run splices it).
 """
 
 from dataclasses import dataclass
@@ -18,12 +24,12 @@ from torch import Tensor
 
 from resid.analyses.graphs.frozen import Frozen
 from resid.analyses.graphs.transcoders import Transcoders
-from resid.capture import Capture
 from resid.errors import ResidError
 
 
 @dataclass
 class Replacement:
+    model: object  # the resid.Transformer whose blocks the replacement model runs
     frozen: Frozen
     transcoders: Transcoders
     token_ids: Tensor  # [pos]
@@ -44,7 +50,26 @@ class Replacement:
 
     @property
     def n_layers(self) -> int:
-        return self.frozen.n_layers
+        return self.transcoders.n_layers
+
+    def transcoder_input(self, layer: int, resid: Tensor, frozen: Frozen, constants: bool = True) -> Tensor:
+        """x: layer's transcoder input [pos d_in] from the residual the MLP reads [pos d_model]."""
+        how = self.transcoders.read(layer)
+        if how == "residual":
+            return resid.float()
+        block = self.model.blocks[layer]
+        return block.frozen_pre("mlp", resid, frozen.values, constants, standardized=how == "standardized")
+
+    def transcoder_input_adjoint(self, layer: int, w: Tensor, frozen: Frozen,
+                                 positions: Tensor | None = None) -> Tensor:
+        """The adjoint of `transcoder_input`'s linear part: from w on the transcoder's input ([... pos d_in], or one
+        row per position in `positions`: e.g. encoder columns at their targets' positions) to the residual the MLP
+        reads."""
+        how = self.transcoders.read(layer)
+        if how == "residual":
+            return w.float()
+        block = self.model.blocks[layer]
+        return block.frozen_pre_adjoint("mlp", w, frozen.values, positions, standardized=how == "standardized")
 
 
 def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replacement:
@@ -53,14 +78,6 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
     circuit-tracer does for position 0 (None: when the prompt starts with the tokenizer's BOS token)."""
     found = Transcoders.of(model, transcoders)
     config = model.config
-    attn, mlp = {"pattern"}, set()
-    if config.pre_norms:
-        attn.add("norm_scale")
-        mlp.add("norm_scale")
-    if config.post_norms:
-        attn.add("post_norm_scale")
-        mlp.add("post_norm_scale")
-    capture = Capture(attn=attn, mlp=mlp, embed=True, final_norm_scale=True)
     if isinstance(prompt, str):
         prompt = [prompt]
     elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int):
@@ -71,21 +88,10 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
     if tokens.ids.shape[0] != 1:
         raise ResidError(f"An attribution graph explains one prompt; got {tokens.ids.shape[0]}.")
     with torch.no_grad():
-        run = model.run(tokens, capture=capture, dictionaries=found.splices())
+        run = model.run(tokens, capture=Frozen.capture(model), dictionaries=found.splices())
     stream = run.stream
     n = config.n_layers
-    scales = {}
-    for layer in range(n):
-        record = stream.layers[layer]
-        if config.pre_norms:
-            scales[(layer, "attn")] = record.attn.norm_scale[0].float()
-            scales[(layer, "mlp")] = record.mlp.norm_scale[0].float()
-        if config.post_norms:
-            scales[(layer, "attn_post")] = record.attn.post_norm_scale[0].float()
-            scales[(layer, "mlp_post")] = record.mlp.post_norm_scale[0].float()
-    frozen = Frozen(model, [stream.layers[l].attn.pattern[0].float() for l in range(n)], scales,
-                    stream.final_norm_scale[0].float(), [found.read(l) for l in range(n)],
-                    [found.points_out[l].before_post_norm for l in range(n)], [found.skip(l) for l in range(n)])
+    frozen = Frozen.of(model, run)
     embed = stream.embed[0].float()
     for extra in (stream.pos_embed, stream.type_embed):
         if extra is not None:
@@ -110,7 +116,7 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
             errors[layer][0] = 0
     logits = run.logits[0, -1].float()
     uncapped = run.uncapped_logits[0, -1].float() if run.uncapped_logits is not None else logits
-    return Replacement(frozen, found, tokens.ids[0], embed, torch.cat(rows).long(), torch.cat(values).float(),
+    return Replacement(model, frozen, found, tokens.ids[0], embed, torch.cat(rows).long(), torch.cat(values).float(),
                        torch.cat(pre).float(), torch.stack(errors), fixed, inputs, logits, uncapped, skip_bos)
 
 

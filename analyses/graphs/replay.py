@@ -17,30 +17,31 @@ from resid.analyses.graphs.replacement import Replacement
 
 @torch.no_grad()
 def replay(rep: Replacement, nodes: bool = True, constants: bool = True) -> tuple[list[Tensor], Tensor]:
-    """(per layer the transcoder's input [pos d_in], the logits before any final soft cap [pos d_vocab])."""
-    frozen, found = rep.frozen, rep.transcoders
+    """(per layer the transcoder's input [pos d_in], the logits before any final soft cap [pos d_vocab]): the
+    model's own blocks with their frozen values (Block.frozen), each MLP replaced by its transcoder's write."""
+    frozen, found, model = rep.frozen, rep.transcoders, rep.model
     resid = rep.embed if nodes else torch.zeros_like(rep.embed)
     inputs = []
-    for layer in range(rep.n_layers):
-        attn = frozen.attn_forward(layer, resid, constants)
-        read = resid if frozen.parallel else resid + attn
-        x = frozen.input_forward(layer, read, constants)
-        inputs.append(x)
-        y = torch.zeros_like(rep.errors[layer])
-        if nodes:
-            y = y + rep.errors[layer] + _feature_writes(rep, layer)
-        if constants:
-            y = y + found.b_dec(layer) + rep.fixed[layer]
-        if frozen.skips[layer] is not None:
-            y = y + x @ frozen.skips[layer]
-        write = frozen.write_forward(layer, y, constants)
-        resid = resid + attn + write if frozen.parallel else read + write
-    normalized = frozen.final_forward(resid, constants)
-    unembed = rep.frozen.model.readout.unembed
-    logits = normalized @ unembed.weight.detach().float().T
-    if constants and unembed.b_U is not None:
-        logits = logits + unembed.b_U.detach().float()
-    return inputs, logits
+
+    def transcoder(layer: int):
+        skip = found.skip(layer)
+
+        def write(read: Tensor) -> Tensor:
+            """What layer's transcoder writes, from the residual the MLP reads."""
+            x = rep.transcoder_input(layer, read, frozen, constants)
+            inputs.append(x)
+            y = torch.zeros_like(rep.errors[layer])
+            if nodes:
+                y = y + rep.errors[layer] + _feature_writes(rep, layer)
+            if constants:
+                y = y + found.b_dec(layer) + rep.fixed[layer]
+            return y + x @ skip if skip is not None else y
+        return write
+
+    for layer, block in enumerate(model.blocks):
+        resid = block.frozen(resid, frozen.values, transcoder(layer), constants)
+    normalized = model.readout.frozen(resid, frozen.final_scale, constants)
+    return inputs, model.readout.unembed.frozen(normalized, constants)
 
 
 def _feature_writes(rep: Replacement, target: int) -> Tensor:

@@ -7,6 +7,12 @@ projection is one GEMM; that storage is private (`_w_q`, ...), and the one publi
 per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model).
 Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`. An edited
 attention pattern (Site(..., field="pattern")) takes the explicit path: z = pattern @ v.
+
+With its pattern P frozen (an attribution graph's replacement model), attention is affine in what it reads; its
+value path is the map `frozen`, and `frozen_adjoint` its linear part's adjoint (float32):
+
+    frozen(x, P)         = sum_h P[h] (x W_V[h // group] + b_V[h // group]) W_O[h] + b_O      (group: GQA)
+    frozen_adjoint(g, P) = sum_h P[h]^T g W_O[h]^T W_V[h // group]^T
 """
 
 import dataclasses
@@ -218,6 +224,34 @@ class Attention(nn.Module):
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z}
         return out, {name: values[name] for name in want if values.get(name) is not None}
+
+    def frozen(
+        self,
+        normalized: Float[Tensor, "key_pos d_model"],
+        pattern: Float[Tensor, "head pos key_pos"],
+        constants: bool = True,
+    ) -> Float[Tensor, "pos d_model"]:
+        """The output (before any post-norm) of one prompt's attention with its pattern frozen, in float32: each
+        key's values from `normalized` (what the attention reads), mixed by the pattern, through W_O; with
+        `constants` b_V and b_O, without them the linear part (whose adjoint is frozen_adjoint)."""
+        v = torch.einsum("kd,gde->gke", normalized.float(), self.W_V.float())
+        if constants and self.b_V is not None:
+            v = v + self.b_V.float()[:, None, :]
+        v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)  # [head key_pos d_head]
+        z = pattern.float() @ v  # [head pos d_head]
+        out = torch.einsum("hqe,hed->qd", z, self.W_O.float())
+        return out + self.b_O.float() if constants and self.b_O is not None else out
+
+    def frozen_adjoint(
+        self, g: Float[Tensor, "batch pos d_model"], pattern: Float[Tensor, "head pos key_pos"]
+    ) -> Float[Tensor, "batch key_pos d_model"]:
+        """The cotangents on what the attention reads from cotangents g on its output (a batch of them, one
+        prompt's frozen pattern), float32: frozen(x, P, constants=False) . g == x . frozen_adjoint(g, P)."""
+        gz = torch.einsum("bqd,hed->bhqe", g.float(), self.W_O.float())
+        gv = torch.einsum("hqk,bhqe->bhke", pattern.float(), gz)
+        batch, heads, keys, d_head = gv.shape
+        gv = gv.view(batch, self.n_kv_heads, heads // self.n_kv_heads, keys, d_head).sum(2)  # GQA: a group's sum
+        return torch.einsum("bgke,gde->bkd", gv, self.W_V.float())
 
     def _qkv(self, normalized: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
         """q [batch pos head d_head], k and v [batch key_pos kv_head d_head]: projected, q/k-normed, rotated."""

@@ -27,11 +27,19 @@ after it (resid.stream). The write a sublayer adds to the residual (its record's
 post-norm; whole-write interventions edit that. With the post-norm's scale frozen (`post_norm_scale`) the write
 is linear in the
 sublayer output, so per-head and per-neuron writes still sum to it (resid.analyses.attribution).
+
+The frozen block (an attribution graph's local replacement model, resid.analyses.graphs): with the attention
+pattern and every norm's scale frozen at a run's values (`frozen_sites()`, keyed by those Sites, one prompt, batch
+axis dropped) and the MLP replaced by a given map, the block is affine in resid_pre. `frozen` runs it forward and
+`frozen_adjoint` walks a cotangent on resid_post back to resid_pre through the same topology, so the graph never
+restates it; `frozen_pre` / `frozen_post` / `frozen_attn` are the pieces, each with its adjoint beside it.
+Everything frozen is float32.
 """
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from resid.components.attention import Attention, AttnContext
@@ -39,7 +47,11 @@ from resid.components.mlp import MLP
 from resid.components.moe import MoE
 from resid.components.norm import Norm
 from resid.config import ModelConfig
+from resid.errors import ResidError
 from resid.interventions import Edit, apply_edits, edit_residual
+from resid.sites import Site
+
+FrozenValues = Mapping[Site, Tensor]  # one prompt's frozen values: patterns [head pos key_pos], scales [pos 1]
 
 
 class Block(nn.Module):
@@ -101,6 +113,141 @@ class Block(nn.Module):
         raw, computed = self.mlp(_pre(self.ln_mlp, resid, found, wanted, edited), wanted, edited)
         found.update(computed)
         return _post(self.ln_mlp_post, raw, edited, found, wanted)
+
+
+    # --- the frozen block ----------------------------------------------------------------------------------------
+    def frozen_sites(self) -> tuple[Site, ...]:
+        """The Sites of the values `frozen` reads: the attention pattern and every norm's scale this block has."""
+        if self.cross is not None:
+            raise ResidError(f"Layer {self.layer} has cross-attention, whose values read the encoder's output: the "
+                             "frozen block covers decoder-only and encoder stacks (no cross-attention).")
+        sites = [_site(self.layer, "attn", "pattern")]
+        for part in ("attn", "mlp"):
+            pre, post, resid = self._norms(part)
+            sites += [_site(self.layer, part, field) for norm, field in (
+                (pre, "norm_scale"), (post, "post_norm_scale"), (resid, "resid_norm_scale")) if norm is not None]
+        return tuple(sites)
+
+    def frozen_pre(
+        self, part: str, resid: Float[Tensor, "*batch d_model"], frozen: FrozenValues, constants: bool = True,
+        standardized: bool = False,
+    ) -> Float[Tensor, "*batch d_model"]:
+        """What sublayer `part` ("attn" | "mlp") reads from the residual: its pre-norm with the scale frozen (or
+        the norm's standardized form, before gain and bias), or the residual itself without a pre-norm."""
+        norm = self._norms(part)[0]
+        if norm is None:
+            if standardized:
+                raise ResidError(f"Layer {self.layer}'s {part} has no pre-norm, so it has no standardized input.")
+            return resid.float()
+        scale = frozen[_site(self.layer, part, "norm_scale")]
+        return norm.standardized(resid.float(), scale) if standardized else norm.frozen(resid, scale, constants)
+
+    def frozen_pre_adjoint(
+        self, part: str, g: Float[Tensor, "*batch d_model"], frozen: FrozenValues,
+        positions: Int[Tensor, "n"] | None = None, standardized: bool = False,
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The adjoint of frozen_pre's linear part: g [... pos d_model] on what the sublayer reads, or one row per
+        position in `positions` ([n d_model]: e.g. read-out vectors at the positions of their targets)."""
+        norm = self._norms(part)[0]
+        if norm is None:
+            return g.float()
+        scale = frozen[_site(self.layer, part, "norm_scale")]
+        scale = scale if positions is None else scale[positions]
+        return norm.standardized_adjoint(g, scale) if standardized else norm.pull_back(g, scale)
+
+    def frozen_post(
+        self, part: str, out: Float[Tensor, "*batch d_model"], frozen: FrozenValues, constants: bool = True
+    ) -> Float[Tensor, "*batch d_model"]:
+        """Sublayer `part`'s write from its output: through its post-norm (scale frozen), if it has one."""
+        norm = self._norms(part)[1]
+        if norm is None:
+            return out.float()
+        return norm.frozen(out, frozen[_site(self.layer, part, "post_norm_scale")], constants)
+
+    def frozen_post_adjoint(
+        self, part: str, g: Float[Tensor, "*batch d_model"], frozen: FrozenValues
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The adjoint of frozen_post's linear part: from a cotangent on the write to one on the output."""
+        norm = self._norms(part)[1]
+        if norm is None:
+            return g
+        return norm.pull_back(g, frozen[_site(self.layer, part, "post_norm_scale")])
+
+    def frozen_attn(
+        self, resid: Float[Tensor, "pos d_model"], frozen: FrozenValues, constants: bool = True
+    ) -> Float[Tensor, "pos d_model"]:
+        """The attention's write from the residual it reads, pattern and norm scales frozen (float32)."""
+        normalized = self.frozen_pre("attn", resid, frozen, constants)
+        out = self.attn.frozen(normalized, frozen[_site(self.layer, "attn", "pattern")], constants)
+        return self.frozen_post("attn", out, frozen, constants)
+
+    def frozen_attn_adjoint(
+        self, g: Float[Tensor, "batch pos d_model"], frozen: FrozenValues
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The cotangents on the residual the attention reads from cotangents g on its write."""
+        g = self.frozen_post_adjoint("attn", g, frozen)
+        g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")])
+        return self.frozen_pre_adjoint("attn", g, frozen)
+
+    def frozen(
+        self,
+        resid_pre: Float[Tensor, "pos d_model"],
+        frozen: FrozenValues,
+        mlp: Callable[[Tensor], Tensor],
+        constants: bool = True,
+    ) -> Float[Tensor, "pos d_model"]:
+        """resid_post of one prompt (float32), the pattern and norm scales frozen, the MLP sublayer replaced by
+        `mlp`: the residual the MLP reads [pos d_model] -> its write (its pre- and post-norms are the replacement's
+        to apply, with frozen_pre / frozen_post, or not). `constants` off: the linear part, if `mlp` is linear."""
+        attn = self.frozen_attn(resid_pre, frozen, constants)
+        if self.parallel:
+            return resid_pre + attn + mlp(resid_pre)
+        resid_mid = self._frozen_resid("attn", resid_pre + attn, frozen, constants)
+        return self._frozen_resid("mlp", resid_mid + mlp(resid_mid), frozen, constants)
+
+    def frozen_adjoint(
+        self,
+        g: Float[Tensor, "batch pos d_model"],
+        frozen: FrozenValues,
+        mlp_adjoint: Callable[[Tensor, Tensor], Tensor],
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The cotangents on resid_pre from cotangents g on resid_post: the transpose of `frozen`'s linear part.
+        `mlp_adjoint(g_write, g_read)`: given the cotangent on the MLP's write and the one the residual it reads
+        has from the other paths, that residual's whole cotangent (g_read plus what flows back through the
+        replacement). It may add to g_read in place and return it; in a sequential block g_read is g_write itself
+        (both are the cotangent on resid_mid + write), so it reads g_write before it adds anything."""
+        if self.parallel:
+            return mlp_adjoint(g, g + self.frozen_attn_adjoint(g, frozen))
+        g = self._frozen_resid_adjoint("mlp", g, frozen)
+        g_mid = self._frozen_resid_adjoint("attn", mlp_adjoint(g, g), frozen)
+        return g_mid + self.frozen_attn_adjoint(g_mid, frozen)
+
+    def _frozen_resid(self, part: str, resid: Tensor, frozen: FrozenValues, constants: bool) -> Tensor:
+        """Post-LN: the norm of the residual after `part`'s write, its scale frozen; else the residual."""
+        norm = self._norms(part)[2]
+        if norm is None:
+            return resid
+        return norm.frozen(resid, frozen[_site(self.layer, part, "resid_norm_scale")], constants)
+
+    def _frozen_resid_adjoint(self, part: str, g: Tensor, frozen: FrozenValues) -> Tensor:
+        norm = self._norms(part)[2]
+        if norm is None:
+            return g
+        return norm.pull_back(g, frozen[_site(self.layer, part, "resid_norm_scale")])
+
+    def _norms(self, part: str) -> tuple[Norm | None, Norm | None, Norm | None]:
+        """(pre-norm, post-norm, post-LN residual norm) of sublayer `part`; None where the block has none."""
+        if part == "attn":
+            return self.ln_attn, self.ln_attn_post, self.ln_attn_resid
+        if part == "mlp":
+            return self.ln_mlp, self.ln_mlp_post, self.ln_mlp_resid
+        raise ResidError(f"The frozen block's sublayers are 'attn' and 'mlp', got {part!r}.")
+
+
+@functools.cache
+def _site(layer: int, part: str, field: str) -> Site:
+    """The Site of a frozen value, made once: frozen lookups run per layer in every backward sweep of a graph."""
+    return Site(layer, part, field=field)
 
 
 def _resid_norm(norm: Norm | None, resid: Tensor, values: dict[str, Tensor]) -> Tensor:

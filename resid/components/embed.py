@@ -85,6 +85,18 @@ class Unembed(nn.Module):
     def raw(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_vocab"]:
         return F.linear(x, self.weight, self.b_U)
 
+    def frozen(self, x: Float[Tensor, "*batch d_model"], constants: bool = True) -> Float[Tensor, "*batch d_vocab"]:
+        """`raw` in float32 whatever the model dtype (the logits before any soft cap: the linear map an
+        attribution graph's replacement model ends on); b_U only with `constants`, so that without it this is
+        linear, the adjoint of `frozen_adjoint`."""
+        logits = x.float() @ self.weight.detach().float().T
+        return logits + self.b_U.detach().float() if constants and self.b_U is not None else logits
+
+    def frozen_adjoint(self, g: Float[Tensor, "*batch d_vocab"]) -> Float[Tensor, "*batch d_model"]:
+        """The cotangent on x from one on the uncapped logits (float32): a read-out of the logits as a direction on
+        the final norm's output, e.g. a one-hot g gives W_U[:, token]."""
+        return g.float() @ self.weight.detach().float()
+
     def cap(self, logits: Float[Tensor, "*batch"]) -> Float[Tensor, "*batch"]:
         """The final soft cap (identity for models without one)."""
         return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap

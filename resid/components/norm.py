@@ -4,10 +4,21 @@ With the scale s frozen, a norm is affine in its input x:
 
     norm(x) = s * linear(x) + b        linear(x) = g * centre(x)   (centre: minus the mean; LayerNorm only)
 
-which is what makes direct attribution exact. The algebra of that affine map lives here and nowhere else:
-`forward(x, scale)` applies it with a given (frozen) scale, `linear` is its scale-free linear part, and
-`fold(u)` is the adjoint of `linear`: linear(x) . u == x . fold(u), so a direction u read after the norm is
-fold(u) * s before it. Statistics are computed in float32 whatever the model dtype, as Hugging Face does.
+which is what makes direct attribution exact. The algebra of that affine map lives here and nowhere else; each
+map has its adjoint beside it (map(x) . u == x . adjoint(u)), all in float32:
+
+    map                                 adjoint                     what it is
+    linear(x)          = g * centre(x)  fold(u)                     the norm without its scale and constant
+    frozen(x, s)  = linear(x) * s (+ c) pull_back(u, s)             the norm with its scale frozen at s (c:
+                                                                    constant(), its bias, with constants=True)
+    centred(x)         = centre(x)      centred(u)                  centring alone (self-adjoint; RMSNorm: x)
+    standardized(x, s) = centre(x) * s  standardized_adjoint(u, s)  the norm before its gain and bias
+                                                                    (TransformerLens's hook_normalized)
+
+so a direction u read after the norm is pull_back(u, s) before it, plus bias_dot(u) = constant() . u, which no
+input carries. A frozen scale [... 1] broadcasts against the leading axes (a batch of cotangents [batch pos d]
+reads one prompt's scales [pos 1]). `forward(x, scale)` is the norm itself, in the model's dtype (statistics in
+float32, as Hugging Face does).
 """
 
 import torch
@@ -41,7 +52,9 @@ class Norm(nn.Module):
         gain = self.w.float() + self.gain_offset
         return gain * self.multiplier if self.multiplier != 1.0 else gain
 
-    def _centred(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+    def centred(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """x minus its mean over d_model for LayerNorm, x itself for RMSNorm, in float32. Centring is an orthogonal
+        projection, so it is its own adjoint: centred(x) . u == x . centred(u)."""
         x32 = x.float()
         return x32 - x32.mean(-1, keepdim=True) if self.centre else x32
 
@@ -55,7 +68,7 @@ class Norm(nn.Module):
         if scale is None and self.centre and x.dtype == torch.float32 and not self.gain_offset and self.multiplier == 1:
             out, _, rstd = torch.native_layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
             return out, rstd
-        x32 = self._centred(x)
+        x32 = self.centred(x)
         if scale is None:
             scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         normalized = x32 * scale.float() * self._gain32()
@@ -66,8 +79,14 @@ class Norm(nn.Module):
     def standardized(
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]
     ) -> Float[Tensor, "*batch d_model"]:
-        """centre(x) * scale: the norm before its gain and bias (TransformerLens's hook_normalized)."""
-        return (self._centred(x) * scale.float()).to(x.dtype)
+        """centre(x) * scale: the norm before its gain and bias (TransformerLens's hook_normalized), in x's dtype."""
+        return (self.centred(x) * scale.float()).to(x.dtype)
+
+    def standardized_adjoint(
+        self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*scale 1"]
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The adjoint of `standardized` (float32): standardized(x, s) . u == x . standardized_adjoint(u, s)."""
+        return self.centred(u) * scale.float()
 
     def to_standardized(self, normalized: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The standardized input centre(x) * scale of a normalized output, (normalized - b) / g in float32 (a gain
@@ -83,7 +102,23 @@ class Norm(nn.Module):
 
     def linear(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """g * centre(x) in float32: the norm without its scale and bias (what a write becomes, up to s)."""
-        return self._centred(x) * self._gain32()
+        return self.centred(x) * self._gain32()
+
+    def frozen(
+        self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*scale 1"], constants: bool = True
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The norm with its scale frozen at `scale`, in float32: linear(x) * scale, plus its bias with
+        `constants` (without: the linear part, whose adjoint is pull_back)."""
+        out = self.linear(x) * scale.float()
+        constant = self.constant() if constants else None
+        return out if constant is None else out + constant
+
+    def constant(self) -> Float[Tensor, "d_model"] | None:
+        """What the frozen norm adds whatever its input: its bias (times the multiplier), float32; None for
+        RMSNorm."""
+        if self.b is None:
+            return None
+        return self.b.float() * self.multiplier if self.multiplier != 1.0 else self.b.float()
 
     def fold(self, u: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The adjoint of `linear`, in float32: linear(x) . u == x . fold(u). Centering is self-adjoint, so
@@ -92,13 +127,13 @@ class Norm(nn.Module):
         return gained - gained.mean(-1, keepdim=True) if self.centre else gained
 
     def pull_back(
-        self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]
+        self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*scale 1"]
     ) -> Float[Tensor, "*batch d_model"]:
         """fold(u) * scale: what `u` read after this norm (scale frozen) reads before it, up to bias_dot(u)."""
         return self.fold(u) * scale.float()
 
     def bias_dot(self, u: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
-        """b . u (zero for RMSNorm), in float32."""
+        """constant() . u (zero for RMSNorm), in float32."""
         if self.b is None:
             return torch.zeros(u.shape[:-1], device=u.device)
         return (u.float() @ self.b.float()) * self.multiplier
