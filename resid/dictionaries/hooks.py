@@ -211,3 +211,33 @@ def read(run, model, point: HookPoint) -> Tensor:
         return norm.standardized(reads, record.norm_scale)
     value = run.read(site)
     return value.flatten(-2) if point.heads_flat else value
+
+
+def point_of(site: Site, config: ModelConfig, standardized: bool = False) -> HookPoint:
+    """The HookPoint that reads `site` in a model of `config`, named by the TransformerLens hook a dictionary file
+    writes for that tensor (hook_point's inverse, for the tensors resid records). standardized: `site` is a norm's
+    output (field "normalized") read before the norm's gain and bias (ln1 / ln2.hook_normalized); without it the
+    MLP's normalized input is circuit-tracer's mlp.hook_in."""
+    site = site.resolve(config)
+    if site.positions is not None or site.stack is not None:
+        raise ResidError(f"A dictionary reads {site.label} at every position of a decoder: drop the positions "
+                         "(@...) and the encoder prefix.")
+    if site.what == "normalized" and site.unit is None and site.part in ("attn", "mlp"):
+        norm = "ln1" if site.part == "attn" else "ln2"
+        if standardized:
+            name = f"blocks.{site.layer}.{norm}.hook_normalized"
+        elif site.part == "mlp":
+            name = f"blocks.{site.layer}.mlp.hook_in"
+        else:
+            raise ResidError(f"{site.label} after the norm's gain has no TransformerLens hook name to save it under: "
+                             "read it standardized (before the gain, ln1.hook_normalized).")
+    elif standardized:
+        raise ResidError(f"standardized= reads a norm's output before its gain; {site.label} is not a norm's output "
+                         "(use field='normalized', e.g. Site(3, 'mlp', field='normalized')).")
+    else:
+        name = site.hook_name
+    point = hook_point(name, config, head=site.unit)
+    if point.site != site or point.standardized != standardized:
+        raise ResidError(f"{site.label} has no hook name that reads it as a dictionary does (resid.dictionaries.hooks "
+                         "lists the names).")
+    return point
