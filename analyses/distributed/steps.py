@@ -39,8 +39,8 @@ class StepJob(abc.ABC):
 
     name = "job"  # what the progress bar says
     unit = "tok"  # what `step_size` counts
-    kind = "resid.checkpoint"  # the checkpoint's format tag (StateStore)
-    what = "resumable"  # the checkpoint's kind in messages ("training", "tuned-lens")
+    kind: str  # the checkpoint's format tag (StateStore)
+    what: str  # the checkpoint's kind in messages ("training", "tuned-lens")
     steps: int  # steps of a whole run
     step: int  # steps done
     step_size: int  # progress units per step
@@ -49,6 +49,10 @@ class StepJob(abc.ABC):
     def settings(self) -> dict:
         """A JSON-able description of everything that determines the run: a checkpoint resumes only with an
         equal one."""
+
+    def older_settings(self) -> list[dict]:
+        """The same run's settings as earlier versions of resid wrote them: their checkpoints resume too."""
+        return []
 
     @abc.abstractmethod
     def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
@@ -91,7 +95,7 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
     store = None
     try:
         if execution.out is not None:
-            store = StateStore(execution.out, job.kind, job.what, job.settings())
+            store = StateStore(execution.out, job.kind, job.what, job.settings(), job.older_settings())
             saved = store.load()
             if saved is not None:
                 job.restore(*saved)

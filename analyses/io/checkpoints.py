@@ -11,7 +11,8 @@ Glossary:
     kind       the format tag in the file's metadata ("resid.training.checkpoint", "resid.tuned_lens.checkpoint"):
                a folder holding another job's checkpoint is refused, not misread
     settings   a JSON dict of everything that determines the run (model, sites, recipe, data fingerprint);
-               resuming needs an equal one, as resuming a ResultStore needs an equal signature
+               resuming needs an equal one, as resuming a ResultStore needs an equal signature (or one of `older`:
+               the same run's settings as an earlier version of resid wrote them; the next save writes the new ones)
     metadata   the job's own string entries (steps done, where its data stream is), beside `format` and `settings`
 
 checkpoint.safetensors holds the tensors and the metadata (the settings as JSON among it): the format both jobs
@@ -26,6 +27,7 @@ once, naming the first one's pid, instead of the two overwriting each other's ch
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from safetensors import safe_open
@@ -43,10 +45,11 @@ PROGRESS = "progress.json"
 class StateStore:
     """The checkpoint of one stateful job in `folder`; see the module docstring."""
 
-    def __init__(self, folder: str | os.PathLike, kind: str, what: str, settings: dict):
+    def __init__(self, folder: str | os.PathLike, kind: str, what: str, settings: dict, older: Sequence[dict] = ()):
         self.folder, self.kind, self.what = Path(folder), kind, what
         try:  # compare the JSON form, since that is what a later run reads back (tuples become lists, ...)
             self.settings = json.loads(json.dumps(settings, sort_keys=True))
+            self.older = [json.loads(json.dumps(o, sort_keys=True)) for o in older]
         except (TypeError, ValueError) as error:
             raise ResidError(f"A checkpoint's settings must be JSON-serializable ({error}).") from error
         self.path = self.folder / FILE
@@ -72,7 +75,7 @@ class StateStore:
                                  "folder.")
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
         saved = json.loads(metadata["settings"])
-        if saved != self.settings:
+        if saved != self.settings and saved not in self.older:
             changed = sorted(k for k in set(saved) | set(self.settings) if saved.get(k) != self.settings.get(k))
             raise ResidError(
                 f"The checkpoint in {self.path} is of a run with other settings ({', '.join(changed)} differ), so it "

@@ -168,6 +168,12 @@ class TrainingJob(StepJob):
     def settings(self) -> dict:
         return self._settings
 
+    def older_settings(self) -> list[dict]:
+        """Before Specs held Sites, a checkpoint recorded them by TransformerLens hook name."""
+        specs = [{"hook_in": p_in.name, "hook_out": None if p_out is None else p_out.name, "skip": s.skip,
+                  "name": s.name} for s, (p_in, p_out) in zip(self.specs, self.pairs)]
+        return [{**self._settings, "specs": specs}]
+
     def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
         states: list[dict[str, Tensor]] = [{} for _ in range(int(metadata["dictionaries"]))]
         for name, tensor in tensors.items():

@@ -4,12 +4,15 @@ killed mid-way and resumed ends with the uninterrupted run's weights, and the re
 back from its SAELens folder."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
 from numerics import TINY
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 import resid
 from resid.analyses.distributed.execution import Execution
@@ -129,6 +132,31 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(bos_model, texts, tmp
     torch.testing.assert_close(loaded.encode(x), resumed[0].encode(x), **TINY)
     run = bos_model.run(texts[:2], dictionaries=resumed)
     assert set(run.dictionaries) == {HOOK, "early"}
+
+
+def test_a_checkpoint_written_before_specs_held_sites_resumes(bos_model, texts, tmp_path) -> None:
+    """Its settings name each Spec by TransformerLens hook (hook_in, hook_out), as resid wrote them before."""
+    def kill(step, stats):
+        if step == 4:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(bos_model, texts, [SITE], RECIPE, _in(tmp_path), checkpoint_every=3, on_step=kill, **OPTIONS)
+    path = str(tmp_path / "checkpoint.safetensors")
+    with safe_open(path, framework="pt") as handle:
+        metadata, tensors = handle.metadata(), {name: handle.get_tensor(name) for name in handle.keys()}
+    settings = json.loads(metadata["settings"])
+    assert settings["specs"] == [{"site_in": "layers[1].resid_post", "site_out": None, "standardized": False,
+                                  "skip": False, "name": None}]
+    settings["specs"] = [{"hook_in": HOOK, "hook_out": None, "skip": False, "name": None}]
+    save_file(tensors, path, metadata={**metadata, "settings": json.dumps(settings, sort_keys=True)})
+    resumed_from = []
+    resumed = train(bos_model, texts, [SITE], RECIPE, _in(tmp_path),
+                    on_step=lambda step, stats: resumed_from.append(step), **OPTIONS)
+    assert resumed_from[0] == 4  # from the old checkpoint of step 3
+    straight = train(bos_model, texts, [SITE], RECIPE, QUIET, **OPTIONS)
+    for name, value in straight[0].state_dict().items():
+        assert torch.equal(resumed[0].state_dict()[name], value), name
 
 
 def test_other_settings_do_not_resume(bos_model, texts, tmp_path) -> None:
