@@ -231,31 +231,26 @@ def read(run, model, point: HookPoint) -> Tensor:
     return value.flatten(-2) if point.heads_flat else value
 
 
+
 def point_of(site: Site, config: ModelConfig, standardized: bool = False) -> HookPoint:
     """The HookPoint that reads `site` in a model of `config`, named by the TransformerLens hook a dictionary file
-    writes for that tensor (hook_point's inverse, for the tensors resid records). standardized: `site` is a norm's
-    output (field "normalized") read before the norm's gain and bias (ln1 / ln2.hook_normalized); without it the
-    MLP's normalized input is circuit-tracer's mlp.hook_in."""
+    writes for that tensor: the first row of resid.sites.transformerlens's table this model has that reads the site's
+    part and field as recorded, or standardized (a norm's output before its gain and bias: ln1 / ln2.hook_normalized).
+    hook_point's inverse, checked by the round trip."""
     site = site.resolve(config)
-    if site.positions is not None or site.stack is not None:
-        raise ResidError(f"A dictionary reads {site.label} at every position of a decoder: drop the positions "
-                         "(@...) and the encoder prefix.")
-    if site.what == "normalized" and site.unit is None and site.part in ("attn", "mlp"):
-        norm = "ln1" if site.part == "attn" else "ln2"
-        if standardized:
-            name = f"blocks.{site.layer}.{norm}.hook_normalized"
-        elif site.part == "mlp":
-            name = f"blocks.{site.layer}.mlp.hook_in"
-        else:
-            raise ResidError(f"{site.label} after the norm's gain has no TransformerLens hook name to save it under: "
-                             "read it standardized (before the gain, ln1.hook_normalized).")
-    elif standardized:
-        raise ResidError(f"standardized= reads a norm's output before its gain; {site.label} is not a norm's output "
-                         "(use field='normalized', e.g. Site(3, 'mlp', field='normalized')).")
-    else:
-        name = site.hook_name
+    field = None if site.what in ("out", "resid", "write") else site.what  # the table's None: the tensor itself
+    reads = "standardized" if standardized else "record"
+    known = transformerlens.facts(config)
+    rows = [row for row in transformerlens.TABLE if (row.part, row.field, row.reads) == (site.part, field, reads)
+            and row.layered == (site.layer is not None) and transformerlens.has(row, known)]
+    if not rows or site.positions is not None or site.stack is not None or site.of_dictionary:
+        how = "standardized (before a norm's gain: field='normalized' only) " if standardized else ""
+        raise ResidError(f"A dictionary cannot read {site.label} {how}in {config.architecture}: it reads a decoder's "
+                         "tensors at every position that have a TransformerLens hook name (resid.sites.transformerlens "
+                         "lists them).")
+    name = f"blocks.{site.layer}.{rows[0].name}" if rows[0].layered else rows[0].name  # as transformerlens.name_of
     point = hook_point(name, config, head=site.unit)
-    if point.site != site or point.standardized != standardized:
-        raise ResidError(f"{site.label} has no hook name that reads it as a dictionary does (resid.dictionaries.hooks "
-                         "lists the names).")
+    if point is None or point.site != site or point.standardized != standardized:
+        raise ResidError(f"{site.label} has no hook name that reads it as a dictionary does "
+                         "(resid.sites.transformerlens lists the names).")
     return point

@@ -48,5 +48,5 @@ def test_strings_are_site_labels_or_hook_names_and_standardized_needs_a_norm_out
     model = make_random_model("llama_gqa")
     assert Spec("layers[-1].resid_post") == Spec("blocks.-1.hook_resid_post") == Spec(Site(-1, "resid_post"))
     assert Spec("layers[-1].resid_post").points(model)[0].site == Site(model.config.n_layers - 1, "resid_post")
-    with pytest.raises(ResidError, match="not a norm's output"):
+    with pytest.raises(ResidError, match=r"standardized \(before a norm's gain"):
         Spec(Site(1, "resid_post"), standardized=True).points(model)
