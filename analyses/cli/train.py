@@ -5,6 +5,7 @@ resumably, write them in SAELens's format and evaluate them on held-out paragrap
     resid train-sae --layers 15 --site resid_pre --activation jumprelu --l0-coefficient 1 --out sae --corpus notes.txt
     resid train-transcoder --layers all --out transcoders --activation batchtopk --k 16 --tokens 500000
     resid train-sae --transcoder ...                                     (the same as train-transcoder)
+    resid train-sae --layers 15 --out sae --ray --workers 2    # the activations made by 2 Ray workers, one model each
 
 All layers given train from one forward pass per batch; --site picks the resid Site an SAE reads at each layer
 (attn_out and mlp_out: the sublayer's write). DIR gets checkpoint.safetensors every --checkpoint-every steps (after
@@ -93,6 +94,7 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--eval-windows", type=int, default=32, help="held-out windows evaluated (default 32; "
                             "0: none)")
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
+        arguments.executor_options(parser)
 
 
 def check(args) -> None:
@@ -125,6 +127,7 @@ def check(args) -> None:
             dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
             normalize=args.normalize or ("expected_average_only_in" if args.transcoder else "none"))
     held_out_split(args)
+    args.executor = arguments.executor(args.ray, args.workers)  # last: nothing to close if a check above fails
 
 
 def run(model, args) -> str:
@@ -144,18 +147,25 @@ def run(model, args) -> str:
         specs = [Spec(Site(l, SITES[args.site])) for l in layers]
     training, held_out = args.split(model)
     ratio = args.max_norm_ratio or None  # 0: keep every token
-    execution = Execution(batch_size=args.forward_batch, progress=False if args.quiet else None, out=args.out)
-    with param_style(_render):
-        dictionaries = train(model, training, specs, args.recipe, execution, checkpoint_every=args.checkpoint_every,
-                             window=args.window, buffer_tokens=args.buffer_tokens, keep_bos=args.keep_bos,
-                             autocast=args.autocast, max_norm_ratio=ratio)
+    progress = False if args.quiet else None
+    execution = Execution(args.executor, batch_size=args.forward_batch, progress=progress, out=args.out)
+    try:
+        with param_style(_render):
+            dictionaries = train(model, training, specs, args.recipe, execution,
+                                 checkpoint_every=args.checkpoint_every, window=args.window,
+                                 buffer_tokens=args.buffer_tokens, keep_bos=args.keep_bos, autocast=args.autocast,
+                                 max_norm_ratio=ratio)
+        if args.eval_windows:
+            df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
+                          keep_bos=args.keep_bos, max_norm_ratio=ratio,
+                          execution=Execution(args.executor, progress=progress))
+    finally:
+        if args.executor is not None:
+            args.executor.close()
     lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
              f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
              f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]
     if args.eval_windows:
-        df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
-                      keep_bos=args.keep_bos, max_norm_ratio=ratio,
-                      execution=Execution(progress=False if args.quiet else None))
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)
         lines.append(tables.to_markdown(df.drop(columns=["site_in"])))

@@ -91,6 +91,7 @@ def test_a_second_command_training_into_the_same_folder_is_refused(setup, capsys
     (["train-transcoder", "--layers", "1", "--out", "x", "--lr", "-1"], "--lr -1.0 must be positive"),
     (["train-sae", "--layers", "1", "--out", "x", "--tokens", "8192", "--warmup-steps", "5"],
      "--warmup-steps 5 + --decay-steps 0 must be at most --tokens / --batch-size"),
+    (["train-transcoder", "--layers", "1", "--out", "x", "--workers", "2"], "--workers goes with --ray [ADDRESS]"),
 ])
 def test_bad_arguments_are_named_by_their_flags_before_the_model_loads(argv, message, capsys, tmp_path) -> None:
     argv = [a if a != "x" else str(tmp_path / "out") for a in argv]
