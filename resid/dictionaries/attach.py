@@ -26,6 +26,9 @@ the standardized input exactly (resid.dictionaries.hooks.read).
 what the edit changed in the reconstruction, decode(edited) - decode(acts): decode(edited) + error, computed so
 that a row the edit leaves alone keeps its tensor exactly. The feature interventions of resid.dictionaries.edits
 (ZeroAblate(Site(3, "resid_post", feature=12)), ...) are such splices.
+
+Decoding inside a run (`decode`) reads only the decoder rows of the active features when few are active (about
+l0 / d_sae of the dense matmul's work), equal to the dense decode up to float32 summation order.
 """
 
 import dataclasses
@@ -39,7 +42,6 @@ from resid.capture import Capture
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.crosslayer_run import SplicedCLT, observed
-from resid.dictionaries.decoding import decode, write_of
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.edits import feature_splices
 from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, store
@@ -225,6 +227,36 @@ def _kept(tensor: Tensor, captured: Tensor | None) -> Tensor:
 
 
 register((Dictionary, CrossLayerTranscoder, Observe, Splice), Attached)
+
+
+SPARSE_DECODE_BELOW = 0.05  # decode from the active features alone when fewer than this fraction is non-zero
+
+
+def decode(d: Dictionary, acts: Tensor, x: Tensor) -> Tensor:
+    """d.decode(acts, x), reading only the decoder rows of active features when few are: b_dec plus, per token,
+    the sum of a_i * W_dec[i] over its active features (about l0 / d_sae of the dense matmul's work). Equal to the
+    dense decode up to float32 summation order."""
+    if d.normalize_activations != "none" or not acts.numel() or \
+            bool(acts.count_nonzero() >= SPARSE_DECODE_BELOW * acts.numel()):
+        return d.decode(acts, x)
+    flat = acts.reshape(-1, acts.shape[-1])
+    token, feature = flat.nonzero(as_tuple=True)
+    writes = flat[token, feature].float()[:, None] * d.W_dec.float()[feature]
+    out = d.b_dec.float().expand(flat.shape[0], -1).clone().index_add_(0, token, writes)
+    out = out.view(*acts.shape[:-1], -1)
+    if d.W_skip is not None:
+        out = out + x.float() @ d.W_skip.float()
+    return out.to(acts.dtype)
+
+
+def write_of(d: Dictionary, delta: Tensor, x: Tensor) -> Tensor:
+    """What a change of the activations changes in the reconstruction: delta @ W_dec, the input normalization
+    undone (b_dec and the skip path do not change)."""
+    out = delta.float() @ d.W_dec.float()
+    if d.normalize_activations != "none":
+        _, scale, shift = d._normalize(x)
+        out = out / scale if shift is None else out * scale
+    return out.to(delta.dtype)
 
 
 def feature_edits(model, dictionaries: Sequence, interventions: Sequence[Intervention]) -> list[Intervention]:
