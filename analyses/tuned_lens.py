@@ -5,11 +5,12 @@ site, and read prompts through it with resid.analyses.logit_lens.run(..., lens=l
     from resid.analyses import corpus, logit_lens, tuned_lens
     training, held_out = tuned_lens.split(corpus.demo())            # paragraphs held out by a hash of their text
     recipe = tuned_lens.Recipe(steps=48, tokens_per_step=1024, seq_len=512)   # tuned-lens's recipe, a CPU budget
-    lens = tuned_lens.train(model, training, recipe, folder="lens")  # resumable: rerun to continue
+    lens = tuned_lens.train(model, training, recipe, Execution(out="lens"))  # resumable: rerun to continue
     tuned_lens.write(lens, "lens")                 # lens/translators.safetensors; layout="tuned-lens": config.json
                                                    # + params.pt, readable by tuned-lens's TunedLens
     lens = tuned_lens.read(model, "lens")          # either layout (params.pt via torch.load(weights_only=True))
     df = tuned_lens.evaluate(model, held_out, [lens], max_tokens=8192)   # ce, kl, entropy, top1 per lens and site
+    # both run through resid's driver: execution=Execution(batch_size=..., executor="ray", workers=2, progress=...)
     tuned_lens.figure(df)
     logit_lens.run(model, prompt, lens=lens)       # every lens table, plot and `resid lens` command takes it
 

@@ -40,6 +40,7 @@ def transcoders(model):
     """The 30 transcoders, trained once and cached as SAELens folders."""
     import resid.dictionaries
     from resid.analyses import corpus
+    from resid.analyses.distributed.execution import Execution
     from resid.analyses.training.loop import Spec, train
     from resid.analyses.training.recipe import Recipe
 
@@ -52,7 +53,7 @@ def transcoders(model):
                     threshold_start_step=8)
     started = time.perf_counter()
     out = train(model, corpus.demo(max_documents=400), [Spec.transcoder(model, l) for l in range(n)], recipe,
-                folder=folder, progress=False)
+                Execution(out=folder, progress=False))
     seconds = time.perf_counter() - started
     print(f"trained {n} transcoders ({recipe.steps * recipe.batch_size} tokens) in {seconds:.0f} s")
     return out

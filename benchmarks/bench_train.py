@@ -8,7 +8,7 @@ SAELens runs in its own environment (build/saelens-reference-venv: torch 2.13.0 
 `python tests/data/make_saelens_training_reference.py`; --saelens-python names another), through
 benchmarks/train_saelens.py, never inside resid's. Both libraries get the same torch, threads and hardware.
 
-1. generate   activation generation alone: the demo corpus through the model in padded batches, the hook read
+1. generate   activation generation alone: the demo corpus through the model in padded batches, the Site read
               at every real non-BOS token, shuffled (resid.analyses.training.activations): tokens/s. The first
               steps x batch-size tokens are the training rows, the next --held-out tokens the FVU's.
 2. train      resid's optimizer steps (resid.analyses.training.trainer) on the training rows, every step timed, then
@@ -52,11 +52,13 @@ from safetensors.torch import save_file
 
 import resid
 from resid.analyses import corpus
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.training.activations import Activations, forward_batches
 from resid.analyses.training.loop import Spec, train
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer
 from resid.load.registry import _smollm2_path
+from resid.sites import Site
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,21 +87,22 @@ def main() -> None:
 
     model = resid.load("smollm2-135m", device=args.device)
     texts = corpus.demo(max_documents=2000)
-    hook = f"blocks.{args.layer}.hook_resid_post"
+    site = Site(args.layer, "resid_post")
     buffer_tokens = (args.steps + 1) * args.batch_size
     recipe = Recipe(activation="topk", expansion=8, k=32, steps=args.steps, batch_size=args.batch_size,
                     warmup_steps=1)
-    print(f"SmolLM2-135M on {args.device}, {torch.get_num_threads()} threads; TopK SAE 8x (d_sae 4608) k=32 at {hook}; "
-          f"batch {args.batch_size} tokens, windows of {args.window}, at most {args.forward_batch} x {args.window} "
-          f"padded tokens per forward; the model in {'bf16 autocast' if args.autocast else 'fp32'}")
+    print(f"SmolLM2-135M on {args.device}, {torch.get_num_threads()} threads; TopK SAE 8x (d_sae 4608) k=32 at "
+          f"{site.label}; batch {args.batch_size} tokens, windows of {args.window}, at most {args.forward_batch} x "
+          f"{args.window} padded tokens per forward; the model in {'bf16 autocast' if args.autocast else 'fp32'}")
 
     if args.transcoders:  # that comparison alone
         return _transcoders(model, texts, args)
     tokens = args.steps * args.batch_size
-    source = Activations(model, texts, [hook], args.batch_size, args.window, args.forward_batch,
+    source = Activations(model, texts, [site], args.batch_size, args.window, args.forward_batch,
                          tokens + args.held_out, autocast=args.autocast)
+    point = source.points[0]
     start = time.perf_counter()
-    block = source.block(0)[hook]
+    block = source.block(0)[point]
     _sync(args.device)
     generate = time.perf_counter() - start
     print(f"generate   {len(block):>8} tokens in {generate:7.2f} s: {len(block) / generate:9.0f} tokens/s")
@@ -111,7 +114,7 @@ def main() -> None:
     for i in range(args.steps):
         trainer.step(train_rows[i * args.batch_size:(i + 1) * args.batch_size])
     _sync(args.device)
-    ours = {"seconds": time.perf_counter() - start, **_held_out(trainer.coder.dictionary(hook), held_out)}
+    ours = {"seconds": time.perf_counter() - start, **_held_out(trainer.coder.dictionary(point.name), held_out)}
     ours["tokens_per_s"] = tokens / ours["seconds"]
     print(f"train      {tokens:>8} tokens in {ours['seconds']:7.2f} s: {ours['tokens_per_s']:9.0f} tokens/s "
           f"(held-out FVU {ours['fvu']:.4f}, L0 {ours['l0']:.1f})")
@@ -121,15 +124,15 @@ def main() -> None:
     del block, train_rows  # held_out stays, for the end-to-end FVUs
 
     start = time.perf_counter()
-    sae, = train(model, texts, [hook], recipe, window=args.window, forward_batch=args.forward_batch,
-                 buffer_tokens=buffer_tokens, progress=False, device=args.device, autocast=args.autocast)
+    sae, = train(model, texts, [site], recipe, Execution(batch_size=args.forward_batch, progress=False),
+                 window=args.window, buffer_tokens=buffer_tokens, device=args.device, autocast=args.autocast)
     _sync(args.device)
     ours = {"seconds": time.perf_counter() - start, **_held_out(sae, held_out)}
     ours["tokens_per_s"] = tokens / ours["seconds"]
     print(f"end to end {tokens:>8} tokens in {ours['seconds']:7.2f} s: {ours['tokens_per_s']:9.0f} tokens/s "
           f"(held-out FVU {ours['fvu']:.4f}, L0 {ours['l0']:.1f})")
     if not args.no_saelens:
-        lengths = sorted((len(w) for w in source._block_windows(0)), reverse=True)
+        lengths = sorted((len(w) for w in source.windows_of(0)), reverse=True)
         spans = forward_batches(lengths, args.forward_batch * args.window)
         real, slots = sum(lengths), sum((end - start) * lengths[start] for start, end in spans)
         print(f"tokens per forward: resid at most {args.forward_batch} x {args.window} padded, {real / len(spans):.0f} "
@@ -157,25 +160,27 @@ def _transcoders(model, texts, args) -> None:
     recipe = Recipe(activation="batchtopk", expansion=8, k=32, steps=1, batch_size=args.batch_size, warmup_steps=1,
                     normalize="expected_average_only_in")  # as resid train-transcoder
 
-    def generate(hooks):
-        source = Activations(model, texts, hooks, args.batch_size, args.window, args.forward_batch,
+    def generate(points):
+        source = Activations(model, texts, points, args.batch_size, args.window, args.forward_batch,
                              args.steps * args.batch_size, autocast=args.autocast)
         start = time.perf_counter()
         found = source.block(0)
         _sync(args.device)
         return found, time.perf_counter() - start
 
-    found, together = generate([h for s in specs for h in (s.hook_in, s.hook_out)])
-    generated = len(found[specs[0].hook_in])
+    pairs = [s.points(model) for s in specs]
+    found, together = generate([p for pair in pairs for p in pair])
+    point_in, point_out = pairs[0]
+    generated = len(found[point_in])
     tokens = generated // args.batch_size * args.batch_size
     share = tokens / generated  # generation is counted for the tokens trained on (the block holds a few more)
     trainer = Trainer.new(recipe, model.config.d_model, transcoder=True, device=args.device)
     start = time.perf_counter()
     for i in range(0, tokens, args.batch_size):
-        trainer.step(found[specs[0].hook_in][i:i + args.batch_size], found[specs[0].hook_out][i:i + args.batch_size])
+        trainer.step(found[point_in][i:i + args.batch_size], found[point_out][i:i + args.batch_size])
     _sync(args.device)
     steps = time.perf_counter() - start
-    alone = share * sum(generate([s.hook_in, s.hook_out])[1] for s in specs)
+    alone = share * sum(generate(list(pair))[1] for pair in pairs)
     together *= share
     one, separate = together + n * steps, alone + n * steps
     print(f"\n{n} transcoders (BatchTopK 8x k=32), {tokens} tokens each: generation from one forward {together:.2f} s, "

@@ -36,6 +36,7 @@ import torch
 
 import resid
 from resid.analyses import tuned_lens
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.io import corpus
 from resid.load.registry import _smollm2_path
 
@@ -95,7 +96,7 @@ def time_tuned_lens(python: Path, folder: Path, data: Path, args, steps: int) ->
 def time_resid(model, training, args, steps: int) -> tuple[float, tuned_lens.TunedLens]:
     recipe = tuned_lens.Recipe(steps=steps, tokens_per_step=args.tokens_per_step, seq_len=args.seq_len)
     start = time.perf_counter()
-    lens = tuned_lens.train(model, training, recipe, batch_size=args.batch_size, progress=False)
+    lens = tuned_lens.train(model, training, recipe, Execution(batch_size=args.batch_size, progress=False))
     return time.perf_counter() - start, lens
 
 
@@ -146,7 +147,8 @@ def main() -> None:
         print(f"target resid >= 2x tuned-lens's trainer: {rates['resid'] / rates['tuned_lens']:.2f}x")
 
     lens = tuned_lens.read(model, args.translators) if args.translators is not None else trained["lens"]
-    df = tuned_lens.evaluate(model, held_out, [lens], seq_len=512, max_tokens=args.eval_tokens, progress=False)
+    df = tuned_lens.evaluate(model, held_out, [lens], seq_len=512, max_tokens=args.eval_tokens,
+                             execution=Execution(progress=False))
     kl = df.pivot_table(index="label", columns="lens", values="kl", sort=False)
     print(f"\nKL(final || lens) per layer on {df['tokens'].iloc[0]} held-out tokens (nats), tuned lens trained on "
           f"{lens.translators.info.get('tokens', '?')} tokens")

@@ -40,6 +40,7 @@ def observe(model, batch: int, pos: int, d_sae: int, l0: int, repeats: int) -> d
 
 def train_transcoders(model, steps: int, batch_size: int, forward_batch: int, buffer_tokens: int
                       ) -> tuple[dict, list]:
+    from resid.analyses.distributed.execution import Execution
     from resid.analyses.training.loop import Spec, train
     from resid.analyses.training.recipe import Recipe
 
@@ -49,8 +50,8 @@ def train_transcoders(model, steps: int, batch_size: int, forward_batch: int, bu
     texts = corpus.demo(max_documents=2000)
     with Peak(model.device) as peak:
         start = time.perf_counter()
-        found = train(model, texts, specs, recipe, forward_batch=forward_batch, buffer_tokens=buffer_tokens,
-                      device=model.device, progress=False)
+        found = train(model, texts, specs, recipe, Execution(batch_size=forward_batch, progress=False),
+                      buffer_tokens=buffer_tokens, device=model.device)
         sync(model.device)
         seconds = time.perf_counter() - start
     tokens = steps * batch_size

@@ -44,12 +44,14 @@ def check(args) -> None:
 
 def run(model, args) -> str:
     from resid.analyses import plots, tables, tuned_lens
+    from resid.analyses.distributed.execution import Execution
 
     _, held_out = args.split(model)
     lenses = [] if args.loaded is None else [tuned_lens.TunedLens(model, args.loaded)]
     every = args.every or (args.loaded.every if args.loaded is not None else "layer")
+    execution = Execution(batch_size=args.batch_size or "auto", progress=False if args.quiet else None)
     df = tuned_lens.evaluate(model, held_out, lenses, every=every, seq_len=args.seq_len, max_tokens=args.tokens,
-                             batch_size=args.batch_size, progress=not args.quiet)
+                             execution=execution)
     lines = [f"lenses on {df['tokens'].iloc[0]:,} held-out tokens (nats; top1: agreement with the model's top token)",
              table(df)]
     if args.out is not None:

@@ -6,9 +6,12 @@ corpus, resumably, and write it into DIR.
 
 The corpus is split by paragraph (resid.analyses.lenses.data.split): --held-out of it never reaches training, and
 `resid lens eval` with the same --corpus, --max-docs and --held-out evaluates on exactly that part. DIR gets
-checkpoint.safetensors every --checkpoint-every steps (rerun the same command after a kill: it resumes) and
-translators.safetensors at the end (or config.json + params.pt with --layout tuned-lens).
+checkpoint.safetensors every --checkpoint-every steps (rerun the same command after a kill: it resumes; a second
+command training into DIR meanwhile is refused) and translators.safetensors at the end (or config.json + params.pt
+with --layout tuned-lens).
 """
+
+from pathlib import Path
 
 from resid.analyses.cli import arguments
 from resid.analyses.cli.lens_data import corpus_options, held_out_split
@@ -39,6 +42,8 @@ def add_parser(commands, common) -> None:
 def check(args) -> None:
     from resid.analyses.lenses.training import Recipe
 
+    arguments.out_folder(args.out)
+    arguments.not_being_written(str(Path(args.out)))  # the folder's lock: <folder>.lock, as StateStore takes it
     for flag in ("steps", "tokens_per_step", "seq_len", "checkpoint_every"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     if args.batch_size is not None:
@@ -50,10 +55,12 @@ def check(args) -> None:
 
 def run(model, args) -> str:
     from resid.analyses import tuned_lens
+    from resid.analyses.distributed.execution import Execution
 
     training, _ = args.split(model)
-    lens = tuned_lens.train(model, training, args.recipe, folder=args.out, checkpoint_every=args.checkpoint_every,
-                            batch_size=args.batch_size, progress=not args.quiet)
+    execution = Execution(batch_size=args.batch_size or "auto", progress=False if args.quiet else None,
+                          out=args.out)
+    lens = tuned_lens.train(model, training, args.recipe, execution, checkpoint_every=args.checkpoint_every)
     folder = tuned_lens.write(lens, args.out, layout=args.layout)
     losses = lens.translators.info["losses"]
     return (f"trained a tuned lens of {model.name}: {len(lens.translators.sites)} translators (every {args.every}), "

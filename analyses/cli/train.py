@@ -5,11 +5,14 @@ resumably, write them in SAELens's format and evaluate them on held-out paragrap
     resid train-sae --layers 15 --site resid_pre --activation jumprelu --l0-coefficient 1 --out sae --corpus notes.txt
     resid train-transcoder --layers all --out transcoders --activation batchtopk --k 16 --tokens 500000
     resid train-sae --transcoder ...                                     (the same as train-transcoder)
+    resid train-sae --layers 15 --out sae --ray --workers 2    # the activations made by 2 Ray workers, one model each
 
-All layers given train from one forward pass per batch. DIR gets checkpoint.safetensors every --checkpoint-every
-steps (after a kill, rerun the same command with --resume), then one SAELens folder per dictionary
-(cfg.json + sae_weights.safetensors, named by its hook) and evaluation.md (FVU, L0, dead and dense fractions, CE loss
-recovered, KL) over --eval-windows windows of the held-out paragraphs (--held-out, split as `resid lens train`).
+All layers given train from one forward pass per batch; --site picks the resid Site an SAE reads at each layer
+(attn_out and mlp_out: the sublayer's write). DIR gets checkpoint.safetensors every --checkpoint-every steps (after
+a kill, rerun the same command with --resume; a second command training into DIR meanwhile is refused), then one
+SAELens folder per dictionary (cfg.json + sae_weights.safetensors, named by its TransformerLens hook) and
+evaluation.md (FVU, L0, dead and dense fractions, CE loss recovered, KL) over --eval-windows windows of the held-out
+paragraphs (--held-out, split as `resid lens train`).
 """
 
 from pathlib import Path
@@ -19,9 +22,9 @@ from resid.analyses.cli.errors import render
 from resid.analyses.cli.lens_data import corpus_options, held_out_split
 from resid.errors import ResidError, param_style
 
-SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
-HOOKS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
-         "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out"}
+# --site -> the part of resid.Site(layer, part) an SAE reads
+SITES = {"resid_pre": "resid_pre", "resid_mid": "resid_mid", "resid_post": "resid_post", "attn_out": "attn",
+         "mlp_out": "mlp"}
 # Recipe parameters -> flags, beside those resid.analyses.cli.errors already maps (k, batch_size, steps)
 FLAGS = {"activation": "--activation", "expansion": "--expansion", "d_sae": "--d-sae", "lr": "--lr",
          "warmup_steps": "--warmup-steps", "decay_steps": "--decay-steps", "l1_coefficient": "--l1-coefficient",
@@ -44,8 +47,8 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--out", required=True, help="a folder: the checkpoint, the dictionaries, evaluation.md")
         parser.add_argument("--layers", required=True, help="layer indices, e.g. '15' or '3,9,15', or 'all'")
         if not transcoder:
-            parser.add_argument("--site", default="resid_post", choices=SITES, help="the tensor an SAE reads "
-                                "(default resid_post)")
+            parser.add_argument("--site", default="resid_post", choices=list(SITES), help="the tensor an SAE "
+                                "reads (default resid_post)")
             parser.add_argument("--transcoder", action="store_true", help="train transcoders instead "
                                 "(= resid train-transcoder)")
         parser.add_argument("--skip", action="store_true", help="transcoders with a skip path x @ W_skip")
@@ -91,6 +94,7 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--eval-windows", type=int, default=32, help="held-out windows evaluated (default 32; "
                             "0: none)")
         parser.add_argument("--quiet", action="store_true", help="no progress bar")
+        arguments.executor_options(parser)
 
 
 def check(args) -> None:
@@ -101,6 +105,7 @@ def check(args) -> None:
     if args.dead_tokens is not None:
         arguments.at_least(args.dead_tokens, 1, "--dead-tokens")
     arguments.out_folder(args.out)
+    arguments.not_being_written(str(Path(args.out)))  # the folder's lock: <folder>.lock, as StateStore takes it
     args.layer_list = arguments.layers(args.layers)
     if args.tokens < args.batch_size:
         raise ResidError(f"--tokens {args.tokens} is less than one batch (--batch-size {args.batch_size}).")
@@ -122,12 +127,15 @@ def check(args) -> None:
             dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
             normalize=args.normalize or ("expected_average_only_in" if args.transcoder else "none"))
     held_out_split(args)
+    args.executor = arguments.executor(args.ray, args.workers)  # last: nothing to close if a check above fails
 
 
 def run(model, args) -> str:
+    from resid.analyses.distributed.execution import Execution
     from resid.analyses.io import tables
     from resid.analyses.training.evaluation import evaluate
     from resid.analyses.training.loop import Spec, train
+    from resid.sites import Site
 
     layers = args.layer_list if args.layer_list is not None else list(range(model.config.n_layers))
     bad = [l for l in layers if not 0 <= l < model.config.n_layers]
@@ -136,23 +144,30 @@ def run(model, args) -> str:
     if args.transcoder:
         specs = [Spec.transcoder(model, l, skip=args.skip) for l in layers]
     else:
-        specs = [Spec(f"blocks.{l}.{HOOKS[args.site]}") for l in layers]
+        specs = [Spec(Site(l, SITES[args.site])) for l in layers]
     training, held_out = args.split(model)
     ratio = args.max_norm_ratio or None  # 0: keep every token
-    with param_style(_render):
-        dictionaries = train(model, training, specs, args.recipe, folder=args.out,
-                             checkpoint_every=args.checkpoint_every, window=args.window,
-                             forward_batch=args.forward_batch, buffer_tokens=args.buffer_tokens,
-                             keep_bos=args.keep_bos, autocast=args.autocast, progress=not args.quiet,
-                             max_norm_ratio=ratio)
+    progress = False if args.quiet else None
+    execution = Execution(args.executor, batch_size=args.forward_batch, progress=progress, out=args.out)
+    try:
+        with param_style(_render):
+            dictionaries = train(model, training, specs, args.recipe, execution,
+                                 checkpoint_every=args.checkpoint_every, window=args.window,
+                                 buffer_tokens=args.buffer_tokens, keep_bos=args.keep_bos, autocast=args.autocast,
+                                 max_norm_ratio=ratio)
+        if args.eval_windows:
+            df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
+                          keep_bos=args.keep_bos, max_norm_ratio=ratio,
+                          execution=Execution(args.executor, progress=progress))
+    finally:
+        if args.executor is not None:
+            args.executor.close()
     lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
              f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
              f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]
     if args.eval_windows:
-        df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
-                      keep_bos=args.keep_bos, max_norm_ratio=ratio)
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)
-        lines.append(tables.to_markdown(df.drop(columns=["hook_in", "hook_out"])))
+        lines.append(tables.to_markdown(df.drop(columns=["site_in"])))
         lines.append(f"wrote {path}")
     return "\n".join(lines)

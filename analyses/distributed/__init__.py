@@ -5,6 +5,8 @@
     ray_executor  RayExecutor: actors that load the model once, chunk retry when a worker dies
     worker     the body of one Ray actor
     source     where a worker loads its model from (the driver's resid.load source, checked by fingerprint)
+    steps      StepJob, drive_steps: the driver of stateful jobs (training a dictionary or a tuned lens), their
+               input made in chunks by the same executors, one checkpoint store, one progress bar
 
     from resid.analyses.distributed import RayExecutor
     ablation.sweep(model, prompts, targets, executor="ray", workers=2)       # or executor=RayExecutor(...)

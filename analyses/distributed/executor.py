@@ -12,10 +12,16 @@ Glossary:
 `executor.map(model, job, chunks)` yields (chunk index, result) as results arrive: in chunk order, piece by piece,
 in process; in completion order, one result per chunk, on Ray. Callers persist or merge each result as it comes
 (the sweep writes it to its ResultStore; a scan merges its top-k), so the caller is the only writer.
+
+`executor.stream(model, job, chunks, ahead)` feeds a step job (resid.analyses.distributed.steps): each chunk's one
+result in chunk order, the chunks drawn from a possibly endless iterator only as they are needed, at most `ahead`
+of them running or waiting beyond the result the caller holds (in process: none, each chunk is computed when it is
+asked for). A job fed so yields one piece per chunk.
 """
 
 import abc
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -36,10 +42,11 @@ class Job(abc.ABC):
     unit = "row"  # what `size` counts
     key: tuple[str, ...] | None = None
 
-    @abc.abstractmethod
     def plan(self, done: set, workers: int | None, per_worker: int) -> list:
         """The chunks still to compute: all of them less the rows whose keys are in `done` (a resumed store's);
-        laid out for `workers` remote workers (None: in process), at least `per_worker` chunks each."""
+        laid out for `workers` remote workers (None: in process), at least `per_worker` chunks each. Jobs that feed
+        a step job take their chunks from it instead (Executor.stream) and have no plan of their own."""
+        raise NotImplementedError(f"{type(self).__name__} is fed chunks by a step job; it has no plan of its own")
 
     def prepare(self, model: Model, executor: "Executor", chunks: list) -> None:
         """Called once the chunks are planned, before any runs: e.g. statistics the chunks need (the means of
@@ -90,6 +97,14 @@ class Executor(abc.ABC):
     def map(self, model: Model, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
         """(chunk index, result) for every chunk, as they arrive."""
 
+    def stream(self, model: Model, job: Job, chunks: Iterable[object], ahead: int) -> Iterator[object]:
+        """Each chunk's result in chunk order, drawing chunks only as needed (see the module docstring). This
+        default maps `ahead` chunks at a time; InProcess and RayExecutor keep their workers busier."""
+        chunks = iter(chunks)
+        while wave := list(itertools.islice(chunks, ahead)):
+            found = dict(self.map(model, job, wave))  # one piece per chunk: piece and result are the same
+            yield from (found[index] for index in range(len(wave)))
+
     def close(self) -> None:
         """Let go of workers (nothing to do in process)."""
 
@@ -112,6 +127,14 @@ class InProcess(Executor):
         for index, chunk in enumerate(chunks):
             for piece in job.run(state, chunk):
                 yield index, piece
+
+    def stream(self, model: Model, job: Job, chunks: Iterable[object], ahead: int) -> Iterator[object]:
+        state = unset = object()
+        for chunk in chunks:  # each computed when the caller asks for it: nothing runs ahead
+            state = job.setup(model) if state is unset else state
+            (result,) = job.run(state, chunk)
+            yield result
+            del result  # the caller is done with it: not held while the next chunk is computed
 
 
 def resolve(executor: "Executor | str | None", workers: int | None) -> tuple[Executor, bool]:

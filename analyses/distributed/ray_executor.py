@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from resid.analyses.distributed.executor import Executor, Job
 from resid.analyses.distributed.source import ModelSource, source_of
@@ -113,23 +113,51 @@ class RayExecutor(Executor):
         return self.startup_seconds
 
     def map(self, model: Transformer, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
-        if not chunks:
-            return
-        self.start(model)
-        ray, key = self.ray, uuid.uuid4().hex
-        job_ref = ray.put(job)  # stored once; Ray hands it to each actor with that actor's first chunk
-        pending, idle = deque(range(len(chunks))), deque(range(len(self.actors)))
-        running: dict = {}  # ObjectRef -> (actor slot, chunk index)
+        yield from self._run(model, job, enumerate(chunks), lambda running: True)
+
+    def stream(self, model: Transformer, job: Job, chunks: Iterable[object], ahead: int) -> Iterator[object]:
+        """In chunk order: a chunk that finishes before an earlier one waits here, and counts towards `ahead`."""
+        waiting: dict[int, object] = {}
+        first = 0  # the next chunk to hand to the caller
+        for index, result in self._run(model, job, enumerate(chunks),
+                                       lambda running: running + len(waiting) < ahead):
+            waiting[index] = result
+            while first in waiting:
+                found = waiting.pop(first)
+                first += 1
+                yield found
+                del found  # not held while the next chunk is awaited
+
+    def _run(self, model: Transformer, job: Job, chunks: Iterator[tuple[int, object]],
+             room: Callable[[int], bool]) -> Iterator[tuple[int, object]]:
+        """(chunk index, result) in completion order. Chunks are drawn from `chunks` while a worker is idle and
+        `room(chunks running)` says so; a chunk lost with its worker goes again first. The actors start (and the
+        job is stored) when the first chunk is drawn."""
+        ray, key, job_ref = self.ray, uuid.uuid4().hex, None
+        retry: deque = deque()  # (index, chunk) lost with a worker, to go again before new ones
+        idle: deque = deque()
+        running: dict = {}  # ObjectRef -> (actor slot, chunk index, chunk)
         failures: dict[int, int] = {}
         holding: set[int] = set()  # slots whose actor has the job
-        while pending or running:
-            while pending and idle:
-                slot, index = idle.popleft(), pending.popleft()
+        more = True
+        while True:
+            while (retry or (more and room(len(running)))) and (idle or job_ref is None):
+                item = retry.popleft() if retry else next(chunks, None)
+                if item is None:
+                    more = False
+                    break
+                if job_ref is None:
+                    self.start(model)
+                    job_ref = ray.put(job)  # stored once; Ray hands it to each actor with that actor's first chunk
+                    idle.extend(range(len(self.actors)))
+                slot, (index, chunk) = idle.popleft(), item
                 sent = None if slot in holding else job_ref
-                running[self._submit(slot, key, sent, chunks[index])] = (slot, index)
+                running[self._submit(slot, key, sent, chunk)] = (slot, index, chunk)
                 holding.add(slot)
+            if not running:
+                return
             (ref,), _ = ray.wait(list(running), num_returns=1)
-            slot, index = running.pop(ref)
+            slot, index, chunk = running.pop(ref)
             try:
                 result = ray.get(ref)
             except self._lost as error:
@@ -142,7 +170,7 @@ class RayExecutor(Executor):
                     ) from error
                 self._replace(slot)
                 holding.discard(slot)
-                pending.appendleft(index)
+                retry.appendleft((index, chunk))
             except ray.exceptions.RayTaskError as error:
                 if isinstance(error.cause, ResidError):
                     raise ResidError(str(error.cause)) from None

@@ -2,6 +2,8 @@
 
 Imported by Ray in the worker process. Nothing here imports ray (RayExecutor wraps the class with `ray.remote`
 and sends the job, as plain data, with each actor's first chunk of it), so the base install can import it.
+What a worker sends back holds its tensors on the CPU: the driver may have no GPU, or another one, and puts them
+where it needs them.
 """
 
 import torch
@@ -32,4 +34,15 @@ class Worker:
             assert job is not None, "RayExecutor sends the job with each actor's first chunk of it"
             self.state = job.setup(self.model)
             self.job, self.job_key = job, key
-        return self.job.combine(list(self.job.run(self.state, chunk)))
+        return on_cpu(self.job.combine(list(self.job.run(self.state, chunk))))
+
+
+def on_cpu(value: object) -> object:
+    """`value` with every tensor in it (in dicts, lists and tuples, at any depth) moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(item) for item in value)
+    return value

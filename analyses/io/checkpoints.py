@@ -1,9 +1,33 @@
-"""One safetensors checkpoint file of a resumable run (the tuned lens's, a dictionary training's): tensors plus
-string metadata, one of which is the run's `settings` as JSON. Written with resid.analyses.io.atomic, so a kill
-leaves the previous checkpoint or the new one, never a torn file; read back only with the settings it was written
-with (anything else would not continue the same run)."""
+"""The resumable state store of stateful jobs (dictionary training, tuned-lens training): the sibling of
+resid.analyses.io.store's ResultStore, which keeps the rows of table jobs, for jobs whose progress is a state.
+
+    store = StateStore("runs/sae", "resid.training.checkpoint", "training", settings)   # locks runs/sae.lock
+    found = store.load()                    # (tensors, metadata) saved in runs/sae, or None
+    store.save(tensors, {"step": "6"})      # runs/sae/checkpoint.safetensors, atomically
+    store.close()                           # the lock goes (also when the process ends, however it ends)
+
+Glossary:
+    folder     the job's output folder; the state is FOLDER/checkpoint.safetensors
+    kind       the format tag in the file's metadata ("resid.training.checkpoint", "resid.tuned_lens.checkpoint"):
+               a folder holding another job's checkpoint is refused, not misread
+    settings   a JSON dict of everything that determines the run (model, sites, recipe, data fingerprint);
+               resuming needs an equal one, as resuming a ResultStore needs an equal signature (or one of `older`:
+               the same run's settings as an earlier version of resid wrote them; the next save writes the new ones)
+    metadata   the job's own string entries (steps done, where its data stream is), beside `format` and `settings`
+
+checkpoint.safetensors holds the tensors and the metadata (the settings as JSON among it): the format both jobs
+wrote before this store, so their existing checkpoints still resume. It is written with resid.analyses.io.atomic, so
+a kill leaves the previous checkpoint or the new one, never a torn file. FOLDER/progress.json repeats the metadata
+and settings for people (never read).
+
+One writer per folder: a store holds the exclusive lock `<folder>.lock` (resid.analyses.io.lock, the lock the result
+store takes) from its construction until close(), so a second process training into the same folder is refused at
+once, naming the first one's pid, instead of the two overwriting each other's checkpoints.
+"""
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from safetensors import safe_open
@@ -11,36 +35,78 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from resid.analyses.io import atomic
+from resid.analyses.io.lock import OutputLock
 from resid.errors import ResidError
 
 FILE = "checkpoint.safetensors"
+PROGRESS = "progress.json"
 
 
-def write(folder: Path, tensors: dict[str, Tensor], metadata: dict[str, str], settings: dict) -> Path:
-    """folder/FILE with `tensors` and `metadata` plus the settings; the file's path."""
-    path = folder / FILE
-    metadata = {**metadata, "settings": json.dumps(settings, sort_keys=True)}
-    atomic.write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
-    return path
+class StateStore:
+    """The checkpoint of one stateful job in `folder`; see the module docstring."""
 
+    def __init__(self, folder: str | os.PathLike, kind: str, what: str, settings: dict, older: Sequence[dict] = ()):
+        self.folder, self.kind, self.what = Path(folder), kind, what
+        try:  # compare the JSON form, since that is what a later run reads back (tuples become lists, ...)
+            self.settings = json.loads(json.dumps(settings, sort_keys=True))
+            self.older = [json.loads(json.dumps(o, sort_keys=True)) for o in older]
+        except (TypeError, ValueError) as error:
+            raise ResidError(f"A checkpoint's settings must be JSON-serializable ({error}).") from error
+        self.path = self.folder / FILE
+        self._lock = OutputLock(Path(f"{self.folder}.lock"), self.folder)
+        self._hold()
 
-def read(folder: str | Path, fmt: str, what: str, settings: dict) -> tuple[dict[str, Tensor], dict[str, str]] | None:
-    """(tensors, metadata) of folder/FILE, None if there is none; an error if it is not a checkpoint of format `fmt`
-    (`what` names it: "tuned-lens", ...) or was saved with other settings."""
-    path = Path(folder) / FILE
-    if not path.is_file():
-        return None
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-        if metadata.get("format") != fmt:
-            raise ResidError(f"{path} is not a resid {what} checkpoint: delete it or choose another folder.")
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    saved = json.loads(metadata["settings"])
-    ours = json.loads(json.dumps(settings, sort_keys=True))  # the same JSON round trip as the saved ones
-    if saved != ours:
-        changed = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
-        raise ResidError(
-            f"The checkpoint in {path} is of a run with other settings ({', '.join(changed)} differ), so it cannot "
-            "be resumed with these: rerun with the same ones, or delete it (or choose another folder) to start over."
-        )
-    return tensors, metadata
+    def _hold(self) -> None:
+        if self._lock.superseded:
+            raise ResidError(f"This checkpoint store of {self.folder} was superseded by a newer one of the same folder "
+                             "in this process, which now holds its lock; use the newer one.")
+        self._lock.acquire()
+
+    def load(self) -> tuple[dict[str, Tensor], dict[str, str]] | None:
+        """(tensors, metadata) of the run saved in the folder, None if there is none; an error if it is another
+        job's checkpoint or was saved with other settings."""
+        self._hold()
+        if not self.path.is_file():
+            return None
+        with safe_open(str(self.path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("format") != self.kind:
+                raise ResidError(f"{self.path} is not a resid {self.what} checkpoint: delete it or choose another "
+                                 "folder.")
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        saved = json.loads(metadata["settings"])
+        if saved != self.settings and saved not in self.older:
+            changed = sorted(k for k in set(saved) | set(self.settings) if saved.get(k) != self.settings.get(k))
+            raise ResidError(
+                f"The checkpoint in {self.path} is of a run with other settings ({', '.join(changed)} differ), so it "
+                "cannot be resumed with these: rerun with the same ones, or delete it (or choose another folder) to "
+                "start over."
+            )
+        return tensors, {k: v for k, v in metadata.items() if k not in ("format", "settings")}
+
+    def save(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
+        """Write the state atomically (the previous one stays until the new one is whole); the file's path."""
+        self._hold()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        entries = {"format": self.kind, **metadata}
+        stored = {**entries, "settings": json.dumps(self.settings, sort_keys=True)}
+        tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+        atomic.write(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=stored))
+        people = {**entries, "settings": self.settings}
+        atomic.write(self.folder / PROGRESS, json.dumps(people, indent=1, sort_keys=True))
+        return self.path
+
+    def close(self) -> None:
+        """Release the lock (the checkpoint stays for a later run to resume from)."""
+        self._lock.release()
+
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)  # absent when the constructor raised before making it
+        if lock is not None:
+            lock.release()

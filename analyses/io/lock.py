@@ -1,7 +1,9 @@
-"""One writer per output: the exclusive lock a `ResultStore` holds on `<out>.lock` while it writes `out`.
+"""One writer per output: the exclusive lock a store holds on `<out>.lock` while it writes `out` (a `ResultStore`
+its table, resid.analyses.io.checkpoints's `StateStore` its folder's checkpoint).
 
 Two processes sweeping into the same `out` would interleave their chunks under one signature and lose rows (the
-signature is read once, when a store opens), so the second one is refused at once, with the first one's pid.
+signature is read once, when a store opens), and two trainings into one folder would overwrite each other's
+checkpoints, so the second one is refused at once, with the first one's pid.
 
 The lock is the kernel's (`fcntl.flock`; `msvcrt.locking` on Windows), so it ends with its process however that
 ends: a killed sweep leaves no stale lock, only the file, which the next writer reuses. The file holds the
@@ -88,8 +90,8 @@ class OutputLock:
                 os.close(fd)
                 raise ResidError(
                     f"Another process ({holder}) is writing results to {self.out}: it holds the lock {self.path}. "
-                    "Two writers of one output would mix their rows. Wait for it to finish (or stop it), or choose "
-                    "another output path."
+                    "Two writers of one output would mix their rows or overwrite each other's checkpoints. Wait for it "
+                    "to finish (or stop it), or choose another output path."
                 ) from None
             if fcntl is None or _same_file(fd, self.path):
                 return fd

@@ -5,8 +5,9 @@
     formats       read / write a tuned lens: resid's safetensors layout, tuned-lens's config.json + params.pt
     data          a corpus as packed token windows, held-out paragraphs, the training order
     kl            KL(final || lens) with its gradient in one pass, and the per-token statistics of a lens
-    training      the training loop (tuned-lens's recipe), resumable checkpoints
-    evaluation    both lenses per layer on held-out text: cross-entropy, KL, entropy, top-1 agreement
+    training      the training (tuned-lens's recipe), a step job of resid's step driver: resumable, Ray-able
+    evaluation    both lenses per layer on held-out text: cross-entropy, KL, entropy, top-1 agreement (a reduction
+                  of resid's driver)
     plots         the evaluation as a figure
 
 resid.analyses.tuned_lens gathers what a user calls (train, evaluate, read, write); resid.analyses.logit_lens.run

@@ -1,7 +1,7 @@
 """Training a tuned lens (Belrose et al. 2023): one affine translator per site, fitted so that the lens's
 distribution at each site matches the model's final one, KL(final || lens), over a corpus.
 
-    lens = train(model, corpus.demo(), Recipe(steps=60, tokens_per_step=4096, seq_len=512), folder="lens/")
+    lens = train(model, corpus.demo(), Recipe(steps=60, tokens_per_step=4096, seq_len=512), Execution(out="lens/"))
 
 The recipe is tuned-lens 0.2.0's `tuned-lens train` (scripts/train_loop.py and scripts/ingredients.py, read for
 this; the defaults of Recipe are its defaults):
@@ -28,13 +28,21 @@ final norm run as one batched graph per chunk of tokens; the head and the KL run
 to the norm's output; then one backward through the norms and translators. The gradient of the KL comes from
 resid.analyses.lenses.kl in one pass (the same gradient as autograd through log_softmax); for a plain linear
 unembedding (no head, no soft cap: most models) the head's forward and backward matmuls are written out there too
-(kl_and_input_grad, no autograd), in buffers shared by the sites. Each step writes an
-atomic checkpoint (resid.analyses.lenses.checkpoint) every `checkpoint_every` steps and at the end; rerunning
-with the same arguments resumes from it with the same data order, and a tqdm bar shows the tokens per second.
+(kl_and_input_grad, no autograd), in buffers shared by the sites.
+
+The run is a step job of the step driver (resid.analyses.distributed.steps.drive_steps): its chunks are the forward
+batches (Execution.batch_size windows each, in the order the steps take them: the data order is a function of the
+step), made in process or on Ray workers (ForwardJob: the model's logits and the residual at every site, sent back
+whole, so only worth it where the model's forward outweighs that transfer), and every chunk's gradient is added
+in this process, where the translators live. With `execution.out` it writes a checkpoint (resid.analyses.io.
+checkpoints, format "resid.tuned_lens.checkpoint": the translators, SGD's momentum buffers, and in its metadata the
+steps done and the losses so far) every `checkpoint_every` steps and at the end; rerunning with the same arguments
+resumes from it with the same data order, to the run never stopped. The bar shows tokens/s and the step's KL.
 """
 
 import hashlib
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -42,9 +50,11 @@ from typing import Literal
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from resid.analyses.lenses import checkpoint, data
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.analyses.distributed.executor import Job
+from resid.analyses.distributed.steps import StepJob, drive_steps
+from resid.analyses.lenses import data
 from resid.analyses.lenses.formats import unembed_hash
 from resid.analyses.lenses.kl import Scratch, final_distribution, kl_and_input_grad, kl_from_final
 from resid.analyses.lenses.lens import TunedLens
@@ -107,76 +117,160 @@ def train(
     model: Transformer,
     texts: Sequence[str] | Int[Tensor, "window seq_len"],
     recipe: Recipe = Recipe(),
-    folder: str | Path | None = None,
+    execution: Execution | None = None,
     checkpoint_every: int = 10,
     start: Translators | None = None,
-    batch_size: int | None = None,
-    progress: bool = True,
     on_step: Callable[[int, float], None] | None = None,
 ) -> TunedLens:
     """A tuned lens of `model` trained on `texts` (documents, packed into windows of recipe.seq_len), or on ready
-    windows of token ids. folder: where the checkpoint goes (None: no checkpoint); a checkpoint there of the same
-    run is resumed. start: translators to fine-tune (default: zeros, the logit lens). batch_size: windows per
-    forward pass (default: FORWARD_TOKENS tokens' worth). on_step(step, mean KL) is called after each step."""
-    if not isinstance(model, Transformer):
-        raise ResidError(f"A tuned lens is trained on a decoder-only resid.Transformer, got {type(model).__name__}.")
-    sites = tuple(site_list(model, recipe.every)[:-1])
-    initial = start if start is not None else Translators.zeros(sites, model.config.d_model, recipe.every, recipe.bias)
-    TunedLens(model, initial)  # checks the model (decoder, token logits) and the translators' sites
-    if initial.sites != sites or (initial.bias is not None) != recipe.bias:
-        raise ResidError(f"start= has translators at {[s.label for s in initial.sites]} (bias: "
-                         f"{initial.bias is not None}); the recipe trains {[s.label for s in sites]} (bias: "
-                         f"{recipe.bias}). Use a start lens of the same {param('every')} and bias.")
-    windows = texts if isinstance(texts, Tensor) else data.pack(model, texts, recipe.seq_len)
-    if windows.ndim != 2 or windows.shape[1] != recipe.seq_len:
-        raise ResidError(f"Windows must be [window seq_len={recipe.seq_len}] token ids, got {list(windows.shape)}.")
-    needed = recipe.steps * recipe.windows_per_step
-    if len(windows) < needed:
-        raise ResidError(
-            f"{recipe.steps} steps of {recipe.windows_per_step} windows need {needed} windows of {recipe.seq_len} "
-            f"tokens; the corpus gives {len(windows)}: give more text, or fewer steps or tokens per step."
-        )
-    order = data.window_order(len(windows), recipe.seed)[:needed]
-    settings = {"model": model.name, "unembed_hash": unembed_hash(model), "sites": [s.label for s in sites],
-                "recipe": asdict(recipe), "data": data.fingerprint(windows),
-                "start": None if start is None else _digest(start)}
-    state = (checkpoint.load(folder, settings) if folder is not None else None) or checkpoint.State(
-        0, initial.weight, initial.bias, None, None, [])
-    # Two leaves, all sites stacked: SGD, weight decay and clipping are elementwise or global, so this is the same
-    # optimizer as one per translator, with two tensors for the small ops instead of 2 x sites.
-    weight = state.weight.detach().to(model.device, torch.float32).clone().requires_grad_()
-    bias = None if state.bias is None else state.bias.detach().to(model.device, torch.float32).clone().requires_grad_()
-    leaves = [weight] if bias is None else [weight, bias]
-    optimizer = torch.optim.SGD(leaves, lr=recipe.lr(0), momentum=recipe.momentum, nesterov=True,
-                                weight_decay=recipe.weight_decay)
-    for leaf, buffer in zip(leaves, (state.momentum_weight, state.momentum_bias)):
-        if buffer is not None:
-            optimizer.state[leaf]["momentum_buffer"] = buffer.to(leaf.device).clone()
-    batch_size = batch_size or max(1, FORWARD_TOKENS // recipe.seq_len)
-    bar = tqdm(total=needed * recipe.seq_len, initial=state.step * recipe.tokens_per_step, unit="tok",
-               unit_scale=True, desc="tuned lens", disable=not progress)
-    for step in range(state.step, recipe.steps):
-        ids = windows[order[step * recipe.windows_per_step:(step + 1) * recipe.windows_per_step]]
-        losses = _accumulate(model, weight, bias, ids, recipe, batch_size)
-        torch.nn.utils.clip_grad_norm_(leaves, recipe.clip)
-        for group in optimizer.param_groups:
-            group["lr"] = recipe.lr(step)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.losses.append(float(losses.mean()))
-        state.step = step + 1
-        if folder is not None and (state.step % checkpoint_every == 0 or state.step == recipe.steps):
-            checkpoint.save(folder, _snapshot(optimizer, weight, bias, state), settings)
-        bar.update(recipe.tokens_per_step)
-        bar.set_postfix(kl=f"{state.losses[-1]:.3f}")
-        if on_step is not None:
-            on_step(step, state.losses[-1])
-    bar.close()
-    final = _snapshot(optimizer, weight, bias, state)
-    info = {"model": model.name, "unembed_hash": settings["unembed_hash"], "recipe": asdict(recipe),
-            "tokens": state.step * recipe.tokens_per_step, "losses": state.losses, "windows": len(windows),
-            "data": settings["data"]}
-    return TunedLens(model, Translators(sites, final.weight, final.bias, recipe.every, info))
+    windows of token ids. execution: how the job runs (resid.analyses.Execution): `out` the checkpoint's folder (a
+    checkpoint there of the same run is resumed), `batch_size` windows per forward pass ("auto": FORWARD_TOKENS
+    tokens' worth), `executor` / `workers` where the forward passes run, `progress` the bar. start: translators to
+    fine-tune (default: zeros, the logit lens). on_step(step, mean KL) is called after each step."""
+    execution = as_execution(execution)
+    job = LensJob(model, texts, recipe, execution.batch_size, start, on_step)
+    return drive_steps(model, job, execution, checkpoint_every)
+
+
+@dataclass
+class ForwardJob(Job):
+    """What one chunk of a lens's training computes, as plain data: the chunk is a forward batch of windows
+    [window seq] of token ids, its result the model's logits [token d_vocab] and the residual at every site the
+    translators read [site token d_model], without gradients."""
+
+    every: str
+
+    name = "tuned lens forward"
+
+    def setup(self, model: Transformer) -> Transformer:
+        return model
+
+    def run(self, model: Transformer, ids: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        run = model.run(ids.to(model.device), capture=Capture(final_norm_scale=False))
+        final = run.logits.flatten(0, 1)
+        inputs = torch.stack([resid.flatten(0, 1) for _, resid in run.stream.running(self.every)][:-1])
+        yield final, inputs
+
+    def combine(self, pieces: list) -> tuple[Tensor, Tensor]:
+        return pieces[0]
+
+
+class LensJob(StepJob):
+    """A tuned lens's training as a step job (see the module docstring): the translators of every site stacked in
+    two leaves, and their SGD optimizer."""
+
+    name = "tuned lens"
+    unit = "tok"
+    kind = "resid.tuned_lens.checkpoint"
+    what = "tuned-lens"
+
+    def __init__(self, model: Transformer, texts: Sequence[str] | Tensor, recipe: Recipe, batch_size: int | str,
+                 start: Translators | None, on_step: Callable[[int, float], None] | None):
+        if not isinstance(model, Transformer):
+            raise ResidError(f"A tuned lens is trained on a decoder-only resid.Transformer, got "
+                             f"{type(model).__name__}.")
+        self.model, self.recipe, self.on_step = model, recipe, on_step
+        self.sites = tuple(site_list(model, recipe.every)[:-1])
+        initial = start if start is not None else Translators.zeros(self.sites, model.config.d_model, recipe.every,
+                                                                    recipe.bias)
+        TunedLens(model, initial)  # checks the model (decoder, token logits) and the translators' sites
+        if initial.sites != self.sites or (initial.bias is not None) != recipe.bias:
+            raise ResidError(f"start= has translators at {[s.label for s in initial.sites]} (bias: "
+                             f"{initial.bias is not None}); the recipe trains {[s.label for s in self.sites]} (bias: "
+                             f"{recipe.bias}). Use a start lens of the same {param('every')} and bias.")
+        windows = texts if isinstance(texts, Tensor) else data.pack(model, texts, recipe.seq_len)
+        if windows.ndim != 2 or windows.shape[1] != recipe.seq_len:
+            raise ResidError(f"Windows must be [window seq_len={recipe.seq_len}] token ids, got "
+                             f"{list(windows.shape)}.")
+        needed = recipe.steps * recipe.windows_per_step
+        if len(windows) < needed:
+            raise ResidError(
+                f"{recipe.steps} steps of {recipe.windows_per_step} windows need {needed} windows of "
+                f"{recipe.seq_len} tokens; the corpus gives {len(windows)}: give more text, or fewer steps or tokens "
+                "per step."
+            )
+        self.windows, self.order = windows, data.window_order(len(windows), recipe.seed)[:needed]
+        self.batch_size = max(1, FORWARD_TOKENS // recipe.seq_len) if batch_size == "auto" else batch_size
+        self._settings = {"model": model.name, "unembed_hash": unembed_hash(model),
+                          "sites": [s.label for s in self.sites], "recipe": asdict(recipe),
+                          "data": data.fingerprint(windows), "start": None if start is None else _digest(start)}
+        self.steps, self.step_size = recipe.steps, recipe.tokens_per_step
+        self._load(0, initial.weight, initial.bias, None, None, [])
+
+    def _load(self, step: int, weight: Tensor, bias: Tensor | None, momentum_weight: Tensor | None,
+              momentum_bias: Tensor | None, losses: list[float]) -> None:
+        # Two leaves, all sites stacked: SGD, weight decay and clipping are elementwise or global, so this is the
+        # same optimizer as one per translator, with two tensors for the small ops instead of 2 x sites.
+        device = self.model.device
+        self.step, self.losses = step, losses
+        self.weight = weight.detach().to(device, torch.float32).clone().requires_grad_()
+        self.bias = None if bias is None else bias.detach().to(device, torch.float32).clone().requires_grad_()
+        self.leaves = [self.weight] if self.bias is None else [self.weight, self.bias]
+        self.optimizer = torch.optim.SGD(self.leaves, lr=self.recipe.lr(0), momentum=self.recipe.momentum,
+                                         nesterov=True, weight_decay=self.recipe.weight_decay)
+        for leaf, buffer in zip(self.leaves, (momentum_weight, momentum_bias)):
+            if buffer is not None:
+                self.optimizer.state[leaf]["momentum_buffer"] = buffer.to(leaf.device).clone()
+        self._forwards = 0  # forward batches of the current step added in
+
+    def settings(self) -> dict:
+        return self._settings
+
+    def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        self._load(int(metadata["step"]), tensors["weight"], tensors.get("bias"), tensors.get("momentum_weight"),
+                   tensors.get("momentum_bias"), json.loads(metadata["losses"]))
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        def momentum(leaf: Tensor | None) -> Tensor | None:
+            buffer = None if leaf is None else self.optimizer.state.get(leaf, {}).get("momentum_buffer")
+            return None if buffer is None else buffer.detach()
+
+        parts = {"weight": self.weight, "bias": self.bias, "momentum_weight": momentum(self.weight),
+                 "momentum_bias": momentum(self.bias)}
+        tensors = {name: t.detach().float().cpu() for name, t in parts.items() if t is not None}
+        return tensors, {"step": str(self.step), "losses": json.dumps(self.losses)}
+
+    def feed(self, remote: bool) -> ForwardJob:
+        return ForwardJob(self.recipe.every)
+
+    def chunks(self) -> Iterator[Tensor]:
+        per_step = self.recipe.windows_per_step
+        for step in range(self.step, self.steps):
+            ids = self.windows[self.order[step * per_step:(step + 1) * per_step]]
+            for first in range(0, len(ids), self.batch_size):
+                yield ids[first:first + self.batch_size]
+
+    def consume(self, result: tuple[Tensor, Tensor]) -> Iterator[dict[str, str]]:
+        recipe, device = self.recipe, self.model.device
+        if self._forwards == 0:  # a step begins: the head cast once, the losses from zero
+            self._head, self._scratch = _plain_head(self.model, recipe.precision == "bfloat16"), Scratch()
+            self._step_losses = torch.zeros(len(self.weight), device=device)
+        final, inputs = (t.to(device) for t in result)  # made on a worker: here
+        _backward(self.model, self.weight, self.bias, final, inputs, recipe.tokens_per_step, recipe.precision,
+                  self._head, self._scratch, self._step_losses)
+        self._forwards += 1
+        if self._forwards < -(-recipe.windows_per_step // self.batch_size):
+            return
+        torch.nn.utils.clip_grad_norm_(self.leaves, recipe.clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = recipe.lr(self.step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(float(self._step_losses.mean()))
+        self.step, self._forwards = self.step + 1, 0
+        yield {"kl": f"{self.losses[-1]:.3f}"}
+
+    def stepped(self) -> None:
+        if self.on_step is not None:
+            self.on_step(self.step - 1, self.losses[-1])  # the 0-based index of the step just done
+
+    def finish(self, out: Path | None) -> TunedLens:
+        weight = self.weight.detach().cpu()
+        bias = None if self.bias is None else self.bias.detach().cpu()
+        info = {"model": self.model.name, "unembed_hash": self._settings["unembed_hash"],
+                "recipe": asdict(self.recipe), "tokens": self.step * self.recipe.tokens_per_step,
+                "losses": list(self.losses), "windows": len(self.windows), "data": self._settings["data"]}
+        return TunedLens(self.model, Translators(self.sites, weight, bias, self.recipe.every, info))
 
 
 def loss_and_gradients(
@@ -199,45 +293,51 @@ def loss_and_gradients(
 def _accumulate(model: Transformer, weight: Tensor, bias: Tensor | None, ids: Tensor, recipe: Recipe,
                 batch_size: int) -> Tensor:
     """Adds d loss / d translators to weight.grad and bias.grad (loss: each site's KL, mean over all tokens of
-    `ids`) and returns the per-site losses [site]. One forward pass of the model per batch_size windows, without
-    gradients; then per chunk of tokens, every site's translator and final norm at once, the head and KL site by
-    site (each with its own backward to the norm's output), and one backward through the norms and translators."""
-    readout, device = model.readout, model.device
-    n_tokens = ids.numel()
-    losses = torch.zeros(len(weight), device=device)
-    bf16 = recipe.precision == "bfloat16"
-    head, scratch = _plain_head(model, bf16), Scratch()
+    `ids`) and returns the per-site losses [site]: ForwardJob's forward passes, batch_size windows each, and each
+    one's _backward."""
+    losses = torch.zeros(len(weight), device=model.device)
+    head, scratch = _plain_head(model, recipe.precision == "bfloat16"), Scratch()
+    forward = ForwardJob(recipe.every)
     for first in range(0, len(ids), batch_size):
-        run = model.run(ids[first:first + batch_size].to(device), capture=Capture(final_norm_scale=False))
-        final = run.logits.flatten(0, 1)
-        inputs = torch.stack([resid.flatten(0, 1) for _, resid in run.stream.running(recipe.every)][:-1])
-        del run
-        # Equal chunks of at most CHUNK_ELEMENTS logits each (512 tokens: 2 x 256, not 341 + 171).
-        n_chunks = -(-final.shape[0] // max(1, CHUNK_ELEMENTS // model.config.d_vocab))
-        size = -(-final.shape[0] // n_chunks)
-        for at in range(0, final.shape[0], size):
-            p, neg_entropy = final_distribution(final[at:at + size])
-            with torch.enable_grad():
-                h = inputs[:, at:at + size].float()  # [site token d_model]
-                translated = h + (torch.bmm(h, weight.transpose(1, 2)) if bias is None
-                                  else torch.baddbmm(bias[:, None, :], h, weight.transpose(1, 2)))
-                normalized, _ = readout.normalize(translated.to(model.dtype))
-            grads = torch.empty_like(normalized)
-            if head is not None:  # a plain unembedding: each site's loss and gradient by hand, in shared buffers
-                for i in range(len(weight)):
-                    kl, grad = kl_and_input_grad(normalized[i].detach(), *head, p, neg_entropy, scratch)
-                    grads[i] = grad / n_tokens
-                    losses[i] += kl.sum() / n_tokens
-            else:  # autocast for the head's matmul only, around the sites so the unembedding is cast once
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    for i in range(len(weight)):
-                        with torch.enable_grad():
-                            x = normalized[i].detach().requires_grad_()
-                            loss = kl_from_final(readout.head_logits(x), p, neg_entropy).sum() / n_tokens
-                            (grads[i],) = torch.autograd.grad(loss, x)
-                        losses[i] += loss.detach()
-            normalized.backward(grads)  # into weight.grad and bias.grad
+        (final, inputs), = forward.run(model, ids[first:first + batch_size])
+        _backward(model, weight, bias, final, inputs, ids.numel(), recipe.precision, head, scratch, losses)
     return losses
+
+
+def _backward(model: Transformer, weight: Tensor, bias: Tensor | None, final: Tensor, inputs: Tensor,
+              n_tokens: int, precision: str, head: tuple[Tensor, Tensor | None] | None, scratch: Scratch,
+              losses: Tensor) -> None:
+    """One forward batch's part of a step: adds its d loss / d translators to weight.grad and bias.grad (loss:
+    each site's KL, mean over the step's `n_tokens` tokens) and its per-site losses to `losses` [site]. Per chunk
+    of tokens, every site's translator and final norm at once, the head and KL site by site (each with its own
+    backward to the norm's output), and one backward through the norms and translators."""
+    readout, device = model.readout, model.device
+    bf16 = precision == "bfloat16"
+    # Equal chunks of at most CHUNK_ELEMENTS logits each (512 tokens: 2 x 256, not 341 + 171).
+    n_chunks = -(-final.shape[0] // max(1, CHUNK_ELEMENTS // model.config.d_vocab))
+    size = -(-final.shape[0] // n_chunks)
+    for at in range(0, final.shape[0], size):
+        p, neg_entropy = final_distribution(final[at:at + size])
+        with torch.enable_grad():
+            h = inputs[:, at:at + size].float()  # [site token d_model]
+            translated = h + (torch.bmm(h, weight.transpose(1, 2)) if bias is None
+                              else torch.baddbmm(bias[:, None, :], h, weight.transpose(1, 2)))
+            normalized, _ = readout.normalize(translated.to(model.dtype))
+        grads = torch.empty_like(normalized)
+        if head is not None:  # a plain unembedding: each site's loss and gradient by hand, in shared buffers
+            for i in range(len(weight)):
+                kl, grad = kl_and_input_grad(normalized[i].detach(), *head, p, neg_entropy, scratch)
+                grads[i] = grad / n_tokens
+                losses[i] += kl.sum() / n_tokens
+        else:  # autocast for the head's matmul only, around the sites so the unembedding is cast once
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                for i in range(len(weight)):
+                    with torch.enable_grad():
+                        x = normalized[i].detach().requires_grad_()
+                        loss = kl_from_final(readout.head_logits(x), p, neg_entropy).sum() / n_tokens
+                        (grads[i],) = torch.autograd.grad(loss, x)
+                    losses[i] += loss.detach()
+        normalized.backward(grads)  # into weight.grad and bias.grad
 
 
 def _plain_head(model: Transformer, bf16: bool) -> tuple[Tensor, Tensor | None] | None:
@@ -255,13 +355,3 @@ def _plain_head(model: Transformer, bf16: bool) -> tuple[Tensor, Tensor | None] 
 def _digest(translators: Translators) -> str:
     parts = [translators.weight] if translators.bias is None else [translators.weight, translators.bias]
     return hashlib.sha256(b"".join(t.detach().float().cpu().numpy().tobytes() for t in parts)).hexdigest()
-
-
-def _snapshot(optimizer: torch.optim.Optimizer, weight: Tensor, bias: Tensor | None,
-              state: checkpoint.State) -> checkpoint.State:
-    def momentum(leaf: Tensor | None) -> Tensor | None:
-        buffer = None if leaf is None else optimizer.state.get(leaf, {}).get("momentum_buffer")
-        return None if buffer is None else buffer.detach().cpu()
-
-    return checkpoint.State(state.step, weight.detach().cpu(), None if bias is None else bias.detach().cpu(),
-                            momentum(weight), momentum(bias), list(state.losses))

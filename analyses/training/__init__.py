@@ -1,17 +1,19 @@
 """Training dictionaries (sparse autoencoders, transcoders) on a model's activations, and evaluating them.
 
     from resid.analyses.training import Recipe, Spec, evaluate, train
-    sae, = train(model, corpus.demo(), ["blocks.15.hook_resid_post"], Recipe(activation="topk", k=32), folder="sae")
+    sae, = train(model, corpus.demo(), [Site(15, "resid_post")], Recipe(activation="topk", k=32),
+                 Execution(out="sae"))
     evaluate(model, sae, held_out)          # FVU, L0, dead / dense fractions, CE loss recovered, KL
 
     recipe       Recipe: the settings, and which library's recipe each activation function follows
     coder        the trainable weights shared by every recipe (initialisation, unit-norm decoder, export)
     relu topk batchtopk jumprelu    one recipe each (SAELens, sparsify, dictionary_learning, SAELens)
     trainer      Trainer: one dictionary's optimizer step (Adam, warm-up and decay), fit() on ready tensors
-    activations  Activations: the corpus through the model, every hook from one forward, a seeded shuffling buffer
-    loop         train(): several dictionaries from one stream, checkpoints, SAELens folders
-    checkpoint   the resumable state on disk (safetensors, written atomically)
-    evaluation   evaluate(): the metrics as a table
+    activations  Activations: the corpus through the model, every Site read from one forward, a seeded shuffling
+                 buffer; BlockJob: one block of it, in process or on a Ray worker
+    loop         Spec, train(): several dictionaries from one stream, a step job of the step driver
+                 (resid.analyses.distributed.steps: checkpoints, progress, Ray), SAELens folders
+    evaluation   evaluate(): the metrics as a table, a reduction of the driver
 
 Imported lazily, so that `resid train-sae --help` loads no torch.
 """

@@ -4,12 +4,15 @@ shuffling buffer, training batches.
 Glossary: a *window* is at most `window` tokens of one document (resid.analyses.neurons.keys.windows: long documents
 become consecutive windows, BOS first if the model prepends one); a *block* is the shortest run of consecutive
 windows of the shuffled window order that holds at least `buffer_tokens` training tokens (the last block of an
-epoch may hold fewer); a *hook* is a dictionary hook name (TransformerLens's `blocks.6.hook_resid_post`,
-`blocks.6.ln2.hook_normalized`, `blocks.6.hook_mlp_out`; resid.dictionaries.hooks maps them onto sites).
+epoch may hold fewer); a *point* is the tensor a dictionary reads, a resid.Site as a HookPoint
+(resid.dictionaries.hooks: the Site, and whether a norm's output is read standardized, before its gain).
 
-    source = Activations(model, texts, hooks=["blocks.3.hook_resid_post"], batch_size=4096)
-    for position, batch in source.batches():     # batch: {hook: [batch_size d]} float32, the same tokens per hook
-        ...
+    source = Activations(model, texts, [Site(3, "resid_post")], batch_size=4096)
+    block = source.block(0)                      # {HookPoint: [token d]} float32, the same tokens per point
+    for position, batch in batches(block, 0, 4096, skip=0):   # {HookPoint: [batch_size d]}, and where the stream is
+
+Generating a block is a chunk of the BlockJob (resid.analyses.distributed): it runs in process or on Ray workers,
+one model per worker, and training (resid.analyses.training.loop) takes the blocks in order whoever made them.
 
 The order, a function of the seed alone (so a resumed run sees the same batches):
 1. The windows are permuted (torch.randperm seeded with (seed, epoch)); the corpus repeats, in a new order, when
@@ -24,12 +27,12 @@ The order, a function of the seed alone (so a resumed run sees the same batches)
    activations within about 1% (relative norm) of fp32's. The buffer is float32 either way.
 3. Padding is dropped, and so is each window's first position unless keep_bos=True: the BOS the model prepends, or
    the first token of a model that prepends none, which is then the attention sink (training_positions); so are the
-   tokens whose norm at any hooked tensor exceeds max_norm_ratio (default 10) x the block's median there: sinks
+   tokens whose norm at any point's tensor exceeds max_norm_ratio (default 10) x the block's median there: sinks
    that fall later in a document (`ordinary`; max_norm_ratio=None keeps them).
 4. The block's tokens are shuffled (a permutation seeded with (seed, block)) and cut into batches of batch_size
    tokens; the remainder of a block (fewer than batch_size tokens) is dropped.
-A block's activations are the shuffling buffer: about buffer_tokens x the hooks' widths, float32, on `device`
-(2^16 tokens of SmolLM2's d_model 576 are 150 MB per hook; 30 transcoders read 60 tensors: 9 GB), filled in place;
+A block's activations are the shuffling buffer: about buffer_tokens x the points' widths, float32, on `device`
+(2^16 tokens of SmolLM2's d_model 576 are 150 MB per point; 30 transcoders read 60 tensors: 9 GB), filled in place;
 a buffer that would not fit in the device's free memory is refused before any work, naming buffer_tokens.
 A `Position` (block, batch in block) says where the stream is, which is all a checkpoint needs.
 """
@@ -41,12 +44,14 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from resid.analyses.distributed.executor import Job
 from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.neurons.scan import Window, batch_tokens
 from resid.capture import Capture
-from resid.dictionaries.hooks import HookPoint, hook_point, read, width
+from resid.dictionaries.hooks import HookPoint, point_of, read, width
 from resid.errors import ResidError, param
 from resid.model import Transformer
+from resid.sites import Site
 from resid.tokenizer import Tokens
 
 
@@ -56,13 +61,85 @@ class Position:
     batch: int  # batches of that block already given out
 
 
-class Activations:
-    """Training batches of the tensors `hooks` name, from `texts` run through `model` (see the module docstring)."""
+@dataclass(frozen=True)
+class Block:
+    """One chunk of activation generation: block `index` (counted on across epochs: it seeds the shuffle) and its
+    windows."""
 
-    def __init__(self, model: Transformer, texts: Sequence[str], hooks: Sequence[str], batch_size: int = 4096,
-                 window: int = 256, forward_batch: int = 8, buffer_tokens: int = 2**16, keep_bos: bool = False,
-                 seed: int = 0, device: torch.device | str | None = None, autocast: bool = False,
-                 max_norm_ratio: float | None = 10.0):
+    index: int
+    windows: tuple[Window, ...]
+
+
+@dataclass
+class BlockJob(Job):
+    """What a block costs to make, as plain data (it travels to Ray workers): each chunk is a Block, its one result
+    the block's shuffled training tokens per point, {HookPoint: [token d]} float32 (see the module docstring)."""
+
+    points: tuple[HookPoint, ...]
+    pad: int
+    window: int
+    forward_batch: int
+    keep_bos: bool
+    seed: int
+    autocast: bool
+    max_norm_ratio: float | None
+    device: str | None  # where the block is made (None: the model's device)
+
+    name = "activations"
+    unit = "tok"
+
+    def size(self, block: Block) -> int:
+        return sum(len(w) for w in block.windows)
+
+    def setup(self, model: Transformer) -> tuple:
+        capture = capture_for(self.points)
+        # the layers a forward runs: up to the deepest one read (a layer-15 point of a 30-layer model runs 16)
+        stop = max(0 if p.site.layer is None else p.site.layer + 1 for p in self.points)
+        device = torch.device(self.device) if self.device is not None else model.device
+        return model, capture, stop, device
+
+    @torch.no_grad()
+    def run(self, state: tuple, block: Block) -> Iterator[dict[HookPoint, Tensor]]:
+        """Filled in place and permuted one point at a time, so that the block costs its own size plus one point's."""
+        model, capture, stop, device = state
+        # longest first, cut where padding is least (the block's tokens are shuffled afterwards)
+        chunk = sorted(block.windows, key=len, reverse=True)
+        total = sum(len(w) - (not self.keep_bos) for w in chunk)
+        found = {p: torch.empty(total, width(p, model.config), device=device) for p in self.points}
+        filled = 0
+        for start, end in forward_batches([len(w) for w in chunk], self.forward_batch * self.window):
+            part = chunk[start:end]
+            tokens = batch_tokens(part, self.pad, model.device)[0]
+            valid = training_positions(tokens, self.keep_bos)
+            with torch.autocast(model.device.type, torch.bfloat16, enabled=self.autocast):
+                run = model.run(tokens, capture=capture, logits_at="last", stop_at_layer=stop)
+            n = int(valid.sum())
+            for point in self.points:
+                found[point][filled:filled + n] = read(run, model, point)[valid]
+            filled += n
+        keep = torch.ones(total, dtype=torch.bool, device=device)
+        if self.max_norm_ratio is not None:
+            for tensor in found.values():
+                keep &= ordinary(tensor.norm(dim=-1), self.max_norm_ratio)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * (block.index + 1))
+        kept = keep.nonzero().squeeze(1)
+        order = kept[torch.randperm(len(kept), generator=g).to(device)]
+        for point in self.points:  # one point's copy at a time
+            found[point] = found[point][order]
+        yield found
+
+    def combine(self, pieces: list) -> dict[HookPoint, Tensor]:
+        return pieces[0]
+
+
+class Activations:
+    """The plan of the training tokens of `points` (Sites, or HookPoints), from `texts` run through `model`: which
+    windows make each block (see the module docstring); `job()` makes them, `block(b)` here and now."""
+
+    def __init__(self, model: Transformer, texts: Sequence[str], points: Sequence[Site | HookPoint],
+                 batch_size: int = 4096, window: int = 256, forward_batch: int = 8, buffer_tokens: int = 2**16,
+                 keep_bos: bool = False, seed: int = 0, device: torch.device | str | None = None,
+                 autocast: bool = False, max_norm_ratio: float | None = 10.0):
         for name, value in (("batch_size", batch_size), ("forward_batch", forward_batch),
                             ("buffer_tokens", buffer_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -71,14 +148,8 @@ class Activations:
         self.keep_bos, self.seed, self.autocast = keep_bos, seed, autocast
         self.max_norm_ratio = check_ratio(max_norm_ratio)
         self.device = torch.device(device) if device is not None else model.device
-        self.hooks = list(dict.fromkeys(hooks))
-        self.points = {hook: hook_point(hook, model.config) for hook in self.hooks}
-        for hook, point in self.points.items():
-            if point is None:
-                raise ResidError(f"Hook {hook!r} needs the model's config to be mapped, and it did not map.")
-        self.capture = capture_for(list(self.points.values()))
-        # the layers a forward runs: up to the deepest hooked one (a layer-15 hook of a 30-layer model runs 16)
-        self.stop = max(0 if p.site.layer is None else p.site.layer + 1 for p in self.points.values())
+        self.points = list(dict.fromkeys(p if isinstance(p, HookPoint) else point_of(p, model.config)
+                                         for p in points))
         self.windows, self.window = cut_windows(model, texts, window), window
         self.buffer_tokens = buffer_tokens
         self.pad = model.require_tokenizer().pad_token_id
@@ -92,14 +163,33 @@ class Activations:
         if free is not None and need > 0.8 * free:
             fit = int(buffer_tokens * 0.8 * free / need)
             raise ResidError(
-                f"The shuffling buffer needs {need / 2**30:.1f} GiB ({max(per_block)} tokens x {len(self.hooks)} "
-                f"tensors of width {sum(self.width(h) for h in self.hooks) // len(self.hooks)} on average x 4 bytes), "
-                f"more than the {free / 2**30:.1f} GiB free on {self.device}: lower "
+                f"The shuffling buffer needs {need / 2**30:.1f} GiB ({max(per_block)} tokens x {len(self.points)} "
+                f"tensors of width {sum(self.width(p) for p in self.points) // len(self.points)} on average x 4 "
+                f"bytes), more than the {free / 2**30:.1f} GiB free on {self.device}: lower "
                 f"{param('buffer_tokens', buffer_tokens)} to at most {fit} (a smaller buffer shuffles across fewer "
                 "documents), or train fewer layers per run.")
 
-    def width(self, hook: str) -> int:
-        return width(self.points[hook], self.model.config)
+    def width(self, point: HookPoint) -> int:
+        return width(point, self.model.config)
+
+    def job(self, device: torch.device | str | None = None) -> BlockJob:
+        """The BlockJob that makes this plan's blocks on `device` (None: each worker's model's device)."""
+        return BlockJob(tuple(self.points), self.pad, self.window, self.forward_batch, self.keep_bos, self.seed,
+                        self.autocast, self.max_norm_ratio, None if device is None else str(device))
+
+    def blocks(self, start: int = 0) -> Iterator[Block]:
+        """Every block from `start` on, endlessly (the corpus repeats, in a new order each epoch)."""
+        index = start
+        while True:
+            yield Block(index, tuple(self.windows_of(index)))
+            index += 1
+
+    def block(self, index: int) -> dict[HookPoint, Tensor]:
+        """The shuffled training tokens of block `index`, per point: {point: [token d]} float32 on self.device,
+        made in this process."""
+        job = self.job(self.device)
+        (found,) = job.run(job.setup(self.model), Block(index, tuple(self.windows_of(index))))
+        return found
 
     def _tokens(self, w: Window) -> int:
         """Training tokens of a window: no padding, no first position unless kept (training_positions)."""
@@ -123,7 +213,7 @@ class Activations:
             self._epochs.append(blocks + ([current] if current else []))
         return self._epochs[epoch]
 
-    def _block_windows(self, block: int) -> list[Window]:
+    def windows_of(self, block: int) -> list[Window]:
         """The windows of global block `block` (blocks count on across epochs)."""
         epoch = 0
         while block >= len(self._epoch(epoch)):
@@ -131,51 +221,20 @@ class Activations:
             epoch += 1
         return [self.windows[i] for i in self._epoch(epoch)[block]]
 
-    @torch.no_grad()
-    def block(self, block: int) -> dict[str, Tensor]:
-        """The shuffled training tokens of block `block`, per hook: {hook: [token d]} float32 on self.device.
-        Filled in place and permuted one hook at a time, so that the block costs its own size plus one hook's."""
-        # longest first, cut where padding is least (the block's tokens are shuffled afterwards)
-        chunk = sorted(self._block_windows(block), key=len, reverse=True)
-        total = sum(self._tokens(w) for w in chunk)
-        found = {hook: torch.empty(total, self.width(hook), device=self.device) for hook in self.hooks}
-        filled = 0
-        for start, end in forward_batches([len(w) for w in chunk], self.forward_batch * self.window):
-            part = chunk[start:end]
-            tokens = batch_tokens(part, self.pad, self.model.device)[0]
-            valid = training_positions(tokens, self.keep_bos)
-            with torch.autocast(self.model.device.type, torch.bfloat16, enabled=self.autocast):
-                run = self.model.run(tokens, capture=self.capture, logits_at="last", stop_at_layer=self.stop)
-            n = int(valid.sum())
-            for hook, point in self.points.items():
-                found[hook][filled:filled + n] = read(run, self.model, point)[valid]
-            filled += n
-        keep = torch.ones(total, dtype=torch.bool, device=self.device)
-        if self.max_norm_ratio is not None:
-            for tensor in found.values():
-                keep &= ordinary(tensor.norm(dim=-1), self.max_norm_ratio)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * (block + 1))
-        kept = keep.nonzero().squeeze(1)
-        order = kept[torch.randperm(len(kept), generator=g).to(self.device)]
-        for hook in self.hooks:  # one hook's copy at a time
-            found[hook] = found[hook][order]
-        return found
-
-    def batches(self, start: Position = Position(0, 0)) -> Iterator[tuple[Position, dict[str, Tensor]]]:
-        """Endless training batches from `start` on; each comes with the Position after it. A batch is a copy, so
-        that a caller holding it does not keep the previous block alive while the next one fills."""
-        block, skip = start.block, start.batch
-        while True:
-            found = self.block(block)
-            n = len(next(iter(found.values()))) // self.batch_size
-            for i in range(skip, n):
-                span = slice(i * self.batch_size, (i + 1) * self.batch_size)
-                yield Position(block, i + 1), {hook: tensor[span].clone() for hook, tensor in found.items()}
-            block, skip, found = block + 1, 0, None
-
     def buffer_bytes(self) -> int:
-        """The largest block's float32 activations, every hook together."""
-        return max(self.tokens_per_block()) * sum(self.width(h) for h in self.hooks) * 4
+        """The largest block's float32 activations, every point together."""
+        return max(self.tokens_per_block()) * sum(self.width(p) for p in self.points) * 4
+
+
+def batches(found: dict[HookPoint, Tensor], block: int, batch_size: int, skip: int = 0
+            ) -> Iterator[tuple[Position, dict[HookPoint, Tensor]]]:
+    """The training batches of block `block`'s tokens `found`, from batch `skip` on, each with the Position after
+    it; the remainder (fewer than batch_size tokens) is dropped. A batch is a copy, so that holding it does not keep
+    the block alive while the next one fills."""
+    n = len(next(iter(found.values()))) // batch_size
+    for i in range(skip, n):
+        span = slice(i * batch_size, (i + 1) * batch_size)
+        yield Position(block, i + 1), {point: tensor[span].clone() for point, tensor in found.items()}
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -1,142 +1,232 @@
-"""Training dictionaries on a model's activations: several at once from one forward pass, resumably.
+"""Training dictionaries on a model's activations: several at once from one forward pass, resumably, in process or
+with the activations made on Ray workers.
 
-    saes = train(model, corpus.demo(), ["blocks.15.hook_resid_post"], Recipe(activation="topk", k=32, steps=2000),
-                 folder="runs/sae")
-    transcoders = train(model, texts, [Spec.transcoder(model, l) for l in range(model.config.n_layers)], recipe)
+    saes = train(model, corpus.demo(), [Site(15, "resid_post")], Recipe(activation="topk", k=32, steps=2000),
+                 Execution(out="runs/sae"))
+    transcoders = train(model, texts, [Spec.transcoder(model, l) for l in range(model.config.n_layers)], recipe,
+                        Execution(executor="ray", workers=2))
 
-Each Spec names the hook a dictionary reads and, for a transcoder, the hook it predicts. One Activations stream
-(resid.analyses.training.activations) reads every hook of every Spec from the same forward passes, and each step
-gives every dictionary the same tokens. With `folder`, a checkpoint (resid.analyses.training.checkpoint) is written
-every `checkpoint_every` steps and at the end, and rerunning the same call resumes from it: the stream restarts at
-the saved Position and every dictionary's weights, buffers and Adam state are restored, so the run ends with the
-weights of a run that was never stopped. At the end each dictionary is written to FOLDER/<name>/ in SAELens's
-format (resid.dictionaries.formats.saelens.write). A tqdm bar shows tokens/s and the last step's L0, FVU and dead
-fraction, each the mean over the dictionaries.
+Each Spec names the Site a dictionary reads and, for a transcoder, the Site it predicts (a string is read by
+Site.parse: a site label, or a TransformerLens hook name). One Activations plan
+(resid.analyses.training.activations) reads every Site of every Spec from the same forward passes, and each step
+gives every dictionary the same tokens. The run is a step job of the step driver
+(resid.analyses.distributed.steps.drive_steps): the blocks of activations are its chunks, made in process or on
+Ray workers (one model each) and taken in block order by the trainers in this process, so the weights do not
+depend on who made them. With `execution.out`, a checkpoint (resid.analyses.io.checkpoints) is written every
+`checkpoint_every` steps and at the end, and rerunning the same call resumes from it: the stream restarts at the
+saved Position and every dictionary's weights, buffers and Adam state are restored, so the run ends with the
+weights of a run that was never stopped. At the end each dictionary is written to OUT/<name>/ in SAELens's format
+(resid.dictionaries.formats.saelens.write), under the TransformerLens hook names SAELens reads (the dictionary's
+HookPoint). The progress bar shows tokens/s and the last step's L0, FVU and dead fraction, each the mean over the
+dictionaries.
+
+Checkpoint (OUT/checkpoint.safetensors, format "resid.training.checkpoint"): for dictionary i its parameters and
+buffers (`i.coder.W_enc`, ..., `i.coder.since_fired`) and Adam's moments and step counts (`i.adam.W_enc.exp_avg`,
+...); metadata: the steps done, the stream's Position (block, batch in block) and the number of dictionaries; the
+settings: model, the Specs as Site labels, recipe, corpus fingerprint, pipeline options.
 """
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from torch import Tensor
 
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.analyses.distributed.steps import StepJob, drive_steps
 from resid.analyses.io import corpus as corpora
-from resid.analyses.training import checkpoint
-from resid.analyses.training.activations import Activations, Position
+from resid.analyses.training.activations import Activations, BlockJob, Position, batches
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Stats, Trainer
 from resid.dictionaries import Dictionary, check
 from resid.dictionaries.formats import saelens
+from resid.dictionaries.hooks import HookPoint, point_of
 from resid.errors import ResidError
 from resid.model import Transformer
+from resid.sites import Site
+
+FORWARD_BATCH = 8  # windows per forward pass when Execution.batch_size is "auto"
 
 
 @dataclass(frozen=True)
 class Spec:
-    """One dictionary to train: an SAE reads and reconstructs hook_in; a transcoder reads hook_in and predicts
-    hook_out (with a skip path x @ W_skip if skip)."""
+    """One dictionary to train: an SAE reads and reconstructs `site_in`; a transcoder reads `site_in` and predicts
+    `site_out` (with a skip path x @ W_skip if skip). standardized: `site_in` is a norm's output (field
+    "normalized") read before the norm's gain and bias, as TransformerLens's ln2.hook_normalized. Strings are read
+    by Site.parse. `name` names the dictionary (default: its TransformerLens hook, or "<in>-to-<out>")."""
 
-    hook_in: str
-    hook_out: str | None = None
+    site_in: Site | str
+    site_out: Site | str | None = None
     skip: bool = False
     name: str | None = None
+    standardized: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("site_in", "site_out"):
+            value = getattr(self, field)
+            if isinstance(value, str):
+                object.__setattr__(self, field, Site.parse(value))
+            elif value is not None and not isinstance(value, Site):
+                raise ResidError(f"Spec {field} must be a resid.Site or a site label, got {value!r}.")
 
     @classmethod
     def transcoder(cls, model: Transformer, layer: int, skip: bool = False) -> "Spec":
-        """The MLP of `layer`: its standardized input (TransformerLens's ln2.hook_normalized) to its write
-        (hook_mlp_out). In a model without pre-norms the input is hook_mlp_in; in one where a pre-MLP norm's gain
-        has a zero entry (Gemma 3 270M: 17 of its 18 layers) it is the norm's output after the gain (mlp.hook_in)
-        at every layer, since a splice cannot undo such a gain and attribution graphs splice the transcoders."""
-        if not model.config.pre_norms:
-            hook_in = f"blocks.{layer}.hook_mlp_in"
-        elif any(bool((block.ln_mlp._gain32() == 0).any()) for block in model.blocks if block.ln_mlp is not None):
-            hook_in = f"blocks.{layer}.mlp.hook_in"
+        """The MLP of `layer`: its input, standardized (before the pre-MLP norm's gain and bias, TransformerLens's
+        ln2.hook_normalized), to its write. In a model without pre-norms the input is the residual the MLP reads; in
+        one where a pre-MLP norm's gain has a zero entry (Gemma 3 270M: 17 of its 18 layers) it is the norm's output
+        after the gain, at every layer, since a splice cannot undo such a gain and attribution graphs splice the
+        transcoders."""
+        config = model.config
+        if not config.pre_norms:
+            site_in, standardized = Site(layer, "resid_pre" if config.block == "parallel" else "resid_mid"), False
         else:
-            hook_in = f"blocks.{layer}.ln2.hook_normalized"
-        return cls(hook_in, f"blocks.{layer}.hook_mlp_out", skip)
+            zero_gain = any(bool((b.ln_mlp._gain32() == 0).any()) for b in model.blocks if b.ln_mlp is not None)
+            site_in, standardized = Site(layer, "mlp", field="normalized"), not zero_gain
+        return cls(site_in, Site(layer, "mlp"), skip, standardized=standardized)
 
-    @property
-    def label(self) -> str:
-        if self.name is not None:
-            return self.name
-        return self.hook_in if self.hook_out is None else f"{self.hook_in}-to-{self.hook_out}"
+    def points(self, model: Transformer) -> tuple[HookPoint, HookPoint | None]:
+        """The tensors read, as HookPoints of this model (named by their TransformerLens hooks)."""
+        point_in = point_of(self.site_in, model.config, self.standardized)
+        return point_in, None if self.site_out is None else point_of(self.site_out, model.config)
+
+    def settings(self) -> dict:
+        """The Spec as a checkpoint records it: Site labels."""
+        return {"site_in": self.site_in.label, "site_out": None if self.site_out is None else self.site_out.label,
+                "standardized": self.standardized, "skip": self.skip, "name": self.name}
 
 
 def train(
     model: Transformer,
     corpus: corpora.Source,
-    specs: Sequence[Spec | str],
+    specs: Sequence[Spec | Site | str],
     recipe: Recipe = Recipe(),
-    folder: str | Path | None = None,
+    execution: Execution | None = None,
     checkpoint_every: int = 100,
     window: int = 256,
-    forward_batch: int = 8,
     buffer_tokens: int = 2**16,
     keep_bos: bool = False,
     device: torch.device | str | None = None,
     autocast: bool = False,
     max_norm_ratio: float | None = 10.0,
-    progress: bool = True,
     on_step: Callable[[int, list[Stats]], None] | None = None,
 ) -> list[Dictionary]:
-    """One dictionary per Spec (a hook name is an SAE there), trained on `corpus` (a list of documents or a .txt /
-    .jsonl path) as `recipe` says; see the module docstring. autocast: the model's forward under bf16 autocast;
-    max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). progress: a bar with the step's L0,
-    FVU and dead fraction, means over the dictionaries. on_step(step, stats per dictionary) after each step."""
-    specs = [Spec(s) if isinstance(s, str) else s for s in specs]
+    """One dictionary per Spec (a Site, or a string Site.parse reads, is an SAE there), trained on `corpus` (a list
+    of documents or a .txt / .jsonl path) as `recipe` says; see the module docstring. execution: how the job runs
+    (resid.analyses.Execution): `out` the folder of the checkpoint and the SAELens folders, `batch_size` windows per
+    forward pass ("auto": FORWARD_BATCH), `executor` / `workers` where the activations are made, `progress` the bar.
+    device: where the dictionaries train (default: the model's). autocast: the model's forward under bf16 autocast;
+    max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). on_step(step, stats per
+    dictionary) after each step (and its checkpoint)."""
+    execution = as_execution(execution)
+    specs = [s if isinstance(s, Spec) else Spec(s) for s in specs]
     if not specs:
-        raise ResidError("Give at least one hook or Spec to train a dictionary at.")
-    labels = [s.label for s in specs]
-    if len(set(labels)) < len(labels):
-        raise ResidError(f"Two dictionaries are named alike ({labels}): give each Spec its own name.")
-    if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise ResidError(f"checkpoint_every must be a positive number of steps, got {checkpoint_every!r}.")
-    if folder is not None and recipe.activation == "topk" and any(s.hook_out is not None for s in specs):
+        raise ResidError("Give at least one Site or Spec to train a dictionary at.")
+    if execution.out is not None and recipe.activation == "topk" and any(s.site_out is not None for s in specs):
         raise ResidError("SAELens's format, which the trained dictionaries are saved in, has no TopK transcoder: train "
                          "transcoders with activation='batchtopk' (saved as JumpReLU), 'jumprelu' or 'relu'.")
-    texts = corpora.load(corpus)
-    hooks = [h for s in specs for h in (s.hook_in, s.hook_out) if h is not None]
-    source = Activations(model, texts, hooks, recipe.batch_size, window, forward_batch, buffer_tokens, keep_bos,
-                         recipe.seed, device, autocast, max_norm_ratio)
-    trainers = [Trainer.new(recipe, source.width(s.hook_in), source.width(s.hook_out or s.hook_in),
-                            transcoder=s.hook_out is not None, skip=s.skip, device=source.device) for s in specs]
-    settings = {"model": model.name, "specs": [asdict(s) for s in specs], "recipe": asdict(recipe),
-                "data": _fingerprint(source), "window": window, "forward_batch": forward_batch,
-                "buffer_tokens": buffer_tokens, "keep_bos": keep_bos, "autocast": autocast,
-                "max_norm_ratio": max_norm_ratio}
-    saved = checkpoint.load(folder, settings) if folder is not None else None
-    step, position = 0, Position(0, 0)
-    if saved is not None:
-        step, position = saved.step, saved.position
-        for trainer, state in zip(trainers, saved.tensors):
-            trainer.restore(state, step)
-    bar = tqdm(total=recipe.steps * recipe.batch_size, initial=step * recipe.batch_size, unit="tok", unit_scale=True,
-               desc="train", disable=not progress)
-    stream = source.batches(position)
-    while step < recipe.steps:
-        position, batch = next(stream)
-        stats = [t.step(batch[s.hook_in], batch[s.hook_out] if s.hook_out else None) for t, s in zip(trainers, specs)]
-        step += 1
-        if folder is not None and (step % checkpoint_every == 0 or step == recipe.steps):
-            checkpoint.save(folder, step, position, [t.state() for t in trainers], settings)
-        bar.update(recipe.batch_size)
-        mean = lambda field: sum(getattr(x, field) for x in stats) / len(stats)  # noqa: E731 (over dictionaries)
-        bar.set_postfix(l0=f"{mean('l0'):.1f}", fvu=f"{mean('fvu'):.3f}", dead=f"{mean('dead'):.2f}")
-        if on_step is not None:
-            on_step(step, stats)
-    bar.close()
-    info = {"recipe": asdict(recipe), "tokens": recipe.steps * recipe.batch_size, "data": settings["data"],
-            "keep_bos": keep_bos, "autocast": autocast, "max_norm_ratio": max_norm_ratio,
-            "trainer": "resid.analyses.training"}
-    out = [check(t.coder.dictionary(s.hook_in, s.hook_out, name=s.label, model_name=model.name, metadata=info), model)
-           for t, s in zip(trainers, specs)]
-    if folder is not None:
-        for d in out:
-            saelens.write(d, Path(folder) / _folder_name(d.name))
-    return [d.to(model.device) for d in out]  # where the model runs them (trained on a GPU: there)
+    job = TrainingJob(model, corpora.load(corpus), specs, recipe, window,
+                      FORWARD_BATCH if execution.batch_size == "auto" else execution.batch_size, buffer_tokens,
+                      keep_bos, device, autocast, max_norm_ratio, on_step)
+    return drive_steps(model, job, execution, checkpoint_every)
+
+
+class TrainingJob(StepJob):
+    """Dictionaries trained side by side on one Activations stream: the chunks are its blocks, each step one batch
+    of every point (see the module docstring)."""
+
+    name = "train"
+    unit = "tok"
+    kind = "resid.training.checkpoint"
+    what = "training"
+
+    def __init__(self, model: Transformer, texts: list[str], specs: list[Spec], recipe: Recipe, window: int,
+                 forward_batch: int, buffer_tokens: int, keep_bos: bool, device: torch.device | str | None,
+                 autocast: bool, max_norm_ratio: float | None, on_step: Callable | None):
+        self.model, self.specs, self.recipe, self.on_step = model, specs, recipe, on_step
+        self.pairs = [s.points(model) for s in specs]
+        self.names = [s.name if s.name is not None else p_in.name if p_out is None else f"{p_in.name}-to-{p_out.name}"
+                      for s, (p_in, p_out) in zip(specs, self.pairs)]
+        if len(set(self.names)) < len(self.names):
+            raise ResidError(f"Two dictionaries are named alike ({self.names}): give each Spec its own name.")
+        points = [p for pair in self.pairs for p in pair if p is not None]
+        self.source = Activations(model, texts, points, recipe.batch_size, window, forward_batch, buffer_tokens,
+                                  keep_bos, recipe.seed, device, autocast, max_norm_ratio)
+        self.trainers = [Trainer.new(recipe, self.source.width(p_in), self.source.width(p_out or p_in),
+                                     transcoder=p_out is not None, skip=s.skip, device=self.source.device)
+                         for s, (p_in, p_out) in zip(specs, self.pairs)]
+        self._settings = {"model": model.name, "specs": [s.settings() for s in specs], "recipe": asdict(recipe),
+                          "data": _fingerprint(self.source), "window": window, "forward_batch": forward_batch,
+                          "buffer_tokens": buffer_tokens, "keep_bos": keep_bos, "autocast": autocast,
+                          "max_norm_ratio": max_norm_ratio}
+        self.steps, self.step, self.step_size = recipe.steps, 0, recipe.batch_size
+        self.position = Position(0, 0)  # where the stream is: after `batch` batches of block `block`
+        self.stats: list[Stats] = []
+
+    def settings(self) -> dict:
+        return self._settings
+
+    def older_settings(self) -> list[dict]:
+        """Before Specs held Sites, a checkpoint recorded them by TransformerLens hook name."""
+        specs = [{"hook_in": p_in.name, "hook_out": None if p_out is None else p_out.name, "skip": s.skip,
+                  "name": s.name} for s, (p_in, p_out) in zip(self.specs, self.pairs)]
+        return [{**self._settings, "specs": specs}]
+
+    def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        states: list[dict[str, Tensor]] = [{} for _ in range(int(metadata["dictionaries"]))]
+        for name, tensor in tensors.items():
+            index, rest = name.split(".", 1)
+            states[int(index)][rest] = tensor
+        self.step = int(metadata["step"])
+        self.position = Position(int(metadata["block"]), int(metadata["batch"]))
+        for trainer, state in zip(self.trainers, states):
+            trainer.restore(state, self.step)
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        tensors = {f"{i}.{name}": t for i, trainer in enumerate(self.trainers) for name, t in trainer.state().items()}
+        metadata = {"step": str(self.step), "block": str(self.position.block), "batch": str(self.position.batch),
+                    "dictionaries": str(len(self.trainers))}
+        return tensors, metadata
+
+    def feed(self, remote: bool) -> BlockJob:
+        return self.source.job(None if remote else self.source.device)
+
+    def chunks(self) -> Iterator:
+        return self.source.blocks(self.position.block)
+
+    def consume(self, found: dict[HookPoint, Tensor]) -> Iterator[dict[str, str]]:
+        block, skip = self.position.block, self.position.batch
+        found = {point: tensor.to(self.source.device) for point, tensor in found.items()}  # made on a worker: here
+        for position, batch in batches(found, block, self.recipe.batch_size, skip):
+            if self.step >= self.steps:
+                return
+            self.stats = [t.step(batch[p_in], batch[p_out] if p_out is not None else None)
+                          for t, (p_in, p_out) in zip(self.trainers, self.pairs)]
+            self.step, self.position = self.step + 1, position
+            mean = lambda field: sum(getattr(x, field) for x in self.stats) / len(self.stats)  # noqa: E731
+            yield {"l0": f"{mean('l0'):.1f}", "fvu": f"{mean('fvu'):.3f}", "dead": f"{mean('dead'):.2f}"}
+        self.position = Position(block + 1, 0)
+
+    def stepped(self) -> None:
+        if self.on_step is not None:
+            self.on_step(self.step, self.stats)
+
+    def finish(self, out: Path | None) -> list[Dictionary]:
+        recipe = self.recipe
+        info = {"recipe": asdict(recipe), "tokens": recipe.steps * recipe.batch_size, "data": self._settings["data"],
+                "keep_bos": self.source.keep_bos, "autocast": self.source.autocast,
+                "max_norm_ratio": self.source.max_norm_ratio, "trainer": "resid.analyses.training"}
+        found = []
+        for trainer, (p_in, p_out), name in zip(self.trainers, self.pairs, self.names):
+            d = trainer.coder.dictionary(p_in.name, None if p_out is None else p_out.name, name=name,
+                                         model_name=self.model.name, metadata=info)
+            found.append(check(d, self.model))
+        if out is not None:
+            for d in found:
+                saelens.write(d, Path(out) / _folder_name(d.name))
+        return [d.to(self.model.device) for d in found]  # where the model runs them (trained on a GPU: there)
 
 
 def _fingerprint(source: Activations) -> str:

@@ -229,3 +229,28 @@ def read(run, model, point: HookPoint) -> Tensor:
         return point.norm(model).standardized(reads, record.norm_scale)
     value = run.read(site)
     return value.flatten(-2) if point.heads_flat else value
+
+
+
+def point_of(site: Site, config: ModelConfig, standardized: bool = False) -> HookPoint:
+    """The HookPoint that reads `site` in a model of `config`, named by the TransformerLens hook a dictionary file
+    writes for that tensor: the first row of resid.sites.transformerlens's table this model has that reads the site's
+    part and field as recorded, or standardized (a norm's output before its gain and bias: ln1 / ln2.hook_normalized).
+    hook_point's inverse, checked by the round trip."""
+    site = site.resolve(config)
+    field = None if site.what in ("out", "resid", "write") else site.what  # the table's None: the tensor itself
+    reads = "standardized" if standardized else "record"
+    known = transformerlens.facts(config)
+    rows = [row for row in transformerlens.TABLE if (row.part, row.field, row.reads) == (site.part, field, reads)
+            and row.layered == (site.layer is not None) and transformerlens.has(row, known)]
+    if not rows or site.positions is not None or site.stack is not None or site.of_dictionary:
+        how = "standardized (before a norm's gain: field='normalized' only) " if standardized else ""
+        raise ResidError(f"A dictionary cannot read {site.label} {how}in {config.architecture}: it reads a decoder's "
+                         "tensors at every position that have a TransformerLens hook name (resid.sites.transformerlens "
+                         "lists them).")
+    name = f"blocks.{site.layer}.{rows[0].name}" if rows[0].layered else rows[0].name  # as transformerlens.name_of
+    point = hook_point(name, config, head=site.unit)
+    if point is None or point.site != site or point.standardized != standardized:
+        raise ResidError(f"{site.label} has no hook name that reads it as a dictionary does "
+                         "(resid.sites.transformerlens lists the names).")
+    return point

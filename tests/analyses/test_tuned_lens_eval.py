@@ -8,8 +8,11 @@ from random_models import make_random_model
 
 import resid
 from resid.analyses import tuned_lens
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.lenses import Translators, TunedLens
 from resid.sites import Site
+
+QUIET = Execution(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def brute_force(model, lens, windows) -> dict:
 
 
 def test_metrics_equal_a_brute_force_computation(model, lens, windows):
-    df = tuned_lens.evaluate(model, windows, [lens], progress=False)
+    df = tuned_lens.evaluate(model, windows, [lens], execution=QUIET)
     assert list(df["lens"].unique()) == ["logit", "tuned"] and (df["tokens"] == windows.numel()).all()
     for reader in (tuned_lens.LogitLens(model), lens):
         expected = brute_force(model, reader, windows)
@@ -64,18 +67,18 @@ def test_metrics_equal_a_brute_force_computation(model, lens, windows):
 
 
 def test_the_batching_changes_nothing(model, lens, windows):
-    one = tuned_lens.evaluate(model, windows, [lens], batch_size=1, progress=False)
-    all_ = tuned_lens.evaluate(model, windows, [lens], batch_size=5, progress=False)
+    one = tuned_lens.evaluate(model, windows, [lens], execution=Execution(batch_size=1, progress=False))
+    all_ = tuned_lens.evaluate(model, windows, [lens], execution=Execution(batch_size=5, progress=False))
     for metric in ("ce", "kl", "entropy", "top1"):
         torch.testing.assert_close(torch.tensor(one[metric].values), torch.tensor(all_[metric].values),
                                    rtol=1e-5, atol=1e-6)
 
 
 def test_the_figure_has_a_line_per_lens_and_metric(model, lens, windows):
-    fig = tuned_lens.figure(tuned_lens.evaluate(model, windows, [lens], progress=False))
+    fig = tuned_lens.figure(tuned_lens.evaluate(model, windows, [lens], execution=QUIET))
     assert len(fig.data) == 8 and {trace.name for trace in fig.data} == {"logit lens", "tuned lens"}
 
 
 def test_two_lenses_of_one_kind_are_refused(model, lens, windows):
     with pytest.raises(resid.ResidError, match="one lens of each kind"):
-        tuned_lens.evaluate(model, windows, [lens, lens], progress=False)
+        tuned_lens.evaluate(model, windows, [lens, lens], execution=QUIET)

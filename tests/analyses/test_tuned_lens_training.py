@@ -9,7 +9,10 @@ from random_models import RANDOM_CONFIGS, make_random_model, randomize
 
 import resid
 from resid.analyses import logit_lens, tuned_lens
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.lenses import Translators, data
+
+QUIET = Execution(progress=False)
 
 
 def random_translators(model: resid.Transformer, seed: int = 1, scale: float = 0.1) -> Translators:
@@ -57,7 +60,7 @@ def test_one_step_is_nesterov_sgd_with_decay_and_clipping_by_hand():
     start, windows = random_translators(model, scale=0.3), ids(model, 2, 8)
     recipe = tuned_lens.Recipe(steps=1, tokens_per_step=16, seq_len=8, precision="float32", weight_decay=0.05,
                                clip=0.5)
-    trained = tuned_lens.train(model, windows, recipe, start=start, progress=False).translators
+    trained = tuned_lens.train(model, windows, recipe, QUIET, start=start).translators
     _, grads = hand_loss_and_gradients(model, start, windows)
     flat = [g for pair in grads for g in pair]
     norm = torch.sqrt(sum(g.pow(2).sum() for g in flat))
@@ -92,7 +95,7 @@ def test_a_planted_translator_is_recovered():
     windows = torch.randint(0, 40, (4000, 1), generator=torch.Generator().manual_seed(0))
     recipe = tuned_lens.Recipe(steps=120, tokens_per_step=20, seq_len=1, precision="float32", lr_scale=10.0,
                                weight_decay=0.0)  # a larger step than tuned-lens's, for a test of seconds
-    lens = tuned_lens.train(model, windows, recipe, progress=False).translators
+    lens = tuned_lens.train(model, windows, recipe, QUIET).translators
     assert lens.info["losses"][0] > 0.1 and lens.info["losses"][-1] < 1e-6
     assert (lens.weight[0] - planted_weight).norm() < 1e-2 * planted_weight.norm()
     assert (lens.bias[0] - planted_bias).norm() < 1e-2 * planted_bias.norm()
@@ -106,17 +109,18 @@ def test_a_resumed_run_is_the_run_never_stopped(tmp_path):
     model = make_random_model("llama_gqa")
     windows = ids(model, 12, 4)
     recipe = tuned_lens.Recipe(steps=4, tokens_per_step=8, seq_len=4, precision="float32")
-    whole = tuned_lens.train(model, windows, recipe, folder=tmp_path / "whole", checkpoint_every=1, progress=False)
+    whole = tuned_lens.train(model, windows, recipe, Execution(out=tmp_path / "whole", progress=False),
+                             checkpoint_every=1)
 
     def kill_after_step_1(step, loss):
         if step == 1:
             raise Killed
 
+    cut = Execution(out=tmp_path / "cut", progress=False)
     with pytest.raises(Killed):
-        tuned_lens.train(model, windows, recipe, folder=tmp_path / "cut", checkpoint_every=1, progress=False,
-                         on_step=kill_after_step_1)
+        tuned_lens.train(model, windows, recipe, cut, checkpoint_every=1, on_step=kill_after_step_1)
     resumed_steps = []
-    resumed = tuned_lens.train(model, windows, recipe, folder=tmp_path / "cut", checkpoint_every=1, progress=False,
+    resumed = tuned_lens.train(model, windows, recipe, cut, checkpoint_every=1,
                                on_step=lambda step, loss: resumed_steps.append(step))
     assert resumed_steps == [2, 3]
     torch.testing.assert_close(resumed.translators.weight, whole.translators.weight, rtol=0, atol=1e-7)
@@ -124,7 +128,7 @@ def test_a_resumed_run_is_the_run_never_stopped(tmp_path):
     assert resumed.translators.info["losses"] == pytest.approx(whole.translators.info["losses"], abs=1e-7)
     changed = tuned_lens.Recipe(steps=4, tokens_per_step=8, seq_len=4, precision="float32", lr_scale=2.0)
     with pytest.raises(resid.ResidError, match="other settings \\(recipe differ\\)"):
-        tuned_lens.train(model, windows, changed, folder=tmp_path / "cut", progress=False)
+        tuned_lens.train(model, windows, changed, cut)
 
 
 def test_bfloat16_readout_trains_like_float32():
@@ -161,13 +165,13 @@ def test_recipe_and_data_errors_say_what_to_change():
     assert recipe.lr(0) == pytest.approx(0.1) and recipe.lr(9) == pytest.approx(0.01)
     model = make_random_model("llama_gqa")
     with pytest.raises(resid.ResidError, match="need 20 windows of 4 tokens; the corpus gives 3"):
-        tuned_lens.train(model, ids(model, 3, 4), recipe, progress=False)
+        tuned_lens.train(model, ids(model, 3, 4), recipe, QUIET)
 
 
 def test_a_sublayer_lens_has_a_translator_at_every_site_but_the_last():
     model = make_random_model("olmo2_like")
     recipe = tuned_lens.Recipe(steps=2, tokens_per_step=8, seq_len=4, every="sublayer", precision="float32")
-    lens = tuned_lens.train(model, ids(model, 4, 4), recipe, progress=False)
+    lens = tuned_lens.train(model, ids(model, 4, 4), recipe, QUIET)
     assert list(lens.translators.sites) == logit_lens.site_list(model, "sublayer")[:-1]
     df = logit_lens.run(model, ids(model, 1, 5, seed=3), every="sublayer", lens=lens, k=1)
     assert len(df) == len(logit_lens.site_list(model, "sublayer")) and set(df["lens"]) == {"tuned"}

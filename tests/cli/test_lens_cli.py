@@ -1,7 +1,10 @@
 """`resid lens train`, `resid lens eval` and `resid lens --lens tuned` on a tiny random model and a small corpus
-file: train writes a lens that a rerun resumes (and does not retrain), eval prints both lenses per site and writes
-the table and figure, the lens command reads the lens in either layout; bad arguments fail before the model loads."""
+file: train writes a lens that a rerun resumes (and does not retrain), and refuses a folder another process is
+training into; eval prints both lenses per site and writes the table and figure, the lens command reads the lens in
+either layout; bad arguments fail before the model loads."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,33 @@ def test_train_eval_and_read_through_the_lens(setup, capsys):
     printed = run(["lens", "The nation and the people", "--model", setup["model"], "--translators", str(out),
                    "--every", "layer"], capsys)
     assert printed.startswith("tuned lens (recompute final norm)")
+
+
+# Another process training a lens into a folder: it holds the folder's checkpoint store (its lock) until told to go.
+HOLDER = """
+import sys
+from resid.analyses.io.checkpoints import StateStore
+store = StateStore(sys.argv[1], "resid.tuned_lens.checkpoint", "tuned-lens", {})
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_second_lens_train_into_the_same_folder_is_refused(setup, capsys, tmp_path):
+    out = tmp_path / "busy"
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        argv = ["lens", "train", "--model", setup["model"], "--corpus", setup["corpus"], "--out", str(out),
+                "--steps", "1", "--tokens-per-step", "16", "--seq-len", "16", "--quiet"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"Another process (pid {first.pid}" in err and f"to {out}" in err, err
+    finally:
+        first.communicate("done\n", timeout=60)
+    run(argv, capsys)  # once the first one has gone, the folder is free
+    assert (out / "checkpoint.safetensors").is_file()
 
 
 def test_a_lens_in_tuned_lens_layout_is_read_by_the_lens_command(setup, capsys, tmp_path):

@@ -1,7 +1,10 @@
 """`resid train-sae` and `resid train-transcoder` on a tiny random model and a small corpus file: each writes a
 SAELens folder per layer that resid loads back, and the evaluation table; a finished run resumes with --resume
-(and trains nothing more); bad arguments fail before the model loads, named by their flags."""
+(and trains nothing more); a second command training into a folder another process is training into is refused,
+naming that process; bad arguments fail before the model loads, named by their flags."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +58,32 @@ def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None
     assert set(found.metadata["folded_scaling_factors"]) == {"in", "out"}
 
 
+# Another process training into a folder: it holds the folder's checkpoint store (and so its lock) until told to go.
+HOLDER = """
+import sys
+from resid.analyses.io.checkpoints import StateStore
+store = StateStore(sys.argv[1], "resid.training.checkpoint", "training", {})
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_second_command_training_into_the_same_folder_is_refused(setup, capsys, tmp_path) -> None:
+    out = tmp_path / "busy"
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        argv = ["train-sae", "--layers", "0", "--out", str(out), "--model", setup["model"], "--corpus", setup["corpus"],
+                "--tokens", "128", "--batch-size", "64", "--window", "16", "--buffer-tokens", "200", "--quiet"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"Another process (pid {first.pid}" in err and f"to {out}" in err and "--out" in err, err
+        assert not (out / "checkpoint.safetensors").exists()
+    finally:
+        first.communicate("done\n", timeout=60)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train-sae", "--layers", "1", "--out", "x", "--tokens", "0"], "--tokens must be at least 1"),
     (["train-sae", "--layers", "one", "--out", "x"], "--layers must be integers"),
@@ -62,6 +91,7 @@ def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None
     (["train-transcoder", "--layers", "1", "--out", "x", "--lr", "-1"], "--lr -1.0 must be positive"),
     (["train-sae", "--layers", "1", "--out", "x", "--tokens", "8192", "--warmup-steps", "5"],
      "--warmup-steps 5 + --decay-steps 0 must be at most --tokens / --batch-size"),
+    (["train-transcoder", "--layers", "1", "--out", "x", "--workers", "2"], "--workers goes with --ray [ADDRESS]"),
 ])
 def test_bad_arguments_are_named_by_their_flags_before_the_model_loads(argv, message, capsys, tmp_path) -> None:
     argv = [a if a != "x" else str(tmp_path / "out") for a in argv]

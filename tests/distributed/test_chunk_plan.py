@@ -1,13 +1,14 @@
 """Chunks and executors without Ray: the sweep's chunk plan covers every pending row exactly once, the in-process
-layout is the engine's plain loop, and asking for Ray where it is not installed, or for remote workers on a model
-built in memory, is one clear error."""
+layout is the engine's plain loop, streams give chunk order (in process, each chunk computed only when asked for),
+and asking for Ray where it is not installed, or for remote workers on a model built in memory, is one clear
+error."""
 
 import pytest
 from random_models import make_random_model
 
 from resid.analyses import ablation, neurons
 from resid.analyses.ablation.chunks import MAX_CHUNK_ROWS, layout
-from resid.analyses.distributed import InProcess, ray_executor, resolve
+from resid.analyses.distributed import Executor, InProcess, Job, ray_executor, resolve
 from resid.analyses.distributed.source import source_of
 from resid.analyses.sites import expand
 from resid.errors import ResidError
@@ -91,3 +92,39 @@ def test_ray_not_installed_is_one_clear_error(model, monkeypatch):
 def test_a_model_built_in_memory_cannot_go_to_workers(model):
     with pytest.raises(ResidError, match=r"built in memory.*save_pretrained.*resid.load\(folder\).*in-process"):
         source_of(model)
+
+
+class Doubles(Job):
+    """chunk -> 2 * chunk, recording the chunks it ran."""
+
+    def __init__(self):
+        self.ran: list[int] = []
+
+    def setup(self, model):
+        return None
+
+    def run(self, state, chunk: int):
+        self.ran.append(chunk)
+        yield 2 * chunk
+
+    def combine(self, pieces: list):
+        return pieces[0]
+
+
+class MapOnly(Executor):
+    """An executor that only maps (in process): Executor.stream's default, `ahead` chunks at a time."""
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    def map(self, model, job, chunks):
+        return InProcess().map(model, job, chunks)
+
+
+def test_streams_give_chunk_order_and_in_process_compute_only_what_is_asked_for(model):
+    job = Doubles()
+    stream = InProcess().stream(model, job, iter(range(100)), ahead=1)
+    assert [next(stream) for _ in range(3)] == [0, 2, 4] and job.ran == [0, 1, 2]
+    job = Doubles()
+    assert list(MapOnly().stream(model, job, range(5), ahead=2)) == [0, 2, 4, 6, 8] and job.ran == list(range(5))

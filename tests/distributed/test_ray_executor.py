@@ -1,9 +1,12 @@
 """The Ray executor itself: a worker process that dies mid-chunk has its chunk retried on a fresh worker (each
 result once), an error of the analysis is reported as it is (not retried), workers run one torch thread each by
-default, load the model themselves and refuse a driver model that was edited after loading."""
+default, load the model themselves and refuse a driver model that was edited after loading; `stream` gives results
+in chunk order whichever finished first, draws no more chunks than it may run ahead, and retries a lost chunk too."""
 
+import itertools
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +66,44 @@ class Threads(Given):
 
     def combine(self, pieces: list):
         return pieces[0]
+
+
+@dataclass
+class Slow(Given):
+    """chunk -> (chunk, a tensor): chunk 0 takes longest, so chunk 1 finishes first on two workers."""
+
+    def setup(self, model):
+        return None
+
+    def run(self, state, chunk: int):
+        time.sleep(1.0 if chunk == 0 else 0.0)
+        yield chunk, torch.full((2,), float(chunk))
+
+    def combine(self, pieces: list):
+        return pieces[0]
+
+
+def test_stream_gives_chunk_order_and_draws_only_what_runs_ahead(saved_llama, ray_cluster):
+    drawn: list[int] = []
+
+    def endless():
+        for chunk in itertools.count():
+            drawn.append(chunk)
+            yield chunk
+
+    with RayExecutor(workers=2, cpus=TEST_CPUS) as executor:
+        stream = executor.stream(saved_llama, Slow(), endless(), ahead=2)
+        found = [next(stream) for _ in range(4)]
+        stream.close()
+    assert [chunk for chunk, _ in found] == [0, 1, 2, 3]
+    assert all(tensor.device.type == "cpu" and tensor[0] == chunk for chunk, tensor in found)
+    assert len(drawn) <= 4 + 2  # those handed out, and at most `ahead` beyond them
+
+
+def test_stream_retries_a_chunk_lost_with_its_worker(saved_llama, ray_cluster, tmp_path):
+    with RayExecutor(workers=2, cpus=TEST_CPUS) as executor:
+        found = list(executor.stream(saved_llama, Squares(str(tmp_path / "crashed"), crash_on=2), range(6), ahead=2))
+    assert (tmp_path / "crashed").exists() and found == [i * i for i in range(6)]
 
 
 def test_a_worker_process_exiting_mid_chunk_is_replaced(saved_llama, ray_cluster, tmp_path):

@@ -5,12 +5,14 @@ definitions computed here from plain runs."""
 import pytest
 import torch
 
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.training.evaluation import evaluate
 from resid.analyses.training.loop import train
 from resid.analyses.training.recipe import Recipe
 from resid.dictionaries import Dictionary, check
 from resid.errors import ResidError
+from resid.sites import Site
 
 HOOK = "blocks.1.hook_resid_post"
 
@@ -43,9 +45,11 @@ def test_an_exact_dictionary_recovers_everything(bos_model, texts, splice_bos: b
 
 def test_a_trained_dictionary_lies_between_clean_and_ablated(bos_model, texts) -> None:
     recipe = Recipe(activation="topk", k=8, d_sae=128, steps=30, batch_size=128, warmup_steps=3)
-    sae = train(bos_model, texts, [HOOK], recipe, window=24, buffer_tokens=150, progress=False)[0]
+    sae = train(bos_model, texts, [Site(1, "resid_post")], recipe, Execution(progress=False), window=24,
+                buffer_tokens=150)[0]
     df = evaluate(bos_model, [sae, _exact(bos_model)], texts, max_windows=6, window=24)
     row = df.set_index("dictionary").loc[HOOK]
+    assert row.site == row.site_in == "layers[1].resid_post"
     assert 0 < row.fvu < 1 and 0 < row.l0 <= 8
     gap = row.ce_zero_ablated - row.ce_clean
     assert row.ce_loss_recovered == pytest.approx(1 - (row.ce_spliced - row.ce_clean) / gap)

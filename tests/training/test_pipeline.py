@@ -4,25 +4,36 @@ killed mid-way and resumed ends with the uninterrupted run's weights, and the re
 back from its SAELens folder."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from numerics import TINY
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 import resid
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.training.activations import Activations, forward_batches
 from resid.analyses.training.loop import Spec, train
 from resid.analyses.training.recipe import Recipe
-from resid.dictionaries.hooks import hook_point, read
+from resid.dictionaries.hooks import HookPoint, point_of, read
+from resid.sites import Site
 
-HOOK = "blocks.1.hook_resid_post"
+SITE = Site(1, "resid_post")
+HOOK = "blocks.1.hook_resid_post"  # its TransformerLens name: the dictionary's name and SAELens folder
 
 
-def _rows_alone(model, source: Activations, block: int, hook: str, keep_bos: bool) -> torch.Tensor:
+def _point(model, site: Site) -> HookPoint:
+    return point_of(site, model.config)
+
+
+def _rows_alone(model, source: Activations, block: int, point: HookPoint, keep_bos: bool) -> torch.Tensor:
     """The block's tokens, each window run alone (no padding), its first position dropped unless kept."""
-    point = hook_point(hook, model.config)
     rows = []
-    for w in source._block_windows(block):
+    for w in source.windows_of(block):
         run = model.run(torch.as_tensor(w.ids)[None], capture=resid.Capture.all())
         rows.append(read(run, model, point)[0, 0 if keep_bos else 1:])
     return torch.cat(rows)
@@ -30,47 +41,53 @@ def _rows_alone(model, source: Activations, block: int, hook: str, keep_bos: boo
 
 @pytest.mark.parametrize("keep_bos", [False, True])
 def test_the_buffer_holds_the_real_tokens_and_no_padding_or_bos(bos_model, texts, keep_bos: bool) -> None:
-    source = Activations(bos_model, texts, [HOOK], batch_size=64, window=24, forward_batch=5, buffer_tokens=200,
+    source = Activations(bos_model, texts, [SITE], batch_size=64, window=24, forward_batch=5, buffer_tokens=200,
                          keep_bos=keep_bos)
-    found = source.block(1)[HOOK]
-    alone = _rows_alone(bos_model, source, 1, HOOK, keep_bos)
+    point = _point(bos_model, SITE)
+    found = source.block(1)[point]
+    alone = _rows_alone(bos_model, source, 1, point, keep_bos)
     assert found.shape == alone.shape  # padding would add rows, a dropped BOS would remove some
     distance = torch.cdist(found, alone)  # the same rows, shuffled (two tokens may have the same activations)
     torch.testing.assert_close(found, alone[distance.argmin(1)], **TINY)
     torch.testing.assert_close(alone, found[distance.argmin(0)], **TINY)
-    bos_row = read(bos_model.run(torch.tensor([[50256]]), capture=resid.Capture.all()), bos_model,
-                   hook_point(HOOK, bos_model.config))[0, 0]
+    bos_row = read(bos_model.run(torch.tensor([[50256]]), capture=resid.Capture.all()), bos_model, point)[0, 0]
     assert bool(torch.isclose(found, bos_row, **TINY).all(1).any()) == keep_bos
 
 
 @pytest.mark.parametrize("keep_bos", [False, True])
 def test_without_bos_the_first_token_of_each_window_is_dropped_unless_kept(plain_model, texts, keep_bos) -> None:
-    source = Activations(plain_model, texts, [HOOK], batch_size=64, window=24, forward_batch=5, buffer_tokens=200,
+    source = Activations(plain_model, texts, [SITE], batch_size=64, window=24, forward_batch=5, buffer_tokens=200,
                          keep_bos=keep_bos)
-    windows = source._block_windows(1)
+    windows = source.windows_of(1)
     assert not any(w.bos for w in windows)  # the tokenizer prepends nothing: each window's first token is the sink
-    found = source.block(1)[HOOK]
-    alone = _rows_alone(plain_model, source, 1, HOOK, keep_bos)
+    point = _point(plain_model, SITE)
+    found = source.block(1)[point]
+    alone = _rows_alone(plain_model, source, 1, point, keep_bos)
     assert len(found) == len(alone) == sum(len(w) - (not keep_bos) for w in windows)
     distance = torch.cdist(found, alone)
     torch.testing.assert_close(found, alone[distance.argmin(1)], **TINY)
     firsts = torch.cat([read(plain_model.run(torch.as_tensor(w.ids[:1])[None], capture=resid.Capture.all()),
-                             plain_model, hook_point(HOOK, plain_model.config))[0] for w in windows])
+                             plain_model, point)[0] for w in windows])
     assert bool((torch.cdist(firsts, found).min(1).values < 1e-4).any()) == keep_bos
 
 
 def test_a_transcoders_input_and_output_rows_are_the_same_tokens(bos_model, texts) -> None:
-    spec = Spec.transcoder(bos_model, 1)
-    source = Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, buffer_tokens=150)
+    point_in, point_out = Spec.transcoder(bos_model, 1).points(bos_model)
+    source = Activations(bos_model, texts, [point_in, point_out], batch_size=64, window=24, buffer_tokens=150)
     block = source.block(0)
-    alone_in = _rows_alone(bos_model, source, 0, spec.hook_in, False)
-    alone_out = _rows_alone(bos_model, source, 0, spec.hook_out, False)
-    match = torch.cdist(block[spec.hook_in], alone_in).argmin(1)  # which token each shuffled row is
-    torch.testing.assert_close(block[spec.hook_out], alone_out[match], **TINY)
+    alone_in = _rows_alone(bos_model, source, 0, point_in, False)
+    alone_out = _rows_alone(bos_model, source, 0, point_out, False)
+    match = torch.cdist(block[point_in], alone_in).argmin(1)  # which token each shuffled row is
+    torch.testing.assert_close(block[point_out], alone_out[match], **TINY)
 
 
 RECIPE = Recipe(activation="topk", k=4, d_sae=64, steps=9, batch_size=96, warmup_steps=2, dead_tokens=200)
-OPTIONS = dict(window=24, buffer_tokens=100, forward_batch=4, progress=False)
+OPTIONS = dict(window=24, buffer_tokens=100)
+QUIET = Execution(batch_size=4, progress=False)  # 4 windows per forward pass
+
+
+def _in(folder) -> Execution:
+    return Execution(batch_size=4, progress=False, out=folder)
 
 
 def _weights(dictionaries) -> list[dict[str, torch.Tensor]]:
@@ -78,11 +95,11 @@ def _weights(dictionaries) -> list[dict[str, torch.Tensor]]:
 
 
 def test_several_dictionaries_from_one_forward_train_as_each_alone(bos_model, texts) -> None:
-    specs = [Spec("blocks.0.hook_resid_post"), Spec.transcoder(bos_model, 2)]
+    specs = [Spec(Site(0, "resid_post")), Spec.transcoder(bos_model, 2)]
     recipe = Recipe(activation="batchtopk", k=4, d_sae=64, steps=6, batch_size=96, warmup_steps=2,
                     threshold_start_step=2)
-    together = _weights(train(bos_model, texts, specs, recipe, **OPTIONS))
-    alone = [_weights(train(bos_model, texts, [s], recipe, **OPTIONS))[0] for s in specs]
+    together = _weights(train(bos_model, texts, specs, recipe, QUIET, **OPTIONS))
+    alone = [_weights(train(bos_model, texts, [s], recipe, QUIET, **OPTIONS))[0] for s in specs]
     for both, one in zip(together, alone):
         assert both.keys() == one.keys()
         for name in both:
@@ -98,14 +115,14 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(bos_model, texts, tmp
         if step == 7:
             raise Killed
 
-    specs = [HOOK, Spec("blocks.0.hook_resid_post", name="early")]
+    specs = [SITE, Spec("layers[0].resid_post", name="early")]
     with pytest.raises(Killed):
-        train(bos_model, texts, specs, RECIPE, folder=tmp_path, checkpoint_every=3, on_step=kill, **OPTIONS)
+        train(bos_model, texts, specs, RECIPE, _in(tmp_path), checkpoint_every=3, on_step=kill, **OPTIONS)
     resumed_from = []
-    resumed = train(bos_model, texts, specs, RECIPE, folder=tmp_path, checkpoint_every=3,
+    resumed = train(bos_model, texts, specs, RECIPE, _in(tmp_path), checkpoint_every=3,
                     on_step=lambda step, stats: resumed_from.append(step), **OPTIONS)
     assert resumed_from[0] == 7  # it went on from the checkpoint of step 6, not from the start
-    straight = train(bos_model, texts, specs, RECIPE, **OPTIONS)
+    straight = train(bos_model, texts, specs, RECIPE, QUIET, **OPTIONS)
     for a, b in zip(_weights(resumed), _weights(straight)):
         for name in a:
             assert torch.equal(a[name], b[name]), name
@@ -117,10 +134,57 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(bos_model, texts, tmp
     assert set(run.dictionaries) == {HOOK, "early"}
 
 
+def test_a_checkpoint_written_before_specs_held_sites_resumes(bos_model, texts, tmp_path) -> None:
+    """Its settings name each Spec by TransformerLens hook (hook_in, hook_out), as resid wrote them before."""
+    def kill(step, stats):
+        if step == 4:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(bos_model, texts, [SITE], RECIPE, _in(tmp_path), checkpoint_every=3, on_step=kill, **OPTIONS)
+    path = str(tmp_path / "checkpoint.safetensors")
+    with safe_open(path, framework="pt") as handle:
+        metadata, tensors = handle.metadata(), {name: handle.get_tensor(name) for name in handle.keys()}
+    settings = json.loads(metadata["settings"])
+    assert settings["specs"] == [{"site_in": "layers[1].resid_post", "site_out": None, "standardized": False,
+                                  "skip": False, "name": None}]
+    settings["specs"] = [{"hook_in": HOOK, "hook_out": None, "skip": False, "name": None}]
+    save_file(tensors, path, metadata={**metadata, "settings": json.dumps(settings, sort_keys=True)})
+    resumed_from = []
+    resumed = train(bos_model, texts, [SITE], RECIPE, _in(tmp_path),
+                    on_step=lambda step, stats: resumed_from.append(step), **OPTIONS)
+    assert resumed_from[0] == 4  # from the old checkpoint of step 3
+    straight = train(bos_model, texts, [SITE], RECIPE, QUIET, **OPTIONS)
+    for name, value in straight[0].state_dict().items():
+        assert torch.equal(resumed[0].state_dict()[name], value), name
+
+
 def test_other_settings_do_not_resume(bos_model, texts, tmp_path) -> None:
-    train(bos_model, texts, [HOOK], RECIPE, folder=tmp_path, checkpoint_every=3, **OPTIONS)
+    train(bos_model, texts, [SITE], RECIPE, _in(tmp_path), checkpoint_every=3, **OPTIONS)
     with pytest.raises(resid.ResidError, match="other settings"):
-        train(bos_model, texts, [HOOK], dataclasses.replace(RECIPE, activation="relu"), folder=tmp_path, **OPTIONS)
+        train(bos_model, texts, [SITE], dataclasses.replace(RECIPE, activation="relu"), _in(tmp_path), **OPTIONS)
+
+
+HOLDER = """
+import sys
+from resid.analyses.io.checkpoints import StateStore
+store = StateStore(sys.argv[1], "resid.training.checkpoint", "training", {})
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_folder_another_process_trains_into_is_refused(bos_model, texts, tmp_path) -> None:
+    """The checkpoint store holds <folder>.lock, the result store's lock: a second writer is refused by name."""
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "run")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        with pytest.raises(resid.ResidError, match=rf"Another process \(pid {first.pid}.*{tmp_path / 'run'}.lock"):
+            train(bos_model, texts, [SITE], RECIPE, _in(tmp_path / "run"), **OPTIONS)
+    finally:
+        first.communicate("done\n", timeout=60)
+    assert not (tmp_path / "run" / "checkpoint.safetensors").exists()
 
 
 def test_forward_batches_cut_where_padding_plus_overhead_is_least() -> None:
@@ -146,42 +210,40 @@ def test_forward_batches_cut_where_padding_plus_overhead_is_least() -> None:
 
 
 def test_autocast_gives_the_same_tokens_within_bf16(bos_model, texts) -> None:
-    spec = Spec.transcoder(bos_model, 1)
-    hooks = [HOOK, spec.hook_in, spec.hook_out]
-    exact = Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150).block(0)
-    bf16 = Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, autocast=True).block(0)
-    for hook in hooks:
-        assert bf16[hook].dtype == torch.float32 and bf16[hook].shape == exact[hook].shape
-        assert not torch.equal(bf16[hook], exact[hook])  # the products did run in bf16
-        error = (bf16[hook] - exact[hook]).norm(dim=-1) / exact[hook].norm(dim=-1)  # the same rows, the same order
-        assert float(error.mean()) < 0.03 and float(error.max()) < 0.2, hook  # bf16's 3 digits, through 2 layers
+    points = [_point(bos_model, SITE), *Spec.transcoder(bos_model, 1).points(bos_model)]
+    exact = Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150).block(0)
+    bf16 = Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150, autocast=True).block(0)
+    for point in points:
+        assert bf16[point].dtype == torch.float32 and bf16[point].shape == exact[point].shape
+        assert not torch.equal(bf16[point], exact[point])  # the products did run in bf16
+        error = (bf16[point] - exact[point]).norm(dim=-1) / exact[point].norm(dim=-1)  # the same rows and order
+        assert float(error.mean()) < 0.03 and float(error.max()) < 0.2, point.name  # bf16's 3 digits, 2 layers
 
 
 def test_tokens_far_above_the_median_norm_are_left_out(bos_model, texts) -> None:
-    spec = Spec.transcoder(bos_model, 1)
-    hooks = [HOOK, spec.hook_in, spec.hook_out]
-    every = Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=None)
-    some = Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=1.1)
+    points = [_point(bos_model, SITE), *Spec.transcoder(bos_model, 1).points(bos_model)]
+    first = points[0]
+    every = Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=None)
+    some = Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=1.1)
     everything, kept = every.block(0), some.block(0)
     ordinary = torch.stack([t.norm(dim=-1) <= 1.1 * t.norm(dim=-1).median() for t in everything.values()]).all(0)
-    assert 0 < len(kept[HOOK]) == int(ordinary.sum()) < len(everything[HOOK])  # one mask for every hook
-    for hook in hooks:  # the same rows (in another order): the ordinary ones, aligned across the hooks
-        distance = torch.cdist(kept[HOOK], everything[HOOK][ordinary])
-        torch.testing.assert_close(kept[hook], everything[hook][ordinary][distance.argmin(1)], **TINY)
+    assert 0 < len(kept[first]) == int(ordinary.sum()) < len(everything[first])  # one mask for every point
+    for point in points:  # the same rows (in another order): the ordinary ones, aligned across the points
+        distance = torch.cdist(kept[first], everything[first][ordinary])
+        torch.testing.assert_close(kept[point], everything[point][ordinary][distance.argmin(1)], **TINY)
     with pytest.raises(resid.ResidError, match="max_norm_ratio"):
-        Activations(bos_model, texts, hooks, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=0.5)
+        Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=0.5)
 
 
 def test_a_buffer_larger_than_free_memory_is_refused_before_any_work(bos_model, texts, monkeypatch) -> None:
     from resid.analyses.training import activations
 
-    spec = Spec.transcoder(bos_model, 1)
-    source = Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24,
-                         buffer_tokens=150)
+    points = Spec.transcoder(bos_model, 1).points(bos_model)
+    source = Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150)
     need = source.buffer_bytes()
     assert need == max(source.tokens_per_block()) * 2 * bos_model.config.d_model * 4
     monkeypatch.setattr(activations, "available_bytes", lambda device: need)  # 80% of it is too little
     with pytest.raises(resid.ResidError, match=r"lower buffer_tokens=150 to at most \d+"):
-        Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, buffer_tokens=150)
+        Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150)
     monkeypatch.setattr(activations, "available_bytes", lambda device: 2 * need)
-    Activations(bos_model, texts, [spec.hook_in, spec.hook_out], batch_size=64, window=24, buffer_tokens=150)
+    Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150)

@@ -1,27 +1,36 @@
-"""Spec.transcoder: which hook a transcoder reads, and that a splice of it is accepted and exact."""
+"""Spec.transcoder: which Site a transcoder reads (and under which TransformerLens hook it is saved), and that a
+splice of it is accepted and exact; Specs from strings."""
 
+import pytest
 import torch
 from random_models import make_random_model
 
 from resid.analyses.training.loop import Spec
 from resid.dictionaries import Dictionary, Splice, check
+from resid.errors import ResidError
+from resid.sites import Site
 
 
 def _random_transcoder(model, spec: Spec) -> Dictionary:
     g = torch.Generator().manual_seed(0)
     d, n = model.config.d_model, 48
+    point_in, point_out = spec.points(model)
     return check(Dictionary(W_enc=torch.randn(d, n, generator=g) / d**0.5, b_enc=torch.zeros(n),
                             W_dec=torch.randn(n, d, generator=g) / n**0.5, b_dec=torch.zeros(d), activation="relu",
-                            hook_in=spec.hook_in, hook_out=spec.hook_out, name=spec.label), model)
+                            hook_in=point_in.name, hook_out=point_out.name, name=point_in.name), model)
 
 
 def test_a_transcoder_reads_the_standardized_input_unless_a_gain_has_a_zero_entry() -> None:
     model = make_random_model("gemma3_like")
-    assert Spec.transcoder(model, 0).hook_in == "blocks.0.ln2.hook_normalized"
+    spec = Spec.transcoder(model, 0)
+    assert (spec.site_in, spec.standardized, spec.site_out) == (Site(0, "mlp", field="normalized"), True,
+                                                                Site(0, "mlp"))
+    assert [p.name for p in spec.points(model)] == ["blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out"]
     with torch.no_grad():
         model.blocks[1].ln_mlp.w[3] = -1.0  # Gemma's stored gain is 1 + w: this entry of the gain is zero
     specs = [Spec.transcoder(model, layer) for layer in range(model.config.n_layers)]
-    assert [s.hook_in for s in specs] == [f"blocks.{l}.mlp.hook_in" for l in range(model.config.n_layers)]
+    assert not any(s.standardized for s in specs)  # after the gain, at every layer
+    assert [s.points(model)[0].name for s in specs] == [f"blocks.{l}.mlp.hook_in" for l in range(model.config.n_layers)]
     ids = torch.tensor([[1, 5, 9, 2, 7, 11]])
     plain = model.run(ids).logits
     spliced = model.run(ids, dictionaries=[Splice(_random_transcoder(model, s)) for s in specs]).logits
@@ -30,4 +39,14 @@ def test_a_transcoder_reads_the_standardized_input_unless_a_gain_has_a_zero_entr
 
 def test_no_pre_norms_reads_the_residual() -> None:
     model = make_random_model("olmo2_like")
-    assert Spec.transcoder(model, 1).hook_in == "blocks.1.hook_mlp_in"
+    spec = Spec.transcoder(model, 1)
+    assert (spec.site_in, spec.standardized) == (Site(1, "resid_mid"), False)
+    assert spec.points(model)[0].name == "blocks.1.hook_resid_mid"
+
+
+def test_strings_are_site_labels_or_hook_names_and_standardized_needs_a_norm_output() -> None:
+    model = make_random_model("llama_gqa")
+    assert Spec("layers[-1].resid_post") == Spec("blocks.-1.hook_resid_post") == Spec(Site(-1, "resid_post"))
+    assert Spec("layers[-1].resid_post").points(model)[0].site == Site(model.config.n_layers - 1, "resid_post")
+    with pytest.raises(ResidError, match=r"standardized \(before a norm's gain"):
+        Spec(Site(1, "resid_post"), standardized=True).points(model)

@@ -5,20 +5,23 @@ import copy
 
 import torch
 
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.training.loop import Spec, train
 from resid.analyses.training.recipe import Recipe
+from resid.sites import Site
 
-OPTIONS = dict(window=24, buffer_tokens=100, forward_batch=4, progress=False)
+OPTIONS = dict(window=24, buffer_tokens=100)
 
 
 def _run(model, texts, specs, recipe) -> tuple[list, list]:
     stats: list = []
-    dictionaries = train(model, texts, specs, recipe, on_step=lambda step, s: stats.append(s), **OPTIONS)
+    dictionaries = train(model, texts, specs, recipe, Execution(batch_size=4, progress=False),
+                         on_step=lambda step, s: stats.append(s), **OPTIONS)
     return dictionaries, stats
 
 
 def test_a_run_on_the_gpu_ends_with_the_cpus_weights(bos_model, texts, gpu) -> None:
-    specs = [Spec("blocks.0.hook_resid_post"), Spec.transcoder(bos_model, 2)]
+    specs = [Spec(Site(0, "resid_post")), Spec.transcoder(bos_model, 2)]
     recipe = Recipe(activation="relu", d_sae=64, steps=6, batch_size=96, warmup_steps=1,
                     normalize="expected_average_only_in")
     on_cpu, cpu_stats = _run(bos_model, texts, specs, recipe)
