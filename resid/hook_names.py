@@ -32,7 +32,7 @@ from torch import Tensor
 from resid.errors import ResidError
 from resid.model import Run, Transformer
 from resid.sites import Site, transformerlens
-from resid.sites.transformerlens import BLOCK, Name
+from resid.sites.transformerlens import BLOCK, Name, at_layer
 from resid.stream import ResidualStream
 
 
@@ -57,7 +57,7 @@ class HookNames(Mapping[str, Tensor]):
             self._getters[row.name] = self._getter(row, None)
         for layer in range(self._n_layers):
             for row in (r for r in rows if r.layered):
-                self._getters[f"blocks.{layer}.{row.name}"] = self._getter(row, layer)
+                self._getters[row.full(layer)] = self._getter(row, layer)
         for row in (r for r in rows if not r.layered and r.part is None):  # the final norm's
             self._getters[row.name] = self._final(row)
 
@@ -103,10 +103,10 @@ class HookNames(Mapping[str, Tensor]):
     def _why_missing(self, name: str) -> str:
         per_layer = BLOCK.fullmatch(name)
         suffix = per_layer.group(2) if per_layer else name
-        if per_layer and f"blocks.0.{suffix}" in self._getters and int(per_layer.group(1)) >= self._n_layers:
+        if per_layer and at_layer(0, suffix) in self._getters and int(per_layer.group(1)) >= self._n_layers:
             n = self._n_layers
             return f"{name!r}: layer {per_layer.group(1)} is out of range; the model has {n} layers (0..{n - 1})."
-        _, rows = transformerlens.rows(name if per_layer or not name.startswith("blocks.") else f"blocks.0.{suffix}")
+        _, rows = transformerlens.rows(name)
         reason = next((row.note for row in rows if row.note), "")
         if reason:
             return f"{name!r} is a TransformerLens name this view does not have: {reason}."

@@ -24,6 +24,7 @@ from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.hooks import HookPoint, hook_point, width
 from resid.errors import ResidError
+from resid.sites.transformerlens import at_layer
 
 FAMILIES = ("gpt", "gemma", "llama", "smollm", "qwen", "mistral", "mixtral", "pythia", "phi", "olmo", "bert",
             "opt", "falcon", "deepseek", "tinystories", "minilm")
@@ -40,9 +41,9 @@ def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | 
             raise ResidError(f"Cross-layer transcoder {dictionary.name!r} spans {dictionary.n_layers} layers, but "
                              f"model {model.name!r} has {config.n_layers}.")
         layers = range(config.n_layers)
-        dictionary.points_in = tuple(_point(dictionary, f"blocks.{l}.{dictionary.hook_in}", config, None, model,
+        dictionary.points_in = tuple(_point(dictionary, at_layer(l, dictionary.hook_in), config, None, model,
                                             dictionary.d_in, "d_in") for l in layers)
-        dictionary.points_out = tuple(_point(dictionary, f"blocks.{l}.{dictionary.hook_out}", config, None, model,
+        dictionary.points_out = tuple(_point(dictionary, at_layer(l, dictionary.hook_out), config, None, model,
                                              dictionary.d_out, "d_out") for l in layers)
         return dictionary
     head = dictionary.metadata.get("hook_head_index")

@@ -248,8 +248,7 @@ def point_of(site: Site, config: ModelConfig, standardized: bool = False) -> Hoo
         raise ResidError(f"A dictionary cannot read {site.label} {how}in {config.architecture}: it reads a decoder's "
                          "tensors at every position that have a TransformerLens hook name (resid.sites.transformerlens "
                          "lists them).")
-    name = f"blocks.{site.layer}.{rows[0].name}" if rows[0].layered else rows[0].name  # as transformerlens.name_of
-    point = hook_point(name, config, head=site.unit)
+    point = hook_point(rows[0].full(site.layer), config, head=site.unit)
     if point is None or point.site != site or point.standardized != standardized:
         raise ResidError(f"{site.label} has no hook name that reads it as a dictionary does "
                          "(resid.sites.transformerlens lists the names).")

@@ -15,6 +15,12 @@ from resid.config import ModelConfig
 
 BLOCK = re.compile(r"blocks\.(-?\d+)\.(.+)")  # a layer's name: blocks.{layer}.{name}
 
+
+def at_layer(layer: int, name: str) -> str:
+    """The whole name of a layer's `name` ("hook_resid_pre" at 3: "blocks.3.hook_resid_pre"), BLOCK's inverse."""
+    return f"blocks.{layer}.{name}"
+
+
 # How TransformerLens's tensor is made from the record of the row's Site
 READS = {
     "record": "the site's tensor as resid records it",
@@ -41,6 +47,10 @@ class Name:
     role: str = "view"
     note: str = ""  # why the view does not offer it, and what to read instead
     layered: bool = True
+
+    def full(self, layer: int | None) -> str:
+        """The whole name at `layer`: "blocks.{layer}.{name}" for a layer's name, the name itself for a global one."""
+        return at_layer(layer, self.name) if self.layered else self.name
 
     @property
     def unit(self) -> str | None:
@@ -145,7 +155,7 @@ def name_of(layer: int | None, part: str, field: str | None) -> str | None:
     mlp.hook_pre_linear whatever the model), or None when TransformerLens has none."""
     for row in TABLE:
         if row.role == "view" and row.reads == "record" and (row.part, row.field) == (part, field):
-            return f"blocks.{layer}.{row.name}" if row.layered else row.name
+            return row.full(layer)
     return None
 
 

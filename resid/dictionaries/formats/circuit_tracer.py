@@ -31,6 +31,7 @@ from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.formats import check_fields, read_safetensors, take
 from resid.errors import ResidError
+from resid.sites.transformerlens import at_layer
 
 CONFIG = "config.yaml"
 READ = frozenset({"model_kind", "feature_input_hook", "feature_output_hook", "model_name", "transcoders"})
@@ -110,8 +111,8 @@ def _layer(path: Path, layer: int, cfg: dict, folder: Path) -> Dictionary:
     return Dictionary(
         W_enc=W_enc, W_dec=found["W_dec"], b_enc=found["b_enc"], b_dec=found["b_dec"], threshold=threshold,
         W_skip=skip, activation="jumprelu" if threshold is not None else "relu", name=f"{folder.name}/layer_{layer}",
-        format="circuit_tracer", hook_in=f"blocks.{layer}.{cfg['feature_input_hook']}",
-        hook_out=f"blocks.{layer}.{cfg['feature_output_hook']}", model_name=cfg.get("model_name"),
+        format="circuit_tracer", hook_in=at_layer(layer, cfg["feature_input_hook"]),
+        hook_out=at_layer(layer, cfg["feature_output_hook"]), model_name=cfg.get("model_name"),
         metadata={"layer": layer, "scan": cfg.get("scan")}, transcoder=True,
     )
 
