@@ -183,14 +183,14 @@ def first_nonfinite(model, tokens: Tokens, edits: dict, start: int = 0, resid: T
     again = forward(model, tokens, edits, capture, lambda t, axis=1: t, start=start, resid=resid, ctx=ctx, check=False)
     checks = [(name, write) for name, write in again.embeddings.items()]
     if resid is not None:
-        checks.append((f"layers[{start}].resid_pre (the residual given)", resid))
+        checks.append((f"{Site(start, 'resid_pre').label} (the residual given)", resid))
     for record in again.records:
         layer, deltas = record.attn.layer, record.deltas
         order = [("resid_pre", deltas.get("resid_pre")), ("attn", record.attn.out),
                  ("resid_mid", deltas.get("resid_mid")),
                  ("cross", record.cross and record.cross.out), ("resid_cross", deltas.get("resid_cross")),
                  ("mlp", record.mlp.out), ("resid_post", deltas.get("resid_post"))]
-        checks += [(f"layers[{layer}].{name}", value) for name, value in order if value is not None]
+        checks += [(Site(layer, name).label, value) for name, value in order if value is not None]
     for label, value in checks:
         if not bool(torch.isfinite(value).all()):
             return label

@@ -28,9 +28,9 @@ class _Record:
         if value is not None:
             return value
         if name in self._absent:
-            raise ResidError(f"layers[{self.layer}].{self._part}.{name} does not exist: {self._absent[name]}.")
+            raise ResidError(f"stream.layers[{self.layer}].{self._part}.{name} does not exist: {self._absent[name]}.")
         raise ResidError(
-            f"layers[{self.layer}].{self._part}.{name} was not captured. Run with "
+            f"stream.layers[{self.layer}].{self._part}.{name} was not captured. Run with "
             f"resid.Capture({self._part}={{'{name}', ...}}) (and layer {self.layer} in Capture.layers), "
             "or resid.Capture.all()."
         )

@@ -15,6 +15,7 @@ from torch import Tensor
 from resid.dictionaries import CrossLayerTranscoder, Dictionary, Splice, check
 from resid.dictionaries.hooks import HookPoint
 from resid.errors import ResidError, param
+from resid.sites import Site
 
 
 class Transcoders:
@@ -146,11 +147,12 @@ def _check_points(model, layer: int, p_in: HookPoint, p_out: HookPoint) -> None:
     site_in, site_out = p_in.site, p_out.site
     if site_out.layer != layer or site_out.part != "mlp" or site_out.what != "out":
         raise ResidError(f"The transcoder of layer {layer} reconstructs {site_out.label}; it must reconstruct "
-                         f"layers[{layer}].mlp (the MLP's write).")
+                         f"{Site(layer, 'mlp').label} (the MLP's write).")
     parallel = model.config.block == "parallel"
-    residual = "resid_pre" if parallel else "resid_mid"
+    residual = Site(layer, "resid_pre" if parallel else "resid_mid")
+    normalized = Site(layer, "mlp", field="normalized")
     ok = site_in.layer == layer and ((site_in.part == "mlp" and site_in.what == "normalized")
-                                     or site_in.part == residual)
+                                     or site_in.part == residual.part)
     if not ok or p_in.heads_flat:
         raise ResidError(f"The transcoder of layer {layer} reads {site_in.label}; a transcoder replacing the MLP "
-                         f"must read the MLP's input (layers[{layer}].mlp.normalized or layers[{layer}].{residual}).")
+                         f"must read the MLP's input ({normalized.label} or {residual.label}).")

@@ -70,8 +70,8 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
         names = ", ".join(repr(d.name) for d in found)
         what = f"several do ({names}): name it, Site(..., dictionary=name)" if found else \
             "none of the dictionaries given does: pass it, model.run(..., dictionaries=[dictionary])"
-        raise ResidError(f"{site.label} names a feature of the dictionary reconstructing layers[{site.layer}]."
-                         f"{site.part}, and {what}.")
+        raise ResidError(f"{site.label} names a feature of the dictionary reconstructing {site.reconstructed.label}, "
+                         f"and {what}.")
     d = found[0]
     if site.feature >= d.d_sae:
         raise ResidError(f"{site.label}: dictionary {d.name!r} has {d.d_sae} features (0..{d.d_sae - 1}).")
