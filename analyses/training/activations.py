@@ -41,8 +41,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from resid.analyses.neurons.keys import windows as cut_windows
-from resid.analyses.neurons.scan import Window, batch_tokens
+from resid.analyses.corpus_windows import Window, batch_tokens
+from resid.analyses.corpus_windows import windows as cut_windows
 from resid.capture import Capture
 from resid.dictionaries.hooks import HookPoint, hook_point, read, width
 from resid.errors import ResidError, param
