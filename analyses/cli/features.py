@@ -129,8 +129,8 @@ def _top(model, args) -> str:
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
     try:
         df = features.top_activating(model, found, texts, features=args.features, k=args.k, context=args.context,
-                                     sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
-                                     executor=args.executor)
+                                     sign=args.sign,
+                                     execution=arguments.execution(args.batch_size, args.quiet, args.executor))
     finally:
         if args.executor is not None:
             args.executor.close()

@@ -124,8 +124,8 @@ def _top(model, args) -> str:
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
     try:
         df = neurons.top_activating(model, texts, args.layers, args.neurons, k=args.k, context=args.context,
-                                    sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
-                                    experts=_expert(model, args), executor=args.executor)
+                                    sign=args.sign, experts=_expert(model, args),
+                                    execution=arguments.execution(args.batch_size, args.quiet, args.executor))
     finally:
         if args.executor is not None:
             args.executor.close()
