@@ -92,7 +92,7 @@ def donors(lengths: list[int], source_lengths: list[int], seed: int, reference) 
 def in_process(executor: Executor | str | None) -> None:
     """Encoder-decoder jobs run in the driver's process for now (an Execution's executor None, or InProcess): Ray
     workers load decoder-only models."""
-    if executor is not None and not isinstance(executor, InProcess):
+    if executor not in (None, "inprocess") and not isinstance(executor, InProcess):
         raise ResidError(f"Encoder-decoder models are swept and patched in process for now: drop "
                          f"{param('executor')} (and workers).")
 

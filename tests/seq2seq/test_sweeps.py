@@ -3,6 +3,7 @@ hand-written torch hook on the Hugging Face Marian model (decoder self-attention
 decoder MLPs, encoder heads, encoder MLPs), or an explicit intervention run (mean and resample values computed by
 hand; the original post-LN Transformer); a batch equals its prompts one at a time; bad input says what to pass."""
 
+import pandas as pd
 import pytest
 import torch
 from random_models import make_random_model
@@ -179,6 +180,11 @@ def test_bad_input_says_what_to_pass(tiny_marian, gpt2_tokenizer):
         ablation.sweep(model, TARGETS, TARGET, method="mean", reference=["w1 w2"], source=SOURCES)
     with pytest.raises(ResidError, match="in process for now"):
         ablation.sweep(model, TARGETS, TARGET, source=SOURCES, execution=Execution(executor="ray", workers=2))
+    # "inprocess" (as resid.analyses.distributed.resolve spells the default) is in process: the same rows
+    in_process = ablation.sweep(model, TARGETS[:1], TARGET, sites="head", source=SOURCES[:1],
+                                execution=Execution(executor="inprocess"))
+    pd.testing.assert_frame_equal(in_process, ablation.sweep(model, TARGETS[:1], TARGET, sites="head",
+                                                             source=SOURCES[:1]))
     with pytest.raises(ResidError, match="dictionaries are not taken with encoder-decoder models"):
         ablation.sweep(model, TARGETS, TARGET, source=SOURCES, dictionaries=[object()])
     with pytest.raises(ResidError, match="draws its donors among the pairs"):
