@@ -91,7 +91,7 @@ def _attn(model: Transformer, written, direction: Direction, layer: int, level: 
     if level == "sublayer" and not split:
         return [Contributions([Site(layer, part)], direction.project(written.out)[:, None])]
     groups: list[Contributions] = []
-    into = _through_post_norm(post_norm, written, direction, layer, part, groups)
+    into = through_post_norm(post_norm, written, direction, layer, part, groups)
     if split:
         groups += cross(layer, written, into)
         if attn.b_O is not None:
@@ -112,7 +112,7 @@ def _mlp(model: Transformer, record, direction: Direction, layer: int, level: st
     if level == "sublayer" or (level == "head" and not moe):
         return [Contributions([Site(layer, "mlp")], direction.project(record.mlp.out)[:, None])]
     groups: list[Contributions] = []
-    into = _through_post_norm(model.blocks[layer].ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
+    into = through_post_norm(model.blocks[layer].ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
     if moe:
         groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
         return groups
@@ -143,7 +143,7 @@ def _experts(
     return Contributions(sites, per_neuron.flatten(1))
 
 
-def _through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
+def through_post_norm(norm, record, direction: Direction, layer: int, part: str, groups: list) -> Direction:
     """The direction as the sublayer's output (before its post-norm) reads it: pulled back through the
     post-norm with its scale frozen. A LayerNorm post-norm's bias becomes its own row. Without a post-norm,
     the direction itself."""

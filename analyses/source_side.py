@@ -13,7 +13,7 @@ the sum of the encoder stream's components:
 
 so each decoder cross head gets one row per encoder component (`source` column: "encoder.embed",
 "encoder.layers[k].attn", "encoder.layers[k].mlp", post-LN norm biases, ...), one for its value bias
-("b_V") and one for the encoder final norm's bias ("encoder.final_norm_bias", LayerNorm only). The rows of a
+("b_V") and one for the encoder final norm's bias ("encoder.final_bias", LayerNorm only). The rows of a
 head sum to its row in attribution.direct, and all rows to the logit, exactly (up to float rounding).
 
     df = source_side.direct(model, target_prefixes, source=sources, target=" Haus")
@@ -23,6 +23,7 @@ The decoder side is as in attribution.direct at `level` ("sublayer" or "head"); 
 sublayer (the encoder stream's components).
 """
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,8 +91,8 @@ def _attribute(model: EncoderDecoder, given, source_prompts, chunk, targets, bas
     decoder = model.decoder
     tokens = given.batch(chunk)
     encoded = model.encode(source_prompts.batch(chunk), capture=Capture())
-    labels, pieces = encoded.stream.components()  # [c batch src d_model], summing to the encoder's final()
-    memory_pieces, labels = _memory_pieces(model, encoded, pieces.float(), labels)
+    sites, pieces = encoded.stream.components()  # [c batch src d_model], summing to the encoder's final()
+    memory_pieces, labels = _memory_pieces(model, encoded, pieces.float(), sites)
     index = tokens.padded_index([[positions[i]] for i in chunk])
     capture = capture_for(decoder, level, [positions[i] for i in chunk])
     capture = Capture(positions=capture.positions, attn=capture.attn, mlp=capture.mlp, cross={"z", "pattern"})
@@ -124,10 +125,10 @@ def _attribute(model: EncoderDecoder, given, source_prompts, chunk, targets, bas
     return table
 
 
-def _memory_pieces(model: EncoderDecoder, encoded, pieces, labels):
+def _memory_pieces(model: EncoderDecoder, encoded, pieces, sites: list[Site]):
     """The memory's components [c batch src d_model] (float32): the encoder stream's, through its final norm with
-    the scale frozen (plus the norm's bias as a piece of its own), labelled "encoder.<label>"."""
-    labels = [f"encoder.{label}" for label in labels]
+    the scale frozen (plus the norm's bias as a piece of its own), with the labels of their encoder sites."""
+    labels = [dataclasses.replace(site, stack="encoder").label for site in sites]
     norm = model.encoder.ln_final
     if norm is None:
         return pieces, labels
@@ -135,7 +136,7 @@ def _memory_pieces(model: EncoderDecoder, encoded, pieces, labels):
     pieces = norm.linear(pieces) * scale
     if norm.b is not None:
         bias = (norm.b.float() * norm.multiplier).expand_as(pieces[0])
-        pieces, labels = torch.cat([pieces, bias[None]]), [*labels, "encoder.final_norm_bias"]
+        pieces, labels = torch.cat([pieces, bias[None]]), [*labels, Site(None, "final_bias", stack="encoder").label]
     return pieces, labels
 
 

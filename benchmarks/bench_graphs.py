@@ -99,7 +99,7 @@ def worker(case: str, settings: dict) -> None:
         report["validation_all_logits"] = float(torch.corrcoef(torch.stack([predicted.flatten(),
                                                                             measured.flatten()]))[0, 1])
         report["validation_scale"] = [float(predicted.abs().median()), float(measured.abs().median())]
-        graph.to_json(WORK / "short.json")
+        graphs.write_json(graph, WORK / "short.json")
         from resid.analyses.graphs.viewer import write_html
         write_html(graph, WORK / "short.html")
     from safetensors.torch import save_file

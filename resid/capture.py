@@ -7,12 +7,10 @@ positions to keep a large sweep in memory. A field that was not captured raises 
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
 from resid.errors import ResidError
-
-if TYPE_CHECKING:
-    from resid.sites import Site
+from resid.sites import Site
 
 # resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read)
 AttnField = Literal[
@@ -72,7 +70,7 @@ class Capture:
         return cls(attn=frozenset(), mlp=frozenset(), cross=frozenset(), embed=False, final_norm_scale=False)
 
     @classmethod
-    def of(cls, sites: Iterable["Site"], **options) -> "Capture":
+    def of(cls, sites: Iterable[Site], **options) -> "Capture":
         """The default capture (the residual writes, so every residual site can be read) plus each sublayer
         field the sites read (a head's z, a neuron's post, q / k / v / pattern, ...); `options` as for Capture
         (layers, positions, embed, ...)."""

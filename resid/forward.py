@@ -24,6 +24,7 @@ from resid.interventions import apply_edits, edit_residual
 from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields
 from resid.run import Memory
 from resid.selection import LogitsAt, logit_index
+from resid.sites import Site
 from resid.tokenizer import Tokens
 
 EMBEDDINGS = ("embed", "pos_embed", "type_embed")
@@ -84,7 +85,7 @@ def embed(model, tokens: Tokens, edits: dict) -> tuple[Tensor, dict[str, Tensor]
         found["pos_embed"] = model.pos_embed(tokens.position_ids)
     if model.type_embed is not None:
         found["type_embed"] = model.type_embed(tokens.ids)
-    found = {name: apply_edits(write, edits.get((None, name), ()), "write") for name, write in found.items()}
+    found = {name: apply_edits(write, edits.get(Site(None, name), ()), "write") for name, write in found.items()}
     writes = list(found.values())
     resid = writes[0]
     for write in writes[1:]:  # in this order, as the stream sums them (resid.stream)
@@ -113,10 +114,10 @@ def forward(model, tokens: Tokens, edits: dict, capture: Capture, keep, *, start
         kept = keep is not None and capture.keeps_layer(layer, model.config.n_layers)
         want = {part: capture.fields(part) for part in block.parts} if kept else {}
         deltas: dict[str, Tensor] = {}
-        resid = edit_residual(resid, edits.get((layer, "resid_pre"), ()), "resid_pre", deltas)
+        resid = edit_residual(resid, edits.get(Site(layer, "resid_pre"), ()), "resid_pre", deltas)
         parts = (*block.parts, "resid_mid", "resid_cross")
-        resid, values = block(resid, ctx, want, {part: edits.get((layer, part), ()) for part in parts}, deltas)
-        resid = edit_residual(resid, edits.get((layer, "resid_post"), ()), "resid_post", deltas)
+        resid, values = block(resid, ctx, want, {part: edits.get(Site(layer, part), ()) for part in parts}, deltas)
+        resid = edit_residual(resid, edits.get(Site(layer, "resid_post"), ()), "resid_post", deltas)
         if keep is not None:
             records.append(_record(model, layer, values, deltas, keep))
     if end < model.config.n_layers:

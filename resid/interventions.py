@@ -168,11 +168,12 @@ Edit = tuple[ZeroAblate | Replace | Scale | Add | HookCall, Tensor | None]
 
 def group_edits(
     interventions: Sequence[Intervention], config: ModelConfig, tokens: Tokens
-) -> dict[tuple[int | None, str], list[Edit]]:
+) -> dict[Site, list[Edit]]:
     """Validate every intervention, resolve its site against the model (indices non-negative) and its
-    prompt-relative positions against this batch, and group them by (layer, part). A Site(l, "layer") of a
-    ZeroAblate or Scale stands for each sublayer write of layer l."""
-    grouped: dict[tuple[int | None, str], list[Edit]] = {}
+    prompt-relative positions against this batch, and group them by the whole site of their part
+    (Site(l, "attn"), Site(l, "resid_pre"), Site(None, "embed"), ...: the places the forward pass edits). A
+    Site(l, "layer") of a ZeroAblate or Scale stands for each sublayer write of layer l."""
+    grouped: dict[Site, list[Edit]] = {}
     for iv in interventions:
         if not isinstance(iv, (ZeroAblate, Replace, Scale, Add, Hook)):
             raise ResidError(
@@ -186,7 +187,7 @@ def group_edits(
         for part_site in _edited_sites(iv, site, config):
             edit = dataclasses.replace(iv, site=part_site)
             edit = HookCall(edit, tokens) if isinstance(edit, Hook) else edit
-            grouped.setdefault((part_site.layer, part_site.part), []).append((edit, index))
+            grouped.setdefault(Site(part_site.layer, part_site.part), []).append((edit, index))
     return grouped
 
 

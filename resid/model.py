@@ -15,6 +15,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from resid import forward
+from resid.attachments import attach
 from resid.capture import Capture
 from resid.components.block import Block
 from resid.components.embed import Embed, PosEmbed, TokenTypeEmbed, Unembed
@@ -111,7 +112,8 @@ class Transformer(TokenInputs, nn.Module):
 
         dictionaries: learned dictionaries (resid.dictionaries) to apply: a Dictionary observes (the model runs
         unchanged), resid.dictionaries.Splice(d) replaces the tensor it reconstructs by reconstruction + error
-        (error=False: by the reconstruction alone). What each computed is `run.dictionaries[name]`.
+        (error=False: by the reconstruction alone). What each computed is `run.dictionaries[name]`. The core
+        attaches them through resid.attachments, knowing no dictionary code.
 
         stop_at_layer: run layers 0..stop_at_layer-1 only (as TransformerLens names it), for reading early
         layers of a deep model: no final norm, no logits (run.logits is None), run.hidden is the residual after
@@ -125,9 +127,7 @@ class Transformer(TokenInputs, nn.Module):
         tokens = self.as_tokens(inputs)
         attached = None
         if dictionaries:
-            from resid.dictionaries.attach import Attached  # only runs with dictionaries pay for the import
-
-            attached = Attached(self, dictionaries, grad)
+            attached = attach(self, dictionaries, grad)
             capture, interventions = attached.capture(capture), attached.interventions(interventions)
         capture.validate(self.config.n_layers)
         n = self.config.n_layers
@@ -137,7 +137,7 @@ class Transformer(TokenInputs, nn.Module):
                              f"has {n}), or None to run them all.")
         edits = group_edits(interventions, self.config, tokens)
         end = n if stop_at_layer is None else stop_at_layer
-        past = sorted({key[0] for key in edits if key[0] is not None and key[0] >= end})
+        past = sorted({site.layer for site in edits if site.layer is not None and site.layer >= end})
         if past:
             raise ResidError(f"Interventions at layer(s) {past} lie past stop_at_layer={stop_at_layer}: the run stops "
                              "before them. Raise stop_at_layer or drop them.")
@@ -212,7 +212,8 @@ class Transformer(TokenInputs, nn.Module):
                 f"{(*tokens.ids.shape, self.config.d_model)} (batch, pos, d_model)."
             )
         edits = group_edits(interventions, self.config, tokens)
-        early = sorted({l for l, _ in edits if l is None or l < layer}, key=lambda l: -1 if l is None else l)
+        early = sorted({site.layer for site in edits if site.layer is None or site.layer < layer},
+                       key=lambda l: -1 if l is None else l)
         if early:
             raise ResidError(
                 f"Interventions at layers {early} come before layer {layer}, where this resumed run starts: "

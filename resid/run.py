@@ -1,7 +1,6 @@
 """What a Transformer takes and gives: its inputs (texts, Tokens or ids, as Tokens), a run's result, and the
 encoded source a decoder's cross-attention reads."""
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,7 +53,12 @@ class Run:
         """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), or a learned dictionary's (a
         feature's activation [batch pos], its error term, ...: run.dictionaries), at the site's prompt-relative
         positions if it names some ([batch k ...], in the order given)."""
-        value = self._dictionary_read(site) if site.of_dictionary else self.stream.read(site)
+        if site.of_dictionary:
+            value = self._dictionary_read(site)
+        elif site.part == "logits":
+            value = self._logits_read(site)
+        else:
+            value = self.stream.read(site)
         if site.positions is None:
             return value
         if self.stream.captured is not None:
@@ -65,10 +69,22 @@ class Run:
         return value.gather(1, index.to(value.device))
 
 
+    def _logits_read(self, site: Site) -> Tensor:
+        """The logits [batch pos d_vocab] (run.logits), or one token's [batch pos]."""
+        if self.logits is None:
+            raise ResidError(f"{site.label}: this run has no logits (an embedding model, or stop_at_layer): read "
+                             "run.hidden.")
+        logits = self.logits
+        if logits.shape[1] != self.tokens.ids.shape[1] and site.positions is not None:
+            raise ResidError(f"{site.label}: this run unembedded only some positions (logits_at=...); read the site "
+                             "without positions, or run with logits at every position.")
+        return logits if site.token is None else logits[..., site.token]
+
     def _dictionary_read(self, site: Site) -> Tensor:
         """A dictionary's feature activation [batch pos], or its reconstruction / error / skip path / decoder bias
-        [batch pos d_out], from run.dictionaries."""
-        encoded = self.dictionaries[dataclasses.replace(site, feature=None, field=None, positions=None)]
+        [batch pos d_out], from run.dictionaries (the one named by the site's `dictionary`, or the one at its
+        site)."""
+        encoded = self.dictionaries[site.dictionary if site.dictionary is not None else site.reconstructed]
         if site.feature is not None:
             return encoded.feature(site.feature)
         return encoded.term(site.what)

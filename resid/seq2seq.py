@@ -28,7 +28,6 @@ from resid.generate import Generation, generate
 from resid.interventions import Intervention
 from resid.model import CaptureArg, Inputs, Memory, Run, Transformer
 from resid.selection import LogitsAt
-from resid.site_checks import resolve_encoder
 from resid.sites import Site
 from resid.stream import ResidualStream
 from resid.tokenizer import Tokenizer, Tokens
@@ -88,7 +87,7 @@ class EncoderDecoder(nn.Module):
 
     def resolve(self, site: Site) -> Site:
         """The site checked against the stack it names: the encoder's for encoder sites, else the decoder's."""
-        return resolve_encoder(site, self.encoder.config) if site.stack == "encoder" else site.resolve(self.config)
+        return site.resolve_encoder(self.encoder.config) if site.stack == "encoder" else site.resolve(self.config)
 
     @staticmethod
     def memory(encoded: Run) -> Memory:

@@ -25,7 +25,7 @@ from torch import Tensor
 from resid.components.norm import Norm
 from resid.errors import ResidError
 from resid.records import AttnRecord, LayerRecord, MLPRecord
-from resid.sites import Site
+from resid.sites import RESID_PARTS, Site
 
 __all__ = ["AttnRecord", "LayerRecord", "MLPRecord", "ResidualStream", "StreamNorms"]
 
@@ -178,14 +178,14 @@ class ResidualStream:
                 resid = resid + deltas["resid_post"]
             yield Site(layer, "resid_post"), resid
 
-    def accumulated(self, every: Every = "layer") -> tuple[list[str], Float[Tensor, "site batch pos d_model"]]:
-        """The running residual at every site of `running(every)`, stacked, with the sites' labels
-        ("layers[0].resid_pre", "layers[3].resid_mid", ...; TransformerLens's accumulated_resid, in one pass)."""
-        labels, sums = [], []
+    def accumulated(self, every: Every = "layer") -> tuple[list[Site], Float[Tensor, "site batch pos d_model"]]:
+        """The running residual at every site of `running(every)`, stacked, with the sites (Site(0, "resid_pre"),
+        Site(3, "resid_mid"), ...; TransformerLens's accumulated_resid, in one pass)."""
+        sites, sums = [], []
         for site, resid in self.running(every):
-            labels.append(site.label)
+            sites.append(site)
             sums.append(resid)
-        return labels, torch.stack(sums)
+        return sites, torch.stack(sums)
 
     def entering(self) -> Iterator[tuple[int, Tensor]]:
         """(layer, resid_pre(layer)) for every layer, in one pass."""
@@ -200,9 +200,42 @@ class ResidualStream:
         Run.read for those): the residual [batch pos d_model], an embedding or a write, a field of a sublayer's
         record, indexed by the site's head / key-value head / neuron / expert ([batch pos d_head], [batch pos],
         a head's pattern [batch pos key_pos], ...)."""
-        from resid.site_read import read_site  # the one reader of a site's tensor
-
-        return read_site(self, site)
+        if site.stack is not None:
+            raise ResidError(f"{site.label} is a site of an encoder-decoder model's encoder, not of this stream: read "
+                             "it from the EncoderDecoder's run (run.read(site)).")
+        if site.of_dictionary:
+            raise ResidError(f"{site.label} belongs to a learned dictionary, not to the stream: run the model with "
+                             "dictionaries=[...] and read it with run.read(site) (or run.dictionaries).")
+        if site.is_term:
+            raise ResidError(f"{site.label} is a term of an attribution (a constant carried to the logit), not a "
+                             "tensor of the run.")
+        if site.part == "logits":
+            raise ResidError(f"{site.label}: the logits are the run's, not the stream's: read them with "
+                             "run.read(site) (or run.logits).")
+        if site.part in RESID_PARTS:
+            value = {"resid_pre": self.resid_pre, "resid_mid": self.resid_mid, "resid_cross": self.resid_cross,
+                     "resid_post": self.resid_post}[site.part](site.layer)
+            if value is None:
+                raise ResidError(f"{site.label} does not exist in this model (no resid_mid in parallel blocks, no "
+                                 "resid_cross without cross-attention).")
+            return value
+        if site.part in ("embed", "pos_embed", "type_embed"):
+            value = getattr(self, site.part)
+            if value is None:
+                raise ResidError(f"{site.label}: this model has no such embedding write.")
+            return value
+        if site.part == "layer":
+            raise ResidError(f"{site.label} is a whole layer (several writes): read Site(l, 'attn') and "
+                             "Site(l, 'mlp').")
+        record = getattr(self._layer(site.layer), site.part)
+        if record is None:
+            raise ResidError(f"{site.label}: this model has no cross-attention.")
+        tensor = getattr(record, site.what)
+        if site.what == "pattern" and site.head is not None:  # [batch head pos key_pos]
+            return tensor[:, site.head]
+        if site.expert is not None:
+            return tensor[:, :, site.expert, site.neuron] if site.neuron is not None else tensor[:, :, site.expert]
+        return tensor if site.unit is None else tensor[:, :, site.unit]
 
     def _site(self, site: Site) -> Tensor:
         """The running residual at `site`, walking only as far as it lies."""
@@ -239,37 +272,37 @@ class ResidualStream:
         """The residual stream entering the final norm."""
         return self.resid_post(len(self.layers) - 1)
 
-    def components(self) -> tuple[list[str], Float[Tensor, "component batch pos d_model"]]:
-        """Every write, stacked, with its site's label ("embed", "layers[3].attn", ...); they sum to final().
-        What interventions on residual sites added is a component too, labelled by that site. Post-LN models:
-        each write carried through the frozen norms after it, plus each norm's bias carried the same way
-        ("embed_norm_bias", "layers[3].attn.resid_norm_bias"; float32 arithmetic, returned in the model dtype);
-        they sum to final() up to rounding. Per-head and per-neuron contributions come from
-        resid.analyses.attribution."""
-        pieces = self._embedding_writes()
+    def components(self) -> tuple[list[Site], Float[Tensor, "component batch pos d_model"]]:
+        """Every write, stacked, with its Site (Site(None, "embed"), Site(3, "attn"), ...; `site.label` prints
+        it); they sum to final(). What interventions on residual sites added is a component too, at that site.
+        Post-LN models: each write carried through the frozen norms after it, plus each norm's bias carried the
+        same way (Site(None, "embed_norm_bias"), Site(3, "attn", field="resid_norm_bias"); float32 arithmetic,
+        returned in the model dtype); they sum to final() up to rounding. Per-head and per-neuron contributions
+        come from resid.analyses.attribution."""
+        pieces = [(Site(None, part), write) for part, write in self._embedding_writes()]
         norms = self.norms
         dtype = pieces[0][1].dtype
         if norms is not None:
-            pieces = [(label, write.float()) for label, write in pieces]
+            pieces = [(site, write.float()) for site, write in pieces]
             if norms.embed is not None:
-                pieces = _through(pieces, norms.embed, self.embed_norm_scale, "embed_norm_bias")
+                pieces = _through(pieces, norms.embed, self.embed_norm_scale, Site(None, "embed_norm_bias"))
         by_part = None if norms is None else {"attn": norms.attn, "cross": norms.cross, "mlp": norms.mlp}
         after = {"attn": "resid_mid", "cross": "resid_cross", "mlp": None}
         for i, record in enumerate(self.layers):
             deltas = {part: (delta if norms is None else delta.float()) for part, delta in record.deltas.items()}
             if "resid_pre" in deltas:
-                pieces.append((Site(i, "resid_pre").label, deltas["resid_pre"]))
+                pieces.append((Site(i, "resid_pre"), deltas["resid_pre"]))
             for part in _sublayers(record):
                 name = part._part
-                pieces.append((Site(i, name).label, part.out if norms is None else part.out.float()))
+                pieces.append((Site(i, name), part.out if norms is None else part.out.float()))
                 if norms is not None:
-                    bias = Site(i, name, field="resid_norm_bias").label
+                    bias = Site(i, name, field="resid_norm_bias")
                     pieces = _through(pieces, by_part[name][i], part.resid_norm_scale, bias)
                 if not self.parallel and after[name] in deltas:
-                    pieces.append((Site(i, after[name]).label, deltas[after[name]]))
+                    pieces.append((Site(i, after[name]), deltas[after[name]]))
             if "resid_post" in deltas:
-                pieces.append((Site(i, "resid_post").label, deltas["resid_post"]))
-        return [label for label, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
+                pieces.append((Site(i, "resid_post"), deltas["resid_post"]))
+        return [site for site, _ in pieces], torch.stack([write for _, write in pieces]).to(dtype)
 
 
 def _sublayers(record: LayerRecord) -> list[AttnRecord | MLPRecord]:
@@ -277,10 +310,10 @@ def _sublayers(record: LayerRecord) -> list[AttnRecord | MLPRecord]:
     return [record.attn, record.mlp] if record.cross is None else [record.attn, record.cross, record.mlp]
 
 
-def _through(pieces: list[tuple[str, Tensor]], norm: Norm, scale: Tensor, bias_label: str) -> list[tuple[str, Tensor]]:
+def _through(pieces: list[tuple[Site, Tensor]], norm: Norm, scale: Tensor, bias: Site) -> list[tuple[Site, Tensor]]:
     """Every piece carried through a norm with its scale frozen (s * g * centre(x)), and the norm's bias as a
-    piece of its own: their sum is the norm of their sum."""
-    carried = [(label, norm.linear(write) * scale.float()) for label, write in pieces]
+    piece of its own (at `bias`): their sum is the norm of their sum."""
+    carried = [(site, norm.linear(write) * scale.float()) for site, write in pieces]
     if norm.b is not None:
-        carried.append((bias_label, norm.b.float().expand_as(carried[0][1])))
+        carried.append((bias, norm.b.float().expand_as(carried[0][1])))
     return carried

@@ -1,6 +1,8 @@
-"""The layers of docs/design.md: resid (0) <- resid.analyses (1) <- resid.analyses.cli (2). A module may import its own
-layer or a lower one, never a higher one: the core never imports the analyses, the analyses never import the CLI.
-The analyses live in the folder analyses/ and install as resid.analyses (pyproject.toml).
+"""The layers of docs/design.md: the core resid (0) <- resid.dictionaries (1) <- resid.analyses (2) <-
+resid.analyses.cli (3). A module may import its own layer or a lower one, never a higher one: the core never imports
+the dictionaries (it attaches them through resid.attachments) nor the analyses, the dictionaries never import the
+analyses, the analyses never import the CLI. The analyses live in the folder analyses/ and install as
+resid.analyses (pyproject.toml).
 
 Read from the source (ast), not by importing, so an import inside a function, behind `if TYPE_CHECKING` or
 through `importlib.import_module("...")` counts too."""
@@ -11,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"resid": "resid", "analyses": "resid.analyses"}  # folder under the repository root -> package name
-LAYERS = (("resid.analyses.cli", 2), ("resid.analyses", 1), ("resid", 0))  # the most specific prefix first
+# the most specific prefix first
+LAYERS = (("resid.analyses.cli", 3), ("resid.analyses", 2), ("resid.dictionaries", 1), ("resid", 0))
 
 
 def layer_of(module: str) -> int | None:
@@ -81,7 +84,8 @@ def violations(root: Path) -> list[str]:
 def test_no_module_imports_a_higher_layer():
     assert (ROOT / "resid" / "__init__.py").is_file() and (ROOT / "analyses" / "cli" / "main.py").is_file()
     found = violations(ROOT)
-    assert not found, "imports against the layers resid <- resid.analyses <- resid.analyses.cli:\n" + "\n".join(found)
+    layers = "resid <- resid.dictionaries <- resid.analyses <- resid.analyses.cli"
+    assert not found, f"imports against the layers {layers}:\n" + "\n".join(found)
 
 
 def test_the_checker_catches_upward_imports(tmp_path):
@@ -90,6 +94,9 @@ def test_the_checker_catches_upward_imports(tmp_path):
         "resid/bad.py": "import torch\n\nfrom resid.analyses import x\n",
         "resid/sub/__init__.py": "def f():\n    import resid.analyses.io.tables\n",
         "resid/dynamic.py": "import importlib\nimportlib.import_module('resid.analyses.plots')\n",
+        "resid/lazy_dictionaries.py": "def run():\n    from resid.dictionaries.attach import Attached\n",
+        "resid/dictionaries/__init__.py": "from resid.capture import Capture\n",
+        "resid/dictionaries/up.py": "from resid.analyses.features import views\n",
         "analyses/__init__.py": "from . import cli\n",
         "analyses/ok.py": "import resid\nfrom resid.errors import ResidError\nfrom resid.analyses import tables\n",
         "analyses/lazy.py": "from importlib import import_module\nimport_module(f'resid.analyses.cli.{name}')\n",
@@ -101,8 +108,9 @@ def test_the_checker_catches_upward_imports(tmp_path):
         (tmp_path / name).write_text(text)
     found = violations(tmp_path)
     assert [f.split(": ")[0] for f in found] == [
-        "analyses/__init__.py:1", "analyses/lazy.py:2", "resid/bad.py:3", "resid/dynamic.py:2",
-        "resid/sub/__init__.py:2",
+        "analyses/__init__.py:1", "analyses/lazy.py:2", "resid/bad.py:3", "resid/dictionaries/up.py:1",
+        "resid/dynamic.py:2", "resid/lazy_dictionaries.py:2", "resid/sub/__init__.py:2",
     ], found
-    assert "resid.bad (layer 0) imports resid.analyses.x (layer 1)" in found[2]
-    assert "imports resid.analyses.cli (layer 2)" in found[1]
+    assert "resid.bad (layer 0) imports resid.analyses.x (layer 2)" in found[2]
+    assert "imports resid.analyses.cli (layer 3)" in found[1]
+    assert "resid.lazy_dictionaries (layer 0) imports resid.dictionaries.attach.Attached (layer 1)" in found[5]

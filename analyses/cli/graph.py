@@ -88,7 +88,8 @@ def run(model, args) -> str:
         lines.append(f"validation: {len(report['features'])} features ablated in the real model; target logit "
                      f"effect predicted vs measured: correlation {report['target_logit_correlation']:.3f}")
     if args.out is not None:
-        path = graph.to_json(args.out, node_threshold=args.node_threshold, edge_threshold=args.edge_threshold)
+        path = graphs.write_json(graph, args.out, node_threshold=args.node_threshold,
+                                 edge_threshold=args.edge_threshold)
         page = write_html(graph, Path(path).with_suffix(".html"), node_threshold=args.node_threshold,
                           edge_threshold=args.edge_threshold)
         lines.append(f"wrote {path} (+ graph-metadata.json) and {page}")

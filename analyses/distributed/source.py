@@ -15,6 +15,7 @@ import torch
 
 from resid.errors import ResidError
 from resid.identities import Identity, identity
+from resid.load import load as load_model
 from resid.model import Transformer
 
 
@@ -41,8 +42,6 @@ def source_of(model: Transformer) -> ModelSource:
 
 def load(source: ModelSource, device: torch.device) -> Transformer:
     """The model of `source` on `device`, checked against the driver's identity."""
-    from resid.load import load as load_model
-
     model = load_model(source.name, device=device, dtype=source.dtype)
     if not identity(model).same_numbers(source.identity):
         raise ResidError(

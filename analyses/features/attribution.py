@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses.components import Contributions, _through_post_norm
+from resid.analyses.components import Contributions, through_post_norm
 from resid.capture import Capture
 from resid.dictionaries import Dictionary, Observe, Splice
 from resid.errors import ResidError
@@ -70,11 +70,11 @@ def feature_groups(model, run, direction: Direction,
         site = encoded.dictionary.point_out.site
         if site.part in RESID_PARTS:
             cut = _key(site.layer, None) + _BOUNDARY[site.part]
-            new = _rows(encoded, Site(site.layer, site.part), direction.project, direction)
+            new = dictionary_rows(encoded, Site(site.layer, site.part), direction.project, direction)
         elif site.part in SUBLAYERS and site.what == "out":
-            new = _rows(encoded, Site(site.layer, site.part), direction.project, direction)
+            new = dictionary_rows(encoded, Site(site.layer, site.part), direction.project, direction)
         elif site.part == "attn" and site.what == "z" and encoded.dictionary.point_out.heads_flat:
-            new = _z_rows(model, run, encoded, direction)
+            new = z_dictionary_rows(model, run, encoded, direction, Site(site.layer, site.part))
         else:
             raise ResidError(f"Dictionary {encoded.name!r} reconstructs {site.label}, which is not a write into the "
                              "residual stream; direct attribution takes dictionaries on the residual, on a sublayer's "
@@ -124,26 +124,28 @@ def _where(site: Site) -> int | None:
     return None
 
 
-def _rows(encoded, at: Site, project, direction: Direction) -> list[tuple[Contributions, Tensor | None]]:
-    """Feature, b_dec, skip and error rows of a dictionary whose target is read with `direction` directly."""
+def dictionary_rows(encoded, at: Site, project, direction: Direction,
+                    name: str | None = None) -> list[tuple[Contributions, Tensor | None]]:
+    """Feature, b_dec, skip and error rows of a dictionary whose target is read with `direction` directly, at the
+    sites of `at` (the site the dictionary reconstructs; `name`: the dictionary's, where several share it)."""
     d = encoded.dictionary
     scale, _ = encoded.output_scale()
     w_read = direction.through(d.W_dec)  # [batch pos feature]: W_dec[i] . u
     acts = encoded.acts.float()
     weighted = acts if scale is None else acts * scale.float()
-    return _feature_rows(at, acts, (weighted * w_read).sum(1)) + _terms(encoded, at, project)
+    return _feature_rows(at, acts, (weighted * w_read).sum(1), name) + _terms(encoded, at, project, name)
 
 
-def _z_rows(model, run, encoded, direction: Direction) -> list[tuple[Contributions, Tensor | None]]:
+def z_dictionary_rows(model, run, encoded, direction: Direction, at: Site,
+                      name: str | None = None) -> list[tuple[Contributions, Tensor | None]]:
     """A z SAE's rows: z's terms read through W_O (per head, flattened like z) and the post-norm, plus b_O and the
-    post-norm's bias."""
+    post-norm's bias (`at`, `name`: as for dictionary_rows)."""
     layer = encoded.dictionary.point_out.site.layer
     attn = model.blocks[layer].attn
     extra: list[Contributions] = []
-    into = _through_post_norm(model.blocks[layer].ln_attn_post, run.stream.layers[layer].attn, direction, layer,
+    into = through_post_norm(model.blocks[layer].ln_attn_post, run.stream.layers[layer].attn, direction, layer,
                               "attn", extra)
     w_o = into.through(attn.W_O).flatten(-2)  # [batch pos (head d_head)]: what z reads, per z unit
-    at = Site(layer, "attn")
     d = encoded.dictionary
     acts = encoded.acts.float()
     features = (acts * (w_o @ d.W_dec.float().T)).sum(1)
@@ -151,26 +153,27 @@ def _z_rows(model, run, encoded, direction: Direction) -> list[tuple[Contributio
     def project(term: Tensor) -> Tensor:
         return (term.float() * w_o).sum((-1, 1))
 
-    rows = _feature_rows(at, acts, features) + _terms(encoded, at, project)
+    rows = _feature_rows(at, acts, features, name) + _terms(encoded, at, project, name)
     if attn.b_O is not None:
         rows.append((Contributions([Site(layer, "attn", field="b_O")], into.through(attn.b_O).sum(1)[:, None]), None))
     return rows + [(group, None) for group in extra]
 
 
-def _feature_rows(at: Site, acts: Tensor, values: Tensor) -> list[tuple[Contributions, Tensor | None]]:
+def _feature_rows(at: Site, acts: Tensor, values: Tensor,
+                  name: str | None) -> list[tuple[Contributions, Tensor | None]]:
     """One row per feature active at the attributed position of any prompt of the chunk (a prompt where it is not
     active gets 0; the frame drops those rows)."""
     at_pos = acts.sum(1)  # [batch feature]: the captured position (one)
     active = torch.nonzero(at_pos.abs().sum(0)).flatten()
-    sites = [dataclasses.replace(at, feature=int(i)) for i in active.tolist()]
+    sites = [dataclasses.replace(at, feature=int(i), dictionary=name) for i in active.tolist()]
     return [(Contributions(sites, values[:, active]), at_pos[:, active])]
 
 
-def _terms(encoded, at: Site, project) -> list[tuple[Contributions, Tensor | None]]:
+def _terms(encoded, at: Site, project, name: str | None) -> list[tuple[Contributions, Tensor | None]]:
     d = encoded.dictionary
     names = ["b_dec", *(["skip"] if d.W_skip is not None else []), "error"]
-    return [(Contributions([dataclasses.replace(at, field=name)], project(encoded.term(name))[:, None]), None)
-            for name in names]
+    sites = [dataclasses.replace(at, field=term, dictionary=name) for term in names]
+    return [(Contributions([site], project(encoded.term(term))[:, None]), None) for site, term in zip(sites, names)]
 
 
 def with_features(table: pd.DataFrame, groups: list[Contributions], acts: list[Tensor | None]) -> pd.DataFrame:

@@ -17,11 +17,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses.features.attribution import _rows, _z_rows, capture_with, dictionaries_of
+from resid.analyses.features.attribution import capture_with, dictionaries_of, dictionary_rows, z_dictionary_rows
 from resid.analyses.inputs import prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.vocab import Token, token_ids
 from resid.capture import Capture
+from resid.dictionaries import named
 from resid.errors import ResidError
 from resid.model import Inputs, Transformer
 from resid.readout import Direction
@@ -60,10 +61,12 @@ def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
     frames = []
     for encoded in run.dictionaries.values():
         site = encoded.dictionary.point_out.site
+        at, name = Site(site.layer, site.part), named(encoded.dictionary, found)
         if site.part in RESID_PARTS or (site.part in SUBLAYERS and site.what == "out"):
-            groups = _rows(encoded, Site(site.layer, site.part), direction.project, direction)
+            groups = dictionary_rows(encoded, at, direction.project, direction, name)
         elif site.part == "attn" and site.what == "z" and encoded.dictionary.point_out.heads_flat:
-            groups = [g for g in _z_rows(model, run, encoded, direction) if g[0].sites[0].feature is not None
+            groups = [g for g in z_dictionary_rows(model, run, encoded, direction, at, name)
+                      if g[0].sites[0].feature is not None
                       or g[0].sites[0].what in ("b_dec", "skip", "error")]
         else:
             raise ResidError(f"Dictionary {encoded.name!r} reconstructs {site.label}, which is not a write into the "

@@ -19,9 +19,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from resid.analyses.features.examples import select_features, site_of
+from resid.analyses.features.histogram import SIDE, ZERO, edges
 from resid.analyses.features.views import decoder_top_tokens
 from resid.analyses.neurons.keys import MARK
-from resid.analyses.neurons.plots import _add_bars
+from resid.analyses.neurons.plots import add_bars
 from resid.dictionaries import Dictionary
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -48,7 +49,7 @@ def card(model: Transformer, dictionary: Dictionary, feature: int, table: pd.Dat
     fig.add_trace(_contexts(rows.head(examples)), row=1, col=1)
     for trace in _bins(counts):
         fig.add_trace(trace, row=2, col=1)
-    _add_bars(fig, tokens, row=2, col=2)
+    add_bars(fig, tokens, row=2, col=2)
     fig.update_yaxes(type="log", title_text="tokens", row=2, col=1)
     fig.update_xaxes(title_text="activation", type="category", row=2, col=1)
     fig.update_yaxes(autorange="reversed", row=2, col=2)
@@ -80,8 +81,6 @@ def _histogram(d: Dictionary, feature: int, table: pd.DataFrame, histogram: pd.D
 
 def _bins(counts: pd.DataFrame) -> list[go.Bar]:
     """The zero bin (grey) and every bin between the lowest and highest non-empty one (blue), in order."""
-    from resid.analyses.features.histogram import SIDE, ZERO, edges
-
     low, high = edges()
     full = np.zeros(len(low), dtype=np.int64)
     index = {(a, b): i for i, (a, b) in enumerate(zip(low, high))}

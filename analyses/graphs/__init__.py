@@ -5,9 +5,11 @@ direct effect.
 
     graph = graphs.attribute(model, "The capital of France is", transcoders)   # a Graph
     graph.to_frame(); graph.edges(); graph.scores(); graph.prune(0.8, 0.98)
+    graphs.write_json(graph, "graph.json")     # the pruned graph, as circuit-tracer's and Neuronpedia's viewers read it
 """
 
 from resid.analyses.graphs.attribute import attribute
+from resid.analyses.graphs.export import write_json
 from resid.analyses.graphs.graph import Graph
 
-__all__ = ["Graph", "attribute"]
+__all__ = ["Graph", "attribute", "write_json"]

@@ -87,9 +87,13 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
 
 def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_threshold: float = 0.8,
                edge_threshold: float = 0.98, decode=None) -> Path:
-    """Write the viewer's JSON file to `path` (a .json file) and list it in graph-metadata.json beside it, the
-    index circuit-tracer's local server reads."""
+    """Write the viewer's JSON file of the pruned graph to `path` (a .json file) and list it in graph-metadata.json
+    beside it, the index circuit-tracer's local server reads; returns the path. `decode(id) -> str` names the logit
+    tokens (default: the graph's own strings of its logit tokens)."""
     path = Path(path)
+    if decode is None:
+        strs = dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True))
+        decode = lambda i: strs.get(i, str(i))  # noqa: E731
     slug = slug or path.stem
     data = graph_json(graph, slug, node_threshold, edge_threshold, decode)
     path.parent.mkdir(parents=True, exist_ok=True)

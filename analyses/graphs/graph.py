@@ -5,7 +5,7 @@ Nodes, in circuit-tracer's order (so its tools read the matrix as is):
     features   the visited active features (layer, position, feature), sorted      site layers[L].mlp.feature[F]@P
     errors     one per layer and position, layer by layer                          site layers[L].mlp.error@P
     tokens     one per position                                                    site embed@P
-    logits     the salient next tokens, most likely first
+    logits     the salient next tokens, most likely first                          site logits.token[T]@P
 
 `adjacency[t, s]` is the direct effect of node s on node t: on a feature's pre-activation, or on a logit node's
 value (logit - mean logit). Rows of errors and tokens are zero (nothing writes into them), so the graph keeps only
@@ -91,13 +91,14 @@ class Graph:
         nan = torch.full((self.n_errors + self.n_pos,), float("nan"))
         return torch.cat([self.pre_activations, nan, self.logit_values])
 
-    def sites(self) -> list[Site | None]:
-        """The Site of every node (None for logits)."""
-        out: list[Site | None] = [Site(int(l), "mlp", feature=int(f), positions=(int(p),))
-                                  for l, p, f in self.features.tolist()]
+    def sites(self) -> list[Site]:
+        """The Site of every node: a feature of the transcoder at its layer's MLP, an error term there, a token's
+        embedding, a logit (its token's, at the last position)."""
+        out = [Site(int(l), "mlp", feature=int(f), positions=(int(p),)) for l, p, f in self.features.tolist()]
         out += [Site(l, "mlp", field="error", positions=(p,)) for l in range(self.n_layers) for p in range(self.n_pos)]
         out += [Site(None, "embed", positions=(p,)) for p in range(self.n_pos)]
-        return out + [None] * self.n_logits
+        last = self.n_pos - 1
+        return out + [Site(None, "logits", token=int(t), positions=(last,)) for t in self.logit_tokens.tolist()]
 
     # --- analyses -------------------------------------------------------------------------------------------
     def influence(self) -> Tensor:
@@ -140,7 +141,7 @@ class Graph:
         logit_prob = torch.cat([torch.full((self.n_nodes - self.n_logits,), float("nan")), self.logit_probabilities])
         return pd.DataFrame({
             "node": range(self.n_nodes), "kind": kinds,
-            "site": [None if s is None else s.label for s in self.sites()],
+            "site": [s.label for s in self.sites()],
             "layer": pd.array(layers, dtype="Int64"), "position": positions,
             "feature": pd.array(self.features[:, 2].tolist() + [None] * (self.n_nodes - self.n_features),
                                 dtype="Int64"),
@@ -154,15 +155,6 @@ class Graph:
         row, source = (self.rows.abs() > min_abs).nonzero(as_tuple=True)
         return pd.DataFrame({"source": source.numpy(), "target": self.row_nodes[row].numpy(),
                              "weight": self.rows[row, source].double().numpy()})
-
-    def to_json(self, path, slug: str | None = None, node_threshold: float = 0.8,
-                edge_threshold: float = 0.98):
-        """Write the pruned graph as the JSON circuit-tracer's and Neuronpedia's viewers read
-        (resid.analyses.graphs.export); returns the path."""
-        from resid.analyses.graphs.export import write_json
-
-        strs = dict(zip(self.logit_tokens.tolist(), self.logit_strs, strict=True))
-        return write_json(self, path, slug, node_threshold, edge_threshold, decode=lambda i: strs.get(i, str(i)))
 
     def __repr__(self) -> str:
         return (f"Graph({self.model_name}, {self.n_pos} tokens, {self.n_features} features, {self.n_logits} logits, "

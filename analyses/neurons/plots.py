@@ -23,7 +23,7 @@ COLORS = {"top": "#2166ac", "bottom": "#b2182b"}
 def value_bars(values: pd.DataFrame, layer: int, neuron: int) -> go.Figure:
     """The neuron's top tokens (blue, positive logits) and bottom tokens (red), strongest at the top."""
     fig = go.Figure()
-    _add_bars(fig, _rows(values, layer, neuron, "value_top_tokens"))
+    add_bars(fig, _rows(values, layer, neuron, "value_top_tokens"))
     fig.update_layout(
         title=f"L{layer} N{neuron}: value tokens", xaxis_title="logit added by the value", barmode="overlay",
         yaxis={"autorange": "reversed"}, height=_height(values, layer, neuron),
@@ -46,7 +46,7 @@ def neuron_card(values: pd.DataFrame, contexts: pd.DataFrame, layer: int, neuron
         rows=1, cols=2, column_widths=[0.3, 0.7], specs=[[{"type": "xy"}, {"type": "table"}]],
         subplot_titles=("value: top / bottom tokens", "key: top-activating contexts"),
     )
-    _add_bars(fig, value_rows, row=1, col=1)
+    add_bars(fig, value_rows, row=1, col=1)
     fig.add_trace(_table(context_rows), row=1, col=2)
     fig.update_yaxes(autorange="reversed", row=1, col=1)
     fig.update_xaxes(title_text="logit added by the value", row=1, col=1)
@@ -73,7 +73,8 @@ def _rows(df: pd.DataFrame, layer: int, neuron: int, source: str) -> pd.DataFram
     return rows
 
 
-def _add_bars(fig: go.Figure, rows: pd.DataFrame, **where) -> None:
+def add_bars(fig: go.Figure, rows: pd.DataFrame, **where) -> None:
+    """A token table's top and bottom rows as horizontal bars on `fig` (at subplot `where`, e.g. row=1, col=2)."""
     for direction in ("top", "bottom"):
         part = rows[rows["direction"] == direction].sort_values("rank")
         if direction == "bottom":

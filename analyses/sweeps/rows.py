@@ -24,7 +24,7 @@ from resid.analyses.sweeps.seq2seq import SourceIds, plain, resume_encoder
 from resid.batching import BatchSize, run_batched
 from resid.capture import Capture
 from resid.config import ModelConfig
-from resid.dictionaries.edits import feature_edits
+from resid.dictionaries import feature_edits
 from resid.interventions import Add, Scale
 from resid.model import Memory, Run, Transformer
 from resid.selection import Padded

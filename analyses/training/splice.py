@@ -14,7 +14,6 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from resid.dictionaries import Dictionary
-from resid.dictionaries.attach import _unview, _view
 from resid.interventions import Hook
 
 
@@ -24,15 +23,15 @@ def splice_at(model, d: Dictionary, where: Bool[Tensor, "batch pos"], zero: bool
     found: dict[str, Tensor] = {}
 
     def tap(value: Tensor, tokens) -> Tensor:
-        found["x"] = _view(d.point_in, value, model)
+        found["x"] = d.point_in.view(value, model)
         return value
 
     def splice(value: Tensor, tokens) -> Tensor:
-        target = _view(d.point_out, value, model)
+        target = d.point_out.view(value, model)
         x = found.pop("x") if d.is_transcoder else target
         new = torch.zeros_like(target) if zero else d.decode(d.encode(x), x).to(target.dtype)
         mask = where.to(target.device).view(*where.shape, *([1] * (target.ndim - 2)))
-        return _unview(d.point_out, torch.where(mask, new, target), value, model)
+        return d.point_out.unview(torch.where(mask, new, target), value, model)
 
     hooks = [Hook(d.point_in.site, tap)] if d.is_transcoder else []
     return hooks + [Hook(d.point_out.site, splice)]

@@ -69,6 +69,18 @@ class Norm(nn.Module):
         """centre(x) * scale: the norm before its gain and bias (TransformerLens's hook_normalized)."""
         return (self._centred(x) * scale.float()).to(x.dtype)
 
+    def to_standardized(self, normalized: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """The standardized input centre(x) * scale of a normalized output, (normalized - b) / g in float32 (a gain
+        with a zero entry loses what it zeroed), in the output's dtype."""
+        x32 = normalized.float() - self.b.float() * self.multiplier if self.b is not None else normalized.float()
+        return (x32 / self._gain32()).to(normalized.dtype)
+
+    def from_standardized(self, standardized: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """The normalized output of a standardized input, standardized * g + b in float32 (the inverse of
+        to_standardized), in the float32 it is computed in."""
+        out = standardized.float() * self._gain32()
+        return out + self.b.float() * self.multiplier if self.b is not None else out
+
     def linear(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """g * centre(x) in float32: the norm without its scale and bias (what a write becomes, up to s)."""
         return self._centred(x) * self._gain32()

@@ -26,46 +26,30 @@ the standardized input exactly (resid.dictionaries.hooks.read).
 what the edit changed in the reconstruction, decode(edited) - decode(acts): decode(edited) + error, computed so
 that a row the edit leaves alone keeps its tensor exactly. The feature interventions of resid.dictionaries.edits
 (ZeroAblate(Site(3, "resid_post", feature=12)), ...) are such splices.
+
+Decoding inside a run (`decode`) reads only the decoder rows of the active features when few are active (about
+l0 / d_sae of the dense matmul's work), equal to the dense decode up to float32 summation order.
 """
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from resid.attachments import register
 from resid.capture import Capture
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.crosslayer_run import SplicedCLT, observed
-from resid.dictionaries.decoding import decode, write_of
 from resid.dictionaries.dictionary import Dictionary
-from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, Storage, store
+from resid.dictionaries.edits import feature_splices
+from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, store
 from resid.dictionaries.hooks import HookPoint, read
+from resid.dictionaries.modes import Observe, Splice
 from resid.errors import ResidError
-from resid.interventions import Hook
+from resid.interventions import Hook, Intervention
 from resid.sites import RESID_PARTS
-
-
-@dataclass(frozen=True)
-class Observe:
-    """Apply `dictionary` to the run without changing it (what a bare Dictionary in the list means)."""
-
-    dictionary: Dictionary | CrossLayerTranscoder
-    storage: Storage = "auto"  # feature activations: "auto" (sparse when mostly zero), "sparse" or "dense"
-
-
-@dataclass(frozen=True)
-class Splice:
-    """Replace the tensor `dictionary` reconstructs by reconstruction + error (error=False: the reconstruction
-    alone), inside the pass. `edit` (fn(acts, tokens) -> acts, [batch pos feature]) changes the activations before
-    they are decoded; the error term stays the unedited one."""
-
-    dictionary: Dictionary | CrossLayerTranscoder
-    error: bool = True
-    storage: Storage = "auto"
-    edit: Callable[[Tensor, object], Tensor] | None = None
 
 
 class Attached:
@@ -110,8 +94,6 @@ class Attached:
     def interventions(self, interventions: Sequence) -> list:
         """`interventions` with those on the dictionaries' features made into splices (resid.dictionaries.edits),
         then the splices of the spliced dictionaries."""
-        from resid.dictionaries.edits import feature_edits  # it builds Attached splices itself
-
         return [*feature_edits(self.model, [use.dictionary for use in self.uses], interventions), *self.hooks()]
 
     def hooks(self) -> list[Hook]:
@@ -122,7 +104,7 @@ class Attached:
                 continue
             d = use.dictionary
             if isinstance(d, CrossLayerTranscoder):
-                self._clts[d.name] = SplicedCLT(d, use.error, self.model, _view, _unview)
+                self._clts[d.name] = SplicedCLT(d, use.error, self.model)
                 hooks += self._clts[d.name].hooks()
                 continue
             if d.is_transcoder:
@@ -177,7 +159,7 @@ class Attached:
     # --- inside the pass -------------------------------------------------------------------------------------
     def _tap(self, d: Dictionary) -> Callable:
         def tap(value: Tensor, tokens) -> Tensor:
-            self._inputs[d.name] = _view(d.point_in, value, self.model)
+            self._inputs[d.name] = d.point_in.view(value, self.model)
             return value
 
         return tap
@@ -186,7 +168,7 @@ class Attached:
         d = use.dictionary
 
         def splice(value: Tensor, tokens) -> Tensor:
-            target = _view(d.point_out, value, self.model)
+            target = d.point_out.view(value, self.model)
             x = self._inputs.pop(d.name) if d.is_transcoder else target
             acts = d.encode(x)
             recon = decode(d, acts, x)
@@ -198,7 +180,7 @@ class Attached:
                 acts, recon = edited, recon + change
                 new = target + change if use.error else recon
             self._found[d.name] = (acts, recon, error, x)
-            return _unview(d.point_out, new, value, self.model)
+            return d.point_out.unview(new, value, self.model)
 
         return splice
 
@@ -224,7 +206,7 @@ def _use(item, model) -> Observe | Splice:
             raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "
                              "which resid does not record (it records the write after the post-norm).")
     for point in _points(d)[:1] if isinstance(d, Dictionary) else d.points_in:
-        if isinstance(use, Splice) and point.standardized and bool((_norm(point, model).gain == 0).any()):
+        if isinstance(use, Splice) and point.standardized and bool((point.norm(model).gain == 0).any()):
             raise ResidError(f"Dictionary {d.name!r} reads the standardized input of {point.site.label}, whose "
                              "norm gain has a zero entry, so a splice cannot recover it; observe it instead.")
     return use
@@ -236,33 +218,6 @@ def _points(d: Dictionary | CrossLayerTranscoder) -> tuple[HookPoint, ...]:
     return (d.point_in,) if not d.is_transcoder else (d.point_in, d.point_out)
 
 
-def _norm(point: HookPoint, model):
-    block = model.blocks[point.site.layer]
-    return block.ln_attn if point.site.part == "attn" else block.ln_mlp if point.site.part == "mlp" else block.ln_cross
-
-
-def _view(point: HookPoint, value: Tensor, model) -> Tensor:
-    """The tensor the hook means, from the slice a Hook at its site gets."""
-    if point.heads_flat:
-        return value.flatten(-2)
-    if point.standardized:
-        norm = _norm(point, model)
-        centred = value.float() - norm.b.float() if norm.b is not None else value.float()
-        return (centred / norm._gain32()).to(value.dtype)
-    return value
-
-
-def _unview(point: HookPoint, tensor: Tensor, like: Tensor, model) -> Tensor:
-    """The slice of the Hook's site holding `tensor` (the inverse of _view), in the slice's dtype."""
-    if point.heads_flat:
-        return tensor.reshape(like.shape).to(like.dtype)
-    if point.standardized:
-        norm = _norm(point, model)
-        tensor = tensor.float() * norm._gain32()
-        tensor = tensor + norm.b.float() if norm.b is not None else tensor
-    return tensor.to(like.dtype)
-
-
 def _kept(tensor: Tensor, captured: Tensor | None) -> Tensor:
     """A pass's [batch pos ...] tensor at the run's captured positions ([batch k] padded indices, None: all)."""
     if captured is None:
@@ -271,4 +226,45 @@ def _kept(tensor: Tensor, captured: Tensor | None) -> Tensor:
     return tensor.gather(1, index.view(*index.shape, 1).expand(-1, -1, tensor.shape[-1]))
 
 
-__all__ = ["Attached", "Observe", "Splice"]
+register((Dictionary, CrossLayerTranscoder, Observe, Splice), Attached)
+
+
+SPARSE_DECODE_BELOW = 0.05  # decode from the active features alone when fewer than this fraction is non-zero
+
+
+def decode(d: Dictionary, acts: Tensor, x: Tensor) -> Tensor:
+    """d.decode(acts, x), reading only the decoder rows of active features when few are: b_dec plus, per token,
+    the sum of a_i * W_dec[i] over its active features (about l0 / d_sae of the dense matmul's work). Equal to the
+    dense decode up to float32 summation order."""
+    if d.normalize_activations != "none" or not acts.numel() or \
+            bool(acts.count_nonzero() >= SPARSE_DECODE_BELOW * acts.numel()):
+        return d.decode(acts, x)
+    flat = acts.reshape(-1, acts.shape[-1])
+    token, feature = flat.nonzero(as_tuple=True)
+    writes = flat[token, feature].float()[:, None] * d.W_dec.float()[feature]
+    out = d.b_dec.float().expand(flat.shape[0], -1).clone().index_add_(0, token, writes)
+    out = out.view(*acts.shape[:-1], -1)
+    if d.W_skip is not None:
+        out = out + x.float() @ d.W_skip.float()
+    return out.to(acts.dtype)
+
+
+def write_of(d: Dictionary, delta: Tensor, x: Tensor) -> Tensor:
+    """What a change of the activations changes in the reconstruction: delta @ W_dec, the input normalization
+    undone (b_dec and the skip path do not change)."""
+    out = delta.float() @ d.W_dec.float()
+    if d.normalize_activations != "none":
+        _, scale, shift = d._normalize(x)
+        out = out / scale if shift is None else out * scale
+    return out.to(delta.dtype)
+
+
+def feature_edits(model, dictionaries: Sequence, interventions: Sequence[Intervention]) -> list[Intervention]:
+    """`interventions` with those on dictionary features made into the Hooks of splices that apply them
+    (resid.dictionaries.edits); `model.run(dictionaries=[...], interventions=[...])` calls it, and so can any code
+    that runs the model with interventions (the ablation engine, for `model.resume`)."""
+    plain, splices = feature_splices(model, dictionaries, interventions)
+    return plain + Attached(model, splices).hooks() if splices else list(interventions)
+
+
+__all__ = ["Attached", "Observe", "Splice", "feature_edits"]

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from resid.dictionaries.dictionary import _f32
+from resid.dictionaries.dictionary import float32
 from resid.dictionaries.hooks import HookPoint
 from resid.errors import ResidError
 
@@ -84,10 +84,10 @@ class CrossLayerTranscoder(nn.Module):
 
     def encode_layer(self, layer: int, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
         """Source layer `layer`'s feature activations, in x's dtype."""
-        pre = _f32(x) @ _f32(self.W_enc[layer]) + _f32(self.b_enc[layer])
+        pre = float32(x) @ float32(self.W_enc[layer]) + float32(self.b_enc[layer])
         if self.activation == "relu":
             return torch.relu(pre).to(x.dtype)
-        return (pre * (pre > _f32(self.threshold[layer]))).to(x.dtype)
+        return (pre * (pre > float32(self.threshold[layer]))).to(x.dtype)
 
     def encode(self, x: Float[Tensor, "layer *batch d_in"]) -> Float[Tensor, "layer *batch feature"]:
         """Every layer's features from every layer's input (x[l]: layer l's MLP input)."""
@@ -102,14 +102,14 @@ class CrossLayerTranscoder(nn.Module):
         if acts.shape[0] <= target:
             raise ResidError(f"decode_layer({target}) needs the activations of layers 0..{target}; got "
                              f"{acts.shape[0]} layers.")
-        out = _f32(self.b_dec[target])
+        out = float32(self.b_dec[target])
         for source in range(target + 1):
-            out = out + _f32(acts[source]) @ _f32(self.W_dec[source][:, target - source])
+            out = out + float32(acts[source]) @ float32(self.W_dec[source][:, target - source])
         if self.W_skip is not None:
             if x is None:
                 raise ResidError(f"Cross-layer transcoder {self.name!r} has a skip path (W_skip), so decoding needs "
                                  "the input too: clt.decode_layer(target, acts, x).")
-            out = out + _f32(x) @ _f32(self.W_skip[target])
+            out = out + float32(x) @ float32(self.W_skip[target])
         return out.to(acts.dtype)
 
     def decode(

@@ -31,9 +31,8 @@ from resid.interventions import Hook
 class SplicedCLT:
     """The hooks of one spliced CLT and what they computed during the pass."""
 
-    def __init__(self, clt: CrossLayerTranscoder, error: bool, model, view, unview):
+    def __init__(self, clt: CrossLayerTranscoder, error: bool, model):
         self.clt, self.error, self.model = clt, error, model
-        self._view, self._unview = view, unview
         self.inputs: list[Tensor] = []
         self.acts: list[Tensor] = []
         self.reconstruction: list[Tensor] = []
@@ -47,7 +46,7 @@ class SplicedCLT:
 
     def _tap(self, layer: int):
         def tap(value: Tensor, tokens) -> Tensor:
-            x = self._view(self.clt.points_in[layer], value, self.model)
+            x = self.clt.points_in[layer].view(value, self.model)
             self.inputs.append(x)
             self.acts.append(self.clt.encode_layer(layer, x))
             return value
@@ -57,12 +56,12 @@ class SplicedCLT:
     def _splice(self, layer: int):
         def splice(value: Tensor, tokens) -> Tensor:
             point = self.clt.points_out[layer]
-            target = self._view(point, value, self.model)
+            target = point.view(value, self.model)
             recon = self.clt.decode_layer(layer, torch.stack(self.acts), self.inputs[layer])
             error = target - recon
             self.reconstruction.append(recon)
             self.errors.append(error)
-            return self._unview(point, recon + error if self.error else recon, value, self.model)
+            return point.unview(recon + error if self.error else recon, value, self.model)
 
         return splice
 

@@ -45,7 +45,8 @@ NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
 LAYER_NORM_EPS = 1e-5  # SAELens's run-time layer_norm epsilon
 
 
-def _f32(t: Tensor) -> Tensor:
+def float32(t: Tensor) -> Tensor:
+    """t in float32 (itself if it is already): dictionaries compute in float32 whatever the model's dtype."""
     return t if t.dtype == torch.float32 else t.float()
 
 
@@ -160,7 +161,7 @@ class Dictionary(nn.Module):
     def _normalize(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x as the encoder reads it, and what undoes the normalization on the output: (coefficient, None) for
         constant_norm_rescale (divide by it), (std, mean) for layer_norm (times std plus mean)."""
-        x = _f32(x)
+        x = float32(x)
         if self.normalize_activations == "constant_norm_rescale":
             coefficient = (self.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
             return x * coefficient, coefficient, None
@@ -174,14 +175,14 @@ class Dictionary(nn.Module):
     def _encoder_input(self, x: Tensor) -> Tensor:
         """x' = normalize(x) - b_dec * apply_b_dec_to_input, in float32."""
         x = self._normalize(x)[0]
-        return x - _f32(self.b_dec) if self.apply_b_dec_to_input else x
+        return x - float32(self.b_dec) if self.apply_b_dec_to_input else x
 
     def pre_activations(self, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
         """x' @ W_enc + b_enc in float32 (for gated SAEs the magnitude path's pre-activation)."""
         x = self._encoder_input(x)
         if self.activation == "gated":
-            return x @ (_f32(self.W_enc) * _f32(self.r_mag).exp()) + _f32(self.b_mag)
-        return x @ _f32(self.W_enc) + _f32(self.b_enc)
+            return x @ (float32(self.W_enc) * float32(self.r_mag).exp()) + float32(self.b_mag)
+        return x @ float32(self.W_enc) + float32(self.b_enc)
 
     def encode(self, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
         """Feature activations a (dense, mostly zero), in x's dtype."""
@@ -189,12 +190,12 @@ class Dictionary(nn.Module):
         if self.activation == "relu":
             acts = torch.relu(pre)
         elif self.activation == "jumprelu":
-            acts = pre * (pre > _f32(self.threshold))
+            acts = pre * (pre > float32(self.threshold))
         elif self.activation == "topk":
             values, indices = torch.topk(pre, k=self.k, dim=-1, sorted=False)
             acts = torch.zeros_like(pre).scatter_(-1, indices, values.relu())
         else:  # gated: the gate path decides which features fire, the magnitude path how much
-            gate = (self._encoder_input(x) @ _f32(self.W_enc) + _f32(self.b_gate)) > 0
+            gate = (self._encoder_input(x) @ float32(self.W_enc) + float32(self.b_gate)) > 0
             acts = gate * torch.relu(pre)
         return acts.to(x.dtype)
 
@@ -209,12 +210,12 @@ class Dictionary(nn.Module):
                 f"normalize_activations={self.normalize_activations!r}"
             raise ResidError(f"Dictionary {self.name!r} has {need}, so decode needs the input too: "
                              "dictionary.decode(acts, x).")
-        out = _f32(acts) @ _f32(self.W_dec) + _f32(self.b_dec)
+        out = float32(acts) @ float32(self.W_dec) + float32(self.b_dec)
         if self.normalize_activations != "none":
             _, scale, shift = self._normalize(x)
             out = out / scale if shift is None else out * scale + shift
         if self.W_skip is not None:
-            out = out + _f32(x) @ _f32(self.W_skip)
+            out = out + float32(x) @ float32(self.W_skip)
         return out.to(acts.dtype)
 
     def forward(

@@ -12,9 +12,10 @@ Inside the pass the dictionary splices its site: the tensor there becomes itself
 the reconstruction, decode(edited) - decode(acts) (the error term kept, so the rest of the tensor is untouched;
 resid.dictionaries.attach). Every edit of one dictionary is applied in one splice, in the order given.
 
-`feature_edits(model, dictionaries, interventions)` turns the feature interventions into the Hooks that do this
-and passes the others through; `model.run(dictionaries=[...], interventions=[...])` calls it, and so can any code
-that runs the model with interventions (the ablation engine, for `model.resume`).
+`feature_splices(model, dictionaries, interventions)` turns the feature interventions into the splices that do this
+and passes the others through; resid.dictionaries.attach.feature_edits makes those splices Hooks, for
+`model.run(dictionaries=[...], interventions=[...])` and any code that runs the model with interventions (the
+ablation engine, for `model.resume`).
 """
 
 from collections.abc import Sequence
@@ -22,17 +23,19 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from resid.dictionaries.attach import Attached, Observe, Splice
 from resid.dictionaries.check import check
 from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.modes import Observe, Splice
 from resid.errors import ResidError
 from resid.interventions import Add, Hook, Intervention, Replace, Scale, ZeroAblate
 from resid.sites import Site
 from resid.tokenizer import Tokens
 
 
-def feature_edits(model, dictionaries: Sequence, interventions: Sequence[Intervention]) -> list[Intervention]:
-    """`interventions` with those on dictionary features made into splicing Hooks (see the module docstring)."""
+def feature_splices(model, dictionaries: Sequence,
+                    interventions: Sequence[Intervention]) -> tuple[list[Intervention], list[Splice]]:
+    """(the interventions that are not on dictionary features, one Splice per dictionary whose features the others
+    edit, applying them in the order given); see the module docstring."""
     plain, grouped = [], {}
     for iv in interventions:
         site = getattr(iv, "site", None)
@@ -44,10 +47,7 @@ def feature_edits(model, dictionaries: Sequence, interventions: Sequence[Interve
             grouped.setdefault(d.name, (d, []))[1].append(iv)
         else:
             plain.append(iv)
-    if not grouped:
-        return list(interventions)
-    splices = [Splice(d, edit=_editor(edits)) for d, edits in grouped.values()]
-    return plain + Attached(model, splices).hooks()
+    return plain, [Splice(d, edit=_editor(edits)) for d, edits in grouped.values()]
 
 
 def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
@@ -59,7 +59,7 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
     found = []
     for item in dictionaries:
         d = item.dictionary if isinstance(item, (Observe, Splice)) else item
-        if not isinstance(d, Dictionary):
+        if not isinstance(d, Dictionary) or site.dictionary not in (None, d.name):
             continue
         if d.point_in is None:
             check(d, model)
@@ -68,7 +68,7 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
             found.append(d)
     if len(found) != 1:
         names = ", ".join(repr(d.name) for d in found)
-        what = f"several do ({names}): pass one" if found else \
+        what = f"several do ({names}): name it, Site(..., dictionary=name)" if found else \
             "none of the dictionaries given does: pass it, model.run(..., dictionaries=[dictionary])"
         raise ResidError(f"{site.label} names a feature of the dictionary reconstructing layers[{site.layer}]."
                          f"{site.part}, and {what}.")
@@ -76,6 +76,16 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
     if site.feature >= d.d_sae:
         raise ResidError(f"{site.label}: dictionary {d.name!r} has {d.d_sae} features (0..{d.d_sae - 1}).")
     return d
+
+
+def named(d: Dictionary, dictionaries: Sequence) -> str | None:
+    """The `dictionary` of the Sites of d's features and terms among `dictionaries`: d's name where another of them
+    reconstructs the same site (so that their labels never collide), else None (the label names the site alone)."""
+    others = [item.dictionary if isinstance(item, (Observe, Splice)) else item for item in dictionaries]
+    at = d.point_out.site.reconstructed
+    clash = any(o is not d and isinstance(o, Dictionary) and o.point_out is not None
+                and o.point_out.site.reconstructed == at for o in others)
+    return d.name if clash else None
 
 
 def _editor(edits: list[Intervention]):

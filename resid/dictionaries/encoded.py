@@ -155,7 +155,7 @@ class CrossLayerEncoded:
 
 class Recorded(Mapping):
     """The dictionaries' records of a run, by dictionary name; a Site (or its label) finds the dictionary reading
-    or reconstructing that site, when exactly one does."""
+    or reconstructing that site, when exactly one does, or the one its `dictionary` names."""
 
     def __init__(self, records: dict[str, "Encoded | CrossLayerEncoded"]):
         self._records = dict(records)
@@ -167,6 +167,10 @@ class Recorded(Mapping):
             site = key if isinstance(key, Site) else Site.parse(key)
         except ResidError:
             site = None
+        if site is not None and site.dictionary is not None:  # a feature or term of a named dictionary
+            return self[site.dictionary]
+        if site is not None and site.of_dictionary:
+            site = site.reconstructed
         found = [] if site is None else [e for e in self._records.values() if site in _sites(e.dictionary)]
         if site is not None and not found:  # Site(l, "attn") finds a dictionary on the attention's z too
             found = [e for e in self._records.values()

@@ -39,7 +39,8 @@ from torch import Tensor
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.sites import Site
+from resid.sites import Site, transformerlens
+from resid.sites.transformerlens import BLOCK
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,28 @@ class HookPoint:
     heads_flat: bool = False
     before_post_norm: bool = False
 
+    def norm(self, model):
+        """The norm whose output the site is (a sublayer's input norm), for a standardized point."""
+        block = model.blocks[self.site.layer]
+        return {"attn": block.ln_attn, "mlp": block.ln_mlp, "cross": block.ln_cross}[self.site.part]
 
-_TL = re.compile(r"blocks\.(\d+)\.(.+)")
+    def view(self, value: Tensor, model) -> Tensor:
+        """The tensor this point means, from the slice a Hook at its site gets inside the pass."""
+        if self.heads_flat:
+            return value.flatten(-2)
+        if self.standardized:
+            return self.norm(model).to_standardized(value)
+        return value
+
+    def unview(self, tensor: Tensor, like: Tensor, model) -> Tensor:
+        """The slice of the Hook's site holding `tensor` (the inverse of view), in the slice's dtype."""
+        if self.heads_flat:
+            return tensor.reshape(like.shape).to(like.dtype)
+        if self.standardized:
+            tensor = self.norm(model).from_standardized(tensor)
+        return tensor.to(like.dtype)
+
+
 # Hugging Face module paths: an optional model prefix, the layer list, then a module path and .input/.output
 _HF = re.compile(r"(?:model\.language_model\.|model\.|transformer\.|gpt_neox\.)?(?:layers|h)\.(\d+)(?:\.(.+))?\."
                  r"(input|output)")
@@ -72,15 +93,14 @@ _HF = re.compile(r"(?:model\.language_model\.|model\.|transformer\.|gpt_neox\.)?
 
 def hook_point(name: str, config: ModelConfig | None, head: int | None = None) -> HookPoint | None:
     """The HookPoint of a hook name (see the module docstring), checked against `config` when given; None when
-    the name is one that needs a config to map (post_attention_layernorm) and none is given. `head` is SAELens's
-    hook_head_index: the hook reads one head of a head-indexed tensor. Raises a ResidError naming the hook when
-    it maps to no site of resid (or of this model)."""
-    if name in ("hook_embed", "hook_pos_embed"):  # embedding SAEs (Gemma Scope's embedding SAE)
-        found = HookPoint(name, Site.from_hook_name(name))
-    else:
-        found = _tensorlens(name, config, head) if _TL.fullmatch(name) else _huggingface(name, config)
+    the name is one that needs a config to map (post_attention_layernorm, hook_mlp_in, mlp.hook_pre) and none is
+    given. `head` is SAELens's hook_head_index: the hook reads one head of a head-indexed tensor. Raises a
+    ResidError naming the hook when it maps to no site of resid (or of this model)."""
+    layer, rows = transformerlens.rows(name)
+    tensorlens = bool(rows) or BLOCK.fullmatch(name) is not None
+    found = _tensorlens(name, layer, rows, config, head) if tensorlens else _huggingface(name, config)
     if found is None:
-        if _TL.fullmatch(name) or _HF.fullmatch(name):
+        if tensorlens or _HF.fullmatch(name):
             return None
         raise ResidError(f"Hook point {name!r} is not a name resid maps to a site: it reads TransformerLens names "
                          "like 'blocks.3.hook_resid_post' and Hugging Face module paths like "
@@ -88,35 +108,34 @@ def hook_point(name: str, config: ModelConfig | None, head: int | None = None) -
     return _check(found, config) if config is not None else found
 
 
-def _tensorlens(name: str, config: ModelConfig | None, head: int | None) -> HookPoint | None:
-    layer, suffix = _TL.fullmatch(name).groups()
-    layer = int(layer)
-    if suffix == "hook_mlp_in":
-        if config is None:
-            return None
-        part = "resid_pre" if config.block == "parallel" else "resid_mid"
-        return HookPoint(name, Site(layer, part))
-    if suffix in ("ln1.hook_normalized", "ln2.hook_normalized"):
-        return HookPoint(name, Site(layer, "attn" if suffix.startswith("ln1") else "mlp", field="normalized"),
-                         standardized=True)
-    if suffix == "mlp.hook_in":  # circuit-tracer's ReplacementMLP: the MLP module's input, after its norm
-        return HookPoint(name, Site(layer, "mlp", field="normalized"))
-    if suffix == "mlp.hook_out":  # ... and its output, before a post-norm
-        return HookPoint(name, Site(layer, "mlp"), before_post_norm=True)
-    if suffix == "attn.hook_z" and head is None:
-        return HookPoint(name, Site(layer, "attn", field="z"), heads_flat=True)
-    if suffix in _PER_HEAD and head is None:
-        raise ResidError(f"Hook point {name!r} reads a per-head tensor; resid maps it only with SAELens's "
-                         "hook_head_index (one head). Whole-z SAEs read 'attn.hook_z'.")
-    try:
-        return HookPoint(name, Site.from_hook_name(name, index=head))
-    except ResidError:
+def _tensorlens(name: str, layer: int | None, rows: list, config: ModelConfig | None,
+                head: int | None) -> HookPoint | None:
+    """A TransformerLens-style name through the one table (resid.sites.transformerlens): a row with a Site, read
+    as recorded, standardized (ln*.hook_normalized) or before the post-norm (circuit-tracer's mlp.hook_out)."""
+    rows = [row for row in rows if row.part is not None and row.reads != "reciprocal"]
+    if config is not None and rows:
+        known = transformerlens.facts(config)
+        fitting = [row for row in rows if transformerlens.has(row, known)]
+        if not fitting:
+            raise ResidError(f"Hook point {name!r} reads a tensor this model does not have: {rows[0].note}.")
+        rows = fitting
+    if not rows:
         raise ResidError(f"Hook point {name!r} is a TransformerLens name resid does not map to a site; dictionaries "
                          "can read hook_resid_pre/mid/post, hook_mlp_in, hook_attn_out, hook_mlp_out, "
-                         "ln1/ln2.hook_normalized, attn.hook_z/q/k/v, mlp.hook_post/pre.") from None
+                         "ln1/ln2.hook_normalized, attn.hook_z/q/k/v, mlp.hook_post/pre.")
+    if len({(row.part, row.field) for row in rows}) > 1:
+        return None  # only the model says which (parallel blocks' hook_mlp_in; a gated MLP's hook_pre)
+    row = rows[0]
+    if row.unit is not None and row.unit != "neuron" and head is None:
+        if row.field != "z":
+            raise ResidError(f"Hook point {name!r} reads a per-head tensor; resid maps it only with SAELens's "
+                             "hook_head_index (one head). Whole-z SAEs read 'attn.hook_z'.")
+        return HookPoint(name, Site(layer, row.part, field="z"), heads_flat=True)
+    units = {} if head is None or row.unit is None else {row.unit: head}
+    return HookPoint(name, Site(layer, row.part, field=row.field, **units),
+                     standardized=row.reads == "standardized", before_post_norm=row.reads == "before_post_norm")
 
 
-_PER_HEAD = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_pattern")
 # (module path after the layer, input/output) -> what it reads; "norm_out:mlp" etc. resolved below
 _HF_MODULES = {
     (None, "input"): "resid_pre",
@@ -203,11 +222,10 @@ def read(run, model, point: HookPoint) -> Tensor:
         raise ResidError(f"{point.name!r} is {site.label} before its post-norm, which resid does not record (it "
                          "records the write after the post-norm).")
     if point.standardized:
-        stream, block = run.stream, model.blocks[site.layer]
+        stream = run.stream
         first = site.part == "attn" or model.config.block == "parallel"  # the norm reads resid_pre
         reads = stream.resid_pre(site.layer) if first else stream.resid_mid(site.layer)
-        norm = block.ln_attn if site.part == "attn" else block.ln_mlp
         record = getattr(stream.layers[site.layer], site.part)
-        return norm.standardized(reads, record.norm_scale)
+        return point.norm(model).standardized(reads, record.norm_scale)
     value = run.read(site)
     return value.flatten(-2) if point.heads_flat else value

@@ -18,6 +18,7 @@ way (it needs the network once; offline, a clear error).
 import re
 from pathlib import Path
 
+from resid.dictionaries import hub
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
@@ -114,32 +115,4 @@ def _local(path: str | Path) -> Path:
         raise ResidError(f"No dictionary folder at {folder}: pass a local folder or a Hugging Face Hub id "
                          "('owner/repo' or 'owner/repo/sub/folder').")
     owner, repo, *sub = name.split("/")
-    return _hub_folder(f"{owner}/{repo}", "/".join(sub) or None)
-
-
-def _hub_folder(repo_id: str, subfolder: str | None) -> Path:
-    from huggingface_hub import snapshot_download  # noqa: PLC0415 (only for Hub ids)
-
-    patterns = [f"{subfolder}/*"] if subfolder else None
-    try:
-        root = Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as err:  # offline, unknown repo, gated repo: huggingface_hub raises many types
-        raise ResidError(f"Could not fetch the dictionary {repo_id!r}{f' ({subfolder})' if subfolder else ''} from the "
-                         f"Hugging Face Hub ({type(err).__name__}: {_one_line(err)}). Offline, download the folder "
-                         "elsewhere and pass its local path.") from None
-    return root / subfolder if subfolder else root
-
-
-def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
-    """One file of a Hub repo, in the Hub cache (circuit-tracer's hf:// transcoder paths)."""
-    from huggingface_hub import hf_hub_download  # noqa: PLC0415
-
-    try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision))
-    except Exception as err:
-        raise ResidError(f"Could not fetch {filename!r} of {repo_id!r} from the Hugging Face Hub ({type(err).__name__}:"
-                         f" {_one_line(err)}). Offline, download it and list its local path in config.yaml.") from None
-
-
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
+    return hub.folder(f"{owner}/{repo}", "/".join(sub) or None)

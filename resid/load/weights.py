@@ -80,7 +80,8 @@ def axis_sizes(config: ModelConfig) -> dict[str, int]:
     return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3}
 
 
-def resolve(model: torch.nn.Module, path: str) -> Tensor:
+def tensor_at(model: torch.nn.Module, path: str) -> Tensor:
+    """The parameter of `model` at a key table's target path ("blocks.3.attn.W_Q")."""
     obj = model
     for part in path.split("."):
         obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
@@ -112,7 +113,7 @@ def assign(
                 )
             used.add(key.source)
             value = _rearrange(source, key, sizes, f"In {where}")
-            target = resolve(model, key.target)
+            target = tensor_at(model, key.target)
             if tuple(value.shape) != tuple(target.shape):
                 layout = f" (laid out as '{key.pattern}', that is {tuple(value.shape)})" if key.pattern else ""
                 raise ResidError(

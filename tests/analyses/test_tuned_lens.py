@@ -60,11 +60,10 @@ def test_frozen_tuned_lens_is_a_sum_of_writes_through_the_pulled_back_direction(
     df = logit_lens.run(random_model, text, target=target, every="layer", norm="frozen", lens=lens)
     run = random_model.run(text, capture=resid.Capture.all())
     direction = random_model.readout.logit_direction([int(df["target_id"].iloc[0])], run.stream.final_norm_scale[:, -1])
-    labels, writes = run.stream.components()
+    sites, writes = run.stream.components()
     for layer in range(random_model.config.n_layers - 1):
         pulled, carried = lens.direction(direction, Site(layer, "resid_post"))
-        before = [i for i, label in enumerate(labels) if not label.startswith("layers[")
-                  or int(label[7:label.index("]")]) <= layer]
+        before = [i for i, site in enumerate(sites) if site.layer is None or site.layer <= layer]
         value = sum(pulled.project(writes[i][:, -1]) for i in before) + pulled.bias + carried
         got = df[(df.site == f"layers[{layer}].resid_post") & (df["rank"] == 1)]["target_logit"].item()
         cap = random_model.config.final_softcap

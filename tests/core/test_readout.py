@@ -47,7 +47,7 @@ def test_frozen_scale_makes_the_readout_affine(model):
 
 def test_logit_direction_sums_writes_to_the_logit_difference(model):
     run = model.run(_ids(model))
-    labels, writes = run.stream.components()
+    _, writes = run.stream.components()
     target, baseline = torch.tensor([3, 5]), torch.tensor([11, 2])
     direction = model.readout.logit_direction(target, run.stream.final_norm_scale[:, -1], baseline)
     total = sum(direction.project(w[:, -1]) for w in writes) + direction.bias

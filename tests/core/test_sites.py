@@ -140,8 +140,8 @@ def test_editing_a_residual_site_keeps_the_stream_exact(random_model, part):
     value = torch.randn(2, 1, random_model.config.d_model)
     run = random_model.run(TEXTS, interventions=[Replace(site, value)])
     torch.testing.assert_close(run.read(site), value, **TINY)
-    labels, writes = run.stream.components()
-    assert site.whole.label in labels
+    sites, writes = run.stream.components()
+    assert site.whole in sites
     torch.testing.assert_close(writes.sum(0), run.stream.final(), **TINY)
     assert not torch.allclose(run.logits[:, -1], clean.logits[:, -1])
     torch.testing.assert_close(run.logits[:, :-1], clean.logits[:, :-1], **TINY)  # earlier positions: causal

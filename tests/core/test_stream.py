@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import resid
+from resid import Site
 from resid.capture import ATTN_FIELDS, MLP_FIELDS
 
 TEXTS = ["The quick brown fox jumps", "Hello"]
@@ -142,19 +143,19 @@ def test_resid_sums(random_model):
     n = random_model.config.n_layers
     for layer in range(n - 1):
         torch.testing.assert_close(stream.resid_pre(layer + 1), stream.resid_post(layer))
-    labels, writes = stream.components()
-    assert labels[0] == "embed" and labels[-1] == f"layers[{n - 1}].mlp"
-    assert writes.shape[0] == len(labels)
+    sites, writes = stream.components()
+    assert sites[0] == Site(None, "embed") and sites[-1] == Site(n - 1, "mlp")
+    assert writes.shape[0] == len(sites)
     torch.testing.assert_close(writes.sum(0), stream.final(), atol=1e-5, rtol=1e-5)
     # the running sums, computed once, agree with the per-site accessors
-    labels, accumulated = stream.accumulated("sublayer")
+    sites, accumulated = stream.accumulated("sublayer")
     parallel = random_model.config.block == "parallel"
-    assert len(labels) == 1 + n * (1 if parallel else 2) and labels[0] == "layers[0].resid_pre"
+    assert len(sites) == 1 + n * (1 if parallel else 2) and sites[0] == Site(0, "resid_pre")
     torch.testing.assert_close(accumulated[-1], stream.final())
     if not parallel:
         torch.testing.assert_close(accumulated[1], stream.resid_mid(0))
-    layer_labels, by_layer = stream.accumulated("layer")
-    assert layer_labels == ["layers[0].resid_pre"] + [f"layers[{l}].resid_post" for l in range(n)]
+    layer_sites, by_layer = stream.accumulated("layer")
+    assert layer_sites == [Site(0, "resid_pre")] + [Site(l, "resid_post") for l in range(n)]
     for layer in range(n):
         torch.testing.assert_close(by_layer[layer], stream.resid_pre(layer))
     assert (stream.resid_mid(0) is None) == (random_model.config.block == "parallel")

@@ -11,7 +11,7 @@ from tiny_fixtures import random_ids
 
 import resid
 from resid.dictionaries import Observe, Splice
-from resid.dictionaries.decoding import decode
+from resid.dictionaries.attach import decode
 from resid.dictionaries.hooks import read
 
 

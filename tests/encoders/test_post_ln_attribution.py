@@ -26,7 +26,8 @@ def _sums(df, tol=1e-5):
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_components_sum_to_the_final_state(bert, side):
     run = bert.model.run(bert.model.to_tokens(TEXTS, padding_side=side))
-    labels, pieces = run.stream.components()
+    sites, pieces = run.stream.components()
+    labels = [site.label for site in sites]
     final = run.stream.final()
     assert torch.linalg.vector_norm(pieces.sum(0) - final) <= 1e-5 * torch.linalg.vector_norm(final)
     assert labels[:4] == ["embed", "pos_embed", "type_embed", "embed_norm_bias"]

@@ -28,7 +28,7 @@ def built():
 
 def test_the_json_holds_the_pruned_nodes_and_their_edges(built, tmp_path) -> None:
     _, _, graph = built
-    path = graph.to_json(tmp_path / "g.json", node_threshold=0.7, edge_threshold=0.95)
+    path = graphs.write_json(graph, tmp_path / "g.json", node_threshold=0.7, edge_threshold=0.95)
     data = json.loads(path.read_text())
     pruned = graph.prune(0.7, 0.95)
     ids = {}
@@ -81,6 +81,12 @@ def test_the_frame_lists_every_node_with_its_site(built) -> None:
     first = frame.iloc[0]
     layer, pos, feature = graph.features[0].tolist()
     assert resid.Site.parse(first["site"]) == resid.Site(layer, "mlp", feature=feature, positions=(pos,))
+    # every node has a Site, its label parses back to it, and no two nodes share one
+    sites = graph.sites()
+    assert [resid.Site.parse(label) for label in frame["site"]] == sites and len(set(sites)) == graph.n_nodes
+    logit = frame[frame["kind"] == "logit"].iloc[0]
+    assert resid.Site.parse(logit["site"]) == resid.Site(None, "logits", token=int(graph.logit_tokens[0]),
+                                                          positions=(graph.n_pos - 1,))
     edges = graph.edges()
     assert len(edges) == int((graph.adjacency != 0).sum())
 

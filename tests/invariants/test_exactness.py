@@ -35,8 +35,8 @@ def _hf_final_residual(tiny: Tiny, ids: torch.Tensor) -> torch.Tensor:
 def test_components_sum_to_the_final_residual(tiny: Tiny):
     ids = random_ids()
     stream = tiny.model.run(ids, capture=resid.Capture.all()).stream
-    labels, writes = stream.components()
-    assert len(labels) == writes.shape[0] == 2 * tiny.model.config.n_layers + (2 if stream.pos_embed is not None else 1)
+    sites, writes = stream.components()
+    assert len(sites) == writes.shape[0] == 2 * tiny.model.config.n_layers + (2 if stream.pos_embed is not None else 1)
     total = writes.sum(0)
     assert _rel_err(total, stream.final()) < 1e-5
     assert _rel_err(total, _hf_final_residual(tiny, ids)) < 1e-5

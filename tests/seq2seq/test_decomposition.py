@@ -28,7 +28,8 @@ def test_decoder_components_sum_to_the_final_state(which, request):
     model = fixture[1] if which == "original" else fixture.model
     source, target = SOURCES % model.config.d_vocab, TARGETS % model.config.d_vocab
     run = model.run(source, target)
-    labels, pieces = run.stream.components()
+    sites, pieces = run.stream.components()
+    labels = [site.label for site in sites]
     final = run.stream.final()
     assert torch.linalg.vector_norm(pieces.sum(0) - final) <= 1e-5 * torch.linalg.vector_norm(final)
     assert "layers[0].cross" in labels and "layers[0].cross.resid_norm_bias" in labels

@@ -96,10 +96,10 @@ def test_decoder_components_sum_to_the_final_state_and_attribution_to_the_logit(
     _, _, model = pair
     sources, targets = _ids(5, (2, 14)), _ids(6, (2, 6))
     run = model.run(sources, targets)
-    labels, pieces = run.stream.components()
+    sites, pieces = run.stream.components()
     final = run.stream.final()
     assert torch.linalg.vector_norm(pieces.sum(0) - final) <= 1e-5 * torch.linalg.vector_norm(final)
-    assert "layers[2].cross" in labels
+    assert resid.Site(2, "cross") in sites
     for level in ("sublayer", "head", "neuron"):
         df = attribution.direct(model, targets, source=sources, level=level)
         by_prompt = df.groupby("prompt_idx")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import yaml
 
+from resid.dictionaries import hub
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.formats import check_fields, read_safetensors, take
@@ -81,9 +82,7 @@ def _hub_file(uri: str) -> Path:
     match = re.fullmatch(r"hf://([^/]+/[^/]+)/([^?]+)(?:\?revision=(.+))?", uri)
     if match is None:
         raise ResidError(f"{uri!r} is not an hf://owner/repo/path URI.")
-    from resid.dictionaries.load import hub_file  # noqa: PLC0415 (the Hub client only when a file is remote)
-
-    return hub_file(match[1], match[2], match[3])
+    return hub.file(match[1], match[2], match[3])
 
 
 def _layer(path: Path, layer: int, cfg: dict, folder: Path) -> Dictionary:

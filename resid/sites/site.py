@@ -6,6 +6,7 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     embed | pos_embed | type_embed                  the embedding writes
     embed_norm_bias | final_bias                    terms of an attribution (post-LN embedding norm; final norm +
                                                     unembedding biases), not tensors of the run
+    logits | logits.token[T]                        the run's logits, or one token's (a logit node of a graph)
     layers[L].resid_pre | resid_mid | resid_cross | resid_post      the residual stream itself
     layers[L]                                       the whole layer (its sublayer writes together)
     layers[L].attn | cross | mlp                    a sublayer's write (its `out`)
@@ -23,6 +24,8 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L].mlp.feature[F]                        reconstructs this site: its activation (it writes a_F * W_dec[F])
     layers[L].mlp.error | reconstruction | skip | b_dec     that dictionary's error term, reconstruction, skip path
                                                     (transcoders) and decoder bias (a term of an attribution)
+    layers[L].mlp["NAME"].feature[F]                the same, naming the dictionary (JSON-quoted), for when two
+                                                    dictionaries read or reconstruct one site
     encoder.SITE                                    the same site in an encoder-decoder model's encoder (stack=
                                                     "encoder"; without the prefix, the decoder or the only stack)
     ...@P  or  ...@P,Q                              only these prompt-relative positions (0 = a prompt's first
@@ -33,10 +36,14 @@ Site(3, "resid_pre", positions=(-1,))`. Default fields (the write, z for a head,
 for an expert) are left out of labels, so each site has exactly one label.
 
 `site.hook_name` is the TransformerLens hook the site reads (with its index, e.g. "blocks.3.attn.hook_z[:, :, 5]"
-is written "blocks.3.attn.hook_z" plus `site.head`); `Site.from_hook_name("blocks.3.hook_resid_pre")` goes back.
+is written "blocks.3.attn.hook_z" plus `site.head`); `Site.from_hook_name("blocks.3.hook_resid_pre")` goes back
+(both from the one table of TransformerLens names, resid.sites.transformerlens). `site.resolve(config)` checks a
+site against a model: its layer and indices in range (made non-negative) and parts the model has.
 """
 
 import dataclasses
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import SupportsIndex
@@ -45,8 +52,9 @@ import numpy as np
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
+from resid.sites import transformerlens
 
-GLOBAL_PARTS = ("embed", "pos_embed", "type_embed", "embed_norm_bias", "final_bias")
+GLOBAL_PARTS = ("embed", "pos_embed", "type_embed", "embed_norm_bias", "final_bias", "logits")
 RESID_PARTS = ("resid_pre", "resid_mid", "resid_cross", "resid_post")
 SUBLAYERS = ("attn", "cross", "mlp")
 LAYER_PARTS = (*RESID_PARTS, "layer", *SUBLAYERS)
@@ -85,6 +93,9 @@ class Site:
         Site(3, "mlp", field="normalized")  the MLP's input after its norm   [batch pos d_model]
         Site(3, "layer")                    layer 3's writes together (ablation: both sublayers)
         Site(None, "embed")                 the token embedding write        [batch pos d_model]
+        Site(3, "mlp", feature=7)           feature 7 of the dictionary reconstructing layer 3's MLP write
+        Site(3, "mlp", feature=7, dictionary="tc")  ... of the one named "tc", when several do
+        Site(None, "logits", token=1234)    token 1234's logit               [batch pos]
 
     With positions=(...) the pos axis holds those prompt-relative positions, in the order given: e.g.
     Site(3, "mlp", positions=[-1]) edits or reads [batch 1 d_model], each prompt's last token."""
@@ -100,9 +111,11 @@ class Site:
     kv_head: SupportsIndex | None = None  # key/value head (fields k, v)
     feature: SupportsIndex | None = None  # a learned dictionary's feature at this site (resid.dictionaries)
     stack: str | None = None  # "encoder": an encoder-decoder model's encoder; None: the decoder, or the only stack
+    dictionary: str | None = None  # the name of the dictionary a feature or term belongs to; None: the only one
+    token: SupportsIndex | None = None  # a vocabulary entry of the logits
 
     def __post_init__(self) -> None:
-        for name in ("layer", "head", "neuron", "expert", "kv_head", "feature"):
+        for name in ("layer", "head", "neuron", "expert", "kv_head", "feature", "token"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _as_int(value, name))
@@ -118,11 +131,19 @@ class Site:
                 raise ResidError(f"Site part {self.part!r} belongs to no layer: write Site(None, {self.part!r}).")
         elif self.layer is None:
             raise ResidError(f"Site part {self.part!r} needs a layer: Site(3, {self.part!r}).")
-        if self.feature is not None and self.feature < 0:
-            raise ResidError(f"Site feature must be a feature index >= 0, got {self.feature}.")
+        for name in ("feature", "token"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ResidError(f"Site {name} must be a {name} index >= 0, got {getattr(self, name)}.")
+        if self.token is not None and self.part != "logits":
+            raise ResidError(f"Site(..., {self.part!r}, token={self.token}): a token indexes the logits, "
+                             f"Site(None, 'logits', token={self.token}).")
         self._check_units()
         if self.field is not None and self.field == self._default_field():  # one value per site: defaults are None
             object.__setattr__(self, "field", None)
+        if self.dictionary is not None and (not isinstance(self.dictionary, str) or not self.of_dictionary):
+            raise ResidError(f"Site dictionary={self.dictionary!r} names the dictionary of a feature or of a "
+                             "dictionary's term (error, reconstruction, skip, b_dec): give it with feature= or one "
+                             "of those fields, as a string.")
         if self.positions is not None:
             if isinstance(self.positions, (str, bytes)) or not isinstance(self.positions, Sequence):
                 raise ResidError(f"Site positions must be a list of prompt-relative integers, got {self.positions!r}.")
@@ -173,7 +194,8 @@ class Site:
     @property
     def what(self) -> str:
         """The field the site addresses, defaults filled in: a record field ("out", "z", "post", ...), a term
-        ("b_O", ...), "resid" for the residual stream, "write" for an embedding, "layer" or a global term."""
+        ("b_O", ...), "resid" for the residual stream, "write" for an embedding, "layer", "logits" or a global
+        term."""
         if self.part in RESID_PARTS and self.feature is None:
             return "resid" if self.field is None else self.field
         if self.part not in SUBLAYERS and self.part not in RESID_PARTS:
@@ -211,15 +233,23 @@ class Site:
         """The same site at every position."""
         return dataclasses.replace(self, positions=None) if self.positions is not None else self
 
+    @property
+    def reconstructed(self) -> "Site":
+        """The site a dictionary's feature or term belongs to: the tensor the dictionary reads or reconstructs,
+        at every position (Site(3, "mlp", feature=7) -> Site(3, "mlp"))."""
+        return dataclasses.replace(self, feature=None, field=None, positions=None, dictionary=None)
+
     # --- the one printed form ---------------------------------------------------------------------------------
     @property
     def label(self) -> str:
         if self.part in GLOBAL_PARTS:
-            text = self.part
+            text = self.part if self.token is None else f"{self.part}.token[{self.token}]"
         elif self.part == "layer":
             text = f"layers[{self.layer}]"
         else:
             text = f"layers[{self.layer}].{self.part}"
+            if self.dictionary is not None:
+                text += f"[{json.dumps(self.dictionary, ensure_ascii=False)}]"
             for name in ("expert", "head", "kv_head", "neuron", "feature"):
                 if getattr(self, name) is not None:
                     text += f".{name}[{getattr(self, name)}]"
@@ -235,33 +265,121 @@ class Site:
     @classmethod
     def parse(cls, text: str) -> "Site":
         """The Site of a label (see the module docstring), or of a TransformerLens hook name."""
-        from resid.site_names import parse
+        if not isinstance(text, str):
+            raise ResidError(f"Site.parse takes a site label such as 'layers[3].attn.head[5]', got {text!r}.")
+        if text.startswith(("blocks.", "hook_", "ln_final.")):
+            return cls.from_hook_name(text)
+        if text.strip().startswith("encoder."):  # the encoder's stack of an encoder-decoder model
+            return dataclasses.replace(cls.parse(text.strip().removeprefix("encoder.")), stack="encoder")
+        body, _, at = text.strip().partition("@")
+        positions = None
+        if at:
+            if not POSITIONS.fullmatch(at):
+                raise ResidError(f"Site label {text!r}: positions after '@' must be integers like @-1 or @3,4.")
+            positions = tuple(int(p) for p in at.split(","))
+        match = GLOBAL.fullmatch(body)
+        if match is not None:
+            token = None if match["token"] is None else int(match["token"])
+            return cls(None, match["part"], positions=positions, token=token)
+        match = LABEL.fullmatch(body)
+        if match is None:
+            raise ResidError(f"{text!r} is not a site label: write e.g. 'layers[3].resid_pre', 'layers[3].attn', "
+                             "'layers[3].attn.head[5]', 'layers[3].mlp.neuron[42]', 'embed' (resid.sites).")
+        layer, part, units, field = match["layer"], match["part"], match["units"] or "", match["field"]
+        found = dict((name, int(value)) for name, value in UNIT.findall(units))
+        dictionary = None if match["dictionary"] is None else json.loads(match["dictionary"])
+        return cls(int(layer), part or "layer", positions=positions, field=field, dictionary=dictionary, **found)
 
-        return parse(text)
-
-    # --- TransformerLens names ---------------------------------------------------------------------------------
+    # --- TransformerLens names (resid.sites.transformerlens) ---------------------------------------------------
     @property
     def hook_name(self) -> str:
         """The TransformerLens hook this site reads (indexed by the site's head / neuron where it has one)."""
-        from resid.site_names import hook_name
-
-        return hook_name(self)
+        if self.of_dictionary:
+            raise ResidError(f"{self.label} belongs to a learned dictionary, which TransformerLens has no hook for.")
+        if self.stack is not None:
+            raise ResidError(f"{self.label} is an encoder site, which resid gives no TransformerLens hook name.")
+        field = None if self.what in ("resid", "out", "write") else self.what
+        name = None if self.expert is not None else transformerlens.name_of(self.layer, self.part, field)
+        if name is None:
+            raise ResidError(f"{self.label} has no TransformerLens hook name (resid.sites.transformerlens lists "
+                             "the names).")
+        return name
 
     @classmethod
     def from_hook_name(cls, name: str, index: int | None = None) -> "Site":
         """The Site a TransformerLens hook name reads; `index` picks a head (attn.hook_z / q / pattern), key/value
-        head (hook_k / hook_v) or neuron (mlp.hook_post / hook_pre) within it (resid.site_names)."""
-        from resid.site_names import site_of
-
-        return site_of(name, index)
+        head (hook_k / hook_v) or neuron (mlp.hook_post / hook_pre) within it."""
+        layer, rows = transformerlens.rows(name)
+        rows = [row for row in rows if row.part is not None and row.reads == "record" and row.role == "view"]
+        if not rows:
+            raise ResidError(f"{name!r} is not a TransformerLens hook name resid maps to a site (the residual stream, "
+                             "the sublayer writes, attn.hook_z/q/k/v/pattern, mlp.hook_post/pre); see "
+                             "docs/hook_names.md.")
+        row = rows[0]
+        units = {} if index is None or row.unit is None else {row.unit: index}
+        return cls(layer, row.part, field=row.field, **units)
 
     # --- against a model ---------------------------------------------------------------------------------------
     def resolve(self, config: ModelConfig) -> "Site":
-        """The site checked against the model, with its layer and indices made non-negative (resid.site_checks);
-        encoder sites are resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config."""
-        from resid.site_checks import resolve
+        """The site checked against the model, with its layer and indices made non-negative. Encoder sites are
+        resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config (`resolve_encoder`)."""
+        if self.stack is not None:
+            raise ResidError(f"{self.label} is a site of an encoder-decoder model's encoder, and this model has no "
+                             "encoder: drop the 'encoder.' prefix (stack=), or run a resid.EncoderDecoder, which "
+                             "routes encoder sites to its encoder.")
+        return self._resolved(config, self.label)
 
-        return resolve(self, config)
+    def resolve_encoder(self, config: ModelConfig) -> "Site":
+        """An encoder site resolved against the encoder's config (its errors name it by its own label)."""
+        bare = dataclasses.replace(self, stack=None)._resolved(config, self.label)
+        return dataclasses.replace(bare, stack=self.stack)
+
+    def _resolved(self, config: ModelConfig, where: str) -> "Site":
+        changes = {}
+        if self.layer is not None:
+            changes["layer"] = _index(self.layer, config.n_layers, "layer", where, "layers")
+        self._check_model(config, where)
+        sizes = {"head": (config.n_heads, "heads"), "kv_head": (config.n_kv_heads, "key/value heads"),
+                 "neuron": (config.d_mlp, "MLP neurons"), "expert": (config.n_experts, "experts"),
+                 "token": (config.d_vocab, "tokens in its vocabulary")}
+        for name, (size, noun) in sizes.items():
+            if getattr(self, name) is not None:
+                changes[name] = _index(getattr(self, name), size, name, where, noun)
+        return dataclasses.replace(self, **changes)
+
+    def _check_model(self, config: ModelConfig, where: str) -> None:
+        part = self.part
+        if part in ("cross", "resid_cross") and not config.cross_attention:
+            raise ResidError(f"{where}: this model has no cross-attention (only decoders of encoder-decoder models "
+                             "do); use 'attn' or 'mlp'.")
+        if part == "resid_mid" and config.block == "parallel":
+            raise ResidError(f"{where}: parallel blocks have no resid_mid (both sublayers read resid_pre).")
+        if part == "pos_embed" and config.positions not in ("learned", "sinusoidal"):
+            raise ResidError(f"{where}: this model has no positional embedding write (its positions are rotary).")
+        if part == "type_embed" and not config.n_token_types:
+            raise ResidError(f"{where}: this model has no token-type embedding.")
+        if part == "logits" and config.head == "none":
+            raise ResidError(f"{where}: this model has no logits (an embedding model: read its final hidden state).")
+        experts = config.n_experts
+        if self.expert is not None and not experts:
+            raise ResidError(f"{where}: this model's MLPs are dense, not mixtures of experts. Drop expert=.")
+        if experts and self.neuron is not None and self.expert is None:
+            raise ResidError(f"{where}: layer {self.layer}'s MLP is a mixture of {experts} experts, each with its own "
+                             f"neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron}).")
+
+
+# The label grammar (the module docstring): an index has at most MAX_DIGITS digits, so that parsing a label never
+# meets Python's limit on int() of long strings with a traceback.
+MAX_DIGITS = 18
+_INDEX = rf"-?\d{{1,{MAX_DIGITS}}}"
+_NAME = r'"(?:[^"\\]|\\.)*"'  # a dictionary's name, JSON-quoted
+GLOBAL = re.compile(rf"(?P<part>{'|'.join(GLOBAL_PARTS)})(?:\.token\[(?P<token>\d{{1,{MAX_DIGITS}}})\])?")
+LABEL = re.compile(rf"layers\[(?P<layer>{_INDEX})\]"
+                   rf"(?:\.(?P<part>{'|'.join((*RESID_PARTS, *SUBLAYERS))})(?:\[(?P<dictionary>{_NAME})\])?"
+                   rf"(?P<units>(?:\.(?:head|kv_head|neuron|expert|feature)\[{_INDEX}\])*)"
+                   r"(?:\.(?P<field>[a-zA-Z_]+))?)?")
+UNIT = re.compile(rf"\.(head|kv_head|neuron|expert|feature)\[({_INDEX})\]")
+POSITIONS = re.compile(rf"{_INDEX}(?:,{_INDEX})*")
 
 
 def _as_int(value: object, name: str) -> int:
@@ -269,3 +387,10 @@ def _as_int(value: object, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ResidError(f"Site {name} must be an integer, got {value!r} ({type(value).__name__}).")
     return int(value)
+
+
+def _index(value: int, size: int, name: str, where: str, noun: str) -> int:
+    if not -size <= value < size:
+        raise ResidError(f"{where}: {name} {value} is out of range; the model has {size} {noun} (0..{size - 1}, or "
+                         f"-{size}..-1).")
+    return value % size
