@@ -36,7 +36,7 @@ from resid.analyses.distributed.execution import Execution
 from resid.analyses.features import histogram
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
-from resid.analyses.neurons.keys import SIGNS, Sign, _frame
+from resid.analyses.neurons.keys import SIGNS, Sign, examples_frame
 from resid.analyses.neurons.scan import Reader, scan_with
 from resid.capture import Capture
 from resid.dictionaries import CrossLayerTranscoder, Dictionary, check
@@ -185,7 +185,7 @@ def site_of(d: Dictionary, feature: int) -> Site:
 def _table(model, pieces, best, found, chosen, context: int, after: int) -> pd.DataFrame:
     """neurons.top_activating's frame of the scan (a dictionary's index as its `layer`; the chosen features are the
     same for every dictionary, or all of each), in the features' columns."""
-    df = _frame(model, pieces, best, list(range(len(found))), chosen[0], context, after)
+    df = examples_frame(model, pieces, best, list(range(len(found))), chosen[0], context, after)
     df = df.rename(columns={"neuron": "feature", "coefficient": "activation"})
     key = df.pop("layer").to_numpy()
     df.insert(0, "dictionary", np.asarray([d.name for d in found], dtype=object)[key])

@@ -84,7 +84,7 @@ def top_activating(
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
     best = scan(model, pieces, layer_list, neuron_list, k, sign, expert_list, execution)
-    df = _frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
+    df = examples_frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
     parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
                   "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}
     if expert_list is not None:
@@ -93,7 +93,9 @@ def top_activating(
     return df
 
 
-def _frame(model, pieces, best, layers, neurons, context: int, after: int, experts=None) -> pd.DataFrame:
+def examples_frame(model, pieces, best, layers, neurons, context: int, after: int, experts=None) -> pd.DataFrame:
+    """The table of a scan's top-k lists (`best`, per key of `layers`): one row per (layer, [expert,] neuron, rank)
+    with the trigger token, its document and position, and its context (features.top_activating's too)."""
     frames = []
     for layer in layers:
         b = best[layer]

@@ -10,8 +10,8 @@ from bad_option import BAD_OPTION
 import resid
 from resid.analyses import Execution, corpus, neurons, plots
 from resid.analyses.cli.main import main
+from resid.analyses.corpus_windows import windows
 from resid.analyses.neurons import plots as neuron_plots
-from resid.analyses.neurons.keys import windows
 from resid.errors import ResidError
 
 TEXTS = [

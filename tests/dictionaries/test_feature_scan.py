@@ -16,8 +16,8 @@ from random_models import make_random_model
 import resid
 import resid.dictionaries
 from resid.analyses import Execution, features
+from resid.analyses.corpus_windows import windows
 from resid.analyses.features import histogram
-from resid.analyses.neurons.keys import windows
 from resid.dictionaries import CrossLayerTranscoder
 from resid.errors import ResidError
 
