@@ -6,9 +6,15 @@
     tuned_lens     the tuned lens: train (tuned-lens's recipe), read / write (tuned-lens's files too), evaluate
     lenses/        lens classes over the readout, translators, their files, training, evaluation
     neurons/       FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
-    ablation/      layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
+    ablation       layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
     patching/      activation, path and attribution patching (exact, AtP, AtP*), compared with each other
-    distributed/   executors for chunked work (sweeps, patching, corpus scans): in process, or on Ray workers
+    sweeps/        the intervention-sweep engine ablation and exact patching run on: batched (prompt x site) rows
+                   from the clean prefix, the chunked job, replacement values, reference means, encoder-decoders
+    corpus_windows a corpus cut into token windows and padded batches (scans, dictionary training, evaluation)
+    distributed/   the one driver of long jobs and its executors: in process, or on Ray workers
+    Execution      how a long job runs, one value (executor, workers, batch_size, progress, out):
+                   `from resid.analyses import Execution`; every sweep, patching method, scan and mean takes
+                   execution=Execution(...) (resid.analyses.distributed.execution)
     io/            tables (CSV / Parquet / LaTeX / Markdown), the crash-safe result store, provenance,
                    prompt and corpus files, one atomic write
     inputs         what every analysis accepts (texts, Tokens, ids), tokenized once; prompt-relative positions
@@ -33,7 +39,9 @@ def __getattr__(name: str):
     # Lazy, so that importing one small module (e.g. resid.analyses.io.store in a worker) does not load them all.
     if name in _IO:
         return importlib.import_module(f"resid.analyses.io.{name}")
+    if name == "Execution":
+        return importlib.import_module("resid.analyses.distributed.execution").Execution
     raise AttributeError(f"module 'resid.analyses' has no attribute {name!r}")
 
 
-__all__ = list(_IO)
+__all__ = [*_IO, "Execution"]

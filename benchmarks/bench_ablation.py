@@ -84,14 +84,13 @@ def logit_diff(last_logits: Tensor, target_ids: Tensor, baseline_ids: Tensor) ->
 
 
 def resid_sweep(model, prompts, targets, baselines) -> Callable[[], Deltas]:
-    from resid.analyses import ablation
+    from resid.analyses import Execution, ablation
 
     n_layers = model.config.n_layers
 
     def fn() -> Deltas:
-        df = ablation.sweep(
-            model, prompts, targets, baselines, sites="sublayer", method="zero", metric="logit_diff", progress=False
-        )
+        df = ablation.sweep(model, prompts, targets, baselines, sites="sublayer", method="zero",
+                            metric="logit_diff", execution=Execution(progress=False))
         assert len(df) == 2 * n_layers * len(prompts), f"expected {2 * n_layers * len(prompts)} rows, got {len(df)}"
         deltas = torch.full((n_layers, 2, len(prompts)), float("nan"))
         for layer, part, prompt, delta in zip(df["layer"], df["part"], df["prompt_idx"], df["delta"]):

@@ -5,7 +5,7 @@
 1. neurons.value_top_tokens for all 46,080 neurons, k=20: wall time, peak resident-memory growth during
    the call (sampled every 5 ms by a psutil thread; ru_maxrss growth if psutil is missing) and the
    analytic working set (the folded unembedding, one [chunk d_vocab] logit block, the result table).
-2. top_activating's streaming scan (neuron_keys.scan: forward + running top-k, no table) against a plain
+2. top_activating's streaming scan (resid.analyses.neurons.scan: forward + running top-k, no table) against a plain
    forward on the very same padded batches of the demo corpus, repeats interleaved:
      plain      model.run(batch, capture=Capture.none())                  (logits at every position)
      plain_last model.run(batch, capture=Capture.none(), logits_at="last")
@@ -24,8 +24,9 @@ import time
 import torch
 
 import resid
-from resid.analyses import corpus, neurons
-from resid.analyses.neurons.keys import batch_tokens, scan, windows
+from resid.analyses import Execution, corpus, neurons
+from resid.analyses.corpus_windows import batch_tokens, windows
+from resid.analyses.neurons.scan import scan
 from resid.analyses.neurons.values import CHUNK_BYTES
 
 
@@ -87,11 +88,12 @@ def bench_scan(model, texts, window: int, repeats: int) -> None:
     print(f"\ncorpus: {len(texts)} documents, {len(pieces)} windows, {n_tokens:,} tokens, "
           f"{len(batches)} batches of {rows} windows (<= {width} tokens)")
     all_layers = list(range(model.config.n_layers))
+    quiet = Execution(batch_size=rows, progress=False)
     sides = {
         "plain": lambda: [model.run(b, capture=resid.Capture.none()) for b in batches],
         "plain_last": lambda: [model.run(b, capture=resid.Capture.none(), logits_at="last") for b in batches],
-        "scan_1": lambda: scan(model, pieces, [20], None, 20, batch_size=rows, progress=False),
-        "scan_30": lambda: scan(model, pieces, all_layers, None, 20, batch_size=rows, progress=False),
+        "scan_1": lambda: scan(model, pieces, [20], None, 20, execution=quiet),
+        "scan_30": lambda: scan(model, pieces, all_layers, None, 20, execution=quiet),
     }
     times = {name: [] for name in sides}
     model.run(batches[-1], capture=resid.Capture.none())  # warm-up
@@ -108,7 +110,8 @@ def bench_scan(model, texts, window: int, repeats: int) -> None:
               f"{statistics.median(times['plain_last']) / median:>14.2f}x")
     for label, layers in (("1 layer", [20]), ("30 layers", None)):
         start = time.perf_counter()
-        df = neurons.top_activating(model, texts, layers, k=20, window=window, batch_size=rows, progress=False)
+        df = neurons.top_activating(model, texts, layers, k=20, window=window,
+                                    execution=Execution(batch_size=rows, progress=False))
         seconds = time.perf_counter() - start
         print(f"top_activating end to end, {label}: {seconds:.1f} s ({n_tokens / seconds:.0f} tokens/s, "
               f"{plain / seconds:.2f}x plain) -> {len(df):,} rows")

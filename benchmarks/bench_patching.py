@@ -10,7 +10,7 @@ swapped there), metric logit(A) - logit(B) at the last token, denoising (clean z
                 prefix, the last token unembedded
   tl_loop       TransformerLens 4.3 TransformerBridge: run_with_cache on the clean prompts, then per head one
                 run_with_hooks on the corrupt prompts replacing that head's hook_z
-  resid_atp     resid.analyses.patching.atp(..., sites=all): residual stream (layer x position), every
+  resid_atp     resid.analyses.patching.atp(..., sites=ALL): residual stream (layer x position), every
                 attention / MLP write and every head, from one run of each side and one backward
   resid_atp*    the same with method="atp*" (queries and keys through the exact new pattern; GradDrop: one
                 more backward pass per layer), ranked by its magnitude estimates
@@ -33,7 +33,10 @@ import torch
 from bench_ablation import load_tl, logit_diff, make_prompts
 
 import resid
-from resid.analyses import patching
+from resid.analyses import Execution, patching
+
+ALL = ["resid_pre", "sublayer", "head"]  # what resid_atp estimates from one backward pass
+QUIET = Execution(progress=False)  # no bar in the timings, on a terminal or not
 
 
 def corrupt_of(prompts: list[str], targets: list[str], baselines: list[str]) -> list[str]:
@@ -83,11 +86,14 @@ def main() -> None:
                      for l in range(config.n_layers)) * config.n_heads * args.pairs
     bound_s = exact_macs / rate
 
-    exact_s, exact = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="head"))
-    atp_s, estimate = timed(lambda: patching.atp(model, clean, corrupt, targets, baselines), repeats=3)
+    exact_s, exact = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="head",
+                                                       execution=QUIET))
+    atp_s, estimate = timed(lambda: patching.atp(model, clean, corrupt, targets, baselines, sites=ALL,
+                                                 execution=QUIET), repeats=3)
     heads = estimate[estimate["head"].notna()]
     agreement = patching.compare(heads, exact, k=20)
-    star_s, star = timed(lambda: patching.atp(model, clean, corrupt, targets, baselines, method="atp*"))
+    star_s, star = timed(lambda: patching.atp(model, clean, corrupt, targets, baselines, sites=ALL, method="atp*",
+                                              execution=QUIET))
     star_agreement = patching.compare(star[star["head"].notna()], exact, k=20)
     sizes = patching.compare(heads, exact, k=20, by="magnitude")
     print(f"forward (corrupt prompts)      {forward_s * 1000:9.1f} ms")
@@ -101,10 +107,11 @@ def main() -> None:
     for name, scored in (("AtP |effect|", sizes), ("AtP* magnitude", star_agreement)):
         print(f"{name:>14} vs exact |effect| of heads: Spearman {scored['spearman']:.3f}, top-20 overlap "
               f"{round(scored['top_k_overlap'] * 20)}/20, missed {scored['false_negatives']}")
-    keys_s, keys = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="k"))
+    keys_s, keys = timed(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="k",
+                                                     execution=QUIET))
     print(f"exact key patching, {len(keys) // args.pairs} key heads  {keys_s:9.2f} s")
     for method in ("atp", "atp*"):
-        guess = patching.atp(model, clean, corrupt, targets, baselines, sites="k", method=method)
+        guess = patching.atp(model, clean, corrupt, targets, baselines, sites="k", method=method, execution=QUIET)
         scored = patching.compare(guess, keys, k=10, by="magnitude")
         print(f"{method:>5} vs exact keys (by size): Spearman {scored['spearman']:.3f}, top-10 overlap "
               f"{round(scored['top_k_overlap'] * 10)}/10")

@@ -15,7 +15,7 @@ Prints each case's agreement with inproc_1t, median wall time of the work (the R
 started before the rounds), speed-ups against inproc_1t with the targets (2 workers >= 1.7x on work over a minute,
 1 worker within 10% of in process), the fixed start-up cost (ray.init + actors loading the model; target < 10 s)
 and the per-chunk costs of the 1-worker run (chunks run one after another there), from which a run on N GPUs
-is about start-up + ceil(chunks / N) x seconds per chunk, with 4 x N chunks (ablation.chunks).
+is about start-up + ceil(chunks / N) x seconds per chunk, with 4 x N chunks (resid.analyses.sweeps.chunks).
 """
 
 import os
@@ -32,7 +32,7 @@ import torch
 from bench_ablation import make_prompts
 
 import resid
-from resid.analyses import ablation, corpus, neurons
+from resid.analyses import Execution, ablation, corpus, neurons
 from resid.analyses.distributed import Executor, InProcess, Job, RayExecutor
 
 TARGETS = {"ray_2w": (1.7, "2 workers >= 1.7x one in-process thread"), "ray_1w": (0.9, "1 worker within 10%")}
@@ -129,11 +129,12 @@ def main() -> None:
 
     def sweep_case(n: int, executor: Executor, count: int) -> Callable[[], pd.DataFrame]:
         return threads(n, lambda: ablation.sweep(model, prompts[:count], targets[:count], baselines[:count],
-                                                 sites="sublayer", progress=False, executor=executor))
+                                                 sites="sublayer",
+                                                 execution=Execution(executor=executor, progress=False)))
 
     def scan_case(n: int, executor: Executor, count: int) -> Callable[[], pd.DataFrame]:
-        return threads(n, lambda: neurons.top_activating(model, texts[:count], layers, k=20, progress=False,
-                                                         executor=executor))
+        return threads(n, lambda: neurons.top_activating(model, texts[:count], layers, k=20,
+                                                         execution=Execution(executor=executor, progress=False)))
 
     for title, case, amount, unit, full, what in (
         ("ablation sweep (sublayer, zero, logit_diff)", sweep_case, len(prompts) * 60, "rows", len(prompts), "chunk"),

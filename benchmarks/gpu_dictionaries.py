@@ -15,7 +15,7 @@ import torch
 from bench_dictionaries import random_saes
 from gpu_timing import Peak, interleaved, sync
 
-from resid.analyses import corpus, graphs
+from resid.analyses import Execution, corpus, graphs
 from resid.analyses.features.by_dictionary import by_dictionary
 
 
@@ -66,7 +66,8 @@ def graph(model, transcoders: list, n_tokens: int, max_feature_nodes: int | None
     ids = torch.tensor(ids[:n_tokens])
     with Peak(model.device) as peak:
         start = time.perf_counter()
-        result = graphs.attribute(model, ids, transcoders, batch_size=batch_size, max_feature_nodes=max_feature_nodes)
+        result = graphs.attribute(model, ids, transcoders, max_feature_nodes=max_feature_nodes,
+                                  execution=Execution(batch_size=batch_size))
         sync(model.device)
         seconds = time.perf_counter() - start
     replacement, completeness = result.scores()

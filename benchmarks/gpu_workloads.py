@@ -19,7 +19,7 @@ from bench_patching import corrupt_of
 from gpu_timing import Peak, interleaved, once
 
 import resid
-from resid.analyses import ablation, attribution, patching
+from resid.analyses import Execution, ablation, attribution, patching
 from resid.batching import model_batch_size
 
 
@@ -84,7 +84,8 @@ def head_sweep(model, n: int, repeats: int, rate_rows: int = 0) -> dict:
     config, (rows, n_pos) = model.config, ids.shape
     rate = mac_rate(model, ids, repeats, rate_rows)
     seconds, df, peak = best(lambda: ablation.sweep(model, prompts, targets, baselines, sites="head", method="zero",
-                                                    metric="logit_diff", progress=False), model.device, repeats)
+                                                    metric="logit_diff", execution=Execution(progress=False)),
+                             model.device, repeats)
     macs = forward_macs(config, rows, n_pos, unembedded=1) + config.n_heads * sum(
         forward_macs(config, rows, n_pos, layer, unembedded=1) for layer in range(config.n_layers))
     assert len(df) == rows * config.n_layers * config.n_heads, f"{len(df)} rows"
@@ -96,8 +97,8 @@ def head_patching(model, n: int, repeats: int, rate_rows: int = 0) -> dict:
     corrupt = corrupt_of(clean, targets, baselines)
     config, (rows, n_pos) = model.config, ids.shape
     rate = mac_rate(model, ids, repeats, rate_rows)
-    seconds, df, peak = best(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="head"),
-                             model.device, repeats)
+    seconds, df, peak = best(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="head",
+                                                         execution=Execution(progress=False)), model.device, repeats)
     macs = 2 * forward_macs(config, rows, n_pos, unembedded=1) + config.n_heads * sum(
         forward_macs(config, rows, n_pos, layer, unembedded=1) for layer in range(config.n_layers))
     assert len(df) == rows * config.n_layers * config.n_heads, f"{len(df)} rows"
@@ -115,7 +116,8 @@ def backoff(model, n_pos: int, max_rows: int, small: int) -> dict:
 
     def sweep(ids, size):
         targets = ids[:, 1].tolist()  # any fixed token per row
-        return ablation.sweep(model, ids, targets, sites=site, method="zero", batch_size=size, progress=False)
+        return ablation.sweep(model, ids, targets, sites=site, method="zero",
+                              execution=Execution(batch_size=size, progress=False))
 
     def peak_of(rows: int) -> int:
         ids = torch.randint(0, config.d_vocab, (rows, n_pos), generator=g)

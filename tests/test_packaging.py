@@ -25,3 +25,15 @@ def test_the_analyses_import_from_their_folder():
     import resid.analyses
 
     assert Path(resid.analyses.__file__).resolve().parent == ROOT / "analyses"
+
+
+def test_the_lazy_public_names_resolve():
+    # resid.analyses imports nothing eagerly; its names resolve at first use, Execution to the one class every long
+    # job takes (README: `from resid.analyses import Execution`)
+    import resid.analyses
+    from resid.analyses import Execution, corpus, tables
+    from resid.analyses.distributed.execution import Execution as defined
+
+    assert Execution is defined and Execution().batch_size == "auto" and Execution().progress is None
+    assert corpus.__name__ == "resid.analyses.io.corpus" and tables.__name__ == "resid.analyses.io.tables"
+    assert set(resid.analyses.__all__) == {"Execution", "corpus", "provenance", "tables"}

@@ -26,7 +26,7 @@ def add_parser(commands, common) -> None:
     sources.add(ablate)
     arguments.self_contained(ablate)
     arguments.executor_options(ablate)
-    ablate.add_argument("--quiet", action="store_true", help="no progress bar")
+    arguments.quiet(ablate)
 
 
 def check(args) -> None:
@@ -61,9 +61,9 @@ def run(model, args) -> str:
     try:
         df = ablation.sweep(
             model, prompt_set.prompts, prompt_set.targets, prompt_set.baselines, sites=args.sites,
-            method=args.method, reference=args.reference, metric=args.metric, batch_size=args.batch_size,
-            out=args.out, seed=args.seed, mean_positions=args.mean_positions, progress=not args.quiet,
-            executor=args.executor, source=args.source_texts,
+            method=args.method, reference=args.reference, metric=args.metric, seed=args.seed,
+            mean_positions=args.mean_positions, source=args.source_texts,
+            execution=arguments.execution(args.batch_size, args.quiet, args.executor, out=args.out),
         )
     finally:
         if args.executor is not None:

@@ -160,6 +160,22 @@ def executor(ray: str | None, workers: int | None):
     return RayExecutor(workers=workers, address=None if ray == "local" else ray)
 
 
+def quiet(parser) -> None:
+    """--quiet, for the subcommands that run a long job (its progress bar is drawn on a terminal by default)."""
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (default: a bar when stderr is a "
+                        "terminal)")
+
+
+def execution(batch_size: int | str, quiet: bool = False, executor=None, out: str | None = None):
+    """The one Execution (resid.analyses.Execution) of a subcommand's flags, made in `run`, once `check` has turned
+    --batch-size into 'auto' or an int and --ray / --workers into an executor: --quiet draws no bar (else one on
+    a terminal), `out` is the result store where --out is one (resid ablate's; a table written afterwards, a
+    folder or a graph file is not)."""
+    from resid.analyses.distributed.execution import Execution
+
+    return Execution(executor=executor, batch_size=batch_size, progress=False if quiet else None, out=out)
+
+
 def scan_options(parser, what: str) -> None:
     """The corpus-scan flags of `neurons top` and `features top` (`what`: the token shown, e.g. "the trigger")."""
     parser.add_argument("--corpus", default=None, help=".txt (blank-line paragraphs) or .jsonl {'text': ...}; "
@@ -168,7 +184,7 @@ def scan_options(parser, what: str) -> None:
     parser.add_argument("--context", type=int, default=12, help=f"tokens shown before {what} (default 12)")
     parser.add_argument("--sign", default="positive", choices=["positive", "negative", "abs"])
     parser.add_argument("--batch-size", default="auto", help="windows per forward pass, or auto")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    quiet(parser)
     executor_options(parser)
 
 

@@ -14,7 +14,7 @@ tokens for `values`, its card (resid.analyses.features.card) for `top`.
 from pathlib import Path
 
 from resid.analyses.cli import arguments
-from resid.analyses.cli.neurons import FIGURES, SHOWN, _export, _figure, _more
+from resid.analyses.cli.output import FIGURES, SHOWN, export_table, more, save_figure
 from resid.errors import ResidError
 
 
@@ -108,17 +108,17 @@ def _values(model, args) -> str:
         label = site_of(by_name[name], feature).label
         top, bottom = (" ".join(repr(t) for t in grouped[(name, feature, d)]) for d in ("top", "bottom"))
         lines.append(f"{label}  top: {top}\n{'':>{len(label)}}  bottom: {bottom}")
-    lines += _more(len(pairs))
+    lines += more(len(pairs))
     if args.out:
         from resid.analyses.neurons import plots as neuron_plots
 
-        lines += _export(df, args, "feature_encoder" if args.encoder else "feature_values")
+        lines += export_table(df, args, "feature_encoder" if args.encoder else "feature_values")
         for name, feature in pairs[:FIGURES]:
             rows = df[(df["dictionary"] == name) & (df["feature"] == feature)]
             fig = neuron_plots.value_bars(rows.assign(layer=0, neuron=feature), 0, feature)
             fig.update_layout(title=f"{site_of(by_name[name], feature).label} ({name}): "
                                     f"{'encoder' if args.encoder else 'decoder'} tokens")
-            lines.append(_figure(fig, args, f"values_{_file_name(by_name[name], feature)}"))
+            lines.append(save_figure(fig, args, f"values_{_file_name(by_name[name], feature)}"))
     return "\n".join(lines)
 
 
@@ -129,8 +129,8 @@ def _top(model, args) -> str:
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
     try:
         df = features.top_activating(model, found, texts, features=args.features, k=args.k, context=args.context,
-                                     sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
-                                     executor=args.executor)
+                                     sign=args.sign,
+                                     execution=arguments.execution(args.batch_size, args.quiet, args.executor))
     finally:
         if args.executor is not None:
             args.executor.close()
@@ -141,13 +141,13 @@ def _top(model, args) -> str:
     shown = df[df["rank"] <= 3] if len(sites) > 1 else df
     for row in shown.head(SHOWN * 3).itertuples():
         lines.append(f"{row.site} #{row.rank}  a={row.activation:+.3f}  {row.context!r}")
-    lines += _more(len(shown), SHOWN * 3)
+    lines += more(len(shown), SHOWN * 3)
     if args.out:
         by_name = {d.name: d for d in found}
-        lines += _export(df, args, "feature_contexts")
+        lines += export_table(df, args, "feature_contexts")
         for name, feature in list(dict.fromkeys(zip(df["dictionary"], df["feature"])))[:FIGURES]:
             card = features.card(model, by_name[name], int(feature), df)
-            lines.append(_figure(card, args, f"feature_{_file_name(by_name[name], feature)}"))
+            lines.append(save_figure(card, args, f"feature_{_file_name(by_name[name], feature)}"))
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--max-n-logits", type=int, default=10, help="at most this many logit nodes (default 10)")
     parser.add_argument("--desired-logit-prob", type=float, default=0.95, help="logit nodes until their "
                         "probabilities sum to this (default 0.95)")
-    parser.add_argument("--batch-size", type=int, default=64, help="targets per backward sweep (default 64)")
+    parser.add_argument("--batch-size", default="auto", help="targets per backward sweep, or auto (64)")
     parser.add_argument("--bos", default="auto", choices=["auto", "skip", "keep"], help="position 0's features and "
                         "errors: 'skip' makes them constants, not nodes, as circuit-tracer does for a BOS token; "
                         "'auto' (default) skips them when the prompt starts with the BOS token")
@@ -44,7 +44,7 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     arguments.at_least(args.max_n_logits, 1, "--max-n-logits")
-    arguments.at_least(args.batch_size, 1, "--batch-size")
+    args.batch_size = arguments.batch_size(args.batch_size)
     arguments.at_least(args.validate, 0, "--validate")
     if args.max_feature_nodes is not None:
         arguments.at_least(args.max_feature_nodes, 0, "--max-feature-nodes")
@@ -65,9 +65,9 @@ def run(model, args) -> str:
 
     transcoders = load_transcoders(args.transcoders, model)
     graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
-                             desired_logit_prob=args.desired_logit_prob, batch_size=args.batch_size,
-                             max_feature_nodes=args.max_feature_nodes,
-                             skip_bos={"auto": None, "skip": True, "keep": False}[args.bos])
+                             desired_logit_prob=args.desired_logit_prob, max_feature_nodes=args.max_feature_nodes,
+                             skip_bos={"auto": None, "skip": True, "keep": False}[args.bos],
+                             execution=arguments.execution(args.batch_size))
     if args.validate:
         validate(model, graph, transcoders, top=args.validate)
     replacement, completeness = graph.scores()

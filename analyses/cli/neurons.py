@@ -9,13 +9,11 @@ Each prints a compact table; with --out DIR it also writes the full table (table
 provenance sidecar) and, for values / top, an HTML figure per neuron (at most FIGURES of them).
 """
 
-from pathlib import Path
 
 from resid.analyses.cli import arguments
+from resid.analyses.cli.output import FIGURES, SHOWN, export_table, more, save_figure
 from resid.errors import ResidError
 
-FIGURES = 10
-SHOWN = 40  # lines printed before "... more"
 EXPLAINED = 3  # layers `explain` prints without --all
 
 
@@ -97,13 +95,13 @@ def _values(model, args) -> str:
     for layer, neuron in pairs[:SHOWN]:
         top, bottom = (" ".join(repr(t) for t in grouped[(layer, neuron, d)]) for d in ("top", "bottom"))
         lines.append(f"L{layer} N{neuron}  top: {top}\n{'':>{len(f'L{layer} N{neuron}')}}  bottom: {bottom}")
-    lines += _more(len(pairs))
+    lines += more(len(pairs))
     if args.out:
         from resid.analyses.neurons import plots as neuron_plots
 
-        lines += _export(df, args, "neuron_values")
+        lines += export_table(df, args, "neuron_values")
         for layer, neuron in pairs[:FIGURES]:
-            lines.append(_figure(neuron_plots.value_bars(df, layer, neuron), args, f"values_L{layer}_N{neuron}"))
+            lines.append(save_figure(neuron_plots.value_bars(df, layer, neuron), args, f"values_L{layer}_N{neuron}"))
     return "\n".join(lines)
 
 
@@ -124,8 +122,8 @@ def _top(model, args) -> str:
     texts = args.texts if args.texts is not None else corpus.demo(max_documents=args.max_docs)
     try:
         df = neurons.top_activating(model, texts, args.layers, args.neurons, k=args.k, context=args.context,
-                                    sign=args.sign, batch_size=args.batch_size, progress=not args.quiet,
-                                    experts=_expert(model, args), executor=args.executor)
+                                    sign=args.sign, experts=_expert(model, args),
+                                    execution=arguments.execution(args.batch_size, args.quiet, args.executor))
     finally:
         if args.executor is not None:
             args.executor.close()
@@ -134,16 +132,16 @@ def _top(model, args) -> str:
     shown = df[df["rank"] <= 3] if len(pairs) > 1 else df
     for row in shown.head(SHOWN * 3).itertuples():
         lines.append(f"L{row.layer} N{row.neuron} #{row.rank}  m={row.coefficient:+.3f}  {row.context!r}")
-    lines += _more(len(shown), SHOWN * 3)
+    lines += more(len(shown), SHOWN * 3)
     if args.out:
         from resid.analyses.neurons import plots as neuron_plots
 
-        lines += _export(df, args, "neuron_contexts")
+        lines += export_table(df, args, "neuron_contexts")
         values = neurons.value_top_tokens(model, args.layers, [n for _, n in pairs[:FIGURES]], k=10,
                                           experts=_expert(model, args))
         for layer, neuron in pairs[:FIGURES]:
             card = neuron_plots.neuron_card(values, df, layer, neuron)
-            lines.append(_figure(card, args, f"neuron_L{layer}_N{neuron}"))
+            lines.append(save_figure(card, args, f"neuron_L{layer}_N{neuron}"))
     return "\n".join(lines)
 
 
@@ -172,7 +170,7 @@ def _explain(model, args) -> str:
     if len(kept) < len(layer_target):
         lines.append(f"... {len(layer_target) - len(kept)} more layers (--all prints them; --out DIR writes them)")
     if args.out:
-        lines += _export(df, args, "sub_updates")
+        lines += export_table(df, args, "sub_updates")
     return "\n".join(lines)
 
 
@@ -194,22 +192,5 @@ def _edit(model, args) -> str:
         lines.append(f"  {row.clean_rank:>5} -> {row.edited_rank:<6}     {row.clean_prob:.4f} -> "
                      f"{row.edited_prob:.4f}      {row.token!r}")
     if args.out:
-        lines += _export(df, args, "prediction_change")
+        lines += export_table(df, args, "prediction_change")
     return "\n".join(lines)
-
-
-def _more(total: int, shown: int = SHOWN) -> list[str]:
-    return [f"... {total - shown} more (--out DIR writes the full table)"] if total > shown else []
-
-
-def _export(df, args, name: str) -> list[str]:
-    from resid.analyses import tables
-
-    path = tables.export(df, Path(args.out) / f"{name}.{args.format}")
-    return [f"table -> {path} (+ {path.name}.json)"]
-
-
-def _figure(fig, args, name: str) -> str:
-    from resid.analyses import plots
-
-    return f"figure -> {plots.save_html(fig, Path(args.out) / f'{name}.html', self_contained=args.self_contained)}"

@@ -39,6 +39,7 @@ def add_parser(commands, common) -> None:
     sources.add(patch, "--corrupt-source", "each corrupt prompt's source (default: --source)")
     arguments.self_contained(patch)
     arguments.executor_options(patch)
+    arguments.quiet(patch)
 
 
 def check(args) -> None:
@@ -77,15 +78,15 @@ def run(model, args) -> str:
     clean, corrupt = [r["clean"] for r in found], [r["corrupt"] for r in found]
     targets = [r["target"] for r in found]
     baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
-    options = dict(direction=args.direction, metric=args.metric, batch_size=args.batch_size, align=args.align,
-                   source=args.source_texts, corrupt_source=args.corrupt_texts)
+    # --out is the table written below, not a result store: the rows are exported once, in the table's columns
+    execution = arguments.execution(args.batch_size, args.quiet, args.executor)
+    options = dict(sites=args.sites, direction=args.direction, metric=args.metric, align=args.align,
+                   source=args.source_texts, corrupt_source=args.corrupt_texts, execution=execution)
     try:
         if args.method == "exact":
-            df = patching.activation(model, clean, corrupt, targets, baselines, sites=args.sites,
-                                     executor=args.executor, **options)
+            df = patching.activation(model, clean, corrupt, targets, baselines, **options)
         else:
-            df = patching.atp(model, clean, corrupt, targets, baselines, sites=(args.sites,), method=args.method,
-                              executor=args.executor, **options)
+            df = patching.atp(model, clean, corrupt, targets, baselines, method=args.method, **options)
     finally:
         if args.executor is not None:
             args.executor.close()

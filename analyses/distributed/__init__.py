@@ -1,6 +1,8 @@
 """Chunked work and its executors: sweeps and corpus scans split into deterministic chunks that run in process
 (the default) or on Ray workers, one model per worker (one GPU each on GPU clusters).
 
+    execution  Execution: how a long job runs, one value (executor, workers, batch_size, progress, out)
+    driver     drive(model, job, execution): the one loop that runs every job's chunks
     executor   Job (what a chunk computes), Executor, InProcess, and resolving `executor=` / `workers=`
     ray_executor  RayExecutor: actors that load the model once, chunk retry when a worker dies
     worker     the body of one Ray actor
@@ -9,8 +11,9 @@
                input made in chunks by the same executors, one checkpoint store, one progress bar
 
     from resid.analyses.distributed import RayExecutor
-    ablation.sweep(model, prompts, targets, executor="ray", workers=2)       # or executor=RayExecutor(...)
-    neurons.top_activating(model, texts, layers=[20], executor=RayExecutor(workers=2, address="auto"))
+    ablation.sweep(model, prompts, targets, execution=Execution(executor="ray", workers=2))  # or RayExecutor(...)
+    neurons.top_activating(model, texts, layers=[20],
+                           execution=Execution(executor=RayExecutor(workers=2, address="auto")))
 
 Results do not depend on the executor: sweeps write each finished chunk to their ResultStore from the driver
 (resumable, each row once), scans merge per-shard top-k lists associatively. Ray is an optional extra,

@@ -1,6 +1,6 @@
 """How a long job runs, as one value: every long job (sweeps, patching, scans, means, training, lens training,
-evaluations, the graph's backward sweeps) takes `execution=Execution(...)` with the same five settings, names,
-types and defaults.
+evaluations, the graph's backward sweeps) takes `execution: Execution | None = None` with the same five settings,
+names, types and defaults (None: Execution(), every default).
 
     from resid.analyses import Execution
     ablation.sweep(model, prompts, targets, execution=Execution(out="sweep.parquet", executor="ray", workers=2))
@@ -8,8 +8,8 @@ types and defaults.
     executor     None or "inprocess": in this process; "ray": Ray workers (with `workers`); or an Executor object
                  (resid.analyses.distributed.RayExecutor(workers=2, address="auto"))
     workers      how many Ray workers (executor="ray" only; None: one per GPU of the cluster, else one per CPU)
-    batch_size   prompts (or corpus windows) per forward pass; "auto": the largest that fits the device, backing
-                 off on out-of-memory errors
+    batch_size   prompts (or corpus windows) per forward pass, targets per backward sweep of an attribution graph;
+                 "auto": the largest that fits the device, backing off on out-of-memory errors (a graph: 64)
     progress     a progress bar on stderr; None: when stderr is a terminal
     out          where finished work is kept, so that calling again the same way resumes: a .parquet / .csv
                  table for jobs whose results are rows, a folder for training; None keeps nothing

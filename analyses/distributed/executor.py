@@ -90,7 +90,7 @@ class Executor(abc.ABC):
     @property
     def chunks_per_worker(self) -> int:
         """The fewest chunks per worker a sweep is cut into: more chunks lose less with a lost worker, but each
-        costs a fixed overhead (resid.analyses.ablation.chunks)."""
+        costs a fixed overhead (resid.analyses.sweeps.chunks)."""
         return 1
 
     @abc.abstractmethod

@@ -2,7 +2,7 @@
 pulls chunks one at a time; the driver collects results as they finish.
 
     with RayExecutor(workers=2) as executor:            # a local cluster (or RAY_ADDRESS, or address=...)
-        df = ablation.sweep(model, prompts, targets, executor=executor)
+        df = ablation.sweep(model, prompts, targets, execution=Execution(executor=executor))
 
 Faults: a worker that dies mid-chunk (actor killed, process OOM-killed, node lost) loses only that chunk: the
 driver starts a fresh actor in its place (it loads the model again) and hands the chunk to the next free worker.

@@ -8,17 +8,18 @@ off (a_i == 0) is never an example: a feature that fires on fewer than k tokens 
 
     sae = resid.dictionaries.load("path/to/sae", model)
     df = features.top_activating(model, sae, corpus.demo(), features=[3, 7], k=20)
-    df = features.top_activating(model, [sae_0, sae_1], texts, executor="ray", workers=2)   # the same table
+    df = features.top_activating(model, [sae_0, sae_1], texts, execution=Execution(executor="ray", workers=2))
 
-The scan is neurons.top_activating's (resid.analyses.neurons.scan): windows of at most `window` tokens in padded
-batches, shards merged associatively (ties to the earlier token) on the one driver, so the table is the same in
-process and on any number of Ray workers; only the reader differs: `FeatureReader` runs each dictionary's encoder
-on the tensor its hook reads (captured for the batch, then dropped). Padding and BOS positions are never scanned.
-The table has the columns of COLUMNS, like neurons.top_activating's with `site` (the feature's Site label,
-Site(layer, part, feature=i): the site the dictionary reconstructs, as attribution and interventions name it),
-`feature` for `neuron` and `activation` for `coefficient`. `df.attrs["histogram"]` holds every scanned feature's
-activation histogram over every scanned token (resid.analyses.features.histogram; its counts sum to the number of
-scanned tokens, `df.attrs["provenance"]["parameters"]["tokens"]`), which features.card draws.
+The scan is neurons.top_activating's (resid.analyses.neurons.scan): windows of at most `window` tokens
+(resid.analyses.corpus_windows) in padded batches, shards merged associatively (ties to the earlier token) on the
+one driver, so the table is the same in process and on any number of Ray workers; only the reader differs:
+`FeatureReader` runs each dictionary's encoder on the tensor its hook reads (captured for the batch, then dropped).
+Padding and BOS positions are never scanned. The table has the columns of COLUMNS, like neurons.top_activating's
+with `site` (the feature's Site label, Site(layer, part, feature=i): the site the dictionary reconstructs, as
+attribution and interventions name it), `feature` for `neuron` and `activation` for `coefficient`.
+`df.attrs["histogram"]` holds every scanned feature's activation histogram over every scanned token
+(resid.analyses.features.histogram; its counts sum to the number of scanned tokens,
+`df.attrs["provenance"]["parameters"]["tokens"]`), which features.card draws.
 """
 
 from collections.abc import Sequence
@@ -30,11 +31,12 @@ import torch
 from torch import Tensor
 
 from resid.analyses.checks import check_choice, check_k
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.corpus_windows import windows
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.features import histogram
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
-from resid.analyses.neurons.keys import SIGNS, Sign, _frame, windows
+from resid.analyses.neurons.keys import SIGNS, Sign, examples_frame
 from resid.analyses.neurons.scan import Reader, scan_with
 from resid.capture import Capture
 from resid.dictionaries import CrossLayerTranscoder, Dictionary, check
@@ -111,17 +113,14 @@ def top_activating(
     after: int = 4,
     sign: Sign = "positive",
     window: int = 256,
-    batch_size: int | str = "auto",
-    progress: bool = True,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
     """The k corpus tokens with the largest activations of each chosen feature of `dictionary` (a Dictionary or a
     list of them, e.g. resid.dictionaries.load of a per-layer set), see the module docstring.
 
     features: None for all, an index or a list (the same features of each dictionary). corpus, k, context, after,
-    sign, window, batch_size, executor and workers as for neurons.top_activating. One row per (dictionary, feature,
-    rank) with the columns of COLUMNS; `df.attrs["histogram"]`: the features' activation histograms."""
+    sign, window and execution (resid.analyses.Execution) as for neurons.top_activating. One row per (dictionary,
+    feature, rank) with the columns of COLUMNS; `df.attrs["histogram"]`: the features' activation histograms."""
     check_choice(sign, "sign", SIGNS)
     found = dictionaries(model, dictionary)
     chosen = tuple(select_features(d, features) for d in found)
@@ -132,7 +131,7 @@ def top_activating(
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
     reader = FeatureReader(found, chosen)
-    best, tallies = scan_with(model, pieces, reader, k, sign, batch_size, progress, executor, workers)
+    best, tallies = scan_with(model, pieces, reader, k, sign, execution)
     df = _table(model, pieces, best, found, chosen, context, after)
     ids = [np.arange(d.d_sae) if f is None else np.asarray(f) for d, f in zip(found, chosen)]
     df.attrs["histogram"] = histogram.frame([d.name for d in found], ids, [tallies[i] for i in range(len(found))])
@@ -186,7 +185,7 @@ def site_of(d: Dictionary, feature: int) -> Site:
 def _table(model, pieces, best, found, chosen, context: int, after: int) -> pd.DataFrame:
     """neurons.top_activating's frame of the scan (a dictionary's index as its `layer`; the chosen features are the
     same for every dictionary, or all of each), in the features' columns."""
-    df = _frame(model, pieces, best, list(range(len(found))), chosen[0], context, after)
+    df = examples_frame(model, pieces, best, list(range(len(found))), chosen[0], context, after)
     df = df.rename(columns={"neuron": "feature", "coefficient": "activation"})
     key = df.pop("layer").to_numpy()
     df.insert(0, "dictionary", np.asarray([d.name for d in found], dtype=object)[key])

@@ -5,7 +5,8 @@
     2. logits    the logit nodes: the most likely next tokens until their probabilities sum to
                  `desired_logit_prob`, at most `max_n_logits`; each reads logit - mean logit
     3. rows      the direct effect of every source on each logit, then on each active feature, in batches of
-                 `batch_size` targets per backward sweep (resid.analyses.graphs.edges). With `max_feature_nodes`
+                 execution.batch_size targets per backward sweep ("auto": SWEEP_TARGETS;
+                 resid.analyses.graphs.edges). With `max_feature_nodes`
                  below the number of active features, features are visited in order of their influence on the
                  logits as far as the rows computed so far tell it (recomputed every `update_interval` batches),
                  and the graph keeps the visited ones, as circuit-tracer does.
@@ -20,6 +21,7 @@ import time
 
 import torch
 
+from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.replacement import Replacement, replace
@@ -27,21 +29,29 @@ from resid.analyses.graphs.replay import replay
 from resid.analyses.graphs.visiting import every_row, most_influential_rows
 from resid.errors import ResidError, param
 
+SWEEP_TARGETS = 64  # targets per backward sweep for batch_size="auto" (the graph's fixed batch before Execution)
+
 
 @torch.no_grad()
 def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
-              batch_size: int = 64, max_feature_nodes: int | None = None, update_interval: int = 4,
-              skip_bos: bool | None = None) -> Graph:
+              max_feature_nodes: int | None = None, update_interval: int = 4, skip_bos: bool | None = None,
+              execution: Execution | None = None) -> Graph:
     """The attribution graph of `prompt`'s prediction at its last position through `transcoders` (per-layer
     transcoders, one per layer in any order, or a cross-layer transcoder). skip_bos: position 0's features and
     errors are no nodes (their writes are constants); None (default): when the prompt starts with the tokenizer's
-    BOS token. (circuit-tracer 0.5.0 always treats position 0 so: pass skip_bos=True to match it.)"""
+    BOS token. (circuit-tracer 0.5.0 always treats position 0 so: pass skip_bos=True to match it.)
+    execution (resid.analyses.Execution): batch_size is the targets per backward sweep ("auto": SWEEP_TARGETS); the
+    graph is built in this process and returned (Graph.to_json keeps it), so it takes no executor, workers or out."""
+    execution = as_execution(execution)
+    if execution.executor not in (None, "inprocess") or execution.workers is not None or execution.out is not None:
+        raise ResidError("An attribution graph is built in this process and returned (Graph.to_json writes it): its "
+                         "Execution takes batch_size (targets per backward sweep) and progress; drop executor, "
+                         "workers and out.")
+    batch_size = SWEEP_TARGETS if execution.batch_size == "auto" else execution.batch_size
     if max_n_logits < 1:
         raise ResidError(f"{param('max_n_logits', max_n_logits)} must be at least 1.")
     if not 0 < desired_logit_prob <= 1:
         raise ResidError(f"{param('desired_logit_prob', desired_logit_prob)} is a probability in (0, 1].")
-    if batch_size < 1:
-        raise ResidError(f"{param('batch_size', batch_size)} must be at least 1.")
     if max_feature_nodes is not None and max_feature_nodes < 0:
         raise ResidError(f"{param('max_feature_nodes', max_feature_nodes)} must be at least 0 (None: every feature).")
     if update_interval < 1:

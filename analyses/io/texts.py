@@ -1,5 +1,5 @@
 """Texts from files: the one rule for `.txt` and the one JSONL reader, shared by `--corpus`
-(`resid.analyses.io.corpus`), the mean-ablation `--reference` (`resid.analyses.ablation.values.read_reference`) and
+(`resid.analyses.io.corpus`), the mean-ablation `--reference` (`resid.analyses.sweeps.values.read_reference`) and
 prompt sets (`resid.analyses.io.prompts_file`).
 
 Glossary: a *text* is one string a caller uses whole (a corpus document, a reference text); a *record* is one

@@ -9,7 +9,7 @@ token is the sum of its *sub-updates* m_i * v_i, plus b_out.
     from resid.analyses import neurons
     neurons.value_top_tokens(model, layers=[20], k=10)        # values read in vocabulary space
     neurons.top_activating(model, texts, layers=[20], k=20)   # keys: the corpus tokens that trigger them
-    neurons.top_activating(model, texts, layers=[20], executor="ray", workers=2)   # the same, on Ray workers
+    neurons.top_activating(model, texts, layers=[20], execution=Execution(executor="ray", workers=2))  # on Ray
     neurons.sub_updates(model, "The capital of France is")    # which memories build this prediction
     edits = neurons.set_coefficients(model, prompt, [(20, 5)], value=8.0, positions=[-1])
     neurons.prediction_change(model, prompt, edits)          # promote / suppress, and what changes

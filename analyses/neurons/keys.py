@@ -8,8 +8,9 @@ its *context* is the text before it (and a little after), with the trigger marke
     df = neurons.top_activating(model, corpus.demo(), layers=[20], neurons=[5, 7], k=20)
 
 Streaming: documents are tokenized (with BOS if the model prepends one), cut into windows of at most
-`window` tokens (a long document becomes consecutive windows; each window is a separate forward pass, so a
-trigger's context never reaches into the previous window), sorted by length and run in padded batches.
+`window` tokens (resid.analyses.corpus_windows: a long document becomes consecutive windows; each window is a
+separate forward pass, so a trigger's context never reaches into the previous window), sorted by length and run in
+padded batches.
 Only the chosen layers' `post` is captured and only the last token is unembedded (the forward still runs
 every layer: stopping early would take a hook resid does not offer, and bench_neurons.py shows the
 bookkeeping is cheap next to the forward). A running top-k per
@@ -17,7 +18,7 @@ bookkeeping is cheap next to the forward). A running top-k per
 O(k x neurons), never O(tokens x neurons). Padding and BOS positions never count as triggers (a BOS
 token's activations are attention-sink outliers that would fill every list). The windows are scanned in shards
 (resid.analyses.neurons.scan) whose top-k lists merge in any order, ties going to the earlier token, so the table is
-the same in process and on Ray workers (`executor="ray", workers=N`).
+the same in process and on Ray workers (`execution=Execution(executor="ray", workers=N)`).
 
 Post-norms do not change a coefficient (the post-norm acts on the MLP's output, after m_i). Mixture of experts
 (Mixtral): neurons are (expert, neuron) pairs, m_{e,i} = post[e, i]; a token counts as a trigger of expert e's
@@ -28,22 +29,22 @@ Ranking (`sign`): "positive" (default) ranks by m, largest first, as Geva et al.
 (for gated MLPs, whose coefficients take both signs, a negative m adds -v); "abs" by |m|.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from resid.analyses.checks import check_choice, check_k, select_layers, select_neurons
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.corpus_windows import windows
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
-from resid.analyses.neurons.scan import Window, batch_tokens, scan
+from resid.analyses.neurons.scan import scan
 from resid.analyses.neurons.values import select_experts
 from resid.analyses.vocab import decode_ids
 from resid.errors import ResidError
 from resid.model import Transformer
-from resid.tokenizer import Tokens
 
 Sign = Literal["positive", "negative", "abs"]
 SIGNS: tuple[str, ...] = ("positive", "negative", "abs")
@@ -60,11 +61,8 @@ def top_activating(
     after: int = 4,
     sign: Sign = "positive",
     window: int = 256,
-    batch_size: int | str = "auto",
-    progress: bool = True,
     experts: int | Sequence[int] | None = None,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
     """The k corpus tokens with the largest coefficients of each chosen neuron (see the module docstring).
     experts (mixture-of-experts models only): None for all, an index or a list; the neurons of each.
@@ -73,7 +71,8 @@ def top_activating(
     None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
     layer neuron rank coefficient token_id token doc pos (token index in the document, BOS excluded)
     context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it).
-    executor: None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same table."""
+    execution: how the scan runs (resid.analyses.Execution: executor, workers, batch_size windows per forward pass,
+    progress); the same table on every executor. A scan is a reduction: it keeps no `out` store."""
     check_choice(sign, "sign", SIGNS)
     layer_list = select_layers(model, layers)
     neuron_list = select_neurons(model, neurons)
@@ -84,8 +83,8 @@ def top_activating(
             raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
-    best = scan(model, pieces, layer_list, neuron_list, k, sign, batch_size, progress, expert_list, executor, workers)
-    df = _frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
+    best = scan(model, pieces, layer_list, neuron_list, k, sign, expert_list, execution)
+    df = examples_frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
     parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
                   "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}
     if expert_list is not None:
@@ -94,29 +93,9 @@ def top_activating(
     return df
 
 
-def windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list[Window]:
-    """Every document's tokens cut into windows of at most `window` tokens (BOS included), longest first."""
-    tokenizer = model.require_tokenizer()
-    limit = min(window, model.config.n_ctx) if isinstance(window, int) and not isinstance(window, bool) else 0
-    bos = tokenizer.prepend_bos
-    if limit < 1 + bos:
-        raise ResidError(f"window must be an integer of at least {1 + bos} tokens, got {window!r}.")
-    encoded = tokenizer.tokenizer.encode_batch(list(texts), add_special_tokens=False)
-    step = limit - bos
-    pieces = []
-    for doc, encoding in enumerate(encoded):
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        for start in range(0, len(ids), step):
-            body = ids[start : start + step]
-            full = np.concatenate([[tokenizer.bos_token_id], body]) if bos else body
-            pieces.append(Window(doc, start, full, bos))
-    if not pieces:
-        raise ResidError("The corpus tokenizes to no tokens at all: give documents with some text.")
-    order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i].ids))  # stable: ties keep corpus order
-    return [pieces[i] for i in order]
-
-
-def _frame(model, pieces, best, layers, neurons, context: int, after: int, experts=None) -> pd.DataFrame:
+def examples_frame(model, pieces, best, layers, neurons, context: int, after: int, experts=None) -> pd.DataFrame:
+    """The table of a scan's top-k lists (`best`, per key of `layers`): one row per (layer, [expert,] neuron, rank)
+    with the trigger token, its document and position, and its context (features.top_activating's too)."""
     frames = []
     for layer in layers:
         b = best[layer]
@@ -168,10 +147,3 @@ def _snippets(ids: np.ndarray, window: np.ndarray, pos: np.ndarray, offsets: np.
     if offsets.size and offsets[0] < 0:  # before the trigger: invalid ids lead
         return [row[len(row) - n :] for row, n in zip(gathered.tolist(), count)]
     return [row[:n] for row, n in zip(gathered.tolist(), count)]
-
-
-def iter_batches(model: Transformer, texts: Sequence[str], window: int, rows: int) -> Iterator[Tokens]:
-    """The padded batches top_activating runs (for benchmarks that time a plain forward on the same ones)."""
-    pieces = windows(model, texts, window)
-    for start in range(0, len(pieces), rows):
-        yield batch_tokens(pieces[start : start + rows], model.require_tokenizer().pad_token_id, model.device)[0]

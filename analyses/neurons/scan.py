@@ -1,7 +1,7 @@
 """The streaming part of neurons.top_activating as a reduction over corpus shards.
 
-Glossary: a *window* is at most `window` tokens of one document (keys.windows cuts them, longest first); a
-*shard* is a run of consecutive windows, SHARD_BATCHES whole batches (fewer for small corpora on several
+Glossary: a *window* is at most `window` tokens of one document (resid.analyses.corpus_windows cuts them, longest
+first); a *shard* is a run of consecutive windows, SHARD_BATCHES whole batches (fewer for small corpora on several
 workers): batches are cut from the start of each shard, so the shards change no batch. Each shard is scanned in
 padded batches into its own running top-k per neuron (resid.analyses.neurons.topk), and the shards' lists are merged
 as they finish: the merge is associative and commutative with ties broken by the tokens' global flat ids, so the
@@ -15,34 +15,22 @@ in any order."""
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from resid.analyses.corpus_windows import Window, batch_tokens
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.analyses.distributed.executor import InProcess, Job, resolve
 from resid.analyses.neurons.topk import TopK
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
 from resid.model import Transformer
-from resid.tokenizer import Tokens
 
 SHARD_BATCHES = 4  # batches per shard: enough to keep a worker busy, few enough to balance 2+ workers
-
-
-@dataclass(frozen=True)
-class Window:
-    doc: int  # index of the document in the corpus
-    start: int  # index in the document's tokens (BOS excluded) of the window's first real token
-    ids: np.ndarray  # token ids fed to the model (BOS first if the model prepends one)
-    bos: bool  # whether ids[0] is a BOS added here
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
 
 @dataclass(frozen=True)
@@ -216,17 +204,15 @@ def scan(
     neurons: list[int] | None,
     k: int,
     sign: str = "positive",
-    batch_size: int | str = "auto",
-    progress: bool = True,
     experts: list[int] | None = None,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
+    execution: Execution | None = None,
 ) -> dict[int, TopK]:
-    """Run `pieces` (from keys.windows) shard by shard on the one driver (in process by default) and merge each
-    layer's top-k (checked layers, neurons and experts, as from select_layers / select_neurons / select_experts).
-    With experts, the neuron axis of each TopK is (expert, neuron) flattened. The lists come back on the CPU."""
+    """Run `pieces` (from resid.analyses.corpus_windows.windows) shard by shard on the one driver as `execution`
+    says (in process by default) and merge each layer's top-k (checked layers, neurons and experts, as from
+    select_layers / select_neurons / select_experts). With experts, the neuron axis of each TopK is (expert, neuron)
+    flattened. The lists come back on the CPU."""
     reader = NeuronReader(layers, neurons, experts)
-    return scan_with(model, pieces, reader, k, sign, batch_size, progress, executor, workers)[0]
+    return scan_with(model, pieces, reader, k, sign, execution)[0]
 
 
 def scan_with(
@@ -235,33 +221,22 @@ def scan_with(
     reader: Reader,
     k: int,
     sign: str = "positive",
-    batch_size: int | str = "auto",
-    progress: bool = True,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
+    execution: Execution | None = None,
 ) -> tuple[dict, dict]:
-    """Scan `pieces` with any reader: ({key: TopK}, {key: summed tally as numpy}) on the CPU."""
-    runner, owned = resolve(executor, workers)
+    """Scan `pieces` with any reader: ({key: TopK}, {key: summed tally as numpy}) on the CPU. The shards are cut
+    for the execution's workers, so its executor is made here (and closed here if made here). A scan is a
+    reduction: the driver refuses an Execution with `out`."""
+    execution = as_execution(execution)
+    runner, owned = resolve(execution.executor, execution.workers)
     try:
         width = max(len(w) for w in pieces)
-        size = _batch_size(model, batch_size, width, reader)
+        size = _batch_size(model, execution.batch_size, width, reader)
         planned = shards(pieces, size.value, None if isinstance(runner, InProcess) else runner.workers)
-        job = ScanJob(model.require_tokenizer().pad_token_id, reader, k, sign, batch_size, width, planned)
-        return drive(model, job, Execution(executor=runner, progress=progress))
+        job = ScanJob(model.require_tokenizer().pad_token_id, reader, k, sign, execution.batch_size, width, planned)
+        return drive(model, job, replace(execution, executor=runner, workers=None))
     finally:
         if owned:
             runner.close()
-
-
-def batch_tokens(
-    chunk: Sequence[Window], pad_token_id: int, device: torch.device
-) -> tuple[Tokens, Bool[Tensor, "batch pos"]]:
-    """Right-padded Tokens for a chunk of windows, and the mask of positions that may be triggers
-    (real tokens that are not an added BOS) [batch pos]."""
-    tokens = Tokens.pad([w.ids.tolist() for w in chunk], pad_token_id, "right").to(device)
-    valid = tokens.attention_mask.clone()
-    valid[:, 0] &= torch.tensor([not w.bos for w in chunk], device=device)
-    return tokens, valid
 
 
 def _flat_ids(start: int, rows: int, width: int, device: torch.device) -> Int[Tensor, "batch pos"]:

@@ -2,15 +2,32 @@
 patching effect at once) and path patching, checked against each other with `compare`.
 
     exact = patching.activation(model, clean, corrupt, targets, baselines, sites="head")
-    estimate = patching.atp(model, clean, corrupt, targets, baselines, sites=("head",))
+    estimate = patching.atp(model, clean, corrupt, targets, baselines, sites="head")
     patching.compare(estimate, exact, k=20)     # rank correlation, top-k overlap, false negatives
 
+The three methods take their common parameters in one order, with one type and one default each:
+
+    model, clean, corrupt, targets   the pairs: (clean, corrupt) texts and each pair's target token
+    baselines=None                   a baseline token per pair (metric "logit_diff"), else "target_prob"
+    sites="resid_pre"                what is patched (activation, atp): a word of resid.analyses.sites (or
+                                     "feature"), or a list of words, resid.Site values and their labels
+                                     (resid.analyses.patching.selection); path patching names senders and
+                                     receivers here instead
+    direction="denoise"              the corrupt prompt is run and the clean activation patched in; "noise": the
+                                     reverse (path patching as Wang et al. ran it: pass direction="noise")
+    metric=None                      "logit_diff" with baselines, else "target_prob"; or a function of the logits
+    align=None                       pairs of different token lengths (activation, atp): "end", or explicit positions
+    dictionaries=(), source=None, corrupt_source=None   features of learned dictionaries; encoder-decoder sources
+    execution=None                   how the job runs (resid.analyses.Execution: executor, workers, batch_size
+                                     "auto", progress None = a bar on a terminal, out = a resumable .parquet / .csv)
+
 Every table's `site` column is a resid.Site label, so estimate and exact tables (and attribution tables) join on
-it. Pairs of different token lengths take an alignment (align="end", or explicit positions;
-resid.analyses.patching.pairs) for the residual stream and for attribution patching. Every method runs on the one
-driver (resid.analyses.distributed.driver): batched, backing off on out-of-memory, resumable with `out=`, on Ray
-workers with `executor="ray"`. Encoder-decoder models take source= and corrupt_source= (activation patching and
-AtP; resid.analyses.patching.sources), with sites on the decoder and the encoder ("encoder.<label>").
+it. Pairs of different token lengths take an alignment (resid.analyses.patching.pairs) for the residual stream and
+for attribution patching. Every method runs on the one driver (resid.analyses.distributed.driver): batched,
+backing off on out-of-memory, resumable, in process or on Ray workers; exact patching is a job of the
+intervention-sweep engine (resid.analyses.sweeps). Encoder-decoder models take source= and corrupt_source=
+(activation patching and AtP; resid.analyses.patching.sources), with sites on the decoder and the encoder
+("encoder.<label>").
 """
 
 from resid.analyses.patching.atp import atp

@@ -25,20 +25,20 @@ import pandas as pd
 import torch
 
 from resid.analyses import sites as site_words
-from resid.analyses.ablation import seq2seq
-from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching import atp_seq2seq as seq2seq_atp
+from resid.analyses.patching import selection
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
-from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of
+from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of, require
 from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
 from resid.analyses.patching.sources import PairSources, pair_sources
+from resid.analyses.sweeps import seq2seq
+from resid.analyses.sweeps.chunks import dictionaries_digest
 from resid.capture import Capture
 from resid.dictionaries.check import on_device
 from resid.errors import ResidError, param
@@ -46,8 +46,7 @@ from resid.model import Inputs, Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
-SITES = ("resid_pre", "sublayer", "head")
-ALL_SITES = (*SITES, "q", "k", "v", "pattern", WORD)
+ALL_SITES = ("resid_pre", "sublayer", "head", "q", "k", "v", "pattern", WORD)  # the words AtP estimates
 Method = Literal["atp", "atp*"]
 
 
@@ -57,84 +56,109 @@ def atp(
     corrupt: Sequence[str],
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
-    sites: Sequence[str] | str = SITES,
+    sites: str | Sequence[Site | str] = "resid_pre",
     direction: PatchDirection = "denoise",
     metric: str | Callable | None = None,
-    batch_size: int | str = "auto",
-    method: Method = "atp",
     align: Align = None,
-    out=None,
-    progress: bool = False,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
     dictionaries: Sequence = (),
     source: Inputs | None = None,
     corrupt_source: Inputs | None = None,
+    method: Method = "atp",
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """AtP (or AtP*) estimates for every site of `sites`, one row per (pair, site) with the columns of
-    resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
-    estimated effect (AtP*: with the query / key fix), magnitude the estimated size of the effect (AtP: |effect|;
-    AtP*: GradDrop's). Chunks of pairs run on the one driver: `out=` stores finished pairs (resumable), executor:
-    None (in process), "ray" (with `workers`) or an executor, the same rows on each. source, corrupt_source:
-    encoder-decoder models only, each clean / corrupt prompt's source (resid.analyses.patching.atp_seq2seq: AtP of
-    the writes and heads of both stacks; default sites "sublayer" and "head")."""
+    """AtP (or AtP*) estimates for every site of `sites` (words, Sites and labels, as patching.activation takes
+    them: resid.analyses.patching.selection; ["resid_pre", "sublayer", "head"] estimates all three from the same
+    backward pass), one row per (pair, site) with the columns of resid.analyses.patching.COLUMNS plus `method` and
+    `magnitude`; patched_metric is the base run's metric plus the estimated effect (AtP*: with the query / key fix),
+    magnitude the estimated size of the effect (AtP: |effect|; AtP*: GradDrop's). execution: how it runs
+    (resid.analyses.Execution): chunks of pairs on the one driver, `out=` stores finished pairs (resumable), the
+    same rows on every executor. source, corrupt_source: encoder-decoder models only, each clean / corrupt prompt's
+    source (resid.analyses.patching.atp_seq2seq: AtP of the writes and heads of both stacks, sites "sublayer" and
+    "head")."""
+    execution = as_execution(execution)
     full, (model, sources) = model, pair_sources(model, source, corrupt_source,
                                                  1 if isinstance(clean, str) else len(clean))
     if sources is not None:
-        return _pairs_atp(full, sources, clean, corrupt, targets, baselines, seq2seq_atp.SITES if sites is SITES
-                          else sites, direction, metric, batch_size, method, align, out, progress, executor, workers,
-                          dictionaries)
-    sites = [sites] if isinstance(sites, str) else list(sites)
-    for kind in sites:
-        check_choice(kind, "sites", ALL_SITES)
+        return _pairs_atp(full, sources, clean, corrupt, targets, baselines, sites, direction, metric, align,
+                          dictionaries, method, execution)
     dictionaries = dictionaries_of(dictionaries, sites)
     check_choice(method, "method", ("atp", "atp*"))
-    if "resid_pre" in sites and model.config.post_ln:
-        raise ResidError("AtP of resid_pre needs a stream that is a sum of writes; post-LN models norm it after each "
-                         "write. Use sites=('sublayer', 'head'), or exact activation patching.")
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
-    if "pattern" in sites:
+    width = int(pairs.clean.tokens.lengths.max())
+    kinds, named, every = _selected(sites, model.config, width)
+    require(named, dictionaries)
+    if "resid_pre" in kinds and model.config.post_ln:
+        raise ResidError("AtP of resid_pre needs a stream that is a sum of writes; post-LN models norm it after each "
+                         "write. Use sites=['sublayer', 'head'], or exact activation patching.")
+    if "pattern" in kinds:
         pairs.require_same_positions(f"{param('sites', 'pattern')} (a pattern spans every key position)")
     base = "corrupt" if direction == "denoise" else "clean"
-    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
     settings = dict(direction=direction, metric=label,
                     **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
-    job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, settings, sites=sites, method=method,
+    job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, settings, sites=kinds, method=method,
                     dictionaries=dictionaries)
-    df = drive(model, job, Execution(executor, workers, batch_size, progress, out))
+    df = drive(model, job, execution)
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
-    # rows in the order of `sites`, each kind's sites as resid.analyses.sites lists them
-    width = int(pairs.clean.tokens.lengths.max())
-    order = {site.label: i for i, site in enumerate(s for kind in sites if kind != WORD
-                                                     for s in site_words.expand(kind, model.config, width))}
-    df = df.assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
+    # the rows `sites` names, in its order (a word's sites as resid.analyses.sites lists them; the features of the
+    # word "feature", known only from the runs, after them)
+    order = {site.label: i for i, site in enumerate(named)}
+    of_kinds = {site.label for kind in kinds if kind != WORD for site in site_words.expand(kind, model.config, width)}
+    keep = df["site"].isin(order) | (~df["site"].isin(of_kinds) if WORD in every else False)
+    df = df[keep].assign(_order=df["site"].map(order)).sort_values(["prompt_idx", "_order"], kind="stable")
     df = df.drop(columns="_order")
     df["method"] = method
     return scored(df, direction, label)[[*COLUMNS, "method", "magnitude"]].reset_index(drop=True)
 
 
+def _selected(sites, config, width: int) -> tuple[list[str], list[Site], set[str]]:
+    """(the kinds of sites to estimate, of ALL_SITES, in order; the Sites `sites` names, in order, the features of the
+    word "feature" left out; the kinds named by a word, all of whose sites are kept)."""
+    listed = {kind: site_words.expand(kind, config, width) for kind in ALL_SITES if kind != WORD}
+    kind_of = {site.label: kind for kind, found in listed.items() for site in found}
+    kinds: list[str] = []
+    every: set[str] = set()
+
+    def word(name: str) -> list[Site]:
+        check_choice(name, "sites", ALL_SITES)
+        every.add(name)
+        kinds.extend([name] if name not in kinds else [])
+        return [] if name == WORD else listed[name]
+
+    def named(found: list) -> list[Site]:
+        found = site_words.expand(found, config, width)
+        for site in found:
+            kind = WORD if site.of_dictionary else kind_of.get(site.label)
+            if kind is None:
+                raise ResidError(f"Attribution patching has no estimate for {site.label}: it estimates residual sites "
+                                 f"at one position 0..{width - 1} (resid_pre), writes (sublayer), heads, their q, k, v "
+                                 "and pattern, and features. Patch it exactly with patching.activation.")
+            kinds.extend([kind] if kind not in kinds else [])
+        return found
+
+    return kinds, selection.expand(sites, word, named), every
+
+
 def _pairs_atp(model: EncoderDecoder, sources: PairSources, clean, corrupt, targets, baselines, sites, direction,
-               metric, batch_size, method, align, out, progress, executor, workers, dictionaries) -> pd.DataFrame:
+               metric, align, dictionaries, method, execution: Execution) -> pd.DataFrame:
     """AtP of an encoder-decoder model (resid.analyses.patching.atp_seq2seq)."""
-    sites = [sites] if isinstance(sites, str) else list(sites)
     if dictionaries:
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
-    seq2seq.in_process(executor)
+    seq2seq.in_process(execution.executor)
     pairs, target_ids, baseline_ids, metric, label = prepare(model.decoder, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
-    seq2seq_atp.check(sites, method, pairs)
     width, source_width = int(pairs.clean.tokens.lengths.max()), int(sources.clean.tokens.lengths.max())
-    chosen = [site for kind in sites for site in seq2seq.expand(model, kind, width, source_width)]
+    chosen = seq2seq_atp.chosen(model, sites, method, pairs, width, source_width)
     sources.check(chosen)
     base = "corrupt" if direction == "denoise" else "clean"
-    size = batch_size_for(model.decoder, pairs.clean.tokens, batch_size)
+    size = batch_size_for(model.decoder, pairs.clean.tokens, execution.batch_size)
     every = range(len(pairs.clean))
     ids = (sources.clean.sequences(every), sources.corrupt.sequences(every), sources.clean.pad_token_id)
     job = seq2seq_atp.Seq2SeqAtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value,
                                        dict(direction=direction, metric=label), sites=chosen, sources=ids)
-    df = drive(model, job, Execution(executor, workers, batch_size, progress, out))
+    df = drive(model, job, execution)
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
     order = {site.label: i for i, site in enumerate(chosen)}

@@ -18,9 +18,11 @@ import pandas as pd
 import torch
 
 from resid.analyses import sites as site_words
-from resid.analyses.ablation.seq2seq import plain
 from resid.analyses.metrics import metric_values
+from resid.analyses.patching import selection
 from resid.analyses.patching.pairs import Pairs, PairsJob
+from resid.analyses.sweeps import seq2seq
+from resid.analyses.sweeps.seq2seq import plain
 from resid.capture import Capture
 from resid.errors import ResidError, param
 from resid.seq2seq import EncoderDecoder
@@ -30,13 +32,33 @@ from resid.tokenizer import Tokens
 SITES = ("sublayer", "head")
 
 
-def check(sites: list[str], method: str, pairs: Pairs) -> None:
-    wrong = [kind for kind in sites if kind not in SITES]
-    if method != "atp" or wrong:
+def chosen(model: EncoderDecoder, sites, method: str, pairs: Pairs, width: int, source_width: int) -> list[Site]:
+    """The Sites of `sites` (resid.analyses.patching.selection) on both stacks, each a write or a head: the others
+    and AtP* are refused, saying what to use."""
+    found = {word: seq2seq.expand(model, word, width, source_width) for word in SITES}
+    allowed = {site.label for sites_of in found.values() for site in sites_of}
+
+    def refuse(what: str) -> None:
         raise ResidError(f"Attribution patching of an encoder-decoder model takes {param('method', 'atp')} and "
-                         f"{param('sites')} of {', '.join(SITES)}; got method={method!r}, sites={sites!r}. Use exact "
-                         "activation patching (patching.activation) for the others.")
+                         f"{param('sites')} of {', '.join(SITES)} (or their Sites); got method={method!r}, {what}. Use "
+                         "exact activation patching (patching.activation) for the others.")
+
+    def word(name: str) -> list[Site]:
+        if name not in found:
+            refuse(f"sites={name!r}")
+        return found[name]
+
+    def listed(items: list) -> list[Site]:
+        out = seq2seq.expand(model, items, width, source_width)
+        for site in out:
+            if site.label not in allowed:
+                refuse(f"the site {site.label}")
+        return out
+
+    if method != "atp":
+        refuse(f"sites={sites!r}")
     pairs.require_same_positions("Attribution patching of an encoder-decoder model")
+    return selection.expand(sites, word, listed)
 
 
 @dataclass

@@ -5,40 +5,40 @@ one site, and measure how much of the clean behaviour that restores.
     direction="noise"    run the clean prompt, patch in the corrupt activation (what is necessary)
 
 score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 1 the clean run's, in both
-directions. Sites: a word of resid.analyses.sites ("resid_pre", "resid_mid", "resid_post": the residual stream at
-each layer and each position, the layer x position map; "sublayer", "head", "layer", "q", "k", "v", "pattern"),
-"feature" (with `dictionaries=`: every feature of the learned dictionaries active in some prompt of a pair;
-resid.analyses.patching.features) or a list of resid.Site (or their labels, feature sites Site(l, part, feature=i)
-included): each is given the other prompt's activation by the ablation engine's resample path
-(resid.analyses.ablation: batched rows, the clean prefix reused, the last token unembedded, out-of-memory
-back-off), and the clean and corrupt metrics come from the same clean passes.
+directions. Sites (resid.analyses.patching.selection): a word of resid.analyses.sites ("resid_pre", "resid_mid",
+"resid_post": the residual stream at each layer and each position, the layer x position map; "sublayer", "head",
+"layer", "q", "k", "v", "pattern"), "feature" (with `dictionaries=`: every feature of the learned dictionaries
+active in some prompt of a pair; resid.analyses.patching.features), or a list of words, resid.Site values and
+their labels (feature sites Site(l, part, feature=i) included). Each site is given the other prompt's activation
+by the intervention-sweep engine's resample path (resid.analyses.sweeps: batched rows, the clean prefix reused,
+the last token unembedded, out-of-memory back-off), and the clean and corrupt metrics come from the same clean
+passes.
 
-With `out=` (a .parquet or .csv file) finished rows are stored chunk by chunk by the one driver
-(resid.analyses.distributed.driver): a killed run, called again the same way, resumes where it stopped. Chunks run
-in process, or on Ray workers (executor="ray", workers=N), with the same rows. The file holds the engine's rows
-(ablated_metric is the patched metric, clean_metric the base run's, donor_metric the donor run's); the returned
-frame has the columns of COLUMNS.
+How it runs is one value, `execution=` (resid.analyses.Execution): chunks of rows on the one driver
+(resid.analyses.distributed.driver), in process or on Ray workers (executor="ray", workers=N) with the same rows,
+batch_size pairs per forward pass, a progress bar (on a terminal by default), and with `out=` (a .parquet or .csv
+file) finished rows stored chunk by chunk: a killed run, called again the same way, resumes where it stopped. The
+file holds the engine's rows (ablated_metric is the patched metric, clean_metric the base run's, donor_metric the
+donor run's); the returned frame has the columns of COLUMNS.
 
 The pairs must have the same token length (the positions correspond one to one), or, for residual sites, an
 alignment (align="end" or explicit positions; resid.analyses.patching.pairs); positions are the clean prompt's.
 """
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import pandas as pd
 
 from resid.analyses import sites as site_words
-from resid.analyses.ablation import seq2seq
-from resid.analyses.ablation.chunks import SweepJob
-from resid.analyses.ablation.engine import dictionaries_digest
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
+from resid.analyses.patching import selection
 from resid.analyses.patching.features import WORD, active, dictionaries_of, require
 from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, prepare, scored
 from resid.analyses.patching.sources import pair_sources
+from resid.analyses.sweeps import seq2seq
+from resid.analyses.sweeps.chunks import SweepJob, dictionaries_digest
 from resid.errors import ResidError, param
 from resid.model import Inputs, Transformer
 from resid.seq2seq import EncoderDecoder
@@ -59,44 +59,47 @@ def activation(
     sites: str | Sequence[Site | str] = "resid_pre",
     direction: PatchDirection = "denoise",
     metric: str | Callable | None = None,
-    batch_size: int | str = "auto",
-    out: str | Path | None = None,
-    progress: bool = False,
     align: Align = None,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
     dictionaries: Sequence = (),
     source: Inputs | None = None,
     corrupt_source: Inputs | None = None,
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS. executor:
-    None (in process), "ray" (with `workers`) or a resid.analyses.distributed executor: the same rows on each.
+    """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS (the
+    parameters and their defaults: resid.analyses.patching). execution: how it runs (resid.analyses.Execution:
+    executor, workers, batch_size, progress, out); the same rows on every executor.
     dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name.
     source, corrupt_source: encoder-decoder models only, each clean / corrupt prompt's source
     (resid.analyses.patching.sources); sites are then on both stacks (encoder sites "encoder.<label>")."""
+    execution = as_execution(execution)
     full, (model, sources) = model, pair_sources(model, source, corrupt_source, _count(clean))
-    if sources is not None and (dictionaries or sites == WORD):
+    if sources is not None and (dictionaries or WORD in selection.words(sites)):
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
     if sources is not None:
-        seq2seq.in_process(executor)
+        seq2seq.in_process(execution.executor)
     dictionaries = dictionaries_of(dictionaries, sites)
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     n = len(pairs.clean)
-    size = batch_size_for(model, pairs.clean.tokens, batch_size)
-    if sites == WORD:
-        pairs.require_same_positions(f"Patching {param('sites', sites)}")
-        chosen = active(model, pairs, dictionaries, size.value)
-        if not chosen:
-            return pd.DataFrame(columns=list(COLUMNS))
-    elif sources is not None:
-        chosen = seq2seq.expand(full, sites, int(pairs.clean.tokens.lengths.max()),
-                                int(sources.clean.tokens.lengths.max()))
+    size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
+    width = int(pairs.clean.tokens.lengths.max())
+    if sources is not None:
+        source_width = int(sources.clean.tokens.lengths.max())
+        chosen = selection.expand(sites, lambda word: seq2seq.expand(full, word, width, source_width),
+                                  lambda listed: seq2seq.expand(full, listed, width, source_width))
         sources.check(chosen)
     else:
-        chosen = site_words.expand(sites, model.config, int(pairs.clean.tokens.lengths.max()))
+        def word(name: str) -> list[Site]:
+            if name != WORD:
+                return site_words.expand(name, model.config, width)
+            pairs.require_same_positions(f"Patching {param('sites', WORD)}")
+            return active(model, pairs, dictionaries, size.value)
+
+        chosen = selection.expand(sites, word, lambda listed: site_words.expand(listed, model.config, width))
         require(chosen, dictionaries)
+    if not chosen:  # "feature" alone, and no feature active in any pair
+        return pd.DataFrame(columns=list(COLUMNS))
     if any((site.part not in RESID_PARTS or site.positions is None) and site.stack is None for site in chosen):
         pairs.require_same_positions(f"Patching {param('sites', sites)}" if isinstance(sites, str)
                                      else "Patching Sites")
@@ -104,12 +107,12 @@ def activation(
                     **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
     base_prompts = getattr(pairs, base)
     job = SweepJob(base_prompts.sequences(range(n)), base_prompts.pad_token_id, target_ids, baseline_ids,
-                   getattr(pairs, donor).sequences(range(n)), chosen, "resample", metric, {}, False, None, batch_size,
-                   size.value, model.config.n_layers, settings, aligned=named_positions(pairs, base),
-                   donor_metric=True, dictionaries=dictionaries,
+                   getattr(pairs, donor).sequences(range(n)), chosen, "resample", metric, {}, False, None,
+                   execution.batch_size, size.value, model.config.n_layers, settings,
+                   aligned=named_positions(pairs, base), donor_metric=True, dictionaries=dictionaries,
                    sources=None if sources is None else sources.ids(base, donor),
                    encoder_layers=0 if sources is None else full.encoder.config.n_layers)
-    df = drive(full, job, Execution(executor, workers, batch_size, progress, out))
+    df = drive(full, job, execution)
     if df is None or df.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     df = df.rename(columns={"ablated_metric": "patched_metric"})

@@ -4,7 +4,7 @@ names, and attribution patching's estimate of each feature's effect.
 A feature site is Site(layer, part, feature=i), feature i of the dictionary that reconstructs layers[layer].part.
 Patching it puts the donor run's activation of that feature in at every position: inside the dictionary's splice
 the site's tensor changes by (a_donor - a_base) * W_dec[i] (the input normalization undone) and by nothing else,
-the error term kept (resid.dictionaries.edits). Exact patching does this through the ablation engine's resample
+the error term kept (resid.dictionaries.edits). Exact patching does this through the sweep engine's resample
 path; attribution patching estimates it to first order:
 
     effect(feature i) ~ sum over positions p of (a_donor - a_base)[p, i] * d metric / d a[p, i]   at the base run

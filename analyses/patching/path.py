@@ -1,8 +1,9 @@
 """Path patching (Wang et al. 2022, the IOI circuit): the effect of sender heads on the answer *through* chosen
 receivers only, every other path held at the base run.
 
-With a base prompt and a donor prompt of each pair (direction="noise", as Wang et al.: the clean prompt is
-the base, the corrupt one the donor; "denoise" swaps them):
+With a base prompt and a donor prompt of each pair (direction="denoise", the default of every patching method:
+the corrupt prompt is the base, the clean one the donor; direction="noise" is Wang et al.'s convention, the clean
+prompt the base and the corrupt one the donor):
 
   1. run the base prompt with the senders' z (or a sender MLP's write) taken from the donor run and every other
      head's z frozen at the base run's (the other MLPs are recomputed);
@@ -16,7 +17,8 @@ where Sites do ("layers[9].attn.head[6]").
 
 One row per (pair, sender set): `senders` (their labels joined by " + "), `receivers`, clean / corrupt / patched
 metric and score (0 = the corrupt run, 1 = the clean run). Chunks of pairs run on the one driver
-(resid.analyses.distributed.driver): batched with out-of-memory back-off, resumable with `out=`, on any executor.
+(resid.analyses.distributed.driver) as `execution=` says (resid.analyses.Execution): batch_size pairs per forward
+pass with out-of-memory back-off, resumable with `out=`, on any executor, a progress bar on a terminal.
 """
 
 from collections.abc import Callable, Sequence
@@ -27,8 +29,7 @@ import pandas as pd
 import torch
 
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching.pairs import Pairs, PairsJob, PatchDirection, prepare, scored
@@ -50,15 +51,13 @@ def path(
     baselines: Sequence[str | int] | str | int | None = None,
     senders: Sequence[Site | str] | Sequence[Sequence[Site | str]] = (),
     receivers: str | Sequence[Site | str] = "logits",
-    direction: PatchDirection = "noise",
+    direction: PatchDirection = "denoise",
     metric: str | Callable | None = None,
-    batch_size: int | str = "auto",
-    out=None,
-    progress: bool = False,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """Path patching from each sender set to `receivers` (see the module docstring)."""
+    """Path patching from each sender set to `receivers` (see the module docstring); execution: how it runs
+    (resid.analyses.Execution)."""
+    execution = as_execution(execution)
     if isinstance(model, EncoderDecoder):
         raise ResidError(f"Path patching does not take encoder-decoder models ({model.name}) yet: use "
                          "patching.activation or patching.atp with source=, whose sites span both stacks.")
@@ -72,10 +71,10 @@ def path(
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction)
     base = "clean" if direction == "noise" else "corrupt"
-    size = batch_size_for(model, pairs.clean.tokens, batch_size)
+    size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
     job = PathJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
                      sets=sets, receivers=None if receivers == "logits" else receivers)
-    df = drive(model, job, Execution(executor, workers, batch_size, progress, out))
+    df = drive(model, job, execution)
     names = [" + ".join(site.label for site in group) for group in sets]
     if df is None or df.empty:
         return pd.DataFrame(columns=["prompt_idx", "senders", "receivers", "patched_metric", "clean_metric",

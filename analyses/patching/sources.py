@@ -10,9 +10,9 @@ the base source's encoder, so those pairs' sources need the same token lengths.
 
 from dataclasses import dataclass
 
-from resid.analyses.ablation.seq2seq import SourceIds
 from resid.analyses.inputs import Prompts, check_sources, decoder_of
 from resid.analyses.inputs import prompts as as_prompts
+from resid.analyses.sweeps.seq2seq import SourceIds
 from resid.errors import ResidError, param
 from resid.model import Inputs, Transformer
 from resid.seq2seq import EncoderDecoder

@@ -44,9 +44,9 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from resid.analyses.corpus_windows import Window, batch_tokens
+from resid.analyses.corpus_windows import windows as cut_windows
 from resid.analyses.distributed.executor import Job
-from resid.analyses.neurons.keys import windows as cut_windows
-from resid.analyses.neurons.scan import Window, batch_tokens
 from resid.capture import Capture
 from resid.dictionaries.hooks import HookPoint, point_of, read, width
 from resid.errors import ResidError, param

@@ -41,13 +41,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from resid.analyses.corpus_windows import Window, batch_tokens
+from resid.analyses.corpus_windows import windows as cut_windows
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.executor import Job
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
-from resid.analyses.neurons.keys import windows as cut_windows
-from resid.analyses.neurons.scan import Window, batch_tokens
 from resid.analyses.training.activations import check_ratio, ordinary, training_positions
 from resid.analyses.training.splice import splice_at
 from resid.dictionaries import Dictionary, Splice, check

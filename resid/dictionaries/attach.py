@@ -261,8 +261,8 @@ def write_of(d: Dictionary, delta: Tensor, x: Tensor) -> Tensor:
 
 def feature_edits(model, dictionaries: Sequence, interventions: Sequence[Intervention]) -> list[Intervention]:
     """`interventions` with those on dictionary features made into the Hooks of splices that apply them
-    (resid.dictionaries.edits); `model.run(dictionaries=[...], interventions=[...])` calls it, and so can any code
-    that runs the model with interventions (the ablation engine, for `model.resume`)."""
+    (resid.dictionaries.edits); `model.run(dictionaries=[...], interventions=[...])` calls it, and so can any
+    code that runs the model with interventions (the sweep engine, resid.analyses.sweeps, for `model.resume`)."""
     plain, splices = feature_splices(model, dictionaries, interventions)
     return plain + Attached(model, splices).hooks() if splices else list(interventions)
 

@@ -15,7 +15,7 @@ resid.dictionaries.attach). Every edit of one dictionary is applied in one splic
 `feature_splices(model, dictionaries, interventions)` turns the feature interventions into the splices that do this
 and passes the others through; resid.dictionaries.attach.feature_edits makes those splices Hooks, for
 `model.run(dictionaries=[...], interventions=[...])` and any code that runs the model with interventions (the
-ablation engine, for `model.resume`).
+intervention-sweep engine, resid.analyses.sweeps, for `model.resume`).
 """
 
 from collections.abc import Sequence

@@ -10,9 +10,9 @@ from tiny_models import VARIANTS
 
 import resid
 from resid import Replace, Site, ZeroAblate
-from resid.analyses import ablation
-from resid.analyses.ablation.rows import edited
+from resid.analyses import Execution, ablation
 from resid.analyses.metrics import metric_values
+from resid.analyses.sweeps.rows import edited
 
 REFERENCE = ["Reference text one is here, and it is long enough to cover every position.", "More words."]
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -77,8 +77,7 @@ def check_rows(model, df: pd.DataFrame, method: str, metric: str = "logit_diff")
 def run_sweep(model, method: str, n: int = 4, **options) -> pd.DataFrame:
     """Sweep the first n prompts (n even keeps every donor pair together)."""
     reference = {"zero": None, "mean": REFERENCE, "resample": DONORS[:n]}[method]
-    return ablation.sweep(model, PROMPTS[:n], TARGETS[:n], BASELINES[:n], method=method, reference=reference,
-                          progress=False, **options)
+    return ablation.sweep(model, PROMPTS[:n], TARGETS[:n], BASELINES[:n], method=method, reference=reference, **options)
 
 
 METHODS = ("zero", "mean", "resample")
@@ -96,7 +95,7 @@ def test_sweep_equals_brute_force_on_every_family(tiny: Tiny, kind: str):
     rotated = METHODS[(VARIANTS.index(tiny.variant) + KINDS.index(kind)) % len(METHODS)]
     for method in METHODS if tiny.variant in EVERY_METHOD else (rotated,):
         n = 2 if kind == "head" else 4  # heads give many rows per prompt: two prompts keep the brute force quick
-        df = run_sweep(model, method, n, sites=kind, batch_size=5)
+        df = run_sweep(model, method, n, sites=kind, execution=Execution(batch_size=5))
         cfg = model.config
         per_prompt = {"layer": cfg.n_layers, "sublayer": 2 * cfg.n_layers, "head": cfg.n_layers * cfg.n_heads}[kind]
         assert len(df) == n * per_prompt and not df.duplicated(["prompt_idx", "site"]).any()
@@ -113,7 +112,7 @@ def test_the_rotation_covers_every_method_and_kind():
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
 def test_sweep_on_smollm2(smollm2, method: str):
     sites = [Site(0, "attn"), Site(14, "mlp"), Site(29, "attn", head=3), Site(9, "mlp", neuron=100), Site(-1, "mlp")]
-    df = run_sweep(smollm2, method, sites=sites, batch_size=3)
+    df = run_sweep(smollm2, method, sites=sites, execution=Execution(batch_size=3))
     assert len(df) == len(PROMPTS) * len(sites)
     assert set(df.site) == {"layers[0].attn", "layers[14].mlp", "layers[29].attn.head[3]",
                             "layers[9].mlp.neuron[100]", "layers[29].mlp"}
@@ -123,17 +122,17 @@ def test_sweep_on_smollm2(smollm2, method: str):
 def test_metrics_and_clean_values(tiny: Tiny):
     model = tiny.model
     for metric in ("target_prob", "loss", "logit"):
-        df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], sites="layer", metric=metric, progress=False)
+        df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], sites="layer", metric=metric)
         check_rows(model, df, "zero", metric=metric)
     clean = model.run(PROMPTS[0], logits_at="last").logits[0, 0].softmax(-1)
-    df = ablation.sweep(model, PROMPTS[:1], TARGETS[0], sites="layer", progress=False)  # default: target_prob
+    df = ablation.sweep(model, PROMPTS[:1], TARGETS[0], sites="layer")  # default: target_prob
     assert (df.metric == "target_prob").all()
     mary = model.tokenizer.encode(" Mary", prepend_bos=False)[0]
     torch.testing.assert_close(df.clean_metric.iloc[0], clean[mary].item(), **TOL)
 
 
 def test_batch_size_invariance(tiny: Tiny):
-    one = run_sweep(tiny.model, "resample", sites="sublayer", batch_size=1)
+    one = run_sweep(tiny.model, "resample", sites="sublayer", execution=Execution(batch_size=1))
     auto = run_sweep(tiny.model, "resample", sites="sublayer")
     pd.testing.assert_frame_equal(one, auto, atol=1e-5, rtol=1e-5)
 
@@ -143,7 +142,7 @@ def test_per_position_means_equal_brute_force(tiny: Tiny):
     longest = max(len(model.tokenizer.encode(p)) for p in PROMPTS[:2])
     reference = [" ".join(["word"] * (longest + 3)), "Short text.", " ".join(["other words"] * longest)]
     df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="sublayer", method="mean",
-                        reference=reference, mean_positions="per_position", batch_size=3, progress=False)
+                        reference=reference, mean_positions="per_position", execution=Execution(batch_size=3))
     for row in df.itertuples():
         site = Site(row.layer, row.part)
         per_text = [_unit(model.run(torch.tensor(model.tokenizer.encode(t)[:longest]), capture=CAPTURE_UNITS).stream,
@@ -158,11 +157,11 @@ def test_per_position_means_equal_brute_force(tiny: Tiny):
         torch.testing.assert_close(row.ablated_metric, metric_values("logit_diff", logits, *ids).item(), **TOL)
     with pytest.raises(resid.ResidError, match="no reference text reaches position"):
         ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], method="mean", reference=["Short."],
-                       mean_positions="per_position", progress=False)
+                       mean_positions="per_position")
 
 
 def test_random_donors_have_equal_length_and_follow_the_seed():
-    from resid.analyses.ablation.values import random_donors
+    from resid.analyses.sweeps.values import random_donors
 
     lengths = [5, 5, 7, 7, 7]
     donors = random_donors(lengths, seed=3)

@@ -171,7 +171,7 @@ def test_bad_input(gpt2_tokenizer):
     with pytest.raises(ResidError, match="Attention patterns have no mean"):
         from resid.analyses import ablation
         ablation.sweep(model, CLEAN, TARGETS, sites=[resid.Site(0, "attn", head=0, field="pattern")],
-                       method="mean", reference=CLEAN, progress=False)
+                       method="mean", reference=CLEAN)
     estimate = patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
     with pytest.raises(ResidError, match="by must be"):
         patching.compare(estimate, estimate, by="size")

@@ -23,13 +23,12 @@ FRAMES = {
     "logit_lens.run": lambda m: logit_lens.run(m, PROMPTS, target=" Paris", positions="all", k=2),
     "logit_lens.run[own top]": lambda m: logit_lens.run(m, PROMPTS, every="layer", k=2),
     "neurons.value_top_tokens": lambda m: neurons.value_top_tokens(m, layers=[0], k=3),
-    "neurons.top_activating": lambda m: neurons.top_activating(m, PROMPTS, layers=[0], neurons=[1, 2], k=2,
-                                                               progress=False),
+    "neurons.top_activating": lambda m: neurons.top_activating(m, PROMPTS, layers=[0], neurons=[1, 2], k=2),
     "neurons.sub_updates": lambda m: neurons.sub_updates(m, PROMPTS[1], layers=[0, -1], k=3, target=" Paris"),
     "neurons.prediction_change": lambda m: neurons.prediction_change(
         m, PROMPTS, neurons.scale_coefficients(m, PROMPTS, [(0, 1), (2, 5)], 0.0, positions=[-1]), k=3),
     "ablation.sweep": lambda m: ablation.sweep(m, PROMPTS, [" Mary", " Paris"], [" John", " London"],
-                                               sites="head", method="mean", reference=PROMPTS, progress=False),
+                                               sites="head", method="mean", reference=PROMPTS),
 }
 
 

@@ -33,8 +33,8 @@ def test_texts_tokens_and_ids_give_the_same_tables(gpt2_tokenizer):
     _same(neurons.sub_updates(model, TEXTS[1]), neurons.sub_updates(model, one_ids),
           ["layer", "ranking", "neuron", "coefficient", "target_contribution"])
 
-    sweep_text = ablation.sweep(model, TEXTS, " the", sites="sublayer", progress=False)
-    sweep_tokens = ablation.sweep(model, tokens, " the", sites="sublayer", progress=False)
+    sweep_text = ablation.sweep(model, TEXTS, " the", sites="sublayer")
+    sweep_tokens = ablation.sweep(model, tokens, " the", sites="sublayer")
     _same(sweep_text, sweep_tokens, ["prompt_idx", "site", "clean_metric", "ablated_metric"])
 
 
@@ -49,5 +49,5 @@ def test_a_model_without_a_tokenizer_runs_every_analysis_from_ids():
     assert df["token"].str.match(r"<\d+>").all()
     lens = logit_lens.run(model, ids, positions=[0, -1], every="layer")
     assert set(lens["pos"]) == {0, 5} and len(lens["prompt_idx"].unique()) == 3
-    sweep = ablation.sweep(model, ids, 5, sites="layer", progress=False)
+    sweep = ablation.sweep(model, ids, 5, sites="layer")
     assert len(sweep) == 3 * model.config.n_layers

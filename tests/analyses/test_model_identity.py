@@ -8,12 +8,12 @@ from swap_prompts import BASELINES, PROMPTS, TARGETS
 from tiny_models import build
 
 import resid
-from resid.analyses import ablation, attribution
+from resid.analyses import Execution, ablation, attribution
 from resid.errors import ResidError
 
 
 def _sweep(model, out):
-    return ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="layer", out=out, progress=False)
+    return ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites="layer", execution=Execution(out=out))
 
 
 def test_the_identity_follows_the_weights_not_the_name(random_model):

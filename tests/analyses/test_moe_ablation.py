@@ -53,15 +53,14 @@ def test_expert_sweeps_equal_brute_force(tiny: Tiny, method: str):
     reference = {"zero": None, "mean": REFERENCE, "resample": PROMPTS[::-1]}[method]
     sites = [Site(1, "mlp", expert=2), Site(0, "mlp", expert=1, neuron=5), Site(-1, "mlp", expert=0, positions=[-1])]
     for chosen in ("expert", sites):
-        df = ablation.sweep(model, PROMPTS, TARGETS, BASELINES, sites=chosen, method=method, reference=reference,
-                            progress=False)
+        df = ablation.sweep(model, PROMPTS, TARGETS, BASELINES, sites=chosen, method=method, reference=reference)
         if chosen == "expert":
             assert len(df) == 2 * model.config.n_layers * model.config.n_experts
             assert df["site"].iloc[3] == "layers[0].mlp.expert[3]" and df["expert"].iloc[3] == 3
         else:
             assert df["site"].iloc[2] == "layers[1].mlp.expert[0]@-1"
             assert df["neuron"].iloc[1] == 5 and df["expert"].iloc[1] == 1
-        assert list(df.columns) == list(ablation.engine.COLUMNS)
+        assert list(df.columns) == list(ablation.COLUMNS)
         for row in df.itertuples():
             expected = _brute_force(model, row.prompt_idx, Site.parse(row.site), method)
             torch.testing.assert_close(row.ablated_metric, expected, atol=1e-5, rtol=1e-5)
@@ -70,6 +69,6 @@ def test_expert_sweeps_equal_brute_force(tiny: Tiny, method: str):
 def test_dense_models_have_no_expert_sites(gpt2_tokenizer):
     model = make_random_model("llama_gqa", gpt2_tokenizer)
     with pytest.raises(ResidError, match="sites='expert' needs a mixture-of-experts model"):
-        ablation.sweep(model, PROMPTS, TARGETS, sites="expert", progress=False)
-    df = ablation.sweep(model, PROMPTS, TARGETS, sites="sublayer", progress=False)
+        ablation.sweep(model, PROMPTS, TARGETS, sites="expert")
+    df = ablation.sweep(model, PROMPTS, TARGETS, sites="sublayer")
     assert df["expert"].isna().all()

@@ -183,7 +183,7 @@ def test_a_planted_memory_is_found(random_model):
     _plant(model, layer, neuron, trigger, value)
     corpus = ["The weather was fine and the garden was green.", "My neighbour has a cat that sleeps all day.",
               "Numbers such as 12 and 40 appear here."]
-    top = neurons.top_activating(model, corpus, layers=[layer], k=2, progress=False)
+    top = neurons.top_activating(model, corpus, layers=[layer], k=2)
     mine = top[top["neuron"] == neuron].iloc[0]
     assert mine["token_id"] == trigger and "⟦ cat⟧" in mine["context"] and mine["doc"] == 1
     best = top[top["rank"] == 1]

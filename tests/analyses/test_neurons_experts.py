@@ -114,7 +114,7 @@ def test_sub_updates_of_experts_are_exact(tiny: Tiny):
 def test_top_activating_experts_counts_routed_tokens_only(tiny: Tiny):
     model = tiny.model
     texts = ["The quick brown fox jumps over the lazy dog.", "Hello there, general Kenobi."]
-    df = neurons.top_activating(model, texts, layers=[1], neurons=[3], k=2, progress=False)
+    df = neurons.top_activating(model, texts, layers=[1], neurons=[3], k=2)
     assert df.columns[:5].tolist() == ["layer", "expert", "neuron", "rank", "coefficient"]
     run = model.run(texts, capture=resid.Capture(mlp={"post", "expert_weights"}))
     record = run.stream.layers[1].mlp

@@ -8,10 +8,10 @@ import torch
 from bad_option import BAD_OPTION
 
 import resid
-from resid.analyses import corpus, neurons, plots
+from resid.analyses import Execution, corpus, neurons, plots
 from resid.analyses.cli.main import main
+from resid.analyses.corpus_windows import windows
 from resid.analyses.neurons import plots as neuron_plots
-from resid.analyses.neurons.keys import windows
 from resid.errors import ResidError
 
 TEXTS = [
@@ -46,8 +46,8 @@ def _brute_force(model, texts, layer, window, sign):
 def test_top_activating_equals_brute_force(random_model, sign, bos):
     model = _with_bos(random_model) if bos else random_model
     k, layer, window = 5, 1, 9  # windows of 9 tokens: the first two documents are cut into several
-    df = neurons.top_activating(model, TEXTS, layers=[layer], k=k, sign=sign, window=window, batch_size=3,
-                                progress=False)
+    df = neurons.top_activating(model, TEXTS, layers=[layer], k=k, sign=sign, window=window,
+                                execution=Execution(batch_size=3))
     rows, coefficients, score = _brute_force(model, TEXTS, layer, window, sign)
     expected = score.topk(k + 1, dim=0)
     assert len(df) == k * model.config.d_mlp and df["rank"].tolist() == list(range(1, k + 1)) * model.config.d_mlp
@@ -60,14 +60,14 @@ def test_top_activating_equals_brute_force(random_model, sign, bos):
         mine = df[df["neuron"] == neuron]
         assert list(zip(mine["doc"], mine["pos"])) == [rows[i][:2] for i in expected.indices[:k, neuron].tolist()]
     # Batch size and window sorting do not change the result.
-    again = neurons.top_activating(model, TEXTS, layers=[layer], k=k, sign=sign, window=window, batch_size=64,
-                                   progress=False)
+    again = neurons.top_activating(model, TEXTS, layers=[layer], k=k, sign=sign, window=window,
+                                   execution=Execution(batch_size=64))
     torch.testing.assert_close(again["coefficient"], df["coefficient"], atol=1e-5, rtol=1e-5)
 
 
 def test_top_activating_columns_and_context(random_model):
     df = neurons.top_activating(random_model, TEXTS, layers=[0, -1], neurons=[3, 5], k=2, context=3, after=2,
-                                sign="negative", progress=False)
+                                sign="negative")
     assert list(df.columns) == ["layer", "neuron", "rank", "coefficient", "token_id", "token", "doc", "pos",
                                 "context"]
     assert df["layer"].unique().tolist() == [0, 2] and df["neuron"].unique().tolist() == [3, 5]
@@ -82,7 +82,7 @@ def test_top_activating_columns_and_context(random_model):
 
 
 def test_fewer_tokens_than_k_gives_fewer_rows(random_model):
-    df = neurons.top_activating(random_model, ["Short."], layers=[0], neurons=[1], k=10, progress=False)
+    df = neurons.top_activating(random_model, ["Short."], layers=[0], neurons=[1], k=10)
     assert df["rank"].tolist() == [1, 2]  # "Short" and "."
 
 
@@ -124,20 +124,20 @@ def test_corpus_errors(tmp_path, random_model):
     with pytest.raises(ResidError, match=r"Corpus entries \[1\] are not strings"):
         corpus.load(["fine", 3])
     with pytest.raises(ResidError, match="has no non-blank documents"):
-        neurons.top_activating(random_model, ["  ", ""], layers=[0], progress=False)
+        neurons.top_activating(random_model, ["  ", ""], layers=[0])
     with pytest.raises(BAD_OPTION, match="sign"):
-        neurons.top_activating(random_model, TEXTS, layers=[0], sign="largest", progress=False)
+        neurons.top_activating(random_model, TEXTS, layers=[0], sign="largest")
     with pytest.raises(ResidError, match="window must be an integer of at least 1"):
-        neurons.top_activating(random_model, TEXTS, layers=[0], window=0, progress=False)
+        neurons.top_activating(random_model, TEXTS, layers=[0], window=0)
     with pytest.raises(ResidError, match=r"Layers \[3\] are out of range"):
-        neurons.top_activating(random_model, TEXTS, layers=[3], progress=False)
+        neurons.top_activating(random_model, TEXTS, layers=[3])
     with pytest.raises(ResidError, match="context must be a non-negative number of tokens"):
-        neurons.top_activating(random_model, TEXTS, layers=[0], context=-1, progress=False)
+        neurons.top_activating(random_model, TEXTS, layers=[0], context=-1)
 
 
 def test_neuron_figures(random_model, tmp_path):
     values = neurons.value_top_tokens(random_model, layers=[1], neurons=[4], k=3)
-    contexts = neurons.top_activating(random_model, TEXTS, layers=[1], neurons=[4], k=3, progress=False)
+    contexts = neurons.top_activating(random_model, TEXTS, layers=[1], neurons=[4], k=3)
     card = neuron_plots.neuron_card(values, contexts, 1, 4)
     bars, table = card.data[0], card.data[2]
     assert list(bars.x) == values[values["direction"] == "top"]["value"].tolist()

@@ -1,12 +1,15 @@
 """Activation patching and attribution patching (resid.analyses.patching): exactness, agreement with one forward per
 site written independently here, AtP against finite differences, compare, and bad input."""
 
+import io
+import sys
+
 import pytest
 import torch
 from numerics import TINY
 
 import resid
-from resid.analyses import patching
+from resid.analyses import Execution, patching
 from resid.errors import ResidError
 
 NAMES = [(" Mary", " John"), (" Alice", " Bob")]
@@ -107,7 +110,7 @@ def test_atp_is_the_linear_limit_of_patching(random_model):
 
 
 def test_atp_covers_every_site_and_compare_scores_it(random_model):
-    estimate = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES)
+    estimate = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=["resid_pre", "sublayer", "head"])
     n_layers, n_heads = random_model.config.n_layers, random_model.config.n_heads
     per_pair = n_layers * (2 + n_heads + 14)
     assert len(estimate) == 2 * per_pair
@@ -183,7 +186,7 @@ def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypa
     result equals an uninterrupted run."""
     from random_models import make_random_model
 
-    from resid.analyses.ablation import chunks
+    from resid.analyses.sweeps import chunks
 
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     expected = _patch(model, "resid_pre")
@@ -198,11 +201,75 @@ def test_resid_patching_resumes_after_a_crash(gpt2_tokenizer, tmp_path, monkeypa
 
     monkeypatch.setattr(chunks, "clean_pass", failing)
     with pytest.raises(RuntimeError, match="killed"):
-        _patch(model, "resid_pre", batch_size=1, out=out)
-    resumed = _patch(model, "resid_pre", batch_size=1, out=out)
+        _patch(model, "resid_pre", execution=Execution(batch_size=1, out=out))
+    resumed = _patch(model, "resid_pre", execution=Execution(batch_size=1, out=out))
     assert calls == [[0], [1], [1]]  # pair 0 was stored before the crash and not recomputed
     assert list(resumed["site"]) == list(expected["site"])
     assert resumed["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(),
                                                                  abs=TINY["atol"])
     assert resumed["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=TINY["atol"], nan_ok=True)
     assert out.exists()
+
+
+def test_activation_atp_and_path_share_their_parameters():
+    """The common parameters come in one order with one default each (resid.analyses.patching's table); the method's
+    own (atp's method, path's senders and receivers) and `execution` close each list."""
+    import inspect
+
+    common = ["model", "clean", "corrupt", "targets", "baselines"]
+    shared = ["sites", "direction", "metric", "align", "dictionaries", "source", "corrupt_source"]
+    params = {f.__name__: inspect.signature(f).parameters for f in (patching.activation, patching.atp, patching.path)}
+    assert list(params["activation"]) == [*common, *shared, "execution"]
+    assert list(params["atp"]) == [*common, *shared, "method", "execution"]
+    assert list(params["path"]) == [*common, "senders", "receivers", "direction", "metric", "execution"]
+    for name in ("baselines", "direction", "metric", "execution"):
+        assert len({params[f][name].default for f in params}) == 1, name
+    for name in shared:
+        assert params["activation"][name].default == params["atp"][name].default, name
+        assert params["activation"][name].annotation == params["atp"][name].annotation, name
+    assert params["path"]["direction"].default == "denoise" and params["atp"]["sites"].default == "resid_pre"
+
+
+def test_sites_are_words_sites_and_labels_for_exact_and_atp_alike(random_model):
+    mixed = ["sublayer", resid.Site(1, "attn", head=2), "layers[0].attn.head[1]"]
+    exact = _patch(random_model, mixed)
+    estimate = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=mixed)
+    n_layers = random_model.config.n_layers
+    labels = [*(f"layers[{l}].{part}" for l in range(n_layers) for part in ("attn", "mlp")),
+              "layers[1].attn.head[2]", "layers[0].attn.head[1]"]
+    for table in (exact, estimate):
+        assert table["site"].tolist() == labels * 2  # pair-major, each pair in the order `sites` names them
+    # the rows of the named heads are those of the word's own call (AtP: the same backward, filtered)
+    heads = patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head").set_index(["prompt_idx",
+                                                                                                     "site"])
+    named = estimate[estimate["head"].notna()].set_index(["prompt_idx", "site"])
+    assert named["patched_metric"].to_numpy() == pytest.approx(
+        heads.loc[named.index, "patched_metric"].to_numpy(), abs=TINY["atol"])
+    assert patching.compare(estimate, exact, k=3)["sites"] == len(labels)
+    with pytest.raises(ResidError, match="names the same site twice .*layers\\[0\\].attn.head\\[1\\]"):
+        patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=["head", "layers[0].attn.head[1]"])
+    with pytest.raises(ResidError, match="'haed' is neither a word"):
+        _patch(random_model, ["sublayer", "haed"])
+    with pytest.raises(ResidError, match="no estimate for layers\\[0\\].resid_post"):
+        patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=["layers[0].resid_post@3"])
+    with pytest.raises(ResidError, match="sites must be one of"):
+        patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites=["head", "layer"])
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_every_method_shows_progress_on_a_terminal_unless_told_not_to(random_model, monkeypatch):
+    shown = _Terminal()
+    monkeypatch.setattr(sys, "stderr", shown)
+    _patch(random_model, "sublayer")
+    patching.atp(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
+    patching.path(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, senders=[resid.Site(0, "mlp")])
+    for name in ("sites (", "attribution patching (", "path patching ("):
+        assert name in shown.getvalue(), name
+    quiet = _Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    _patch(random_model, "sublayer", execution=Execution(progress=False))
+    assert quiet.getvalue() == ""

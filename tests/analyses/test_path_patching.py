@@ -108,7 +108,7 @@ def test_path_patching_equals_the_brute_force(llama, receivers):
     senders = [[(0, 1)], [(0, 2), (0, 3)], [(0, 0), (1, 1)], [(0, "mlp")], [(0, "attn"), (1, 2)]]
     sites = "logits" if receivers == "logits" else [_receiver(*r) for r in receivers]
     df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[[_sender(*s) for s in g] for g in senders],
-                       receivers=sites)
+                       receivers=sites, direction="noise")
     for group in senders:
         expected = _brute_force(hf, clean, corrupt, group, [] if receivers == "logits" else receivers,
                                 model.config.d_head)
@@ -124,9 +124,9 @@ def test_pattern_receivers_equal_their_queries_and_keys(llama):
     senders = [_sender(0, 1), _sender(0, "mlp")]
     group = range(model.config.n_heads // model.config.n_kv_heads)
     patterns = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders,
-                             receivers=[_receiver(1, h, "pattern") for h in group])
+                             receivers=[_receiver(1, h, "pattern") for h in group], direction="noise")
     inputs = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=senders,
-                           receivers=[_receiver(1, h, "q") for h in group] + [_receiver(1, 0, "k")])
+                           receivers=[_receiver(1, h, "q") for h in group] + [_receiver(1, 0, "k")], direction="noise")
     assert patterns["patched_metric"].to_numpy() == pytest.approx(inputs["patched_metric"].to_numpy(), abs=1e-5)
     assert (patterns["patched_metric"] - patterns["clean_metric"]).abs().max() > 1e-4  # the senders do matter
 
@@ -135,11 +135,12 @@ def test_no_path_and_every_path(llama):
     """Senders whose z is the same in both runs change nothing; patching every head to the logits is exactly
     patching every head (MLPs recompute)."""
     _, model = llama
-    same = patching.path(model, CLEAN, CLEAN, TARGET, BASELINE, senders=[_sender(1, 0)])
+    same = patching.path(model, CLEAN, CLEAN, TARGET, BASELINE, senders=[_sender(1, 0)], direction="noise")
     assert (same["patched_metric"] - same["clean_metric"]).abs().max() < 1e-5
     assert (same["metric"] == "logit_diff").all() and (same["direction"] == "noise").all()
     every = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
-    df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[[_sender(l, h) for l, h in every]])
+    df = patching.path(model, CLEAN, CORRUPT, TARGET, BASELINE, senders=[[_sender(l, h) for l, h in every]],
+                       direction="noise")
     corrupt_z = model.run(CORRUPT, capture=resid.Capture(attn={"z"})).stream
     replaced = [resid.Replace(resid.Site(l, "attn", head=h), corrupt_z.layers[l].attn.z[..., h, :]) for l, h in every]
     expected = _metric(model.run(CLEAN, interventions=replaced).logits)

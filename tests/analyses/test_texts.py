@@ -9,9 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from resid.analyses.ablation.values import read_reference
 from resid.analyses.io import corpus, texts
 from resid.analyses.io.prompts_file import read_jsonl
+from resid.analyses.sweeps.values import read_reference
 from resid.errors import ResidError
 
 PARAGRAPHS = "  First paragraph,\nstill the first.  \n\n \t \n\nSecond one.\r\n\r\nThird\n  indented line\n"

@@ -40,7 +40,7 @@ def _write_jsonl(path: Path, lines: list) -> Path:
 def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):
     lines = _prompt_lines(2)
     prompts, targets = [x["prompt"] for x in lines], [x["target"] for x in lines]
-    df = ablation.sweep(tiny.model, prompts, targets, sites="sublayer", metric="logit", progress=False)
+    df = ablation.sweep(tiny.model, prompts, targets, sites="sublayer", metric="logit")
     for part, module in (("attn", hf_attn), ("mlp", hf_mlp)):
         def zero(mod, args, output):
             return (torch.zeros_like(output[0]), *output[1:]) if isinstance(output, tuple) else torch.zeros_like(output)
@@ -98,7 +98,7 @@ def test_kill_and_resume(tmp_path):
     assert len(df) == n_rows and not df.duplicated(["prompt_idx", "site"]).any()
     lines = _prompt_lines(40)
     fresh = ablation.sweep(model, [x["prompt"] for x in lines], [x["target"] for x in lines],
-                           [x["baseline"] for x in lines], sites="head", progress=False)
+                           [x["baseline"] for x in lines], sites="head")
     merged = fresh.merge(df, on=["prompt_idx", "site"], suffixes=("", "_resumed"))
     assert len(merged) == n_rows
     torch.testing.assert_close(torch.tensor(merged.ablated_metric_resumed.to_numpy()),

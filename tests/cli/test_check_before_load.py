@@ -69,6 +69,8 @@ BAD = [
     (["neurons", "top", "--layers", "1", "--corpus", "{corpus}"], "Cannot read a corpus from 'corpus.csv'"),
     (["neurons", "explain", "hi", "--layers", "last"], "--layers must be integers separated by commas"),
     (["neurons", "edit", "hi", "--neurons", "20", "--set", "1"], "--neurons must be layer:neuron pairs"),
+    (["patch", "--pairs", "{pairs}", "--out", "p.csv", "--batch-size", "0"], "--batch-size must be a positive"),
+    (["graph", "hi", "--transcoders", ".", "--batch-size", "0"], "--batch-size must be a positive integer or 'auto'"),
 ]
 
 
@@ -116,3 +118,24 @@ def test_check_normalizes_the_arguments_run_reads(files):
     args = _parser().parse_args(["neurons", "edit", "hi", "--neurons", "20:5,-1:7", "--set", "2"])
     neurons.check(args)
     assert args.neurons == [(20, 5), (-1, 7)]
+
+
+def test_the_long_jobs_build_one_execution_from_their_flags(files, tmp_path):
+    """--batch-size, --quiet, --ray / --workers and, where --out is a result store (resid ablate), --out: one
+    Execution; without --quiet a bar is drawn on a terminal (progress=None), resid patch's too."""
+    from resid.analyses import Execution
+    from resid.analyses.cli import ablate, arguments, graph, patch
+
+    args = _parser().parse_args(["ablate", "--prompts", files["good"], "--out", "r.csv", "--batch-size", "8"])
+    ablate.check(args)
+    store = arguments.execution(args.batch_size, args.quiet, args.executor, out=args.out)
+    assert store == Execution(batch_size=8, out="r.csv")
+    args = _parser().parse_args(["patch", "--pairs", files["pairs"], "--out", "p.csv"])
+    patch.check(args)
+    assert arguments.execution(args.batch_size, args.quiet, args.executor) == Execution()
+    args = _parser().parse_args(["patch", "--pairs", files["pairs"], "--out", "p.csv", "--quiet", "--batch-size", "2"])
+    patch.check(args)
+    assert arguments.execution(args.batch_size, args.quiet, args.executor) == Execution(batch_size=2, progress=False)
+    args = _parser().parse_args(["graph", "hi", "--transcoders", str(tmp_path)])
+    graph.check(args)
+    assert arguments.execution(args.batch_size) == Execution()

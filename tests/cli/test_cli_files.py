@@ -90,7 +90,7 @@ def test_resample_uses_the_donors_of_the_reference_file(folder, tmp_path, capsys
     capsys.readouterr()
     given, drawn = pd.read_csv(tmp_path / "given.csv"), pd.read_csv(tmp_path / "random.csv")
     direct = ablation.sweep(resid.load(folder), PROMPTS, TARGETS, BASELINES, sites="sublayer", method="resample",
-                            reference=DONORS, progress=False)
+                            reference=DONORS)
     keys = ["prompt_idx", "site"]  # the sweep's chunks may come back in another order
     both = given.merge(direct, on=keys, suffixes=("", "_direct")).merge(drawn, on=keys, suffixes=("", "_random"))
     assert len(both) == len(given) == len(direct) == 3 * 4  # 3 prompts x (2 layers x attn, mlp)

@@ -130,7 +130,7 @@ def _raised(call) -> str:
 def _mean_without_reference(model):
     from resid.analyses import ablation
 
-    ablation.sweep(model, ["a b"], [" c"], method="mean", progress=False)
+    ablation.sweep(model, ["a b"], [" c"], method="mean")
 
 
 def _logit_diff_without_baselines(model):

@@ -60,8 +60,7 @@ def test_top_prints_the_scan_and_writes_cards(folder, corpus, tmp_path, capsys):
                  "--corpus", str(corpus), "--quiet", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     model = resid.load(folder)
-    expected = features.top_activating(model, resid.dictionaries.load(SAE, model), TEXTS, features=[2, 5], k=3,
-                                       progress=False)
+    expected = features.top_activating(model, resid.dictionaries.load(SAE, model), TEXTS, features=[2, 5], k=3)
     tokens = expected.attrs["provenance"]["parameters"]["tokens"]
     assert f"over 3 documents ({tokens} tokens, sign=positive)" in printed
     first = expected[expected["rank"] == 1].iloc[0]

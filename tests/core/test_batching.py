@@ -5,7 +5,7 @@ import torch
 from random_models import make_random_model
 
 import resid
-from resid.analyses import ablation
+from resid.analyses import Execution, ablation
 from resid.batching import BatchSize, model_batch_size, run_batched
 
 
@@ -44,7 +44,7 @@ def test_auto_batch_size_on_cpu(random_model):
 
 def test_sweep_survives_out_of_memory(random_model, monkeypatch):
     prompts = ["The quick brown fox jumps", "A slow green turtle walks", "One two three four five"]
-    expected = ablation.sweep(random_model, prompts, " over", sites="sublayer", batch_size=1, progress=False)
+    expected = ablation.sweep(random_model, prompts, " over", sites="sublayer", execution=Execution(batch_size=1))
     real_resume = random_model.resume
 
     def small_memory_resume(layer, resid_pre, *args, **kwargs):
@@ -53,7 +53,7 @@ def test_sweep_survives_out_of_memory(random_model, monkeypatch):
         return real_resume(layer, resid_pre, *args, **kwargs)
 
     monkeypatch.setattr(random_model, "resume", small_memory_resume)
-    got = ablation.sweep(random_model, prompts, " over", sites="sublayer", batch_size=8, progress=False)
+    got = ablation.sweep(random_model, prompts, " over", sites="sublayer", execution=Execution(batch_size=8))
     assert len(got) == len(expected) == 3 * 2 * random_model.config.n_layers
     torch.testing.assert_close(torch.tensor(got.ablated_metric.to_numpy()),
                                torch.tensor(expected.ablated_metric.to_numpy()), atol=1e-5, rtol=1e-5)
@@ -62,9 +62,9 @@ def test_sweep_survives_out_of_memory(random_model, monkeypatch):
 def test_sweep_on_cuda_matches_cpu(random_model, gpu):
     prompts = ["The quick brown fox jumps", "A slow green turtle walks"]
     cpu = ablation.sweep(random_model, prompts, " over", sites="head", method="resample",
-                         reference=prompts[::-1], progress=False)
+                         reference=prompts[::-1])
     on_gpu = ablation.sweep(random_model.to(gpu), prompts, " over", sites="head", method="resample",
-                            reference=prompts[::-1], progress=False)
+                            reference=prompts[::-1])
     torch.testing.assert_close(torch.tensor(on_gpu.ablated_metric.to_numpy()),
                                torch.tensor(cpu.ablated_metric.to_numpy()), atol=1e-4, rtol=1e-4)
 
@@ -83,8 +83,8 @@ def test_cuda_out_of_memory_backs_off_to_the_rows_of_a_small_batch(gpu):
         pytest.skip(f"{free / 2**30:.0f} GiB free: too many rows for a quick test")
     ids = torch.randint(0, model.config.d_vocab, (rows, n_pos), generator=torch.Generator().manual_seed(0))
     site = [resid.Site(model.config.n_layers - 1, "mlp")]
-    one_batch = ablation.sweep(model, ids, 3, sites=site, batch_size=rows, progress=False)
-    small = ablation.sweep(model, ids[:64], 3, sites=site, batch_size=8, progress=False)
+    one_batch = ablation.sweep(model, ids, 3, sites=site, execution=Execution(batch_size=rows))
+    small = ablation.sweep(model, ids[:64], 3, sites=site, execution=Execution(batch_size=8))
     assert len(one_batch) == rows
     first = one_batch.sort_values("prompt_idx").ablated_metric.to_numpy()[:64]
     torch.testing.assert_close(torch.tensor(first), torch.tensor(small.sort_values("prompt_idx").ablated_metric

@@ -24,7 +24,7 @@ TEXTS = [
 def scanned(gpt2_tokenizer):
     model = make_random_model("gemma3_like", gpt2_tokenizer)  # post-norms and a final norm gain to fold in
     sae = random_dictionary(model, "blocks.1.hook_resid_post", seed=1)
-    table = features.top_activating(model, sae, TEXTS, features=[2, 5, 9], k=6, window=12, progress=False)
+    table = features.top_activating(model, sae, TEXTS, features=[2, 5, 9], k=6, window=12)
     return model, sae, table
 
 

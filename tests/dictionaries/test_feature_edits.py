@@ -1,5 +1,5 @@
 """Interventions on dictionary features: through model.run they equal a hand-written hook that adds what the edit
-changes in the feature's write, and through the ablation engine (batched, resumed from the clean prefix) every
+changes in the feature's write, and through the intervention-sweep engine (batched, resumed from the clean prefix) every
 row equals one forward per (prompt, feature) with that hook, for zero, mean and resample ablation."""
 
 import pytest
@@ -10,7 +10,7 @@ from swap_prompts import BASELINES, DONORS, PROMPTS, TARGETS
 
 import resid
 from resid import Add, Hook, Scale, Site, ZeroAblate
-from resid.analyses import ablation
+from resid.analyses import Execution, ablation
 from resid.analyses.metrics import metric_values
 
 REFERENCE = ["Reference text one is here, and it is long enough to cover every position.", "More words."]
@@ -95,7 +95,7 @@ def test_feature_ablation_through_the_engine_equals_one_forward_per_feature(setu
     sites = [Site(d.point_out.site.layer, d.point_out.site.part, feature=features[d.name][0]) for d in dictionaries]
     reference = {"zero": None, "mean": REFERENCE, "resample": DONORS[:2]}[method]
     df = ablation.sweep(model, PROMPTS[:2], TARGETS[:2], BASELINES[:2], sites=sites, method=method,
-                        reference=reference, dictionaries=dictionaries, batch_size=3, progress=False)
+                        reference=reference, dictionaries=dictionaries, execution=Execution(batch_size=3))
     assert len(df) == 2 * len(sites)
     by_name = {(d.point_out.site.layer, d.point_out.site.part): d for d in dictionaries}
     for row in df.itertuples():

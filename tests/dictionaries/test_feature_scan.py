@@ -15,9 +15,9 @@ from random_models import make_random_model
 
 import resid
 import resid.dictionaries
-from resid.analyses import features
+from resid.analyses import Execution, features
+from resid.analyses.corpus_windows import windows
 from resid.analyses.features import histogram
-from resid.analyses.neurons.keys import windows
 from resid.dictionaries import CrossLayerTranscoder
 from resid.errors import ResidError
 
@@ -56,7 +56,7 @@ def test_top_activating_equals_brute_force(gpt2_tokenizer, kind, bos):
     model = make_random_model(kind, gpt2_tokenizer)
     model = _with_bos(model) if bos else model
     dictionaries = standard_set(model)
-    df = features.top_activating(model, dictionaries, TEXTS, k=K, window=WINDOW, batch_size=3, progress=False)
+    df = features.top_activating(model, dictionaries, TEXTS, k=K, window=WINDOW, execution=Execution(batch_size=3))
     where, acts = _brute_force(model, dictionaries, TEXTS, WINDOW)
     assert df.attrs["provenance"]["parameters"]["tokens"] == len(where)
     separated_total = 0
@@ -91,8 +91,8 @@ def test_histograms_count_every_token_in_its_bin(gpt2_tokenizer):
     model = make_random_model("llama_gqa", gpt2_tokenizer)
     sae = random_dictionary(model, "blocks.1.hook_resid_post", seed=1)
     chosen = [0, 3, 7, 11]
-    df = features.top_activating(model, sae, TEXTS, features=chosen, k=K, window=WINDOW, batch_size=2,
-                                 progress=False)
+    df = features.top_activating(model, sae, TEXTS, features=chosen, k=K, window=WINDOW,
+                                 execution=Execution(batch_size=2))
     where, acts = _brute_force(model, [sae], TEXTS, WINDOW)
     hist = df.attrs["histogram"]
     assert sorted(hist["feature"].unique()) == chosen and sorted(df["feature"].unique()) == chosen
@@ -129,16 +129,16 @@ def test_bad_input_is_refused(gpt2_tokenizer):
     model = make_random_model("llama_gqa", gpt2_tokenizer)
     sae = random_dictionary(model, "blocks.1.hook_resid_post", seed=1)
     with pytest.raises(ResidError, match=r"Features \[40\] are not valid features: dictionary .* has 40 features"):
-        features.top_activating(model, sae, TEXTS, features=[3, 40], progress=False)
+        features.top_activating(model, sae, TEXTS, features=[3, 40])
     with pytest.raises(ResidError, match=r"Two dictionaries are named"):
-        features.top_activating(model, [sae, sae], TEXTS, progress=False)
+        features.top_activating(model, [sae, sae], TEXTS)
     with pytest.raises(ResidError, match=r"No dictionary given"):
-        features.top_activating(model, [], TEXTS, progress=False)
+        features.top_activating(model, [], TEXTS)
     with pytest.raises(ResidError, match=r"takes resid.dictionaries.Dictionary values, got str"):
-        features.top_activating(model, ["sae"], TEXTS, progress=False)
+        features.top_activating(model, ["sae"], TEXTS)
     clt = resid.dictionaries.load(DATA / "circuit_tracer" / "clt")
     assert isinstance(clt, CrossLayerTranscoder)
     with pytest.raises(ResidError, match=r"feature scans take per-layer dictionaries"):
-        features.top_activating(model, clt, TEXTS, progress=False)
+        features.top_activating(model, clt, TEXTS)
     with pytest.raises(BAD_OPTION, match=r"sign"):
-        features.top_activating(model, sae, TEXTS, sign="largest", progress=False)
+        features.top_activating(model, sae, TEXTS, sign="largest")

@@ -49,8 +49,8 @@ def test_a_sweep_on_the_gpu_takes_the_cpus_dictionaries_for_its_feature_sites(gp
     model = make_random_model("llama_gqa")
     sae = random_dictionary(model, "blocks.1.hook_resid_post", seed=1, name="r1")
     sites = [resid.Site(1, "resid_post", feature=f) for f in range(4)]
-    on_cpu = ablation.sweep(model, IDS, 3, sites=sites, dictionaries=[sae], progress=False)
-    on_gpu = ablation.sweep(model.to(gpu), IDS, 3, sites=sites, dictionaries=[sae], progress=False)
+    on_cpu = ablation.sweep(model, IDS, 3, sites=sites, dictionaries=[sae])
+    on_gpu = ablation.sweep(model.to(gpu), IDS, 3, sites=sites, dictionaries=[sae])
     assert sae.W_enc.device.type == "cpu"  # the caller's dictionary stays where it was
     torch.testing.assert_close(torch.tensor(on_gpu.ablated_metric.to_numpy()),
                                torch.tensor(on_cpu.ablated_metric.to_numpy()), **CLOSE)

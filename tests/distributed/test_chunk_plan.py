@@ -6,11 +6,11 @@ error."""
 import pytest
 from random_models import make_random_model
 
-from resid.analyses import ablation, neurons
-from resid.analyses.ablation.chunks import MAX_CHUNK_ROWS, layout
+from resid.analyses import Execution, ablation, neurons
 from resid.analyses.distributed import Executor, InProcess, Job, ray_executor, resolve
 from resid.analyses.distributed.source import source_of
 from resid.analyses.sites import expand
+from resid.analyses.sweeps.chunks import MAX_CHUNK_ROWS, layout
 from resid.errors import ResidError
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The cat sat on the mat and"]
@@ -73,18 +73,18 @@ def test_executor_arguments(model):
     with pytest.raises(ResidError, match="drop workers="):
         resolve(InProcess(), 2)
     with pytest.raises(ResidError, match="Unknown executor 'dask'"):
-        ablation.sweep(model, PROMPTS, [" Mary", " the"], executor="dask")
+        ablation.sweep(model, PROMPTS, [" Mary", " the"], execution=Execution(executor="dask"))
     with pytest.raises(ResidError, match="workers must be a positive integer"):
-        neurons.top_activating(model, PROMPTS, layers=[0], executor="ray", workers=0)
+        neurons.top_activating(model, PROMPTS, layers=[0], execution=Execution(executor="ray", workers=0))
 
 
 def test_ray_not_installed_is_one_clear_error(model, monkeypatch):
     monkeypatch.setattr(ray_executor, "RAY_MODULE", "ray_is_not_installed_here")
     expected = r"needs the optional package ray.*pip install 'resid-stream\[distributed\]'"
     with pytest.raises(ResidError, match=expected):
-        ablation.sweep(model, PROMPTS, [" Mary", " the"], executor="ray", workers=2, progress=False)
+        ablation.sweep(model, PROMPTS, [" Mary", " the"], execution=Execution(executor="ray", workers=2))
     with pytest.raises(ResidError, match=expected):
-        neurons.top_activating(model, PROMPTS, layers=[0], executor="ray", progress=False)
+        neurons.top_activating(model, PROMPTS, layers=[0], execution=Execution(executor="ray"))
     with pytest.raises(ResidError, match=expected):
         ray_executor.RayExecutor(workers=2)
 

@@ -16,7 +16,7 @@ from distributed_helpers import BASELINES, PROMPTS, RAY_REASON, TARGETS, TEST_CP
 from numerics import TINY
 
 import resid
-from resid.analyses import ablation
+from resid.analyses import Execution, ablation
 from resid.analyses.distributed import Job, RayExecutor
 from resid.errors import ResidError
 
@@ -141,9 +141,9 @@ def test_workers_refuse_a_model_edited_after_loading(saved_llama, ray_cluster):
 
 
 def test_executor_ray_by_name(saved_llama, ray_cluster):
-    expected = ablation.sweep(saved_llama, PROMPTS, TARGETS, BASELINES, sites="layer", progress=False)
-    found = ablation.sweep(saved_llama, PROMPTS, TARGETS, BASELINES, sites="layer", progress=False,
-                           executor="ray", workers=2)
+    expected = ablation.sweep(saved_llama, PROMPTS, TARGETS, BASELINES, sites="layer")
+    found = ablation.sweep(saved_llama, PROMPTS, TARGETS, BASELINES, sites="layer",
+                           execution=Execution(executor="ray", workers=2))
     assert found[["prompt_idx", "site"]].equals(expected[["prompt_idx", "site"]])
     torch.testing.assert_close(torch.tensor(found["delta"]), torch.tensor(expected["delta"]), **TINY)
 

@@ -11,7 +11,7 @@ from distributed_helpers import RAY_REASON, TEST_CPUS, TEXTS
 from numerics import TINY
 
 import resid.dictionaries
-from resid.analyses import features
+from resid.analyses import Execution, features
 from resid.analyses.distributed import RayExecutor
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)
@@ -20,12 +20,13 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "dictionaries"
 
 def test_feature_scan_is_the_same_for_1_and_2_workers(saved_llama, ray_cluster):
     found = [resid.dictionaries.load(DATA / "saelens" / name, saved_llama) for name in ("standard", "transcoder")]
-    options = dict(k=4, window=9, batch_size=2, progress=False)  # 14 shards of 8 windows
-    expected = features.top_activating(saved_llama, found, TEXTS, **options)
+    options = dict(k=4, window=9)  # batches of 2: 14 shards of 8 windows
+    expected = features.top_activating(saved_llama, found, TEXTS, **options, execution=Execution(batch_size=2))
     assert len(expected) > 50 and expected["site"].str.contains("feature").all()
     for workers in (1, 2):
         with RayExecutor(workers=workers, cpus=TEST_CPUS) as executor:
-            table = features.top_activating(saved_llama, found, TEXTS, executor=executor, **options)
+            table = features.top_activating(saved_llama, found, TEXTS, **options,
+                                            execution=Execution(executor=executor, batch_size=2))
         _same_up_to_near_ties(table, expected)
         pd.testing.assert_frame_equal(table.attrs["histogram"], expected.attrs["histogram"])
 

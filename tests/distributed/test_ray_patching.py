@@ -1,11 +1,11 @@
 """Patching on Ray workers gives the in-process rows: the residual stream (its own chunked job) and heads (the
-ablation engine's resample sweep), with an alignment too."""
+sweep engine's resample path), with an alignment too."""
 
 import pytest
 from distributed_helpers import TEST_CPUS
 from numerics import TINY
 
-from resid.analyses import patching
+from resid.analyses import Execution, patching
 from resid.analyses.distributed import RayExecutor
 
 CLEAN = ["When Mary and John went to the store, John gave a drink to",
@@ -18,13 +18,13 @@ TARGETS, BASELINES = [" Mary", " the"], [" John", " a"]
 @pytest.mark.parametrize("sites", ["resid_pre", "head"])
 def test_patching_on_two_workers_equals_in_process(ray_cluster, saved_llama, sites):
     model = saved_llama
-    options = dict(sites=sites, batch_size=1)
+    options = dict(sites=sites, align="end" if sites == "resid_pre" else None)
     clean, corrupt = (CLEAN, CORRUPT) if sites == "resid_pre" else (CLEAN[:1] * 2, CORRUPT[:1] * 2)
-    align = "end" if sites == "resid_pre" else None
-    expected = patching.activation(model, clean, corrupt, TARGETS, BASELINES, align=align, **options)
+    expected = patching.activation(model, clean, corrupt, TARGETS, BASELINES, **options,
+                                   execution=Execution(batch_size=1))
     with RayExecutor(workers=2, cpus=TEST_CPUS) as executor:
-        got = patching.activation(model, clean, corrupt, TARGETS, BASELINES, align=align, executor=executor,
-                                  **options)
+        got = patching.activation(model, clean, corrupt, TARGETS, BASELINES, **options,
+                                  execution=Execution(executor=executor, batch_size=1))
     assert list(got["site"]) == list(expected["site"]) and list(got["prompt_idx"]) == list(expected["prompt_idx"])
     assert got["patched_metric"].to_numpy() == pytest.approx(expected["patched_metric"].to_numpy(), abs=TINY["atol"])
 

@@ -8,7 +8,7 @@ import pytest
 from distributed_helpers import BASELINES, DONORS, PROMPTS, RAY_REASON, REFERENCE, TARGETS, TEST_CPUS, TEXTS
 from numerics import TINY
 
-from resid.analyses import ablation, neurons
+from resid.analyses import Execution, ablation, neurons
 from resid.analyses.distributed import RayExecutor
 from resid.analyses.io.store import ResultStore
 
@@ -29,7 +29,7 @@ def executor(ray_cluster):
 
 
 def _sweep(model, **options) -> pd.DataFrame:
-    return ablation.sweep(model, PROMPTS, TARGETS, BASELINES, progress=False, **options)
+    return ablation.sweep(model, PROMPTS, TARGETS, BASELINES, **options)
 
 
 def _assert_same_rows(found: pd.DataFrame, expected: pd.DataFrame) -> None:
@@ -40,17 +40,18 @@ def _assert_same_rows(found: pd.DataFrame, expected: pd.DataFrame) -> None:
 @pytest.mark.parametrize("kind", sorted(SWEEPS))
 def test_sweep_on_ray_equals_in_process(saved_llama, executor, kind: str):
     expected = _sweep(saved_llama, **SWEEPS[kind])
-    _assert_same_rows(_sweep(saved_llama, executor=executor, **SWEEPS[kind]), expected)
+    _assert_same_rows(_sweep(saved_llama, execution=Execution(executor=executor), **SWEEPS[kind]), expected)
 
 
 # each pool costs seconds: 2 workers in make test, 1 and 3 in make test-slow
 @pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2,
                                      pytest.param(3, marks=pytest.mark.slow)])
 def test_top_activating_is_the_same_for_1_2_and_3_workers(saved_llama, ray_cluster, workers: int):
-    options = dict(layers=[0, 1], k=4, window=9, batch_size=2, progress=False)  # 14 shards of 8 windows
-    expected = neurons.top_activating(saved_llama, TEXTS, **options)
+    options = dict(layers=[0, 1], k=4, window=9)  # batches of 2: 14 shards of 8 windows
+    expected = neurons.top_activating(saved_llama, TEXTS, **options, execution=Execution(batch_size=2))
     with RayExecutor(workers=workers, cpus=TEST_CPUS) as executor:
-        table = neurons.top_activating(saved_llama, TEXTS, executor=executor, **options)
+        table = neurons.top_activating(saved_llama, TEXTS, **options,
+                                       execution=Execution(executor=executor, batch_size=2))
     _same_up_to_near_ties(table, expected)  # other threads and shards: float32 rounding, which may reorder near-ties
 
 
@@ -87,14 +88,14 @@ class KillsAWorker(RayExecutor):
 def test_a_worker_killed_mid_sweep_loses_nothing(saved_llama, ray_cluster):
     expected = _sweep(saved_llama, sites="head", method="zero")
     with KillsAWorker(workers=2, cpus=TEST_CPUS, chunks_per_worker=4) as executor:
-        found = _sweep(saved_llama, sites="head", method="zero", executor=executor)
+        found = _sweep(saved_llama, sites="head", method="zero", execution=Execution(executor=executor))
         assert executor.killed is not None and executor.killed not in executor.actors  # replaced by a fresh one
     _assert_same_rows(found, expected)
 
 
 def test_an_interrupted_sweep_resumes_on_ray(saved_llama, executor, tmp_path, monkeypatch):
     out = tmp_path / "sweep.parquet"
-    options = dict(sites="head", method="mean", reference=REFERENCE, out=out)
+    options = dict(sites="head", method="mean", reference=REFERENCE, execution=Execution(executor=executor, out=out))
     expected = _sweep(saved_llama, sites="head", method="mean", reference=REFERENCE)
     written: list[pd.DataFrame] = []
     write = ResultStore.write
@@ -107,12 +108,12 @@ def test_an_interrupted_sweep_resumes_on_ray(saved_llama, executor, tmp_path, mo
 
     monkeypatch.setattr(ResultStore, "write", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        _sweep(saved_llama, executor=executor, **options)
+        _sweep(saved_llama, **options)
     first = {(p, s) for frame in written for p, s in zip(frame["prompt_idx"], frame["site"])}
     assert 0 < len(first) < len(expected)
     written.clear()
     monkeypatch.setattr(ResultStore, "write", lambda store, rows: (write(store, rows), written.append(rows)))
-    found = _sweep(saved_llama, executor=executor, **options)
+    found = _sweep(saved_llama, **options)
     second = {(p, s) for frame in written for p, s in zip(frame["prompt_idx"], frame["site"])}
     assert not first & second and len(first) + len(second) == len(expected)  # nothing computed twice
     _assert_same_rows(found, expected)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from random_models import make_random_model
 
-from resid.analyses import neurons
+from resid.analyses import Execution, neurons
 from resid.analyses.neurons import scan as scan_module
 from resid.analyses.neurons.topk import EMPTY_FLAT, TopK
 
@@ -88,6 +88,6 @@ def test_sharding_does_not_change_the_table(gpt2_tokenizer, monkeypatch):
     tables = []
     for per_shard in (1, 3, 1000):
         monkeypatch.setattr(scan_module, "SHARD_BATCHES", per_shard)
-        tables.append(neurons.top_activating(model, texts, layers=[0, 2], k=4, window=7, batch_size=3,
-                                             progress=False))
+        tables.append(neurons.top_activating(model, texts, layers=[0, 2], k=4, window=7,
+                                             execution=Execution(batch_size=3)))
     assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])

@@ -17,7 +17,7 @@ TEXTS = ["Paris is the [MASK] of France.", "the [MASK] sat on the mat"]
 
 def test_ablation_is_measured_at_the_mask(bert_mlm):
     model = bert_mlm.model
-    df = ablation.sweep(model, TEXTS, ["paris", "cat"], sites="sublayer", metric="logit", progress=False)
+    df = ablation.sweep(model, TEXTS, ["paris", "cat"], sites="sublayer", metric="logit")
     for i, (text, target) in enumerate(zip(TEXTS, ["paris", "cat"])):
         mask = model.to_str_tokens(text).index("[MASK]")
         for site in ("attn", "mlp"):
@@ -36,14 +36,14 @@ def test_logit_lens_last_site_is_the_prediction_at_the_mask(bert_mlm):
 
 def test_embedding_and_encoder_decoder_models_are_refused_clearly(bert_base, tmp_path):
     with pytest.raises(ResidError, match="embedding model.*Probe"):
-        ablation.sweep(bert_base.model, ["the cat"], ["cat"], progress=False)
+        ablation.sweep(bert_base.model, ["the cat"], ["cat"])
     with pytest.raises(ResidError, match="embedding model"):
         logit_lens.run(bert_base.model, "the cat")
     from seq2seq_models import vanilla
 
     _, seq2seq = vanilla()
     with pytest.raises(ResidError, match="encoder-decoder model: pass source="):  # sweeps take source=
-        ablation.sweep(seq2seq, torch.tensor([[1, 2]]), [3], progress=False)
+        ablation.sweep(seq2seq, torch.tensor([[1, 2]]), [3])
 
 
 def test_decompose_cli_at_the_mask(bert_mlm, capsys):

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import resid
 import resid.dictionaries
-from resid.analyses import graphs
+from resid.analyses import Execution, graphs
 from resid.analyses.graphs.export import graph_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "graphs"
@@ -28,7 +28,9 @@ def loaded():
 
 def _graph(loaded, name: str) -> graphs.Graph:
     model, transcoders, _ = loaded
-    return graphs.attribute(model, REFERENCE["prompt"], transcoders, skip_bos=True, **REFERENCE["graphs"][name])
+    settings = dict(REFERENCE["graphs"][name])  # circuit-tracer's arguments: its batch_size is resid's Execution's
+    execution = Execution(batch_size=settings.pop("batch_size", "auto"))
+    return graphs.attribute(model, REFERENCE["prompt"], transcoders, skip_bos=True, **settings, execution=execution)
 
 
 def test_the_model_is_transformerlens_model(loaded) -> None:

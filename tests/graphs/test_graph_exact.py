@@ -10,7 +10,7 @@ from numerics import TINY
 from random_transcoders import cross_layer, per_layer
 
 import resid
-from resid.analyses import graphs
+from resid.analyses import Execution, graphs
 
 IDS = [11, 5, 7, 2, 9, 31, 3]
 
@@ -95,8 +95,8 @@ def test_the_batching_changes_no_edge() -> None:
     from random_models import make_random_model
     model = make_random_model("gemma3_like")
     transcoders = per_layer(model)
-    one = graphs.attribute(model, IDS, transcoders, batch_size=7)
-    many = graphs.attribute(model, IDS, transcoders, batch_size=500)
+    one = graphs.attribute(model, IDS, transcoders, execution=Execution(batch_size=7))
+    many = graphs.attribute(model, IDS, transcoders, execution=Execution(batch_size=500))
     torch.testing.assert_close(one.adjacency, many.adjacency, **TINY)
 
 
@@ -105,7 +105,8 @@ def test_a_feature_budget_keeps_the_rows_of_the_features_it_visits() -> None:
     model = make_random_model("llama_gqa")
     transcoders = per_layer(model)
     full = graphs.attribute(model, IDS, transcoders)
-    part = graphs.attribute(model, IDS, transcoders, max_feature_nodes=30, batch_size=8, update_interval=1)
+    part = graphs.attribute(model, IDS, transcoders, max_feature_nodes=30, update_interval=1,
+                            execution=Execution(batch_size=8))
     assert part.n_features == 30
     index = [full.features.tolist().index(f) for f in part.features.tolist()]
     columns = torch.cat([torch.tensor(index), torch.arange(full.n_features, full.n_nodes)])

@@ -15,6 +15,7 @@ import pytest
 SCRIPT = r"""
 import json, resource, sys
 import torch
+from resid.analyses import Execution
 import resid
 from resid.analyses import graphs
 from resid.dictionaries import Dictionary, check
@@ -33,7 +34,7 @@ transcoders = [check(Dictionary(W_enc=torch.randn(32, 256, generator=g) / 32**0.
                                 hook_in=f"blocks.{l}.ln2.hook_normalized", hook_out=f"blocks.{l}.hook_mlp_out",
                                 name=f"t{l}"), model) for l in range(2)]
 ids = torch.randint(0, 97, (2048,), generator=g)
-graph = graphs.attribute(model, ids, transcoders, max_feature_nodes=64, batch_size=32)
+graph = graphs.attribute(model, ids, transcoders, max_feature_nodes=64, execution=Execution(batch_size=32))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"n_active": len(graph.active_features), "peak": peak, "n_features": graph.n_features}))
 """

@@ -40,7 +40,7 @@ def test_every_tables_site_column_parses_back(gpt2_tokenizer) -> None:
         "patching": patching.activation(model, CLEAN, CORRUPT, targets=" mat", sites="head"),
         "patching (features)": patching.activation(model, CLEAN, CORRUPT, targets=" mat", sites="feature",
                                                    dictionaries=[sae]),
-        "atp": patching.atp(model, CLEAN, CORRUPT, targets=" mat"),
+        "atp": patching.atp(model, CLEAN, CORRUPT, targets=" mat", sites=["resid_pre", "sublayer", "head"]),
         "by dictionary": by_dictionary(model, IDS, [sae, twin, transcoder]),
         "feature scan": features.top_activating(model, [sae, twin], CORPUS, k=2, window=16),
         "graph": graphs.attribute(model, texts[0], per_layer(model)).to_frame(),

@@ -38,7 +38,7 @@ def test_ablate_with_sources_from_a_file(folder, tmp_path, capsys):
     assert "encoder.layers" in capsys.readouterr().out
     df = pd.read_csv(out)
     model = worded_marian(tmp_path / "again")[1]
-    expected = ablation.sweep(model, PROMPTS, "w7", sites="head", metric="logit", source=SOURCES, progress=False)
+    expected = ablation.sweep(model, PROMPTS, "w7", sites="head", metric="logit", source=SOURCES)
     joined = df.merge(expected, on=["prompt_idx", "site"])  # the store keeps rows in the order they were computed
     assert len(joined) == len(df) == len(expected) == 3 * 20  # encoder 2 x 4 heads, decoder 3 x (2 self + 2 cross)
     assert joined.delta_x.to_numpy() == pytest.approx(joined.delta_y.to_numpy(), abs=1e-5)
@@ -71,7 +71,7 @@ def test_one_source_text_is_every_prompts_source(folder, tmp_path):
                  "--out", str(out), "--quiet"]) == 0
     df = pd.read_parquet(out)
     model = worded_marian(tmp_path / "again")[1]
-    expected = ablation.sweep(model, PROMPTS, "w7", method="mean", source=["w3 w9 w14"] * 3, progress=False)
+    expected = ablation.sweep(model, PROMPTS, "w7", method="mean", source=["w3 w9 w14"] * 3)
     joined = df.merge(expected, on=["prompt_idx", "site"])
     assert len(joined) == len(expected) > 0
     assert joined.delta_x.to_numpy() == pytest.approx(joined.delta_y.to_numpy(), abs=1e-5)

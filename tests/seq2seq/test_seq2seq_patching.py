@@ -9,7 +9,7 @@ from seq2seq_words import worded_marian
 
 import resid
 from resid import Site
-from resid.analyses import patching
+from resid.analyses import Execution, patching
 from resid.errors import ResidError
 
 CLEAN_SOURCES = ["w3 w9 w14 w2 w40", "w7 w8 w1 w5 w6", "w11 w30 w5 w22 w9"]
@@ -101,8 +101,8 @@ def test_the_default_sites_are_the_residual_stream_of_both_stacks(worded):
 def test_atp_equals_its_linear_approximation_by_hand(worded):
     model = worded[1]
     sites = ["layers[1].cross", "encoder.layers[0].mlp", "layers[2].cross.head[1]", "encoder.layers[1].attn.head[0]"]
-    est = patching.atp(model, TARGETS, TARGETS, TARGET, source=CLEAN_SOURCES, corrupt_source=CORRUPT_SOURCES,
-                       metric="logit")
+    est = patching.atp(model, TARGETS, TARGETS, TARGET, sites=["sublayer", "head"], source=CLEAN_SOURCES,
+                       corrupt_source=CORRUPT_SOURCES, metric="logit")
     assert set(sites) <= set(est.site)
     assert {"encoder.layers[0].attn.head[0]", "layers[0].mlp", "layers[2].cross"} <= set(est.site)
     target = model.decoder.tokenizer.encode(TARGET)[0]
@@ -160,8 +160,10 @@ def test_bad_input_says_what_to_pass(worded):
     with pytest.raises(ResidError, match="sites of sublayer, head"):
         patching.atp(model, TARGETS, TARGETS, TARGET, sites="resid_pre", source=CLEAN_SOURCES)
     with pytest.raises(ResidError, match="in process for now"):
-        patching.atp(model, TARGETS, TARGETS, TARGET, sites="head", source=CLEAN_SOURCES, executor="ray", workers=2)
+        patching.atp(model, TARGETS, TARGETS, TARGET, sites="head", source=CLEAN_SOURCES,
+                     execution=Execution(executor="ray", workers=2))
     with pytest.raises(ResidError, match="in process for now"):
-        patching.activation(model, TARGETS, TARGETS, TARGET, source=CLEAN_SOURCES, executor="ray", workers=2)
+        patching.activation(model, TARGETS, TARGETS, TARGET, source=CLEAN_SOURCES,
+                            execution=Execution(executor="ray", workers=2))
     with pytest.raises(ResidError, match="Path patching does not take encoder-decoder models"):
         patching.path(model, TARGETS, TARGETS, TARGET, senders=[[Site(0, "attn")]], receivers=[Site(1, "attn")])

@@ -3,6 +3,7 @@ hand-written torch hook on the Hugging Face Marian model (decoder self-attention
 decoder MLPs, encoder heads, encoder MLPs), or an explicit intervention run (mean and resample values computed by
 hand; the original post-LN Transformer); a batch equals its prompts one at a time; bad input says what to pass."""
 
+import pandas as pd
 import pytest
 import torch
 from random_models import make_random_model
@@ -11,7 +12,7 @@ from seq2seq_words import worded_marian
 
 import resid
 from resid import Site
-from resid.analyses import ablation
+from resid.analyses import Execution, ablation
 from resid.errors import ResidError
 
 SOURCES = torch.randint(1, PAD, (3, 7), generator=torch.Generator().manual_seed(31))
@@ -60,7 +61,7 @@ def _hooks(tiny_marian, label: str) -> list:
 
 def test_zero_ablation_equals_a_torch_hook_per_site(tiny_marian):
     df = ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES, source=SOURCES, metric="logit",
-                        progress=False, batch_size=2)
+                        execution=Execution(batch_size=2))
     assert df["site"].unique().tolist() == SITES
     clean = _hf_logit(tiny_marian, [])
     for label in SITES:
@@ -75,12 +76,12 @@ def test_zero_ablation_equals_a_torch_hook_per_site(tiny_marian):
 
 def test_words_span_both_stacks(tiny_marian):
     model = tiny_marian.model
-    df = ablation.sweep(model, TARGETS[:1], TARGET, sites="head", source=SOURCES[:1], progress=False)
+    df = ablation.sweep(model, TARGETS[:1], TARGET, sites="head", source=SOURCES[:1])
     encoder, decoder = model.encoder.config, model.decoder.config
     assert len(df) == encoder.n_layers * encoder.n_heads + decoder.n_layers * 2 * decoder.n_heads
     assert df.site.iloc[0] == "encoder.layers[0].attn.head[0]"
     assert {"layers[0].attn.head[0]", "layers[2].cross.head[1]"} <= set(df.site)
-    sublayers = ablation.sweep(model, TARGETS[:1], TARGET, sites="sublayer", source=SOURCES[:1], progress=False)
+    sublayers = ablation.sweep(model, TARGETS[:1], TARGET, sites="sublayer", source=SOURCES[:1])
     assert sublayers.site.tolist()[:2] == ["encoder.layers[0].attn", "encoder.layers[0].mlp"]
     assert "layers[1].cross" in set(sublayers.site)
 
@@ -97,7 +98,7 @@ def test_mean_ablation_uses_the_mean_over_the_pairs_of_each_side(tiny_marian, pe
     model = tiny_marian.model
     sites = ["encoder.layers[0].attn.head[1]", "layers[1].cross.head[1]", "encoder.layers[1].mlp"]
     df = ablation.sweep(model, TARGETS, TARGET, sites=sites, source=SOURCES, method="mean", metric="logit",
-                        mean_positions="per_position" if per_position else "agnostic", progress=False)
+                        mean_positions="per_position" if per_position else "agnostic")
     for label in sites:
         value = _read(model, label, SOURCES, TARGETS)  # [pairs pos ...], no padding
         mean = value.mean(0, keepdim=True) if per_position else value.mean((0, 1), keepdim=True)
@@ -110,8 +111,7 @@ def test_resample_ablation_takes_the_other_pairs_value(tiny_marian):
     model = tiny_marian.model
     sources, targets = SOURCES[:2], TARGETS[:2]  # two pairs of equal lengths: each is the other's donor
     sites = ["encoder.layers[1].attn.head[0]", "layers[0].cross.head[1]", "layers[2].mlp", "encoder.layers[0].mlp"]
-    df = ablation.sweep(model, targets, TARGET, sites=sites, source=sources, method="resample", metric="logit",
-                        progress=False)
+    df = ablation.sweep(model, targets, TARGET, sites=sites, source=sources, method="resample", metric="logit")
     for label in sites:
         donor = _read(model, label, sources, targets).flip(0)
         logits = model.run(sources, targets, interventions=[resid.Replace(Site.parse(label), donor)]).logits
@@ -124,7 +124,7 @@ def test_the_original_transformer_equals_its_intervention_runs(original):
     sources, targets = SOURCES % model.config.d_vocab, TARGETS % model.config.d_vocab
     sites = ["encoder.layers[0].attn.head[3]", "encoder.layers[1].mlp", "layers[1].cross.head[2]", "layers[0].mlp",
              "layers[1].attn.head[0]"]
-    df = ablation.sweep(model, targets, TARGET, sites=sites, source=sources, metric="logit", progress=False)
+    df = ablation.sweep(model, targets, TARGET, sites=sites, source=sources, metric="logit")
     for label in sites:
         logits = model.run(sources, targets, interventions=[resid.ZeroAblate(Site.parse(label))]).logits
         got = torch.tensor(df[df.site == label].sort_values("prompt_idx").ablated_metric.to_numpy())
@@ -141,10 +141,10 @@ def test_a_padded_batch_equals_its_pairs_one_at_a_time(worded):
     targets = ["w4 w21", "w9 w13 w2 w17", "w33"]
     sites = ["encoder.layers[0].attn.head[2]", "encoder.layers[1].mlp", "layers[1].cross.head[0]", "layers[2].mlp",
              "encoder.layers[0].resid_pre@-1", "layers[0].resid_pre@0"]
-    batch = ablation.sweep(worded, targets, "w7", sites=sites, source=sources, metric="logit", progress=False)
+    batch = ablation.sweep(worded, targets, "w7", sites=sites, source=sources, metric="logit")
     for i in range(3):
         alone = ablation.sweep(worded, targets[i : i + 1], "w7", sites=sites, source=sources[i : i + 1],
-                               metric="logit", progress=False)
+                               metric="logit")
         mine = batch[batch.prompt_idx == i]
         assert mine.site.tolist() == alone.site.tolist() == sites
         torch.testing.assert_close(torch.tensor(mine.ablated_metric.to_numpy()),
@@ -153,35 +153,39 @@ def test_a_padded_batch_equals_its_pairs_one_at_a_time(worded):
 
 def test_a_resumed_sweep_checks_its_sources(tiny_marian, tmp_path):
     out = tmp_path / "sweep.parquet"
-    first = ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES[:2], source=SOURCES, out=out,
-                           progress=False)
-    again = ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES[:2], source=SOURCES, out=out,
-                           progress=False)
+    first = ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES[:2], source=SOURCES,
+                           execution=Execution(out=out))
+    again = ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES[:2], source=SOURCES,
+                           execution=Execution(out=out))
     torch.testing.assert_close(torch.tensor(first.delta.to_numpy()), torch.tensor(again.delta.to_numpy()))
     with pytest.raises(ResidError, match="signature|different"):
-        ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES[:2], source=SOURCES.flip(0), out=out,
-                       progress=False)
+        ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=SITES[:2], source=SOURCES.flip(0),
+                       execution=Execution(out=out))
 
 
 def test_bad_input_says_what_to_pass(tiny_marian, gpt2_tokenizer):
     model = tiny_marian.model
     decoder_only = make_random_model("gpt2_like", gpt2_tokenizer)
     with pytest.raises(ResidError, match="encoder-decoder model: pass source="):
-        ablation.sweep(model, TARGETS, TARGET, progress=False)
+        ablation.sweep(model, TARGETS, TARGET)
     with pytest.raises(ResidError, match="2 sources for 3 prompts"):
-        ablation.sweep(model, TARGETS, TARGET, source=SOURCES[:2], progress=False)
+        ablation.sweep(model, TARGETS, TARGET, source=SOURCES[:2])
     with pytest.raises(ResidError, match="source= is for encoder-decoder models"):
-        ablation.sweep(decoder_only, ["hello"], " world", source=["bonjour"], progress=False)
+        ablation.sweep(decoder_only, ["hello"], " world", source=["bonjour"])
     with pytest.raises(ResidError, match="this model has no encoder"):
-        ablation.sweep(decoder_only, ["hello"], " world", sites=["encoder.layers[0].mlp"], progress=False)
+        ablation.sweep(decoder_only, ["hello"], " world", sites=["encoder.layers[0].mlp"])
     with pytest.raises(ResidError, match=r"encoder\.layers\[7\]\.mlp: layer 7 is out of range"):
-        ablation.sweep(model, TARGETS, TARGET, sites=["encoder.layers[7].mlp"], source=SOURCES, progress=False)
+        ablation.sweep(model, TARGETS, TARGET, sites=["encoder.layers[7].mlp"], source=SOURCES)
     with pytest.raises(ResidError, match="take no reference texts"):
-        ablation.sweep(model, TARGETS, TARGET, method="mean", reference=["w1 w2"], source=SOURCES, progress=False)
+        ablation.sweep(model, TARGETS, TARGET, method="mean", reference=["w1 w2"], source=SOURCES)
     with pytest.raises(ResidError, match="in process for now"):
-        ablation.sweep(model, TARGETS, TARGET, source=SOURCES, executor="ray", workers=2, progress=False)
+        ablation.sweep(model, TARGETS, TARGET, source=SOURCES, execution=Execution(executor="ray", workers=2))
+    # "inprocess" (as resid.analyses.distributed.resolve spells the default) is in process: the same rows
+    in_process = ablation.sweep(model, TARGETS[:1], TARGET, sites="head", source=SOURCES[:1],
+                                execution=Execution(executor="inprocess"))
+    pd.testing.assert_frame_equal(in_process, ablation.sweep(model, TARGETS[:1], TARGET, sites="head",
+                                                             source=SOURCES[:1]))
     with pytest.raises(ResidError, match="dictionaries are not taken with encoder-decoder models"):
-        ablation.sweep(model, TARGETS, TARGET, source=SOURCES, dictionaries=[object()], progress=False)
+        ablation.sweep(model, TARGETS, TARGET, source=SOURCES, dictionaries=[object()])
     with pytest.raises(ResidError, match="draws its donors among the pairs"):
-        ablation.sweep(model, TARGETS, TARGET, method="resample", reference=["w1 w2"] * 3, source=SOURCES,
-                       progress=False)
+        ablation.sweep(model, TARGETS, TARGET, method="resample", reference=["w1 w2"] * 3, source=SOURCES)

@@ -5,8 +5,8 @@ definitions computed here from plain runs."""
 import pytest
 import torch
 
+from resid.analyses.corpus_windows import windows as cut_windows
 from resid.analyses.distributed.execution import Execution
-from resid.analyses.neurons.keys import windows as cut_windows
 from resid.analyses.training.evaluation import evaluate
 from resid.analyses.training.loop import train
 from resid.analyses.training.recipe import Recipe

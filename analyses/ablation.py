@@ -1,19 +1,21 @@
 """Ablation sweeps: knock out layers, sublayers, heads or neurons one at a time over many prompts and
 measure what each does to a metric of the next-token prediction.
 
-    df = ablation.sweep(model, prompts, targets, baselines, sites="sublayer", method="mean",
-                        reference=texts, out="results.parquet")
+    df = ablation.sweep(model, prompts, targets, baselines, sites="sublayer", method="mean", reference=texts,
+                        execution=Execution(out="results.parquet"))
 
 One row per (prompt, site): prompt_idx, site (Site.label), layer, part, head, kv_head, expert, neuron, method,
 metric, clean_metric, ablated_metric, delta (= ablated - clean). Methods: "zero"; "mean" (the site's mean over
-`reference` texts; see resid.analyses.ablation.values for agnostic vs per-position means); "resample" (the site's
+`reference` texts; see resid.analyses.sweeps.values for agnostic vs per-position means); "resample" (the site's
 value on another prompt: `reference` gives one donor prompt per prompt, else a random prompt of equal token length).
 
-The engine stacks (prompt x site) rows into batched forwards that reuse the clean prefix: an ablation at layer L
-starts from the clean residual entering L (model.resume) and unembeds only the last token
-(resid.analyses.ablation.rows). The rows are a job (resid.analyses.ablation.chunks) that the one driver runs
-(resid.analyses.distributed.driver): in process by default, or on Ray workers (`executor="ray", workers=N`). With
-`out=` the driver writes results chunk by chunk, atomically; re-running the same call resumes, on any executor.
+A sweep is a job of the intervention-sweep engine (resid.analyses.sweeps): (prompt x site) rows in batched
+forwards that reuse the clean prefix, an ablation at layer L starting from the clean residual entering L
+(model.resume) and unembedding only the last token, run by the one driver (resid.analyses.distributed.driver).
+How it runs is one value, `execution=` (resid.analyses.Execution): in process by default or on Ray workers
+(executor="ray", workers=N), batch_size prompts per forward pass ("auto"), a progress bar (on a terminal by
+default), and with `out=` a result store written chunk by chunk, atomically: re-running the same call resumes, on
+any executor.
 """
 
 import hashlib
@@ -22,18 +24,16 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-import torch
 
 from resid.analyses import sites as site_words
-from resid.analyses.ablation import seq2seq, values
-from resid.analyses.ablation.chunks import SweepJob
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import Prompts, Sources, batch_size_for, check_sources, decoder_of, prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.metrics import Metric, check_metric
+from resid.analyses.sweeps import seq2seq, values
+from resid.analyses.sweeps.chunks import SweepJob, dictionaries_digest
 from resid.analyses.vocab import token_ids
 from resid.errors import ResidError, param, python_only
 from resid.model import Inputs, Transformer
@@ -56,25 +56,22 @@ def sweep(
     method: Method = "zero",
     reference: Sequence[str] | str | Path | None = None,
     metric: Metric | Callable | None = None,
-    batch_size: int | str = "auto",
-    out: str | Path | None = None,
     seed: int = 0,
     mean_positions: MeanPositions = "agnostic",
-    progress: bool = True,
-    executor: Executor | str | None = None,
-    workers: int | None = None,
     dictionaries: Sequence = (),
     source: Inputs | None = None,
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
     """Run every ablation of `sites` (a word of resid.analyses.sites, or a list of resid.Site or their labels)
     on every prompt (texts, resid.Tokens or token ids); see the module docstring. Returns the columns of
-    COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK]. executor: None (in process), "ray"
-    (with `workers`), or a resid.analyses.distributed executor; results are the same on every executor.
-    dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name, Site(l, part,
+    COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK]. execution: how the sweep runs
+    (resid.analyses.Execution: executor, workers, batch_size, progress, out); the rows are the same on every
+    executor. dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name, Site(l, part,
     feature=i): a feature is ablated inside its dictionary's splice (resid.dictionaries.edits).
     source: encoder-decoder models (resid.EncoderDecoder) only, one source per prompt (the prompts are then the
     decoder's target prefixes); sites are on both stacks (encoder sites labelled "encoder.<label>"), see
-    resid.analyses.ablation.seq2seq."""
+    resid.analyses.sweeps.seq2seq."""
+    execution = as_execution(execution)
     full, (model, sources) = model, decoder_of(model, source)
     _check_model(model)
     given = as_prompts(model, prompts)
@@ -89,31 +86,31 @@ def sweep(
     check_choice(mean_positions, "mean_positions", ("agnostic", "per_position"))
     lengths = given.tokens.lengths.tolist()
     if sources is not None:
-        return _sweep_pairs(full, given, sources, target_ids, baseline_ids, sites, method, reference, metric,
-                            batch_size, out, seed, mean_positions, progress, executor, workers, dictionaries)
+        return _sweep_pairs(full, given, sources, target_ids, baseline_ids, sites, method, reference, metric, seed,
+                            mean_positions, dictionaries, execution)
     chosen = site_words.expand(sites, model.config, max(lengths))
     donors = _donors(method, reference, given, model, seed)
     if method == "mean" and reference is None:
         raise ResidError(f"{param('method', 'mean')} needs reference texts to average over: give "
                          f"{param('reference')} ({python_only('a list of texts, or ')}a .txt or .jsonl file).")
-    size = batch_size_for(model, given.tokens, batch_size)
+    size = batch_size_for(model, given.tokens, execution.batch_size)
     dictionaries = tuple(getattr(d, "dictionary", d) for d in dictionaries)
     settings = dict(analysis="ablation.sweep", metric=metric_label, seed=seed, mean_positions=mean_positions,
                     reference=_digest(reference), dictionaries=dictionaries_digest(dictionaries))
     reference_texts = values.read_reference(reference) if method == "mean" else None
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
-                   metric, {}, mean_positions == "per_position", read_at, batch_size, size.value,
-                   model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries)
-    return _ordered(drive(model, job, Execution(executor, workers, batch_size, progress, out)), chosen)
+                   metric, {}, mean_positions == "per_position", read_at, execution.batch_size, size.value,
+                   model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries,
+                   progress=execution.progress)
+    return _ordered(drive(model, job, execution), chosen)
 
 
 def _sweep_pairs(model: EncoderDecoder, given: Prompts, sources: Sources, target_ids, baseline_ids, sites, method,
-                 reference, metric, batch_size, out, seed, mean_positions, progress, executor, workers,
-                 dictionaries) -> pd.DataFrame:
-    """The sweep of an encoder-decoder model over (source, target prefix) pairs (resid.analyses.ablation.seq2seq)."""
+                 reference, metric, seed, mean_positions, dictionaries, execution: Execution) -> pd.DataFrame:
+    """The sweep of an encoder-decoder model over (source, target prefix) pairs (resid.analyses.sweeps.seq2seq)."""
     if dictionaries:
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
-    seq2seq.in_process(executor)
+    seq2seq.in_process(execution.executor)
     if reference is not None and method != "resample":
         raise ResidError(f"{param('reference')}: encoder-decoder sweeps take no reference texts (mean ablation "
                          "averages over the pairs themselves); drop it.")
@@ -121,14 +118,14 @@ def _sweep_pairs(model: EncoderDecoder, given: Prompts, sources: Sources, target
     source_lengths = sources.prompts.tokens.lengths.tolist()
     chosen = seq2seq.expand(model, sites, max(lengths), max(source_lengths))
     donors = seq2seq.donors(lengths, source_lengths, seed, reference) if method == "resample" else None
-    size = batch_size_for(model.decoder, given.tokens, batch_size)
+    size = batch_size_for(model.decoder, given.tokens, execution.batch_size)
     source_ids = seq2seq.SourceIds(sources.prompts.sequences(range(n)), sources.prompts.pad_token_id)
     settings = dict(analysis="ablation.sweep", metric=check_metric(metric, baseline_ids is not None), seed=seed,
                     mean_positions=mean_positions)
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
-                   metric, {}, mean_positions == "per_position", None, batch_size, size.value,
+                   metric, {}, mean_positions == "per_position", None, execution.batch_size, size.value,
                    model.config.n_layers, settings, sources=source_ids, encoder_layers=model.encoder.config.n_layers)
-    return _ordered(drive(model, job, Execution(executor, workers, batch_size, progress, out)), chosen)
+    return _ordered(drive(model, job, execution), chosen)
 
 
 def _ordered(result: pd.DataFrame | None, chosen: list[Site]) -> pd.DataFrame:
@@ -145,21 +142,6 @@ def _digest(reference) -> object:
     if isinstance(reference, (str, Path)) and Path(reference).is_file():
         return hashlib.sha256(Path(reference).read_bytes()).hexdigest()
     return reference if reference is None or isinstance(reference, str) else list(reference)
-
-
-def dictionaries_digest(dictionaries: tuple) -> str | None:
-    """What the signature records of the dictionaries: a hash of their names and weights (None without any), so
-    that a store written with other dictionaries is refused, never resumed."""
-    if not dictionaries:
-        return None
-    digest = hashlib.sha256()
-    for d in dictionaries:
-        digest.update(f"{d.name};".encode())
-        for name, parameter in d.named_parameters():
-            data = parameter.detach().float().contiguous().cpu()
-            digest.update(f"{name} {tuple(data.shape)};".encode())
-            digest.update(data.view(torch.uint8).reshape(-1).numpy().data)
-    return digest.hexdigest()
 
 
 def _check_model(model) -> None:

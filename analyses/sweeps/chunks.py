@@ -1,5 +1,5 @@
-"""The job of an ablation sweep (and of exact patching, which is resample ablation with the other prompt of each
-pair as the donor), and its chunks, which the one driver (resid.analyses.distributed.driver) runs on any executor.
+"""The job of a sweep (an ablation sweep, or exact patching: resample ablation with the other prompt of each pair as
+the donor), and its chunks, which the one driver (resid.analyses.distributed.driver) runs on any executor.
 
 A chunk is a block of prompts x a block of sites, minus the rows a resumed sweep already stored (and the rows
 that do not exist: a residual site at a position past a prompt's end). In process, the blocks are `batch`
@@ -14,6 +14,8 @@ Prompt blocks are therefore kept at a quarter of a batch or more, and sites are 
 consecutive layers (each layer's rows stay in one forward) of about equal cost: an ablation entering layer L
 reruns the n_layers - L layers after it, plus what every row costs wherever it starts (ROW_COST).
 Chunks depend on the inputs, the batch size and the executor's workers; the rows they compute do not.
+A job's signature (what a resumed store must match) records its inputs; `dictionaries_digest` is what it records
+of learned dictionaries, for every job whose sites name features (attribution patching's too).
 """
 
 import hashlib
@@ -25,11 +27,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from resid.analyses.ablation import seq2seq
-from resid.analyses.ablation.means import reference_means
-from resid.analyses.ablation.rows import Context, ablate_group, clean_pass, edited, start_layer
-from resid.analyses.ablation.seq2seq import SourceIds
+from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import Job
+from resid.analyses.sweeps import seq2seq
+from resid.analyses.sweeps.means import reference_means
+from resid.analyses.sweeps.rows import Context, ablate_group, clean_pass, edited, start_layer
+from resid.analyses.sweeps.seq2seq import SourceIds
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.dictionaries.check import on_device
 from resid.model import Transformer
@@ -110,8 +113,9 @@ class SweepJob(Job):
     donor_metric: bool = False  # rows carry the donor run's metric (patching)
     reference: list[str] | None = None  # mean ablation: the reference texts the means are taken over
     dictionaries: tuple = ()  # learned dictionaries whose features are sites (they travel with the job)
-    sources: SourceIds | None = None  # encoder-decoder models: each prompt's source (resid.analyses.ablation.seq2seq)
+    sources: SourceIds | None = None  # encoder-decoder models: each prompt's source (resid.analyses.sweeps.seq2seq)
     encoder_layers: int = 0  # encoder-decoder models: the encoder's layers
+    progress: bool | None = None  # the reference means' bar, as the sweep's Execution says (the driver draws the rows')
 
     name = "sites"
     key = ("prompt_idx", "site")
@@ -139,8 +143,9 @@ class SweepJob(Job):
                                        self.chunk_batch)
             return
         width = max(len(ids) for ids in self.sequences)
-        self.means = reference_means(executor, model, whole, self.reference, width, self.per_position,
-                                     self.chunk_batch, self.batch_size, self.dictionaries)
+        execution = Execution(executor=executor, batch_size=self.batch_size, progress=self.progress)
+        self.means = reference_means(model, whole, self.reference, width, self.per_position, self.chunk_batch,
+                                     self.dictionaries, execution)
 
     def _exists(self, prompt: int, site: Site, length: int) -> bool:
         """Residual sites of a layer x position map exist only at the prompt's own (aligned) positions."""
@@ -190,3 +195,18 @@ class SweepJob(Job):
 
     def combine(self, pieces: list) -> pd.DataFrame:
         return pd.concat(pieces, ignore_index=True)
+
+
+def dictionaries_digest(dictionaries: tuple) -> str | None:
+    """What the signature records of the dictionaries: a hash of their names and weights (None without any), so
+    that a store written with other dictionaries is refused, never resumed."""
+    if not dictionaries:
+        return None
+    digest = hashlib.sha256()
+    for d in dictionaries:
+        digest.update(f"{d.name};".encode())
+        for name, parameter in d.named_parameters():
+            data = parameter.detach().float().contiguous().cpu()
+            digest.update(f"{name} {tuple(data.shape)};".encode())
+            digest.update(data.view(torch.uint8).reshape(-1).numpy().data)
+    return digest.hexdigest()

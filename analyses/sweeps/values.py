@@ -9,7 +9,7 @@ experts an expert's write `expert_out[:, :, e]` [batch pos d_model] or an expert
 - "per_position": one vector per position id (0 = first real token), so a prompt's position p is replaced
   by the reference mean at p; the reference texts must reach every position the prompts use.
 Reference texts are cut to the longest prompt's token count, so both kinds see the same positions (the means
-themselves are a reduction over chunks of texts on any executor: resid.analyses.ablation.means).
+themselves are a reduction over chunks of texts on any executor: resid.analyses.sweeps.means).
 """
 
 from collections.abc import Sequence

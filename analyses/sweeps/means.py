@@ -2,7 +2,7 @@
 token counts per unit, and the driver adds the chunks up in chunk order, so the means are the same whoever
 computed which chunk (and equal to the in-process ones).
 
-The rules are those of resid.analyses.ablation.values: texts are cut to the longest prompt's token count and right-
+The rules are those of resid.analyses.sweeps.values: texts are cut to the longest prompt's token count and right-
 padded; agnostic means average every real token, per-position means average each position id (0 = first real
 token) and need the texts to reach every position the prompts use.
 """
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from resid.analyses.distributed.driver import drive
-from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import Executor, Job
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.analyses.distributed.executor import Job
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
 from resid.dictionaries.check import on_device
@@ -79,10 +79,13 @@ class MeanJob(Job):
 
 
 def reference_means(
-    executor: Executor, model: Transformer, sites: list[Site], texts: list[str], n_positions: int, per_position: bool,
-    batch: int, batch_size: int | str, dictionaries: tuple = (),
+    model: Transformer, sites: list[Site], texts: list[str], n_positions: int, per_position: bool, batch: int,
+    dictionaries: tuple = (), execution: Execution | None = None,
 ) -> dict:
-    """{site: float64 array}: [dim...] agnostic, [n_positions dim...] per position; chunks of `batch` texts."""
+    """{site: float64 array}: [dim...] agnostic, [n_positions dim...] per position; chunks of `batch` texts, each
+    run in forward passes of execution.batch_size texts ("auto": from the worker's device) on its executor (the
+    sweep's: resid.analyses.sweeps.chunks.SweepJob.prepare), with its progress bar. The means keep no store: an
+    Execution with `out` is refused by the driver."""
     patterns = [site for site in sites if site.what == "pattern"]
     if patterns:
         raise ResidError(f"Attention patterns have no mean over reference texts (their key axis is each text's own "
@@ -91,8 +94,9 @@ def reference_means(
     tokenizer = model.require_tokenizer()
     encoded = [ids[:n_positions] for ids in (tokenizer.encode(t) for t in texts) if ids]
     chunks = [encoded[start : start + batch] for start in range(0, len(encoded), batch)]
-    job = MeanJob(sites, per_position, n_positions, tokenizer.pad_token_id, batch_size, chunks, dictionaries)
-    parts = drive(model, job, Execution(executor=executor, progress=False))
+    execution = as_execution(execution)
+    job = MeanJob(sites, per_position, n_positions, tokenizer.pad_token_id, execution.batch_size, chunks, dictionaries)
+    parts = drive(model, job, execution)
     slots = n_positions if per_position else 1
     counts = np.zeros(slots)
     sums: dict = {}

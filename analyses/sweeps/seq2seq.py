@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from resid.analyses import sites as site_words
-from resid.analyses.ablation import values
+from resid.analyses.distributed.executor import Executor, InProcess
+from resid.analyses.sweeps import values
 from resid.capture import Capture
 from resid.errors import ResidError, param
 from resid.model import Memory
@@ -88,11 +89,10 @@ def donors(lengths: list[int], source_lengths: list[int], seed: int, reference) 
                          "equal lengths.") from None
 
 
-def in_process(executor) -> None:
-    """Encoder-decoder jobs run in the driver's process for now: Ray workers load decoder-only models."""
-    from resid.analyses.distributed.executor import InProcess
-
-    if executor is not None and not isinstance(executor, InProcess):
+def in_process(executor: Executor | str | None) -> None:
+    """Encoder-decoder jobs run in the driver's process for now (an Execution's executor None, or InProcess): Ray
+    workers load decoder-only models."""
+    if executor not in (None, "inprocess") and not isinstance(executor, InProcess):
         raise ResidError(f"Encoder-decoder models are swept and patched in process for now: drop "
                          f"{param('executor')} (and workers).")
 

@@ -1,0 +1,37 @@
+"""One value for how a job runs: every long job takes `execution: Execution | None = None` and none of the
+settings it holds as its own argument; a wrong value, or a setting a job cannot honour, is one clear error."""
+
+import inspect
+
+import pytest
+from random_models import make_random_model
+
+from resid.analyses import Execution, ablation, features, graphs, neurons, patching
+from resid.analyses.features import examples
+from resid.analyses.neurons import scan
+from resid.analyses.sweeps import means
+from resid.errors import ResidError
+
+JOBS = [ablation.sweep, patching.activation, patching.atp, patching.path, neurons.top_activating,
+        features.top_activating, graphs.attribute, scan.scan, scan.scan_with, means.reference_means]
+SETTINGS = ("executor", "workers", "batch_size", "progress", "out")
+
+
+@pytest.mark.parametrize("job", JOBS, ids=lambda job: f"{job.__module__}.{job.__name__}")
+def test_every_long_job_takes_one_execution(job):
+    parameters = inspect.signature(job).parameters
+    assert not set(SETTINGS) & set(parameters), f"{job.__name__} still takes {set(SETTINGS) & set(parameters)}"
+    assert parameters["execution"].default is None
+    assert parameters["execution"].annotation == Execution | None
+    assert list(parameters)[-1] == "execution"
+    assert examples.top_activating is features.top_activating
+
+
+def test_what_a_job_cannot_honour_is_refused(gpt2_tokenizer):
+    model = make_random_model("llama_gqa", gpt2_tokenizer)
+    with pytest.raises(ResidError, match="Execution\\(batch_size=0\\)"):
+        Execution(batch_size=0)
+    with pytest.raises(ResidError, match="computes a reduction, not table rows: it takes no out= file"):
+        neurons.top_activating(model, ["a b c d"], layers=[0], execution=Execution(out="top.parquet"))
+    with pytest.raises(ResidError, match="drop executor, workers and out"):
+        graphs.attribute(model, "a b c", [], execution=Execution(out="graph.parquet"))
