@@ -93,8 +93,8 @@ def salient_logits(model, rep: Replacement, max_n_logits: int, desired_logit_pro
     top_p, top = torch.topk(probs, min(max_n_logits, probs.shape[0]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob, device=top_p.device))) + 1
     top_p, top = top_p[:cutoff], top[:cutoff]
-    weight = model.readout.unembed.weight.detach().float()  # [d_vocab d_model]
-    return top, top_p, weight[top] - weight.mean(0)
+    w_u = model.readout.unembedding(through_norm=False)  # [d_model d_vocab]
+    return top, top_p, (w_u[:, top] - w_u.mean(1, keepdim=True)).T
 
 
 def _token_strs(model, ids: torch.Tensor) -> list[str]:

@@ -83,7 +83,7 @@ class Spec:
         if not config.pre_norms:
             site_in, standardized = Site(layer, "resid_pre" if config.block == "parallel" else "resid_mid"), False
         else:
-            zero_gain = any(bool((b.ln_mlp._gain32() == 0).any()) for b in model.blocks if b.ln_mlp is not None)
+            zero_gain = any(not b.ln_mlp.invertible for b in model.blocks if b.ln_mlp is not None)
             site_in, standardized = Site(layer, "mlp", field="normalized"), not zero_gain
         return cls(site_in, Site(layer, "mlp"), skip, standardized=standardized)
 

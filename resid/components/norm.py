@@ -52,6 +52,12 @@ class Norm(nn.Module):
         gain = self.w.float() + self.gain_offset
         return gain * self.multiplier if self.multiplier != 1.0 else gain
 
+    @property
+    def invertible(self) -> bool:
+        """Whether every entry of the gain is nonzero, so that to_standardized gives back a normalized output's
+        standardized input (Gemma 3 270M's pre-MLP norms have zero entries in 17 of its 18 layers)."""
+        return bool((self._gain32() != 0).all())
+
     def centred(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """x minus its mean over d_model for LayerNorm, x itself for RMSNorm, in float32. Centring is an orthogonal
         projection, so it is its own adjoint: centred(x) . u == x . centred(u)."""

@@ -206,7 +206,7 @@ def _use(item, model) -> Observe | Splice:
             raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "
                              "which resid does not record (it records the write after the post-norm).")
     for point in _points(d)[:1] if isinstance(d, Dictionary) else d.points_in:
-        if isinstance(use, Splice) and point.standardized and bool((point.norm(model).gain == 0).any()):
+        if isinstance(use, Splice) and point.standardized and not point.norm(model).invertible:
             raise ResidError(f"Dictionary {d.name!r} reads the standardized input of {point.site.label}, whose "
                              "norm gain has a zero entry, so a splice cannot recover it; observe it instead.")
     return use

@@ -24,6 +24,7 @@ from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.hooks import HookPoint, hook_point, width
 from resid.errors import ResidError
+from resid.sites import RESID_PARTS
 from resid.sites.transformerlens import at_layer
 
 FAMILIES = ("gpt", "gemma", "llama", "smollm", "qwen", "mistral", "mixtral", "pythia", "phi", "olmo", "bert",
@@ -47,13 +48,12 @@ def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | 
                                              dictionary.d_out, "d_out") for l in layers)
         return dictionary
     head = dictionary.metadata.get("hook_head_index")
-    _check_processing(dictionary, config)
-    dictionary.point_in = _point(dictionary, dictionary.hook_in, config, head, model, dictionary.d_in, "d_in")
-    if dictionary.is_transcoder:
-        dictionary.point_out = _point(dictionary, dictionary.hook_out, config, dictionary.metadata.get(
-            "hook_head_index_out"), model, dictionary.d_out, "d_out")
-    else:
-        dictionary.point_out = dictionary.point_in
+    point_in = _point(dictionary, dictionary.hook_in, config, head, model, dictionary.d_in, "d_in")
+    point_out = point_in if not dictionary.is_transcoder else _point(
+        dictionary, dictionary.hook_out, config, dictionary.metadata.get("hook_head_index_out"), model,
+        dictionary.d_out, "d_out")
+    _check_processing(dictionary, (point_in, point_out), config)
+    dictionary.point_in, dictionary.point_out = point_in, point_out
     return dictionary
 
 
@@ -76,16 +76,17 @@ def _point(dictionary, hook: str | None, config: ModelConfig, head: int | None, 
     return point
 
 
-def _check_processing(dictionary: Dictionary, config: ModelConfig) -> None:
+def _check_processing(dictionary: Dictionary, points: tuple[HookPoint, ...], config: ModelConfig) -> None:
     """SAELens records how TransformerLens loaded the model it trained on (model_from_pretrained_kwargs). With
     center_writing_weights every write, hence the residual stream, is centred across d_model (LayerNorm models);
     with fold_value_biases z leaves out the value bias. resid's model is unprocessed, like Hugging Face's, so such
     a dictionary would read other tensors than it was trained on."""
     kwargs = dictionary.metadata.get("model_from_pretrained_kwargs") or {}
-    hooks = " ".join(h for h in (dictionary.hook_in, dictionary.hook_out) if h)
+    hooks = " and ".join(dict.fromkeys(h for h in (dictionary.hook_in, dictionary.hook_out) if h))
+    sites = [point.site for point in points]
     centred = kwargs.get("center_writing_weights") and config.norm == "layernorm" and any(
-        name in hooks for name in ("hook_resid", "hook_attn_out", "hook_mlp_out", "hook_mlp_in", "hook_embed"))
-    folded = kwargs.get("fold_value_biases") and "hook_z" in hooks
+        site.field is None and site.part in (*RESID_PARTS, "embed", "attn", "mlp") for site in sites)
+    folded = kwargs.get("fold_value_biases") and any(site.field == "z" for site in sites)
     if centred or folded:
         setting = "center_writing_weights=True" if centred else "fold_value_biases=True"
         raise ResidError(f"Dictionary {dictionary.name!r} was trained on TransformerLens's processed model "

@@ -216,3 +216,10 @@ def test_a_dictionary_trained_on_transformerlens_processing_is_refused(tmp_path)
         resid.dictionaries.load(folder, layernorm)
     edit_json(folder / "cfg.json", metadata={"model_from_pretrained_kwargs": {"center_writing_weights": False}})
     assert resid.dictionaries.load(folder, layernorm).site_in == resid.Site(1, "resid_post")
+    # z (read by its Site, attn field z) is not a write, so centring leaves it alone; folding value biases does not
+    edit_json(folder / "cfg.json", metadata={"hook_name": "blocks.1.attn.hook_z",
+                                             "model_from_pretrained_kwargs": {"center_writing_weights": True}})
+    assert resid.dictionaries.load(folder, layernorm).site_in == resid.Site(1, "attn", field="z")
+    edit_json(folder / "cfg.json", metadata={"model_from_pretrained_kwargs": {"fold_value_biases": True}})
+    with pytest.raises(resid.ResidError, match=r"fold_value_biases=True.*blocks.1.attn.hook_z"):
+        resid.dictionaries.load(folder, layernorm)
