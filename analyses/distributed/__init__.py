@@ -1,12 +1,13 @@
 """Chunked work and its executors: sweeps and corpus scans split into deterministic chunks that run in process
 (the default) or on Ray workers, one model per worker (one GPU each on GPU clusters).
 
-    execution  Execution: how a long job runs, one value (executor, workers, batch_size, progress, out)
+    execution  Execution: how a long job runs, one value (executor, workers, batch_size, progress, out), and
+               Execution.runner, the executor its `executor=` / `workers=` name
     driver     drive(model, job, execution): the one loop that runs every job's chunks
-    executor   Job (what a chunk computes), Executor, InProcess, and resolving `executor=` / `workers=`
+    executor   Job (what a chunk computes), Executor, InProcess
     ray_executor  RayExecutor: actors that load the model once, chunk retry when a worker dies
     worker     the body of one Ray actor
-    source     where a worker loads its model from (the driver's resid.load source, checked by fingerprint)
+    origin     where a worker loads its model from (what the driver's resid.load was given, checked by identity)
     steps      StepJob, drive_steps: the driver of stateful jobs (training a dictionary or a tuned lens), their
                input made in chunks by the same executors, one checkpoint store, one progress bar
 
@@ -20,7 +21,7 @@ Results do not depend on the executor: sweeps write each finished chunk to their
 `pip install 'resid-stream[distributed]'`, imported only when a RayExecutor is made.
 """
 
-from resid.analyses.distributed.executor import Executor, InProcess, Job, resolve
+from resid.analyses.distributed.executor import Executor, InProcess, Job
 from resid.analyses.distributed.ray_executor import RayExecutor
 
-__all__ = ["Executor", "InProcess", "Job", "RayExecutor", "resolve"]
+__all__ = ["Executor", "InProcess", "Job", "RayExecutor"]

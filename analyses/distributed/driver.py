@@ -19,7 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import InProcess, Job, resolve
+from resid.analyses.distributed.executor import InProcess, Job
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
 from resid.identities import identity
@@ -32,7 +32,7 @@ def drive(model, job: Job, execution: Execution) -> object:
     out = execution.out
     if out is not None and job.key is None:
         raise ResidError(f"{job.name} computes a reduction, not table rows: it takes no out= file.")
-    runner, owned = resolve(execution.executor, execution.workers)
+    runner, owned = execution.runner()
     store = None
     try:
         if out is not None:

@@ -14,7 +14,7 @@ names, types and defaults (None: Execution(), every default).
     out          where finished work is kept, so that calling again the same way resumes: a .parquet / .csv
                  table for jobs whose results are rows, a folder for training; None keeps nothing
 
-The values are checked when the job starts (resid.analyses.distributed.executor.resolve for the executor).
+The values are checked when the value is made, the executor and workers when the job starts (Execution.runner).
 """
 
 import os
@@ -22,7 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from resid.analyses.distributed.executor import Executor
+from resid.analyses.distributed.executor import Executor, InProcess
+from resid.analyses.distributed.ray_executor import RayExecutor
 from resid.errors import ResidError
 
 
@@ -57,6 +58,28 @@ class Execution:
     @property
     def path(self) -> Path | None:
         return None if self.out is None else Path(self.out)
+
+    def runner(self) -> tuple[Executor, bool]:
+        """(the executor that runs the job, whether this call made it and so the job must close it when done):
+        a new InProcess for None or "inprocess", a new RayExecutor(workers) for "ray", an Executor object as given."""
+        executor, workers = self.executor, self.workers
+        if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+            raise ResidError(f"workers must be a positive integer, got {workers!r}.")
+        if isinstance(executor, Executor):
+            if workers is not None:
+                raise ResidError("workers= goes with executor='ray'; an executor object already has its workers "
+                                 "(e.g. RayExecutor(workers=2)): drop workers=.")
+            return executor, False
+        if executor is None or executor == "inprocess":
+            if workers is not None:
+                raise ResidError(f"workers={workers} needs executor='ray' (the in-process executor is one worker).")
+            return InProcess(), True
+        if executor == "ray":
+            return RayExecutor(workers=workers), True
+        raise ResidError(
+            f"Unknown executor {executor!r}: use None (in process), 'ray' (with workers=N), or an executor object "
+            "such as resid.analyses.distributed.RayExecutor(workers=2, address=...)."
+        )
 
 
 def as_execution(execution: "Execution | None") -> Execution:

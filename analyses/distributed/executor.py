@@ -23,7 +23,6 @@ import abc
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
-from resid.errors import ResidError
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 
@@ -135,27 +134,3 @@ class InProcess(Executor):
             (result,) = job.run(state, chunk)
             yield result
             del result  # the caller is done with it: not held while the next chunk is computed
-
-
-def resolve(executor: "Executor | str | None", workers: int | None) -> tuple[Executor, bool]:
-    """(the executor, whether the caller made it and so must close it) for an analysis's `executor=` and
-    `workers=` arguments: None or "inprocess", "ray", or an Executor."""
-    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
-        raise ResidError(f"workers must be a positive integer, got {workers!r}.")
-    if isinstance(executor, Executor):
-        if workers is not None:
-            raise ResidError("workers= goes with executor='ray'; an executor object already has its workers "
-                             "(e.g. RayExecutor(workers=2)): drop workers=.")
-        return executor, False
-    if executor is None or executor == "inprocess":
-        if workers is not None:
-            raise ResidError(f"workers={workers} needs executor='ray' (the in-process executor is one worker).")
-        return InProcess(), True
-    if executor == "ray":
-        from resid.analyses.distributed.ray_executor import RayExecutor
-
-        return RayExecutor(workers=workers), True
-    raise ResidError(
-        f"Unknown executor {executor!r}: use None (in process), 'ray' (with workers=N), or an executor object such "
-        "as resid.analyses.distributed.RayExecutor(workers=2, address=...)."
-    )

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from resid.analyses.distributed.executor import Executor, Job
-from resid.analyses.distributed.source import ModelSource, source_of
+from resid.analyses.distributed.origin import ModelOrigin, origin_of
 from resid.analyses.distributed.worker import Worker
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -82,7 +82,7 @@ class RayExecutor(Executor):
         self.cpus = float(threads if cpus is None else cpus)
         self._chunks_per_worker = chunks_per_worker
         self.actors: list = []
-        self.source: ModelSource | None = None
+        self.origin: ModelOrigin | None = None
         self.startup_seconds = 0.0  # ray.init (if this executor started Ray) + the actors loading the model
         self._init_seconds = 0.0
         self._lost = tuple(getattr(self.ray.exceptions, name) for name in LOST)
@@ -98,14 +98,14 @@ class RayExecutor(Executor):
     def start(self, model: Transformer) -> float:
         """Start the actors for `model` (kept for later calls on the same model); the start-up seconds (0 when
         they were already up): ray.init if this executor started Ray, and the actors loading the model."""
-        source = source_of(model)
-        if self.actors and source == self.source:
+        origin = origin_of(model)
+        if self.actors and origin == self.origin:
             return 0.0
         self.close()
         workers, gpus = self._layout()
         self._wait_for_resources(workers, gpus)
         began = time.perf_counter()
-        self.source = source
+        self.origin = origin
         self._options = dict(num_cpus=self.cpus, num_gpus=1 if gpus else 0, max_restarts=0)
         self.actors = [self._spawn() for _ in range(workers)]
         self._wait_ready(self.actors)
@@ -233,14 +233,14 @@ class RayExecutor(Executor):
 
     def _spawn(self):
         remote = self.ray.remote(Worker).options(**self._options)
-        return remote.remote(self.source, self.threads)
+        return remote.remote(self.origin, self.threads)
 
     def _wait_ready(self, actors: list) -> None:
         try:
             self.ray.get([actor.ready.remote() for actor in actors])
         except self.ray.exceptions.RayError as error:
             self.close()
-            raise ResidError(f"A Ray worker could not load the model {self.source.name}: {_cause(error)}") from None
+            raise ResidError(f"A Ray worker could not load the model {self.origin.name}: {_cause(error)}") from None
 
     def _replace(self, slot: int) -> None:
         """A fresh actor (loading the model again) in place of the lost one."""

@@ -28,7 +28,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from resid.analyses.distributed.execution import Execution
-from resid.analyses.distributed.executor import InProcess, Job, Model, resolve
+from resid.analyses.distributed.executor import InProcess, Job, Model
 from resid.analyses.io.checkpoints import StateStore
 from resid.errors import ResidError
 
@@ -91,7 +91,7 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
     progress. Its batch size is the job's own business: its chunks were cut with it."""
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise ResidError(f"checkpoint_every must be a positive number of steps, got {checkpoint_every!r}.")
-    runner, owned = resolve(execution.executor, execution.workers)
+    runner, owned = execution.runner()
     store = None
     try:
         if execution.out is not None:

@@ -1,4 +1,4 @@
-"""The body of one Ray actor: it loads the model once from its source, then runs chunks of any job.
+"""The body of one Ray actor: it loads the model once from its origin, then runs chunks of any job.
 
 Imported by Ray in the worker process. Nothing here imports ray (RayExecutor wraps the class with `ray.remote`
 and sends the job, as plain data, with each actor's first chunk of it), so the base install can import it.
@@ -9,16 +9,16 @@ where it needs them.
 import torch
 
 from resid.analyses.distributed.executor import Job
-from resid.analyses.distributed.source import ModelSource, load
+from resid.analyses.distributed.origin import ModelOrigin, load
 
 
 class Worker:
-    def __init__(self, source: ModelSource, threads: int):
+    def __init__(self, origin: ModelOrigin, threads: int):
         # One intra-op thread per worker by default: N workers on N cores, none oversubscribed.
         torch.set_num_threads(threads)
         # Ray hides the GPUs an actor was not given (CUDA_VISIBLE_DEVICES), so "cuda" is this actor's own GPU.
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = load(source, device)
+        self.model = load(origin, device)
         self.job_key: str | None = None
         self.job: Job | None = None
         self.state: object = None

@@ -24,7 +24,7 @@ from torch import Tensor
 from resid.analyses.corpus_windows import Window, batch_tokens
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
-from resid.analyses.distributed.executor import InProcess, Job, resolve
+from resid.analyses.distributed.executor import InProcess, Job
 from resid.analyses.neurons.topk import TopK
 from resid.batching import BatchSize, model_batch_size, with_backoff
 from resid.capture import Capture
@@ -227,7 +227,7 @@ def scan_with(
     for the execution's workers, so its executor is made here (and closed here if made here). A scan is a
     reduction: the driver refuses an Execution with `out`."""
     execution = as_execution(execution)
-    runner, owned = resolve(execution.executor, execution.workers)
+    runner, owned = execution.runner()
     try:
         width = max(len(w) for w in pieces)
         size = _batch_size(model, execution.batch_size, width, reader)

@@ -7,9 +7,9 @@ import pytest
 from random_models import make_random_model
 
 from resid.analyses import Execution, ablation, neurons
-from resid.analyses.distributed import Executor, InProcess, Job, ray_executor, resolve
-from resid.analyses.distributed.source import source_of
-from resid.analyses.sites import expand
+from resid.analyses.distributed import Executor, InProcess, Job, ray_executor
+from resid.analyses.distributed.origin import origin_of
+from resid.analyses.site_words import expand
 from resid.analyses.sweeps.chunks import MAX_CHUNK_ROWS, layout
 from resid.errors import ResidError
 
@@ -67,11 +67,14 @@ def test_remote_layout_keeps_prompt_blocks_large(model):
 
 
 def test_executor_arguments(model):
-    assert isinstance(resolve(None, None)[0], InProcess)
+    runner, owned = Execution().runner()
+    assert isinstance(runner, InProcess) and owned
+    given = InProcess()
+    assert Execution(executor=given).runner() == (given, False)  # the caller's executor: the caller closes it
     with pytest.raises(ResidError, match="workers=2 needs executor='ray'"):
-        resolve(None, 2)
+        Execution(workers=2).runner()
     with pytest.raises(ResidError, match="drop workers="):
-        resolve(InProcess(), 2)
+        Execution(executor=InProcess(), workers=2).runner()
     with pytest.raises(ResidError, match="Unknown executor 'dask'"):
         ablation.sweep(model, PROMPTS, [" Mary", " the"], execution=Execution(executor="dask"))
     with pytest.raises(ResidError, match="workers must be a positive integer"):
@@ -91,7 +94,7 @@ def test_ray_not_installed_is_one_clear_error(model, monkeypatch):
 
 def test_a_model_built_in_memory_cannot_go_to_workers(model):
     with pytest.raises(ResidError, match=r"built in memory.*save_pretrained.*resid.load\(folder\).*in-process"):
-        source_of(model)
+        origin_of(model)
 
 
 class Doubles(Job):
