@@ -91,7 +91,8 @@ def _values(model, args) -> str:
     import pandas as pd
 
     from resid.analyses.features import views
-    from resid.analyses.features.examples import select_features, site_of
+    from resid.analyses.features.examples import select_features
+    from resid.dictionaries import feature_site
 
     found = dictionaries(model, args)
     read = views.encoder_top_tokens if args.encoder else views.decoder_top_tokens
@@ -105,7 +106,7 @@ def _values(model, args) -> str:
     lines = [f"{how}, {len(pairs)} features:"]
     grouped = df.groupby(["dictionary", "feature", "direction"], observed=True, sort=False)["token"].apply(list)
     for name, feature in pairs[:SHOWN]:
-        label = site_of(by_name[name], feature).label
+        label = feature_site(by_name[name], feature, found).label
         top, bottom = (" ".join(repr(t) for t in grouped[(name, feature, d)]) for d in ("top", "bottom"))
         lines.append(f"{label}  top: {top}\n{'':>{len(label)}}  bottom: {bottom}")
     lines += more(len(pairs))
@@ -116,7 +117,7 @@ def _values(model, args) -> str:
         for name, feature in pairs[:FIGURES]:
             rows = df[(df["dictionary"] == name) & (df["feature"] == feature)]
             fig = neuron_plots.value_bars(rows.assign(layer=0, neuron=feature), 0, feature)
-            fig.update_layout(title=f"{site_of(by_name[name], feature).label} ({name}): "
+            fig.update_layout(title=f"{feature_site(by_name[name], feature).label} ({name}): "
                                     f"{'encoder' if args.encoder else 'decoder'} tokens")
             lines.append(save_figure(fig, args, f"values_{_file_name(by_name[name], feature)}"))
     return "\n".join(lines)

@@ -5,7 +5,7 @@ A dictionary reconstructs a tensor exactly once its error term is kept:
     target = sum_i a_i * W_dec[i] * s  +  (b_dec * s + t)  +  x @ W_skip  +  error
 
 (s, t: the input normalization undone, s = 1 and t = 0 without one; W_skip: skip transcoders). Read through the
-same frozen direction as the writes (resid.analyses.components), each term is a row:
+same frozen direction as the writes (resid.analyses.contributions), each term is a row:
 
     residual SAE at S (layers[L].resid_post, ...)  S is the sum of every write before it, so those writes' rows
                                                    are replaced by S's feature rows, b_dec and error
@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses.components import Contributions, through_post_norm
+from resid.analyses.contributions import Contributions, through_post_norm
 from resid.capture import Capture
 from resid.dictionaries import Dictionary, Observe, Splice
 from resid.errors import ResidError
@@ -177,7 +177,7 @@ def _terms(encoded, at: Site, project, name: str | None) -> list[tuple[Contribut
 
 
 def with_features(table: pd.DataFrame, groups: list[Contributions], acts: list[Tensor | None]) -> pd.DataFrame:
-    """The frame of `groups` (resid.analyses.components.frame) with a `feature` column (the feature id, <NA> on
+    """The frame of `groups` (resid.analyses.contributions.frame) with a `feature` column (the feature id, <NA> on
     other rows) and an `activation` column (NaN on other rows), without the rows of features that are not active
     at a prompt's position."""
     batch = groups[0].values.shape[0]

@@ -18,12 +18,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from resid.analyses.features.examples import select_features, site_of
+from resid.analyses.features.examples import select_features
 from resid.analyses.features.histogram import SIDE, ZERO, edges
 from resid.analyses.features.views import decoder_top_tokens
 from resid.analyses.neurons.keys import MARK
 from resid.analyses.neurons.plots import add_bars
-from resid.dictionaries import Dictionary
+from resid.dictionaries import Dictionary, feature_site
 from resid.errors import ResidError
 from resid.model import Transformer
 
@@ -58,7 +58,7 @@ def card(model: Transformer, dictionary: Dictionary, feature: int, table: pd.Dat
     off = int(counts.loc[(counts["low"] == 0) & (counts["high"] == 0), "count"].sum())
     peak = f", max {rows['activation'].iloc[0]:.3g}" if len(rows) else ""
     fig.update_layout(
-        title=f"{site_of(dictionary, feature).label} ({dictionary.name}): active on {total - off} of {total} "
+        title=f"{feature_site(dictionary, feature).label} ({dictionary.name}): active on {total - off} of {total} "
               f"scanned tokens ({(total - off) / max(total, 1):.2%}){peak}",
         barmode="overlay", height=max(800, 22 * min(len(rows), examples) + 2 * 24 * k + 250), showlegend=False,
     )

@@ -39,12 +39,12 @@ from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.keys import SIGNS, Sign, examples_frame
 from resid.analyses.neurons.scan import Reader, scan_with
 from resid.capture import Capture
-from resid.dictionaries import CrossLayerTranscoder, Dictionary, check
+from resid.dictionaries import CrossLayerTranscoder, Dictionary, check, feature_site
 from resid.dictionaries.check import on_device
 from resid.dictionaries.hooks import read
 from resid.errors import ResidError, param
 from resid.model import Transformer
-from resid.sites import RESID_PARTS, Site
+from resid.sites import RESID_PARTS
 
 COLUMNS = ("dictionary", "site", "layer", "feature", "rank", "activation", "token_id", "token", "doc", "pos",
            "context")
@@ -176,12 +176,6 @@ def select_features(d: Dictionary, features: int | Sequence[int] | None) -> list
     return sorted({int(f) for f in chosen})
 
 
-def site_of(d: Dictionary, feature: int) -> Site:
-    """Feature `feature` of `d` as a Site: the site `d` reconstructs, with the feature."""
-    at = d.point_out.site
-    return Site(at.layer, at.part, feature=int(feature))
-
-
 def _table(model, pieces, best, found, chosen, context: int, after: int) -> pd.DataFrame:
     """neurons.top_activating's frame of the scan (a dictionary's index as its `layer`; the chosen features are the
     same for every dictionary, or all of each), in the features' columns."""
@@ -189,6 +183,6 @@ def _table(model, pieces, best, found, chosen, context: int, after: int) -> pd.D
     df = df.rename(columns={"neuron": "feature", "coefficient": "activation"})
     key = df.pop("layer").to_numpy()
     df.insert(0, "dictionary", np.asarray([d.name for d in found], dtype=object)[key])
-    df.insert(1, "site", [site_of(found[i], f).label for i, f in zip(key, df["feature"])])
+    df.insert(1, "site", [feature_site(found[i], f, found).label for i, f in zip(key, df["feature"])])
     df.insert(2, "layer", np.asarray([d.point_out.site.layer for d in found], dtype=np.int64)[key])
     return pd.DataFrame(df, columns=list(COLUMNS))

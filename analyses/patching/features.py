@@ -26,11 +26,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching.pairs import Pairs
 from resid.capture import Capture
-from resid.dictionaries import Dictionary, Splice
+from resid.dictionaries import Dictionary, Splice, feature_site
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
@@ -75,7 +75,8 @@ def active(model: Transformer, pairs: Pairs, dictionaries: Sequence[Dictionary],
             for d in dictionaries:
                 acts = run.dictionaries[d.name].acts
                 seen[d.name] |= (acts[mask.to(acts.device)] != 0).any(0).cpu()
-    return [_site(d, int(i)) for d in dictionaries for i in seen[d.name].nonzero().flatten().tolist()]
+    return [feature_site(d, int(i), dictionaries)
+            for d in dictionaries for i in seen[d.name].nonzero().flatten().tolist()]
 
 
 def atp_frame(model: Transformer, pairs: Pairs, base: str, chunk: Sequence[int], dictionaries, metric,
@@ -111,7 +112,7 @@ def atp_frame(model: Transformer, pairs: Pairs, base: str, chunk: Sequence[int],
         rows, features = (delta != 0).any(1).cpu().numpy().nonzero()
         for row, feature in zip(rows.tolist(), features.tolist()):
             prompts.append(chunk[row])
-            sites.append(_site(d, feature))
+            sites.append(feature_site(d, feature, dictionaries))
             patched.append(value_np[row] + effect[row, feature])
     frame = pd.DataFrame({
         "prompt_idx": np.asarray(prompts, dtype=np.int64),
@@ -121,8 +122,3 @@ def atp_frame(model: Transformer, pairs: Pairs, base: str, chunk: Sequence[int],
     })
     frame["magnitude"] = (frame["patched_metric"] - value_np[[chunk.index(p) for p in prompts]]).abs()
     return frame, value_np, donor_value.double().cpu().numpy()
-
-
-def _site(d: Dictionary, feature: int) -> Site:
-    at = d.point_out.site
-    return Site(at.layer, at.part, feature=feature)

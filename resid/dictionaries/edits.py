@@ -88,6 +88,13 @@ def named(d: Dictionary, dictionaries: Sequence) -> str | None:
     return d.name if clash else None
 
 
+def feature_site(d: Dictionary, feature: int, among: Sequence = ()) -> Site:
+    """Feature `feature` of `d` as a Site: the site d reconstructs, with the feature, naming d where another
+    dictionary `among` reconstructs that site too (named), so that find(model, among, site) gives d back."""
+    at = d.point_out.site
+    return Site(at.layer, at.part, feature=int(feature), dictionary=named(d, among))
+
+
 def _editor(edits: list[Intervention]):
     """fn(acts, tokens) applying `edits` to their features' activations [batch pos] at their positions."""
 

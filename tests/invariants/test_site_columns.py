@@ -47,3 +47,5 @@ def test_every_tables_site_column_parses_back(gpt2_tokenizer) -> None:
     }
     for name, frame in frames.items():
         _labels_parse_back(name, frame)
+    scan = frames["feature scan"]  # two dictionaries at one site: each feature's label names its dictionary
+    assert {Site.parse(label).dictionary for label in scan["site"]} == set(scan["dictionary"]) == {"r1", "r1b"}
