@@ -1,11 +1,14 @@
-"""The layers of docs/design.md: the core resid (0) <- resid.dictionaries (1) <- resid.analyses (2) <-
-resid.analyses.cli (3). A module may import its own layer or a lower one, never a higher one: the core never imports
-the dictionaries (it attaches them through resid.attachments) nor the analyses, the dictionaries never import the
-analyses, the analyses never import the CLI. The analyses live in the folder analyses/ and install as
-resid.analyses (pyproject.toml).
+"""The layers of docs/design.md, and no import cycle. The layers: the core resid (0) <- resid.dictionaries (1) <-
+resid.analyses (2) <- resid.analyses.cli (3). A module may import its own layer or a lower one, never a higher one:
+the core never imports the dictionaries (it attaches them through resid.attachments) nor the analyses, the
+dictionaries never import the analyses, the analyses never import the CLI. The analyses live in the folder analyses/
+and install as resid.analyses (pyproject.toml).
 
-Read from the source (ast), not by importing, so an import inside a function, behind `if TYPE_CHECKING` or
-through `importlib.import_module("...")` counts too."""
+Nor do resid's modules import one another in a cycle, so no import has to hide inside a function to break one (the
+function-local imports left keep `import resid` and `resid --help` from loading torch and the analyses).
+
+Read from the source (ast), not by importing, so an import inside a function, behind `if TYPE_CHECKING` or through
+`importlib.import_module("...")` counts too."""
 
 import ast
 from collections.abc import Iterator
@@ -79,6 +82,76 @@ def violations(root: Path) -> list[str]:
                     found.append(f"{path.relative_to(root)}:{line}: {module} (layer {own}) imports {name} "
                                  f"(layer {target})")
     return sorted(set(found))
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the resid modules it imports (anywhere in it), each import name cut to its longest module prefix
+    (`from resid.sites import Site` -> resid.sites, a package's __init__)."""
+    paths = {module_name(path, root): path for package in PACKAGES for path in sorted((root / package).rglob("*.py"))}
+    graph = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found = set()
+        for _, name in imported_names(tree, module, path.name == "__init__.py"):
+            parts = name.split(".")
+            target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in paths), None)
+            if target is not None and target != module:
+                found.add(target)
+        graph[module] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycle():
+    graph = import_graph(ROOT)
+    assert "resid.sites.site" in graph["resid.sites"] and "resid.forward" in graph["resid.model"]  # read at all
+    found = cycles(graph)
+    assert not found, "modules that import one another in a cycle:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_local_import(tmp_path):
+    files = {
+        "resid/__init__.py": "",
+        "resid/a.py": "from resid.b import f\n",
+        "resid/b.py": "def f():\n    from resid.c import g\n",
+        "resid/c.py": "import resid.a\n",
+        "resid/d.py": "from resid.a import f\n",
+        "analyses/__init__.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cycles(import_graph(tmp_path)) == [["resid.a", "resid.b", "resid.c"]]
 
 
 def test_no_module_imports_a_higher_layer():
