@@ -25,7 +25,7 @@ from typing import Literal
 
 import pandas as pd
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
@@ -62,7 +62,7 @@ def sweep(
     source: Inputs | None = None,
     execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """Run every ablation of `sites` (a word of resid.analyses.sites, or a list of resid.Site or their labels)
+    """Run every ablation of `sites` (a word of resid.analyses.site_words, or a list of resid.Site or their labels)
     on every prompt (texts, resid.Tokens or token ids); see the module docstring. Returns the columns of
     COLUMNS. Masked-LM models (BERT) are measured at each prompt's [MASK]. execution: how the sweep runs
     (resid.analyses.Execution: executor, workers, batch_size, progress, out); the rows are the same on every

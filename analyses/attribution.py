@@ -46,9 +46,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.checks import check_choice
-from resid.analyses.components import Contributions, check_probe, components, frame, probe_frame, read_out
+from resid.analyses.contributions import Contributions, check_probe, contributions, frame, probe_frame, read_out
 from resid.analyses.features import attribution as features
 from resid.analyses.inputs import (
     batch_size_for,
@@ -179,7 +179,7 @@ def capture_for(model: Transformer, level: str, positions: list[int] | None) -> 
 
 
 def meta_columns(model, tokens: Tokens, chunk, index, targets, target_ids, baselines, baseline_ids) -> dict:
-    """The per-prompt columns of a chunk's frame (resid.analyses.components.frame repeats them per component)."""
+    """The per-prompt columns of a chunk's frame (resid.analyses.contributions.frame repeats them per component)."""
     none = [None] * len(chunk)
     return {
         "prompt_idx": list(chunk),
@@ -269,7 +269,7 @@ def _attribute(
         return picked
 
     actual = value(logits)
-    groups = components(model, stream, direction, level)
+    groups = contributions(model, stream, direction, level)
     groups.append(Contributions([Site(None, "final_bias")], direction.bias[:, None]))
     index = stream.captured  # [batch 1] padded index of `pos`
     baseline_names = None if baseline_list is None else list(decode_ids(model, np.array(baseline_list)))

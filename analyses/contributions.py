@@ -1,4 +1,4 @@
-"""The components of a direct attribution (resid.analyses.attribution): every write's contribution to a direction
+"""The contributions of a direct attribution (resid.analyses.attribution): every write's contribution to a direction
 on the final residual (at one position, or pooled over positions), at the level of sublayers, heads, experts or
 neurons, and the long table they make; `read_out` turns a vector read out of the final hidden state into such
 a direction. See analyses/attribution.py for the algebra."""
@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.errors import ResidError
 from resid.model import Transformer
 from resid.readout import Direction
@@ -37,8 +37,8 @@ def unit_sites(layer: int, part: str, unit: str, count: int) -> tuple[Site, ...]
     return tuple(Site(layer, part, **{unit: i}) for i in range(count))
 
 
-def components(model: Transformer, stream: ResidualStream, direction: Direction, level: str,
-               cross: Callable | None = None) -> list[Contributions]:
+def contributions(model: Transformer, stream: ResidualStream, direction: Direction, level: str,
+                  cross: Callable | None = None) -> list[Contributions]:
     """Every component's contribution to `direction`, a read-out at the stream's captured positions (its vector
     [batch pos d_model], one row per captured position; the contributions are summed over them).
 
@@ -209,7 +209,7 @@ def probe_frame(
     model: Transformer, run, direction: Direction, actual: Tensor, meta: dict, level: str
 ) -> pd.DataFrame:
     """The frame of a read-out's components (and its final_bias row) for a run captured by `capture_for`."""
-    groups = components(model, run.stream, direction, level)
+    groups = contributions(model, run.stream, direction, level)
     groups.append(_bias(Site(None, "final_bias"), direction.bias))
     return frame(meta, groups, actual, total="readout")
 

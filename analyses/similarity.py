@@ -23,7 +23,7 @@ from torch import Tensor
 
 from resid.analyses.attribution import LEVELS, Level, capture_for, meta_columns
 from resid.analyses.checks import check_choice
-from resid.analyses.components import probe_frame, read_out
+from resid.analyses.contributions import probe_frame, read_out
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance

@@ -32,7 +32,7 @@ import torch
 
 from resid.analyses.attribution import capture_for, meta_columns
 from resid.analyses.checks import check_choice
-from resid.analyses.components import Contributions, components, frame
+from resid.analyses.contributions import Contributions, contributions, frame
 from resid.analyses.inputs import batch_size_for, check_sources, decoder_of, prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance
@@ -109,7 +109,7 @@ def _attribute(model: EncoderDecoder, given, source_prompts, chunk, targets, bas
     def cross(layer: int, written, into: Direction) -> list[Contributions]:
         return _split_heads(decoder.blocks[layer].cross, layer, written, into, memory_pieces, labels)
 
-    groups = components(decoder, stream, direction, level, cross=cross)
+    groups = contributions(decoder, stream, direction, level, cross=cross)
     groups.append(Contributions([Site(None, "final_bias")], direction.bias[:, None]))
     rows = torch.arange(len(chunk), device=logits.device)
     actual = logits[rows, torch.tensor(target_list, device=logits.device)]

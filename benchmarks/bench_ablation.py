@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 import resid
-from resid.load.registry import _smollm2_path
+from resid.load.registry import smollm2_path
 
 # config.json + tokenizer of SmolLM2-135M, committed with the tests so that no Hub download is needed
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "smollm2-135m"
@@ -151,7 +151,7 @@ def load_tl(which: str) -> dict:
         return {}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = _smollm2_path()
+    path = smollm2_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(REFERENCE)
     bridges = {}

@@ -23,7 +23,7 @@ import time
 import torch
 
 import resid
-from resid.load.registry import _smollm2_path
+from resid.load.registry import smollm2_path
 
 COLD = """
 import time; t0 = time.perf_counter(); import resid; t1 = time.perf_counter()
@@ -72,7 +72,7 @@ def measure(args, allocator: str) -> None:
     print(f"== {allocator}")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch} x {args.pos} tokens")
     load_s, load_with_import_s = cold_load(3)
-    path = _smollm2_path()
+    path = smollm2_path()
     start = time.perf_counter()
     hf = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, attn_implementation="eager", dtype=torch.float32

@@ -33,7 +33,7 @@ from bench_ablation import REFERENCE, load_tl, reset_peak_rss, rss_mb
 
 import resid
 from resid.analyses import attribution
-from resid.load.registry import _smollm2_path
+from resid.load.registry import smollm2_path
 
 WORDS = (
     "The history of the city began long before the bridge was built across the river and the first market "
@@ -85,7 +85,7 @@ def main() -> None:
     ids = model.to_tokens(prompts).ids
     from transformers import AutoModelForCausalLM
 
-    path = _smollm2_path()
+    path = smollm2_path()
     hf = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()

@@ -15,7 +15,7 @@ import time
 import torch
 
 import resid
-from resid.load.registry import _smollm2_path
+from resid.load.registry import smollm2_path
 
 
 def median_time(fn, repeats: int) -> float:
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="128,512,1024,2048,4096")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    path = _smollm2_path()
+    path = smollm2_path()
     hf = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, attn_implementation="sdpa", dtype=torch.float32
     ).eval()

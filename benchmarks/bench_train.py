@@ -57,7 +57,7 @@ from resid.analyses.training.activations import Activations, forward_batches
 from resid.analyses.training.loop import Spec, train
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer
-from resid.load.registry import _smollm2_path
+from resid.load.registry import smollm2_path
 from resid.sites import Site
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def main() -> None:
         texts_file = args.acts.with_name("texts.json")
         texts_file.write_text(json.dumps(texts))
         peer = _saelens(args, None, recipe.default_lr(sae.d_sae), [
-            "--gguf", str(_smollm2_path()), "--tokenizer", str(ROOT / "tests" / "data" / "smollm2-135m"),
+            "--gguf", str(smollm2_path()), "--tokenizer", str(ROOT / "tests" / "data" / "smollm2-135m"),
             "--texts", str(texts_file), "--steps", str(args.steps), "--layer", str(args.layer),
             "--context-size", str(args.window), "--store-batch-prompts", str(args.saelens_prompts),
             # a buffer of about resid's buffer_tokens (SAELens's default, 20 batches of prompts, may be larger)

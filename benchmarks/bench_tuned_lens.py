@@ -38,7 +38,7 @@ import resid
 from resid.analyses import tuned_lens
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.io import corpus
-from resid.load.registry import _smollm2_path
+from resid.load.registry import smollm2_path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "bench_tuned_lens"
@@ -72,7 +72,7 @@ def hf_folder(python: Path, model: resid.Transformer) -> Path:
     """SmolLM2 as a transformers folder tuned-lens can load, checked against resid's logits."""
     folder = WORK / "smollm2-hf"
     ids = model.to_tokens("The Eiffel Tower is located in the city of").ids[0].tolist()
-    done = subprocess.run([str(python), "-c", CONVERT, str(_smollm2_path()), str(folder), json.dumps(ids)],
+    done = subprocess.run([str(python), "-c", CONVERT, str(smollm2_path()), str(folder), json.dumps(ids)],
                           check=True, capture_output=True, text=True)
     theirs = torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]))
     ours = model.run(torch.tensor([ids])).logits[0, -1]

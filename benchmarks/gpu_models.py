@@ -24,9 +24,9 @@ TOKENIZERS = {"smollm2-135m": ROOT / "tests" / "data" / "smollm2-135m" / "tokeni
 
 def gguf_path(name: str) -> Path:
     if name == "smollm2-135m":
-        from resid.load.registry import _smollm2_path
+        from resid.load.registry import smollm2_path
 
-        return _smollm2_path()
+        return smollm2_path()
     if name == "gemma-3-270m":
         from resid.load.gguf_packages import gemma3_270m_path
 

@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from resid.analyses.io import atomic
 from resid.analyses.lenses.lens import TunedLens
-from resid.analyses.lenses.translators import Translators, site_of, tuned_lens_sites
+from resid.analyses.lenses.translators import Translators, translator_site, tuned_lens_sites
 from resid.errors import ResidError, param
 from resid.model import Transformer
 
@@ -140,7 +140,7 @@ def _read_resid(file: Path) -> Translators:
         bias = handle.get_tensor("bias").float() if "bias" in names else None
     if "sites" not in metadata:
         raise ResidError(f"{file} names no sites in its metadata: it was not written by resid.analyses.lenses.formats.")
-    sites = tuple(site_of(label) for label in json.loads(metadata["sites"]))
+    sites = tuple(translator_site(label) for label in json.loads(metadata["sites"]))
     info = json.loads(metadata.get("info", "{}"))
     if metadata.get("unembed_hash"):
         info["unembed_hash"] = metadata["unembed_hash"]

@@ -27,7 +27,7 @@ from resid.sites import RESID_PARTS, Site
 from resid.stream import EVERY
 
 
-def site_of(label: str) -> Site:
+def translator_site(label: str) -> Site:
     """A residual site from its label ("layers[3].resid_post"), or from the "resid_post 3" spelling that files
     written before resid.Site still hold."""
     name, _, layer = label.partition(" ")

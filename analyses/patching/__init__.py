@@ -9,7 +9,7 @@ The three methods take their common parameters in one order, with one type and o
 
     model, clean, corrupt, targets   the pairs: (clean, corrupt) texts and each pair's target token
     baselines=None                   a baseline token per pair (metric "logit_diff"), else "target_prob"
-    sites="resid_pre"                what is patched (activation, atp): a word of resid.analyses.sites (or
+    sites="resid_pre"                what is patched (activation, atp): a word of resid.analyses.site_words (or
                                      "feature"), or a list of words, resid.Site values and their labels
                                      (resid.analyses.patching.selection); path patching names senders and
                                      receivers here instead

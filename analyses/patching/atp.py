@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.checks import check_choice
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
@@ -102,7 +102,7 @@ def atp(
     df = drive(model, job, execution)
     if df is None or df.empty:
         return pd.DataFrame(columns=[*COLUMNS, "method", "magnitude"])
-    # the rows `sites` names, in its order (a word's sites as resid.analyses.sites lists them; the features of the
+    # the rows `sites` names, in its order (a word's sites as resid.analyses.site_words lists them; the features of the
     # word "feature", known only from the runs, after them)
     order = {site.label: i for i, site in enumerate(named)}
     of_kinds = {site.label for kind in kinds if kind != WORD for site in site_words.expand(kind, model.config, width)}

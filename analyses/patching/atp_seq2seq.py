@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching import selection
 from resid.analyses.patching.pairs import Pairs, PairsJob

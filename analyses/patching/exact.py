@@ -5,7 +5,7 @@ one site, and measure how much of the clean behaviour that restores.
     direction="noise"    run the clean prompt, patch in the corrupt activation (what is necessary)
 
 score = (patched - corrupt) / (clean - corrupt): 0 is the corrupt run's metric, 1 the clean run's, in both
-directions. Sites (resid.analyses.patching.selection): a word of resid.analyses.sites ("resid_pre", "resid_mid",
+directions. Sites (resid.analyses.patching.selection): a word of resid.analyses.site_words ("resid_pre", "resid_mid",
 "resid_post": the residual stream at each layer and each position, the layer x position map; "sublayer", "head",
 "layer", "q", "k", "v", "pattern"), "feature" (with `dictionaries=`: every feature of the learned dictionaries
 active in some prompt of a pair; resid.analyses.patching.features), or a list of words, resid.Site values and
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for

@@ -1,6 +1,6 @@
 """What `sites=` names, the same way in exact and attribution patching (patching.activation, patching.atp):
 
-    sites="head"                                  a word: resid.analyses.sites's, or "feature" (the features of
+    sites="head"                                  a word: resid.analyses.site_words's, or "feature" (the features of
                                                   `dictionaries=` active in some pair: resid.analyses.patching.features)
     sites=["resid_pre", "head"]                   a list of words: the union of their sites, in this order
     sites=[Site(9, "attn", head=6), "layers[3].mlp"]   resid.Site values and their labels
@@ -12,7 +12,7 @@ method can patch is its own check (attribution patching estimates the sites it h
 
 from collections.abc import Callable, Sequence
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.patching.features import WORD
 from resid.errors import ResidError, param
 from resid.sites import Site
@@ -42,7 +42,7 @@ def is_word(item: object) -> bool:
 def expand(sites: str | Sequence[Site | str], word: Callable[[str], list[Site]],
            listed: Callable[[list], list[Site]]) -> list[Site]:
     """The Sites `sites` names, in order: each word's through `word`, each listed Site or label through `listed`
-    (resolved against the model: resid.analyses.sites.expand, or an encoder-decoder's seq2seq.expand)."""
+    (resolved against the model: resid.analyses.site_words.expand, or an encoder-decoder's seq2seq.expand)."""
     chosen: list[Site] = []
     for item in items(sites):
         if is_word(item):

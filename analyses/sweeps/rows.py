@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from resid.analyses.metrics import check_metric, metric_values
-from resid.analyses.sites import columns
+from resid.analyses.site_words import columns
 from resid.analyses.sweeps.seq2seq import SourceIds, plain, resume_encoder
 from resid.batching import BatchSize, run_batched
 from resid.capture import Capture

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from resid.analyses import sites as site_words
+from resid.analyses import site_words
 from resid.analyses.distributed.executor import Executor, InProcess
 from resid.analyses.sweeps import values
 from resid.capture import Capture

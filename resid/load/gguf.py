@@ -45,12 +45,13 @@ def load_gguf(path: Path, name: str, device: torch.device | str | None, dtype: t
     keys = family.keys(config)
     # Hugging Face name -> llama.cpp name (rope_freqs is read into the config, not copied into a weight)
     in_file = {hf_name(n, arch): n for n in gguf.tensors if n != ROPE_FREQS}
-    missing = [key for key in keys if key.source not in in_file]
+    missing = [key for key in keys if key.checkpoint not in in_file]
     if missing:
         key = missing[0]
         raise ResidError(
-            f"The GGUF file {path.name} has no tensor {gguf_name(key.source, arch)!r} (Hugging Face's "
-            f"{key.source}, needed for {key.target}){f' nor {len(missing) - 1} other(s)' if len(missing) > 1 else ''}"
+            f"The GGUF file {path.name} has no tensor {gguf_name(key.checkpoint, arch)!r} (Hugging Face's "
+            f"{key.checkpoint}, needed for {key.attribute})"
+            f"{f' nor {len(missing) - 1} other(s)' if len(missing) > 1 else ''}"
             ". The file is incomplete or was not written by llama.cpp's converter; re-export it."
         )
 

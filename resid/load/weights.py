@@ -1,9 +1,9 @@
 """Copying checkpoint tensors into a Transformer through an explicit key table, asserting every shape.
 
-A `Key` says where one checkpoint tensor goes: `target` is an attribute path on the model in resid's
-public per-head names ("blocks.{layer}.attn.W_Q"), `source` the checkpoint's name, and `pattern` an einops
+A `Key` says where one checkpoint tensor goes: `attribute` is an attribute path on the model in resid's
+public per-head names ("blocks.{layer}.attn.W_Q"), `checkpoint` the checkpoint's name, and `pattern` an einops
 rearrangement from the checkpoint's layout to resid's (this is where layouts are documented: Hugging Face's
-q_proj rows are `(head d_head)`, GPT-2's Conv1D weights are transposed, ...). A fused source is split with
+q_proj rows are `(head d_head)`, GPT-2's Conv1D weights are transposed, ...). A fused checkpoint tensor is split with
 `pick` when its parts are equal (GPT-2's c_attn, GPT-NeoX's query_key_value) or with `rows`, a row range
 taken first, when they are not (Phi-3's qkv_proj under grouped-query attention, its gate_up_proj).
 """
@@ -22,11 +22,11 @@ from resid.errors import ResidError
 
 @dataclass(frozen=True)
 class Key:
-    target: str  # attribute path on the model, with {layer}
-    source: str  # checkpoint tensor name, with {layer}
+    attribute: str  # attribute path on the model, with {layer}
+    checkpoint: str  # checkpoint tensor name, with {layer}
     pattern: str | None = None  # einops pattern: checkpoint layout -> resid layout
     pick: int | None = None  # after rearranging, take this index of the leading axis (fused q/k/v)
-    # before rearranging, take rows [start, stop) of a source that must have exactly `total` rows (fused tensors)
+    # before rearranging, take rows [start, stop) of a tensor that must have exactly `total` rows (fused tensors)
     rows: tuple[int, int, int] | None = None  # (start, stop, total)
 
 
@@ -34,9 +34,9 @@ def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
     """Expand `{layer}` in every key, once per layer (keys without it are kept once)."""
     out = []
     for key in keys:
-        if "{layer}" in key.target:
+        if "{layer}" in key.attribute:
             out += [
-                Key(key.target.format(layer=l), key.source.format(layer=l), key.pattern, key.pick, key.rows)
+                Key(key.attribute.format(layer=l), key.checkpoint.format(layer=l), key.pattern, key.pick, key.rows)
                 for l in range(n_layers)
             ]
         else:
@@ -98,30 +98,30 @@ def assign(
     ignore: Iterable[str] = (),
     where: str = "the checkpoint",
 ) -> None:
-    """Copy every key's source into its target. Missing, mis-shaped and unexpected tensors are errors.
+    """Copy every key's checkpoint tensor into its attribute. Missing, mis-shaped and unexpected tensors are errors.
     `available` maps each tensor's table name to its name in the file (shown in messages)."""
     sizes = axis_sizes(model.config)
     used = set()
     with torch.no_grad():
         for key in keys:
-            source = get(key.source)
-            if source is None:
+            tensor = get(key.checkpoint)
+            if tensor is None:
                 raise ResidError(
-                    f"{where[:1].upper() + where[1:]} has no tensor {key.source!r} (needed for {key.target}). "
+                    f"{where[:1].upper() + where[1:]} has no tensor {key.checkpoint!r} (needed for {key.attribute}). "
                     "The file is incomplete or "
                     "belongs to a different architecture or size than its config.json says; re-export it."
                 )
-            used.add(key.source)
-            value = _rearrange(source, key, sizes, f"In {where}")
-            target = tensor_at(model, key.target)
-            if tuple(value.shape) != tuple(target.shape):
+            used.add(key.checkpoint)
+            value = _rearrange(tensor, key, sizes, f"In {where}")
+            attribute = tensor_at(model, key.attribute)
+            if tuple(value.shape) != tuple(attribute.shape):
                 layout = f" (laid out as '{key.pattern}', that is {tuple(value.shape)})" if key.pattern else ""
                 raise ResidError(
-                    f"In {where}, tensor {available.get(key.source, key.source)!r} has shape {tuple(source.shape)}"
-                    f"{layout}, but {key.target} is {tuple(target.shape)} for this config. The weights do not "
-                    "match their config; re-export them."
+                    f"In {where}, tensor {available.get(key.checkpoint, key.checkpoint)!r} has shape "
+                    f"{tuple(tensor.shape)}{layout}, but {key.attribute} is {tuple(attribute.shape)} for this config. "
+                    "The weights do not match their config; re-export them."
                 )
-            target.copy_(value.to(target.dtype))
+            attribute.copy_(value.to(attribute.dtype))
     patterns = [re.compile(p) for p in ignore]
     unexpected = sorted(
         in_file for name, in_file in available.items()
@@ -135,25 +135,25 @@ def assign(
         )
 
 
-def _rearrange(source: Tensor, key: Key, sizes: dict[str, int], where: str) -> Tensor:
+def _rearrange(tensor: Tensor, key: Key, sizes: dict[str, int], where: str) -> Tensor:
     if key.rows is not None:
         start, stop, total = key.rows
-        if source.shape[0] != total:
+        if tensor.shape[0] != total:
             raise ResidError(
-                f"{where}, the fused tensor {key.source!r} has {source.shape[0]} rows, but this config needs "
+                f"{where}, the fused tensor {key.checkpoint!r} has {tensor.shape[0]} rows, but this config needs "
                 f"{total}. The weights do not match config.json; re-export them."
             )
-        source = source[start:stop]
+        tensor = tensor[start:stop]
     if key.pattern is None:
-        value = source
+        value = tensor
     else:
         lhs = key.pattern.split("->")[0]
         lengths = {name: size for name, size in sizes.items() if re.search(rf"\b{name}\b", lhs)}
         try:
-            value = einops.rearrange(source, key.pattern, **lengths)
+            value = einops.rearrange(tensor, key.pattern, **lengths)
         except einops.EinopsError:
             raise ResidError(
-                f"{where}, tensor {key.source!r} has shape {tuple(source.shape)}, which does not fit the layout "
+                f"{where}, tensor {key.checkpoint!r} has shape {tuple(tensor.shape)}, which does not fit the layout "
                 f"'{key.pattern}' with {lengths}. The weights do not match config.json; re-export them."
             ) from None
     return value if key.pick is None else value[key.pick]

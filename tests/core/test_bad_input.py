@@ -46,7 +46,7 @@ def test_wrong_magic_and_truncated_gguf(tmp_path):
     fake.write_bytes(b"GGML" + b"\0" * 64)
     with pytest.raises(resid.ResidError, match="fake.gguf"):
         resid.load(fake)
-    real = registry._smollm2_path()
+    real = registry.smollm2_path()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(real.read_bytes()[: 5_000_000])
     with pytest.raises(resid.ResidError, match="(?i)truncated"):

@@ -24,7 +24,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 def keys(config: ModelConfig) -> list[Key]:
     moe = "model.layers.{layer}.block_sparse_moe"
-    table = [key for key in llama.table(config) if key.target not in DENSE_MLP]
+    table = [key for key in llama.table(config) if key.attribute not in DENSE_MLP]
     table.append(Key("blocks.{layer}.mlp.W_router", f"{moe}.gate.weight", "expert d_model -> d_model expert"))
     for e in range(config.n_experts):  # targets like blocks.{layer}.mlp.W_in.3: expert 3's [d_model d_mlp] view
         table += [

@@ -20,7 +20,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def keys(config: ModelConfig) -> list[Key]:
     layer = "model.layers.{layer}"
     pre_norms = ("blocks.{layer}.ln_attn.w", "blocks.{layer}.ln_mlp.w")
-    table = [key for key in llama.table(config) if key.target not in pre_norms] + llama.QK_NORMS
+    table = [key for key in llama.table(config) if key.attribute not in pre_norms] + llama.QK_NORMS
     table += [
         Key("blocks.{layer}.ln_attn_post.w", f"{layer}.post_attention_layernorm.weight"),
         Key("blocks.{layer}.ln_mlp_post.w", f"{layer}.post_feedforward_layernorm.weight"),
