@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = ("resid", "analyses", "tests", "benchmarks", "notebooks", "docs")
+TOP = ("resid", "analyses", "tests", "benchmarks", "notebooks", "docs", "examples")
 PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(TOP)})/[\w./-]*")
 
 
