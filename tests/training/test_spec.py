@@ -50,3 +50,18 @@ def test_strings_are_site_labels_or_hook_names_and_standardized_needs_a_norm_out
     assert Spec("layers[-1].resid_post").points(model)[0].site == Site(model.config.n_layers - 1, "resid_post")
     with pytest.raises(ResidError, match=r"standardized \(before a norm's gain"):
         Spec(Site(1, "resid_post"), standardized=True).points(model)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "gemma3_like", "olmo2_like", "gpt2_like"])
+def test_every_spec_parses_back_from_what_a_checkpoint_records(kind) -> None:
+    model = make_random_model(kind)
+    specs = [Spec(Site(0, "resid_post")), Spec("blocks.1.hook_mlp_out"), Spec(Site(1, "attn", field="z")),
+             *(Spec.transcoder(model, layer, skip=layer == 0) for layer in range(model.config.n_layers))]
+    for spec in specs:
+        recorded = spec.settings()
+        parsed_in = Site.parse(recorded["site_in"])
+        assert parsed_in == spec.site_in and parsed_in.label == recorded["site_in"]
+        if spec.site_out is not None:
+            assert Site.parse(recorded["site_out"]) == spec.site_out
+        assert Spec(parsed_in, None if spec.site_out is None else Site.parse(recorded["site_out"]),
+                    recorded["skip"], standardized=recorded["standardized"]).points(model) == spec.points(model)
