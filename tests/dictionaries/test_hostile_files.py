@@ -2,6 +2,7 @@
 field or tensor, never a traceback, a silently wrong dictionary or an allocation the file cannot back. Each case
 copies a committed fixture (tests/data/dictionaries) into tmp_path and damages one thing."""
 
+import importlib
 import io
 import json
 import shutil
@@ -12,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from random_models import make_random_model
 from safetensors.torch import load_file, save_file
 
 import resid.dictionaries
 from resid.errors import ResidError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dictionaries"
+IDS = torch.tensor([[1, 5, 9, 2, 7]])  # a prompt in the random models' 97-token vocabulary
 
 
 def edit_json(name: str, change: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -201,3 +204,24 @@ def test_the_undamaged_fixtures_load(tmp_path: Path) -> None:
         shutil.copytree(DATA / fixture, tmp_path / fixture)
         assert resid.dictionaries.load(tmp_path / fixture, hook="blocks.0.hook_resid_post"
                                        if fixture.startswith("gemma_scope_1") else None) is not None
+
+
+def test_a_dictionary_loaded_without_a_model_is_checked_when_a_run_attaches_it(monkeypatch) -> None:
+    """Loaded without a model, the 48-wide SAE is refused by a 32-wide model's run with the width error (it was a
+    raw size-mismatch RuntimeError from inside the pass); a fitting dictionary is checked once per model."""
+    sae = resid.dictionaries.load(DATA / "saelens" / "standard")
+    narrow = make_random_model("llama_gqa")
+    with pytest.raises(ResidError, match=r"Dictionary 'standard' \(saelens\) has d_in=48, but its hook "
+                                         r"'blocks.1.hook_resid_post' reads layers\[1\].resid_post of model "
+                                         r"'random-llama_gqa', which is 32 wide"):
+        narrow.run(IDS, dictionaries=[sae])
+    wide = make_random_model("llama_gqa", d_model=48, n_heads=4, d_head=12)
+    calls = []
+    checking = importlib.import_module("resid.dictionaries.check")  # the module (the package exports its function)
+    real = checking.check
+    monkeypatch.setattr(checking, "check", lambda d, m: calls.append(m) or real(d, m))
+    for _ in range(2):
+        assert wide.run(IDS, dictionaries=[sae]).dictionaries["standard"].acts.shape[-1] == 16
+    assert calls == [wide], "checked once for this (dictionary, model)"
+    with pytest.raises(ResidError, match="which is 32 wide"):
+        narrow.run(IDS, dictionaries=[sae])
