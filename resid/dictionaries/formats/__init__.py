@@ -118,13 +118,17 @@ def _not_float(name: str, path: Path, dtype: object) -> str:
 
 
 def finite(tensors: dict[str, torch.Tensor], path: Path | str) -> None:
-    """Refuse a tensor holding NaN or infinite values, naming it (one isfinite per tensor)."""
+    """Refuse a tensor holding NaN or infinite values, naming it."""
     for name, tensor in tensors.items():
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise ResidError(f"Tensor {name!r} in {path} holds {bad:,} non-finite value(s) (NaN or infinite) of "
-                             f"{tensor.numel():,}: every feature activation it touches would be NaN. The file is "
-                             "damaged (or was saved after training diverged); re-download or re-train it.")
+        # A finite sum means every value is finite (NaN and inf propagate through a sum): one pass, no [numel] mask
+        # (a 150 MB SAE loads in tens of ms rather than most of a second); the mask only when the sum is not
+        # (a NaN, or finite values whose sum overflows)
+        if bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all()):
+            continue
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ResidError(f"Tensor {name!r} in {path} holds {bad:,} non-finite value(s) (NaN or infinite) of "
+                         f"{tensor.numel():,}: every feature activation it touches would be NaN. The file is "
+                         "damaged (or was saved after training diverged); re-download or re-train it.")
 
 
 def check_fields(config: dict, known: frozenset[str], where: str, what: str) -> None:
