@@ -5,8 +5,9 @@
     resid features top --dictionary DIR --features 3,7 [--corpus FILE] [--k 10]  top-activating contexts + cards
 
 --dictionary is a local dictionary folder in any format resid.dictionaries.load reads (SAELens, sparsify, Gemma
-Scope, circuit-tracer per-layer sets); --layers picks from a per-layer set (default: every dictionary in it), and
---features the same features of each (default: all). Each prints a compact table; with --out DIR it also writes the
+Scope, circuit-tracer per-layer sets), or a folder of them (what `resid train-sae --out DIR` writes); --layers
+picks from a per-layer set (default: every dictionary in it), and --features the same features of each (default:
+all). Each prints a compact table; with --out DIR it also writes the
 full table (tables.export, with its provenance sidecar) and an HTML figure per feature (at most FIGURES): its value
 tokens for `values`, its card (resid.analyses.features.card) for `top`.
 """
@@ -29,7 +30,7 @@ def add_parser(commands, common) -> None:
     arguments.scan_options(top, "the activating one")
     for parser, k in ((values, "top and bottom tokens per feature"), (top, "contexts per feature")):
         parser.add_argument("--dictionary", required=True, help="a local dictionary folder (SAELens, sparsify, "
-                            "Gemma Scope, circuit-tracer)")
+                            "Gemma Scope, circuit-tracer), or a folder of them (resid train-sae's --out)")
         parser.add_argument("--hook", default=None, help="the hook a dictionary file does not name (Gemma Scope 1), "
                             "e.g. blocks.3.hook_resid_post")
         parser.add_argument("--layers", default="all", help="'3', '3,4' or 'all' (default): the dictionaries of a "

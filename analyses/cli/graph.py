@@ -97,21 +97,7 @@ def run(model, args) -> str:
 
 
 def load_transcoders(folder: str, model):
-    """The transcoders of `folder`: what resid.dictionaries.load reads there, or else one per subfolder."""
+    """The transcoders of `folder`, as resid.dictionaries.load reads it (a folder of dictionary folders included)."""
     import resid.dictionaries
 
-    path = Path(folder).expanduser()
-    try:
-        return resid.dictionaries.load(path, model)
-    except ResidError as err:
-        subfolders = sorted(p for p in path.iterdir() if p.is_dir())
-        if not subfolders:
-            raise
-        found = []
-        for sub in subfolders:
-            try:
-                loaded = resid.dictionaries.load(sub, model)
-            except ResidError:
-                raise err from None
-            found += loaded if isinstance(loaded, list) else [loaded]
-        return found
+    return resid.dictionaries.load(Path(folder).expanduser(), model)

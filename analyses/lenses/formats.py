@@ -16,6 +16,11 @@ and FOLDER/params.pt, the state dict of its `layer_translators` (a ModuleList of
 `torch.load(weights_only=True)`, which unpickles tensors and plain containers only and refuses any other object,
 so a params.pt can never run code here. Unknown config keys are refused by name.
 
+Reading refuses what would be silently wrong or exhaust memory, naming the file and the field or tensor: config
+fields of the wrong type (bias is a JSON boolean, sizes whole numbers of at least 1), a params.pt whose entry count
+differs from what config.json declares (counted before anything is built from num_hidden_layers), non-float or
+non-finite translator values (the translator's site is named), and damaged or truncated files.
+
 `unembed_hash` is tuned-lens's fingerprint of the unembedding matrix (utils.tensor_hash): the sha256 of numpy's
 summary print of W_U [d_vocab d_model] at one decimal (only its corner values, so it survives a dtype change but
 not other weights). A lens whose hash differs from the model's was trained on other weights: an error, unless
@@ -30,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from resid.analyses.io import atomic
@@ -128,42 +133,88 @@ def write(lens: TunedLens | Translators, folder: str | Path, layout: Layout = "r
 
 
 def _read_resid(file: Path) -> Translators:
-    with safe_open(str(file), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-        if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
-            raise ResidError(f"{file} is not a resid tuned lens (format {metadata.get('format')!r} version "
-                             f"{metadata.get('version')!r}; expected {FORMAT!r} version {VERSION}).")
-        names = set(handle.keys())
-        if not {"weight"} <= names <= {"weight", "bias"}:
-            raise ResidError(f"{file} holds tensors {sorted(names)}; a resid tuned lens holds 'weight' and 'bias'.")
-        weight = handle.get_tensor("weight").float()
-        bias = handle.get_tensor("bias").float() if "bias" in names else None
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("format") != FORMAT or metadata.get("version") != VERSION:
+                raise ResidError(f"{file} is not a resid tuned lens (format {metadata.get('format')!r} version "
+                                 f"{metadata.get('version')!r}; expected {FORMAT!r} version {VERSION}).")
+            names = set(handle.keys())
+            if not {"weight"} <= names <= {"weight", "bias"}:
+                raise ResidError(f"{file} holds tensors {sorted(names)}; a resid tuned lens holds 'weight' and "
+                                 "'bias'.")
+            for name in names:
+                if handle.get_slice(name).get_dtype() != "F32":
+                    raise ResidError(f"Tensor {name!r} in {file} has dtype {handle.get_slice(name).get_dtype()}; "
+                                     "resid writes translators as float32 (F32). The file is damaged or was not "
+                                     "written by resid; re-train or re-export it.")
+            tensors = {name: handle.get_tensor(name) for name in names}
+    except (SafetensorError, OSError) as err:
+        raise ResidError(f"{file} is not a readable safetensors file ({err}); it may be truncated: re-train or "
+                         "re-copy it.") from None
     if "sites" not in metadata:
         raise ResidError(f"{file} names no sites in its metadata: it was not written by resid.analyses.lenses.formats.")
-    sites = tuple(translator_site(label) for label in json.loads(metadata["sites"]))
-    info = json.loads(metadata.get("info", "{}"))
+    labels = _json_field(metadata["sites"], "sites", file, list)
+    if not all(isinstance(label, str) for label in labels):
+        raise ResidError(f"{file}: metadata sites must be a list of site labels, got {labels!r}.")
+    sites = tuple(translator_site(label) for label in labels)
+    info = _json_field(metadata.get("info", "{}"), "info", file, dict)
     if metadata.get("unembed_hash"):
         info["unembed_hash"] = metadata["unembed_hash"]
     every = metadata.get("every", metadata.get("level", "layer"))  # "level": files written before every=
-    return Translators(sites, weight, bias, every, info)
+    if tensors["weight"].ndim != 3 or len(sites) != tensors["weight"].shape[0]:
+        raise ResidError(f"{file}: weight has shape {list(tensors['weight'].shape)} for {len(sites)} sites; a resid "
+                         "tuned lens holds weight [site d_model d_model]. The file is damaged; re-train it.")
+    _finite({name: tensors[name] for name in sorted(tensors, reverse=True)}, file, sites)
+    return Translators(sites, tensors["weight"], tensors.get("bias"), every, info)
+
+
+def _json_field(text: str, field: str, file: Path, kind: type) -> list | dict:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ResidError(f"{file}: metadata {field} is not readable JSON ({type(err).__name__}); the file is damaged: "
+                         "re-train or re-copy it.") from None
+    if not isinstance(value, kind):
+        raise ResidError(f"{file}: metadata {field} holds a JSON {type(value).__name__}, not a {kind.__name__}; the "
+                         "file is damaged: re-train or re-copy it.")
+    return value
+
+
+def _finite(tensors: dict[str, torch.Tensor], file: Path, sites: tuple, numbered: bool = False) -> None:
+    """Refuse NaN or infinite translator values ([site ...] tensors), naming the tensor as the file does (`numbered`:
+    tuned-lens's "3.weight") and its site: a lens with one would print NaN probabilities (and a rank-1 token picked
+    from NaNs)."""
+    for name, tensor in tensors.items():
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            i = int(bad.reshape(len(sites), -1).any(1).nonzero()[0])
+            raise ResidError(f"Tensor {f'{i}.{name}' if numbered else name!r} in {file} (the translator at "
+                             f"{sites[i].label}) holds {int(bad.sum()):,} non-finite value(s) (NaN or infinite): the "
+                             "lens would print NaN probabilities. The file is damaged or training diverged; re-train "
+                             "or re-download it.")
 
 
 def _read_tuned_lens(folder: Path) -> Translators:
+    path = folder / TUNED_LENS_CONFIG
     try:
-        config = json.loads((folder / TUNED_LENS_CONFIG).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ResidError(f"{folder / TUNED_LENS_CONFIG} is not valid JSON ({error}).") from None
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResidError(f"{path} is not valid UTF-8 JSON ({error}); re-download or re-export it.") from None
+    except RecursionError:
+        raise ResidError(f"{path} nests JSON too deeply to be a lens config; re-download or re-export it.") from None
+    if not isinstance(config, dict):
+        raise ResidError(f"{path} holds a JSON {type(config).__name__}, not the object of fields a tuned-lens config "
+                         "is; re-download or re-export it.")
     unknown = sorted(set(config) - set(TUNED_LENS_KEYS))
     if unknown:
-        raise ResidError(f"{folder / TUNED_LENS_CONFIG} has keys resid does not know: {unknown} (it knows "
+        raise ResidError(f"{path} has keys resid does not know: {unknown} (it knows "
                          f"{list(TUNED_LENS_KEYS)}); this is not a lens layout resid reads.")
+    _check_config(config, path)
     if config.get("lens_type", "linear_tuned_lens") != "linear_tuned_lens":
         raise ResidError(f"{folder} holds a {config['lens_type']!r} lens; resid reads tuned-lens's "
                          "'linear_tuned_lens' only.")
-    try:
-        n_layers, d_model, has_bias = int(config["num_hidden_layers"]), int(config["d_model"]), config.get("bias", True)
-    except (KeyError, TypeError, ValueError):
-        raise ResidError(f"{folder / TUNED_LENS_CONFIG} needs integer d_model and num_hidden_layers.") from None
+    n_layers, d_model, has_bias = config["num_hidden_layers"], config["d_model"], config.get("bias", True)
     try:
         state = torch.load(folder / TUNED_LENS_PARAMS, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -171,21 +222,48 @@ def _read_tuned_lens(folder: Path) -> Translators:
             f"{folder / TUNED_LENS_PARAMS} holds objects other than tensors, which resid never unpickles (it reads "
             "params.pt with torch.load(weights_only=True)): it is not a tuned-lens lens, or it was tampered with."
         ) from None
-    except (RuntimeError, EOFError) as error:
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
         raise ResidError(f"{folder / TUNED_LENS_PARAMS} is not a readable torch file ({error}).") from None
-    expected = {f"{i}.{part}" for i in range(n_layers) for part in (("weight", "bias") if has_bias else ("weight",))}
-    if not isinstance(state, dict) or set(state) != expected:
-        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+    parts = ("weight", "bias") if has_bias else ("weight",)
+    # counted before the names are built: a config claiming 10^9 layers must not build 2*10^9 strings
+    if not isinstance(state, dict) or len(state) != n_layers * len(parts):
+        found = f"{len(state)} entries" if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise ResidError(f"{folder / TUNED_LENS_PARAMS} should hold {n_layers * len(parts):,} tensors for "
+                         f"{n_layers:,} layers ({', '.join(parts)} per layer, as {path.name} says), found {found}.")
+    expected = {f"{i}.{part}" for i in range(n_layers) for part in parts}
+    if set(state) != expected:
         raise ResidError(f"{folder / TUNED_LENS_PARAMS} should hold {sorted(expected)[:4]}... ({len(expected)} "
-                         f"tensors for {n_layers} layers), found {found}.")
-    shapes = {name: tuple(t.shape) for name, t in state.items() if not isinstance(t, torch.Tensor)
+                         f"tensors for {n_layers} layers), found {sorted(map(str, state))[:8]}.")
+    shapes = {name: tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for name, t in state.items()
+              if not isinstance(t, torch.Tensor) or not t.is_floating_point()
               or t.shape != ((d_model, d_model) if name.endswith("weight") else (d_model,))}
     if shapes:
-        raise ResidError(f"{folder / TUNED_LENS_PARAMS} has tensors of the wrong shape for d_model={d_model}: "
-                         f"{dict(list(shapes.items())[:4])}.")
+        raise ResidError(f"{folder / TUNED_LENS_PARAMS} has tensors of the wrong shape or dtype for d_model={d_model} "
+                         f"(float [d_model d_model] weights, [d_model] biases): {dict(list(shapes.items())[:4])}.")
+    sites = tuned_lens_sites(n_layers)
     weight = torch.stack([state[f"{i}.weight"].float() for i in range(n_layers)])
     bias = torch.stack([state[f"{i}.bias"].float() for i in range(n_layers)]) if has_bias else None
+    _finite({"weight": weight} if bias is None else {"weight": weight, "bias": bias}, folder / TUNED_LENS_PARAMS,
+            sites, numbered=True)
     info = {"model": config.get("base_model_name_or_path"), "source": "tuned-lens"}
     if config.get("unembed_hash"):
         info["unembed_hash"] = config["unembed_hash"]
-    return Translators(tuned_lens_sites(n_layers), weight, bias, "layer", info)
+    return Translators(sites, weight, bias, "layer", info)
+
+
+def _check_config(config: dict, path: Path) -> None:
+    """tuned-lens's fields have their types: sizes are positive whole numbers, bias a JSON boolean (the string
+    "false" would read as true), the rest strings or null."""
+    problems = []
+    for name in ("d_model", "num_hidden_layers"):
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"{name} must be a whole number of at least 1, written without quotes or a decimal "
+                            f"point, but it is {value!r}")
+    if not isinstance(config.get("bias", True), bool):
+        problems.append(f"bias must be a boolean (true or false, without quotes), but it is {config['bias']!r}")
+    for name in ("base_model_name_or_path", "base_model_revision", "unembed_hash", "lens_type"):
+        if config.get(name) is not None and not isinstance(config[name], str):
+            problems.append(f"{name} must be a string or null, but it is {config[name]!r}")
+    if problems:
+        raise ResidError(f"{path}: " + "; ".join(problems) + ". Fix the file (tuned-lens writes these types).")

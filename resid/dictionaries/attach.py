@@ -39,7 +39,7 @@ from torch import Tensor
 
 from resid.attachments import register
 from resid.capture import Capture
-from resid.dictionaries.check import check
+from resid.dictionaries.check import ensure
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.crosslayer_run import SplicedCLT, observed
 from resid.dictionaries.dictionary import Dictionary
@@ -199,8 +199,7 @@ def _use(item, model) -> Observe | Splice:
         raise ResidError(f"Cross-layer transcoder {d.name!r}: Splice(edit=...) edits per-layer dictionaries only.")
     if use.storage not in STORAGES:
         raise ResidError(f"storage must be one of {', '.join(STORAGES)}, got {use.storage!r}.")
-    if (d.points_in if isinstance(d, CrossLayerTranscoder) else d.point_in) is None:
-        check(d, model)
+    ensure(d, model)  # loaded without a model, or checked against another: its widths and sites for this one
     for point in _points(d):
         if point.before_post_norm:
             raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "

@@ -14,10 +14,15 @@ wrong decomposition.
    the tuned model. A name whose family resid does not know (a local folder "tiny_model") is not compared.
 4. TransformerLens processing: a SAELens dictionary trained on a processed model (center_writing_weights,
    fold_value_biases in its model_from_pretrained_kwargs) reads other tensors than resid's unprocessed model has.
+
+A run checks every dictionary it attaches (`ensure`), once per (dictionary, model): a dictionary loaded without a
+model, or checked against another one, is never applied to a model it does not fit (which would otherwise be a raw
+size-mismatch error from inside the pass, or a wrong site).
 """
 
 import copy
 import re
+import weakref
 
 from resid.config import ModelConfig
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
@@ -46,6 +51,7 @@ def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | 
                                             dictionary.d_in, "d_in") for l in layers)
         dictionary.points_out = tuple(_point(dictionary, at_layer(l, dictionary.hook_out), config, None, model,
                                              dictionary.d_out, "d_out") for l in layers)
+        _CHECKED[dictionary] = weakref.ref(model)
         return dictionary
     head = dictionary.metadata.get("hook_head_index")
     point_in = _point(dictionary, dictionary.hook_in, config, head, model, dictionary.d_in, "d_in")
@@ -54,7 +60,36 @@ def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | 
         dictionary.d_out, "d_out")
     _check_processing(dictionary, (point_in, point_out), config)
     dictionary.point_in, dictionary.point_out = point_in, point_out
+    _CHECKED[dictionary] = weakref.ref(model)
     return dictionary
+
+
+# dictionary -> the model it was last checked against (weak both ways: neither is kept alive by the check)
+_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def ensure(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | CrossLayerTranscoder:
+    """`check(dictionary, model)` unless the dictionary was last checked against this very model. A dictionary
+    built in code with its points but no hook names is checked by its widths."""
+    seen = _CHECKED.get(dictionary)
+    if seen is not None and seen() is model:
+        return dictionary
+    if isinstance(dictionary, Dictionary) and dictionary.hook_in is None and dictionary.point_in is not None:
+        _check_widths(dictionary, model)
+    else:
+        check(dictionary, model)
+    _CHECKED[dictionary] = weakref.ref(model)
+    return dictionary
+
+
+def _check_widths(dictionary: Dictionary, model) -> None:
+    points = {"d_in": dictionary.point_in, "d_out": dictionary.point_out or dictionary.point_in}
+    for what, point in points.items():
+        expected = width(point, model.config)
+        if getattr(dictionary, what) != expected:
+            raise ResidError(f"Dictionary {dictionary.name!r} has {what}={getattr(dictionary, what)}, but it "
+                             f"{'reads' if what == 'd_in' else 'writes'} {point.site.label} of model "
+                             f"{model.name!r}, which is {expected} wide: it was made for another model.")
 
 
 def _point(dictionary, hook: str | None, config: ModelConfig, head: int | None, model, size: int,

@@ -10,6 +10,11 @@ Formats, told apart by the files a folder holds:
     params.npz                              Gemma Scope 1              -> Dictionary
     config.yaml                             circuit-tracer             -> list[Dictionary] (one per layer) or a
                                                                           CrossLayerTranscoder
+    subfolders each holding a dictionary    a folder of dictionaries   -> list[Dictionary], the subfolders' in
+                                            (what `resid train-sae` /     natural order ("layer_2" before
+                                            `resid train-transcoder`      "layer_10"), each list flattened
+                                            write: one SAELens folder
+                                            per dictionary)
 
 A Hugging Face Hub id ("owner/repo" or "owner/repo/sub/folder") is downloaded into the Hub cache and read the same
 way (it needs the network once; offline, a clear error).
@@ -31,7 +36,35 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(/[\w.\-/]+)?$")
 
 
 def detect(folder: Path) -> str:
-    """The format of a local dictionary folder (see the module docstring)."""
+    """The format of a local dictionary folder (see the module docstring); "folders" for a folder of dictionary
+    folders."""
+    found = _format(folder)
+    if found is not None:
+        return found
+    subfolders = _subfolders(folder)
+    formats = {sub.name: _format(sub) for sub in subfolders}
+    if subfolders and all(formats.values()):
+        return "folders"
+    if any(formats.values()):
+        strays = [name for name, fmt in formats.items() if fmt is None]
+        raise ResidError(f"{folder} holds dictionary folders ({', '.join(n for n, f in formats.items() if f)}) and "
+                         f"subfolders that are not dictionaries ({', '.join(strays)}): load the dictionary folders "
+                         "one by one, or move the others out, so that nothing in it is skipped silently.")
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".pt", ".pth", ".bin", ".pkl"))
+    hint = f" It holds {pickled}: resid never unpickles weights; convert them to safetensors." if pickled else ""
+    raise ResidError(f"{folder} is not a dictionary folder resid reads: it needs cfg.json + sae_weights.safetensors "
+                     "(SAELens), cfg.json + sae.safetensors (sparsify), params.safetensors + config.json (Gemma Scope "
+                     f"2), params.npz (Gemma Scope 1) or config.yaml (circuit-tracer), or subfolders that each hold "
+                     f"one.{hint}")
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """The visible subfolders, in natural order ("layer_2" before "layer_10")."""
+    natural = lambda path: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.name)]  # noqa: E731
+    return sorted((sub for sub in folder.iterdir() if sub.is_dir() and not sub.name.startswith(".")), key=natural)
+
+
+def _format(folder: Path) -> str | None:
     has = lambda name: (folder / name).exists()  # noqa: E731
     if has("cfg.json") and has("sae_weights.safetensors"):
         return "saelens"
@@ -43,11 +76,7 @@ def detect(folder: Path) -> str:
         return "circuit_tracer"
     if any(sub.is_dir() and (sub / "sae.safetensors").exists() for sub in folder.iterdir()):
         return "sparsify"
-    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".pt", ".pth", ".bin", ".pkl"))
-    hint = f" It holds {pickled}: resid never unpickles weights; convert them to safetensors." if pickled else ""
-    raise ResidError(f"{folder} is not a dictionary folder resid reads: it needs cfg.json + sae_weights.safetensors "
-                     "(SAELens), cfg.json + sae.safetensors (sparsify), params.safetensors + config.json (Gemma Scope "
-                     f"2), params.npz (Gemma Scope 1) or config.yaml (circuit-tracer).{hint}")
+    return None
 
 
 def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str | None = None,
@@ -56,9 +85,15 @@ def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str
     resid.Transformer) is given, check it against the model (resid.dictionaries.check), record the sites its
     hooks read and put it on the model's device. `hook` / `hook_out` name the hooks of a file that does not say
     them (Gemma Scope 1); `norm_scaling_factor` is SAELens's registry factor for "expected_average_only_in"
-    dictionaries."""
+    dictionaries.
+
+    A folder of dictionary folders (what `resid train-sae` and `resid train-transcoder` write into --out) gives a
+    list: every subfolder's dictionaries, in natural order; a cross-layer transcoder is loaded from its own
+    folder."""
     folder = _local(path)
     fmt = detect(folder)
+    if fmt == "folders":
+        return _load_many(folder, model, hook, hook_out, norm_scaling_factor)
     if fmt == "saelens":
         found = saelens.read(folder, norm_scaling_factor=norm_scaling_factor)
     else:
@@ -78,6 +113,21 @@ def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str
             dictionary.to(model.device)
         elif isinstance(dictionary, Dictionary):
             _map_without_model(dictionary)
+    return found
+
+
+def _load_many(folder: Path, model, hook: str | None, hook_out: str | None,
+               norm_scaling_factor: float | None) -> list[Dictionary]:
+    if hook is not None or hook_out is not None or norm_scaling_factor is not None:
+        raise ResidError(f"{folder} is a folder of dictionaries; hook=, hook_out= and norm_scaling_factor= are "
+                         "settings of one dictionary: load that dictionary's folder with them.")
+    found = []
+    for sub in _subfolders(folder):
+        loaded = load(sub, model)
+        if isinstance(loaded, CrossLayerTranscoder):
+            raise ResidError(f"{sub} is a cross-layer transcoder inside the folder of dictionaries {folder}; load it "
+                             "from its own folder (it replaces every MLP at once, so it is not one of a list).")
+        found += loaded if isinstance(loaded, list) else [loaded]
     return found
 
 

@@ -129,8 +129,8 @@ def test_a_params_pt_that_would_run_code_is_refused_unrun(tmp_path, monkeypatch)
 @pytest.mark.parametrize("edit, message", [
     (lambda c: {**c, "rank": 4}, r"keys resid does not know: \['rank'\]"),
     (lambda c: {**c, "lens_type": "bilinear"}, "'bilinear' lens"),
-    (lambda c: {**c, "num_hidden_layers": 4}, r"should hold .* \(8 tensors for 4 layers\)"),
-    (lambda c: {**c, "d_model": 8}, "wrong shape for d_model=8"),
+    (lambda c: {**c, "num_hidden_layers": 4}, r"should hold 8 tensors for 4 layers"),
+    (lambda c: {**c, "d_model": 8}, "wrong shape or dtype for d_model=8"),
 ])
 def test_bad_tuned_lens_files_are_one_clear_error(tmp_path, edit, message):
     shutil.copy(FIXTURE / "lens" / "params.pt", tmp_path / "params.pt")
@@ -152,3 +152,71 @@ def test_a_lens_of_other_weights_is_refused_unless_asked(model, tmp_path):
 def test_a_folder_without_a_lens_says_what_it_expected(tmp_path):
     with pytest.raises(resid.ResidError, match="translators.safetensors.*config.json and params.pt"):
         formats.read_translators(tmp_path)
+
+
+def _config_text(text: str):
+    return lambda folder: (folder / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+
+
+def _config_field(**fields):
+    def edit(folder):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return edit
+
+
+def _nan_in_params(folder):
+    state = torch.load(folder / "params.pt", weights_only=True)
+    state["1.weight"][0, 0] = float("nan")
+    torch.save(state, folder / "params.pt")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_config_field(bias="false"), r"config.json: bias must be a boolean \(true or false, without quotes\), but it "
+                                  r"is 'false'"),
+    (_config_field(num_hidden_layers=10**9), r"should hold 2,000,000,000 tensors for 1,000,000,000 layers"),
+    (_config_field(num_hidden_layers=0), r"config.json: num_hidden_layers must be a whole number of at least 1"),
+    (_config_field(d_model=48.9), r"config.json: d_model must be a whole number of at least 1.* but it is 48.9"),
+    (_config_field(unembed_hash=5), r"config.json: unembed_hash must be a string or null"),
+    (_config_text("[1, 2]"), r"config.json holds a JSON list, not the object of fields"),
+    (_config_text('{"d_model": 8}'.encode("utf-16")), r"config.json is not valid UTF-8 JSON"),
+    (_config_text("[" * 100_000 + "]" * 100_000), r"config.json nests JSON too deeply"),
+    (_nan_in_params, r"Tensor '1.weight' in .*params.pt \(the translator at layers\[0\].resid_post\) holds 1 "
+                     r"non-finite value"),
+])
+def test_hostile_tuned_lens_files_are_one_clear_error(tmp_path, edit, message):
+    shutil.copytree(FIXTURE / "lens", tmp_path / "lens")
+    edit(tmp_path / "lens")
+    with pytest.raises(resid.ResidError, match=message):
+        formats.read_translators(tmp_path / "lens")
+
+
+def _resid_file_edit(change):
+    def edit(file):
+        with safe_open(str(file), framework="pt") as handle:
+            metadata = handle.metadata()
+        tensors, metadata = change(load_file(str(file)), metadata)
+        save_file(tensors, str(file), metadata=metadata)
+    return edit
+
+
+def _nan_bias(tensors, metadata):
+    tensors["bias"][2, 1] = float("inf")
+    return tensors, metadata
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda file: file.write_bytes(file.read_bytes()[: file.stat().st_size // 2]),
+     r"translators.safetensors is not a readable safetensors file .* it may be truncated"),
+    (_resid_file_edit(_nan_bias), r"Tensor 'bias' in .*translators.safetensors \(the translator at "
+                                  r"layers\[1\].resid_post\) holds 1 non-finite"),
+    (_resid_file_edit(lambda t, m: ({**t, "weight": t["weight"].to(torch.int32)}, m)),
+     r"Tensor 'weight' in .*translators.safetensors has dtype I32"),
+    (_resid_file_edit(lambda t, m: (t, {**m, "sites": "[not json"})), r"metadata sites is not readable JSON"),
+    (_resid_file_edit(lambda t, m: (t, {**m, "info": "[1]"})), r"metadata info holds a JSON list, not a dict"),
+])
+def test_hostile_resid_lens_files_are_one_clear_error(model, tmp_path, edit, message):
+    folder = formats.write(random_translators(model), tmp_path / "lens")
+    edit(folder / formats.RESID_FILE)
+    with pytest.raises(resid.ResidError, match=message):
+        formats.read_translators(folder)

@@ -85,7 +85,7 @@ def test_layers_pick_from_a_per_layer_set(folder, corpus, capsys):
     (["values", "--dictionary", SAE, "--layers", "0"],
      r"--layers 0: no dictionary of .* reconstructs those layers; its dictionaries are at layers \[1\]"),
     (["values", "--dictionary", "no/such/folder"], r"--dictionary no/such/folder is not a folder"),
-    (["values", "--dictionary", str(DATA / "saelens")], r"is not a dictionary folder resid reads"),
+    (["values", "--dictionary", str(DATA / "LICENSES")], r"is not a dictionary folder resid reads"),
     (["top", "--dictionary", SAE, "--features", "x"], r"--features must be integers separated by commas"),
     (["top", "--dictionary", SAE, "--k", "0"], r"--k must be at least 1"),
 ])

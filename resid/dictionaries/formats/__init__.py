@@ -1,39 +1,134 @@
 """One module per dictionary format, each with `read(folder)` and an explicit table of the config fields it reads
 and the tensors it expects (names, layouts, transposes). What every reader shares is here: reading JSON,
-safetensors (never pickle), and refusing config fields and tensors it does not know, by name, as resid's model
+safetensors and .npz (never pickle), refusing config fields and tensors it does not know, by name, as resid's model
 loaders do (resid.load.families.check_fields): a new field may change the maths, so it is never skipped silently.
+
+Hostile or damaged files are refused before they can compute a wrong number or exhaust memory:
+
+    config values   each field read is type-checked (a boolean is a JSON true/false, never the string "false";
+                    a size is a positive whole number, never 48.9; an enum is one of its values)
+    tensor dtypes   a floating-point type (an integer tensor is bit patterns, as resid.load.hf refuses them)
+    tensor values   finite: one NaN in a weight makes every activation it touches NaN, and a feature table
+                    would then rank token ids 0..k as "top tokens" without a word
+    .npz sizes      each array's header is read first and its declared size compared with the zip member, so a
+                    3 MB file declaring 2*10^9 values is refused before anything is allocated
 """
 
 import json
+import math
+import numbers
+import zipfile
+import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
 from resid.errors import ResidError
 
+# The dtypes a weight may be stored in (safetensors names, and numpy kinds for .npz): see the module docstring
+FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+NPZ_CHUNK = 1 << 24  # bytes read from an .npz member at a time: memory grows with the data present, not declared
+
 
 def read_json(path: Path) -> dict:
     try:
-        found = json.loads(path.read_text())
+        found = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ResidError(f"{path.parent} has no {path.name}.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ResidError(f"{path} is not valid JSON ({err}); re-download or re-export it.") from None
+        raise ResidError(f"{path} is not valid UTF-8 JSON ({err}); re-download or re-export it.") from None
+    except RecursionError:
+        raise ResidError(f"{path} nests JSON too deeply to be a config; re-download or re-export it.") from None
+    except OSError as err:  # a directory, unreadable
+        raise ResidError(f"{path} cannot be read as a file ({err.strerror}); it must be the config's JSON file."
+                         ) from None
     if not isinstance(found, dict):
         raise ResidError(f"{path} holds a JSON {type(found).__name__}, not the object of fields a config is.")
     return found
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file (on the CPU, in the file's dtype)."""
-    if not path.exists():
+    """Every tensor of a safetensors file (on the CPU, in the file's dtype), each checked to be a finite float."""
+    if not path.is_file():
         raise ResidError(f"{path.parent} has no {path.name}.")
+    tensors = {}
     try:
         with safe_open(str(path), framework="pt") as handle:
-            return {name: handle.get_tensor(name) for name in handle.keys()}
+            for name in handle.keys():
+                dtype = handle.get_slice(name).get_dtype()
+                if dtype not in FLOATS:
+                    raise ResidError(_not_float(name, path, dtype))
+                tensors[name] = handle.get_tensor(name)
     except (SafetensorError, OSError) as err:
-        raise ResidError(f"{path} is not a readable safetensors file ({err}); re-download it.") from None
+        raise ResidError(f"{path} is not a readable safetensors file ({err}); it may be truncated: re-download "
+                         "it.") from None
+    finite(tensors, path)
+    return tensors
+
+
+def read_npz(path: Path) -> dict[str, torch.Tensor]:
+    """Every array of an .npz file of plain float arrays (Gemma Scope 1), never unpickled, each array's header
+    checked against the file before its data is read."""
+    if not path.is_file():
+        raise ResidError(f"{path.parent} has no {path.name}.")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            arrays = {member.filename.removesuffix(".npy"): _npz_member(archive, member, path)
+                      for member in archive.infolist()}
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError) as err:
+        raise ResidError(f"{path} is not a readable .npz file ({err}); it may be truncated: re-download it.") from None
+    finite(arrays, path)
+    return arrays
+
+
+def _npz_member(archive: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path) -> torch.Tensor:
+    name = member.filename.removesuffix(".npy")
+    with archive.open(member) as handle:
+        version = np.lib.format.read_magic(handle)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read_header:
+            raise ValueError(f"array {name!r} has .npy version {version}, not 1.0 or 2.0")
+        shape, fortran, dtype = read_header[version](handle, max_header_size=10_000)
+        if dtype.hasobject:
+            raise ResidError(f"Array {name!r} in {path} holds Python objects, which only unpickling could read; "
+                             "resid never unpickles. The file is not a Gemma Scope .npz of plain float arrays.")
+        if dtype.kind != "f":
+            raise ResidError(_not_float(name, path, dtype))
+        size = math.prod(shape) * dtype.itemsize
+        if size > member.file_size:
+            raise ResidError(f"Array {name!r} in {path} declares shape {list(shape)} ({size:,} bytes), but the file "
+                             f"holds {member.file_size:,} bytes for it: the header is damaged or the file truncated; "
+                             "re-download it.")
+        data = bytearray()
+        while len(data) < size:
+            chunk = handle.read(min(NPZ_CHUNK, size - len(data)))
+            if not chunk:
+                raise ResidError(f"Array {name!r} in {path} ends after {len(data):,} of its {size:,} bytes: the file "
+                                 "is truncated; re-download it.")
+            data += chunk
+    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _not_float(name: str, path: Path, dtype: object) -> str:
+    return (f"Tensor {name!r} in {path} has dtype {dtype}, not a floating-point type: its values would be integer "
+            "bit patterns read as weights. The file is damaged or its header was edited; re-export or re-download it.")
+
+
+def finite(tensors: dict[str, torch.Tensor], path: Path | str) -> None:
+    """Refuse a tensor holding NaN or infinite values, naming it."""
+    for name, tensor in tensors.items():
+        # A finite sum means every value is finite (NaN and inf propagate through a sum): one pass, no [numel] mask
+        # (a 150 MB SAE loads in tens of ms rather than most of a second); the mask only when the sum is not
+        # (a NaN, or finite values whose sum overflows)
+        if bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all()):
+            continue
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ResidError(f"Tensor {name!r} in {path} holds {bad:,} non-finite value(s) (NaN or infinite) of "
+                         f"{tensor.numel():,}: every feature activation it touches would be NaN. The file is "
+                         "damaged (or was saved after training diverged); re-download or re-train it.")
 
 
 def check_fields(config: dict, known: frozenset[str], where: str, what: str) -> None:
@@ -57,9 +152,62 @@ def take(tensors: dict[str, torch.Tensor], known: dict[str, bool], where: str) -
     return {name: tensors[name] for name in known if name in tensors}
 
 
+def _kind(value: object) -> str:
+    return ("a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool)
+            else "null" if value is None else f"a {type(value).__name__}")
+
+
 def as_int(value: object, field: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ResidError(f"{where}: {field} must be a positive integer, got {value!r}.")
+    """A positive whole number (576, not "576", 576.0 or true)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ResidError(f"{where}: {field} must be a positive whole number written without quotes or a decimal "
+                         f"point (e.g. 16), but it is {value!r} ({_kind(value)}). Fix that field of the file.")
+    return int(value)
+
+
+def as_index(value: object, field: str, where: str) -> int | None:
+    """null, or a whole number of at least 0 (a head index)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ResidError(f"{where}: {field} must be null or a whole number of at least 0, but it is {value!r} "
+                         f"({_kind(value)}). Fix that field of the file.")
+    return int(value)
+
+
+def as_bool(value: object, field: str, where: str) -> bool:
+    """A JSON boolean: the string "false" is truthy in Python, so it is refused rather than read as true."""
+    if not isinstance(value, bool):
+        raise ResidError(f"{where}: {field} must be a boolean (true or false, without quotes), but it is {value!r} "
+                         f"({_kind(value)}). Fix that field of the file.")
+    return value
+
+
+def as_str(value: object, field: str, where: str, optional: bool = True) -> str | None:
+    """A string (or null where `optional`)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ResidError(f"{where}: {field} must be a string{' or null' if optional else ''}, but it is {value!r} "
+                         f"({_kind(value)}). Fix that field of the file.")
+    return value
+
+
+def as_choice(value: object, choices: tuple, field: str, where: str) -> object:
+    """One of `choices` (compared by type as well: true is not 1)."""
+    if not any(type(value) is type(choice) and value == choice for choice in choices):
+        raise ResidError(f"{where}: {field} is {value!r}, not one of the values resid reads "
+                         f"({', '.join(map(repr, choices))}). Fix that field of the file.")
+    return value
+
+
+def as_dict(value: object, field: str, where: str) -> dict:
+    """An object of fields (null reads as empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ResidError(f"{where}: {field} must be an object of fields (or null), but it is {value!r} "
+                         f"({_kind(value)}). Fix that field of the file.")
     return value
 
 

@@ -22,14 +22,13 @@ circuit-tracer's JumpReLU is pre * (pre > threshold), without a relu, so thresho
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
 from resid.dictionaries import hub
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
-from resid.dictionaries.formats import check_fields, read_safetensors, take
+from resid.dictionaries.formats import as_str, check_fields, read_npz, read_safetensors, take
 from resid.errors import ResidError
 from resid.sites.transformerlens import at_layer
 
@@ -45,14 +44,21 @@ def read(folder: Path) -> list[Dictionary] | CrossLayerTranscoder:
         cfg = yaml.safe_load((folder / CONFIG).read_text())
     except FileNotFoundError:
         raise ResidError(f"{folder} has no {CONFIG} (a circuit-tracer transcoder set).") from None
-    except yaml.YAMLError as err:
-        raise ResidError(f"{where} is not valid YAML ({err}).") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ResidError(f"{where} is not valid UTF-8 YAML ({err}); re-download or re-export it.") from None
+    except RecursionError:
+        raise ResidError(f"{where} nests YAML too deeply to be a config; re-download or re-export it.") from None
+    except OSError as err:
+        raise ResidError(f"{where} cannot be read as a file ({err.strerror}); it must be the set's YAML config."
+                         ) from None
     if not isinstance(cfg, dict):
         raise ResidError(f"{where} holds no mapping of fields.")
     check_fields(cfg, READ | PROVENANCE, where, "a circuit-tracer transcoder set")
     for field in ("model_kind", "feature_input_hook", "feature_output_hook"):
         if not isinstance(cfg.get(field), str):
             raise ResidError(f"{where} needs {field} (a string); got {cfg.get(field)!r}.")
+    for field in ("model_name", "revision"):
+        as_str(cfg.get(field), field, where)
     kind = cfg["model_kind"]
     if kind == "transcoder_set":
         return [_layer(path, layer, cfg, folder) for layer, path in enumerate(_layer_files(cfg, folder, where))]
@@ -90,8 +96,7 @@ def _layer(path: Path, layer: int, cfg: dict, folder: Path) -> Dictionary:
     if not path.exists():
         raise ResidError(f"{path} (layer {layer} of {folder / CONFIG}) does not exist.")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            tensors = {name: torch.from_numpy(np.array(data[name])) for name in data.files}
+        tensors = read_npz(path)
         known = {"W_enc": True, "W_dec": True, "b_enc": True, "b_dec": True, "threshold": True}
         found = take(tensors, known, str(path))  # Gemma Scope 1: W_enc is already [d_model d_sae]
         W_enc, threshold, skip = found["W_enc"], found["threshold"], None
@@ -134,6 +139,16 @@ def _cross_layer(folder: Path, cfg: dict) -> CrossLayerTranscoder:
         W_dec.append(take(read_safetensors(path), {f"W_dec_{layer}": True}, str(path))[f"W_dec_{layer}"])
     if len({t is None for t in thresholds}) != 1:
         raise ResidError(f"{folder}: some layers have threshold_{{l}} and others not; a CLT has one activation.")
+    for name, per_layer in (("W_enc", W_enc), ("b_enc", b_enc), ("b_dec", b_dec), ("threshold", thresholds)):
+        shapes = [None if t is None else list(t.shape) for t in per_layer]
+        differ = next((layer for layer, shape in enumerate(shapes) if shape != shapes[0]), None)
+        if differ is not None:
+            shown = [shapes[0], shapes[differ]]
+            if name == "W_enc":  # shown as the file holds it, [feature d_model]
+                shown = [shape[::-1] for shape in shown]
+            raise ResidError(f"{folder}: {name}_{differ} has shape {shown[1]} but {name}_0 has {shown[0]}; a "
+                             "cross-layer transcoder has the same d_sae and d_model at every layer. The files are "
+                             "from different transcoders or damaged; re-download them.")
     jump = thresholds[0] is not None
     return CrossLayerTranscoder(
         W_enc=torch.stack(W_enc), b_enc=torch.stack(b_enc), W_dec=W_dec, b_dec=torch.stack(b_dec),

@@ -5,21 +5,31 @@ Tensors, in the Gemma Scope layout (x @ w_enc, no transposes):
     w_enc [d_in d_sae]   w_dec [d_sae d_out]   b_enc [d_sae]   b_dec [d_out]   threshold [d_sae]
     affine_skip_connection [d_in d_out]        (Gemma Scope 2 transcoders with affine_connection: + x @ it)
 
-Gemma Scope 1's params.npz names them W_enc / W_dec (capital W) or w_enc / w_dec; numpy reads it with
-allow_pickle=False (an .npz of plain arrays needs no pickle). Both apply JumpReLU as relu(pre) * (pre > threshold)
-and never subtract b_dec from the input.
+Gemma Scope 1's params.npz names them W_enc / W_dec (capital W) or w_enc / w_dec; resid reads it without pickle
+(resid.dictionaries.formats.read_npz: an .npz of plain arrays needs none). Both apply JumpReLU as
+relu(pre) * (pre > threshold) and never subtract b_dec from the input.
 
 config.json fields (Gemma Scope 2): architecture ("jump_relu"), model_name, hf_hook_point_in, hf_hook_point_out
 (Hugging Face module paths, resid.dictionaries.hooks), type ("sae" | "transcoder"), affine_connection, width, l0.
 """
 
+import math
+import numbers
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from resid.dictionaries.dictionary import Dictionary
-from resid.dictionaries.formats import check_fields, clamp_threshold, read_json, read_safetensors, take
+from resid.dictionaries.formats import (
+    as_bool,
+    as_choice,
+    as_int,
+    as_str,
+    check_fields,
+    clamp_threshold,
+    read_json,
+    read_npz,
+    read_safetensors,
+    take,
+)
 from resid.errors import ResidError
 
 CONFIG, WEIGHTS, NPZ = "config.json", "params.safetensors", "params.npz"
@@ -41,13 +51,20 @@ def _read_v2(folder: Path) -> Dictionary:
     where = str(folder / CONFIG)
     cfg = read_json(folder / CONFIG)
     check_fields(cfg, READ | PROVENANCE, where, "a Gemma Scope 2 dictionary")
-    if cfg.get("architecture", "jump_relu") != "jump_relu":
-        raise ResidError(f"{where}: architecture {cfg['architecture']!r}; Gemma Scope 2 dictionaries are 'jump_relu'.")
+    as_choice(cfg.get("architecture", "jump_relu"), ("jump_relu",), "architecture", where)
     kind = cfg.get("type", "sae")
     if kind not in ("sae", "transcoder"):
         raise ResidError(f"{where}: type {kind!r} is not 'sae' or 'transcoder' (cross-layer transcoders are read "
                          "through their circuit-tracer config.yaml).")
-    affine = bool(cfg.get("affine_connection", False))
+    affine = as_bool(cfg.get("affine_connection", False), "affine_connection", where)
+    for name in ("model_name", "hf_hook_point_in", "hf_hook_point_out"):
+        as_str(cfg.get(name), name, where)
+    if "width" in cfg:
+        as_int(cfg["width"], "width", where)
+    l0 = cfg.get("l0")
+    if l0 is not None and (isinstance(l0, bool) or not isinstance(l0, numbers.Real) or not math.isfinite(l0) or l0 < 0):
+        raise ResidError(f"{where}: l0 must be null or a finite number of at least 0, but it is {l0!r}. Fix that "
+                         "field of the file.")
     known = {"w_enc": True, "w_dec": True, "b_enc": True, "b_dec": True, "threshold": True,
              "affine_skip_connection": affine}
     found = take(read_safetensors(folder / WEIGHTS), known, str(folder / WEIGHTS))
@@ -60,11 +77,7 @@ def _read_v2(folder: Path) -> Dictionary:
 
 
 def _read_v1(folder: Path) -> Dictionary:
-    try:
-        with np.load(folder / NPZ, allow_pickle=False) as data:
-            arrays = {name: torch.from_numpy(np.array(data[name])) for name in data.files}
-    except (ValueError, OSError) as err:  # numpy refuses object arrays without pickle with a ValueError
-        raise ResidError(f"{folder / NPZ} could not be read without pickle ({err}); resid never unpickles.") from None
+    arrays = read_npz(folder / NPZ)
     lower = {name[0].lower() + name[1:]: value for name, value in arrays.items()}  # W_enc -> w_enc
     known = {"w_enc": True, "w_dec": True, "b_enc": True, "b_dec": True, "threshold": True}
     found = take(lower, known, str(folder / NPZ))

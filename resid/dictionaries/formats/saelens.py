@@ -21,7 +21,19 @@ from safetensors.torch import save_file
 
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
-from resid.dictionaries.formats import as_int, check_fields, clamp_threshold, read_json, read_safetensors, take
+from resid.dictionaries.formats import (
+    as_bool,
+    as_choice,
+    as_dict,
+    as_index,
+    as_int,
+    as_str,
+    check_fields,
+    clamp_threshold,
+    read_json,
+    read_safetensors,
+    take,
+)
 from resid.errors import ResidError
 
 CONFIG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -43,6 +55,16 @@ PROVENANCE = frozenset({
     "sae_lens_training_version", "neuronpedia_id", "model_class_name", "model_from_pretrained_kwargs",
     "seqpos_slice", "exclude_special_tokens", "hook_layer", "hook_point_layer", "decoder_init_norm",
 })
+# The type of each field read (at the top level, or in SAELens 6's metadata); checked before any is used
+BOOLS = ("apply_b_dec_to_input", "rescale_acts_by_decoder_norm", "finetuning_scaling_factor")
+STRINGS = ("architecture", "model_name", "hook_name", "hook_point", "hook_name_out", "hf_hook_name",
+           "hf_hook_name_out", "activation_fn", "activation_fn_str", "reshape_activations")
+SIZES = ("d_in", "d_sae", "d_out", "k")
+HEADS = ("hook_head_index", "hook_point_head_index", "hook_head_index_out")
+OBJECTS = ("activation_fn_kwargs", "model_from_pretrained_kwargs")
+# SAELens's dtype strings (its str_to_dtype): the weights' dtype is what the safetensors file holds; a dtype
+# outside these is a file resid does not understand
+DTYPES = tuple(f"{prefix}{name}" for prefix in ("", "torch.") for name in ("float32", "float64", "float16", "bfloat16"))
 
 
 def read(folder: Path, norm_scaling_factor: float | None = None) -> Dictionary:
@@ -52,7 +74,9 @@ def read(folder: Path, norm_scaling_factor: float | None = None) -> Dictionary:
     where = f"{folder / CONFIG}"
     cfg = read_json(folder / CONFIG)
     check_fields(cfg, READ | PROVENANCE, where, "a SAELens dictionary")
-    metadata = dict(cfg.get("metadata") or {})
+    metadata = dict(as_dict(cfg.get("metadata"), "metadata", where))
+    _check_values(cfg, where)
+    _check_values(metadata, f"{where} (metadata)")
     get = lambda name: metadata.get(name, cfg.get(name))  # noqa: E731 (SAELens 6 nests these in metadata)
     architecture = cfg.get("architecture") or _legacy_architecture(cfg, where)
     if architecture not in ARCHITECTURES:
@@ -79,18 +103,35 @@ def read(folder: Path, norm_scaling_factor: float | None = None) -> Dictionary:
         threshold=clamp_threshold(found["threshold"]) if "threshold" in found else None,
         k=cfg.get("k") if activation == "topk" else None, b_gate=found.get("b_gate"), b_mag=found.get("b_mag"),
         r_mag=found.get("r_mag"), W_skip=found["W_skip"].T.contiguous() if skip else None, activation=activation,
-        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)) and not transcoder,
+        apply_b_dec_to_input=cfg.get("apply_b_dec_to_input", True) and not transcoder,
         normalize_activations=normalize, name=folder.name, format="saelens", hook_in=hook_in,
         hook_out=hook_out or (None if transcoder else hook_in), model_name=get("model_name"),
         metadata={**metadata, "architecture": architecture, "hook_head_index": head}, transcoder=transcoder,
     )
 
 
+def _check_values(fields: dict, where: str) -> None:
+    """Each field read has its type (see BOOLS ... OBJECTS), naming the first that does not."""
+    for name, value in fields.items():
+        if name in BOOLS and not (name == "finetuning_scaling_factor" and value is None):
+            as_bool(value, name, where)
+        elif name in STRINGS:
+            as_str(value, name, where)
+        elif name in SIZES:
+            as_int(value, name, where)
+        elif name in HEADS:
+            as_index(value, name, where)
+        elif name in OBJECTS:
+            as_dict(value, name, where)
+        elif name == "dtype":
+            as_choice(value, DTYPES, name, where)
+
+
 def _legacy_architecture(cfg: dict, where: str) -> str:
     """Before SAELens 6: the architecture follows from activation_fn(_str) (SAELens's handle_pre_6_0_config)."""
     fn = cfg.get("activation_fn") or cfg.get("activation_fn_str") or "relu"
     if fn == "topk" and (cfg.get("activation_fn_kwargs") or {}).get("k") is not None:
-        cfg["k"] = cfg["activation_fn_kwargs"]["k"]
+        cfg["k"] = as_int(cfg["activation_fn_kwargs"]["k"], "activation_fn_kwargs.k", where)
         return "topk"
     if fn != "relu":
         raise ResidError(f"{where}: activation_fn {fn!r} is not one resid computes (relu, topk).")

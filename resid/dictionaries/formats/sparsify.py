@@ -18,7 +18,7 @@ skip_connection, d_in, and the training-only normalize_decoder and multi_topk.
 from pathlib import Path
 
 from resid.dictionaries.dictionary import Dictionary
-from resid.dictionaries.formats import as_int, check_fields, read_json, read_safetensors, take
+from resid.dictionaries.formats import as_bool, as_choice, as_int, check_fields, read_json, read_safetensors, take
 from resid.errors import ResidError
 
 CONFIG, WEIGHTS = "cfg.json", "sae.safetensors"
@@ -44,16 +44,22 @@ def _read_one(folder: Path) -> Dictionary:
     where = str(folder / CONFIG)
     cfg = read_json(folder / CONFIG)
     check_fields(cfg, READ | TRAINING, where, "a sparsify dictionary")
-    if cfg.get("activation", "topk") != "topk":
-        raise ResidError(f"{where}: activation {cfg['activation']!r}; resid computes sparsify's 'topk' ('groupmax' "
-                         "is not supported yet).")
+    if cfg.get("activation", "topk") == "groupmax":
+        raise ResidError(f"{where}: activation 'groupmax'; resid computes sparsify's 'topk' ('groupmax' is not "
+                         "supported yet).")
+    as_choice(cfg.get("activation", "topk"), ("topk",), "activation", where)
     d_in = as_int(cfg.get("d_in"), "d_in", where)
     k = as_int(cfg.get("k", 32), "k", where)
-    transcode, skip = bool(cfg.get("transcode", False)), bool(cfg.get("skip_connection", False))
+    transcode = as_bool(cfg.get("transcode", False), "transcode", where)
+    skip = as_bool(cfg.get("skip_connection", False), "skip_connection", where)
+    for name in TRAINING & set(cfg):
+        as_bool(cfg[name], name, where)
+    latents = {name: as_int(cfg[name], name, where) for name in ("num_latents", "expansion_factor")
+               if cfg.get(name) not in (None, 0)}  # sparsify writes num_latents 0 for "from expansion_factor"
     known = {"encoder.weight": True, "encoder.bias": True, "W_dec": True, "b_dec": True, "W_skip": skip}
     found = take(read_safetensors(folder / WEIGHTS), known, str(folder / WEIGHTS))
     d_sae = found["encoder.weight"].shape[0]
-    expected = cfg.get("num_latents") or d_in * cfg.get("expansion_factor", 32)
+    expected = latents.get("num_latents") or d_in * latents.get("expansion_factor", 32)
     if found["encoder.weight"].shape != (d_sae, d_in) or d_sae != expected:
         raise ResidError(f"{folder / WEIGHTS}: encoder.weight has shape {list(found['encoder.weight'].shape)}; "
                          f"{CONFIG} says d_in={d_in} and {expected} latents.")
