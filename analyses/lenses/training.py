@@ -117,7 +117,7 @@ class Recipe:
                 ("clip", "positive", lambda v: v > 0)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                problems.append(f"{param(name, value)} must be a finite number ({need})")
+                problems.append(f"{param(name, value)} must be a finite number, {need}")
             elif not ok(value):
                 problems.append(f"{param(name, value)} must be {need}")
         if problems:

@@ -283,11 +283,11 @@ def _check_sizes(model: Transformer, recipe: Recipe, pairs: list, labels: list[s
     free = available_bytes(device)
     if free is not None and need > 0.8 * free:
         fit = int(0.8 * free / sum(per_feature))
+        given = param("d_sae", recipe.d_sae) if recipe.d_sae is not None else param("expansion", recipe.expansion)
         raise ResidError(
-            f"{len(d_saes)} dictionar{'y' if len(d_saes) == 1 else 'ies'} of {max(d_saes):,} features "
-            f"({param('d_sae', recipe.d_sae) if recipe.d_sae is not None else param('expansion', recipe.expansion)}) "
-            f"need{'s' if len(d_saes) == 1 else ''} {need / 2**30:,.1f} GiB for their weights, gradients, Adam's moments and a batch's activations, "
-            f"more than the {free / 2**30:.1f} GiB free on {device}: at most {fit:,} features per dictionary fit "
+            f"{len(d_saes)} dictionar{'y' if len(d_saes) == 1 else 'ies'} of {max(d_saes):,} features ({given}) "
+            f"need{'s' if len(d_saes) == 1 else ''} {need / 2**30:,.1f} GiB for their weights, gradients, Adam's "
+            f"moments and a batch's activations, more than the {free / 2**30:.1f} GiB free on {device}: at most {fit:,} features per dictionary fit "
             "here; lower the width, the batch, or train fewer dictionaries per run.")
 
 

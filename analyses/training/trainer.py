@@ -134,9 +134,9 @@ class Trainer:
         """Every tensor a resumed run needs: parameters, buffers, Adam's moments and step counts."""
         tensors = {f"coder.{k}": v.detach().cpu() for k, v in self.coder.state_dict().items()}
         names = {id(p): n for n, p in self.coder.named_parameters()}
-        for param, state in self.optimizer.state.items():
+        for weight, state in self.optimizer.state.items():
             for key, value in state.items():
-                tensors[f"adam.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().cpu()
+                tensors[f"adam.{names[id(weight)]}.{key}"] = torch.as_tensor(value).detach().cpu()
         return tensors
 
     def restore(self, tensors: dict[str, Tensor], steps_done: int) -> None:
@@ -150,20 +150,20 @@ class Trainer:
             else:
                 state[name] = expect(tensors, f"coder.{name}", like)
         adam = {}
-        for name, param in self.coder.named_parameters():
-            likes = {"step": torch.zeros(()), "exp_avg": param, "exp_avg_sq": param}
+        for name, weight in self.coder.named_parameters():
+            likes = {"step": torch.zeros(()), "exp_avg": weight, "exp_avg_sq": weight}
             if steps_done == 0 and not any(f"adam.{name}.{key}" in tensors for key in likes):
                 continue  # saved before the first step: Adam has no state yet
-            adam[param] = {key: expect(tensors, f"adam.{name}.{key}", like) for key, like in likes.items()}
+            adam[weight] = {key: expect(tensors, f"adam.{name}.{key}", like) for key, like in likes.items()}
         known = {f"coder.{name}" for name in state} | {f"adam.{n}.{key}" for n, _ in self.coder.named_parameters()
                                                        for key in ("step", "exp_avg", "exp_avg_sq")}
         extra = sorted(set(tensors) - known)
         if extra:
             raise DamagedState(f"it has tensors this dictionary does not ({', '.join(extra[:4])})")
         self.coder.load_state_dict(state)
-        for param, saved in adam.items():
+        for weight, saved in adam.items():
             # Adam keeps its step count on the CPU unless fused/capturable
-            self.optimizer.state[param] = {key: v.cpu() if key == "step" else v.to(device) for key, v in saved.items()}
+            self.optimizer.state[weight] = {key: v.cpu() if key == "step" else v.to(device) for key, v in saved.items()}
         self.steps_done = steps_done
 
 
