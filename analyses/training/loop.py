@@ -287,7 +287,8 @@ def _check_sizes(model: Transformer, recipe: Recipe, pairs: list, labels: list[s
         raise ResidError(
             f"{len(d_saes)} dictionar{'y' if len(d_saes) == 1 else 'ies'} of {max(d_saes):,} features ({given}) "
             f"need{'s' if len(d_saes) == 1 else ''} {need / 2**30:,.1f} GiB for their weights, gradients, Adam's "
-            f"moments and a batch's activations, more than the {free / 2**30:.1f} GiB free on {device}: at most {fit:,} features per dictionary fit "
+            f"moments and a batch's activations, more than the {free / 2**30:.1f} GiB free on {device}: at most "
+            f"{fit:,} features per dictionary fit "
             "here; lower the width, the batch, or train fewer dictionaries per run.")
 
 
