@@ -212,9 +212,11 @@ def run(model, args) -> str:
              f"{recipe.batch_size} tokens ({recipe.steps * recipe.batch_size:,} tokens); wrote {args.out}/<hook>/ "
              "(SAELens format)"]
     if recipe.activation == "batchtopk":
+        horizon = round(1 / (1 - recipe.threshold_beta))
         lines.append(f"BatchTopK keeps k={recipe.k} features per token on average over each training batch (the "
-                     "bar's l0); the exported JumpReLU fires where a feature exceeds the threshold learnt from the "
-                     "batches' smallest kept activations, per token, so its l0 below is measured, not k")
+                     "bar's l0); the exported JumpReLU fires per token where a feature exceeds one threshold, a moving "
+                     f"average over ~{horizon} steps of each batch's smallest kept activation, so its l0 (measured "
+                     f"below) differs from k, and is below it where the run is short next to {horizon} steps")
     if args.eval_windows:
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)

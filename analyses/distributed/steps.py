@@ -44,6 +44,7 @@ class StepJob(abc.ABC):
     steps: int  # steps of a whole run
     step: int  # steps done
     step_size: int  # progress units per step
+    shows_progress = False  # set by the driver: whether its bar shows (a feed made in process may show its own)
 
     @abc.abstractmethod
     def settings(self) -> dict:
@@ -105,6 +106,7 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
                 except DamagedState as error:  # the job says what does not fit; the store names the file
                     raise store.damaged(str(error)) from None
         remote = not isinstance(runner, InProcess)
+        job.shows_progress = execution.shows_progress
         with tqdm(total=job.steps * job.step_size, initial=job.step * job.step_size, unit=job.unit, unit_scale=True,
                   desc=job.name, disable=not execution.shows_progress) as bar:
             if job.step < job.steps:

@@ -231,7 +231,8 @@ class TrainingJob(StepJob):
         return tensors, metadata
 
     def feed(self, remote: bool) -> BlockJob:
-        return self.source.job(None if remote else self.source.device)
+        # in process, the buffer's filling has its own bar (minutes on a CPU before the first step)
+        return self.source.job(None if remote else self.source.device, progress=self.shows_progress and not remote)
 
     def chunks(self) -> Iterator:
         return self.source.blocks(self.position.block)
