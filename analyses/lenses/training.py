@@ -40,7 +40,7 @@ steps done and the losses so far) every `checkpoint_every` steps and at the end;
 resumes from it with the same data order, to the run never stopped. The bar shows tokens/s and the step's KL.
 
 Nothing non-finite is trained on or kept: each step checks its losses and gradients before SGD touches the
-translators (one reduction per tensor, one synchronisation), a checkpoint and the answer check the translators and
+translators (one sum per tensor, one synchronisation), a checkpoint and the answer check the translators and
 momentum buffers, and a checkpoint that does not fit the run (a missing tensor, another shape, a step that is not a
 count, losses that are not numbers) is refused by name (resid.analyses.io.checkpoints).
 """
@@ -316,8 +316,11 @@ class LensJob(StepJob):
         self._forwards += 1
         if self._forwards < -(-recipe.windows_per_step // self.batch_size):
             return
-        flags = torch.stack([self._step_losses.isfinite().all(), *(leaf.grad.isfinite().all() for leaf in self.leaves)])
-        if not bool(flags.all()):  # before SGD: the translators stay those of the last step
+        # a NaN or an infinity makes the sum non-finite (one cheap pass per tensor); then the exact check names it
+        total = self._step_losses.sum() + sum(leaf.grad.sum() for leaf in self.leaves)
+        flags = None if math.isfinite(float(total)) else \
+            torch.stack([self._step_losses.isfinite().all(), *(leaf.grad.isfinite().all() for leaf in self.leaves)])
+        if flags is not None and not bool(flags.all()):  # before SGD: the translators stay those of the last step
             bad = (~self._step_losses.isfinite()).nonzero()
             loss = f"the KL at {self.sites[int(bad[0])].label}" if len(bad) else None
             raise self._error(self._non_finite(gradients=True) or loss or "a gradient")
