@@ -6,6 +6,7 @@
 Held-out text: the paragraphs `resid lens train` left out with the same --corpus, --max-docs and --held-out.
 """
 
+import sys
 from pathlib import Path
 
 from resid.analyses.cli import arguments
@@ -34,6 +35,12 @@ def check(args) -> None:
     arguments.at_least(args.tokens, 1, "--tokens")
     arguments.at_least(args.seq_len, 2, "--seq-len")
     arguments.out_path(args.out, suffixes.TABLE)
+    windows = max(1, args.tokens // args.seq_len)
+    if windows * args.seq_len != args.tokens:  # said before it starts, not found in the table afterwards
+        count = f"{windows} whole window{'s' if windows > 1 else ''}"
+        print(f"resid: evaluating {windows * args.seq_len:,} tokens: {count} "
+              f"of --seq-len {args.seq_len} (--tokens {args.tokens} is not a multiple of it; a shorter window would "
+              "change what every position sees)", file=sys.stderr)
     args.loaded = None
     if args.translators:
         from resid.analyses.lenses import formats

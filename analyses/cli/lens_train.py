@@ -14,7 +14,18 @@ with --layout tuned-lens).
 from pathlib import Path
 
 from resid.analyses.cli import arguments
+from resid.analyses.cli.errors import render
 from resid.analyses.cli.lens_data import corpus_options, held_out_split
+from resid.errors import param_style
+
+# Recipe parameters -> flags, beside those resid.analyses.cli.errors already maps
+FLAGS = {"lr_scale": "--lr-scale", "steps": "--steps", "tokens_per_step": "--tokens-per-step", "seq_len": "--seq-len"}
+
+
+def _render(name: str, value: object) -> str | None:
+    if name in FLAGS:
+        return FLAGS[name] if value is None else f"{FLAGS[name]} {value}"
+    return render(name, value)
 
 
 def add_parser(commands, common) -> None:
@@ -48,8 +59,9 @@ def check(args) -> None:
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     if args.batch_size is not None:
         arguments.at_least(args.batch_size, 1, "--batch-size")
-    args.recipe = Recipe(steps=args.steps, tokens_per_step=args.tokens_per_step, seq_len=args.seq_len,
-                         lr_scale=args.lr_scale, precision=args.precision, every=args.every, seed=args.seed)
+    with param_style(_render):
+        args.recipe = Recipe(steps=args.steps, tokens_per_step=args.tokens_per_step, seq_len=args.seq_len,
+                             lr_scale=args.lr_scale, precision=args.precision, every=args.every, seed=args.seed)
     held_out_split(args)
 
 
@@ -60,7 +72,8 @@ def run(model, args) -> str:
     training, _ = args.split(model)
     execution = Execution(batch_size=args.batch_size or "auto", progress=False if args.quiet else None,
                           out=args.out)
-    lens = tuned_lens.train(model, training, args.recipe, execution, checkpoint_every=args.checkpoint_every)
+    with param_style(_render):
+        lens = tuned_lens.train(model, training, args.recipe, execution, checkpoint_every=args.checkpoint_every)
     folder = tuned_lens.write(lens, args.out, layout=args.layout)
     losses = lens.translators.info["losses"]
     return (f"trained a tuned lens of {model.name}: {len(lens.translators.sites)} translators (every {args.every}), "

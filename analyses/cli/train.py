@@ -12,9 +12,13 @@ All layers given train from one forward pass per batch; --site picks the resid S
 a kill, rerun the same command with --resume; a second command training into DIR meanwhile is refused), then one
 SAELens folder per dictionary (cfg.json + sae_weights.safetensors, named by its TransformerLens hook) and
 evaluation.md (FVU, L0, dead and dense fractions, CE loss recovered, KL) over --eval-windows windows of the held-out
-paragraphs (--held-out, split as `resid lens train`).
+paragraphs (--held-out, split as `resid lens train`); the terminal gets the same table as plain text.
+
+What will be done is said on stderr before it starts, where it differs from what was asked: --tokens rounded down
+to whole batches, and the shuffling buffer's size when --buffer-tokens is not given (sized from the free memory).
 """
 
+import sys
 from pathlib import Path
 
 from resid.analyses.cli import arguments
@@ -68,8 +72,9 @@ def add_parser(commands, common) -> None:
         parser.add_argument("--l0-coefficient", type=float, default=1.0, help="jumprelu: L0 weight (default 1)")
         parser.add_argument("--window", type=int, default=256, help="tokens per window (default 256)")
         parser.add_argument("--forward-batch", type=int, default=8, help="windows per forward pass (default 8)")
-        parser.add_argument("--buffer-tokens", type=int, default=2**16, help="training tokens per shuffling "
-                            "buffer (default 65536; 150 MB per hook of width 576)")
+        parser.add_argument("--buffer-tokens", type=int, default=None, help="training tokens per shuffling "
+                            "buffer (default: a quarter of the free memory, at most 65536; 150 MB per hook of width "
+                            "576)")
         parser.add_argument("--keep-bos", action="store_true",
                             help="train on each window's first position too (the BOS, or the first token of a model "
                                  "that prepends none: the attention sink)")
@@ -98,9 +103,11 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    for flag in ("tokens", "batch_size", "window", "forward_batch", "buffer_tokens", "checkpoint_every", "k",
-                 "expansion"):
+    for flag in ("tokens", "batch_size", "window", "forward_batch", "checkpoint_every", "k", "expansion"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+    for flag in ("buffer_tokens", "d_sae"):
+        if getattr(args, flag) is not None:
+            arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     arguments.at_least(args.eval_windows, 0, "--eval-windows")
     if args.dead_tokens is not None:
         arguments.at_least(args.dead_tokens, 1, "--dead-tokens")
@@ -126,15 +133,47 @@ def check(args) -> None:
             threshold_start_step=min(1000, steps // 10), seed=args.seed,
             dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
             normalize=args.normalize or ("expected_average_only_in" if args.transcoder else "none"))
+    _fits_at_all(args)
+    if args.tokens % args.batch_size:
+        _note(f"training {steps} steps of {args.batch_size} tokens = {steps * args.batch_size:,} tokens (--tokens "
+              f"{args.tokens} rounded down to whole batches of --batch-size {args.batch_size})")
     held_out_split(args)
     args.executor = arguments.executor(args.ray, args.workers)  # last: nothing to close if a check above fails
+
+
+def _note(text: str) -> None:
+    """What will be done, where it differs from what was asked: one line on stderr, before it starts."""
+    print(f"resid: {text}", file=sys.stderr)
+
+
+def _fits_at_all(args) -> None:
+    """Before the model loads, the widths no machine of this memory could train at any model width (d_in 1): each
+    feature costs at least its weights' 3 x 16 bytes and its batch's activations. The exact check, at the model's
+    widths, runs before anything is allocated (resid.analyses.training.loop)."""
+    import torch
+
+    from resid.analyses.training.activations import available_bytes
+
+    if args.device not in (None, "cpu"):  # a GPU's free memory is asked once the model is there
+        return
+    free = available_bytes(torch.device("cpu"))
+    per_feature = 48 + 12 * args.batch_size
+    features = args.d_sae if args.d_sae is not None else args.expansion
+    layers = len(args.layer_list) if args.layer_list is not None else 1
+    if free is not None and features * per_feature * layers > 0.8 * free:
+        flag = f"--d-sae {args.d_sae}" if args.d_sae is not None else f"--expansion {args.expansion}"
+        raise ResidError(f"{flag} cannot fit: even at width 1, {layers} dictionar{'y' if layers == 1 else 'ies'} "
+                         f"of {features:,} features need{'s' if layers == 1 else ''} "
+                         f"{features * per_feature * layers / 2**30:,.0f} GiB, and {free / 2**30:.1f} GiB are free. "
+                         f"At most {int(0.8 * free / per_feature / layers):,} features per dictionary could fit (fewer "
+                         "at the model's width, which the check after loading it names exactly): lower the flag.")
 
 
 def run(model, args) -> str:
     from resid.analyses.distributed.execution import Execution
     from resid.analyses.io import tables
     from resid.analyses.training.evaluation import evaluate
-    from resid.analyses.training.loop import Spec, train
+    from resid.analyses.training.loop import Spec, buffer_size, train
     from resid.sites import Site
 
     layers = args.layer_list if args.layer_list is not None else list(range(model.config.n_layers))
@@ -147,13 +186,18 @@ def run(model, args) -> str:
         specs = [Spec(Site(l, SITES[args.site])) for l in layers]
     training, held_out = args.split(model)
     ratio = args.max_norm_ratio or None  # 0: keep every token
+    buffer_tokens = args.buffer_tokens
+    if buffer_tokens is None:
+        buffer_tokens = buffer_size(model, specs, args.recipe.batch_size, args.out, args.device)
+        _note(f"a shuffling buffer of {buffer_tokens:,} tokens (at most a quarter of the free memory, or the resumed "
+              "checkpoint's; --buffer-tokens sets it)")
     progress = False if args.quiet else None
     execution = Execution(args.executor, batch_size=args.forward_batch, progress=progress, out=args.out)
     try:
         with param_style(_render):
             dictionaries = train(model, training, specs, args.recipe, execution,
                                  checkpoint_every=args.checkpoint_every, window=args.window,
-                                 buffer_tokens=args.buffer_tokens, keep_bos=args.keep_bos, autocast=args.autocast,
+                                 buffer_tokens=buffer_tokens, keep_bos=args.keep_bos, autocast=args.autocast,
                                  max_norm_ratio=ratio)
         if args.eval_windows:
             df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
@@ -162,12 +206,25 @@ def run(model, args) -> str:
     finally:
         if args.executor is not None:
             args.executor.close()
-    lines = [f"trained {len(dictionaries)} {args.recipe.activation} "
-             f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {args.recipe.steps} steps of "
-             f"{args.recipe.batch_size} tokens; wrote {args.out}/<hook>/ (SAELens format)"]
+    recipe = args.recipe
+    lines = [f"trained {len(dictionaries)} {recipe.activation} "
+             f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {recipe.steps} steps of "
+             f"{recipe.batch_size} tokens ({recipe.steps * recipe.batch_size:,} tokens); wrote {args.out}/<hook>/ "
+             "(SAELens format)"]
+    if recipe.activation == "batchtopk":
+        horizon = round(1 / (1 - recipe.threshold_beta))
+        lines.append(f"BatchTopK keeps k={recipe.k} features per token on average over each training batch (the "
+                     "bar's l0); the exported JumpReLU fires per token where a feature exceeds one threshold, a moving "
+                     f"average over ~{horizon} steps of each batch's smallest kept activation, so its l0 (measured "
+                     f"below) differs from k, and is below it where the run is short next to {horizon} steps")
     if args.eval_windows:
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)
-        lines.append(tables.to_markdown(df.drop(columns=["site_in"])))
+        lines.append(plain_table(df.drop(columns=["site_in"])))
         lines.append(f"wrote {path}")
     return "\n".join(lines)
+
+
+def plain_table(df) -> str:
+    """The table as the terminal shows it: aligned plain text (the Markdown, escapes and all, goes to the .md)."""
+    return df.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="--")

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import InProcess, Job, Model
-from resid.analyses.io.checkpoints import StateStore
+from resid.analyses.io.checkpoints import DamagedState, StateStore
 from resid.errors import ResidError
 
 
@@ -44,6 +44,7 @@ class StepJob(abc.ABC):
     steps: int  # steps of a whole run
     step: int  # steps done
     step_size: int  # progress units per step
+    shows_progress = False  # set by the driver: whether its bar shows (a feed made in process may show its own)
 
     @abc.abstractmethod
     def settings(self) -> dict:
@@ -56,11 +57,13 @@ class StepJob(abc.ABC):
 
     @abc.abstractmethod
     def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
-        """Take up the state `state()` saved (the step it reached, where its input was)."""
+        """Take up the state `state()` saved (the step it reached, where its input was); a state that does not fit
+        the run (a missing tensor, another shape, a step that is not a count) raises checkpoints.DamagedState."""
 
     @abc.abstractmethod
     def state(self) -> tuple[dict[str, Tensor], dict[str, str]]:
-        """(tensors, string metadata): everything a resumed run needs."""
+        """(tensors, string metadata): everything a resumed run needs; a ResidError naming the tensor if any of it
+        is not finite (the store then keeps the last good checkpoint)."""
 
     @abc.abstractmethod
     def feed(self, remote: bool) -> Job:
@@ -98,8 +101,12 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
             store = StateStore(execution.out, job.kind, job.what, job.settings(), job.older_settings())
             saved = store.load()
             if saved is not None:
-                job.restore(*saved)
+                try:
+                    job.restore(*saved)
+                except DamagedState as error:  # the job says what does not fit; the store names the file
+                    raise store.damaged(str(error)) from None
         remote = not isinstance(runner, InProcess)
+        job.shows_progress = execution.shows_progress
         with tqdm(total=job.steps * job.step_size, initial=job.step * job.step_size, unit=job.unit, unit_scale=True,
                   desc=job.name, disable=not execution.shows_progress) as bar:
             if job.step < job.steps:

@@ -5,6 +5,11 @@ the bytes go to a temporary file `.tmp-<name>-<random>` in the same folder (so `
 one file system), are flushed and fsync'd, the temporary file replaces `path`, and the folder is fsync'd so
 that the rename itself is on disk when `write` returns. A temporary file left by a killed process is never
 read; readers that own a folder (`ResultStore`) delete `TMP_PREFIX*` files when they open it.
+
+The file gets the permissions any new file of the user gets (0o666 less the umask: 0644 under the usual 022), as
+`open(path, "w")` would give it: a writer that makes its temporary file itself (safetensors' save_file, pandas)
+already does, but one that writes through a private temporary file (mkstemp's 0600) would otherwise leave weights
+and checkpoints readable by their owner alone while the tables beside them are not.
 """
 
 import hashlib
@@ -25,6 +30,13 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _umask() -> int:
+    # The umask can only be read by setting it; set it straight back (no file is made in between by this thread).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write(path: str | os.PathLike, content: bytes | str | Callable[[Path], None], *,
@@ -48,6 +60,8 @@ def write(path: str | os.PathLike, content: bytes | str | Callable[[Path], None]
                 digest.update(block)
             handle.flush()
             os.fsync(handle.fileno())  # the rename must not reach the disk before the bytes do
+        if os.name != "nt":  # Windows files have no mode bits to set
+            os.chmod(tmp, 0o666 & ~_umask())  # before the rename: `path` never exists with other permissions
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only still there when writing failed

@@ -20,6 +20,12 @@ wrote before this store, so their existing checkpoints still resume. It is writt
 a kill leaves the previous checkpoint or the new one, never a torn file. FOLDER/progress.json repeats the metadata
 and settings for people (never read).
 
+A checkpoint that cannot be what its job saved is refused with one error naming the file and what is wrong, never
+resumed and never a traceback: unreadable (empty, cut short, its header damaged), without its format or settings,
+settings that are not JSON, a tensor holding a NaN or an infinity (a dictionary trained on from there is NaN), and,
+through `DamagedState` raised by the job's `restore`, a step that is not a count, a missing tensor or one of another
+shape or dtype. The remedy is the same for all: delete the file (or choose another folder) and start over.
+
 One writer per folder: a store holds the exclusive lock `<folder>.lock` (resid.analyses.io.lock, the lock the result
 store takes) from its construction until close(), so a second process training into the same folder is refused at
 once, naming the first one's pid, instead of the two overwriting each other's checkpoints.
@@ -27,7 +33,7 @@ once, naming the first one's pid, instead of the two overwriting each other's ch
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from safetensors import safe_open
@@ -40,6 +46,45 @@ from resid.errors import ResidError
 
 FILE = "checkpoint.safetensors"
 PROGRESS = "progress.json"
+
+
+class DamagedState(ResidError):
+    """What a job's `restore` found wrong with a saved state (a missing tensor, a shape, a step that is not a count);
+    the store's error adds the file and the remedy."""
+
+
+def count(metadata: Mapping[str, str], key: str, most: int | None = None) -> int:
+    """The metadata entry `key` as a count 0..most, or a DamagedState naming it."""
+    value = metadata.get(key)
+    if value is None:
+        raise DamagedState(f"its metadata has no {key!r}")
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19):
+        raise DamagedState(f"its metadata's {key!r} is {value[:40]!r}, not a count")
+    if most is not None and int(value) > most:
+        raise DamagedState(f"its metadata's {key!r} is {value}, more than the run's {most}")
+    return int(value)
+
+
+def expect(tensors: Mapping[str, Tensor], name: str, like: Tensor) -> Tensor:
+    """The saved tensor `name`, checked to have the shape and dtype of `like` (the job's own), or a DamagedState."""
+    if name not in tensors:
+        raise DamagedState(f"it has no tensor {name!r}")
+    found = tensors[name]
+    if found.shape != like.shape or found.dtype != like.dtype:
+        raise DamagedState(f"its tensor {name!r} is {found.dtype} {list(found.shape)} where the run has "
+                           f"{like.dtype} {list(like.shape)}")
+    return found
+
+
+def saved_settings(folder: str | os.PathLike) -> dict | None:
+    """The settings of the checkpoint in `folder`, or None if there is none or it cannot be read: a look for a
+    caller choosing defaults that must match a resumed run (the store itself checks everything when it loads)."""
+    try:
+        with safe_open(str(Path(folder) / FILE), framework="pt") as handle:
+            settings = json.loads((handle.metadata() or {})["settings"])
+    except Exception:  # noqa: BLE001 - any unreadable file: no defaults from it; load() reports it properly
+        return None
+    return settings if isinstance(settings, dict) else None
 
 
 class StateStore:
@@ -68,13 +113,31 @@ class StateStore:
         self._hold()
         if not self.path.is_file():
             return None
-        with safe_open(str(self.path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            if metadata.get("format") != self.kind:
-                raise ResidError(f"{self.path} is not a resid {self.what} checkpoint: delete it or choose another "
-                                 "folder.")
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        saved = json.loads(metadata["settings"])
+        try:
+            with safe_open(str(self.path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                if metadata.get("format") != self.kind:
+                    raise ResidError(f"{self.path} is not a resid {self.what} checkpoint: delete it or choose "
+                                     "another folder.")
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        except ResidError:
+            raise
+        except Exception as error:  # noqa: BLE001 - safetensors raises several types for a damaged file
+            detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+            raise self.damaged(f"it cannot be read as a safetensors file ({detail}): it is empty, cut short or "
+                               "its header is damaged") from None
+        try:
+            saved = json.loads(metadata["settings"])
+        except KeyError:
+            raise self.damaged("its metadata has no settings") from None
+        except ValueError:
+            raise self.damaged("its settings are not JSON") from None
+        if not isinstance(saved, dict):
+            raise self.damaged("its settings are not a JSON object")
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+                raise self.damaged(f"its tensor {name!r} holds NaN or infinite values (training from it would give "
+                                   "a NaN result)")
         if saved != self.settings and saved not in self.older:
             changed = sorted(k for k in set(saved) | set(self.settings) if saved.get(k) != self.settings.get(k))
             raise ResidError(
@@ -83,6 +146,12 @@ class StateStore:
                 "start over."
             )
         return tensors, {k: v for k, v in metadata.items() if k not in ("format", "settings")}
+
+    def damaged(self, detail: str) -> ResidError:
+        """The error for a checkpoint in this folder that cannot be resumed: what is wrong, and what to do."""
+        return ResidError(f"The {self.what} checkpoint {self.path} cannot be resumed: {detail}. Delete it (or choose "
+                          "another folder) to start over (resid writes a checkpoint whole and finite: this one was "
+                          "damaged or changed since).")
 
     def save(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
         """Write the state atomically (the previous one stays until the new one is whole); the file's path."""

@@ -38,10 +38,16 @@ in this process, where the translators live. With `execution.out` it writes a ch
 checkpoints, format "resid.tuned_lens.checkpoint": the translators, SGD's momentum buffers, and in its metadata the
 steps done and the losses so far) every `checkpoint_every` steps and at the end; rerunning with the same arguments
 resumes from it with the same data order, to the run never stopped. The bar shows tokens/s and the step's KL.
+
+Nothing non-finite is trained on or kept: each step checks its losses and gradients before SGD touches the
+translators (one sum per tensor, one synchronisation), a checkpoint and the answer check the translators and
+momentum buffers, and a checkpoint that does not fit the run (a missing tensor, another shape, a step that is not a
+count, losses that are not numbers) is refused by name (resid.analyses.io.checkpoints).
 """
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,6 +60,7 @@ from torch import Tensor
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.executor import Job
 from resid.analyses.distributed.steps import StepJob, drive_steps
+from resid.analyses.io.checkpoints import DamagedState, count, expect
 from resid.analyses.lenses import data
 from resid.analyses.lenses.formats import unembed_hash
 from resid.analyses.lenses.kl import Scratch, final_distribution, kl_and_input_grad, kl_from_final
@@ -67,6 +74,9 @@ from resid.stream import EVERY
 
 CHUNK_ELEMENTS = 2**24  # tokens per readout call: at most this many logits ([chunk d_vocab] float32 is 64 MiB)
 FORWARD_TOKENS = 2048  # default tokens per forward pass of the model (batch_size windows of seq_len)
+# the gradients are clipped to norm `clip` (1.0) and SGD's momentum multiplies a step by about 1 / (1 - momentum),
+# so lr_scale 1 moves the translators by up to ~1 per step; a thousand times that only overflows them
+MAX_LR_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,18 @@ class Recipe:
             problems.append(f"{param('every', self.every)} must be one of {EVERY}")
         if not 0 <= self.warmup_steps < self.steps:
             problems.append(f"warmup_steps={self.warmup_steps} must be in 0..steps-1")
+        for name, need, ok in (
+                ("lr_scale", f"positive and at most {MAX_LR_SCALE:g} (the learning rate is lr_scale x 0.1 with the "
+                 "gradient clipped to norm 1; larger steps only overflow the translators)",
+                 lambda v: 0 < v <= MAX_LR_SCALE),
+                ("momentum", "in [0, 1)", lambda v: 0 <= v < 1),
+                ("weight_decay", "zero or more", lambda v: v >= 0),
+                ("clip", "positive", lambda v: v > 0)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                problems.append(f"{param(name, value)} must be a finite number, {need}")
+            elif not ok(value):
+                problems.append(f"{param(name, value)} must be {need}")
         if problems:
             raise ResidError("Invalid Recipe: " + "; ".join(problems) + ".")
 
@@ -217,10 +239,53 @@ class LensJob(StepJob):
         return self._settings
 
     def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
-        self._load(int(metadata["step"]), tensors["weight"], tensors.get("bias"), tensors.get("momentum_weight"),
-                   tensors.get("momentum_bias"), json.loads(metadata["losses"]))
+        step = count(metadata, "step", self.steps)
+        leaves = {"weight": self.weight, **({"bias": self.bias} if self.bias is not None else {})}
+        if step > 0:  # SGD's momentum buffers exist from the first step on
+            leaves.update({f"momentum_{name}": leaf for name, leaf in list(leaves.items())})
+        found = {name: expect(tensors, name, leaf.detach().cpu()) for name, leaf in leaves.items()}
+        extra = sorted(set(tensors) - set(found))
+        if extra:
+            raise DamagedState(f"it has tensors this lens does not ({', '.join(extra[:4])})")
+        try:
+            losses = json.loads(metadata.get("losses", ""))
+        except ValueError:
+            raise DamagedState("its metadata's 'losses' are not JSON") from None
+        if not (isinstance(losses, list) and len(losses) == step and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in losses)):
+            raise DamagedState(f"its metadata's 'losses' are not the {step} finite numbers of its {step} steps")
+        self._load(step, found["weight"], found.get("bias"), found.get("momentum_weight"),
+                   found.get("momentum_bias"), losses)
+
+    def _non_finite(self, gradients: bool = False) -> str | None:
+        """The first translator weight, bias or momentum buffer (or gradient) holding a NaN or an infinity, named
+        with its site; None if none."""
+        parts = [("weight", self.weight), ("bias", self.bias)]
+        for leaf_name, leaf in list(parts):
+            buffer = None if leaf is None else self.optimizer.state.get(leaf, {}).get("momentum_buffer")
+            parts.append((f"SGD's momentum of the {leaf_name}", buffer))
+            if gradients:
+                parts.append((f"the gradient of the {leaf_name}", None if leaf is None else leaf.grad))
+        for name, tensor in parts:
+            if tensor is None:
+                continue
+            bad = ~tensor.detach().isfinite().flatten(1).all(1)  # [site]
+            if bool(bad.any()):
+                return f"{name} of the translator at {self.sites[int(bad.nonzero()[0])].label}"
+        return None
+
+    def _error(self, culprit: str) -> ResidError:
+        return ResidError(
+            f"Tuned-lens training stopped in step {self.step + 1} of {self.steps}: {culprit} is not finite (NaN or "
+            "infinite), so the lens would be NaN; nothing of this step was kept, and a checkpoint holds the last "
+            f"good state. Lower the learning rate ({param('lr_scale', self.recipe.lr_scale)}; try 10x lower) and "
+            "start over (a checkpoint of other settings is not resumed: delete it or choose another folder)."
+        )
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        culprit = self._non_finite()
+        if culprit is not None:  # never checkpointed: the last good checkpoint stays
+            raise self._error(culprit)
         def momentum(leaf: Tensor | None) -> Tensor | None:
             buffer = None if leaf is None else self.optimizer.state.get(leaf, {}).get("momentum_buffer")
             return None if buffer is None else buffer.detach()
@@ -251,6 +316,14 @@ class LensJob(StepJob):
         self._forwards += 1
         if self._forwards < -(-recipe.windows_per_step // self.batch_size):
             return
+        # a NaN or an infinity makes the sum non-finite (one cheap pass per tensor); then the exact check names it
+        total = self._step_losses.sum() + sum(leaf.grad.sum() for leaf in self.leaves)
+        flags = None if math.isfinite(float(total)) else \
+            torch.stack([self._step_losses.isfinite().all(), *(leaf.grad.isfinite().all() for leaf in self.leaves)])
+        if flags is not None and not bool(flags.all()):  # before SGD: the translators stay those of the last step
+            bad = (~self._step_losses.isfinite()).nonzero()
+            loss = f"the KL at {self.sites[int(bad[0])].label}" if len(bad) else None
+            raise self._error(self._non_finite(gradients=True) or loss or "a gradient")
         torch.nn.utils.clip_grad_norm_(self.leaves, recipe.clip)
         for group in self.optimizer.param_groups:
             group["lr"] = recipe.lr(self.step)
@@ -265,6 +338,9 @@ class LensJob(StepJob):
             self.on_step(self.step - 1, self.losses[-1])  # the 0-based index of the step just done
 
     def finish(self, out: Path | None) -> TunedLens:
+        culprit = self._non_finite()
+        if culprit is not None:
+            raise self._error(culprit)
         weight = self.weight.detach().cpu()
         bias = None if self.bias is None else self.bias.detach().cpu()
         info = {"model": self.model.name, "unembed_hash": self._settings["unembed_hash"],

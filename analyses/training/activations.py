@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from resid.analyses.corpus_windows import Window, batch_tokens
 from resid.analyses.corpus_windows import windows as cut_windows
@@ -84,6 +85,7 @@ class BlockJob(Job):
     autocast: bool
     max_norm_ratio: float | None
     device: str | None  # where the block is made (None: the model's device)
+    progress: bool = False  # a bar of the buffer filling (in process: training waits on it)
 
     name = "activations"
     unit = "tok"
@@ -107,8 +109,11 @@ class BlockJob(Job):
         total = sum(len(w) - (not self.keep_bos) for w in chunk)
         found = {p: torch.empty(total, width(p, model.config), device=device) for p in self.points}
         filled = 0
+        bar = tqdm(total=sum(len(w) for w in chunk), unit="tok", unit_scale=True, leave=False,
+                   desc=f"filling the activation buffer ({block.index + 1})", disable=not self.progress)
         for start, end in forward_batches([len(w) for w in chunk], self.forward_batch * self.window):
             part = chunk[start:end]
+            bar.update(sum(len(w) for w in part))
             tokens = batch_tokens(part, self.pad, model.device)[0]
             valid = training_positions(tokens, self.keep_bos)
             with torch.autocast(model.device.type, torch.bfloat16, enabled=self.autocast):
@@ -117,6 +122,7 @@ class BlockJob(Job):
             for point in self.points:
                 found[point][filled:filled + n] = read(run, model, point)[valid]
             filled += n
+        bar.close()
         keep = torch.ones(total, dtype=torch.bool, device=device)
         if self.max_norm_ratio is not None:
             for tensor in found.values():
@@ -172,10 +178,11 @@ class Activations:
     def width(self, point: HookPoint) -> int:
         return width(point, self.model.config)
 
-    def job(self, device: torch.device | str | None = None) -> BlockJob:
-        """The BlockJob that makes this plan's blocks on `device` (None: each worker's model's device)."""
+    def job(self, device: torch.device | str | None = None, progress: bool = False) -> BlockJob:
+        """The BlockJob that makes this plan's blocks on `device` (None: each worker's model's device); progress: a
+        bar of each buffer filling."""
         return BlockJob(tuple(self.points), self.pad, self.window, self.forward_batch, self.keep_bos, self.seed,
-                        self.autocast, self.max_norm_ratio, None if device is None else str(device))
+                        self.autocast, self.max_norm_ratio, None if device is None else str(device), progress)
 
     def blocks(self, start: int = 0) -> Iterator[Block]:
         """Every block from `start` on, endlessly (the corpus repeats, in a new order each epoch)."""

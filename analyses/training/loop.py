@@ -37,18 +37,23 @@ from torch import Tensor
 
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.steps import StepJob, drive_steps
+from resid.analyses.io import checkpoints
 from resid.analyses.io import corpus as corpora
-from resid.analyses.training.activations import Activations, BlockJob, Position, batches
+from resid.analyses.io.checkpoints import DamagedState, count
+from resid.analyses.training.activations import Activations, BlockJob, Position, available_bytes, batches
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Stats, Trainer
 from resid.dictionaries import Dictionary, check
 from resid.dictionaries.formats import saelens
-from resid.dictionaries.hooks import HookPoint, point_of
-from resid.errors import ResidError
+from resid.dictionaries.hooks import HookPoint, point_of, width
+from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
 
 FORWARD_BATCH = 8  # windows per forward pass when Execution.batch_size is "auto"
+# buffer_tokens="auto": a quarter of the free memory (the dictionaries, their Adam state and the model need the rest),
+# at least one batch, at most 2^16 tokens (SAELens's and sparsify's buffers are of this order; more shuffles no better)
+BUFFER_SHARE, BUFFER_MOST = 0.25, 2**16
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ def train(
     execution: Execution | None = None,
     checkpoint_every: int = 100,
     window: int = 256,
-    buffer_tokens: int = 2**16,
+    buffer_tokens: int | str = "auto",
     keep_bos: bool = False,
     device: torch.device | str | None = None,
     autocast: bool = False,
@@ -117,7 +122,9 @@ def train(
     of documents or a .txt / .jsonl path) as `recipe` says; see the module docstring. execution: how the job runs
     (resid.analyses.Execution): `out` the folder of the checkpoint and the SAELens folders, `batch_size` windows per
     forward pass ("auto": FORWARD_BATCH), `executor` / `workers` where the activations are made, `progress` the bar.
-    device: where the dictionaries train (default: the model's). autocast: the model's forward under bf16 autocast;
+    buffer_tokens: training tokens per shuffling buffer ("auto": buffer_size, sized from the free memory, or the
+    resumed checkpoint's). device: where the dictionaries train (default: the model's). autocast: the model's
+    forward under bf16 autocast;
     max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). on_step(step, stats per
     dictionary) after each step (and its checkpoint)."""
     execution = as_execution(execution)
@@ -127,10 +134,29 @@ def train(
     if execution.out is not None and recipe.activation == "topk" and any(s.site_out is not None for s in specs):
         raise ResidError("SAELens's format, which the trained dictionaries are saved in, has no TopK transcoder: train "
                          "transcoders with activation='batchtopk' (saved as JumpReLU), 'jumprelu' or 'relu'.")
+    if buffer_tokens == "auto":
+        buffer_tokens = buffer_size(model, specs, recipe.batch_size, execution.out, device)
     job = TrainingJob(model, corpora.load(corpus), specs, recipe, window,
                       FORWARD_BATCH if execution.batch_size == "auto" else execution.batch_size, buffer_tokens,
                       keep_bos, device, autocast, max_norm_ratio, on_step)
     return drive_steps(model, job, execution, checkpoint_every)
+
+
+def buffer_size(model: Transformer, specs: Sequence[Spec | Site | str], batch_size: int,
+                out: str | Path | None = None, device: torch.device | str | None = None) -> int:
+    """The shuffling buffer's tokens when none is given: the checkpoint's in `out` when there is one (a resumed run
+    must cut its blocks as before), else BUFFER_SHARE of the memory free on the training device over the float32
+    width of every tensor read, between one batch and BUFFER_MOST tokens."""
+    saved = checkpoints.saved_settings(out) if out is not None else None
+    if saved is not None and isinstance(saved.get("buffer_tokens"), int) and saved["buffer_tokens"] > 0:
+        return saved["buffer_tokens"]
+    specs = [s if isinstance(s, Spec) else Spec(s) for s in specs]
+    points = {p for s in specs for p in s.points(model) if p is not None}
+    per_token = 4 * sum(width(p, model.config) for p in points)
+    free = available_bytes(torch.device(device) if device is not None else model.device)
+    if free is None:
+        return BUFFER_MOST
+    return max(batch_size, min(BUFFER_MOST, int(BUFFER_SHARE * free / per_token)))
 
 
 class TrainingJob(StepJob):
@@ -152,11 +178,15 @@ class TrainingJob(StepJob):
         if len(set(self.names)) < len(self.names):
             raise ResidError(f"Two dictionaries are named alike ({self.names}): give each Spec its own name.")
         points = [p for pair in self.pairs for p in pair if p is not None]
+        labels = [f"{name} (reading {s.site_in.label})" for name, s in zip(self.names, specs)]
+        _check_sizes(model, recipe, self.pairs, labels, torch.device(device) if device is not None else model.device)
         self.source = Activations(model, texts, points, recipe.batch_size, window, forward_batch, buffer_tokens,
                                   keep_bos, recipe.seed, device, autocast, max_norm_ratio)
         self.trainers = [Trainer.new(recipe, self.source.width(p_in), self.source.width(p_out or p_in),
                                      transcoder=p_out is not None, skip=s.skip, device=self.source.device)
                          for s, (p_in, p_out) in zip(specs, self.pairs)]
+        for trainer, label in zip(self.trainers, labels):
+            trainer.label = label
         self._settings = {"model": model.name, "specs": [s.settings() for s in specs], "recipe": asdict(recipe),
                           "data": _fingerprint(self.source), "window": window, "forward_batch": forward_batch,
                           "buffer_tokens": buffer_tokens, "keep_bos": keep_bos, "autocast": autocast,
@@ -175,23 +205,34 @@ class TrainingJob(StepJob):
         return [{**self._settings, "specs": specs}]
 
     def restore(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
-        states: list[dict[str, Tensor]] = [{} for _ in range(int(metadata["dictionaries"]))]
+        n = count(metadata, "dictionaries")
+        if n != len(self.trainers):
+            raise DamagedState(f"it holds {n} dictionaries where the run trains {len(self.trainers)}")
+        states: list[dict[str, Tensor]] = [{} for _ in range(n)]
         for name, tensor in tensors.items():
-            index, rest = name.split(".", 1)
+            index, _, rest = name.partition(".")
+            if not (index.isascii() and index.isdigit() and int(index) < n):
+                raise DamagedState(f"its tensor {name!r} belongs to none of the {n} dictionaries")
             states[int(index)][rest] = tensor
-        self.step = int(metadata["step"])
-        self.position = Position(int(metadata["block"]), int(metadata["batch"]))
-        for trainer, state in zip(self.trainers, states):
-            trainer.restore(state, self.step)
+        self.step = count(metadata, "step", self.steps)
+        self.position = Position(count(metadata, "block"), count(metadata, "batch"))
+        for i, (trainer, state) in enumerate(zip(self.trainers, states)):
+            try:
+                trainer.restore(state, self.step)
+            except DamagedState as error:  # name the tensor as the file does
+                raise DamagedState(str(error).replace("'", f"'{i}.", 1)) from None
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        for trainer in self.trainers:  # a NaN is never checkpointed: the last good checkpoint stays
+            trainer.check_finite()
         tensors = {f"{i}.{name}": t for i, trainer in enumerate(self.trainers) for name, t in trainer.state().items()}
         metadata = {"step": str(self.step), "block": str(self.position.block), "batch": str(self.position.batch),
                     "dictionaries": str(len(self.trainers))}
         return tensors, metadata
 
     def feed(self, remote: bool) -> BlockJob:
-        return self.source.job(None if remote else self.source.device)
+        # in process, the buffer's filling has its own bar (minutes on a CPU before the first step)
+        return self.source.job(None if remote else self.source.device, progress=self.shows_progress and not remote)
 
     def chunks(self) -> Iterator:
         return self.source.blocks(self.position.block)
@@ -219,6 +260,8 @@ class TrainingJob(StepJob):
                 "keep_bos": self.source.keep_bos, "autocast": self.source.autocast,
                 "max_norm_ratio": self.source.max_norm_ratio, "trainer": "resid.analyses.training"}
         found = []
+        for trainer in self.trainers:  # never a NaN dictionary, with or without checkpoints
+            trainer.check_finite()
         for trainer, (p_in, p_out), name in zip(self.trainers, self.pairs, self.names):
             d = trainer.coder.dictionary(p_in.name, None if p_out is None else p_out.name, name=name,
                                          model_name=self.model.name, metadata=info)
@@ -227,6 +270,27 @@ class TrainingJob(StepJob):
             for d in found:
                 saelens.write(d, Path(out) / _folder_name(d.name))
         return [d.to(self.model.device) for d in found]  # where the model runs them (trained on a GPU: there)
+
+
+def _check_sizes(model: Transformer, recipe: Recipe, pairs: list, labels: list[str], device: torch.device) -> None:
+    """k below every d_sae, and the dictionaries with their gradients, Adam's two moments and a batch's activations
+    within the free memory of `device`: refused before anything is allocated, saying what fits."""
+    sizes = [(width(p_in, model.config), width(p_out or p_in, model.config)) for p_in, p_out in pairs]
+    d_saes = [recipe.check_width(d_in, label) for (d_in, _), label in zip(sizes, labels)]
+    # per feature: its encoder column, decoder row and bias, 4 copies (weights, gradients, 2 moments) of 4 bytes, and
+    # its activations in a batch (pre-activations, activations, their gradient), 4 bytes each
+    per_feature = [16 * (d_in + d_out + 1) + 12 * recipe.batch_size for d_in, d_out in sizes]
+    need = sum(f * d for f, d in zip(per_feature, d_saes))
+    free = available_bytes(device)
+    if free is not None and need > 0.8 * free:
+        fit = int(0.8 * free / sum(per_feature))
+        given = param("d_sae", recipe.d_sae) if recipe.d_sae is not None else param("expansion", recipe.expansion)
+        raise ResidError(
+            f"{len(d_saes)} dictionar{'y' if len(d_saes) == 1 else 'ies'} of {max(d_saes):,} features ({given}) "
+            f"need{'s' if len(d_saes) == 1 else ''} {need / 2**30:,.1f} GiB for their weights, gradients, Adam's "
+            f"moments and a batch's activations, more than the {free / 2**30:.1f} GiB free on {device}: at most "
+            f"{fit:,} features per dictionary fit "
+            "here; lower the width, the batch, or train fewer dictionaries per run.")
 
 
 def _fingerprint(source: Activations) -> str:

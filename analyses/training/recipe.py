@@ -25,6 +25,13 @@ KINDS = ("relu", "topk", "batchtopk", "jumprelu")
 BDecInit = Literal["geometric_median", "mean", "zeros"]
 Normalize = Literal["none", "constant_norm_rescale", "expected_average_only_in"]
 NORMALIZE = ("none", "constant_norm_rescale", "expected_average_only_in")
+# Adam moves every weight by about lr per step whatever the gradient's size, so an lr of 1 already moves a unit-norm
+# decoder row by its whole length each step; the recipes' defaults are 1e-4 to 1e-3 (2e-4 / sqrt(d_sae / 2^14))
+MAX_LR = 1.0
+# the real-valued settings: (name, what they must be); a NaN or an infinity in any of them trains a NaN dictionary
+NON_NEGATIVE = ("l1_coefficient", "l0_coefficient", "auxk_alpha")
+POSITIVE = ("bandwidth", "init_threshold")
+POSITIVE_OR_NONE = ("clip", "decoder_init_norm")
 
 
 @dataclass(frozen=True)
@@ -76,14 +83,57 @@ class Recipe:
             problems.append(f"{param('b_dec_init', self.b_dec_init)} must be geometric_median, mean or zeros")
         if self.normalize not in NORMALIZE:
             problems.append(f"{param('normalize', self.normalize)} must be one of {', '.join(NORMALIZE)}")
-        if self.lr is not None and not self.lr > 0:
-            problems.append(f"{param('lr', self.lr)} must be positive")
+        if self.d_sae is not None and isinstance(self.k, int) and self.activation in ("topk", "batchtopk") \
+                and self.k >= self.d_sae:
+            problems.append(f"{param('k', self.k)} must be less than {param('d_sae', self.d_sae)} (k of the d_sae "
+                            "features fire per token)")
+        problems += self._real_problems()
         if problems:
             raise ResidError("Invalid Recipe: " + "; ".join(problems) + ".")
+
+    def _real_problems(self) -> list[str]:
+        """The real-valued settings that are not finite numbers in their range."""
+        problems = []
+
+        def real(name: str, value: object, need: str, ok: bool) -> None:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value):
+                problems.append(f"{param(name, value)} must be a finite number, {need}")
+            elif not ok:
+                problems.append(f"{param(name, value)} must be {need}")
+
+        for name in NON_NEGATIVE:
+            value = getattr(self, name)
+            real(name, value, "zero or more", isinstance(value, (int, float)) and value >= 0)
+        for name in POSITIVE:
+            value = getattr(self, name)
+            real(name, value, "positive", isinstance(value, (int, float)) and value > 0)
+        for name in POSITIVE_OR_NONE:
+            value = getattr(self, name)
+            if value is not None:
+                real(name, value, "positive, or None", isinstance(value, (int, float)) and value > 0)
+        beta = self.threshold_beta
+        real("threshold_beta", beta, "in [0, 1)", isinstance(beta, (int, float)) and 0 <= beta < 1)
+        if self.lr is not None:
+            real("lr", self.lr, f"positive and at most {MAX_LR:g} (Adam moves every weight by about lr per step "
+                 "whatever the gradient, so a larger one overflows the weights; the recipes' defaults are 1e-4 to "
+                 "1e-3)",
+                 isinstance(self.lr, (int, float)) and 0 < self.lr <= MAX_LR)
+        return problems
 
     def width(self, d_in: int) -> int:
         """d_sae for an input of width d_in."""
         return self.d_sae if self.d_sae is not None else self.expansion * d_in
+
+    def check_width(self, d_in: int, what: str) -> int:
+        """d_sae for an input of width d_in, checked against k (`what` names the input in the message)."""
+        d_sae = self.width(d_in)
+        if self.activation in ("topk", "batchtopk") and self.k >= d_sae:
+            via = param("d_sae", d_sae) if self.d_sae is not None else \
+                f"{param('expansion', self.expansion)} x its input's width {d_in}"
+            raise ResidError(f"{param('k', self.k)} must be less than the {d_sae} features of the dictionary {what}, "
+                             f"{via}: k of them fire per token. Lower k below {d_sae}, or widen the dictionary.")
+        return d_sae
 
     def default_lr(self, d_sae: int) -> float:
         """sparsify / dictionary_learning (topk, batchtopk): 2e-4 / sqrt(d_sae / 2^14), Gao et al.'s scaling law;

@@ -6,21 +6,28 @@
 
 `fit(trainer, batches)` runs the steps from a tensor of activations (synthetic data, tests). The model's
 activations are fed by resid.analyses.training.loop, which trains several dictionaries from one forward pass.
+
+Nothing non-finite is ever trained on or kept: every step checks its loss and gradients (one sum per tensor and one
+synchronisation, before Adam touches the weights) and `check_finite` checks the whole state (weights,
+buffers, Adam's moments) when it is checkpointed or exported. The first non-finite value stops training with a
+ResidError naming the step, the dictionary (`label`) and the tensor, and the weights stay those of the step before.
 """
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from resid.analyses.io.checkpoints import DamagedState, expect
 from resid.analyses.training.batchtopk import BatchTopKCoder
 from resid.analyses.training.coder import Coder
 from resid.analyses.training.jumprelu import JumpReLUCoder
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.relu import ReLUCoder
 from resid.analyses.training.topk import TopKCoder
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 
 CODERS = {"relu": ReLUCoder, "topk": TopKCoder, "batchtopk": BatchTopKCoder, "jumprelu": JumpReLUCoder}
 BETAS = (0.9, 0.999)  # Adam's, in every library followed
@@ -44,6 +51,7 @@ class Trainer:
                                           betas=BETAS)
         self.base_lr = self.recipe.default_lr(coder.d_sae)
         self.steps_done = 0
+        self.label = "the dictionary"  # how messages name it (the training loop: its name and Site)
 
     @classmethod
     def new(cls, recipe: Recipe, d_in: int, d_out: int | None = None, transcoder: bool = False, skip: bool = False,
@@ -64,6 +72,7 @@ class Trainer:
         x, y = coder.normalise(x, y)
         loss, acts, y_hat = coder.loss(x, y, step)
         loss.backward()
+        self._check_step(loss, step)
         coder.before_step()
         if self.recipe.clip is not None:
             torch.nn.utils.clip_grad_norm_(coder.parameters(), self.recipe.clip)
@@ -80,28 +89,87 @@ class Trainer:
         self.steps_done += 1
         return stats
 
+    # --- the non-finite checks -----------------------------------------------------------------------------
+    def _check_step(self, loss: Tensor, step: int) -> None:
+        """Stop before the optimizer step if the loss or a gradient is not finite: one sum per tensor, one
+        synchronisation. A cause found among the weights (put there by an earlier step) is named
+        before the loss it made."""
+        grads = [p.grad for p in self.coder.parameters() if p.grad is not None]
+        # A NaN or an infinity anywhere makes the sum non-finite: one summing pass per tensor (isfinite().all() costs
+        # several, a tenth of a CPU step), and the exact check only when the sum says so (finite values whose sum
+        # overflows are not stopped)
+        if math.isfinite(float(loss.detach() + sum(g.sum() for g in grads))):
+            return
+        flags = torch.stack([torch.isfinite(loss.detach()), *(g.isfinite().all() for g in grads)])
+        if bool(flags.all()):
+            return
+        names = [n for n, p in self.coder.named_parameters() if p.grad is not None]
+        culprit = self._first_non_finite() or ("the loss" if not bool(flags[0]) else
+                                                f"the gradient of {names[int((~flags[1:]).nonzero()[0])]}")
+        raise self._error(step, culprit)
+
+    def _first_non_finite(self) -> str | None:
+        """The first of the weights, buffers and Adam moments holding a NaN or an infinity, by name; None if none."""
+        names = {id(p): n for n, p in self.coder.named_parameters()}
+        tensors = [*self.coder.state_dict().items(),
+                   *((f"Adam's {key} of {names[id(p)]}", v) for p, state in self.optimizer.state.items()
+                     for key, v in state.items())]
+        for name, tensor in tensors:  # on their device: no copies
+            if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+                return name
+        return None
+
+    def check_finite(self) -> None:
+        """Refuse a state holding a NaN or an infinity (before it is checkpointed or exported)."""
+        culprit = self._first_non_finite()
+        if culprit is not None:
+            raise self._error(self.steps_done - 1, culprit)
+
+    def _error(self, step: int, culprit: str) -> ResidError:
+        recipe = self.recipe
+        return ResidError(
+            f"Training stopped in step {step + 1} of {recipe.steps}: {culprit} of {self.label} is not finite (NaN or "
+            f"infinite), so the dictionary would be NaN; nothing of this step was kept, and a checkpoint holds the "
+            f"last good state. Usually the learning rate is too high for these activations "
+            f"({param('lr', self.base_lr)}; try 10x lower) or a sparsity coefficient is too large; change it and "
+            f"start over (a checkpoint of other settings is not resumed: delete it or choose another folder)."
+        )
+
     # --- checkpoints -----------------------------------------------------------------------------------------
     def state(self) -> dict[str, Tensor]:
         """Every tensor a resumed run needs: parameters, buffers, Adam's moments and step counts."""
         tensors = {f"coder.{k}": v.detach().cpu() for k, v in self.coder.state_dict().items()}
         names = {id(p): n for n, p in self.coder.named_parameters()}
-        for param, state in self.optimizer.state.items():
+        for weight, state in self.optimizer.state.items():
             for key, value in state.items():
-                tensors[f"adam.{names[id(param)]}.{key}"] = torch.as_tensor(value).detach().cpu()
+                tensors[f"adam.{names[id(weight)]}.{key}"] = torch.as_tensor(value).detach().cpu()
         return tensors
 
     def restore(self, tensors: dict[str, Tensor], steps_done: int) -> None:
+        """Take up a saved state(), each tensor checked against this trainer's own (a DamagedState naming the first
+        that is missing or of another shape or dtype, or one the state should not have)."""
         device = next(self.coder.parameters()).device
-        state = {k[len("coder."):]: v for k, v in tensors.items() if k.startswith("coder.")}
-        for name in ("in_scale", "out_scale"):  # checkpoints from before expected-average normalisation: unscaled
-            state.setdefault(name, torch.ones(()))
+        state = {}
+        for name, like in self.coder.state_dict().items():
+            if name in ("in_scale", "out_scale") and f"coder.{name}" not in tensors:
+                state[name] = torch.ones(())  # checkpoints from before expected-average normalisation: unscaled
+            else:
+                state[name] = expect(tensors, f"coder.{name}", like)
+        adam = {}
+        for name, weight in self.coder.named_parameters():
+            likes = {"step": torch.zeros(()), "exp_avg": weight, "exp_avg_sq": weight}
+            if steps_done == 0 and not any(f"adam.{name}.{key}" in tensors for key in likes):
+                continue  # saved before the first step: Adam has no state yet
+            adam[weight] = {key: expect(tensors, f"adam.{name}.{key}", like) for key, like in likes.items()}
+        known = {f"coder.{name}" for name in state} | {f"adam.{n}.{key}" for n, _ in self.coder.named_parameters()
+                                                       for key in ("step", "exp_avg", "exp_avg_sq")}
+        extra = sorted(set(tensors) - known)
+        if extra:
+            raise DamagedState(f"it has tensors this dictionary does not ({', '.join(extra[:4])})")
         self.coder.load_state_dict(state)
-        for name, param in self.coder.named_parameters():
-            state = {key: tensors[f"adam.{name}.{key}"].to(device) for key in ("step", "exp_avg", "exp_avg_sq")
-                     if f"adam.{name}.{key}" in tensors}
-            if state:
-                state["step"] = state["step"].cpu()  # Adam keeps its step count on the CPU unless fused/capturable
-                self.optimizer.state[param] = state
+        for weight, saved in adam.items():
+            # Adam keeps its step count on the CPU unless fused/capturable
+            self.optimizer.state[weight] = {key: v.cpu() if key == "step" else v.to(device) for key, v in saved.items()}
         self.steps_done = steps_done
 
 

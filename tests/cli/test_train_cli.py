@@ -39,7 +39,7 @@ def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None
               "--expansion", "2"]
     out = Path(setup["root"]) / "sae"
     printed = _run(["train-sae", "--layers", "0,1", "--out", str(out), *common], capsys)
-    assert "trained 2 topk SAE(s)" in printed and "ce\\_loss\\_recovered" in printed
+    assert "trained 2 topk SAE(s)" in printed and "ce_loss_recovered" in printed and "\\_" not in printed
     model = resid.load(setup["model"])
     for layer in (0, 1):
         sae = resid.dictionaries.load(out / f"blocks.{layer}.hook_resid_post", model)

@@ -14,6 +14,7 @@ before SAELens 6 keep hook_name (or hook_point), model_name, activation_fn(_str)
 """
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -209,6 +210,9 @@ def write(dictionary: Dictionary | CrossLayerTranscoder, folder: Path) -> Path:
     if dictionary.W_skip is not None:
         tensors["W_skip"] = dictionary.W_skip.T
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS))
+    mask = os.umask(0o022)  # safetensors makes the file 0600: give it the user's umask, as cfg.json has (read by
+    os.umask(mask)          # setting it, and set straight back)
+    os.chmod(folder / WEIGHTS, 0o666 & ~mask)
     metadata = {k: v for k, v in dictionary.metadata.items() if k not in ("architecture",)}
     # SAELens 6's layout: without a version SAELens would read the file as a pre-6 one
     metadata.update(model_name=dictionary.model_name, sae_lens_version="6.0.0",
