@@ -4,6 +4,8 @@ against the model they are applied to.
 
     import resid.dictionaries
     sae = resid.dictionaries.load("path/to/sae_folder", model)     # or a Hub id (needs the network once)
+    sae = resid.dictionaries.load("gemma-scope-2b-pt-res-canonical", sae_id="layer_12/width_16k/canonical",
+                                  model=model)                     # SAELens's names (resid.dictionaries.releases)
     acts, reconstruction = sae(x)                                  # x: [... d_in], acts: [... feature]
     sae.site_in                                                    # the resid Site its hook reads
     run = model.run(prompts, dictionaries=[sae, Splice(transcoder)])  # observe one, splice the other

@@ -1,4 +1,5 @@
-"""resid.dictionaries.load(path_or_hub_id, model=None): detect a dictionary folder's format, read it, and check it
+"""resid.dictionaries.load(path_or_hub_id, model=None), or load(release, sae_id=..., model=None) with SAELens's
+names: detect a dictionary folder's format, read it, and check it
 against the model it will be applied to.
 
 Formats, told apart by the files a folder holds:
@@ -17,13 +18,15 @@ Formats, told apart by the files a folder holds:
                                             per dictionary)
 
 A Hugging Face Hub id ("owner/repo" or "owner/repo/sub/folder") is downloaded into the Hub cache and read the same
-way (it needs the network once; offline, a clear error).
+way (it needs the network once; offline, a clear error). A SAELens release name with `sae_id=` (what SAELens's
+SAE.from_pretrained(release, sae_id) takes) is resolved to its Hub repo and folder by resid.dictionaries.releases,
+then downloaded and read the same way.
 """
 
 import re
 from pathlib import Path
 
-from resid.dictionaries import hub
+from resid.dictionaries import hub, releases
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
@@ -79,8 +82,8 @@ def _format(folder: Path) -> str | None:
     return None
 
 
-def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str | None = None,
-         norm_scaling_factor: float | None = None) -> Loaded:
+def load(path: str | Path, model=None, *, sae_id: str | None = None, hook: str | None = None,
+         hook_out: str | None = None, norm_scaling_factor: float | None = None) -> Loaded:
     """Read the dictionary (or set of dictionaries) at `path`, a local folder or a Hub id, and when `model` (a
     resid.Transformer) is given, check it against the model (resid.dictionaries.check), record the sites its
     hooks read and put it on the model's device. `hook` / `hook_out` name the hooks of a file that does not say
@@ -89,8 +92,20 @@ def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str
 
     A folder of dictionary folders (what `resid train-sae` and `resid train-transcoder` write into --out) gives a
     list: every subfolder's dictionaries, in natural order; a cross-layer transcoder is loaded from its own
-    folder."""
-    folder = _local(path)
+    folder.
+
+    With `sae_id`, `path` is a SAELens release name and the dictionary is the one SAELens's
+    SAE.from_pretrained(path, sae_id) loads: load("gemma-scope-2b-pt-res-canonical",
+    sae_id="layer_12/width_16k/canonical", model=model). The release's hook and norm_scaling_factor come from
+    SAELens's registry (resid.dictionaries.releases)."""
+    if isinstance(model, str):
+        raise ResidError(f"resid.dictionaries.load's second argument is the model; {model!r} is a string. For a "
+                         f"SAELens release pass the SAE's id by name: resid.dictionaries.load({str(path)!r}, "
+                         f"sae_id={model!r}, model=model).")
+    if sae_id is not None:
+        folder, hook, norm_scaling_factor = _release(str(path), sae_id, hook, norm_scaling_factor)
+    else:
+        folder = _local(path)
     fmt = detect(folder)
     if fmt == "folders":
         return _load_many(folder, model, hook, hook_out, norm_scaling_factor)
@@ -114,6 +129,21 @@ def load(path: str | Path, model=None, *, hook: str | None = None, hook_out: str
         elif isinstance(dictionary, Dictionary):
             _map_without_model(dictionary)
     return found
+
+
+def _release(release: str, sae_id: str, hook: str | None,
+             norm_scaling_factor: float | None) -> tuple[Path, str | None, float | None]:
+    """The Hub folder of `sae_id` in SAELens's `release`, with the hook and norm_scaling_factor its registry gives
+    (those passed win)."""
+    found = releases.resolve(release, sae_id)
+    if found.format not in releases.READABLE:
+        raise ResidError(f"{release} / {sae_id} is {found.path!r} in the Hub repo {found.repo_id}, a {found.format} "
+                         f"folder, which SAELens converts with its own loader and resid does not read (it reads "
+                         f"{', '.join(releases.READABLE)} releases); convert it with SAELens (SAE.from_pretrained, "
+                         "then save_model) and load that folder.")
+    folder = hub.folder(found.repo_id, found.path)
+    return folder, hook or found.hook, norm_scaling_factor if norm_scaling_factor is not None else \
+        found.norm_scaling_factor
 
 
 def _load_many(folder: Path, model, hook: str | None, hook_out: str | None,

@@ -94,6 +94,20 @@ def saelens_fixtures(out: Path) -> dict:
     manifest["saelens/legacy"] = _saelens_reference(
         out, "saelens/legacy", SAE.load_from_disk(folder), x, {},
         "weights by SAELens, cfg.json in SAELens 3-5's flat layout by hand; reference: SAE.load_from_disk")
+    # TopK with rescale_acts_by_decoder_norm=True, saved as trained (decoder norms not 1), then the same SAE after
+    # SAELens's fold_W_dec_norm (the flag stays set, the norms become 1): both compute the same. Their own
+    # generator, so that the fixtures above stay byte for byte what they were.
+    generator = torch.Generator().manual_seed(3)
+    sae = TopKSAE(TopKSAEConfig(**sae_kw("blocks.1.hook_resid_pre", k=4, rescale_acts_by_decoder_norm=True)))
+    randomize(sae, generator)
+    for name, note in (("topk_rescaled", "SAE.save_model"), ("topk_rescaled_folded", "fold_W_dec_norm, save_model")):
+        if name == "topk_rescaled_folded":
+            sae.fold_W_dec_norm()
+        sae.save_model(out / "saelens" / name)
+        manifest[f"saelens/{name}"] = _saelens_reference(
+            out, f"saelens/{name}", SAE.load_from_disk(out / "saelens" / name), x, {},
+            f"written by SAELens (TopKSAE, rescale_acts_by_decoder_norm=True, {note}); reference: "
+            "SAE.load_from_disk, then encode / decode")
     return manifest
 
 

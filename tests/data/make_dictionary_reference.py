@@ -4,6 +4,7 @@ library's own encode / decode of fixed inputs, the oracle of tests/dictionaries/
     python tests/data/make_dictionary_reference.py            # build the venv if needed, rewrite the fixtures
     python tests/data/make_dictionary_reference.py --check    # regenerate elsewhere, compare, write nothing
     .venv/bin/python tests/data/make_dictionary_reference.py --saelens-reads   # SAELens reads what resid writes
+    python tests/data/make_dictionary_reference.py --releases # rewrite resid/dictionaries/releases.json
 
 --saelens-reads (run with a Python that has resid) is the one mode that imports resid: it writes every fixture
 SAELens can express with resid.dictionaries.formats.saelens.write, with resid's own outputs beside them, and has
@@ -143,6 +144,37 @@ def saelens_compare(folder: Path) -> int:
     return bad
 
 
+# ----------------------------------------------------------------------------------------------------- releases
+# The main SAELens releases resid resolves without sae-lens installed (resid.dictionaries.releases): Gemma Scope 1's
+# canonical sets, Gemma Scope 2's res / mlp sets, GPT-2 small res-jb, Llama Scope
+RELEASES = r"^(gemma-scope-(2b|9b|27b)-(pt|it)-(res|mlp|att)-canonical|gemma-scope-2-[^-]+-(pt|it)-(res|mlp)" \
+           r"|gpt2-small-res-jb|llama_scope_lx[ram]_(8x|32x))$"
+
+
+def write_releases(registry: Path, out: Path) -> None:
+    """releases.json: the RELEASES entries of sae-lens's pretrained_saes.yaml, with the fields resid reads."""
+    import importlib.metadata as md
+    import re
+
+    import yaml
+
+    found = yaml.safe_load(registry.read_text())
+    keep = lambda sae: {k: sae[k] for k in ("id", "path", "norm_scaling_factor") if k in sae}  # noqa: E731
+    releases = {name: {"repo_id": entry["repo_id"], "model": entry.get("model"),
+                       "conversion_func": entry.get("conversion_func"), "saes": [keep(s) for s in entry["saes"]]}
+                for name, entry in sorted(found.items()) if re.match(RELEASES, name)}
+    source = (f"sae-lens=={md.version('sae-lens')} sae_lens/pretrained_saes.yaml (MIT licence, (c) Joseph Bloom; "
+              "https://github.com/decoderesearch/SAELens), the releases matching " + RELEASES)
+    lines = [f' "source": {json.dumps(source)},', ' "releases": {']
+    for i, (name, entry) in enumerate(releases.items()):  # one line per SAE: a reviewable diff when it changes
+        head = {k: v for k, v in entry.items() if k != "saes"}
+        saes = ",\n".join(f"   {json.dumps(s)}" for s in entry["saes"])
+        comma = "," if i < len(releases) - 1 else ""
+        lines.append(f'  {json.dumps(name)}: {json.dumps(head)[:-1]}, "saes": [\n{saes}\n  ]}}{comma}')
+    out.write_text("{\n" + "\n".join(lines) + "\n }\n}\n")
+    print(f"wrote {out}: {len(releases)} releases, {sum(len(e['saes']) for e in releases.values())} SAEs")
+
+
 # ------------------------------------------------------------------------------------------------------ compare
 def compare(new: Path, old: Path) -> list[str]:
     """Mismatches between two fixture trees' reference outputs (beyond TOLERANCE) and fixture lists."""
@@ -169,7 +201,17 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, nargs=2, help=argparse.SUPPRESS)  # in the venv: NEW OLD
     parser.add_argument("--saelens-reads", action="store_true", help="check that SAELens reads what resid writes")
     parser.add_argument("--saelens-compare", type=Path, help=argparse.SUPPRESS)  # in the venv: resid-written DIR
+    parser.add_argument("--releases", action="store_true", help="rewrite resid/dictionaries/releases.json")
+    parser.add_argument("--releases-inside", action="store_true", help=argparse.SUPPRESS)  # in the venv
     args = parser.parse_args()
+    if args.releases_inside:
+        import importlib.util
+
+        registry = Path(importlib.util.find_spec("sae_lens").submodule_search_locations[0]) / "pretrained_saes.yaml"
+        write_releases(registry, ROOT / "resid" / "dictionaries" / "releases.json")
+        return
+    if args.releases:
+        sys.exit(subprocess.run([str(ensure_venv()), __file__, "--releases-inside"]).returncode)
     if args.saelens_compare is not None:
         sys.exit(1 if saelens_compare(args.saelens_compare) else 0)
     if args.saelens_reads:

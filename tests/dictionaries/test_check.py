@@ -130,8 +130,8 @@ def test_unknown_and_missing_tensors_are_refused_by_name(tmp_path) -> None:
 
 def test_unsupported_settings_are_refused(tmp_path) -> None:
     folder = copy("saelens/topk", tmp_path)
-    edit_json(folder / "cfg.json", rescale_acts_by_decoder_norm=True)
-    with pytest.raises(resid.ResidError, match="rescale_acts_by_decoder_norm=True"):
+    edit_json(folder / "cfg.json", rescale_acts_by_decoder_norm=True, architecture="standard")
+    with pytest.raises(resid.ResidError, match="rescale_acts_by_decoder_norm=True is a setting of SAELens's TopK"):
         resid.dictionaries.load(folder)
     edit_json(folder / "cfg.json", rescale_acts_by_decoder_norm=False, architecture="matching_pursuit")
     with pytest.raises(resid.ResidError, match="architecture 'matching_pursuit' is not one resid computes"):

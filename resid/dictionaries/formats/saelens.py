@@ -8,6 +8,12 @@ Tensors (SAELens's own layout, no transposes except W_skip):
     W_skip [d_out d_in]  (skip transcoders: SAELens adds x @ W_skip.T; resid stores it as [d_in d_out])
     scaling_factor       (old files: all ones is dropped, as SAELens does; anything else is refused)
 
+TopK SAEs saved with rescale_acts_by_decoder_norm=True select their top k on the pre-activations times each
+feature's decoder norm and divide by that norm again before decoding (SAELens's TopKSAE.encode / decode); resid
+folds the norms into the weights at load, as SAELens's fold_W_dec_norm does (W_enc and b_enc times the norm, W_dec
+divided by it), which computes the same activations and reconstruction. A folder folded in SAELens keeps the flag
+with norms already 1, and folding again changes nothing.
+
 Architectures: standard -> relu, jumprelu -> jumprelu (BatchTopK SAEs are saved so), topk -> topk, gated ->
 gated, transcoder / skip_transcoder -> relu transcoders, jumprelu_transcoder / jumprelu_skip_transcoder. Files from
 before SAELens 6 keep hook_name (or hook_point), model_name, activation_fn(_str) at the top level.
@@ -96,6 +102,8 @@ def read(folder: Path, norm_scaling_factor: float | None = None) -> Dictionary:
     if normalize == "expected_average_only_in":
         found = _fold_scaling_factor(found, norm_scaling_factor, where)
         normalize = "none"
+    if activation == "topk" and cfg.get("rescale_acts_by_decoder_norm"):  # after the factor, as SAELens orders them
+        found = _fold_decoder_norms(found, folder / WEIGHTS)
     head = get("hook_head_index") if get("hook_head_index") is not None else get("hook_point_head_index")
     hook_in = get("hf_hook_name") or get("hook_name") or get("hook_point")
     hook_out = (get("hf_hook_name_out") or get("hook_name_out")) if transcoder else None
@@ -140,9 +148,10 @@ def _legacy_architecture(cfg: dict, where: str) -> str:
 
 
 def _refuse_unsupported(cfg: dict, where: str) -> None:
-    if cfg.get("rescale_acts_by_decoder_norm"):
-        raise ResidError(f"{where}: rescale_acts_by_decoder_norm=True (TopK on pre-activations times decoder norms) "
-                         "is not computed by resid yet; fold the decoder norms into the file first.")
+    if cfg.get("rescale_acts_by_decoder_norm") and cfg.get("architecture", "topk") != "topk":
+        raise ResidError(f"{where}: rescale_acts_by_decoder_norm=True is a setting of SAELens's TopK SAEs, but "
+                         f"architecture is {cfg['architecture']!r}; set it to false (SAELens ignores it there) or "
+                         "fix the architecture.")
     if cfg.get("finetuning_scaling_factor"):
         raise ResidError(f"{where}: finetuning_scaling_factor=True (an old SAELens fine-tuning scale) is not "
                          "computed by resid; re-save the SAE with a current SAELens.")
@@ -191,6 +200,23 @@ def _fold_scaling_factor(found: dict, factor: float | None, where: str) -> dict:
     folded["W_enc"] = found["W_enc"] * factor
     folded["W_dec"] = found["W_dec"] / factor
     folded["b_dec"] = found["b_dec"] / factor
+    return folded
+
+
+def _fold_decoder_norms(found: dict, path: Path) -> dict:
+    """rescale_acts_by_decoder_norm folded as SAELens's fold_W_dec_norm (_fold_norm_topk): the top k of
+    (x @ W_enc + b_enc) * |W_dec row| is the top k of x @ (W_enc * norm) + b_enc * norm, and the activations
+    divided by the norm times W_dec are the activations times W_dec / norm."""
+    norms = found["W_dec"].norm(dim=-1)  # [d_sae], in the file's dtype as SAELens computes it
+    if bool((norms == 0).any()):
+        dead = (norms == 0).nonzero().flatten().tolist()
+        raise ResidError(f"{path}: rescale_acts_by_decoder_norm=True, but W_dec rows {dead[:10]} are zero, so "
+                         "SAELens's decode divides by a zero norm (NaN reconstructions); drop those features or "
+                         "give them a decoder direction.")
+    folded = dict(found)
+    folded["W_enc"] = found["W_enc"] * norms
+    folded["b_enc"] = found["b_enc"] * norms
+    folded["W_dec"] = found["W_dec"] / norms[:, None]
     return folded
 
 
