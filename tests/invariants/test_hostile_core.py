@@ -1,0 +1,102 @@
+"""Hostile input to the core, the result tables, graphs, feature scans and their commands (issue 38): each case
+is one clear ResidError naming the file, field or option and what to do, never a traceback and never a
+silently wrong result. Grouped by surface; each group is one parametrized test."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import resid
+
+# A tiny Llama's config.json, as transformers 5 writes it. The checks run before any weight file is opened, so
+# the folders below hold config.json (and what a case adds) only.
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 48, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 50257,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+}
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+GEMMA2 = {
+    "model_type": "gemma2", "hidden_size": 48, "intermediate_size": 96, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 12, "num_hidden_layers": 2, "vocab_size": 50257,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 12, "sliding_window": 16,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+}
+GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+
+
+def _rope(**changes) -> dict:
+    return {"rope_parameters": {**LLAMA["rope_parameters"], **changes}}
+
+
+@pytest.mark.parametrize("base, changes, message", [
+    # a NaN or infinite rotary base loaded and gave finite logits 2-8 off; 0 became 10000; "abc" a traceback
+    (LLAMA, _rope(rope_theta=math.nan), "rope_parameters.rope_theta must be a finite positive number, but it is nan"),
+    (LLAMA, _rope(rope_theta=math.inf), "rope_parameters.rope_theta must be a finite positive number, but it is inf"),
+    (LLAMA, _rope(rope_theta=0), "rope_parameters.rope_theta must be a finite positive number, but it is 0"),
+    (LLAMA, _rope(rope_theta="abc"), "rope_parameters.rope_theta must be a finite positive number, but it is 'abc' "
+                                     "(a string)"),
+    (LLAMA, {"rope_parameters": None, "rope_theta": math.nan}, "rope_theta must be a finite positive number"),
+    (LLAMA, {"rope_parameters": [500.0]}, "rope_parameters must be an object of rotary parameters"),
+    (LLAMA, {"rope_parameters": {**LLAMA3, "factor": 0}}, "rope_parameters.factor must be a finite positive number"),
+    (LLAMA, {"rope_parameters": {**LLAMA3, "low_freq_factor": "1"}}, "rope_parameters.low_freq_factor must be a "
+                                                                     "finite positive number"),
+    (LLAMA, {"rope_parameters": {**LLAMA3, "original_max_position_embeddings": 64.5}},
+     "rope_parameters.original_max_position_embeddings must be a whole number of at least 1"),
+    (LLAMA, {"rope_parameters": None, "rope_scaling": {**LLAMA3, "high_freq_factor": math.inf}},
+     "rope_scaling.high_freq_factor must be a finite positive number"),
+    (LLAMA, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "mscale": -1.0}},
+     "rope_parameters.mscale must be a finite number of at least 0"),
+    (LLAMA, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "truncate": "no"}},
+     "rope_parameters.truncate must be true or false"),
+    (LLAMA, _rope(partial_rotary_factor=1.5), "rope_parameters.partial_rotary_factor must be a number in (0, 1]"),
+    (LLAMA, {"rms_norm_eps": math.nan}, "rms_norm_eps must be a finite positive number, but it is nan"),
+    (LLAMA, {"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false (a JSON boolean, without "
+                                              "quotes), but it is 'false' (a string)"),
+    (GEMMA2, {"attn_logit_softcapping": math.inf}, "attn_logit_softcapping must be a finite positive number"),
+    (GEMMA2, {"final_logit_softcapping": -30.0}, "final_logit_softcapping must be a finite positive number"),
+    (GEMMA2, {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be a finite positive number"),
+    (GEMMA2, {"model_type": "gemma3_text", "rope_parameters": {**GEMMA3_ROPE, "sliding_attention": {
+        "rope_type": "default", "rope_theta": math.nan}}},
+     "rope_parameters.sliding_attention.rope_theta must be a finite positive number"),
+], ids=lambda value: None)
+def test_config_numbers(tmp_path: Path, base: dict, changes: dict, message: str):
+    (tmp_path / "config.json").write_text(json.dumps({**base, **changes}))
+    with pytest.raises(resid.ResidError) as err:
+        resid.load(tmp_path)
+    assert message in str(err.value) and "Fix that field of config.json" in str(err.value), str(err.value)
+
+
+def test_a_config_built_in_python_refuses_non_finite_numbers():
+    # loaders other than config.json's (GGUF metadata, a researcher's own ModelConfig) meet the same rule
+    with pytest.raises(resid.ResidError, match=r"rotary_base=nan must be a finite positive number; .*"
+                                               r"attn_softcap=0.0 must be a finite positive number"):
+        resid.ModelConfig("llama", 8, 1, 2, 2, 4, 8, 10, 8, "rmsnorm", 1e-6, rotary_base=math.nan, attn_softcap=0.0)
+    with pytest.raises(resid.ResidError, match=r"rope_scaling.factor=inf must be a finite positive number"):
+        resid.ModelConfig("llama", 8, 1, 2, 2, 4, 8, 10, 8, "rmsnorm", 1e-6,
+                          rope_scaling=resid.RopeScaling("linear", math.inf))
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"config.json/": None}, "config.json is a folder, not a file; config.json must be the JSON file"),
+    ({"config.json": "[1, 2]"}, "config.json holds a JSON list, not the JSON object config.json is"),
+    ({"config.json": json.dumps(LLAMA), "model.safetensors.index.json": "[1, 2]"},
+     "model.safetensors.index.json holds a JSON list, not the JSON object"),
+    ({"config.json": json.dumps(LLAMA), "model.safetensors.index.json": '{"weight_map": ["a"]}'},
+     'has no "weight_map" object of tensor name -> shard file name'),
+])
+def test_model_folder_files(tmp_path: Path, files: dict, message: str):
+    for name, text in files.items():
+        if name.endswith("/"):
+            (tmp_path / name).mkdir()
+        else:
+            (tmp_path / name).write_text(text)
+    with pytest.raises(resid.ResidError, match="(?i)re-download") as err:
+        resid.load(tmp_path)
+    assert message in str(err.value), str(err.value)
