@@ -6,9 +6,13 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import resid
+from resid.analyses.io import tables
+from resid.analyses.io.store import ResultStore
+from resid.errors import ResidError
 
 # A tiny Llama's config.json, as transformers 5 writes it. The checks run before any weight file is opened, so
 # the folders below hold config.json (and what a case adds) only.
@@ -100,3 +104,85 @@ def test_model_folder_files(tmp_path: Path, files: dict, message: str):
     with pytest.raises(resid.ResidError, match="(?i)re-download") as err:
         resid.load(tmp_path)
     assert message in str(err.value), str(err.value)
+
+
+# Result stores and tables: a tampered or damaged file is refused on open, naming it and what to delete.
+KEYS = ["prompt", "site", "head"]
+
+
+def _rows(prompts: range) -> pd.DataFrame:
+    return pd.DataFrame({"prompt": list(prompts), "site": "layers[0].attn", "head": [None] * len(prompts),
+                         "value": [p / 7 for p in prompts]})
+
+
+def _finished(out: Path) -> None:
+    store = ResultStore(out, KEYS, {"model": "m"})
+    store.write(_rows(range(4)))
+    store.finish()
+
+
+def _unfinished(out: Path) -> Path:
+    store = ResultStore(out, KEYS, {"model": "m"})
+    store.write(_rows(range(4)))
+    store.write(_rows(range(4, 6)))
+    store.close()
+    return sorted(Path(f"{out}.parts").glob("chunk-*"))[0]
+
+
+def _repeat_rows(path: Path) -> None:
+    frame = pd.read_parquet(path)
+    frame = pd.concat([frame, frame.iloc[[1, 1]]], ignore_index=True)
+    frame.to_parquet(path, index=False)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage, message", [
+    # duplicated rows were resumed as stored: a mean over the table changed with exit 0
+    (lambda out: (_finished(out), _repeat_rows(out)),
+     "sweep.parquet holds 3 rows of 1 repeated key(s) ['prompt', 'site', 'head'], e.g. (1, 'layers[0].attn', None)"),
+    (lambda out: _repeat_rows(_unfinished(out)), "holds 3 rows of 1 repeated key(s)"),
+    (lambda out: (_finished(out), _truncate(out)), "sweep.parquet could not be read as Parquet"),
+    (lambda out: _truncate(_unfinished(out)), "could not be read as Parquet"),
+    (lambda out: (_finished(out), Path(f"{out}.sweep.json").write_text("{not json")),
+     "sweep.parquet.sweep.json is not readable JSON"),
+    (lambda out: (_finished(out), Path(f"{out}.sweep.json").write_text("[1]")),
+     "sweep.parquet.sweep.json holds a JSON list"),
+    (lambda out: (_unfinished(out), Path(f"{out}.parts/signature.json").write_text('{"signature": {}}')),
+     "signature.json lacks ['key_columns']"),
+    (lambda out: (_unfinished(out), Path(f"{out}.parts/schema.json").unlink()),
+     "holds result chunks but no schema.json"),
+])
+def test_result_store_files(tmp_path: Path, damage, message: str):
+    out = tmp_path / "sweep.parquet"
+    damage(out)
+    with pytest.raises(ResidError) as err:
+        ResultStore(out, KEYS, {"model": "m"}).finish()
+    assert message in str(err.value) and "Delete " in str(err.value), str(err.value)
+
+
+def test_a_store_resumed_after_a_crash_keeps_one_row_per_key(tmp_path: Path):
+    # the control of the check above: a key in two chunks (a chunk written again after a crash) is no damage
+    out = tmp_path / "sweep.parquet"
+    _unfinished(out)
+    store = ResultStore(out, KEYS, {"model": "m"})
+    assert len(store.done()) == 6
+    store.write(_rows(range(3, 6)))
+    assert len(store.done()) == 6
+    pd.testing.assert_series_equal(store.finish()["value"], _rows(range(6))["value"])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_truncate, "could not be read as Parquet"),  # no sidecar: read as pyarrow stores it
+    (lambda path: Path(f"{path}.json").write_text("\ufeff{"), "is not a table sidecar"),
+])
+def test_table_files(tmp_path: Path, damage, message: str):
+    path = tmp_path / "table.parquet"
+    tables.export(_rows(range(3)), path)
+    if damage is _truncate:
+        Path(f"{path}.json").unlink()
+    damage(path)
+    with pytest.raises(ResidError, match=message):
+        tables.read(path)
