@@ -6,10 +6,14 @@ import json
 import math
 from pathlib import Path
 
+import encoder_models
 import pandas as pd
 import pytest
+import torch
+from random_models import make_random_model
 
 import resid
+from resid.analyses.cli.main import main
 from resid.analyses.io import tables
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
@@ -186,3 +190,41 @@ def test_table_files(tmp_path: Path, damage, message: str):
     damage(path)
     with pytest.raises(ResidError, match=message):
         tables.read(path)
+
+
+# Runs without logits: reading them says what to read instead (as generate refuses an embedding model).
+@pytest.fixture(scope="module")
+def embedding_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bert_base")
+    encoder_models.build("bert_base", folder)
+    return folder
+
+
+def test_an_embedding_models_run_has_no_silent_none_logits(embedding_model: Path, capsys):
+    model = resid.load(embedding_model)
+    run = model.run("the cat sat")
+    assert not run.has_logits and run.hidden.shape[-1] == model.config.d_model
+    with pytest.raises(ResidError, match=r"is an embedding model \(no LM head\), so its runs have no logits\. Read "
+                                         r"run\.hidden.*or run\.stream\.final\(\)"):
+        run.logits
+    assert main(["predict", "the cat", "--model", str(embedding_model)]) == 2
+    err = capsys.readouterr().err
+    assert "is an embedding model (no LM head, no logits). Pass a language model" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_cut_short_names_its_stop():
+    part = make_random_model("llama_gqa").run(torch.tensor([[1, 2, 3]]), stop_at_layer=1)
+    with pytest.raises(ResidError, match=r"stopped before layer 1 \(stop_at_layer\), so it has no logits. Read "
+                                         r"run\.hidden"):
+        part.logits
+    with pytest.raises(ResidError, match=r"logits\.token\[3\]: This run stopped before layer 1"):
+        part.read(resid.Site.parse("logits.token[3]"))
+
+
+@pytest.mark.parametrize("label", ["layers[" + "9" * 5000 + "].attn", "layers[3].attn.head[" + "1" * 5000 + "]",
+                                   "logits.token[" + "7" * 5000 + "]", "layers[3].attn@" + "2" * 5000])
+def test_site_labels_with_huge_indices(label: str):
+    # int() of more than 4,300 digits raises a ValueError; the label grammar bounds the digits first
+    with pytest.raises(ResidError, match="site label|positions after '@' must be integers"):
+        resid.Site.parse(label)
