@@ -43,6 +43,9 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
+    if not args.text:  # before the model loads
+        raise ResidError("The prompt is empty: resid graph traces the prediction that follows a prompt, so it needs "
+                         "at least one token. Give one, e.g. resid graph 'The capital of France is' --transcoders DIR.")
     arguments.at_least(args.max_n_logits, 1, "--max-n-logits")
     args.batch_size = arguments.batch_size(args.batch_size)
     arguments.at_least(args.validate, 0, "--validate")

@@ -96,11 +96,28 @@ class FeatureReader(Reader):
                 acts = d.encode(read(run, model, d.point_in))
             if index[key] is not None:
                 acts = acts.index_select(-1, index[key])
+            _check_finite(d, acts, valid, index[key], model)
             found[key] = (acts, valid[..., None] & (acts != 0))
         return found
 
     def tally(self, state: tuple, values: Tensor, valid: Tensor) -> Tensor:
         return histogram.counts(values, valid)
+
+
+def _check_finite(d: Dictionary, acts: Tensor, valid: Tensor, index: Tensor | None, model: Transformer) -> None:
+    """Refuse NaN or infinite activations at scanned tokens: they have no rank and no histogram bin, so counting
+    them would misplace them and ranking them would put them first or nowhere."""
+    bad = (~torch.isfinite(acts) & valid[..., None]).flatten(0, -2).any(0)
+    if not bool(bad.any()):
+        return
+    columns = bad.nonzero().flatten()
+    shown = (columns if index is None else index[columns]).tolist()
+    more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+    raise ResidError(
+        f"Dictionary {d.name!r} gives non-finite activations (NaN or infinity) for feature(s) {shown[:5]}{more} on "
+        f"the scanned tokens: its weights hold non-finite values, or its encoder overflows in {model.dtype}. Check "
+        "the dictionary's files (re-export or re-download them), or load the model in float32."
+    )
 
 
 def top_activating(

@@ -10,9 +10,12 @@ import encoder_models
 import pandas as pd
 import pytest
 import torch
+from random_dictionaries import random_dictionary
 from random_models import make_random_model
+from random_transcoders import per_layer
 
 import resid
+from resid.analyses import features, graphs
 from resid.analyses.cli.main import main
 from resid.analyses.io import tables
 from resid.analyses.io.store import ResultStore
@@ -228,3 +231,36 @@ def test_site_labels_with_huge_indices(label: str):
     # int() of more than 4,300 digits raises a ValueError; the label grammar bounds the digits first
     with pytest.raises(ResidError, match="site label|positions after '@' must be integers"):
         resid.Site.parse(label)
+
+
+# Graphs and feature scans: nothing to trace, nothing that fires, and activations that are not numbers.
+def test_a_graph_of_a_prompt_where_no_feature_fires_is_its_errors_tokens_and_logits(tmp_path: Path):
+    model = make_random_model("llama_gqa")
+    dead = per_layer(model)
+    for transcoder in dead:
+        transcoder.b_enc.data -= 100.0  # no feature fires anywhere (max() of no targets was a traceback)
+    graph = graphs.attribute(model, [11, 5, 7], dead)
+    assert graph.n_features == 0 and len(graph.active_features) == 0 and graph.n_logits > 0
+    kinds = set(graph.to_frame()["kind"])
+    assert kinds == {"error", "token", "logit"}, kinds
+    replacement, completeness = graph.scores()
+    assert 0 <= replacement <= 1 and 0 <= completeness <= 1
+    assert json.loads(Path(graphs.write_json(graph, tmp_path / "g.json")).read_text())["nodes"]
+
+
+def test_an_empty_prompt_is_refused(capsys):
+    model = make_random_model("llama_gqa")
+    with pytest.raises(ResidError, match="The prompt is empty: an attribution graph traces the prediction"):
+        graphs.attribute(model, "", per_layer(model))
+    assert main(["graph", "", "--transcoders", ".", "--model", "no-model-is-loaded"]) == 2
+    err = capsys.readouterr().err
+    assert "The prompt is empty: resid graph traces" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_nan_activations_are_refused_naming_the_dictionary(gpt2_tokenizer):
+    model = make_random_model("llama_gqa", gpt2_tokenizer)
+    sae = random_dictionary(model, "blocks.1.hook_resid_pre", name="broken")
+    sae.W_enc.data[:, 3] = math.nan  # the histogram's bin of a NaN was an IndexError
+    with pytest.raises(ResidError, match=r"Dictionary 'broken' gives non-finite activations \(NaN or infinity\) "
+                                         r"for feature\(s\) \[3\] on the scanned tokens"):
+        features.top_activating(model, sae, ["The cat sat on the mat."], k=2)
