@@ -17,6 +17,7 @@ from random_transcoders import per_layer
 import resid
 from resid.analyses import features, graphs
 from resid.analyses.cli.main import main
+from resid.analyses.cli.output import notes
 from resid.analyses.io import tables
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
@@ -264,3 +265,16 @@ def test_nan_activations_are_refused_naming_the_dictionary(gpt2_tokenizer):
     with pytest.raises(ResidError, match=r"Dictionary 'broken' gives non-finite activations \(NaN or infinity\) "
                                          r"for feature\(s\) \[3\] on the scanned tokens"):
         features.top_activating(model, sae, ["The cat sat on the mat."], k=2)
+
+
+def test_features_that_never_fired_are_named(gpt2_tokenizer):
+    model = make_random_model("llama_gqa", gpt2_tokenizer)
+    sae = random_dictionary(model, "blocks.1.hook_resid_pre", name="sae")
+    sae.b_enc.data[[2, 5]] = -1e4  # off at every token
+    df = features.top_activating(model, sae, ["The cat sat on the mat."], features=[1, 2, 5, 7], k=2)
+    silent = [resid.Site(1, "resid_pre", feature=f).label for f in (2, 5)]
+    assert df.attrs["never_fired"] == silent and not set(df["site"]) & set(silent) and len(set(df["site"])) == 2
+    tokens = df.attrs["provenance"]["parameters"]["tokens"]
+    assert notes(df) == [f"note: 2 of the 4 features scanned never fired (activation 0 at all {tokens} scanned "
+                         f"tokens), so the table has no rows for them: {silent[0]}, {silent[1]} "
+                         "(df.attrs['never_fired'] lists them all)."]
