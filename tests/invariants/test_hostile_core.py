@@ -4,10 +4,12 @@ silently wrong result. Grouped by surface; each group is one parametrized test."
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import encoder_models
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 import torch
 from random_dictionaries import random_dictionary
@@ -15,7 +17,7 @@ from random_models import make_random_model
 from random_transcoders import per_layer
 
 import resid
-from resid.analyses import features, graphs
+from resid.analyses import features, graphs, plots
 from resid.analyses.cli.main import main
 from resid.analyses.cli.output import notes
 from resid.analyses.io import tables
@@ -278,3 +280,11 @@ def test_features_that_never_fired_are_named(gpt2_tokenizer):
     assert notes(df) == [f"note: 2 of the 4 features scanned never fired (activation 0 at all {tokens} scanned "
                          f"tokens), so the table has no rows for them: {silent[0]}, {silent[1]} "
                          "(df.attrs['never_fired'] lists them all)."]
+
+
+def test_an_image_without_kaleido_names_the_extra(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kaleido", None)  # as where kaleido is not installed (find_spec: None)
+    with pytest.raises(ResidError, match=r"Saving fig\.png needs kaleido.*pip install 'resid-stream\[figures\]'"):
+        plots.save_image(go.Figure(), tmp_path / "fig.png")
+    with pytest.raises(ResidError, match=r"Cannot save a figure as 'fig\.gif'"):
+        plots.save_image(go.Figure(), tmp_path / "fig.gif")
