@@ -201,7 +201,9 @@ class Transformer(TokenInputs, nn.Module):
     ) -> Float[Tensor, "batch k d_vocab"]:
         """Logits of a forward pass that starts from `resid_pre` entering `layer` (e.g. a clean run's
         stream.resid_pre(layer)) and runs only layers >= layer. `inputs` gives the mask and positions; `memory`
-        the encoded source of a decoder with cross-attention (as in run)."""
+        the encoded source of a decoder with cross-attention (as in run). Returns the logits tensor, not a Run (as
+        `model(inputs)` does; an embedding model's final hidden state): a resumed pass records no stream, since
+        the layers before `layer` never ran; for the stream, run with interventions instead."""
         n = self.config.n_layers
         if not 0 <= layer < n:
             raise ResidError(f"resume(layer={layer}) is out of range: the model has {n} layers (0..{n - 1}).")
