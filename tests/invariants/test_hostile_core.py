@@ -14,7 +14,7 @@ import pytest
 import torch
 from random_dictionaries import random_dictionary
 from random_models import make_random_model
-from random_transcoders import per_layer
+from random_transcoders import cross_layer, per_layer
 
 import resid
 from resid.analyses import features, graphs, plots
@@ -22,6 +22,7 @@ from resid.analyses.cli.main import main
 from resid.analyses.cli.output import notes
 from resid.analyses.io import tables
 from resid.analyses.io.store import ResultStore
+from resid.dictionaries import Splice
 from resid.errors import ResidError
 
 # A tiny Llama's config.json, as transformers 5 writes it. The checks run before any weight file is opened, so
@@ -288,3 +289,20 @@ def test_an_image_without_kaleido_names_the_extra(tmp_path: Path, monkeypatch):
         plots.save_image(go.Figure(), tmp_path / "fig.png")
     with pytest.raises(ResidError, match=r"Cannot save a figure as 'fig\.gif'"):
         plots.save_image(go.Figure(), tmp_path / "fig.gif")
+
+
+@pytest.mark.parametrize("kind", ["sae", "clt"])
+def test_dictionary_activations_are_zero_at_padding(kind: str):
+    # left padding gave pad tokens feature activations in run.dictionaries[...].acts
+    model = make_random_model("llama_gqa")
+    dictionary = (cross_layer(model) if kind == "clt" else
+                  random_dictionary(model, "blocks.1.hook_resid_pre", name="sae", d_sae=40))
+    short, long = [4, 9, 2], [7, 3, 8, 1, 5, 6]
+    batch = resid.Tokens.pad([short, long], 0, "left")
+    for mode in (dictionary, Splice(dictionary, error=False)):
+        acts = model.run(batch, dictionaries=[mode]).dictionaries[dictionary.name].acts
+        alone = model.run(torch.tensor([short]), dictionaries=[mode]).dictionaries[dictionary.name].acts
+        if kind == "clt":  # [layer batch pos feature]: the layers in front
+            acts, alone = acts.movedim(0, 2), alone.movedim(0, 2)
+        assert acts.shape[:2] == (2, 6) and not bool(acts[0, :3].ne(0).any()), "the padding of the short prompt"
+        torch.testing.assert_close(acts[0, 3:], alone[0], atol=1e-5, rtol=1e-5)
