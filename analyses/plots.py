@@ -1,5 +1,8 @@
-"""Figures (plotly), kept apart from the analyses that produce the DataFrames they draw."""
+"""Figures (plotly), kept apart from the analyses that produce the DataFrames they draw. `save_html` writes a page
+that opens offline (plotly.js embedded); `save_image` a PNG, PDF or SVG, which needs the extra
+`pip install 'resid-stream[figures]'` (kaleido)."""
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,6 +91,24 @@ def save_html(fig: go.Figure, path: str | Path, self_contained: bool = True) -> 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(path, include_plotlyjs=True if self_contained else "directory", full_html=True)
+    return path
+
+
+IMAGES = (".png", ".pdf", ".svg", ".jpeg", ".jpg", ".webp")
+
+
+def save_image(fig: go.Figure, path: str | Path, scale: float = 2.0) -> Path:
+    """A static image of `fig` (PNG, PDF, SVG, ... by the suffix; `scale` multiplies a raster image's pixels),
+    through kaleido: the extra resid-stream[figures]."""
+    path = Path(path)
+    if path.suffix.lower() not in IMAGES:
+        raise ResidError(f"Cannot save a figure as {path.name!r}: give a name ending in one of {', '.join(IMAGES)} "
+                         "(or use save_html for a page).")
+    if importlib.util.find_spec("kaleido") is None:
+        raise ResidError(f"Saving {path.name} needs kaleido, which draws plotly figures as images: pip install "
+                         "'resid-stream[figures]' (HTML pages, save_html, need nothing more).")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_image(path, scale=scale)
     return path
 
 

@@ -7,10 +7,16 @@ post-LN, bidirectional attention, the output head).
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from resid.errors import ResidError
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
 
 LayerType = Literal["full", "sliding"]  # global attention, or a sliding window (and the local rope base)
 
@@ -148,8 +154,33 @@ class ModelConfig:
         for name in ("d_model", "n_layers", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name}={getattr(self, name)} must be positive")
+        problems += self._number_problems()
         if problems:
             raise ResidError("Invalid ModelConfig: " + "; ".join(problems) + ". Fix these fields.")
+
+    def _number_problems(self) -> list[str]:
+        """The real-valued fields: finite, and positive where a zero or a sign flip would be a different model
+        (a NaN rotary base computes finite logits that are wrong by several units, so it is refused here too,
+        whatever loader or caller built the config)."""
+        scaling = self.rope_scaling
+        positive = {"rotary_base": self.rotary_base, "embed_scale": self.embed_scale,
+                    "final_norm_multiplier": self.final_norm_multiplier, "rotary_base_local": self.rotary_base_local,
+                    "attn_scale": self.attn_scale, "attn_softcap": self.attn_softcap,
+                    "final_softcap": self.final_softcap}
+        # norm_eps 0 is a real (if fragile) choice, and mscale 0 is DeepSeek's "none"
+        non_negative = {"norm_eps": self.norm_eps}
+        finite = {"norm_gain_offset": self.norm_gain_offset}
+        if scaling is not None:
+            positive |= {f"rope_scaling.{name}": getattr(scaling, name) for name in (
+                "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor")}
+            positive |= {f"rope_scaling.factors[{i}]": f for i, f in enumerate(scaling.factors or ())}
+            non_negative |= {"rope_scaling.mscale": scaling.mscale,
+                             "rope_scaling.mscale_all_dim": scaling.mscale_all_dim}
+        rules = ((positive, "a finite positive number", lambda v: v > 0),
+                 (non_negative, "a finite number of at least 0", lambda v: v >= 0),
+                 (finite, "a finite number", lambda v: True))
+        return [f"{name}={value!r} must be {rule}" for fields, rule, holds in rules for name, value in fields.items()
+                if value is not None and not (_finite(value) and holds(value))]
 
     @property
     def rotary_dims(self) -> int:

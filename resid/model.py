@@ -82,7 +82,7 @@ class Transformer(TokenInputs, nn.Module):
         model gives its final hidden state [batch pos d_model]). For the stream, interventions, gradients or
         logits at chosen positions use `run`."""
         run = self.run(inputs, capture=Capture.none())
-        return run.hidden if run.logits is None else run.logits
+        return run.logits if run.has_logits else run.hidden
 
     def run(
         self,
@@ -116,7 +116,7 @@ class Transformer(TokenInputs, nn.Module):
         attaches them through resid.attachments, knowing no dictionary code.
 
         stop_at_layer: run layers 0..stop_at_layer-1 only (as TransformerLens names it), for reading early
-        layers of a deep model: no final norm, no logits (run.logits is None), run.hidden is the residual after
+        layers of a deep model: no final norm, no logits (run.has_logits is False), run.hidden is the residual after
         the last layer run, and the stream has that many layers."""
         capture = Capture() if capture is None else capture
         if not isinstance(capture, Capture):
@@ -163,7 +163,7 @@ class Transformer(TokenInputs, nn.Module):
             embed_norm_scale_=kept(done.embed_scale),
             norms=self._stream_norms(),
         )
-        run = Run(done.logits, stream, tokens, done.uncapped, done.hidden)
+        run = Run(done.logits, stream, tokens, done.uncapped, done.hidden, no_logits=self._no_logits(stop_at_layer))
         return run if attached is None else attached.finish(run)
 
     def generate(
@@ -201,7 +201,9 @@ class Transformer(TokenInputs, nn.Module):
     ) -> Float[Tensor, "batch k d_vocab"]:
         """Logits of a forward pass that starts from `resid_pre` entering `layer` (e.g. a clean run's
         stream.resid_pre(layer)) and runs only layers >= layer. `inputs` gives the mask and positions; `memory`
-        the encoded source of a decoder with cross-attention (as in run)."""
+        the encoded source of a decoder with cross-attention (as in run). Returns the logits tensor, not a Run (as
+        `model(inputs)` does; an embedding model's final hidden state): a resumed pass records no stream, since
+        the layers before `layer` never ran; for the stream, run with interventions instead."""
         n = self.config.n_layers
         if not 0 <= layer < n:
             raise ResidError(f"resume(layer={layer}) is out of range: the model has {n} layers (0..{n - 1}).")
@@ -224,6 +226,16 @@ class Transformer(TokenInputs, nn.Module):
             done = forward.forward(self, tokens, edits, Capture.none(), None, start=layer,
                                    resid=resid_pre.to(self.dtype), ctx=ctx, logits_at=logits_at)
             return done.hidden if done.logits is None else done.logits
+
+    def _no_logits(self, stop_at_layer: int | None) -> str:
+        """Why a run of this model has no logits, and what to read instead."""
+        if self.config.head == "none":
+            return (f"{self.name} is an embedding model (no LM head), so its runs have no logits. Read run.hidden, "
+                    "the final hidden state [batch pos d_model] (mean-pool it over the real tokens for a sentence "
+                    "embedding, as sentence-transformers does), or run.stream.final(), the residual before the final "
+                    "norm.")
+        return (f"This run stopped before layer {stop_at_layer} (stop_at_layer), so it has no logits. Read "
+                "run.hidden (the residual it stopped at), or run without stop_at_layer.")
 
     def _stream_norms(self) -> StreamNorms | None:
         """Post-LN models: the norms the stream carries its writes through (resid.stream)."""

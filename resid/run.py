@@ -34,9 +34,10 @@ class Memory:
 
 @dataclass(frozen=True)
 class Run:
-    # [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k d_vocab]. None for embedding
-    # models (config.head "none"), whose output is `hidden`.
-    logits: Float[Tensor, "batch n d_vocab"] | None
+    # `logits` (the property below): [batch pos d_vocab]; with run(logits_at=...) only those positions: [batch k
+    # d_vocab]. An embedding model (config.head "none") and a run cut short (stop_at_layer) have none: reading
+    # them is an error saying what to read instead (`no_logits`), never a silent None; `has_logits` asks.
+    _logits: Float[Tensor, "batch n d_vocab"] | None
     stream: ResidualStream
     tokens: Tokens
     # Models with a final soft cap (Gemma 2): the logits before it, which are linear in the final residual
@@ -48,6 +49,20 @@ class Run:
     # run(dictionaries=[...]): what each dictionary computed (resid.dictionaries.attach.Encoded), by its name;
     # `run.dictionaries[site]` finds one by the Site (or label) it reads
     dictionaries: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    # why a run without logits has none, and what to read instead (the error reading `logits` raises)
+    no_logits: str = "This run has no logits; read run.hidden (the final hidden state) or run.stream.final()."
+
+    @property
+    def logits(self) -> Float[Tensor, "batch n d_vocab"]:
+        """The logits; an error naming what to read instead where the run has none (see `has_logits`)."""
+        if self._logits is None:
+            raise ResidError(self.no_logits)
+        return self._logits
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether the run computed logits (not an embedding model's run, nor one cut short by stop_at_layer)."""
+        return self._logits is not None
 
     def read(self, site: Site) -> Tensor:
         """The tensor at `site` (resid.sites): the stream's (ResidualStream.read), or a learned dictionary's (a
@@ -71,10 +86,9 @@ class Run:
 
     def _logits_read(self, site: Site) -> Tensor:
         """The logits [batch pos d_vocab] (run.logits), or one token's [batch pos]."""
-        if self.logits is None:
-            raise ResidError(f"{site.label}: this run has no logits (an embedding model, or stop_at_layer): read "
-                             "run.hidden.")
-        logits = self.logits
+        if self._logits is None:
+            raise ResidError(f"{site.label}: {self.no_logits}")
+        logits = self._logits
         if logits.shape[1] != self.tokens.ids.shape[1] and site.positions is not None:
             raise ResidError(f"{site.label}: this run unembedded only some positions (logits_at=...); read the site "
                              "without positions, or run with logits at every position.")

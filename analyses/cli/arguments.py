@@ -130,10 +130,16 @@ def translators(lens: str | None, folder: str | None):
 
 
 def self_contained(parser) -> None:
-    """--self-contained, for the subcommands that write HTML figures."""
-    parser.add_argument("--self-contained", action="store_true",
-                        help="embed plotly.js (4.8 MB) in every HTML page; default: pages share one plotly.min.js "
-                             "written beside them (keep it with them)")
+    """--shared-js (and --self-contained, the default), for the subcommands that write HTML figures: each page
+    embeds plotly.js (4.8 MB) and opens alone, wherever it is copied, unless --shared-js asks for one plotly.min.js
+    beside the pages (smaller pages, for a folder of many, but they open only beside it)."""
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--shared-js", dest="self_contained", action="store_false",
+                        help="pages load one plotly.min.js (4.8 MB) written beside them: smaller pages, which open "
+                             "only beside it (default: every page embeds plotly.js and opens alone)")
+    choice.add_argument("--self-contained", dest="self_contained", action="store_true",
+                        help="every page embeds plotly.js (the default)")
+    parser.set_defaults(self_contained=True)
 
 
 def executor_options(parser) -> None:

@@ -15,7 +15,7 @@ tokens for `values`, its card (resid.analyses.features.card) for `top`.
 from pathlib import Path
 
 from resid.analyses.cli import arguments
-from resid.analyses.cli.output import FIGURES, SHOWN, export_table, more, save_figure
+from resid.analyses.cli.output import FIGURES, SHOWN, export_table, more, notes, save_figure
 from resid.errors import ResidError
 
 
@@ -144,6 +144,7 @@ def _top(model, args) -> str:
     for row in shown.head(SHOWN * 3).itertuples():
         lines.append(f"{row.site} #{row.rank}  a={row.activation:+.3f}  {row.context!r}")
     lines += more(len(shown), SHOWN * 3)
+    lines += notes(df)
     if args.out:
         by_name = {d.name: d for d in found}
         lines += export_table(df, args, "feature_contexts")

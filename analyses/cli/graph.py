@@ -43,6 +43,9 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
+    if not args.text:  # before the model loads
+        raise ResidError("The prompt is empty: resid graph traces the prediction that follows a prompt, so it needs "
+                         "at least one token. Give one, e.g. resid graph 'The capital of France is' --transcoders DIR.")
     arguments.at_least(args.max_n_logits, 1, "--max-n-logits")
     args.batch_size = arguments.batch_size(args.batch_size)
     arguments.at_least(args.validate, 0, "--validate")
@@ -71,7 +74,8 @@ def run(model, args) -> str:
     if args.validate:
         validate(model, graph, transcoders, top=args.validate)
     replacement, completeness = graph.scores()
-    lines = [f"model: {model.name}   prompt: {graph.n_pos} tokens   transcoders: {graph.transcoders}",
+    lines = [f"model: {model.name}   prompt: {graph.n_pos} tokens   transcoders: "
+             f"{summary(transcoders, args.transcoders)}",
              f"{graph.n_features} feature nodes (of {len(graph.active_features)} active), {graph.n_errors} error, "
              f"{graph.n_pos} token, {graph.n_logits} logit nodes; {graph.n_edges} edges",
              f"replacement score {replacement:.4f}   completeness score {completeness:.4f}", "logit nodes:"]
@@ -94,6 +98,19 @@ def run(model, args) -> str:
                           edge_threshold=args.edge_threshold)
         lines.append(f"wrote {path} (+ graph-metadata.json) and {page}")
     return "\n".join(lines)
+
+
+def summary(transcoders, folder: str) -> str:
+    """The transcoders in a few words (their names, 30 of them, made the first line thousands of characters)."""
+    from resid.dictionaries import CrossLayerTranscoder
+
+    if isinstance(transcoders, CrossLayerTranscoder):
+        return f"cross-layer transcoder {transcoders.name!r} ({transcoders.n_layers} layers) from {folder}"
+    if not isinstance(transcoders, list):
+        transcoders = [transcoders]
+    sites = sorted((d.point_out.site for d in transcoders), key=lambda site: site.layer)
+    span = sites[0].label if len(sites) == 1 else f"{sites[0].label} .. {sites[-1].label}"
+    return f"{len(sites)} ({span}) from {folder}"
 
 
 def load_transcoders(folder: str, model):

@@ -2,7 +2,7 @@
 heatmap.
 
     resid lens "The Eiffel Tower is located in the city of" --target " Paris" --norm frozen
-    resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (heatmap), plotly.min.js
+    resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (heatmap, plotly.js embedded)
     resid lens "..." --lens tuned --translators DIR   # a tuned lens from `resid lens train` (or tuned-lens's files)
 
 Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (lens_train.py, lens_eval.py).

@@ -25,7 +25,8 @@ features: a table and figures; lens train: the checkpoint and the lens), and a f
 for those that write one table (attribute, lens, lens eval: .csv .parquet .tex .md; ablate: .parquet .csv), with
 any figure written beside it (graph: the graph's .json, its viewer page .html beside it). Each --out help says
 which.
-HTML pages share one plotly.min.js written beside them unless --self-contained embeds it in each.
+Every HTML page embeds plotly.js and opens alone (4.8 MB each); --shared-js writes one plotly.min.js beside the
+pages instead, which they load (smaller pages that open only beside it).
 
 Building the parser imports no torch, pandas or plotly (the subcommand modules import what `run` needs inside
 it), so `--help`, `--version` and argument errors answer in tens of milliseconds (tests/cli/test_startup.py).

@@ -97,8 +97,15 @@ def run(model, args) -> str:
     if args.method == "atp*":  # GradDrop estimates sizes, not signs
         top = df.groupby("site")["magnitude"].mean().sort_values(ascending=False).head(10)
         lines.append(f"largest estimated effect sizes on {df['metric'].iloc[0]} (AtP* GradDrop, {args.direction}):")
-    else:
-        top = patching.site_effects(df).sort_values(key=abs, ascending=False).head(10)
-        lines.append(f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}):")
-    lines += [f"  {site:<32} {effect:+.4f}" for site, effect in top.items()]
+        lines += [f"  {site:<32} {effect:+.4f}" for site, effect in top.items()]
+        return "\n".join(lines)
+    # the effect is in the metric's units; the table's score is the share of the clean - corrupt gap: print both,
+    # labelled, so neither is read as the other
+    top = patching.site_effects(df).sort_values(key=abs, ascending=False).head(10)
+    scores = df.groupby("site")["score"].mean()
+    base = "corrupt" if args.direction == "denoise" else "clean"
+    lines.append(f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}): effect = patched - {base} "
+                 "run's metric; score = the table's score column, (patched - corrupt) / (clean - corrupt): 0 at the "
+                 "corrupt run's metric, 1 at the clean run's")
+    lines += [f"  {site:<32} effect {effect:+.4f}   score {scores[site]:+.3f}" for site, effect in top.items()]
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 stands among them (TransformerLens's `test_prompt`)."""
 
 from resid.analyses.cli import arguments, sources
+from resid.errors import ResidError
 
 
 def add_parser(commands, common) -> None:
@@ -23,6 +24,10 @@ def run(model, args) -> str:
     from resid.analyses.vocab import single_token_id
 
     top = args.top
+    if getattr(model, "config", None) is not None and model.config.head == "none":
+        raise ResidError(f"resid predict lists a language model's next tokens, but {model.name} is an embedding "
+                         "model (no LM head, no logits). Pass a language model (--model smollm2-135m), or read its "
+                         "embeddings in Python: model.run(text).hidden.")
     prompt, source = sources.split(model, args.text, args.source)
     # Before the forward pass: a multi-token target is reported without running the model.
     target_id = None if args.target is None else single_token_id(getattr(model, "decoder", model), args.target)

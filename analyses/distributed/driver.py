@@ -25,6 +25,40 @@ from resid.errors import ResidError
 from resid.identities import identity
 
 
+class Progress:
+    """The bar of one drive, counting the unit of its total, so that it shows a percentage and an ETA: the job's
+    `unit` where the job sizes its chunks (a reduction's chunks, a sweep's rows, a scan's tokens), else whole
+    chunks, each counted when its last piece has arrived (a table job's chunk comes in pieces in process, one after
+    another, and whole from a remote worker)."""
+
+    def __init__(self, job: Job, chunks: list, pieces: bool, shown: bool):
+        self.job, self.chunks, self.pieces = job, chunks, pieces
+        self.sized = job.key is None or type(job).size is not Job.size
+        total = sum(job.size(chunk) for chunk in chunks) if self.sized else len(chunks)
+        self.bar = tqdm(total=total, desc=f"{job.name} ({len(chunks)} chunks)", disable=not shown,
+                        unit=job.unit if self.sized else "chunk")
+        self.current: int | None = None  # the chunk whose pieces are arriving (in process)
+
+    def arrived(self, index: int, result: object) -> None:
+        if self.job.key is None:
+            self.bar.update(self.job.size(self.chunks[index]))
+        elif self.sized:
+            self.bar.update(len(result))
+        elif not self.pieces:
+            self.bar.update(1)
+        elif index != self.current:
+            self.bar.update(self.current is not None)  # the previous chunk has sent its last piece
+            self.current = index
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        if kind is None and self.current is not None:
+            self.bar.update(1)  # the last chunk's last piece
+        self.bar.close()
+
+
 def drive(model, job: Job, execution: Execution) -> object:
     """Run `job` on `model` (see the module docstring) as `execution` says: the chunks not yet in the store at its
     `out` (a .parquet or .csv file, table jobs only), on its executor, with a bar if it shows progress (the job's
@@ -42,17 +76,15 @@ def drive(model, job: Job, execution: Execution) -> object:
         chunks = job.plan(done, remote, runner.chunks_per_worker)
         job.prepare(model, runner, chunks)
         results: list = [None] * len(chunks) if job.key is None else []
-        with tqdm(total=sum(job.size(chunk) for chunk in chunks), desc=f"{job.name} ({len(chunks)} chunks)",
-                  unit=job.unit, disable=not execution.shows_progress) as bar:
+        with Progress(job, chunks, isinstance(runner, InProcess), execution.shows_progress) as bar:
             for index, result in runner.map(model, job, chunks):
+                bar.arrived(index, result)
                 if job.key is None:  # a reduction: each chunk's one result, kept in chunk order
                     results[index] = result
-                    bar.update(job.size(chunks[index]))
                     continue
                 if store is not None:
                     store.write(result)  # persisted before the next result is awaited
                 results.append(result)
-                bar.update(len(result))
     except BaseException:
         if store is not None:
             store.close()  # the finished chunks stay for a rerun to resume from; the lock goes now, not at exit

@@ -52,7 +52,8 @@ class Job(abc.ABC):
         mean ablation), computed on the same executor, and only if there is work left."""
 
     def size(self, chunk: object) -> int:
-        """How much of the progress bar a chunk is (table jobs count the rows they return instead)."""
+        """How much of the progress bar a chunk is, in `unit`s; a table job that does not size its chunks has a bar
+        of whole chunks (resid.analyses.distributed.driver.Progress)."""
         return 1
 
     def signature(self) -> dict:

@@ -19,10 +19,11 @@ with `site` (the feature's Site label, Site(layer, part, feature=i): the site th
 attribution and interventions name it), `feature` for `neuron` and `activation` for `coefficient`.
 `df.attrs["histogram"]` holds every scanned feature's activation histogram over every scanned token
 (resid.analyses.features.histogram; its counts sum to the number of scanned tokens,
-`df.attrs["provenance"]["parameters"]["tokens"]`), which features.card draws.
+`df.attrs["provenance"]["parameters"]["tokens"]`), which features.card draws. A feature that never fired (0 at every
+scanned token) has no rows: `df.attrs["never_fired"]` lists their Site labels and `df.attrs["notes"]` says so.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import RESID_PARTS
 
+NAMED = 10  # features the note on never-fired ones names before "and N more"
 COLUMNS = ("dictionary", "site", "layer", "feature", "rank", "activation", "token_id", "token", "doc", "pos",
            "context")
 
@@ -96,11 +98,28 @@ class FeatureReader(Reader):
                 acts = d.encode(read(run, model, d.point_in))
             if index[key] is not None:
                 acts = acts.index_select(-1, index[key])
+            _check_finite(d, acts, valid, index[key], model)
             found[key] = (acts, valid[..., None] & (acts != 0))
         return found
 
     def tally(self, state: tuple, values: Tensor, valid: Tensor) -> Tensor:
         return histogram.counts(values, valid)
+
+
+def _check_finite(d: Dictionary, acts: Tensor, valid: Tensor, index: Tensor | None, model: Transformer) -> None:
+    """Refuse NaN or infinite activations at scanned tokens: they have no rank and no histogram bin, so counting
+    them would misplace them and ranking them would put them first or nowhere."""
+    bad = (~torch.isfinite(acts) & valid[..., None]).flatten(0, -2).any(0)
+    if not bool(bad.any()):
+        return
+    columns = bad.nonzero().flatten()
+    shown = (columns if index is None else index[columns]).tolist()
+    more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+    raise ResidError(
+        f"Dictionary {d.name!r} gives non-finite activations (NaN or infinity) for feature(s) {shown[:5]}{more} on "
+        f"the scanned tokens: its weights hold non-finite values, or its encoder overflows in {model.dtype}. Check "
+        "the dictionary's files (re-export or re-download them), or load the model in float32."
+    )
 
 
 def top_activating(
@@ -140,7 +159,25 @@ def top_activating(
                   "k": k, "context": context, "after": after, "sign": sign, "window": window,
                   "documents": len(texts), "windows": len(pieces), "tokens": scanned}
     df.attrs["provenance"] = describe(model, "features.top_activating", parameters)
+    df.attrs["never_fired"] = never_fired(found, ids, tallies)
+    if df.attrs["never_fired"]:
+        silent = df.attrs["never_fired"]
+        shown = ", ".join(silent[:NAMED]) + (f" and {len(silent) - NAMED} more" if len(silent) > NAMED else "")
+        df.attrs["notes"] = [f"{len(silent)} of the {sum(map(len, ids))} features scanned never fired (activation 0 "
+                             f"at all {scanned} scanned tokens), so the table has no rows for them: {shown} "
+                             "(df.attrs['never_fired'] lists them all)."]
     return df
+
+
+def never_fired(found: tuple[Dictionary, ...], ids: list[np.ndarray], tallies: Mapping[int, np.ndarray]) -> list[str]:
+    """The Site labels of the scanned features whose activation was 0 at every scanned token (only the zero bin of
+    their histogram is filled; `tallies` by the dictionary's index): the examples table has no row for them."""
+    silent = []
+    for d, features, tally in zip(found, ids, (tallies[i] for i in range(len(found))), strict=True):
+        tally = np.asarray(tally)
+        off = tally.sum(axis=1) == tally[:, histogram.ZERO]
+        silent += [feature_site(d, int(f), found).label for f in np.asarray(features)[off]]
+    return silent
 
 
 def dictionaries(model: Transformer, given: Dictionary | CrossLayerTranscoder | Sequence) -> tuple[Dictionary, ...]:

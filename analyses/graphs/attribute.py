@@ -56,6 +56,9 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         raise ResidError(f"{param('max_feature_nodes', max_feature_nodes)} must be at least 0 (None: every feature).")
     if update_interval < 1:
         raise ResidError(f"{param('update_interval', update_interval)} must be at least 1.")
+    if isinstance(prompt, str) and not prompt:
+        raise ResidError("The prompt is empty: an attribution graph traces the prediction that follows a prompt, so "
+                         "it needs at least one token. Give a prompt such as 'The capital of France is'.")
     started = time.perf_counter()
     rep = replace(model, prompt, transcoders, skip_bos=skip_bos)
     tokens, probs, vectors = salient_logits(model, rep, max_n_logits, desired_logit_prob)

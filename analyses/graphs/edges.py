@@ -93,6 +93,8 @@ class Sweeper:
         rep = self.rep
         n_layers = rep.n_layers
         batch = int(targets.layer.shape[0])
+        if batch == 0:  # no targets: a prompt where no feature fires (splitting nothing gives one empty chunk)
+            return torch.zeros(0, self.n_sources)
         top = int(targets.layer.max())
         n_pos = int(targets.position.max()) + 1  # later positions carry no cotangent (causal attention)
         frozen = rep.frozen.truncated(n_pos)

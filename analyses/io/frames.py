@@ -132,7 +132,7 @@ def read(path: str | os.PathLike, columns: list[dict], only: list[str] | None = 
     wanted = [c for c in columns if only is None or c["name"] in only]
     subset = None if only is None else [c["name"] for c in wanted]  # in file order, as read_csv returns them
     if _suffix(path) == ".parquet":  # pyarrow returns the columns in the order asked for
-        df = pd.read_parquet(path, columns=subset)
+        df = parquet(path, subset)
     else:
         dtypes, na = {}, {}
         for c in wanted:
@@ -145,12 +145,30 @@ def read(path: str | os.PathLike, columns: list[dict], only: list[str] | None = 
             if dtype is None or not is_text(pd.api.types.pandas_dtype(dtype)):
                 na[c["name"]] = [""]  # only an empty field is missing: "NA" or "nan" in text are strings
         # header=0 with names: the schema's names win over however the header line parses
-        df = pd.read_csv(path, header=0, names=names, usecols=subset, dtype=dtypes, keep_default_na=False,
-                         na_values=na, skip_blank_lines=False, encoding="utf-8", **_CSV_READ_OPTIONS)
+        try:
+            df = pd.read_csv(path, header=0, names=names, usecols=subset, dtype=dtypes, keep_default_na=False,
+                             na_values=na, skip_blank_lines=False, encoding="utf-8", **_CSV_READ_OPTIONS)
+        except (ValueError, OSError) as error:  # pandas' ParserError and a cell of the wrong type are ValueErrors
+            raise _damaged(path, "CSV", error) from None
     if list(df.columns) != (names if subset is None else subset):
         raise ResidError(f"{path.name} does not match the schema it was written with: it has columns "
                          f"{list(df.columns)}, the schema {names}. Write it again.")
     return _restore(df, wanted)
+
+
+def parquet(path: str | os.PathLike, columns: list[str] | None = None) -> pd.DataFrame:
+    """A Parquet file as pyarrow stores it (`columns` only, in that order); a truncated or damaged file is an
+    error naming it."""
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid is a ValueError, a torn footer an OSError
+        raise _damaged(Path(path), "Parquet", error) from None
+
+
+def _damaged(path: Path, kind: str, error: Exception) -> ResidError:
+    return ResidError(f"{path} could not be read as {kind} ({str(error).splitlines()[0][:200]}): the file is "
+                      "truncated or damaged. Delete it and run the command that wrote it again (or restore it from "
+                      "a copy).")
 
 
 def _suffix(path: Path) -> str:

@@ -14,7 +14,9 @@ Beside the chunks, `<out>.parts/` holds signature.json (signature, key columns; 
 and schema.json (columns, text columns; written before any chunk that changes it). After `finish()` the sidecar
 `<out>.sweep.json` holds all of these for `out`, and the parts folder is gone. Every file is written atomically
 (`resid.analyses.io.atomic`): a kill leaves the old file or the new one, never a torn one. Leftover `.tmp-*` files are
-never read and are deleted when a store is opened. Chunks are deleted only after `out` and its sidecar are on disk.
+never read and are deleted when a store is opened. A file that holds a key twice (`out` or one chunk: ResultStore
+never writes one) is refused when the store is opened, naming the key and what to delete. Chunks are deleted
+only after `out` and its sidecar are on disk.
 
 Chunks and `out` are encoded by `resid.analyses.io.frames`, the codec `tables` uses; text columns are those whose
 values are strings in some chunk (whatever their dtype there). Dtypes of the frame `finish()` returns: int columns
@@ -53,6 +55,27 @@ def _write_json(path: Path, data: dict) -> None:
     atomic.write(path, json.dumps(data, sort_keys=True, indent=1))
 
 
+def _read_json(path: Path, fields: tuple[str, ...], remedy: str) -> dict:
+    """One of the store's JSON files, with the `fields` it must have; a damaged one is an error naming it."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        problem = f"is not readable JSON ({error})"
+    else:
+        missing = [name for name in fields if name not in found] if isinstance(found, dict) else list(fields)
+        if not missing:
+            return found
+        problem = f"lacks {missing}" if isinstance(found, dict) else f"holds a JSON {type(found).__name__}"
+    raise ResidError(f"{path} {problem}: it was edited or damaged, so the results beside it cannot be trusted. "
+                     f"{remedy}")
+
+
+def _keys(frame: pd.DataFrame) -> set[tuple]:
+    """The keys of a frame of key columns, as plain Python values (frames.key_value)."""
+    columns = [frame[name].tolist() for name in frame.columns]
+    return {tuple(frames.key_value(value) for value in row) for row in zip(*columns)}
+
+
 class ResultStore:
     """Rows of one sweep, persisted chunk by chunk and merged into `out` by `finish()`; see the module docstring."""
 
@@ -80,6 +103,7 @@ class ResultStore:
         self.parts = Path(f"{self.out}.parts")
         self.sidecar = Path(f"{self.out}.sweep.json")
         self._next_chunk: int | None = None
+        self._done: set[tuple] | None = None  # done()'s keys, read once by the check on opening; a write clears it
         self._writer = uuid.uuid4().hex[:12]
         self._lock = OutputLock(Path(f"{self.out}.lock"), self.out)
         self._hold()
@@ -89,7 +113,8 @@ class ResultStore:
                          *self.parts.glob(f"{atomic.TMP_PREFIX}*")]:
             leftover.unlink(missing_ok=True)  # a write killed before its os.replace; never part of the results
         if (self.parts / "signature.json").exists():
-            self._check_signature(self.parts / "signature.json", f"the unfinished chunks in {self.parts}")
+            self._check_signature(self.parts / "signature.json", f"the unfinished chunks in {self.parts}",
+                                  f"Delete {self.parts} to compute its rows again.")
         elif self._chunks():
             raise ResidError(
                 f"{self.parts} holds result chunks but no signature.json, so ResultStore cannot tell which sweep "
@@ -103,7 +128,36 @@ class ResultStore:
                     "ResultStore (or the sidecar was deleted) and may hold results of a different sweep. Delete "
                     f"{self.out} or choose another output path."
                 )
-            self._check_signature(self.sidecar, str(self.out))
+            self._check_signature(self.sidecar, str(self.out), self._start_over)
+        self._check_unique()
+
+    @property
+    def _start_over(self) -> str:
+        return (f"Delete {self.out} and {self.sidecar.name} to compute the results again, or restore them from a "
+                "copy.")
+
+    def _check_unique(self) -> None:
+        """Refuse a file that holds a key twice. ResultStore never writes one (write refuses a chunk that repeats
+        a key, finish merges each key once), so such a file was edited or damaged, and using it would keep the
+        repeats (a finished `out` is returned as stored: every mean over it changes) or drop rows unseen. Across
+        files a key may repeat (a chunk written again after a crash before its bookkeeping): finish keeps the
+        first. The keys read here are done()'s answer, so opening a store and asking what is done reads the key
+        columns once."""
+        keys = set()
+        for path, frame in self._files(columns=list(self.key_columns)):
+            repeated = frame[frame.duplicated(keep=False)]
+            if repeated.empty:
+                keys |= _keys(frame)
+                continue
+            first = tuple(frames.key_value(value) for value in repeated.iloc[0])
+            remedy = (self._start_over + " Or remove the repeated rows, keeping one of each." if path == self.out
+                      else f"Delete {path.name} from {self.parts}: its rows are computed again on the next run.")
+            raise ResidError(
+                f"{path} holds {len(repeated)} rows of {len(repeated.drop_duplicates())} repeated key(s) "
+                f"{list(self.key_columns)}, e.g. {first}. ResultStore writes each key once per file, so the file was "
+                f"edited or damaged; resuming it would keep the repeats and change every mean over them. {remedy}"
+            )
+        self._done = keys
 
     def close(self) -> None:
         """Release the lock without merging (a later run resumes from the chunks); `finish()` releases it too."""
@@ -131,7 +185,7 @@ class ResultStore:
         if self._lock.held:
             return
         self._lock.acquire()  # before reading anything: another writer's files are not ours to judge or clean
-        self._next_chunk = None
+        self._next_chunk = self._done = None
         try:
             self._open()
         except BaseException:
@@ -141,11 +195,9 @@ class ResultStore:
     def done(self) -> set[tuple]:
         """Keys of the rows in complete chunks and in a finished `out`; a missing value (NaN, NA) reads as None."""
         self._hold()
-        keys = set()
-        for frame in self._frames(columns=list(self.key_columns)):
-            columns = [frame[name].tolist() for name in self.key_columns]
-            keys.update(tuple(frames.key_value(value) for value in row) for row in zip(*columns))
-        return keys
+        if self._done is None:
+            self._done = set().union(*(_keys(frame) for frame in self._frames(columns=list(self.key_columns))))
+        return set(self._done)
 
     def write(self, rows: pd.DataFrame) -> None:
         """Persist one chunk: after this returns, the rows survive a kill. An empty frame writes nothing."""
@@ -173,7 +225,7 @@ class ResultStore:
             _write_json(self.parts / "signature.json", {"signature": self.signature, "key_columns": self.key_columns})
         columns, text = self._schema()
         if columns is None and self.out.exists():  # resuming after finish: new rows must match `out`
-            columns = json.loads(self.sidecar.read_text())["columns"]
+            columns = self._stored()["columns"]
         if columns is None:
             columns = list(rows.columns)
         elif set(columns) != set(rows.columns):
@@ -192,6 +244,7 @@ class ResultStore:
         frame = rows.reset_index(drop=True)[columns]
         frames.write(frame, path)
         self._next_chunk += 1
+        self._done = None  # read back from the files when asked: CSV reads "" as missing
 
     def finish(self) -> pd.DataFrame:
         """Merge `out` (if any) and all chunks, in order and each key once, into `out`; return the merged frame.
@@ -213,7 +266,7 @@ class ResultStore:
             return frame
         columns, text = self._schema()
         if self.out.exists():
-            stored = json.loads(self.sidecar.read_text())
+            stored = self._stored()
             columns, text = stored["columns"], text | set(stored["text_columns"])
         pieces = list(self._frames())
         merged = self._normalise(pd.concat(pieces, ignore_index=True), text)
@@ -228,8 +281,11 @@ class ResultStore:
         self._next_chunk = None
         return merged
 
-    def _check_signature(self, path: Path, holder: str) -> None:
-        stored = json.loads(path.read_text())
+    def _check_signature(self, path: Path, holder: str, remedy: str) -> None:
+        stored = _read_json(path, ("signature", "key_columns"), remedy)
+        if not isinstance(stored["signature"], dict):
+            raise ResidError(f"{path} holds a signature that is not a JSON object: it was edited or damaged. "
+                             f"{remedy}")
         # Different key columns make done() compare other tuples: as much a different sweep as another model.
         old = {**stored["signature"], "(key_columns)": stored["key_columns"]}
         new = {**self.signature, "(key_columns)": list(self.key_columns)}
@@ -255,19 +311,32 @@ class ResultStore:
         path = self.parts / "schema.json"
         if not path.exists():
             return None, set()
-        schema = json.loads(path.read_text())
+        schema = _read_json(path, ("columns", "text_columns"), f"Delete {self.parts} to compute its rows again.")
         return schema["columns"], set(schema["text_columns"])
 
     def _frames(self, columns: list[str] | None = None):
         """`out` (when it exists; the constructor checked its sidecar) then every chunk, in write order."""
+        for _, frame in self._files(columns):
+            yield frame
+
+    def _files(self, columns: list[str] | None = None):
+        """(path, frame) of `out` and every chunk, as `_frames`."""
         if self.out.exists():
-            yield self._read_out(columns)
+            yield self.out, self._read_out(columns)
         names, text = self._schema()
-        for _, path in self._chunks():
-            yield self._read(path, names, text, columns)
+        chunks = self._chunks()
+        if chunks and names is None:
+            raise ResidError(f"{self.parts} holds result chunks but no schema.json (written before the first "
+                             f"chunk), so it was edited or damaged. Delete {self.parts} to compute its rows again.")
+        for _, path in chunks:
+            yield path, self._read(path, names, text, columns)
+
+    def _stored(self) -> dict:
+        """The finished sidecar (the constructor checked its signature)."""
+        return _read_json(self.sidecar, ("columns", "text_columns"), self._start_over)
 
     def _read_out(self, columns: list[str] | None = None) -> pd.DataFrame:
-        stored = json.loads(self.sidecar.read_text())
+        stored = self._stored()
         text = set(stored["text_columns"])
         return self._normalise(self._read(self.out, stored["columns"], text, columns), text)
 

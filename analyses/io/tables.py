@@ -197,7 +197,7 @@ def read(path: str | Path) -> pd.DataFrame:
         raise ResidError(f"{path.name} has no sidecar {sidecar.name}, so its dtypes and which strings were missing "
                          "cannot be restored exactly. Put the sidecar back beside it, or use pandas.read_csv.")
     if not sidecar.exists():
-        return pd.read_parquet(path)
+        return frames.parquet(path)
     try:
         record = json.loads(sidecar.read_text(encoding="utf-8"))
         table = record.pop("table")

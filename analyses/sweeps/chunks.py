@@ -133,6 +133,10 @@ class SweepJob(Job):
         return layout(len(self.sequences), self.sites, todo, self.chunk_batch, self.n_layers, workers, per_worker,
                       self.encoder_layers)
 
+    def size(self, chunk: SweepChunk) -> int:
+        """The rows a chunk returns: one per (prompt, site) it computes (the progress bar counts rows of rows)."""
+        return len(chunk.rows)
+
     def prepare(self, model: Transformer | EncoderDecoder, executor, chunks: list) -> None:
         """Mean ablation: the reference means of every edited site, on the same executor, if rows are left."""
         if self.method != "mean" or not chunks or self.means:

@@ -44,7 +44,7 @@ from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.crosslayer_run import SplicedCLT, observed
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.edits import feature_splices
-from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, store
+from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, at_real_tokens, real_tokens, store
 from resid.dictionaries.hooks import HookPoint, read
 from resid.dictionaries.modes import Observe, Splice
 from resid.errors import ResidError
@@ -133,7 +133,7 @@ class Attached:
                 x = residuals.get(d.point_in.site) if d.point_in.site in residuals else read(run, self.model,
                                                                                             d.point_in)
                 target = x if not d.is_transcoder else read(run, self.model, d.point_out)
-                acts = d.encode(x)
+                acts = at_real_tokens(d.encode(x), real_tokens(run))
                 recon = decode(d, acts, x)
                 error, mode = target - recon, "observe"
             records[d.name] = Encoded(d, store(acts, use.storage), recon, error, x, mode)
@@ -170,7 +170,7 @@ class Attached:
         def splice(value: Tensor, tokens) -> Tensor:
             target = d.point_out.view(value, self.model)
             x = self._inputs.pop(d.name) if d.is_transcoder else target
-            acts = d.encode(x)
+            acts = at_real_tokens(d.encode(x), tokens.attention_mask)
             recon = decode(d, acts, x)
             error = target - recon
             new = recon + error if use.error else recon

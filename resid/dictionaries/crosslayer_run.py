@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
-from resid.dictionaries.encoded import CrossLayerEncoded, store
+from resid.dictionaries.encoded import CrossLayerEncoded, at_real_tokens, real_tokens, store
 from resid.dictionaries.hooks import read
 from resid.errors import ResidError
 from resid.interventions import Hook
@@ -48,7 +48,7 @@ class SplicedCLT:
         def tap(value: Tensor, tokens) -> Tensor:
             x = self.clt.points_in[layer].view(value, self.model)
             self.inputs.append(x)
-            self.acts.append(self.clt.encode_layer(layer, x))
+            self.acts.append(at_real_tokens(self.clt.encode_layer(layer, x), tokens.attention_mask))
             return value
 
         return tap
@@ -81,6 +81,7 @@ def observed(clt: CrossLayerTranscoder, run, model, storage: str) -> CrossLayerE
     """The CLT applied to an unchanged run's records (observe mode)."""
     x = torch.stack([read(run, model, point) for point in clt.points_in])
     target = torch.stack([read(run, model, point) for point in clt.points_out])
-    acts = clt.encode(x)
+    acts = at_real_tokens(clt.encode(x), real_tokens(run))
     recon = clt.decode(acts, x if clt.W_skip is not None else None)
     return CrossLayerEncoded(clt, tuple(store(a, storage) for a in acts), recon, target - recon, x, "observe")
+

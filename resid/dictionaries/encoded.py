@@ -1,5 +1,6 @@
 """What a dictionary computed in a run (`run.dictionaries[name]`): its feature activations, its reconstruction and
-its error term, at the run's captured positions.
+its error term, at the run's captured positions. Activations are 0 at padding (at_real_tokens), and the
+reconstruction there is the decoding of those zeros.
 
 Axes as in resid.dictionaries.dictionary: `feature` the dictionary's features, `d_in` / `d_out` the widths of the
 tensors it reads and reconstructs.
@@ -23,6 +24,18 @@ from resid.sites import Site
 Storage = Literal["auto", "sparse", "dense"]
 STORAGES = ("auto", "sparse", "dense")
 SPARSE_BELOW = 0.25  # "auto" stores activations sparse when fewer than this fraction is non-zero
+
+
+def at_real_tokens(acts: Float[Tensor, "*layer batch pos feature"], mask: Tensor) -> Tensor:
+    """The activations with those at padding zeroed, as the attention mask ([batch pos] bool, False at padding)
+    says: a pad token is no part of any prompt, so its features do not fire (left padding gave them values)."""
+    return torch.where(mask[..., None].to(acts.device), acts, torch.zeros((), dtype=acts.dtype, device=acts.device))
+
+
+def real_tokens(run) -> Tensor:
+    """[batch pos] bool: which of a run's recorded positions hold real tokens (its captured ones, or all)."""
+    mask, captured = run.tokens.attention_mask, run.stream.captured
+    return mask if captured is None else mask.gather(1, captured.to(mask.device))
 
 
 def store(acts: Tensor, storage: Storage) -> Tensor:

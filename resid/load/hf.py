@@ -65,18 +65,33 @@ def _canonical(name: str, family: Family) -> str:
 
 
 def _read_json(path: Path, what: str) -> dict:
+    """A JSON object from a file of the model folder; anything else (a folder, a list, bad bytes) is an error
+    naming the file."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except FileNotFoundError:
         raise ResidError(f"{path.parent} has no {what}: a model folder needs config.json and *.safetensors.") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except IsADirectoryError:
+        raise ResidError(f"{path} is a folder, not a file; {what} must be the JSON file the model was saved with. "
+                         "Re-download or re-export the model.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ResidError(f"{path} is not valid JSON ({err}); re-download or re-export it.") from None
+    except OSError as err:
+        raise ResidError(f"{path} could not be read ({err.strerror or err}); check its permissions.") from None
+    if not isinstance(found, dict):
+        raise ResidError(f"{path} holds a JSON {type(found).__name__}, not the JSON object {what} is; re-download "
+                         "or re-export it.")
+    return found
 
 
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(_read_json(index, index.name).get("weight_map", {}).values()))
+        weight_map = _read_json(index, index.name).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+            raise ResidError(f"{index} has no \"weight_map\" object of tensor name -> shard file name; "
+                             "re-download it with the shards it lists.")
+        shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).exists()]
         if not shards or missing:
             raise ResidError(f"{index} lists shard(s) {missing or shards} that are not in {folder}; download them all.")

@@ -62,7 +62,8 @@ def test_zero_sublayer_sweep_matches_hf_hook(tiny: Tiny):
 def test_cli_writes_results_and_figure(tmp_path, capsys):
     prompts = _write_jsonl(tmp_path / "p.jsonl", _prompt_lines(2))
     out = tmp_path / "r.csv"
-    assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet"]) == 0
+    assert main(["ablate", "--prompts", str(prompts), "--sites", "layer", "--out", str(out), "--quiet",
+                 "--shared-js"]) == 0
     assert capsys.readouterr().out.startswith("60 rows (2 prompts)")  # 2 prompts x 30 layers
     df = pd.read_csv(out)
     assert len(df) == 2 * 30 and set(df.part) == {"layer"} and (df.metric == "logit_diff").all()

@@ -1,5 +1,5 @@
-"""What the subcommands write with --out, on a tiny random model: shared or embedded plotly.js, the text summary
-in report.html, and resample ablation with donors given in a --reference file."""
+"""What the subcommands write with --out, on a tiny random model: embedded (the default) or shared plotly.js, the
+text summary in report.html, and resample ablation with donors given in a --reference file."""
 
 import html
 import json
@@ -30,28 +30,29 @@ def folder(tmp_path_factory) -> Path:
     return folder
 
 
-def test_pages_share_one_plotly_js_unless_self_contained(folder, tmp_path, capsys):
+def test_pages_open_alone_unless_they_share_plotly_js(folder, tmp_path, capsys):
     shared, alone = tmp_path / "shared", tmp_path / "alone"
     args = ["neurons", "values", "--model", str(folder), "--layers", "0", "--neurons", "0,1", "--k", "3"]
-    assert main(args + ["--out", str(shared)]) == 0
+    assert main(args + ["--out", str(shared), "--shared-js"]) == 0
     pages = sorted(shared.glob("*.html"))
     assert [p.name for p in pages] == ["values_L0_N0.html", "values_L0_N1.html"]
     assert (shared / "plotly.min.js").stat().st_size > PLOTLY_JS
     for page in pages:
         assert page.stat().st_size < 100_000 and 'src="plotly.min.js"' in page.read_text()
-    assert main(args + ["--out", str(alone), "--self-contained"]) == 0
-    assert not (alone / "plotly.min.js").exists()
+    assert main(args + ["--out", str(alone)]) == 0  # the default
+    assert not (alone / "plotly.min.js").exists() and len(list(alone.glob("*.html"))) == 2
     for page in alone.glob("*.html"):
         assert page.stat().st_size > PLOTLY_JS and 'src="plotly.min.js"' not in page.read_text()
     capsys.readouterr()
 
 
 def test_lens_and_ablate_figures_share_plotly_js(folder, tmp_path, capsys):
-    assert main(["lens", "When Mary and John went", "--model", str(folder), "--out", str(tmp_path / "lens.csv")]) == 0
+    assert main(["lens", "When Mary and John went", "--model", str(folder), "--out", str(tmp_path / "lens.csv"),
+                 "--shared-js"]) == 0
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p, "target": t}) + "\n" for p, t in zip(PROMPTS, TARGETS)))
     assert main(["ablate", "--model", str(folder), "--prompts", str(prompts), "--sites", "layer", "--metric", "logit",
-                 "--out", str(tmp_path / "r.csv"), "--quiet"]) == 0
+                 "--out", str(tmp_path / "r.csv"), "--quiet", "--shared-js"]) == 0
     for page in ("lens.html", "r.html"):
         assert (tmp_path / page).stat().st_size < 100_000
     assert (tmp_path / "plotly.min.js").stat().st_size > PLOTLY_JS
@@ -60,7 +61,7 @@ def test_lens_and_ablate_figures_share_plotly_js(folder, tmp_path, capsys):
 
 def test_report_holds_the_printed_summary(folder, tmp_path, capsys):
     assert main(["decompose", "When Mary and John went", "--model", str(folder), "--level", "sublayer",
-                 "--out", str(tmp_path)]) == 0
+                 "--out", str(tmp_path), "--shared-js"]) == 0
     printed = capsys.readouterr().out
     report = (tmp_path / "report.html").read_text()
     pre = report[report.index("<pre>") + 5 : report.index("</pre>")]
@@ -68,7 +69,7 @@ def test_report_holds_the_printed_summary(folder, tmp_path, capsys):
     assert printed.startswith(html.unescape(pre) + "\n\nwrote ")  # all that is printed before the file list
     assert report.count('src="plotly.min.js"') == 1 and (tmp_path / "plotly.min.js").exists()
     assert main(["decompose", "When Mary and John went", "--model", str(folder), "--level", "sublayer",
-                 "--out", str(tmp_path / "alone"), "--self-contained"]) == 0
+                 "--out", str(tmp_path / "alone")]) == 0
     assert (tmp_path / "alone" / "report.html").stat().st_size > PLOTLY_JS
     assert not (tmp_path / "alone" / "plotly.min.js").exists()
     capsys.readouterr()

@@ -67,3 +67,20 @@ def test_whitespace_is_text_everywhere_and_empty_is_an_error_everywhere(gpt2_fol
     capsys.readouterr()
     assert main([*command, "", "--model", str(gpt2_folder)]) == 2
     assert "tokenize to nothing" in capsys.readouterr().err
+
+
+def test_patch_prints_the_effect_and_the_tables_score_labelled(folder, tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"clean": "When Mary and John went to the store, John gave a drink to",
+                                 "corrupt": "When Mary and John went to the store, Mary gave a drink to",
+                                 "target": " Mary", "baseline": " John"}) + "\n")
+    out = tmp_path / "patch.csv"
+    assert main(["patch", "--model", str(folder), "--pairs", str(pairs), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].startswith("largest mean effects on logit_diff (denoise): effect = patched - corrupt run's "
+                                 "metric; score = the table's score column"), printed[1]
+    table = tables.read(out)
+    site, effect, score = printed[2].split()[0], float(printed[2].split()[2]), float(printed[2].split()[4])
+    rows = table[table["site"] == site]
+    assert effect == pytest.approx((rows["patched_metric"] - rows["corrupt_metric"]).mean(), abs=1e-4)
+    assert score == pytest.approx(rows["score"].mean(), abs=1e-3)

@@ -39,6 +39,9 @@ def test_graph_prints_the_scores_and_writes_the_viewer_files(folder, kind, tmp_p
     replacement, completeness = graph.scores()
     assert f"replacement score {replacement:.4f}   completeness score {completeness:.4f}" in printed
     assert re.search(r"validation: 2 features ablated", printed)
+    first = printed.splitlines()[0]  # the transcoders summarized, not every name
+    summary = ("2 (layers[0].mlp .. layers[1].mlp)" if kind == "plt" else "cross-layer transcoder")
+    assert f"transcoders: {summary}" in first and first.endswith(f"from {DATA / kind}"), first
     data = json.loads(out.read_text())
     assert data["metadata"]["resid"]["validation"]["factor"] == 0.0
     assert (tmp_path / "g.html").read_text().startswith("<!DOCTYPE html>")
@@ -59,7 +62,9 @@ def test_graph_reads_a_folder_of_saelens_transcoders(folder, tmp_path, capsys) -
         loaded.append(resid.dictionaries.check(transcoder, model))
     assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(tmp_path / "set")]) == 0
     expected = graphs.attribute(model, PROMPT, loaded)
-    assert f"{expected.n_features} feature nodes" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"{expected.n_features} feature nodes" in printed
+    assert f"transcoders: 2 (layers[0].mlp .. layers[1].mlp) from {tmp_path / 'set'}\n" in printed
 
 
 @pytest.mark.parametrize("flags, message", [

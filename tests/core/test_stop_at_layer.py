@@ -19,7 +19,7 @@ def test_the_stream_equals_a_full_runs_up_to_the_stop(kind, stop):
     capture = resid.Capture.all()
     full = model.run(tokens, capture=capture)
     part = model.run(tokens, capture=capture, stop_at_layer=stop)
-    assert part.logits is None and len(part.stream.layers) == stop
+    assert not part.has_logits and len(part.stream.layers) == stop
     after = full.stream.resid_pre(stop) if stop < model.config.n_layers else full.stream.final()
     torch.testing.assert_close(part.hidden, after, atol=1e-6, rtol=1e-6)
     for layer in range(stop):

@@ -37,6 +37,7 @@ def test_observing_a_clt_changes_nothing_and_records_its_decomposition(random_mo
     record = run.dictionaries["clt"]
     x = torch.stack([plain.read(point.site) for point in clt.points_in])
     acts = torch.relu(torch.einsum("lbpd,ldf->lbpf", x, clt.W_enc) + clt.b_enc[:, None, None])
+    acts = acts * plain.tokens.attention_mask[None, ..., None]  # 0 at padding, as the attention mask says
     torch.testing.assert_close(record.acts, acts, **TINY)
     for t in range(model.config.n_layers):
         write = plain.read(resid.Site(t, "mlp"))
@@ -64,7 +65,7 @@ def test_splicing_a_clt_without_its_error_equals_hand_written_hooks(random_model
 
     def tap(l: int):
         def fn(x, tokens):
-            acts.append(torch.relu(x @ clt.W_enc[l] + clt.b_enc[l]))
+            acts.append(torch.relu(x @ clt.W_enc[l] + clt.b_enc[l]) * tokens.attention_mask[..., None])
             return x
         return fn
 

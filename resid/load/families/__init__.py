@@ -115,34 +115,97 @@ COUNTS = {
     "type_vocab_size": 0, "max_window_layers": 0,
 }
 # Real numbers that must be finite and positive (or null where optional): epsilons, rotary bases and fractions,
-# soft caps, the attention scale.
+# soft caps, the attention scale. NaN, Infinity and 0 are refused, never replaced by a default: a NaN rotary base
+# loads and gives finite logits that are wrong by several units.
 POSITIVE = frozenset({
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "rotary_emb_base",
     "partial_rotary_factor", "rotary_pct", "attn_logit_softcapping", "final_logit_softcapping",
     "query_pre_attn_scalar",
 })
+# Of those, the fractions of each head's dims that rotate: at most 1.
+FRACTIONS = frozenset({"partial_rotary_factor", "rotary_pct"})
+# Switches: a JSON true or false. A string "false" would read as true.
+BOOLS = frozenset({
+    "attention_bias", "mlp_bias", "tie_word_embeddings", "use_sliding_window", "use_parallel_residual",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention",
+    "is_decoder", "is_encoder_decoder", "scale_embedding", "static_position_embeddings", "normalize_before",
+    "add_final_layer_norm", "normalize_embedding", "add_bias_logits", "share_encoder_decoder_embeddings",
+    "scale_decoder_outputs", "use_bidirectional_attention", "use_mrope",
+})
+# The rotary parameters (rope_parameters, or the older rope_scaling; nested per layer type in Gemma 3): the base
+# and the scaling's numbers are finite and positive (mscale, mscale_all_dim may be 0: DeepSeek's "no mscale"),
+# the pre-training context a size, truncate a switch.
+ROPE_NESTS = ("rope_parameters", "rope_scaling")
+ROPE_POSITIVE = frozenset({"rope_theta", "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                           "attention_factor", "partial_rotary_factor"})
+ROPE_NON_NEGATIVE = frozenset({"mscale", "mscale_all_dim"})
+
+
+def _kind(value: object) -> str:
+    return ("a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool)
+            else "a list" if isinstance(value, list) else "an object" if isinstance(value, dict)
+            else type(value).__name__)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_values(hf: dict, where: str) -> None:
-    """Refuse a size that is not a whole number of its range, or a number field that is not a finite positive
-    number, naming the field and saying what it holds."""
+    """Refuse a size that is not a whole number of its range, a number field that is not a finite positive
+    number, a switch that is not a JSON boolean, or rotary parameters of the wrong kind, naming the field and
+    saying what it holds."""
     for name, value in hf.items():
-        if value is None or (name not in COUNTS and name not in POSITIVE):
+        if value is None:
             continue
-        kind = ("a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool)
-                else type(value).__name__)
         if name in COUNTS:
-            whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-            if not whole or value < COUNTS[name]:
-                shown = f"{value!r} ({kind})" if not whole else repr(value)
-                raise ResidError(
-                    f"{where}: {name} must be a whole number of at least {COUNTS[name]}, written without quotes or "
-                    f"a decimal point (e.g. 576), but it is {shown}. Fix that field of config.json."
-                )
-        elif (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-              or value <= 0):
-            raise ResidError(f"{where}: {name} must be a finite positive number, but it is {value!r} ({kind}). Fix "
-                             "that field of config.json.")
+            _check_count(name, value, COUNTS[name], where)
+        elif name in POSITIVE:
+            if not _real(value) or value <= 0 or (name in FRACTIONS and value > 1):
+                rule = "a number in (0, 1]" if name in FRACTIONS else "a finite positive number"
+                raise ResidError(f"{where}: {name} must be {rule}, but it is {value!r} ({_kind(value)}). Fix that "
+                                 "field of config.json.")
+        elif name in BOOLS and not isinstance(value, bool):
+            raise ResidError(f"{where}: {name} must be true or false (a JSON boolean, without quotes), but it is "
+                             f"{value!r} ({_kind(value)}). Fix that field of config.json.")
+        elif name in ROPE_NESTS:
+            _check_rope(value, name, where)
+
+
+def _check_count(name: str, value: object, least: int, where: str) -> None:
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not whole or value < least:
+        shown = f"{value!r} ({_kind(value)})" if not whole else repr(value)
+        raise ResidError(
+            f"{where}: {name} must be a whole number of at least {least}, written without quotes or a decimal "
+            f"point (e.g. 576), but it is {shown}. Fix that field of config.json."
+        )
+
+
+def _check_rope(params: object, path: str, where: str, nested: bool = True) -> None:
+    if not isinstance(params, dict):
+        raise ResidError(f"{where}: {path} must be an object of rotary parameters (e.g. {{\"rope_type\": "
+                         f"\"default\", \"rope_theta\": 10000.0}}), but it is {params!r} ({_kind(params)}). Fix that "
+                         "field of config.json.")
+    for name, value in params.items():
+        field = f"{path}.{name}"
+        if value is None:
+            continue
+        if isinstance(value, dict) and nested:  # per layer type (Gemma 3: full_attention, sliding_attention)
+            _check_rope(value, field, where, nested=False)
+        elif name in ROPE_POSITIVE or name in ROPE_NON_NEGATIVE:
+            positive = name in ROPE_POSITIVE
+            fraction = name == "partial_rotary_factor"
+            if not _real(value) or (value <= 0 if positive else value < 0) or (fraction and value > 1):
+                rule = ("a number in (0, 1]" if fraction else "a finite positive number" if positive
+                        else "a finite number of at least 0")
+                raise ResidError(f"{where}: {field} must be {rule}, but it is {value!r} ({_kind(value)}). Fix "
+                                 "that field of config.json.")
+        elif name == "original_max_position_embeddings":
+            _check_count(field, value, 1, where)
+        elif name == "truncate" and not isinstance(value, bool):
+            raise ResidError(f"{where}: {field} must be true or false (a JSON boolean, without quotes), but it is "
+                             f"{value!r} ({_kind(value)}). Fix that field of config.json.")
 
 
 def check_fields(hf: dict, fields: frozenset[str], where: str) -> None:
@@ -200,8 +263,9 @@ def rope(hf: dict, layer_type: str | None = None, default_base: float = 10000.0)
             f"Rotary scaling {kind!r} is not supported; resid computes 'default' and {', '.join(map(repr, SCALINGS))} "
             "as transformers does. Use a model with one of those."
         )
-    base = float(params.get("rope_theta") or hf.get("rope_theta") or default_base)
-    partial = float(params.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0)
+    # check_values refused a 0 or NaN, so a missing field is the only reason to take the default
+    base = float(hf_get(params, "rope_theta", default=hf_get(hf, "rope_theta", default=default_base)))
+    partial = float(hf_get(params, "partial_rotary_factor", default=hf_get(hf, "partial_rotary_factor", default=1.0)))
     if kind == "default":
         return Rope(base, None, partial)
     n_ctx = hf["max_position_embeddings"]
