@@ -320,24 +320,28 @@ class Site:
         return cls(layer, row.part, field=row.field, **units)
 
     # --- against a model ---------------------------------------------------------------------------------------
-    def resolve(self, config: ModelConfig) -> "Site":
-        """The site checked against the model, with its layer and indices made non-negative. Encoder sites are
-        resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config (`resolve_encoder`)."""
+    def resolve(self, config: ModelConfig, n_layers: int | None = None) -> "Site":
+        """The site checked against the model, with its layer and indices made non-negative. `n_layers`: the
+        layers a run has when it stopped early (stop_at_layer), so that -1 is its last; default the model's.
+        Encoder sites are resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config
+        (`resolve_encoder`)."""
         if self.stack is not None:
             raise ResidError(f"{self.label} is a site of an encoder-decoder model's encoder, and this model has no "
                              "encoder: drop the 'encoder.' prefix (stack=), or run a resid.EncoderDecoder, which "
                              "routes encoder sites to its encoder.")
-        return self._resolved(config, self.label)
+        return self._resolved(config, self.label, n_layers)
 
     def resolve_encoder(self, config: ModelConfig) -> "Site":
         """An encoder site resolved against the encoder's config (its errors name it by its own label)."""
         bare = dataclasses.replace(self, stack=None)._resolved(config, self.label)
         return dataclasses.replace(bare, stack=self.stack)
 
-    def _resolved(self, config: ModelConfig, where: str) -> "Site":
+    def _resolved(self, config: ModelConfig, where: str, n_layers: int | None = None) -> "Site":
         changes = {}
         if self.layer is not None:
-            changes["layer"] = _index(self.layer, config.n_layers, "layer", where, "layers")
+            noun = "layers" if n_layers is None else "layers in this run (stop_at_layer)"
+            changes["layer"] = _index(self.layer, config.n_layers if n_layers is None else n_layers, "layer", where,
+                                      noun)
         self._check_model(config, where)
         sizes = {"head": (config.n_heads, "heads"), "kv_head": (config.n_kv_heads, "key/value heads"),
                  "neuron": (config.d_mlp, "MLP neurons"), "expert": (config.n_experts, "experts"),
