@@ -236,7 +236,7 @@ class ResidualStream:
         if record is None:
             raise ResidError(f"{site.label}: this model has no cross-attention.")
         tensor = getattr(record, site.what)
-        if site.what == "pattern" and site.head is not None:  # [batch head pos key_pos]
+        if site.what in ("pattern", "scores") and site.head is not None:  # [batch head pos key_pos]
             return tensor[:, site.head]
         if site.expert is not None:
             return tensor[:, :, site.expert, site.neuron] if site.neuron is not None else tensor[:, :, site.expert]
