@@ -5,6 +5,7 @@ independent computation of TransformerLens's definition, free when not captured,
 import pytest
 import torch
 from random_models import make_random_model
+from t5_models import t5
 
 import resid
 import resid.hook_names as hook_names
@@ -163,3 +164,35 @@ def _first_real_key(tokens: resid.Tokens, like: torch.Tensor) -> torch.Tensor:
     mask = ~tokens.attention_mask.bool()[:, :, None].expand(like.shape).clone()
     mask[torch.arange(like.shape[0]), :, first] = True
     return mask
+
+
+def test_projection_edits_reach_the_scores():
+    """q_proj is edited before the rotary embedding: zeroing a head's projected query zeroes its rotated query
+    (rotary is linear) and flattens its pattern over the keys each query may read."""
+    model, ids = make_random_model("llama_gqa"), torch.arange(3, 9)[None]
+    site = Site(1, "attn", head=0, field="q_proj")
+    run = model.run(ids, capture=Capture(attn={"q", "pattern", "out"}), interventions=[resid.ZeroAblate(site)])
+    attn = run.stream.layers[1].attn
+    assert not bool(attn.q[:, :, 0].any()) and bool(attn.q[:, :, 1].any())
+    causal = torch.ones(6, 6).tril()
+    torch.testing.assert_close(attn.pattern[0, 0], causal / causal.sum(-1, keepdim=True), atol=1e-6, rtol=1e-6)
+
+
+def test_t5_scores_carry_the_relative_bias(tmp_path):
+    """T5 (no scaling, a relative position bias): the scores are q k^T plus Hugging Face's compute_bias, -inf
+    after each decoder query; the cross-attention's have no bias and no mask."""
+    hf = t5(tmp_path, "1.0")
+    model = resid.load(tmp_path)
+    sources, targets = torch.arange(2, 11)[None], torch.arange(3, 10)[None]
+    run = model.run(sources, targets, capture=Capture.all(), encoder_capture=Capture.all())
+    stacks = ((run.encoder.stream.layers[0].attn, hf.encoder, 9), (run.stream.layers[0].attn, hf.decoder, 7))
+    for attn, stack, n in stacks:
+        with torch.no_grad():
+            bias = stack.block[0].layer[0].SelfAttention.compute_bias(n, n)
+        expected = torch.einsum("bqhd,bkhd->bhqk", attn.q, attn.k) * model.decoder.blocks[0].attn.scale + bias
+        if stack is hf.decoder:
+            expected = expected.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(attn.scores, expected, atol=1e-4, rtol=1e-4)
+    cross = run.stream.layers[0].cross
+    torch.testing.assert_close(cross.scores, torch.einsum("bqhd,bkhd->bhqk", cross.q, cross.k), atol=1e-4, rtol=1e-4)
+    assert torch.equal(torch.softmax(cross.scores, -1, dtype=torch.float32), cross.pattern)
