@@ -197,7 +197,8 @@ class Attention(nn.Module):
         """The attention output before any post-norm (resid.components.block applies that, and the write edits);
         head edits act on z here."""
         batch, n_pos, _ = normalized.shape
-        want = want | {self.same[name] for name in want & self.same.keys()}  # kept as q / k: the same tensor
+        if want and self.same:  # q_proj / k_proj are kept as q / k: the same tensor
+            want = want | {self.same[name] for name in want & self.same.keys()}
         projected: dict[str, Tensor] = {}  # q_proj and k_proj, where they differ from q and k and are wanted
         cached = ctx.cache.cross.get(self.layer) if self.cross and ctx.cache is not None else None
         if cached is not None:  # a generation step: the source's keys and values as the first pass made them
@@ -216,7 +217,7 @@ class Attention(nn.Module):
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         scores = pattern = None
-        edited = {iv.site.what for iv, _ in edits} & {"scores", "pattern"}
+        edited = {iv.site.what for iv, _ in edits} & {"scores", "pattern"} if edits else ()
         if self.softcap is not None or edited:
             # SDPA cannot soft-cap scores, nor take edited scores or an edited pattern: the explicit path, as
             # Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
@@ -281,7 +282,7 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """q [batch pos head d_head], k and v [batch key_pos kv_head d_head]: projected (q_proj, k_proj: edited,
         and kept in `projected` where wanted), q/k-normed, rotated."""
-        batch, n_pos, _ = normalized.shape
+        batch = normalized.shape[0]
         source = ctx.memory if self.cross else normalized  # what keys and values are read from
         n_keys = source.shape[1]
         q = self._projected("q", normalized, edits, want, projected)
@@ -315,10 +316,11 @@ class Attention(nn.Module):
             self._w_k, self._b_k, self.n_kv_heads)
         out = F.linear(x, weight, bias)
         out = out.view(*out.shape[:-1], heads, self.d_head)
-        field = f"{name}_proj"
-        out = apply_edits(out, edits, field) if edits else out
-        if field in want and field not in self.same:
-            projected[field] = out
+        if edits or want:
+            field = f"{name}_proj"
+            out = apply_edits(out, edits, field) if edits else out
+            if field in want and field not in self.same:
+                projected[field] = out
         return out
 
     def pattern_of(
