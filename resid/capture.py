@@ -12,9 +12,11 @@ from typing import Literal, get_args
 from resid.errors import ResidError
 from resid.sites import Site
 
-# resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read)
+# resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read). q_proj / k_proj
+# (before q/k norms and rotary) are q / k in models with neither, and kept once; scores are the softmax's input.
 AttnField = Literal[
-    "normalized", "norm_scale", "q", "k", "v", "pattern", "z", "post_norm_scale", "resid_norm_scale", "out"
+    "normalized", "norm_scale", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "z", "post_norm_scale",
+    "resid_norm_scale", "out",
 ]
 # router_logits, expert_weights, expert_out: mixture-of-experts MLPs only (pre and gate: dense MLPs only)
 MLPField = Literal[

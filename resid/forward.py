@@ -21,7 +21,7 @@ from resid.capture import Capture
 from resid.components.attention import AttnContext, KVCache, allowed_keys
 from resid.errors import ResidError, param, python_only
 from resid.interventions import apply_edits, edit_residual
-from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields
+from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields, same_fields
 from resid.run import Memory
 from resid.selection import LogitsAt, logit_index
 from resid.sites import Site
@@ -133,16 +133,18 @@ def forward(model, tokens: Tokens, edits: dict, capture: Capture, keep, *, start
 def _record(model, layer: int, values: dict[str, dict[str, Tensor]], deltas: dict[str, Tensor], keep) -> LayerRecord:
     """The captured values of one layer at the kept positions (a cross-attention's keys and values are over the
     source's positions, kept whole)."""
-    source = ("k", "v")
-    attn = {name: (keep(t, axis=2) if name == "pattern" else keep(t)) for name, t in values.get("attn", {}).items()}
+    source = ("k", "v", "k_proj")
+    by_query = ("scores", "pattern")  # [batch head pos key_pos]: positions are the third axis
+    attn = {name: (keep(t, axis=2) if name in by_query else keep(t)) for name, t in values.get("attn", {}).items()}
     mlp = {name: keep(t) for name, t in values.get("mlp", {}).items()}
     attn_absent, mlp_absent = absent_fields(model.config)
     cross = None
     if "cross" in values:
-        kept = {name: t if name in source else keep(t, axis=2) if name == "pattern" else keep(t)
+        kept = {name: t if name in source else keep(t, axis=2) if name in by_query else keep(t)
                 for name, t in values["cross"].items()}
-        cross = CrossRecord(layer, kept, attn_absent)
-    return LayerRecord(AttnRecord(layer, attn, attn_absent), MLPRecord(layer, mlp, mlp_absent), cross,
+        cross = CrossRecord(layer, kept, attn_absent, same_fields(model.config, cross=True))
+    attn_record = AttnRecord(layer, attn, attn_absent, same_fields(model.config))
+    return LayerRecord(attn_record, MLPRecord(layer, mlp, mlp_absent), cross,
                        {part: keep(delta) for part, delta in deltas.items()})
 
 

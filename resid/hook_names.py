@@ -16,8 +16,11 @@ Where TransformerLens's conventions differ from resid's field names, the view fo
   `normalized` is after them (what the sublayer reads).
 - gated MLPs: `mlp.hook_pre` is the gate's input (resid's `gate`), `mlp.hook_pre_linear` the up branch
   (resid's `pre`).
-- rotary models: resid records q and k after the rotary embedding, TL's `attn.hook_rot_q` / `hook_rot_k`;
-  TL's `attn.hook_q` / `hook_k` (before rotary) are not recorded.
+- `attn.hook_q` / `hook_k` are the projections before any q/k norm and rotary, resid's `q_proj` / `k_proj`;
+  resid's `q` / `k` are what the scores read, TL's `attn.hook_rot_q` / `hook_rot_k` in rotary models (in
+  models with neither q/k norm nor rotary `q_proj` is `q`, one tensor).
+- `attn.hook_attn_scores` is resid's `scores`: -inf at masked keys, as in TL, except that a padding query
+  reads itself (resid's padding rule), so its row is finite there.
 - mixtures of experts (Mixtral): `mlp.hook_expert_weights` is the router's renormalized weights; the dense
   `mlp.hook_pre` / `hook_post` do not exist (each expert's are in `stream.layers[l].mlp`).
 - post-norms (Gemma 2/3): `ln1_post.hook_scale` / `ln2_post.hook_scale` are the post-norms' sigma; models

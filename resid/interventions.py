@@ -1,19 +1,19 @@
 """Typed interventions on sites of a run (resid.sites), applied inside `model.run` and nowhere else.
 
-A `Site` names what is edited: the residual stream itself (`Site(l, "resid_pre" | "resid_mid" | "resid_post")`),
-an embedding write (`Site(None, "embed")`), a sublayer's write (`Site(l, "attn" | "cross" | "mlp")`), one head's
-`z` (the head's attention-weighted value mix, before W_O, so its write is `z[h] @ W_O[h]`), a head's q, k, v or
-pattern, one neuron's coefficient `post[i]` (Geva et al.'s memory coefficient, so its write is
-`post[i] * W_out[i]`); in a mixture of experts (Mixtral), one expert's weighted write or one expert neuron's
-coefficient; `Site(l, "layer")` (ZeroAblate and Scale only) stands for every sublayer write of the layer.
-Optionally only at some prompt-relative positions (0 = each prompt's first real token, -1 its last, whatever the
-padding).
+A `Site` names what is edited: the residual stream itself (`Site(l, "resid_pre" | "resid_mid" | "resid_post")`), an
+embedding write (`Site(None, "embed")`), a sublayer's write (`Site(l, "attn" | "cross" | "mlp")`), one head's `z`
+(the head's attention-weighted value mix, before W_O, so its write is `z[h] @ W_O[h]`), a head's q, k, v, scores (the
+softmax's input) or pattern, its q_proj / k_proj (before q/k norm and rotary), one neuron's coefficient `post[i]`
+(Geva et al.'s memory coefficient, so its write is `post[i] * W_out[i]`); in a mixture of experts (Mixtral), one
+expert's weighted write or one expert neuron's coefficient; `Site(l, "layer")` (ZeroAblate and Scale only) stands for
+every sublayer write of the layer. Optionally only at some prompt-relative positions (0 = each prompt's first real
+token, -1 its last, whatever the padding).
 
-The edited slice a tensor value must broadcast to is [batch pos d_model] for the residual, an embedding or a
-whole write, [batch pos d_head] for a head's z / q (a key/value head's k / v), [batch pos key_pos] for a head's
-pattern, [batch pos d_model] for an expert's write and [batch pos] for a neuron; a field edited whole keeps its
-head axis ([batch pos head d_head], a pattern [batch pos head key_pos]). pos is the sequence, or the chosen
-positions in the order given.
+The edited slice a tensor value must broadcast to is [batch pos d_model] for the residual, an embedding or a whole
+write, [batch pos d_head] for a head's z / q (a key/value head's k / v), [batch pos key_pos] for a head's pattern or
+scores, [batch pos d_model] for an expert's write and [batch pos] for a neuron; a field edited whole keeps its head
+axis ([batch pos head d_head], a pattern [batch pos head key_pos]). pos is the sequence, or the chosen positions in
+the order given.
 
 Editing a residual site adds (new - old) to the stream there; the run's stream records that difference
 (resid.stream), so the stream's writes still sum to what the model computed.
@@ -41,8 +41,8 @@ __all__ = ["Add", "Edit", "Hook", "HookCall", "Intervention", "Replace", "Scale"
            "edit_residual", "group_edits"]
 
 # What each part lets interventions edit (Site.what); everything else of a site is read-only
-EDITABLE = {"attn": ("out", "z", "q", "k", "v", "pattern", "normalized"),
-            "cross": ("out", "z", "q", "k", "v", "pattern", "normalized"),
+EDITABLE = {"attn": ("out", "z", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "normalized"),
+            "cross": ("out", "z", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "normalized"),
             "mlp": ("out", "post", "expert_out", "normalized"), "embed": ("write",), "pos_embed": ("write",),
             "type_embed": ("write",), "resid_pre": ("resid",), "resid_mid": ("resid",), "resid_cross": ("resid",),
             "resid_post": ("resid",)}

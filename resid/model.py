@@ -162,6 +162,7 @@ class Transformer(TokenInputs, nn.Module):
             type_embed_=kept(done.embeddings.get("type_embed")),
             embed_norm_scale_=kept(done.embed_scale),
             norms=self._stream_norms(),
+            config=self.config,
         )
         run = Run(done.logits, stream, tokens, done.uncapped, done.hidden, no_logits=self._no_logits(stop_at_layer))
         return run if attached is None else attached.finish(run)

@@ -18,13 +18,15 @@ class _Record:
 
     _part = ""
 
-    def __init__(self, layer: int, values: dict[str, Tensor], absent: dict[str, str] | None = None):
+    def __init__(self, layer: int, values: dict[str, Tensor], absent: dict[str, str] | None = None,
+                 same: dict[str, str] | None = None):
         self.layer = layer
         self._values = values
         self._absent = absent or {}  # field -> why the model has no such tensor (e.g. not a gated MLP)
+        self._same = same or {}  # field -> the field it is in this model, kept once (same_fields)
 
     def _get(self, name: str) -> Tensor:
-        value = self._values.get(name)
+        value = self._values.get(self._same.get(name, name))
         if value is not None:
             return value
         if name in self._absent:
@@ -68,18 +70,37 @@ class AttnRecord(_Record):
     _part = "attn"
 
     @property
+    def q_proj(self) -> Float[Tensor, "batch pos head d_head"]:
+        """Queries as projected, normalized @ W_Q + b_Q, before any q/k norm and the rotary embedding
+        (TransformerLens's attn.hook_q). In models with neither, the same tensor as `q` (kept once)."""
+        return self._get("q_proj")
+
+    @property
+    def k_proj(self) -> Float[Tensor, "batch pos kv_head d_head"]:
+        """Keys as projected, before any q/k norm and rotary (TransformerLens's attn.hook_k); `k` in models with
+        neither."""
+        return self._get("k_proj")
+
+    @property
     def q(self) -> Float[Tensor, "batch pos head d_head"]:
-        """Queries as used in the scores (after the rotary embedding, if any)."""
+        """Queries as used in the scores (after the q norm and the rotary embedding, if any)."""
         return self._get("q")
 
     @property
     def k(self) -> Float[Tensor, "batch pos kv_head d_head"]:
-        """Keys as used in the scores (after rotary); kv_head < head under grouped-query attention."""
+        """Keys as used in the scores (after the k norm and rotary); kv_head < head under grouped-query attention."""
         return self._get("k")
 
     @property
     def v(self) -> Float[Tensor, "batch pos kv_head d_head"]:
         return self._get("v")
+
+    @property
+    def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
+        """The softmax's input: q k^T * scale, soft-capped (Gemma 2), plus the relative position bias (T5), -inf
+        at the keys a query may not read (later positions, padding, outside a sliding window); a padding query
+        reads itself, so its row is finite there (TransformerLens's attn.hook_attn_scores)."""
+        return self._get("scores")
 
     @property
     def pattern(self) -> Float[Tensor, "batch head pos key_pos"]:
@@ -162,6 +183,14 @@ class LayerRecord:
     # What interventions on this layer's residual sites added to the residual ("resid_pre", "resid_mid",
     # "resid_cross", "resid_post" -> new - old, [batch pos d_model]); empty without such edits
     deltas: dict[str, Tensor] = field(default_factory=dict)
+
+
+def same_fields(config: ModelConfig, cross: bool = False) -> dict[str, str]:
+    """The attention fields that are another field in this model, kept once and read from it: the projections
+    q_proj and k_proj are q and k where no q/k norm and no rotary embedding (which cross-attention never has)
+    transforms them."""
+    transformed = config.qk_norm != "none" or (config.positions == "rotary" and not cross)
+    return {} if transformed else {"q_proj": "q", "k_proj": "k"}
 
 
 def absent_fields(config: ModelConfig) -> tuple[dict[str, str], dict[str, str]]:

@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from resid.components.norm import Norm
+from resid.config import ModelConfig
 from resid.errors import ResidError
 from resid.records import AttnRecord, LayerRecord, MLPRecord
 from resid.sites import RESID_PARTS, Site
@@ -73,6 +74,7 @@ class ResidualStream:
     type_embed_: Tensor | None = None  # token-type embedding (BERT)
     embed_norm_scale_: Tensor | None = None  # the embedding norm's scale (BERT)
     norms: StreamNorms | None = None  # post-LN models only
+    config: ModelConfig | None = None  # the model's: `read` checks a site's indices against it (None: unchecked)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", Layers(self.layers))
@@ -203,6 +205,9 @@ class ResidualStream:
         if site.stack is not None:
             raise ResidError(f"{site.label} is a site of an encoder-decoder model's encoder, not of this stream: read "
                              "it from the EncoderDecoder's run (run.read(site)).")
+        if self.config is not None:  # layer, head, kv_head, neuron, expert in range, said by the site's label
+            ran = len(self.layers)  # fewer than the model's after run(stop_at_layer=...)
+            site = site.resolve(self.config, None if ran == self.config.n_layers else ran)
         if site.of_dictionary:
             raise ResidError(f"{site.label} belongs to a learned dictionary, not to the stream: run the model with "
                              "dictionaries=[...] and read it with run.read(site) (or run.dictionaries).")
@@ -231,7 +236,7 @@ class ResidualStream:
         if record is None:
             raise ResidError(f"{site.label}: this model has no cross-attention.")
         tensor = getattr(record, site.what)
-        if site.what == "pattern" and site.head is not None:  # [batch head pos key_pos]
+        if site.what in ("pattern", "scores") and site.head is not None:  # [batch head pos key_pos]
             return tensor[:, site.head]
         if site.expert is not None:
             return tensor[:, :, site.expert, site.neuron] if site.neuron is not None else tensor[:, :, site.expert]

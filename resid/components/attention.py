@@ -2,11 +2,21 @@
 optional q/k norms (Qwen3, Gemma 3, OLMo 2), score soft-capping (Gemma 2), a per-layer sliding window and rotary
 (Gemma 2/3, Qwen2 windows), and decoders' cross-attention (keys and values from an encoder's output).
 
+    q_proj, k_proj   the queries and keys as projected (x W_Q + b_Q), before any q/k norm and the rotary embedding
+                     (TransformerLens's attn.hook_q / hook_k); where nothing transforms them they are q and k
+                     (resid.records.same_fields), computed and kept once
+    q, k             as the scores read them: q/k-normed, then rotated
+    scores           q k^T * scale, soft-capped (Gemma 2), plus the relative position bias (T5), -inf at every key a
+                     query may not read: the softmax's input (TransformerLens's attn.hook_attn_scores), in the model
+                     dtype, [batch head pos key_pos]. A padding query reads itself (resid.components.attention's
+                     allowed_keys), so its row holds its own score and -inf elsewhere
+    pattern          softmax(scores) in float32, cast to the model dtype
+
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
 projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its
 per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model).
-Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`. An edited
-attention pattern (Site(..., field="pattern")) takes the explicit path: z = pattern @ v.
+Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`. Edited scores
+or an edited pattern (Site(..., field="scores" | "pattern")) take the explicit path: z = softmax(scores) @ v.
 
 With its pattern P frozen (an attribution graph's replacement model), attention is affine in what it reads; its
 value path is the map `frozen`, and `frozen_adjoint` its linear part's adjoint (float32):
@@ -29,6 +39,7 @@ from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
+from resid.records import same_fields
 
 
 @dataclass
@@ -145,6 +156,8 @@ class Attention(nn.Module):
         self._b_k = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self._b_v = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self.b_O = nn.Parameter(torch.zeros(d_model)) if config.attn_out_bias else None
+        # q_proj -> q, k_proj -> k where nothing transforms the projection: recorded as q and k, not twice
+        self.same = same_fields(config, cross)
 
     @property
     def W_Q(self) -> Float[Tensor, "head d_model d_head"]:
@@ -184,12 +197,16 @@ class Attention(nn.Module):
         """The attention output before any post-norm (resid.components.block applies that, and the write edits);
         head edits act on z here."""
         batch, n_pos, _ = normalized.shape
+        if want and self.same:  # q_proj / k_proj are kept as q / k: the same tensor
+            want = want | {self.same[name] for name in want & self.same.keys()}
+        projected: dict[str, Tensor] = {}  # q_proj and k_proj, where they differ from q and k and are wanted
         cached = ctx.cache.cross.get(self.layer) if self.cross and ctx.cache is not None else None
         if cached is not None:  # a generation step: the source's keys and values as the first pass made them
-            q, k, v = self._queries(normalized, ctx), cached[0].transpose(1, 2), cached[1].transpose(1, 2)
+            q = self._queries(normalized, edits, want, projected)
+            k, v = cached[0].transpose(1, 2), cached[1].transpose(1, 2)
             q = apply_edits(q, edits, "q") if edits else q
         else:
-            q, k, v = self._qkv(normalized, ctx)
+            q, k, v = self._qkv(normalized, ctx, edits, want, projected)
             if edits:  # a head's q, k or v, as the scores read them (Site(..., field="q"))
                 q, k, v = apply_edits(q, edits, "q"), apply_edits(k, edits, "k"), apply_edits(v, edits, "v")
         # [batch head pos d_head] for the score matmuls
@@ -199,17 +216,22 @@ class Attention(nn.Module):
         if ctx.cache is not None and not self.cross:
             # Cached keys were rotated at their own positions, so the new queries read them as they are.
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
-        pattern = None
-        pattern_edited = any(iv.site.what == "pattern" for iv, _ in edits)
-        if self.softcap is not None or pattern_edited:
-            # SDPA cannot soft-cap scores, nor take an edited pattern: the explicit path, as Hugging Face's eager
-            # attention computes it.
-            pattern = self.pattern_of(q_h, k_h, ctx)
-            if pattern_edited:  # edited as [batch pos head key_pos], the layout every head edit uses
+        scores = pattern = None
+        edited = {iv.site.what for iv, _ in edits} & {"scores", "pattern"} if edits else ()
+        if self.softcap is not None or edited:
+            # SDPA cannot soft-cap scores, nor take edited scores or an edited pattern: the explicit path, as
+            # Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
+            # every head edit uses.
+            scores = self.scores_of(q_h, k_h, ctx)
+            if "scores" in edited:
+                scores = apply_edits(scores.transpose(1, 2), edits, "scores").transpose(1, 2)
+            pattern = softmax(scores, q_h.dtype)
+            if "pattern" in edited:
                 pattern = apply_edits(pattern.transpose(1, 2), edits, "pattern").transpose(1, 2)
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         else:
-            # z comes from SDPA, so capturing the pattern (computed beside it) cannot change the numbers.
+            # z comes from SDPA, so capturing the scores or the pattern (computed beside it) cannot change the
+            # numbers, and costs nothing when neither is captured.
             relative = ctx.relative is not None and not self.cross
             mask = ctx.memory_allowed if self.cross else (
                 ctx.position_bias(self.layer, q_h.dtype) if relative else ctx.allowed[self.layer_type])
@@ -218,11 +240,12 @@ class Attention(nn.Module):
                 q_h, k_h, v_h, attn_mask=mask, is_causal=causal, scale=self.scale,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
-            if "pattern" in want:
-                pattern = self.pattern_of(q_h, k_h, ctx)
+            if "scores" in want or "pattern" in want:
+                scores = self.scores_of(q_h, k_h, ctx)
+                pattern = softmax(scores, q_h.dtype) if "pattern" in want else None
         z = apply_edits(z_h.transpose(1, 2), edits, "z")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
-        values = {"q": q, "k": k, "v": v, "pattern": pattern, "z": z}
+        values = {"q": q, "k": k, "v": v, "scores": scores, "pattern": pattern, "z": z, **projected}
         return out, {name: values[name] for name in want if values.get(name) is not None}
 
     def frozen(
@@ -253,18 +276,21 @@ class Attention(nn.Module):
         gv = gv.view(batch, self.n_kv_heads, heads // self.n_kv_heads, keys, d_head).sum(2)  # GQA: a group's sum
         return torch.einsum("bgke,gde->bkd", gv, self.W_V.float())
 
-    def _qkv(self, normalized: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
-        """q [batch pos head d_head], k and v [batch key_pos kv_head d_head]: projected, q/k-normed, rotated."""
-        batch, n_pos, _ = normalized.shape
+    def _qkv(
+        self, normalized: Tensor, ctx: AttnContext, edits: Sequence[Edit], want: frozenset[str],
+        projected: dict[str, Tensor],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q [batch pos head d_head], k and v [batch key_pos kv_head d_head]: projected (q_proj, k_proj: edited,
+        and kept in `projected` where wanted), q/k-normed, rotated."""
+        batch = normalized.shape[0]
         source = ctx.memory if self.cross else normalized  # what keys and values are read from
         n_keys = source.shape[1]
-        q = F.linear(normalized, self._w_q, self._b_q)
-        k = F.linear(source, self._w_k, self._b_k)
+        q = self._projected("q", normalized, edits, want, projected)
+        k = self._projected("k", source, edits, want, projected)
         v = F.linear(source, self._w_v, self._b_v).view(batch, n_keys, self.n_kv_heads, self.d_head)
-        if self.qk_norm == "all":
-            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
-        q = q.view(batch, n_pos, self.n_heads, self.d_head)
-        k = k.view(batch, n_keys, self.n_kv_heads, self.d_head)
+        if self.qk_norm == "all":  # over the whole projection (OLMo 2)
+            q = self.q_norm(q.flatten(-2))[0].view(q.shape)
+            k = self.k_norm(k.flatten(-2))[0].view(k.shape)
         if self.qk_norm == "head":
             q, k = self.q_norm(q)[0], self.k_norm(k)[0]
         if ctx.rotary and not self.cross:
@@ -272,14 +298,30 @@ class Attention(nn.Module):
             q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
         return q, k, v
 
-    def _queries(self, normalized: Tensor, ctx: AttnContext) -> Tensor:
+    def _queries(
+        self, normalized: Tensor, edits: Sequence[Edit], want: frozenset[str], projected: dict[str, Tensor]
+    ) -> Tensor:
         """A cross-attention's q alone (its keys and values are cached): projected and q-normed."""
-        batch, n_pos, _ = normalized.shape
-        q = F.linear(normalized, self._w_q, self._b_q)
+        q = self._projected("q", normalized, edits, want, projected)
         if self.qk_norm == "all":
-            q = self.q_norm(q)[0]
-        q = q.view(batch, n_pos, self.n_heads, self.d_head)
+            q = self.q_norm(q.flatten(-2))[0].view(q.shape)
         return self.q_norm(q)[0] if self.qk_norm == "head" else q
+
+    def _projected(
+        self, name: str, x: Tensor, edits: Sequence[Edit], want: frozenset[str], projected: dict[str, Tensor]
+    ) -> Tensor:
+        """q_proj [batch pos head d_head] (name "q") or k_proj [batch key_pos kv_head d_head] ("k"): x's projection,
+        its edits applied (where it is q or k, the edits of q or k follow on the same tensor)."""
+        weight, bias, heads = (self._w_q, self._b_q, self.n_heads) if name == "q" else (
+            self._w_k, self._b_k, self.n_kv_heads)
+        out = F.linear(x, weight, bias)
+        out = out.view(*out.shape[:-1], heads, self.d_head)
+        if edits or want:
+            field = f"{name}_proj"
+            out = apply_edits(out, edits, field) if edits else out
+            if field in want and field not in self.same:
+                projected[field] = out
+        return out
 
     def pattern_of(
         self,
@@ -287,8 +329,17 @@ class Attention(nn.Module):
         k_h: Float[Tensor, "batch kv_head key_pos d_head"],
         ctx: AttnContext,
     ) -> Float[Tensor, "batch head pos key_pos"]:
-        """softmax(q k^T * scale) over the allowed keys (scores soft-capped first if the model caps them, plus the
-        relative position bias of models with one), in float32, as the eager Hugging Face attention does."""
+        """softmax(scores) over the allowed keys, in float32, as the eager Hugging Face attention does."""
+        return softmax(self.scores_of(q_h, k_h, ctx), q_h.dtype)
+
+    def scores_of(
+        self,
+        q_h: Float[Tensor, "batch head pos d_head"],
+        k_h: Float[Tensor, "batch kv_head key_pos d_head"],
+        ctx: AttnContext,
+    ) -> Float[Tensor, "batch head pos key_pos"]:
+        """q k^T * scale, soft-capped if the model caps them, plus the relative position bias of models with one,
+        -inf at the keys a query may not read (the module docstring's `scores`)."""
         k_r = k_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         # in place where a fresh tensor would only be thrown away: the same numbers, two fewer passes over the
         # [batch head pos key_pos] scores (a third of what capturing the pattern costs beside SDPA)
@@ -296,8 +347,7 @@ class Attention(nn.Module):
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if ctx.relative is not None and not self.cross:  # the bias carries the mask
-            return torch.softmax(scores + ctx.position_bias(self.layer, scores.dtype), dim=-1,
-                                 dtype=torch.float32).to(q_h.dtype)
+            return scores + ctx.position_bias(self.layer, scores.dtype)
         if self.cross:
             blocked = None if ctx.memory_allowed is None else ~ctx.memory_allowed
         else:
@@ -307,4 +357,11 @@ class Attention(nn.Module):
             blocked = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
         if blocked is not None:
             scores = scores.masked_fill_(blocked, float("-inf"))
-        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_h.dtype)
+        return scores
+
+
+def softmax(
+    scores: Float[Tensor, "batch head pos key_pos"], dtype: torch.dtype
+) -> Float[Tensor, "batch head pos key_pos"]:
+    """The pattern of scores: softmax over the keys in float32 (as the eager Hugging Face attention), in `dtype`."""
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)

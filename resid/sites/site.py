@@ -11,8 +11,11 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L]                                       the whole layer (its sublayer writes together)
     layers[L].attn | cross | mlp                    a sublayer's write (its `out`)
     layers[L].attn.head[H]                          query head H's z (it writes z[H] @ W_O[H])
-    layers[L].attn.head[H].q | .pattern             that head's query (after rotary) or attention pattern
-    layers[L].attn.kv_head[H].k | .v                key / value head H (shared by its query heads under GQA)
+    layers[L].attn.head[H].q | .pattern             that head's query (after q/k norm and rotary) or attention pattern
+    layers[L].attn.head[H].scores                   that head's scores, the softmax's input (-inf where masked)
+    layers[L].attn.head[H].q_proj                   that head's query as projected (before q/k norm and rotary)
+    layers[L].attn.kv_head[H].k | .v | .k_proj      key / value head H (shared by its query heads under GQA); k_proj
+                                                    its key before q/k norm and rotary
     layers[L].mlp.neuron[I]                         neuron I's coefficient post[I] (it writes post[I] * W_out[I])
     layers[L].mlp.neuron[I].pre | .gate             its key score / gate input
     layers[L].mlp.expert[E]                         expert E's weighted write (mixtures of experts)
@@ -60,14 +63,16 @@ SUBLAYERS = ("attn", "cross", "mlp")
 LAYER_PARTS = (*RESID_PARTS, "layer", *SUBLAYERS)
 PARTS = (*GLOBAL_PARTS, *LAYER_PARTS)
 # Fields of the sublayer records (resid.records), readable and capturable; the first is the default
-ATTN_FIELDS = ("out", "z", "q", "k", "v", "pattern", "normalized", "norm_scale", "post_norm_scale", "resid_norm_scale")
+ATTN_FIELDS = ("out", "z", "q", "k", "v", "pattern", "scores", "q_proj", "k_proj", "normalized", "norm_scale",
+               "post_norm_scale", "resid_norm_scale")
 MLP_FIELDS = ("out", "post", "pre", "gate", "expert_out", "expert_weights", "router_logits", "normalized",
               "norm_scale", "post_norm_scale", "resid_norm_scale")
 # Terms of an attribution: constants the decomposition has rows for, not tensors of the run
 TERMS = {"attn": ("b_O", "post_norm_bias", "resid_norm_bias"), "mlp": ("b_out", "post_norm_bias", "resid_norm_bias")}
 TERMS["cross"] = TERMS["attn"]
 # Which fields an index selects in, and the field it means by default
-UNIT_FIELDS = {"head": ("z", "q", "pattern"), "kv_head": ("k", "v"), "neuron": ("post", "pre", "gate"),
+UNIT_FIELDS = {"head": ("z", "q", "pattern", "scores", "q_proj"), "kv_head": ("k", "v", "k_proj"),
+               "neuron": ("post", "pre", "gate"),
                "expert": ("expert_out", "expert_weights", "router_logits", "post")}
 DEFAULT_FIELD = {"head": "z", "neuron": "post", "expert": "expert_out", "feature": "acts"}
 # A learned dictionary at a residual site or a sublayer: the terms of what it reconstructs there
@@ -87,6 +92,7 @@ class Site:
         Site(3, "attn", head=5)             head 5's z                       [batch pos d_head]
         Site(3, "attn", head=5, field="q")  head 5's query                   [batch pos d_head]
         Site(3, "attn", head=5, field="pattern")  its pattern                [batch pos key_pos]
+        Site(3, "attn", head=5, field="scores")   its pre-softmax scores     [batch pos key_pos]
         Site(3, "attn", kv_head=1, field="k")     key head 1                 [batch pos d_head]
         Site(3, "mlp", neuron=42)           neuron 42's post                 [batch pos]
         Site(3, "mlp", expert=2)            expert 2's weighted write        [batch pos d_model]
@@ -177,8 +183,8 @@ class Site:
         if self.field is not None and self.field not in _fields(self.part) and self.feature is None:
             raise ResidError(f"{where}: unknown field {self.field!r}; choose from {', '.join(_fields(self.part))}.")
         if self.kv_head is not None and self.field not in UNIT_FIELDS["kv_head"]:
-            raise ResidError(f"{where}, kv_head={self.kv_head} needs field='k' or field='v' (queries and patterns "
-                             "belong to query heads: head=).")
+            raise ResidError(f"{where}, kv_head={self.kv_head} needs field='k', 'v' or 'k_proj' (queries, scores and "
+                             "patterns belong to query heads: head=).")
         for name in given:
             if name == "feature":
                 continue
@@ -320,24 +326,28 @@ class Site:
         return cls(layer, row.part, field=row.field, **units)
 
     # --- against a model ---------------------------------------------------------------------------------------
-    def resolve(self, config: ModelConfig) -> "Site":
-        """The site checked against the model, with its layer and indices made non-negative. Encoder sites are
-        resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config (`resolve_encoder`)."""
+    def resolve(self, config: ModelConfig, n_layers: int | None = None) -> "Site":
+        """The site checked against the model, with its layer and indices made non-negative. `n_layers`: the
+        layers a run has when it stopped early (stop_at_layer), so that -1 is its last; default the model's.
+        Encoder sites are resolved by their EncoderDecoder (resid.seq2seq), against its encoder's config
+        (`resolve_encoder`)."""
         if self.stack is not None:
             raise ResidError(f"{self.label} is a site of an encoder-decoder model's encoder, and this model has no "
                              "encoder: drop the 'encoder.' prefix (stack=), or run a resid.EncoderDecoder, which "
                              "routes encoder sites to its encoder.")
-        return self._resolved(config, self.label)
+        return self._resolved(config, self.label, n_layers)
 
     def resolve_encoder(self, config: ModelConfig) -> "Site":
         """An encoder site resolved against the encoder's config (its errors name it by its own label)."""
         bare = dataclasses.replace(self, stack=None)._resolved(config, self.label)
         return dataclasses.replace(bare, stack=self.stack)
 
-    def _resolved(self, config: ModelConfig, where: str) -> "Site":
+    def _resolved(self, config: ModelConfig, where: str, n_layers: int | None = None) -> "Site":
         changes = {}
         if self.layer is not None:
-            changes["layer"] = _index(self.layer, config.n_layers, "layer", where, "layers")
+            noun = "layers" if n_layers is None else "layers in this run (stop_at_layer)"
+            changes["layer"] = _index(self.layer, config.n_layers if n_layers is None else n_layers, "layer", where,
+                                      noun)
         self._check_model(config, where)
         sizes = {"head": (config.n_heads, "heads"), "kv_head": (config.n_kv_heads, "key/value heads"),
                  "neuron": (config.d_mlp, "MLP neurons"), "expert": (config.n_experts, "experts"),

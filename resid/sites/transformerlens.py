@@ -55,7 +55,8 @@ class Name:
     @property
     def unit(self) -> str | None:
         """The axis an index picks within the tensor (SAELens's hook_head_index, Site.from_hook_name's index)."""
-        return {"z": "head", "q": "head", "pattern": "head", "k": "kv_head", "v": "kv_head", "post": "neuron",
+        return {"z": "head", "q": "head", "q_proj": "head", "scores": "head", "pattern": "head", "k": "kv_head",
+                "k_proj": "kv_head", "v": "kv_head", "post": "neuron",
                 "pre": "neuron", "gate": "neuron"}.get(self.field)
 
 
@@ -72,13 +73,17 @@ TABLE = (
          note="this model's sublayers read the residual without a pre-norm"),
     Name("ln1.hook_normalized", "attn", "normalized", "standardized", _PRE_NORM,
          note="this model's sublayers read the residual without a pre-norm"),
-    Name("attn.hook_q", "attn", "q", has=("not rotary",),
-         note="resid records queries after rotary, TransformerLens's attn.hook_rot_q"),
-    Name("attn.hook_k", "attn", "k", has=("not rotary",),
-         note="resid records keys after rotary, TransformerLens's attn.hook_rot_k"),
-    Name("attn.hook_rot_q", "attn", "q", has=("rotary",), note="this model has no rotary embedding: use attn.hook_q"),
-    Name("attn.hook_rot_k", "attn", "k", has=("rotary",), note="this model has no rotary embedding: use attn.hook_k"),
+    # hook_q / hook_k are the projections before any q/k norm and rotary (resid's q_proj / k_proj, which are q / k
+    # in models with neither); hook_rot_q / hook_rot_k what the scores read (resid's q / k). So
+    # Site(l, "attn", field="q").hook_name is hook_rot_q, TransformerLens's name for it in rotary models.
+    Name("attn.hook_q", "attn", "q_proj"),
+    Name("attn.hook_k", "attn", "k_proj"),
     Name("attn.hook_v", "attn", "v"),
+    Name("attn.hook_rot_q", "attn", "q", has=("rotary",),
+         note="this model has no rotary embedding: its queries are attn.hook_q"),
+    Name("attn.hook_rot_k", "attn", "k", has=("rotary",),
+         note="this model has no rotary embedding: its keys are attn.hook_k"),
+    Name("attn.hook_attn_scores", "attn", "scores"),
     Name("attn.hook_pattern", "attn", "pattern"),
     Name("attn.hook_z", "attn", "z"),
     Name("ln1_post.hook_scale", "attn", "post_norm_scale", "reciprocal", _POST_NORM,
@@ -117,11 +122,9 @@ TABLE = (
     Name("mlp.hook_out", "mlp", reads="before_post_norm", role="dictionary",
          note="a name of circuit-tracer's replacement MLP"),
     # TransformerLens names resid does not record
-    Name("attn.hook_attn_scores", None, role="unrecorded",
-         note="resid records the attention probabilities (attn.hook_pattern), not the scores"),
     Name("attn.hook_result", None, role="unrecorded",
-         note="per-head writes are not stored: head h writes attn.hook_z[:, :, h] @ W_O[h] (model.blocks[l].attn.W_O), "
-              "and resid.analyses.attribution computes them projected"),
+         note="per-head writes are not stored: resid.heads.head_results(run, model) computes them from attn.hook_z "
+              "and W_O on demand, stacked (TransformerLens's stack_head_results)"),
     Name("hook_attn_in", None, role="unrecorded", note=_SAME_AS_RESID_PRE),
     Name("hook_q_input", None, role="unrecorded", note=_SAME_AS_RESID_PRE),
     Name("hook_k_input", None, role="unrecorded", note=_SAME_AS_RESID_PRE),

@@ -166,8 +166,8 @@ def test_bad_input(gpt2_tokenizer):
     model = make_random_model("gpt2_like", gpt2_tokenizer)
     with pytest.raises(BAD_OPTION, match="method"):
         patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, method="atp+")
-    with pytest.raises(ResidError, match="unknown field 'scores'"):
-        resid.Site(0, "attn", head=0, field="scores")
+    with pytest.raises(ResidError, match="unknown field 'logit_scores'"):  # ('scores' is a field: the softmax's input)
+        resid.Site(0, "attn", head=0, field="logit_scores")
     with pytest.raises(ResidError, match="Attention patterns have no mean"):
         from resid.analyses import ablation
         ablation.sweep(model, CLEAN, TARGETS, sites=[resid.Site(0, "attn", head=0, field="pattern")],

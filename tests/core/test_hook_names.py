@@ -19,12 +19,14 @@ def _expected(model, stream) -> dict:
         expected["hook_pos_embed"] = stream.pos_embed
     for l, record in enumerate(stream.layers):
         attn, mlp, at = record.attn, record.mlp, f"blocks.{l}."
-        rot = "rot_" if cfg.positions == "rotary" else ""
+        if cfg.positions == "rotary":
+            expected |= {at + "attn.hook_rot_q": attn.q, at + "attn.hook_rot_k": attn.k}
         expected |= {
             at + "hook_resid_pre": stream.resid_pre(l),
-            at + f"attn.hook_{rot}q": attn.q,
-            at + f"attn.hook_{rot}k": attn.k,
+            at + "attn.hook_q": attn.q_proj,  # before q/k norm and rotary: attn.q itself in models with neither
+            at + "attn.hook_k": attn.k_proj,
             at + "attn.hook_v": attn.v,
+            at + "attn.hook_attn_scores": attn.scores,
             at + "attn.hook_pattern": attn.pattern,
             at + "attn.hook_z": attn.z,
             at + "hook_attn_out": attn.out,
@@ -101,12 +103,12 @@ def test_unknown_and_unrecorded_names_say_why(random_model):
         names["blocks.1.hook_resid_pr"]
     with pytest.raises(resid.ResidError, match=r"layer 7 is out of range.*3 layers"):
         names["blocks.7.hook_mlp_out"]
-    with pytest.raises(resid.ResidError, match="not the scores"):
-        names["blocks.0.attn.hook_attn_scores"]
-    assert names.get("blocks.0.attn.hook_attn_scores") is None and "hook_tokens" not in names  # dict-like
-    if random_model.config.positions == "rotary":
-        with pytest.raises(resid.ResidError, match="after rotary.*attn.hook_rot_q"):
-            names["blocks.0.attn.hook_q"]
+    with pytest.raises(resid.ResidError, match=r"per-head writes are not stored.*resid\.heads\.head_results"):
+        names["blocks.0.attn.hook_result"]
+    assert names.get("blocks.0.attn.hook_result") is None and "hook_tokens" not in names  # dict-like
+    if random_model.config.positions != "rotary":
+        with pytest.raises(resid.ResidError, match="no rotary embedding: its queries are attn.hook_q"):
+            names["blocks.0.attn.hook_rot_q"]
     if random_model.config.block == "parallel":
         with pytest.raises(resid.ResidError, match="parallel blocks have no resid_mid"):
             names["blocks.0.hook_resid_mid"]

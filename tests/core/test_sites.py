@@ -77,7 +77,7 @@ def test_indices_are_integers(make, name):
 
 @pytest.mark.parametrize("make, message", [
     (lambda: Site(3, "mlp", head=1), "cannot take head"),
-    (lambda: Site(3, "attn", kv_head=1), "needs field='k' or field='v'"),
+    (lambda: Site(3, "attn", kv_head=1), "needs field='k', 'v' or 'k_proj'"),
     (lambda: Site(3, "attn", head=1, field="k"), "has no head axis"),
     (lambda: Site(3, "ffn"), "Site part must be one of"),
     (lambda: Site(None, "attn"), "needs a layer"),
