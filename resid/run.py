@@ -92,6 +92,10 @@ class Run:
         if logits.shape[1] != self.tokens.ids.shape[1] and site.positions is not None:
             raise ResidError(f"{site.label}: this run unembedded only some positions (logits_at=...); read the site "
                              "without positions, or run with logits at every position.")
+        if site.token is not None and site.token >= logits.shape[-1]:
+            raise ResidError(f"{site.label}: token {site.token} is out of range; the vocabulary has "
+                             f"{logits.shape[-1]} tokens (0..{logits.shape[-1] - 1}). Give a token id of the model's "
+                             "tokenizer (model.to_single_token(' word')).")
         return logits if site.token is None else logits[..., site.token]
 
     def _dictionary_read(self, site: Site) -> Tensor:

@@ -66,3 +66,12 @@ def test_stopped_run_counts_its_own_layers(llama):
     with pytest.raises(ResidError, match=r"layer 2 is out of range; the model has 2 layers in this run "
                                          r"\(stop_at_layer\)"):
         run.read(Site(2, "mlp"))
+
+
+def test_a_logit_token_out_of_range(llama):
+    run = llama.run(IDS)
+    vocab = run.logits.shape[-1]
+    with pytest.raises(ResidError, match=rf"token 1000000 is out of range; the vocabulary has {vocab} tokens .*"
+                                         r"to_single_token"):
+        run.read(Site(None, "logits", token=10**6))
+    assert torch.equal(run.read(Site(None, "logits", token=vocab - 1)), run.logits[..., -1])
