@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from timing import matmul_gflops
 
 import resid
 from resid.analyses import corpus
@@ -94,6 +95,8 @@ def main() -> None:
     print(f"SmolLM2-135M on {args.device}, {torch.get_num_threads()} threads; TopK SAE 8x (d_sae 4608) k=32 at "
           f"{site.label}; batch {args.batch_size} tokens, windows of {args.window}, at most {args.forward_batch} x "
           f"{args.window} padded tokens per forward; the model in {'bf16 autocast' if args.autocast else 'fp32'}")
+    print(f"this CPU's fp32 matrix-multiply rate (2048 x 2048 products, {torch.get_num_threads()} threads): "
+          f"{matmul_gflops():.0f} GFLOP/s, the ceiling of generation's forwards")
 
     if args.transcoders:  # that comparison alone
         return _transcoders(model, texts, args)
