@@ -20,3 +20,12 @@ def interleaved(cases: dict[str, Callable[[], object]], repeats: int) -> dict[st
                 fn()
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's dense matrix-multiply rate (GFLOP/s, median of `repeats` n x n products, 2 n^3 FLOPs each):
+    the ceiling a forward pass, which is mostly such products, can approach. The README's "165 GFLOP/s in fp32"
+    is this figure on the machine bench_train.py ran on."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    seconds = interleaved({"matmul": lambda: a @ b}, repeats)["matmul"]
+    return 2 * n**3 / seconds / 1e9

@@ -164,7 +164,7 @@ def test_atp_star_on_smollm2_ioi_heads(smollm2):
 
 def test_bad_input(gpt2_tokenizer):
     model = make_random_model("gpt2_like", gpt2_tokenizer)
-    with pytest.raises(BAD_OPTION, match="method"):
+    with pytest.raises(BAD_OPTION, match=r"(?s)method.*'atp', 'atp\*'"):
         patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, method="atp+")
     with pytest.raises(ResidError, match="unknown field 'logit_scores'"):  # ('scores' is a field: the softmax's input)
         resid.Site(0, "attn", head=0, field="logit_scores")

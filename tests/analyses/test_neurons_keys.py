@@ -125,7 +125,7 @@ def test_corpus_errors(tmp_path, random_model):
         corpus.load(["fine", 3])
     with pytest.raises(ResidError, match="has no non-blank documents"):
         neurons.top_activating(random_model, ["  ", ""], layers=[0])
-    with pytest.raises(BAD_OPTION, match="sign"):
+    with pytest.raises(BAD_OPTION, match=r"(?s)sign.*'positive', 'negative', 'abs'"):
         neurons.top_activating(random_model, TEXTS, layers=[0], sign="largest")
     with pytest.raises(ResidError, match="window must be an integer of at least 1"):
         neurons.top_activating(random_model, TEXTS, layers=[0], window=0)

@@ -120,7 +120,8 @@ def test_different_signature_raises(out):
 def test_bad_input(tmp_path):
     with pytest.raises(ResidError, match=r"must end in one of \.parquet, \.csv"):
         ResultStore(tmp_path / "sweep.json", KEYS, SIGNATURE)
-    with pytest.raises(ResidError, match="JSON-serializable"):
+    with pytest.raises(ResidError, match=r"must be JSON-serializable .* Describe the sweep with plain strings, "
+                                         r"numbers, lists and dicts"):
         ResultStore(tmp_path / "sweep.csv", KEYS, {"prompts": object()})
     with pytest.raises(ResidError, match="non-empty list"):
         ResultStore(tmp_path / "sweep.csv", "head", SIGNATURE)

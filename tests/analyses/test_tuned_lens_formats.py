@@ -58,6 +58,21 @@ def test_tuned_lens_hash_of_the_unembedding_is_reproduced(model):
     assert formats.unembed_hash(model) == config["unembed_hash"]
 
 
+@torch.no_grad()
+def test_tuned_lens_reads_a_lens_resid_wrote(model):
+    """tuned-lens itself loaded the lens resid wrote (tests/data/make_tuned_lens_reads_resid.py, in tuned-lens's
+    environment) and computed logits with it: resid's logits from the same files equal tuned-lens's."""
+    folder = DATA / "tuned-lens-reads-resid"
+    theirs = load_file(str(folder / "reference.safetensors"))
+    lens = tuned_lens.read(model, folder / "lens")
+    inputs = list(model.run(theirs["input_ids"]).stream.running("layer"))[:-1]
+    assert len(inputs) == theirs["tuned_logits"].shape[0] == model.config.n_layers
+    for i, (site, resid_) in enumerate(inputs):
+        torch.testing.assert_close(lens.logits(resid_, site), theirs["tuned_logits"][i], atol=1e-5, rtol=0)
+    fixture = load_file(str(FIXTURE / "reference.safetensors"))  # tuned-lens's own lens: not the one resid wrote
+    assert not torch.allclose(theirs["tuned_logits"], fixture["tuned_logits"], atol=0.1)
+
+
 @pytest.mark.parametrize("layout", ["resid", "tuned-lens"])
 def test_both_layouts_round_trip_exactly(model, tmp_path, layout):
     translators = random_translators(model)

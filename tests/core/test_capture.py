@@ -4,6 +4,8 @@ none(), keeps_layer with negative layers, validate() ranges."""
 import dataclasses
 
 import pytest
+import torch
+from random_models import RANDOM_CONFIGS, make_random_model
 
 from resid.capture import ATTN_FIELDS, MLP_FIELDS, Capture
 from resid.errors import ResidError
@@ -74,3 +76,39 @@ def test_validate_accepts_in_range_layers_and_names_the_others():
         out_of_range = [layer for layer in bad if not -4 <= layer < 4]
         assert f"Capture(layers=...) has {out_of_range} out of range" in str(err.value)
         assert "4 layers (0..3)" in str(err.value)
+
+
+# The README: "Capturing `pattern` does not change any other number" -- bitwise, not to rounding: z always comes
+# from the fused attention and the pattern is computed beside it, so every other tensor is the same float32 bits.
+PROMPTS = ["The quick brown fox jumps over", "Hello", "a b c"]  # unequal lengths: left padding and masks too
+
+
+def _captured(stream, layer: int, part: str, fields) -> dict[str, torch.Tensor]:
+    """Every field of `fields` that this model has and the run kept, for one sublayer of one layer."""
+    record = getattr(stream.layers[layer], part)
+    kept = {}
+    for name in sorted(fields):
+        try:
+            kept[name] = getattr(record, name)
+        except ResidError:  # a field this model has not (e.g. gate in a non-gated MLP)
+            continue
+    return kept
+
+
+@pytest.mark.parametrize("kind", sorted(RANDOM_CONFIGS))
+def test_capturing_the_pattern_changes_no_other_number_bitwise(kind, gpt2_tokenizer):
+    model = make_random_model(kind, gpt2_tokenizer)
+    without = model.run(PROMPTS, capture=Capture(attn=ATTN_FIELDS - {"pattern"}, mlp=MLP_FIELDS))
+    everything = model.run(PROMPTS, capture=Capture.all())
+    assert torch.equal(without.logits, everything.logits)
+    assert torch.equal(model.run(PROMPTS, capture=Capture.none()).logits, everything.logits)
+    assert torch.equal(model.run(PROMPTS).logits, everything.logits)  # the default Capture
+    for layer in range(model.config.n_layers):
+        assert torch.equal(without.stream.resid_pre(layer), everything.stream.resid_pre(layer))
+        for part, fields in (("attn", ATTN_FIELDS - {"pattern"}), ("mlp", MLP_FIELDS)):
+            theirs = _captured(everything.stream, layer, part, fields)
+            ours = _captured(without.stream, layer, part, fields)
+            assert ours.keys() == theirs.keys() and {"out"} <= ours.keys()
+            for name in ours:
+                assert torch.equal(ours[name], theirs[name]), f"layers[{layer}].{part}.{name} differs ({kind})"
+    assert torch.equal(without.stream.final(), everything.stream.final())

@@ -1,4 +1,6 @@
-"""A prompt gives the same logits at its real positions alone as inside a left- or right-padded batch."""
+"""A prompt gives the same logits at its real positions alone as inside a left- or right-padded batch, to the
+tolerance the README states: 1e-5 of the largest logit on the tiny random models, 1e-4 on SmolLM2 (measured 1.2e-6
+and 3.4e-6 on a 2-core CPU). Not bitwise: a batch's matrix products sum in another order than one row's."""
 
 import pytest
 import torch

@@ -51,9 +51,11 @@ def test_resume_bad_input(random_model):
     resid_pre = random_model.run(tokens).stream.resid_pre(1)
     with pytest.raises(resid.ResidError, match="come before layer 1"):
         random_model.resume(1, resid_pre, tokens, [ZeroAblate(Site(0, "mlp"))])
-    with pytest.raises(resid.ResidError, match="shape"):
+    with pytest.raises(resid.ResidError, match=r"resume got resid_pre of shape \(3, 2, 32\), but the tokens need \(3, "
+                                               r"6, 32\)"):
         random_model.resume(1, resid_pre[:, :2], tokens)
     with pytest.raises(resid.ResidError, match="out of range"):
         random_model.resume(9, resid_pre, tokens)
-    with pytest.raises(resid.ResidError, match="logits_at"):
+    with pytest.raises(resid.ResidError, match=r"logits_at must be None, 'last', a list of positions, a tensor of "
+                                               r"positions or resid\.Padded\(index\), got 'first'"):
         random_model.run(tokens, logits_at="first")

@@ -35,7 +35,8 @@ def test_all_layers_is_a_full_run():
 def test_bad_stops_and_interventions_past_the_stop_are_refused():
     model = make_random_model("llama_gqa")
     for bad in (-1, 4, True):
-        with pytest.raises(ResidError, match="stop_at_layer"):
+        with pytest.raises(ResidError, match=r"stop_at_layer=.* must be a whole number of layers in 0\.\.3 .*or None "
+                                             r"to run them all"):
             model.run(IDS, stop_at_layer=bad)
     with pytest.raises(ResidError, match=r"layer\(s\) \[2\] lie past stop_at_layer=2"):
         model.run(IDS, stop_at_layer=2, interventions=[resid.ZeroAblate(resid.Site(2, "mlp"))])

@@ -151,5 +151,5 @@ def test_bad_transcoder_sets_are_refused_with_what_to_pass() -> None:
         graphs.attribute(model, IDS, [transcoders[0], *transcoders])
     with pytest.raises(resid.ResidError, match="one cross-layer transcoder"):
         graphs.attribute(model, IDS, [transcoders[0], "layer 1"])
-    with pytest.raises(resid.ResidError, match="max_n_logits"):
+    with pytest.raises(resid.ResidError, match=r"max_n_logits=0 must be at least 1"):
         graphs.attribute(model, IDS, transcoders, max_n_logits=0)

@@ -75,5 +75,5 @@ def test_bad_input_says_what_to_pass(t5_v10, gpt2_tokenizer):
         source_side.direct(make_random_model("gpt2_like", gpt2_tokenizer), "hello", source="world")
     with pytest.raises(ResidError, match="2 sources for 3 prompts"):
         source_side.direct(t5_v10, TARGETS, source=SOURCES.ids[:2])
-    with pytest.raises(ResidError, match="level"):
+    with pytest.raises(ResidError, match=r"level must be one of \('sublayer', 'head'\), got 'neuron'"):
         source_side.direct(t5_v10, TARGETS, source=SOURCES, level="neuron")

@@ -189,5 +189,6 @@ def test_a_checkpoint_missing_the_bias_table_says_which_tensor(tmp_path: Path):
     tensors = load_file(tmp_path / "model.safetensors")
     del tensors["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(resid.ResidError, match="relative_attention_bias"):
+    with pytest.raises(resid.ResidError, match=r"has no tensor 'encoder\.block\.0\.layer\.0\.SelfAttention\."
+                                               r"relative_attention_bias\.weight'.*re-export it"):
         resid.load(tmp_path)

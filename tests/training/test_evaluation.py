@@ -82,5 +82,6 @@ def test_tokens_far_above_the_median_norm_are_neither_counted_nor_spliced(bos_mo
     # ... but those tokens keep their residual in the spliced run: zeroing the rest hurts less than zeroing all
     assert some.ce_spliced == pytest.approx(some.ce_zero_ablated, rel=1e-6)
     assert abs(some.ce_spliced - every.ce_spliced) > 1e-4
-    with pytest.raises(ResidError, match="max_norm_ratio"):
+    with pytest.raises(ResidError, match=r"max_norm_ratio=0\.5 must be a number above 1 \(a multiple of the median "
+                                         r"norm\), or None to keep every token"):
         evaluate(bos_model, zero, texts, max_windows=4, window=24, max_norm_ratio=0.5)

@@ -67,7 +67,8 @@ def test_a_transcoder_whose_output_dwarfs_its_input_learns_only_when_normalised(
 def test_constant_norm_rescale_is_still_refused_for_transcoders() -> None:
     from resid import ResidError
 
-    with pytest.raises(ResidError, match="expected_average_only_in"):
+    with pytest.raises(ResidError, match=r"is for SAEs: .*; 'expected_average_only_in' scales each side by its own "
+                                         r"constant"):
         Trainer.new(Recipe(normalize="constant_norm_rescale"), 24, 24, transcoder=True)
 
 

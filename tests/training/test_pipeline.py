@@ -231,7 +231,8 @@ def test_tokens_far_above_the_median_norm_are_left_out(bos_model, texts) -> None
     for point in points:  # the same rows (in another order): the ordinary ones, aligned across the points
         distance = torch.cdist(kept[first], everything[first][ordinary])
         torch.testing.assert_close(kept[point], everything[point][ordinary][distance.argmin(1)], **TINY)
-    with pytest.raises(resid.ResidError, match="max_norm_ratio"):
+    with pytest.raises(resid.ResidError, match=r"max_norm_ratio=0\.5 must be a number above 1 \(a multiple of the "
+                                               r"median norm\), or None to keep every token"):
         Activations(bos_model, texts, points, batch_size=64, window=24, buffer_tokens=150, max_norm_ratio=0.5)
 
 
