@@ -7,16 +7,18 @@ import json
 import os
 import pickle
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import resid
 from resid.analyses import logit_lens, tuned_lens
 from resid.analyses.lenses import LogitLens, Translators, formats
+
+DATA = Path(__file__).resolve().parents[1] / "data"  # tests/data
 
 FIXTURE = DATA / "tuned-lens"
 

@@ -6,16 +6,18 @@ row it does not record, or one this model has not), so that none is silently mis
 (a name moves from "explained" to "compared"); none may map a name to the wrong tensor."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA
 from numerics import TINY
 from safetensors.torch import load_file
 
 import resid
 from resid import hook_names
 from resid.sites import transformerlens
+
+DATA = Path(__file__).resolve().parents[1] / "data"  # tests/data
 
 FIXTURE = DATA / "transformerlens-hooks"
 # TransformerLens names outside resid's table: unembed.hook_out is the logits (run.logits, compared in the first test);
