@@ -31,7 +31,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(PY) -m ruff check resid analyses tests benchmarks
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 test-slow: $(VENV)/.test
 	$(PY) -m pytest -q -m slow
