@@ -20,9 +20,9 @@ FORBIDDEN = [
 # The walk has no .gitignore to honour: skip the environment, caches and build outputs by name.
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache", ".mypy_cache",
              ".ipynb_checkpoints", "build", "out"}
-# Copied data (tokenizer vocabularies, reference numbers) is not ours to police; its prose and script are.
+# Copied binary data (weights, reference numbers) is not ours to police; its prose, scripts and JSON are.
 DATA = Path("tests", "data")
-DATA_SCANNED_SUFFIXES = {".py", ".md"}
+DATA_SCANNED_SUFFIXES = {".py", ".md", ".json"}  # json: fixtures resid or its scripts wrote (configs, manifests)
 
 
 def project_files() -> list[Path]:

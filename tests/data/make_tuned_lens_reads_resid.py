@@ -43,7 +43,8 @@ def write_lens(out: Path) -> None:
     generator = torch.Generator().manual_seed(SEED)
     translators = Translators(tuple(sites), 0.2 * torch.randn(len(sites), d, d, generator=generator),
                               0.5 * torch.randn(len(sites), d, generator=generator), "layer",
-                              {"model": model.name, "unembed_hash": formats.unembed_hash(model)})
+                              # the model named by its place in the repository, not this machine's path to it
+                              {"model": "tests/data/tuned-lens/model", "unembed_hash": formats.unembed_hash(model)})
     formats.write(translators, out / "lens", layout="tuned-lens")
 
 
