@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from resid.analyses.io import atomic
-from resid.analyses.io.lock import OutputLock
+from resid.analyses.io.lock import Holder, OutputLock
 from resid.errors import ResidError
 
 FILE = "checkpoint.safetensors"
@@ -87,7 +87,7 @@ def saved_settings(folder: str | os.PathLike) -> dict | None:
     return settings if isinstance(settings, dict) else None
 
 
-class StateStore:
+class StateStore(Holder):
     """The checkpoint of one stateful job in `folder`; see the module docstring."""
 
     def __init__(self, folder: str | os.PathLike, kind: str, what: str, settings: dict, older: Sequence[dict] = ()):
@@ -165,17 +165,3 @@ class StateStore:
         atomic.write(self.folder / PROGRESS, json.dumps(people, indent=1, sort_keys=True))
         return self.path
 
-    def close(self) -> None:
-        """Release the lock (the checkpoint stays for a later run to resume from)."""
-        self._lock.release()
-
-    def __enter__(self) -> "StateStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        lock = getattr(self, "_lock", None)  # absent when the constructor raised before making it
-        if lock is not None:
-            lock.release()

@@ -31,6 +31,28 @@ _WINDOWS_LOCK_AT = 1 << 20
 _HELD: dict[str, "OutputLock"] = {}  # lock path -> the lock of this process that holds it
 
 
+class Holder:
+    """A writer that holds its output's OutputLock (`self._lock`, made in its constructor) until `close()`, the end
+    of a `with` block, or its own end, whichever comes first (ResultStore, StateStore)."""
+
+    _lock: "OutputLock"
+
+    def close(self) -> None:
+        """Release the lock; what was written stays for a later run to resume from."""
+        self._lock.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)  # absent when the constructor raised before making it
+        if lock is not None:
+            lock.release()
+
+
 class OutputLock:
     """The lock file `path` of the output `out`; `acquire` raises a ResidError naming the holder."""
 

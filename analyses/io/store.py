@@ -44,7 +44,7 @@ import pandas as pd
 
 import resid
 from resid.analyses.io import atomic, frames, suffixes
-from resid.analyses.io.lock import OutputLock
+from resid.analyses.io.lock import Holder, OutputLock
 from resid.errors import ResidError
 
 SUFFIXES = suffixes.STORE
@@ -76,7 +76,7 @@ def _keys(frame: pd.DataFrame) -> set[tuple]:
     return {tuple(frames.key_value(value) for value in row) for row in zip(*columns)}
 
 
-class ResultStore:
+class ResultStore(Holder):
     """Rows of one sweep, persisted chunk by chunk and merged into `out` by `finish()`; see the module docstring."""
 
     def __init__(self, out: str | os.PathLike, key_columns: Sequence[str], signature: dict[str, object]):
@@ -158,21 +158,6 @@ class ResultStore:
                 f"edited or damaged; resuming it would keep the repeats and change every mean over them. {remedy}"
             )
         self._done = keys
-
-    def close(self) -> None:
-        """Release the lock without merging (a later run resumes from the chunks); `finish()` releases it too."""
-        self._lock.release()
-
-    def __enter__(self) -> "ResultStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        lock = getattr(self, "_lock", None)  # absent when the constructor raised before making it
-        if lock is not None:
-            lock.release()
 
     def _hold(self) -> None:
         """Every method reads or writes under the lock. Taking it (again, after finish() or close()) checks the

@@ -9,16 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from oracle_steps import WEIGHTS, assert_steps_match, replay
 from safetensors.torch import load_file
 
 from resid.analyses.training.recipe import Recipe
-from resid.analyses.training.trainer import Trainer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "batchtopk-training"
 # float32 throughout on both sides, the same operations in another order (topk over the flat batch, a sparse decode
 # against a dense one): a few steps of Adam keep the differences near float32 rounding of values of size ~1
-WEIGHTS = dict(rtol=1e-5, atol=1e-5)
+TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +32,6 @@ def test_steps_equal_dictionary_learnings(reference):
                     threshold_start_step=settings["threshold_start_step"], clip=settings["clip"],
                     threshold_beta=settings["threshold_beta"], auxk_alpha=settings["auxk_alpha"],
                     b_dec_init="geometric_median")
-    trainer = Trainer.new(recipe, settings["d_in"])
-    with torch.no_grad():
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-            getattr(trainer.coder, name).copy_(theirs[f"initial.{name}"])
-    losses = [trainer.step(x).loss for x in theirs["inputs"]]
-    torch.testing.assert_close(torch.tensor(losses), theirs["losses"], **WEIGHTS)
-    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold"):
-        torch.testing.assert_close(getattr(trainer.coder, name).detach(), theirs[f"final.{name}"], **WEIGHTS,
-                                   msg=lambda m, name=name: f"{name} after {len(losses)} steps: {m}")
+    trainer, losses = replay(recipe, settings["d_in"], theirs)
+    assert_steps_match(trainer, losses, theirs, TOLERANCE, (*WEIGHTS, "threshold"))
     assert float(theirs["final.threshold"]) > 0  # the threshold was tracked, so the comparison means something
-    moved = (theirs["final.W_enc"] - theirs["initial.W_enc"]).abs().max()
-    assert moved > 100 * WEIGHTS["atol"]  # the steps moved the weights well beyond the tolerance

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from oracle_steps import assert_steps_match, replay
 from safetensors.torch import load_file
 
 from resid.analyses.training.recipe import Recipe
@@ -18,7 +19,7 @@ from resid.analyses.training.trainer import Trainer
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "saelens-steps"
 # float32 on both sides; relu is the same operations in the same order (equal bitwise today); the tolerance allows
 # float32 rounding of values of size ~1, far below what the steps move the weights (~6e-3)
-WEIGHTS = dict(rtol=1e-5, atol=1e-5)
+TOLERANCE = 1e-5
 SETTINGS = json.loads((FIXTURE / "settings.json").read_text())
 
 
@@ -27,27 +28,15 @@ def _run(recipe: str) -> tuple[Trainer, list[float], dict]:
     extra = dict(l1_coefficient=options["l1_coefficient"]) if recipe == "relu" else dict(
         l0_coefficient=options["l0_coefficient"], bandwidth=options["jumprelu_bandwidth"],
         init_threshold=options["jumprelu_init_threshold"])
-    trainer = Trainer.new(Recipe(activation=recipe, d_sae=SETTINGS["d_sae"], steps=SETTINGS["steps"],
-                                 batch_size=SETTINGS["batch"], lr=SETTINGS["lr"], warmup_steps=0, clip=1.0,
-                                 b_dec_init="zeros", **extra), SETTINGS["d_in"])
-    with torch.no_grad():
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-            getattr(trainer.coder, name).copy_(theirs[f"initial.{name}"])
-        if recipe == "jumprelu":
-            trainer.coder.log_threshold.copy_(theirs["initial.threshold"].log())
-    return trainer, [trainer.step(x).loss for x in theirs["inputs"]], theirs
-
-
-def _check(trainer: Trainer, losses: list[float], theirs: dict) -> None:
-    torch.testing.assert_close(torch.tensor(losses), theirs["losses"], **WEIGHTS)
-    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-        torch.testing.assert_close(getattr(trainer.coder, name).detach(), theirs[f"final.{name}"], **WEIGHTS,
-                                   msg=lambda m, name=name: f"{name} after {len(losses)} steps: {m}")
-    assert (theirs["final.W_enc"] - theirs["initial.W_enc"]).abs().max() > 100 * WEIGHTS["atol"]
+    trainer, losses = replay(Recipe(activation=recipe, d_sae=SETTINGS["d_sae"], steps=SETTINGS["steps"],
+                                    batch_size=SETTINGS["batch"], lr=SETTINGS["lr"], warmup_steps=0, clip=1.0,
+                                    b_dec_init="zeros", **extra), SETTINGS["d_in"], theirs)
+    return trainer, losses, theirs
 
 
 def test_relu_steps_equal_saelens_standard():
-    _check(*_run("relu"))
+    trainer, losses, theirs = _run("relu")
+    assert_steps_match(trainer, losses, theirs, TOLERANCE)
 
 
 @pytest.mark.xfail(strict=True, reason="SAELens 6.54 trains the JumpReLU threshold itself; resid trains its log "
@@ -55,5 +44,6 @@ def test_relu_steps_equal_saelens_standard():
                                        "after 6 steps): analyses/training/jumprelu.py's to change")
 def test_jumprelu_steps_equal_saelens():
     trainer, losses, theirs = _run("jumprelu")
-    _check(trainer, losses, theirs)
-    torch.testing.assert_close(trainer.coder.log_threshold.exp().detach(), theirs["final.threshold"], **WEIGHTS)
+    assert_steps_match(trainer, losses, theirs, TOLERANCE)
+    torch.testing.assert_close(trainer.coder.log_threshold.exp().detach(), theirs["final.threshold"],
+                               rtol=TOLERANCE, atol=TOLERANCE)
