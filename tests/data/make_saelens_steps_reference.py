@@ -20,9 +20,6 @@ is tests/data/saelens-training/LICENSE.
 
 import argparse
 import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -79,13 +76,11 @@ def generate(out: Path) -> None:
 
 
 def compare(new: Path, old: Path) -> bool:
-    import torch
-    from safetensors.torch import load_file
+    from reference_venv import same_tensors
 
     ok = True
     for recipe in RECIPES:
-        a, b = load_file(str(new / f"{recipe}.safetensors")), load_file(str(old / f"{recipe}.safetensors"))
-        ok = ok and a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=TOLERANCE) for k in a)
+        ok = ok and same_tensors(new / f"{recipe}.safetensors", old / f"{recipe}.safetensors", TOLERANCE)
     print("agrees with" if ok else "DISAGREES with", old)
     return ok
 
@@ -99,16 +94,10 @@ def main() -> None:
     if args.inside is not None:
         generate(args.inside)
         return
-    from reference_venv import build_venv  # beside this script (sys.path[0] when it runs)
+    from reference_venv import build_venv, write_or_check  # beside this script (sys.path[0] when it runs)
 
     python = build_venv(args.venv, "torch==2.13.0", PINS)
-    with tempfile.TemporaryDirectory() as scratch:
-        target = Path(scratch) if args.check else OUT
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(python), __file__, "--inside", str(target)], check=True)
-        if args.check:
-            sys.exit(0 if compare(target, OUT) else 1)
-    print("wrote", OUT)
+    write_or_check(python, __file__, OUT, args.check, compare)
 
 
 if __name__ == "__main__":

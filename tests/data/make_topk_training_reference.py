@@ -22,9 +22,6 @@ loss of each step, the final weights. sparsify's LICENSE (MIT) is copied beside 
 import argparse
 import json
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -80,11 +77,9 @@ def generate(out: Path) -> None:
 
 
 def compare(new: Path, old: Path) -> bool:
-    import torch
-    from safetensors.torch import load_file
+    from reference_venv import same_tensors
 
-    a, b = load_file(str(new / "reference.safetensors")), load_file(str(old / "reference.safetensors"))
-    ok = a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=TOLERANCE) for k in a)
+    ok = same_tensors(new / "reference.safetensors", old / "reference.safetensors", TOLERANCE)
     print("agrees with" if ok else "DISAGREES with", old)
     return ok
 
@@ -98,16 +93,10 @@ def main() -> None:
     if args.inside is not None:
         generate(args.inside)
         return
-    from reference_venv import build_venv  # beside this script (sys.path[0] when it runs)
+    from reference_venv import build_venv, write_or_check  # beside this script (sys.path[0] when it runs)
 
     python = build_venv(args.venv, "torch==2.13.0", PINS)
-    with tempfile.TemporaryDirectory() as scratch:
-        target = Path(scratch) if args.check else OUT
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(python), __file__, "--inside", str(target)], check=True)
-        if args.check:
-            sys.exit(0 if compare(target, OUT) else 1)
-    print("wrote", OUT)
+    write_or_check(python, __file__, OUT, args.check, compare)
 
 
 if __name__ == "__main__":

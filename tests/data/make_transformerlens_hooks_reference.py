@@ -21,9 +21,6 @@ TransformerLens's LICENSE (MIT) is copied beside them.
 import argparse
 import json
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -107,15 +104,12 @@ def generate(out: Path) -> None:
 
 
 def compare(new: Path, old: Path) -> bool:
-    import torch
-    from safetensors.torch import load_file
+    from reference_venv import same_tensors
 
     ok = True
     for family in ("gpt2", "llama"):
-        a, b = load_file(str(new / f"{family}.safetensors")), load_file(str(old / f"{family}.safetensors"))
-        # attention scores hold -inf where masked: allclose counts equal infinities as equal
-        ok = ok and a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), rtol=0, atol=TOLERANCE)
-                                                 for k in a)
+        # attention scores hold -inf where masked: same_tensors counts equal infinities as equal
+        ok = ok and same_tensors(new / f"{family}.safetensors", old / f"{family}.safetensors", TOLERANCE)
         ok = ok and (new / f"{family}.json").read_text() == (old / f"{family}.json").read_text()
     print("agrees with" if ok else "DISAGREES with", old)
     return ok
@@ -129,18 +123,12 @@ def main() -> None:
     if args.inside is not None:
         generate(args.inside)
         return
-    from reference_venv import build_venv  # beside this script (sys.path[0] when it runs)
+    from reference_venv import build_venv, write_or_check  # beside this script (sys.path[0] when it runs)
 
     python = build_venv(VENV, "torch==2.13.0", PINS)
-    with tempfile.TemporaryDirectory() as scratch:
-        target = Path(scratch) if args.check else OUT
-        if not args.check:
-            shutil.rmtree(OUT, ignore_errors=True)
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(python), __file__, "--inside", str(target)], check=True)
-        if args.check:
-            sys.exit(0 if compare(target, OUT) else 1)
-    print("wrote", OUT)
+    if not args.check:
+        shutil.rmtree(OUT, ignore_errors=True)
+    write_or_check(python, __file__, OUT, args.check, compare)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The virtual environment a reference-fixture script (make_*_reference.py) runs its reference library in: the CPU
 torch wheel first, so that pip does not pull a CUDA build, then the library's pins with torch named again, so that
 nothing replaces it; a `.installed` marker is written last, so that an interrupted build is redone rather than used.
-Imported by the scripts beside it (no resid: the reference must not agree by construction)."""
+Imported by the scripts beside it (no resid: the reference must not agree by construction), with what they share:
+writing or checking their files (write_or_check) and comparing tensors (same_tensors)."""
 
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,3 +20,27 @@ def build_venv(venv: Path, torch: str, pins: list[str]) -> Path:
         subprocess.run([*pip, *pins, torch], check=True)
         (venv / ".installed").touch()
     return python
+
+
+def same_tensors(new: Path, old: Path, atol: float) -> bool:
+    """Whether two safetensors files hold the same names and values within `atol` (rtol 0; equal infinities,
+    e.g. masked attention scores, count as equal)."""
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(new)), load_file(str(old))
+    return a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), rtol=0, atol=atol) for k in a)
+
+
+def write_or_check(python: Path, script: str | Path, out: Path, check: bool,
+                   compare: Callable[[Path, Path], bool]) -> None:
+    """Run `script --inside DIR` with the reference environment's `python`: DIR is `out` (the committed files,
+    rewritten), or with `check` a scratch folder that `compare(scratch, out)` judges (exit status 1 if they
+    disagree, nothing written)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        target = Path(scratch) if check else out
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(python), str(script), "--inside", str(target)], check=True)
+        if check:
+            sys.exit(0 if compare(target, out) else 1)
+    print("wrote", out)
