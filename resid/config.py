@@ -8,14 +8,16 @@ post-LN, bidirectional attention, the output head).
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
 from resid.errors import ResidError
 
 
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def finite_number(value: object) -> bool:
+    """A real number (not a boolean, not NaN or an infinity): every check of a real setting starts here."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 LayerType = Literal["full", "sliding"]  # global attention, or a sliding window (and the local rope base)
@@ -180,7 +182,7 @@ class ModelConfig:
                  (non_negative, "a finite number of at least 0", lambda v: v >= 0),
                  (finite, "a finite number", lambda v: True))
         return [f"{name}={value!r} must be {rule}" for fields, rule, holds in rules for name, value in fields.items()
-                if value is not None and not (_finite(value) and holds(value))]
+                if value is not None and not (finite_number(value) and holds(value))]
 
     @property
     def rotary_dims(self) -> int:

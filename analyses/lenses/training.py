@@ -68,6 +68,7 @@ from resid.analyses.lenses.lens import TunedLens
 from resid.analyses.lenses.translators import Translators
 from resid.analyses.logit_lens import site_list
 from resid.capture import Capture
+from resid.config import finite_number
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.stream import EVERY
@@ -116,7 +117,7 @@ class Recipe:
                 ("weight_decay", "zero or more", lambda v: v >= 0),
                 ("clip", "positive", lambda v: v > 0)):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            if not finite_number(value):
                 problems.append(f"{param(name, value)} must be a finite number, {need}")
             elif not ok(value):
                 problems.append(f"{param(name, value)} must be {need}")
@@ -251,8 +252,7 @@ class LensJob(StepJob):
             losses = json.loads(metadata.get("losses", ""))
         except ValueError:
             raise DamagedState("its metadata's 'losses' are not JSON") from None
-        if not (isinstance(losses, list) and len(losses) == step and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in losses)):
+        if not (isinstance(losses, list) and len(losses) == step and all(finite_number(x) for x in losses)):
             raise DamagedState(f"its metadata's 'losses' are not the {step} finite numbers of its {step} steps")
         self._load(step, found["weight"], found.get("bias"), found.get("momentum_weight"),
                    found.get("momentum_bias"), losses)

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from resid.config import finite_number
 from resid.errors import ResidError, param
 
 Kind = Literal["relu", "topk", "batchtopk", "jumprelu"]
@@ -96,8 +97,7 @@ class Recipe:
         problems = []
 
         def real(name: str, value: object, need: str, ok: bool) -> None:
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not number or not math.isfinite(value):
+            if not finite_number(value):
                 problems.append(f"{param(name, value)} must be a finite number, {need}")
             elif not ok:
                 problems.append(f"{param(name, value)} must be {need}")

@@ -1,13 +1,12 @@
 """One module per architecture family: how its config.json maps to a ModelConfig and where each of its
 checkpoint tensors goes (an explicit key table). Adding a family never touches the forward pass."""
 
-import math
 import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resid.config import ModelConfig, RopeScaling
+from resid.config import ModelConfig, RopeScaling, finite_number
 from resid.errors import ResidError
 from resid.load.weights import Key
 
@@ -147,10 +146,6 @@ def _kind(value: object) -> str:
             else type(value).__name__)
 
 
-def _real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_values(hf: dict, where: str) -> None:
     """Refuse a size that is not a whole number of its range, a number field that is not a finite positive
     number, a switch that is not a JSON boolean, or rotary parameters of the wrong kind, naming the field and
@@ -161,7 +156,7 @@ def check_values(hf: dict, where: str) -> None:
         if name in COUNTS:
             _check_count(name, value, COUNTS[name], where)
         elif name in POSITIVE:
-            if not _real(value) or value <= 0 or (name in FRACTIONS and value > 1):
+            if not finite_number(value) or value <= 0 or (name in FRACTIONS and value > 1):
                 rule = "a number in (0, 1]" if name in FRACTIONS else "a finite positive number"
                 raise ResidError(f"{where}: {name} must be {rule}, but it is {value!r} ({_kind(value)}). Fix that "
                                  "field of config.json.")
@@ -196,7 +191,7 @@ def _check_rope(params: object, path: str, where: str, nested: bool = True) -> N
         elif name in ROPE_POSITIVE or name in ROPE_NON_NEGATIVE:
             positive = name in ROPE_POSITIVE
             fraction = name == "partial_rotary_factor"
-            if not _real(value) or (value <= 0 if positive else value < 0) or (fraction and value > 1):
+            if not finite_number(value) or (value <= 0 if positive else value < 0) or (fraction and value > 1):
                 rule = ("a number in (0, 1]" if fraction else "a finite positive number" if positive
                         else "a finite number of at least 0")
                 raise ResidError(f"{where}: {field} must be {rule}, but it is {value!r} ({_kind(value)}). Fix "
