@@ -43,6 +43,7 @@ from torch import Tensor
 from resid.analyses.io import atomic
 from resid.analyses.io.lock import Holder, OutputLock
 from resid.errors import ResidError
+from resid.finite import all_finite
 
 FILE = "checkpoint.safetensors"
 PROGRESS = "progress.json"
@@ -135,7 +136,7 @@ class StateStore(Holder):
         if not isinstance(saved, dict):
             raise self.damaged("its settings are not a JSON object")
         for name, tensor in tensors.items():
-            if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            if not all_finite(tensor):
                 raise self.damaged(f"its tensor {name!r} holds NaN or infinite values (training from it would give "
                                    "a NaN result)")
         if saved != self.settings and saved not in self.older:

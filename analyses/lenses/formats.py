@@ -42,6 +42,7 @@ from resid.analyses.io import atomic
 from resid.analyses.lenses.lens import TunedLens
 from resid.analyses.lenses.translators import Translators, translator_site, tuned_lens_sites
 from resid.errors import ResidError, param
+from resid.finite import all_finite
 from resid.model import Transformer
 
 Layout = Literal["resid", "tuned-lens"]
@@ -186,6 +187,8 @@ def _finite(tensors: dict[str, torch.Tensor], file: Path, sites: tuple, numbered
     tuned-lens's "3.weight") and its site: a lens with one would print NaN probabilities (and a rank-1 token picked
     from NaNs)."""
     for name, tensor in tensors.items():
+        if all_finite(tensor):
+            continue
         bad = ~torch.isfinite(tensor)
         if bool(bad.any()):
             i = int(bad.reshape(len(sites), -1).any(1).nonzero()[0])

@@ -47,7 +47,6 @@ count, losses that are not numbers) is refused by name (resid.analyses.io.checkp
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,6 +69,7 @@ from resid.analyses.logit_lens import site_list
 from resid.capture import Capture
 from resid.config import finite_number
 from resid.errors import ResidError, param
+from resid.finite import all_finite
 from resid.model import Transformer
 from resid.stream import EVERY
 
@@ -316,11 +316,8 @@ class LensJob(StepJob):
         self._forwards += 1
         if self._forwards < -(-recipe.windows_per_step // self.batch_size):
             return
-        # a NaN or an infinity makes the sum non-finite (one cheap pass per tensor); then the exact check names it
-        total = self._step_losses.sum() + sum(leaf.grad.sum() for leaf in self.leaves)
-        flags = None if math.isfinite(float(total)) else \
-            torch.stack([self._step_losses.isfinite().all(), *(leaf.grad.isfinite().all() for leaf in self.leaves)])
-        if flags is not None and not bool(flags.all()):  # before SGD: the translators stay those of the last step
+        # before SGD, so the translators stay the last step's; one cheap pass per tensor usually (resid.finite)
+        if not all_finite(self._step_losses, *(leaf.grad for leaf in self.leaves)):
             bad = (~self._step_losses.isfinite()).nonzero()
             loss = f"the KL at {self.sites[int(bad[0])].label}" if len(bad) else None
             raise self._error(self._non_finite(gradients=True) or loss or "a gradient")
