@@ -23,6 +23,9 @@ value path is the map `frozen`, and `frozen_adjoint` its linear part's adjoint (
 
     frozen(x, P)         = sum_h P[h] (x W_V[h // group] + b_V[h // group]) W_O[h] + b_O      (group: GQA)
     frozen_adjoint(g, P) = sum_h P[h]^T g W_O[h]^T W_V[h // group]^T
+
+and `frozen_adjoint_heads` keeps the terms of that sum apart, one per query head (an attribution graph's edges
+split by the head that carries them, resid.analyses.graphs.heads).
 """
 
 import dataclasses
@@ -275,6 +278,16 @@ class Attention(nn.Module):
         batch, heads, keys, d_head = gv.shape
         gv = gv.view(batch, self.n_kv_heads, heads // self.n_kv_heads, keys, d_head).sum(2)  # GQA: a group's sum
         return torch.einsum("bgke,gde->bkd", gv, self.W_V.float())
+
+    def frozen_adjoint_heads(
+        self, g: Float[Tensor, "batch pos d_model"], pattern: Float[Tensor, "head pos key_pos"]
+    ) -> Float[Tensor, "batch head key_pos d_model"]:
+        """frozen_adjoint split by query head: head h's term P[h]^T g W_O[h]^T W_V[h // group]^T (float32). The
+        heads sum to frozen_adjoint(g, P); under GQA, heads sharing a value head stay apart."""
+        gz = torch.einsum("bqd,hed->bhqe", g.float(), self.W_O.float())
+        gv = torch.einsum("hqk,bhqe->bhke", pattern.float(), gz)
+        w_v = self.W_V.float().repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)  # [head d_model d_head]
+        return torch.einsum("bhke,hde->bhkd", gv, w_v)
 
     def _qkv(
         self, normalized: Tensor, ctx: AttnContext, edits: Sequence[Edit], want: frozenset[str],

@@ -33,6 +33,8 @@ pattern and every norm's scale frozen at a run's values (`frozen_sites()`, keyed
 axis dropped) and the MLP replaced by a given map, the block is affine in resid_pre. `frozen` runs it forward and
 `frozen_adjoint` walks a cotangent on resid_post back to resid_pre through the same topology, so the graph never
 restates it; `frozen_pre` / `frozen_post` / `frozen_attn` are the pieces, each with its adjoint beside it.
+`frozen_adjoint_heads` is frozen_adjoint split into the part that crosses no attention and one part per head of
+the block's attention (an attribution graph's edges split by head).
 Everything frozen is float32.
 """
 
@@ -188,6 +190,34 @@ class Block(nn.Module):
         g = self.frozen_post_adjoint("attn", g, frozen)
         g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")])
         return self.frozen_pre_adjoint("attn", g, frozen)
+
+    def frozen_attn_adjoint_heads(
+        self, g: Float[Tensor, "batch pos d_model"], frozen: FrozenValues
+    ) -> Float[Tensor, "batch head pos d_model"]:
+        """frozen_attn_adjoint split by query head (they sum to it): the post-norm's adjoint, head h's adjoint
+        (Attention.frozen_adjoint_heads), the pre-norm's adjoint."""
+        g = self.frozen_post_adjoint("attn", g, frozen)
+        g = self.attn.frozen_adjoint_heads(g, frozen[_site(self.layer, "attn", "pattern")])
+        return self.frozen_pre_adjoint("attn", g, frozen)
+
+    def frozen_adjoint_heads(
+        self,
+        g: Float[Tensor, "batch pos d_model"],
+        frozen: FrozenValues,
+        mlp_adjoint: Callable[[Tensor, Tensor], Tensor],
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head pos d_model"]]:
+        """frozen_adjoint split by the way the cotangent crosses the block: (the part that crosses no attention,
+        through the residual and the MLP's replacement; each head's part through this layer's attention), which
+        sum to frozen_adjoint(g, frozen, mlp_adjoint). Sequential: the heads read resid_pre and write into
+        resid_mid, which the MLP reads, so what reaches the heads has passed the MLP's replacement; parallel: the
+        MLP and the heads both read resid_pre, so the heads take g on resid_post as it is. `mlp_adjoint` as in
+        frozen_adjoint (here it is given g_write as g_read in both topologies)."""
+        if self.parallel:
+            heads = self.frozen_attn_adjoint_heads(g, frozen)  # before mlp_adjoint may add to g in place
+            return mlp_adjoint(g, g), heads
+        g = self._frozen_resid_adjoint("mlp", g, frozen)
+        g_mid = self._frozen_resid_adjoint("attn", mlp_adjoint(g, g), frozen)
+        return g_mid, self.frozen_attn_adjoint_heads(g_mid, frozen)
 
     def frozen(
         self,
