@@ -42,12 +42,7 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     BOS token. (circuit-tracer 0.5.0 always treats position 0 so: pass skip_bos=True to match it.)
     execution (resid.analyses.Execution): batch_size is the targets per backward sweep ("auto": SWEEP_TARGETS); the
     graph is built in this process and returned (Graph.to_json keeps it), so it takes no executor, workers or out."""
-    execution = as_execution(execution)
-    if execution.executor not in (None, "inprocess") or execution.workers is not None or execution.out is not None:
-        raise ResidError("An attribution graph is built in this process and returned (Graph.to_json writes it): its "
-                         "Execution takes batch_size (targets per backward sweep) and progress; drop executor, "
-                         "workers and out.")
-    batch_size = SWEEP_TARGETS if execution.batch_size == "auto" else execution.batch_size
+    batch_size = sweep_batch_size(execution, SWEEP_TARGETS)
     if max_n_logits < 1:
         raise ResidError(f"{param('max_n_logits', max_n_logits)} must be at least 1.")
     if not 0 < desired_logit_prob <= 1:
@@ -90,14 +85,31 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     )
 
 
+def sweep_batch_size(execution: Execution | None, auto: int) -> int:
+    """Targets per backward sweep from `execution` (`auto` for "auto"); a graph's sweeps run in this process, so
+    an executor, workers or an out are refused."""
+    execution = as_execution(execution)
+    if execution.executor not in (None, "inprocess") or execution.workers is not None or execution.out is not None:
+        raise ResidError("An attribution graph is built in this process and returned (Graph.to_json writes it): its "
+                         "Execution takes batch_size (targets per backward sweep) and progress; drop executor, "
+                         "workers and out.")
+    return auto if execution.batch_size == "auto" else execution.batch_size
+
+
 def salient_logits(model, rep: Replacement, max_n_logits: int, desired_logit_prob: float):
-    """(token ids, probabilities, read-out vectors [k d_model] after the final norm: W_U[:, t] - mean_v W_U)."""
+    """(token ids, probabilities, read-out vectors [k d_model]: logit_vectors)."""
     probs = torch.softmax(rep.logits, dim=-1)
     top_p, top = torch.topk(probs, min(max_n_logits, probs.shape[0]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(desired_logit_prob, device=top_p.device))) + 1
     top_p, top = top_p[:cutoff], top[:cutoff]
+    return top, top_p, logit_vectors(model, top)
+
+
+def logit_vectors(model, tokens: torch.Tensor) -> torch.Tensor:
+    """[k d_model]: what each logit node reads after the final norm, W_U[:, t] - mean_v W_U (its value is its logit
+    minus the mean logit)."""
     w_u = model.readout.unembedding(through_norm=False)  # [d_model d_vocab]
-    return top, top_p, (w_u[:, top] - w_u.mean(1, keepdim=True)).T
+    return (w_u[:, tokens.to(w_u.device)] - w_u.mean(1, keepdim=True)).T
 
 
 def _token_strs(model, ids: torch.Tensor) -> list[str]:

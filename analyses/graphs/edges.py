@@ -100,24 +100,36 @@ class Sweeper:
         frozen = rep.frozen.truncated(n_pos)
         device = rep.embed.device  # the model's: the sweep runs there, the rows come back to the CPU
         out = torch.zeros(batch, self.n_sources, device=device)
-        g = torch.zeros(batch, n_pos, rep.embed.shape[-1], device=device)
-        logit = targets.layer == n_layers
-        if bool(logit.any()):
-            index = logit.nonzero().flatten()
-            positions = targets.position[index]
-            g[index, positions] += rep.model.readout.frozen_adjoint(targets.vector[index],
-                                                                    frozen.final_scale[positions])
+        g = self.start(targets, frozen, n_pos)
         for layer in range(min(top, n_layers - 1), -1, -1):
             through = self._through_transcoder(layer, targets, frozen, out, n_pos)
             g = rep.model.blocks[layer].frozen_adjoint(g, frozen.values, through)
-        cols = self.token_columns()
-        out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g, rep.embed[:n_pos])
+        self.contract_tokens(out, g, n_pos)
         return out.cpu()
 
-    def _through_transcoder(self, layer: int, targets: Targets, frozen: Frozen, out: Tensor, n_pos: int):
+    def start(self, targets: Targets, frozen: Frozen, n_pos: int) -> Tensor:
+        """[b pos d_model]: the cotangents on the final residual, the logit targets' read-outs through the final
+        norm at their positions (feature targets join lower down, at their layer)."""
+        g = torch.zeros(len(targets.layer), n_pos, self.rep.embed.shape[-1], device=self.rep.embed.device)
+        logit = targets.layer == self.rep.n_layers
+        if bool(logit.any()):
+            index = logit.nonzero().flatten()
+            positions = targets.position[index]
+            g[index, positions] += self.rep.model.readout.frozen_adjoint(targets.vector[index],
+                                                                         frozen.final_scale[positions])
+        return g
+
+    def contract_tokens(self, out: Tensor, g: Tensor, n_pos: int) -> None:
+        """out's token columns: each position's embedding write against the cotangent g [b pos d_model] on the
+        residual entering layer 0."""
+        cols = self.token_columns()
+        out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g, self.rep.embed[:n_pos])
+
+    def _through_transcoder(self, layer: int, targets: Targets | None, frozen: Frozen, out: Tensor, n_pos: int):
         """The adjoint of layer's MLP replaced by its transcoder, for Block.frozen_adjoint: contracts the cotangent
         on its write with the layer's error and feature writes into `out`, then adds to the cotangent on the
-        residual the MLP reads what the skip path carries back and the read-out vectors of the layer's targets."""
+        residual the MLP reads what the skip path carries back and the read-out vectors of the layer's targets
+        (None: rows that start at no target, resid.analyses.graphs.heads's head rows)."""
         rep = self.rep
 
         def adjoint(g_write: Tensor, g_read: Tensor) -> Tensor:
@@ -129,7 +141,8 @@ class Sweeper:
             skip = self._skips[layer]
             if skip is not None:  # before g_read is added to in place: it may be g_write itself
                 g_read = g_read + rep.transcoder_input_adjoint(layer, g_write @ skip.T, frozen)
-            self._inject(g_read, targets, layer, frozen)
+            if targets is not None:
+                self._inject(g_read, targets, layer, frozen)
             return g_read
         return adjoint
 
