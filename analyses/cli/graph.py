@@ -7,7 +7,10 @@ own viewer page next to it (g.html).
 --transcoders is a local folder resid.dictionaries.load reads as one transcoder per layer (a circuit-tracer set, a
 sparsify set) or as a cross-layer transcoder, or a folder of single-transcoder folders (what `resid
 train-transcoder --layers all --out DIR` writes: one SAELens folder per layer). --validate K ablates the K most
-influential features in the real model and reports the measured effects beside the graph's predictions.
+influential features in the real model and reports the measured effects beside the graph's predictions. --heads
+splits each edge of the pruned graph by the attention head of its last hop (resid.analyses.graphs.heads) and writes
+the split beside the JSON (g-heads.csv: source_site, target_site, via, weight, with its provenance sidecar) and into
+the JSON's links and the page.
 """
 
 from pathlib import Path
@@ -40,6 +43,8 @@ def add_parser(commands, common) -> None:
                         "'auto' (default) skips them when the prompt starts with the BOS token")
     parser.add_argument("--validate", type=int, default=0, help="ablate the K most influential features in the "
                         "real model and compare with the graph (default 0: no check)")
+    parser.add_argument("--heads", action="store_true", help="split the pruned graph's edges by the attention head "
+                        "of their last hop: written beside --out (<stem>-heads.csv) and into the JSON and page")
 
 
 def check(args) -> None:
@@ -56,6 +61,9 @@ def check(args) -> None:
         if not 0 <= value <= 1:
             raise ResidError(f"{flag} {value} is a share: give a number in [0, 1].")
     arguments.out_path(args.out, (".json",))
+    if args.heads and args.out is None:
+        raise ResidError("--heads writes the head split beside the graph's JSON: give --out too (e.g. --out g.json, "
+                         "which writes g-heads.csv beside it).")
     if not Path(args.transcoders).expanduser().is_dir():
         raise ResidError(f"--transcoders {args.transcoders} is not a folder: give a local transcoder folder (a "
                          "circuit-tracer set with its config.yaml, or per-layer SAELens / sparsify transcoders).")
@@ -65,6 +73,7 @@ def run(model, args) -> str:
     from resid.analyses import graphs
     from resid.analyses.graphs.validate import validate
     from resid.analyses.graphs.viewer import write_html
+    from resid.analyses.io import tables
 
     transcoders = load_transcoders(args.transcoders, model)
     graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
@@ -92,12 +101,25 @@ def run(model, args) -> str:
         lines.append(f"validation: {len(report['features'])} features ablated in the real model; target logit "
                      f"effect predicted vs measured: correlation {report['target_logit_correlation']:.3f}")
     if args.out is not None:
+        split = None
+        if args.heads:
+            pruned = graph.pruned(args.node_threshold, args.edge_threshold)
+            split = graphs.split_heads(model, pruned, transcoders, execution=arguments.execution(args.batch_size))
+            table = tables.export(split.to_frame(), heads_path(args.out))
+            lines.append(f"head split: {split.n_edges} edges of the pruned graph by the head of their last attention "
+                         f"hop; wrote {table}")
         path = graphs.write_json(graph, args.out, node_threshold=args.node_threshold,
-                                 edge_threshold=args.edge_threshold)
+                                 edge_threshold=args.edge_threshold, heads=split)
         page = write_html(graph, Path(path).with_suffix(".html"), node_threshold=args.node_threshold,
-                          edge_threshold=args.edge_threshold)
+                          edge_threshold=args.edge_threshold, heads=split)
         lines.append(f"wrote {path} (+ graph-metadata.json) and {page}")
     return "\n".join(lines)
+
+
+def heads_path(out: str) -> Path:
+    """Where --heads writes the split: beside the JSON, <stem>-heads.csv."""
+    path = Path(out)
+    return path.with_name(f"{path.stem}-heads.csv")
 
 
 def summary(transcoders, folder: str) -> str:

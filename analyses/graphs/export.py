@@ -5,21 +5,28 @@ and edges `Graph.prune` keeps), and the index file their local server lists grap
      "qParams": {pinnedIds, supernodes, linkType, clickedId, sg_pos},
      "nodes": [{node_id, feature, layer, ctx_idx, feature_type, token_prob, is_target_logit, run_idx,
                 reverse_ctx_idx, jsNodeId, clerp, influence, activation}, ...],
-     "links": [{source, target, weight}, ...]}
+     "links": [{source, target, weight, heads}, ...]}
 
 Node ids (circuit-tracer 0.5.0's): a feature "L_F_P" (its `feature` field Cantor's pairing of L and F), an error
 "0_L_P", a token "E_T_P" (T its token id), a logit "(n_layers + 1)_T_P" at the last position. (A layer-0 feature F
 at P and layer F's error at P share an id in this format; the matrix and the frame keep them apart.) `influence`
 is a node's place in the influence ranking (the cumulative share of influence up to it); feature nodes carry their
 activation. The first logit is the target logit. Only nodes with a kept edge stay,
-tokens and logits always. resid adds its own keys under metadata["resid"] (scores, the model, timings).
+tokens and logits always. resid adds its own keys under metadata["resid"] (scores, the model, timings) and, given
+a head split (resid.analyses.graphs.heads), a "heads" key to each link it splits: {via: weight}, the edge's
+non-zero parts by the head of its last attention hop ("layers[3].attn.head[5]@7", or "residual"), largest |weight|
+first, summing to the link's weight (circuit-tracer's and Neuronpedia's viewers ignore keys they do not know).
 """
 
 import json
 from pathlib import Path
 
+import torch
+
 from resid.analyses.graphs.graph import Graph
+from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
+from resid.errors import ResidError
 
 
 def _cantor(x: int, y: int) -> int:
@@ -32,9 +39,10 @@ def _token(text: str) -> str:
 
 
 def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               decode=None) -> dict:
+               decode=None, heads: HeadSplit | None = None) -> dict:
     """The viewer's JSON object of `graph` pruned at the thresholds. `decode(id) -> str` names the logit tokens
-    (default: the graph's own token strings for prompt tokens, the id otherwise)."""
+    (default: the graph's own token strings for prompt tokens, the id otherwise). `heads`: a split of this graph's
+    edges (split_heads of graph.pruned() at the same thresholds covers every link), its parts put on the links."""
     pruned = graph.prune(node_threshold, edge_threshold)
     scores = pruned.cumulative_scores
     n_f, n_e, n_p, layers = graph.n_features, graph.n_errors, graph.n_pos, graph.n_layers
@@ -68,6 +76,9 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     targets = graph.row_nodes[kept_rows]
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
              for s, t, w in zip(sources.tolist(), targets.tolist(), weights, strict=True) if s in nodes and t in nodes]
+    if heads is not None:
+        _add_heads(graph, heads, links, [(s, t) for s, t in zip(sources.tolist(), targets.tolist(), strict=True)
+                                         if s in nodes and t in nodes])
     connected = {link["source"] for link in links} | {link["target"] for link in links}
     used = [n for n in nodes.values() if n["node_id"] in connected or n["feature_type"] in ("embedding", "logit")]
     replacement, completeness = graph.scores()
@@ -86,16 +97,17 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
 
 
 def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_threshold: float = 0.8,
-               edge_threshold: float = 0.98, decode=None) -> Path:
+               edge_threshold: float = 0.98, decode=None, heads: HeadSplit | None = None) -> Path:
     """Write the viewer's JSON file of the pruned graph to `path` (a .json file) and list it in graph-metadata.json
     beside it, the index circuit-tracer's local server reads; returns the path. `decode(id) -> str` names the logit
-    tokens (default: the graph's own strings of its logit tokens)."""
+    tokens (default: the graph's own strings of its logit tokens). `heads` (graphs.split_heads of graph.pruned() at
+    the same thresholds): each link's parts by head, under its "heads" key."""
     path = Path(path)
     if decode is None:
         strs = dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True))
         decode = lambda i: strs.get(i, str(i))  # noqa: E731
     slug = slug or path.stem
-    data = graph_json(graph, slug, node_threshold, edge_threshold, decode)
+    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write(path, json.dumps(data, indent=1))
     index = path.parent / "graph-metadata.json"
@@ -104,6 +116,21 @@ def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_thr
     listed["graphs"] = [g for g in listed.get("graphs", []) if g.get("slug") != slug] + [entry]
     atomic.write(index, json.dumps(listed, indent=1))
     return path
+
+
+def _add_heads(graph: Graph, heads: HeadSplit, links: list[dict], edges: list[tuple[int, int]]) -> None:
+    """Each link's "heads": its parts in `heads`, matched by the Sites of its nodes (a split of the pruned graph
+    numbers its nodes otherwise); links the split lacks get none."""
+    if heads.model_name != graph.model_name or not torch.equal(heads.token_ids, graph.token_ids):
+        raise ResidError(f"The head split is of another graph ({heads.model_name}, {len(heads.token_ids)} tokens) than "
+                         f"the one written ({graph.model_name}, {graph.n_pos} tokens): split this graph, pruned at "
+                         "the thresholds it is written with (graphs.split_heads(model, graph.pruned(...), ...)).")
+    parts = heads.by_label()
+    sites = graph.sites()
+    for link, (s, t) in zip(links, edges, strict=True):
+        found = parts.get((sites[s].label, sites[t].label))
+        if found:
+            link["heads"] = dict(sorted(found.items(), key=lambda item: -abs(item[1])))
 
 
 def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: str, js_id: str, *,

@@ -5,7 +5,8 @@ Columns are prompt positions (the token under each), rows are layers: token embe
 error nodes (squares) at their layer, logits at the top; the drawing is scaled to fit the window. Edges are lines
 whose width follows |weight| (blue positive, red negative). Clicking a node lists its strongest incoming and
 outgoing edges and, for a feature with a card (resid.analyses.features.card) given in `cards`, shows the card in a
-frame.
+frame. Given a head split (resid.analyses.graphs.heads), each listed edge names the heads carrying most of it, and
+clicking an edge lists all its parts: the head of its last attention hop, or the residual.
 """
 
 import html
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from resid.analyses.graphs.export import graph_json
 from resid.analyses.graphs.graph import Graph
+from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
 
 _SCRIPT = r"""(() => {
@@ -44,6 +46,7 @@ data.links.forEach(l => {
   Object.entries({x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
                   'stroke-width': 0.3 + 3 * Math.abs(l.weight) / maxW, 'stroke-opacity': 0.5}).forEach(
     ([k, v]) => line.setAttribute(k, v));
+  if (l.heads) { line.setAttribute('class', 'edge'); line.addEventListener('click', () => showEdge(l)); }
   svg.appendChild(line);
   (edgesOf[l.source] = edgesOf[l.source] || []).push(l);
   (edgesOf[l.target] = edgesOf[l.target] || []).push(l);
@@ -71,7 +74,7 @@ data.nodes.forEach(n => {
 function show(n) {
   const edges = (edgesOf[n.node_id] || []).slice().sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
   const rows = edges.slice(0, 12).map(l => `<tr><td>${l.source}</td><td>&rarr;</td><td>${l.target}</td>` +
-                                           `<td>${l.weight.toFixed(4)}</td></tr>`).join('');
+                                           `<td>${l.weight.toFixed(4)}</td><td>${carriers(l, 3)}</td></tr>`).join('');
   const card = cards[n.node_id] ? `<iframe src="${cards[n.node_id]}" width="100%" height="420"></iframe>` : '';
   info.innerHTML = `<h3>${n.node_id} <small>${n.feature_type}</small></h3>` +
     `<p>layer ${n.layer}, position ${n.ctx_idx}` +
@@ -79,16 +82,32 @@ function show(n) {
     (n.influence != null ? `, cumulative influence ${n.influence.toFixed(4)}` : '') + ` ${n.clerp}</p>` +
     `<table>${rows}</table>${card}`;
 }
+// a link's parts by the head of its last attention hop (its "heads", largest first), the first k of them
+function carriers(l, k) {
+  if (!l.heads) return '';
+  const parts = Object.entries(l.heads);
+  const shown = parts.slice(0, k).map(([via, w]) => `${escaped(via)} ${w.toFixed(4)}`).join(', ');
+  return 'via ' + shown + (parts.length > k ? `, +${parts.length - k} more` : '');
+}
+function showEdge(l) {
+  const rows = Object.entries(l.heads).map(([via, w]) => `<tr><td>${escaped(via)}</td><td>${w.toFixed(4)}</td></tr>`);
+  info.innerHTML = `<h3>${l.source} &rarr; ${l.target} <small>weight ${l.weight.toFixed(4)}</small></h3>` +
+    `<p>by the head of its last attention hop (residual: no attention)</p><table>${rows.join('')}</table>`;
+}
+function escaped(text) {
+  return text.replace(/[&<>"]/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'})[c]);
+}
 })();
 """
 
 
 def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-         cards: dict[str, str] | None = None) -> str:
+         cards: dict[str, str] | None = None, heads: HeadSplit | None = None) -> str:
     """The viewer page of `graph` pruned at the thresholds; `cards` maps a feature's node_id ("L_F_P") to the path
-    (relative to the page) of its card."""
+    (relative to the page) of its card; `heads` splits its edges by head (graphs.split_heads of graph.pruned() at
+    the same thresholds)."""
     data = graph_json(graph, graph.model_name, node_threshold, edge_threshold,
-                      decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get)
+                      decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get, heads=heads)
     meta = data["metadata"]["resid"]
     title = html.escape(f"{graph.model_name}: {''.join(graph.token_strs)!r}")
     summary = html.escape(f"{len(data['nodes'])} nodes, {len(data['links'])} edges (node threshold {node_threshold},"
@@ -100,17 +119,18 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
 
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
             "body{font-family:sans-serif;margin:12px} #wrap{overflow:auto;border:1px solid #ddd} "
-            ".node{cursor:pointer} text{font-size:12px} td{padding:0 6px;font-family:monospace}</style></head><body>"
+            ".node,.edge{cursor:pointer} text{font-size:12px} td{padding:0 6px;font-family:monospace}"
+            "</style></head><body>"
             f"<h2>{title}</h2><p>{summary}</p><div id='wrap'><svg id='graph' xmlns='http://www.w3.org/2000/svg'>"
-            f"</svg></div><div id='info'><p>Click a node.</p></div>"
+            f"</svg></div><div id='info'><p>Click a node{'' if heads is None else ' or an edge'}.</p></div>"
             f"<script type='application/json' id='graph-data'>{embedded(data)}</script>"
             f"<script type='application/json' id='graph-cards'>{embedded(cards or {})}</script>"
             f"<script>{_SCRIPT}</script></body></html>")
 
 
 def write_html(graph: Graph, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               cards: dict[str, str] | None = None) -> Path:
+               cards: dict[str, str] | None = None, heads: HeadSplit | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write(path, page(graph, node_threshold, edge_threshold, cards))
+    atomic.write(path, page(graph, node_threshold, edge_threshold, cards, heads))
     return path
