@@ -109,19 +109,28 @@ class ScoreAttribution:
         """The n pairs of largest magnitude: query (site label), key (site label), value, found block by block."""
         if n < 1:
             raise ResidError(f"{param('n', n)} must be at least 1.")
-        best_values, best_index = torch.zeros(0), torch.zeros(0, dtype=torch.long)
+        values, rows, cols = self._top(n)
+        return pd.DataFrame({"query": [self.query_sites[r].label for r in rows.tolist()],
+                             "key": [self.key_sites[c].label for c in cols.tolist()],
+                             "value": values.double().cpu().numpy()})
+
+    def _top(self, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(values, query rows, key rows) of the n largest pairs, scanning blocks of PAIR_BLOCK pairs."""
+        best_values = torch.zeros(0, device=self.Q.device)
+        best_index = torch.zeros(0, dtype=torch.long, device=self.Q.device)
         width = len(self.key_sites)
         step = max(1, PAIR_BLOCK // max(width, 1))
         for start in range(0, len(self.query_sites), step):
             block = (self.scale * self.Q[start:start + step] @ self.K.T).flatten()
+            if n == 1 and not len(best_values):  # the largest alone: an argmax, no sort
+                best = block.abs().argmax()
+                best_values, best_index = block[best][None], (best + start * width)[None]
+                continue
             values = torch.cat([best_values, block])
-            index = torch.cat([best_index, torch.arange(len(block)) + start * width])
+            index = torch.cat([best_index, torch.arange(len(block), device=block.device) + start * width])
             keep = values.abs().topk(min(n, len(values))).indices
             best_values, best_index = values[keep], index[keep]
-        rows, cols = (best_index // width).tolist(), (best_index % width).tolist()
-        return pd.DataFrame({"query": [self.query_sites[r].label for r in rows],
-                             "key": [self.key_sites[c].label for c in cols],
-                             "value": best_values.double().numpy()})
+        return best_values, best_index // width, best_index % width
 
     def __repr__(self) -> str:
         keys = ", ".join(f"{w:+.3g}*k{p}" for p, w in list(self.weights.items())[:4])
@@ -144,59 +153,102 @@ class QK:
         self.n_pos = self.rep.n_pos
         self._heads: dict[int, Tensor] = {}  # layer -> head writes [head pos d_model]
         self._projected: dict[tuple[str, int, int], tuple[Terms, Tensor]] = {}
+        self._blocks: dict[tuple, object] = {}  # the terms' pieces, made once: Sites and writes per layer and position
 
     # --- the terms ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def terms(self, layer: int, position: int) -> Terms:
-        """The writes into the residual entering `layer` at `position` (see the module docstring); they sum to it."""
-        model, rep, run = self.model, self.rep, self.run
-        stream = run.stream
-        found = rep.transcoders
-        at = (position,)
-        sites = [Site(None, "embed", positions=at)]
-        vectors = [stream.embed[0, position].float()]
-        for name in ("pos_embed", "type_embed"):
-            extra = getattr(stream, name)
-            if extra is not None:
-                sites.append(Site(None, name, positions=at))
-                vectors.append(extra[0, position].float())
+        """The writes into the residual entering `layer` at `position` (see the module docstring); they sum to it.
+        Assembled from each earlier layer's writes there, made once (`_written`)."""
+        rep, found = self.rep, self.rep.transcoders
+        sites, vectors = list(self._embeddings(position).sites), [self._embeddings(position).vectors]
         for l in range(layer):
-            block = model.blocks[l]
-            sites += [Site(l, "attn", head=h, positions=at) for h in range(model.config.n_heads)]
-            vectors += list(self._head_writes(l)[:, position])
-            b_o = block.attn.b_O
-            if block.ln_attn_post is not None:
-                scale = stream.layers[l].attn.post_norm_scale[0, position].float()
-                if b_o is not None:
-                    sites.append(Site(l, "attn", field="b_O", positions=at))
-                    vectors.append(block.ln_attn_post.frozen(b_o.float(), scale, constants=False))
-                bias = block.ln_attn_post.constant()
-                if bias is not None:
-                    sites.append(Site(l, "attn", field="post_norm_bias", positions=at))
-                    vectors.append(bias)
-            elif b_o is not None:
-                sites.append(Site(l, "attn", field="b_O", positions=at))
-                vectors.append(b_o.float())
-            sites.append(Site(l, "mlp", field="error", positions=at))
-            vectors.append(rep.errors[l, position])
-            skip = found.skip(l)
-            if skip is not None:
-                sites.append(Site(l, "mlp", field="skip", positions=at))
-                vectors.append(rep.inputs[l][position].float() @ skip)
-            sites.append(Site(l, "mlp", field="b_dec", positions=at))
-            vectors.append(found.b_dec(l))
-            if rep.skip_bos and position == 0:
-                sites.append(Site(l, "mlp", positions=at))
-                vectors.append(rep.fixed[l, 0])
-        rows = ((rep.features[:, 1] == position) & (rep.features[:, 0] < layer)).nonzero().flatten()
-        for row in rows.tolist():
-            source, _, feature = rep.features[row].tolist()
-            written = sum(found.decoder(source, t, torch.tensor([feature]))[0] for t in found.targets(source)
-                          if t < layer)
-            sites.append(Site(source, "mlp", feature=feature, positions=at))
-            vectors.append(written * rep.activations[row])
+            block = self._written(l, position)
+            sites += block.sites
+            vectors.append(block.vectors)
+        for source in range(layer):  # each source layer's active features here, their writes below `layer`
+            rows, features = self._features(source, position)
+            if not len(rows):
+                continue
+            targets = [t for t in found.targets(source) if t < layer]
+            if targets == list(found.targets(source)):  # every write of the feature lands below: made once
+                key = ("features", source, position)
+                if key not in self._blocks:
+                    self._blocks[key] = self._feature_writes(source, rows, targets)
+                written = self._blocks[key]
+            else:  # a cross-layer transcoder's feature, part of whose writes land at or above `layer`
+                written = self._feature_writes(source, rows, targets)
+            sites += features
+            vectors.append(written)
+        return Terms(sites, torch.cat(vectors))
+
+    def _embeddings(self, position: int) -> Terms:
+        key = ("embed", position)
+        if key not in self._blocks:
+            stream, at = self.run.stream, (position,)
+            sites, vectors = [Site(None, "embed", positions=at)], [stream.embed[0, position].float()]
+            for name in ("pos_embed", "type_embed"):
+                extra = getattr(stream, name)
+                if extra is not None:
+                    sites.append(Site(None, name, positions=at))
+                    vectors.append(extra[0, position].float())
+            self._blocks[key] = Terms(sites, torch.stack(vectors).to(self.rep.embed.device))
+        return self._blocks[key]
+
+    def _written(self, layer: int, position: int) -> Terms:
+        """Layer `layer`'s writes at `position` but its features': heads, attention constants, the transcoder's
+        error, skip path and b_dec (and position 0's MLP write, with skip_bos)."""
+        key = ("layer", layer, position)
+        if key in self._blocks:
+            return self._blocks[key]
+        model, rep, stream = self.model, self.rep, self.run.stream
+        found, block, at = rep.transcoders, model.blocks[layer], (position,)
+        sites = [Site(layer, "attn", head=h, positions=at) for h in range(model.config.n_heads)]
+        vectors = list(self._head_writes(layer)[:, position])
+        b_o = block.attn.b_O
+        if block.ln_attn_post is not None:
+            scale = stream.layers[layer].attn.post_norm_scale[0, position].float()
+            if b_o is not None:
+                sites.append(Site(layer, "attn", field="b_O", positions=at))
+                vectors.append(block.ln_attn_post.frozen(b_o.float(), scale, constants=False))
+            bias = block.ln_attn_post.constant()
+            if bias is not None:
+                sites.append(Site(layer, "attn", field="post_norm_bias", positions=at))
+                vectors.append(bias)
+        elif b_o is not None:
+            sites.append(Site(layer, "attn", field="b_O", positions=at))
+            vectors.append(b_o.float())
+        sites.append(Site(layer, "mlp", field="error", positions=at))
+        vectors.append(rep.errors[layer, position])
+        skip = found.skip(layer)
+        if skip is not None:
+            sites.append(Site(layer, "mlp", field="skip", positions=at))
+            vectors.append(rep.inputs[layer][position].float() @ skip)
+        sites.append(Site(layer, "mlp", field="b_dec", positions=at))
+        vectors.append(found.b_dec(layer))
+        if rep.skip_bos and position == 0:
+            sites.append(Site(layer, "mlp", positions=at))
+            vectors.append(rep.fixed[layer, 0])
         device = rep.embed.device
-        return Terms(sites, torch.stack([v.to(device) for v in vectors]))
+        self._blocks[key] = Terms(sites, torch.stack([v.to(device) for v in vectors]))
+        return self._blocks[key]
+
+    def _features(self, source: int, position: int) -> tuple[Tensor, list[Site]]:
+        """The rows of rep.features of `source`'s active features at `position`, and their Sites."""
+        key = ("rows", source, position)
+        if key not in self._blocks:
+            rep = self.rep
+            rows = ((rep.features[:, 1] == position) & (rep.features[:, 0] == source)).nonzero().flatten()
+            sites = [Site(source, "mlp", feature=f, positions=(position,)) for f in rep.features[rows, 2].tolist()]
+            self._blocks[key] = (rows, sites)
+        return self._blocks[key]
+
+    def _feature_writes(self, source: int, rows: Tensor, targets: list[int]) -> Tensor:
+        """a * W_dec of the features at `rows` summed over the layers `targets` they write into [n d_model]."""
+        found, device = self.rep.transcoders, self.rep.embed.device
+        features = self.rep.features[rows, 2]
+        written = sum(found.decoder(source, t, features) for t in targets)
+        return written.to(device) * self.rep.activations[rows, None].to(device)
 
     def _head_writes(self, layer: int) -> Tensor:
         if layer not in self._heads:
@@ -301,6 +353,32 @@ class QK:
         return ScoreAttribution(layer, head, query, weights, q_terms.sites, key_sites, q, torch.cat(key_parts),
                                 float(attn.scale), run_raw, {k: float(scores[k]) for k in weights},
                                 {k: float(pattern[k]) for k in weights})
+
+    @torch.no_grad()
+    def heads(self, query: int = -1, versus: int | str | None = None, layers=None) -> pd.DataFrame:
+        """Every head of `layers` (None: all) at position `query`: its score at the key it attends to most (or its
+        contrast `versus`, as in `score`), with the strongest query-side term, key-side term and pair. One row per
+        head: head (site), key, pattern, score, raw, query_term, query_value, key_term, key_value, pair_query,
+        pair_key, pair_value. Layer by layer, so memory holds one layer's projected terms."""
+        config = self.model.config
+        layers = range(config.n_layers) if layers is None else [Site(l, "attn").resolve(config).layer for l in layers]
+        rows = []
+        for layer in layers:
+            for head in range(config.n_heads):
+                result = self.score(layer, head, query=query, versus=versus)
+                key = next(iter(result.weights))
+                q_side = result.scale * result.Q @ result.K.sum(0)
+                k_side = result.scale * result.K @ result.Q.sum(0)
+                i, j = int(q_side.abs().argmax()), int(k_side.abs().argmax())
+                value, row, col = result._top(1)
+                rows.append({"head": result.head_site.label, "key": key, "pattern": result.pattern[key],
+                             "score": result.run_scores[key], "raw": result.raw,
+                             "query_term": result.query_sites[i].label, "query_value": float(q_side[i]),
+                             "key_term": result.key_sites[j].label, "key_value": float(k_side[j]),
+                             "pair_query": result.query_sites[int(row[0])].label,
+                             "pair_key": result.key_sites[int(col[0])].label, "pair_value": float(value[0])})
+            self._projected = {k: v for k, v in self._projected.items() if k[1] != layer}
+        return pd.DataFrame(rows)
 
     def _position(self, position: int, name: str) -> int:
         if not -self.n_pos <= int(position) < self.n_pos:

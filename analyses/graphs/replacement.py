@@ -114,7 +114,8 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None, capture: C
         index = a.nonzero()  # [m 2] (position, feature), sorted; kept on the CPU as the graph's bookkeeping
         rows.append(torch.cat([torch.full((len(index), 1), layer), index.cpu()], dim=1))
         values.append(a[index[:, 0], index[:, 1]])
-        pre.append(found.pre_activations(layer, inputs[layer][index[:, 0]]).gather(1, index[:, 1:]).flatten())
+        # every position's pre-activations once, then the active ones: [pos d_sae], not one row per active feature
+        pre.append(found.pre_activations(layer, inputs[layer])[index[:, 0], index[:, 1]])
         if skip_bos:  # position 0's MLP write (its features' and its error) becomes a constant
             fixed[layer, 0] = errors[layer][0] + _written(found, acts, layer, 0)
             errors[layer] = errors[layer].clone()
