@@ -22,7 +22,6 @@ Target (issue 39): within a few forward passes' time on CPU; memory linear in th
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -115,7 +114,8 @@ def main() -> None:
     print(f"forward pass          {forward * 1e3:8.1f} ms")
     print(f"QK build (one run)    {times['build'] * 1e3:8.1f} ms   {times['build'] / forward:5.1f} forwards")
     print(f"heads(query=-1)       {alone * 1e3:8.1f} ms   {alone / forward:5.1f} forwards   (270 heads)")
-    print(f"build + heads         {times['build+heads'] * 1e3:8.1f} ms   {times['build+heads'] / forward:5.1f} forwards")
+    both = times["build+heads"]
+    print(f"build + heads         {both * 1e3:8.1f} ms   {both / forward:5.1f} forwards")
     n_features = len(qk.rep.features)
     counted = multiply_adds(qk, table)
     config = model.config  # the forward: every weight but the embeddings once per token, plus the logits

@@ -160,7 +160,7 @@ class QK:
     def terms(self, layer: int, position: int) -> Terms:
         """The writes into the residual entering `layer` at `position` (see the module docstring); they sum to it.
         Assembled from each earlier layer's writes there, made once (`_written`)."""
-        rep, found = self.rep, self.rep.transcoders
+        found = self.rep.transcoders
         sites, vectors = list(self._embeddings(position).sites), [self._embeddings(position).vectors]
         for l in range(layer):
             block = self._written(l, position)
