@@ -6,10 +6,12 @@ direct effect.
     graph = graphs.attribute(model, "The capital of France is", transcoders)   # a Graph
     graph.to_frame(); graph.edges(); graph.scores(); graph.prune(0.8, 0.98)
     graphs.write_json(graph, "graph.json")     # the pruned graph, as circuit-tracer's and Neuronpedia's viewers read it
+    qk = graphs.QK(model, prompt, transcoders)  # why a head attended: its score split into pairs of terms (qk.py)
 """
 
 from resid.analyses.graphs.attribute import attribute
 from resid.analyses.graphs.export import write_json
 from resid.analyses.graphs.graph import Graph
+from resid.analyses.graphs.qk import QK
 
-__all__ = ["Graph", "attribute", "write_json"]
+__all__ = ["QK", "Graph", "attribute", "write_json"]
