@@ -14,6 +14,7 @@
     resid neurons values|top|explain|edit ...
     resid features values|top --dictionary DIR ...
     resid graph "prompt" --transcoders DIR [--out graph.json] [--validate K]
+    resid qk "prompt" --transcoders DIR [--layer L --head H] [--key K] [--versus K2 | mean] [--out table.csv]
 
 Each subcommand is a module of analyses/cli/ with `add_parser(commands, common)`, `check(args)` (everything
 that needs no model: run before `load`, so a typo costs no seconds of loading) and `run(model, args)`.
@@ -46,7 +47,7 @@ DEFAULT_MODEL = "smollm2-135m"
 # lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
 COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
             "neurons", "features")
-COMMANDS += ("train", "graph")  # `resid train-sae` and `resid train-transcoder` (analyses/cli/train.py)
+COMMANDS += ("train", "graph", "qk")  # `resid train-sae` and `resid train-transcoder` (analyses/cli/train.py)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -7,11 +7,13 @@ direct effect.
     graph.to_frame(); graph.edges(); graph.scores(); graph.prune(0.8, 0.98)
     graphs.write_json(graph, "graph.json")     # the pruned graph, as circuit-tracer's and Neuronpedia's viewers read it
     split = graphs.split_heads(model, graph.pruned(), transcoders)   # edges by the head of their last attention hop
+    qk = graphs.QK(model, prompt, transcoders)  # why a head attended: its score split into pairs of terms (qk.py)
 """
 
 from resid.analyses.graphs.attribute import attribute
 from resid.analyses.graphs.export import write_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit, split_heads
+from resid.analyses.graphs.qk import QK
 
-__all__ = ["Graph", "HeadSplit", "attribute", "split_heads", "write_json"]
+__all__ = ["QK", "Graph", "HeadSplit", "attribute", "split_heads", "write_json"]

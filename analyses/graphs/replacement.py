@@ -17,6 +17,7 @@ the MLP sublayer replaced by its transcoder: x = what the transcoder reads from 
 a post-norm is refused when the run splices it).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from resid.analyses.graphs.frozen import Frozen
 from resid.analyses.graphs.transcoders import Transcoders
+from resid.capture import Capture
 from resid.errors import ResidError
 
 
@@ -43,6 +45,7 @@ class Replacement:
     logits: Tensor  # [d_vocab] at the last position, after any final soft cap
     uncapped: Tensor  # [d_vocab] before it (== logits without a cap)
     skip_bos: bool = False
+    run: object = None  # the spliced run itself (resid.Run): what `replace(capture=...)` also recorded
 
     @property
     def n_pos(self) -> int:
@@ -72,10 +75,12 @@ class Replacement:
         return block.frozen_pre_adjoint("mlp", w, frozen.values, positions, standardized=how == "standardized")
 
 
-def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replacement:
+def replace(model, prompt, transcoders, skip_bos: bool | None = None, capture: Capture | None = None) -> Replacement:
     """Run `prompt` (text or token ids, one prompt) with every MLP replaced by `transcoders` (checked: see
     Transcoders.of). skip_bos: position 0's features and errors are no nodes, their writes are constants, as
-    circuit-tracer does for position 0 (None: when the prompt starts with the tokenizer's BOS token)."""
+    circuit-tracer does for position 0 (None: when the prompt starts with the tokenizer's BOS token). `capture`:
+    fields the run records besides the frozen values (Replacement.run keeps them), e.g. heads' z and q_proj for
+    QK attribution."""
     found = Transcoders.of(model, transcoders)
     config = model.config
     if isinstance(prompt, str):
@@ -88,7 +93,7 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
     if tokens.ids.shape[0] != 1:
         raise ResidError(f"An attribution graph explains one prompt; got {tokens.ids.shape[0]}.")
     with torch.no_grad():
-        run = model.run(tokens, capture=Frozen.capture(model), dictionaries=found.splices())
+        run = model.run(tokens, capture=_with(Frozen.capture(model), capture), dictionaries=found.splices())
     stream = run.stream
     n = config.n_layers
     frozen = Frozen.of(model, run)
@@ -109,7 +114,8 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
         index = a.nonzero()  # [m 2] (position, feature), sorted; kept on the CPU as the graph's bookkeeping
         rows.append(torch.cat([torch.full((len(index), 1), layer), index.cpu()], dim=1))
         values.append(a[index[:, 0], index[:, 1]])
-        pre.append(found.pre_activations(layer, inputs[layer][index[:, 0]]).gather(1, index[:, 1:]).flatten())
+        # every position's pre-activations once, then the active ones: [pos d_sae], not one row per active feature
+        pre.append(found.pre_activations(layer, inputs[layer])[index[:, 0], index[:, 1]])
         if skip_bos:  # position 0's MLP write (its features' and its error) becomes a constant
             fixed[layer, 0] = errors[layer][0] + _written(found, acts, layer, 0)
             errors[layer] = errors[layer].clone()
@@ -117,7 +123,16 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None) -> Replace
     logits = run.logits[0, -1].float()
     uncapped = run.uncapped_logits[0, -1].float() if run.uncapped_logits is not None else logits
     return Replacement(model, frozen, found, tokens.ids[0], embed, torch.cat(rows).long(), torch.cat(values).float(),
-                       torch.cat(pre).float(), torch.stack(errors), fixed, inputs, logits, uncapped, skip_bos)
+                       torch.cat(pre).float(), torch.stack(errors), fixed, inputs, logits, uncapped, skip_bos,
+                       run if capture is not None else None)  # a graph alone keeps no run: its memory
+
+
+def _with(base: Capture, extra: Capture | None) -> Capture:
+    """`base` plus the sublayer fields of `extra` (every layer and position)."""
+    if extra is None:
+        return base
+    return dataclasses.replace(base, attn=base.attn | extra.attn, mlp=base.mlp | extra.mlp,
+                               embed=base.embed or extra.embed)
 
 
 def _written(found: Transcoders, acts: list[Tensor], target: int, position: int) -> Tensor:

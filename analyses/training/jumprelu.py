@@ -1,7 +1,8 @@
 """JumpReLU with an L0 penalty through straight-through estimators, as SAELens 6's JumpReLUTrainingSAE trains it
 after Rajamanoharan et al. 2024 ("Jumping Ahead", read for this):
 
-    threshold = exp(log_threshold)                       (starts at recipe.init_threshold, 0.01)
+    threshold                                            a parameter itself (starts at recipe.init_threshold, 0.01),
+                                                         projected onto threshold >= 0 before each step
     acts = pre * (pre > threshold)
     loss = sum_d (y - y^)^2 (mean over tokens) + l0_coefficient * sum_i H(pre_i - threshold_i) (mean over tokens)
 
@@ -13,6 +14,11 @@ backward pass uses the rectangle kernel K(u) = 1 for |u| < 1/2 of width epsilon 
     d H(pre_i - threshold_i) / d threshold_i = -(1 / epsilon) * K((pre_i - threshold_i) / epsilon)
 
 (the step has no gradient with respect to pre). The decoder is left free, as in SAELens (rows start at norm 0.1).
+
+The threshold is trained as it is, not as exp(log_threshold) (DeepMind's parametrisation, which SAELens 6.54 left:
+Adam moves a parameter by about the learning rate per step, so a log moves a small threshold multiplicatively and
+barely at all in a short run); tests/training/test_saelens_oracle.py replays SAELens 6.54.12's own steps. A state
+saved with the earlier `log_threshold` loads as its exponential.
 """
 
 from typing import Any
@@ -62,11 +68,13 @@ class JumpReLUCoder(Coder):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.log_threshold = nn.Parameter(torch.full((self.d_sae,), float(self.recipe.init_threshold)).log())
+        self.threshold = nn.Parameter(torch.full((self.d_sae,), float(self.recipe.init_threshold)))
 
     def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        with torch.no_grad():  # a negative threshold would pass negative pre-activations: projected, as SAELens does
+            self.threshold.clamp_(min=0.0)  # (a clamp in the graph would zero its gradient there for good)
         pre = self.pre(x)
-        threshold = self.log_threshold.exp()
+        threshold = self.threshold
         acts = JumpReLU.apply(pre, threshold, self.recipe.bandwidth)
         y_hat = self.decode(acts, x)
         l0 = Step.apply(pre, threshold, self.recipe.bandwidth).sum(-1).mean()
@@ -74,4 +82,10 @@ class JumpReLUCoder(Coder):
         return mse(y, y_hat) + coefficient * l0, acts, y_hat
 
     def export_fields(self) -> dict:
-        return {"activation": "jumprelu", "threshold": self.log_threshold.detach().exp().float().cpu().clone()}
+        return {"activation": "jumprelu", "threshold": self.threshold.detach().float().cpu().clone()}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        old = f"{prefix}log_threshold"  # a state saved before the threshold was trained as it is
+        if old in state_dict:
+            state_dict[f"{prefix}threshold"] = state_dict.pop(old).exp()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -336,6 +336,33 @@ class Attention(nn.Module):
                 projected[field] = out
         return out
 
+    def frozen_qk(
+        self,
+        name: str,
+        normalized: Float[Tensor, "n d_model"],
+        norm_scale: Float[Tensor, "n qk_heads 1"] | None,
+        cos: Float[Tensor, "n 1 rot"] | None,
+        sin: Float[Tensor, "n 1 rot"] | None,
+        constants: bool = True,
+    ) -> Float[Tensor, "n heads d_head"]:
+        """The queries (name "q", [n head d_head]) or keys ("k", [n kv_head d_head]) of rows of what the attention
+        reads, each row at its own position, in float32: projected (plus b_Q / b_K with `constants`), q/k-normed
+        with the run's scale frozen (`norm_scale`: per head [n head 1] or over the whole projection [n 1 1]; None
+        without q/k norms), rotated by each row's angles (cos, sin; None without rotary). Affine in `normalized`,
+        so the score q . k * scale is a bilinear form in what the query and key positions read (an attribution
+        graph's QK attribution); constants=False gives the linear part."""
+        weight, bias, norm = (self.W_Q, self.b_Q, self.q_norm) if name == "q" else (self.W_K, self.b_K, self.k_norm)
+        out = torch.einsum("nd,hde->nhe", normalized.float(), weight.float())
+        if constants and bias is not None:
+            out = out + bias.float()
+        if norm is not None:  # RMSNorm: no bias, so frozen it is linear: x * gain * scale
+            flat = out.flatten(-2) if self.qk_norm == "all" else out
+            scale = norm_scale.flatten(-2) if self.qk_norm == "all" else norm_scale
+            out = norm.frozen(flat, scale, constants=False).view(out.shape)
+        if cos is not None:
+            out = Rotary.apply(out[None], cos.float()[None], sin.float()[None])[0]  # the rows as one batch
+        return out
+
     def pattern_of(
         self,
         q_h: Float[Tensor, "batch head pos d_head"],

@@ -132,16 +132,19 @@ class Block(nn.Module):
 
     def frozen_pre(
         self, part: str, resid: Float[Tensor, "*batch d_model"], frozen: FrozenValues, constants: bool = True,
-        standardized: bool = False,
+        standardized: bool = False, positions: Int[Tensor, "n"] | None = None,
     ) -> Float[Tensor, "*batch d_model"]:
         """What sublayer `part` ("attn" | "mlp") reads from the residual: its pre-norm with the scale frozen (or
-        the norm's standardized form, before gain and bias), or the residual itself without a pre-norm."""
+        the norm's standardized form, before gain and bias), or the residual itself without a pre-norm. resid is
+        [... pos d_model], or one row per position in `positions` ([n d_model]: e.g. the terms of one position's
+        residual, each read with that position's scale)."""
         norm = self._norms(part)[0]
         if norm is None:
             if standardized:
                 raise ResidError(f"Layer {self.layer}'s {part} has no pre-norm, so it has no standardized input.")
             return resid.float()
         scale = frozen[_site(self.layer, part, "norm_scale")]
+        scale = scale if positions is None else scale[positions]
         return norm.standardized(resid.float(), scale) if standardized else norm.frozen(resid, scale, constants)
 
     def frozen_pre_adjoint(

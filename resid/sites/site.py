@@ -22,7 +22,8 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L].mlp.expert[E].neuron[I]               expert E's post[I]
     layers[L].attn.FIELD                            any other field of the sublayer's record, whole: z, q, k, v,
                                                     pattern, normalized (its input after the norm), norm_scale, ...
-    layers[L].attn.b_O | post_norm_bias | resid_norm_bias    terms of an attribution (mlp: b_out, ...)
+    layers[L].attn.b_O | post_norm_bias | resid_norm_bias    terms of an attribution (mlp: b_out, ...); b_Q | b_K
+                                                    the constant of a head's query / key (QK attribution)
     layers[L].resid_post.feature[F]                 feature F of the learned dictionary (resid.dictionaries) that
     layers[L].mlp.feature[F]                        reconstructs this site: its activation (it writes a_F * W_dec[F])
     layers[L].mlp.error | reconstruction | skip | b_dec     that dictionary's error term, reconstruction, skip path
@@ -68,7 +69,10 @@ ATTN_FIELDS = ("out", "z", "q", "k", "v", "pattern", "scores", "q_proj", "k_proj
 MLP_FIELDS = ("out", "post", "pre", "gate", "expert_out", "expert_weights", "router_logits", "normalized",
               "norm_scale", "post_norm_scale", "resid_norm_scale")
 # Terms of an attribution: constants the decomposition has rows for, not tensors of the run
-TERMS = {"attn": ("b_O", "post_norm_bias", "resid_norm_bias"), "mlp": ("b_out", "post_norm_bias", "resid_norm_bias")}
+# (b_Q / b_K: the constant of a head's query / key, the pre-norm's bias carried through W_Q / W_K plus b_Q / b_K: a
+# term of QK attribution, resid.analyses.graphs.qk)
+TERMS = {"attn": ("b_O", "post_norm_bias", "resid_norm_bias", "b_Q", "b_K"),
+         "mlp": ("b_out", "post_norm_bias", "resid_norm_bias")}
 TERMS["cross"] = TERMS["attn"]
 # Which fields an index selects in, and the field it means by default
 UNIT_FIELDS = {"head": ("z", "q", "pattern", "scores", "q_proj"), "kv_head": ("k", "v", "k_proj"),

@@ -140,5 +140,5 @@ def test_bad_input_is_refused(gpt2_tokenizer):
     assert isinstance(clt, CrossLayerTranscoder)
     with pytest.raises(ResidError, match=r"feature scans take per-layer dictionaries"):
         features.top_activating(model, clt, TEXTS)
-    with pytest.raises(BAD_OPTION, match=r"sign"):
+    with pytest.raises(BAD_OPTION, match=r"(?s)sign.*'positive', 'negative', 'abs'"):
         features.top_activating(model, sae, TEXTS, sign="largest")

@@ -19,8 +19,8 @@ def replay(recipe: Recipe, d_in: int, theirs: dict[str, Tensor]) -> tuple[Traine
     with torch.no_grad():
         for name in WEIGHTS:
             getattr(trainer.coder, name).copy_(theirs[f"initial.{name}"])
-        if hasattr(trainer.coder, "log_threshold"):  # JumpReLU trains its threshold's log from the fixture's start
-            trainer.coder.log_threshold.copy_(theirs["initial.threshold"].log())
+        if "initial.threshold" in theirs:  # JumpReLU trains its threshold from the fixture's start
+            trainer.coder.threshold.copy_(theirs["initial.threshold"])
     return trainer, [trainer.step(x).loss for x in theirs["inputs"]]
 
 

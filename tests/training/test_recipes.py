@@ -103,7 +103,7 @@ def test_jumprelu_step_is_saelens_with_straight_through_estimators() -> None:
     trainer, x = _trainer("jumprelu", l0_coefficient=0.3, bandwidth=0.5, init_threshold=0.2)
     loss, grads = _grads(trainer, x)
     p = _leaves(trainer.coder, NAMES)
-    theta = trainer.coder.log_threshold.detach().exp()
+    theta = trainer.coder.threshold.detach()
     pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
     on = (pre > theta).float()
     acts = pre * on  # the mask is a constant: d acts / d pre = 1 where on
@@ -117,7 +117,7 @@ def test_jumprelu_step_is_saelens_with_straight_through_estimators() -> None:
         kernel = ((pre - theta).abs() < 0.25).float()  # rectangle((pre - theta) / 0.5)
         d_acts = (2 * (x_hat - x) / len(x)) @ p["W_dec"].detach().T
         d_theta = (d_acts * -(theta / 0.5) * kernel).sum(0) + 0.3 * (-(1 / 0.5) * kernel / len(x)).sum(0)
-    torch.testing.assert_close(grads["log_threshold"], d_theta * theta, **TINY)
+    torch.testing.assert_close(grads["threshold"], d_theta, **TINY)
 
 
 def test_a_step_keeps_unit_decoder_rows_and_moves_every_parameter() -> None:
@@ -171,3 +171,13 @@ def test_constant_norm_rescale_is_saved_and_computed_as_trained() -> None:
     torch.testing.assert_close(reconstruction, x_hat.detach() / scale, **TINY)
     with pytest.raises(resid.ResidError, match="for SAEs"):
         Trainer.new(recipe, 24, transcoder=True)
+
+
+def test_a_state_saved_with_the_log_threshold_loads_as_its_exponential() -> None:
+    """States saved before the JumpReLU threshold was trained as it is held log_threshold: they still load."""
+    trainer, _ = _trainer("jumprelu", init_threshold=0.2)
+    state = trainer.coder.state_dict()
+    theta = torch.rand_like(state["threshold"]) + 0.5
+    state["log_threshold"] = state.pop("threshold").mul(0).add(theta.log())
+    trainer.coder.load_state_dict(state)
+    torch.testing.assert_close(trainer.coder.threshold.detach(), theta)
