@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -103,27 +104,31 @@ class HeadSplit:
     def to_frame(self) -> pd.DataFrame:
         """Every non-zero part: source, target (node indices), source_site, target_site, via, weight."""
         edge, column = self.parts.nonzero(as_tuple=True)
-        sources, targets = self.sources[edge].tolist(), self.targets[edge].tolist()
-        labels: dict[tuple[int, int], str] = {}
-        via = []
-        for t, c in zip(targets, column.tolist(), strict=True):
-            if (t, c) not in labels:
-                labels[(t, c)] = self.via(c, self._position(t))
-            via.append(labels[(t, c)])
-        return pd.DataFrame({"source": sources, "target": targets,
-                             "source_site": [self.sites[s].label for s in sources],
-                             "target_site": [self.sites[t].label for t in targets], "via": via,
+        sources, targets = self.sources[edge].numpy(), self.targets[edge].numpy()
+        labels = np.array([site.label for site in self.sites], dtype=object)
+        positions = np.array([self._position(node) for node in range(len(self.sites))])
+        # the via labels of every (target position, column) pair, made once: a split has millions of parts
+        vias = np.array([[self.via(c, p) for c in range(self.parts.shape[1])] for p in range(positions.max() + 1)],
+                        dtype=object)
+        return pd.DataFrame({"source": sources, "target": targets, "source_site": labels[sources],
+                             "target_site": labels[targets], "via": vias[positions[targets], column.numpy()],
                              "weight": self.parts[edge, column].double().numpy()})
 
     def by_label(self) -> dict[tuple[str, str], dict[str, float]]:
         """{(source label, target label): {via: weight}} over the non-zero parts (what the viewer's JSON keeps)."""
+        frame = self.to_frame()
         out: dict[tuple[str, str], dict[str, float]] = {}
-        for row in self.to_frame().itertuples():
-            out.setdefault((row.source_site, row.target_site), {})[row.via] = row.weight
+        for source, target, via, weight in zip(frame["source_site"], frame["target_site"], frame["via"],
+                                               frame["weight"], strict=True):
+            out.setdefault((source, target), {})[via] = float(weight)
         return out
 
+    def __repr__(self) -> str:
+        return (f"HeadSplit({self.model_name}, {len(self.token_ids)} tokens, {self.n_edges} edges, "
+                f"{self.parts.shape[1]} parts each: the residual and {self.parts.shape[1] - 1} heads)")
+
     def _position(self, node: int) -> int:
-        return int(self.sites[node].positions[0])
+        return int(self.sites[node].positions[0])  # every node of a graph is at one position
 
 
 def node_index(sites: Sequence[Site], node, role: str = "node", index: dict[Site, int] | None = None) -> int:

@@ -6,7 +6,9 @@ error nodes (squares) at their layer, logits at the top; the drawing is scaled t
 whose width follows |weight| (blue positive, red negative). Clicking a node lists its strongest incoming and
 outgoing edges and, for a feature with a card (resid.analyses.features.card) given in `cards`, shows the card in a
 frame. Given a head split (resid.analyses.graphs.heads), each listed edge names the heads carrying most of it, and
-clicking an edge lists all its parts: the head of its last attention hop, or the residual.
+clicking an edge lists its largest parts (the head of its last attention hop, or the residual; at most PAGE_HEADS,
+the rest summed in one row: a page of a pruned SmolLM2 graph would otherwise carry about 90 parts per edge; the
+JSON and the split's table keep them all).
 """
 
 import html
@@ -17,6 +19,8 @@ from resid.analyses.graphs.export import graph_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
+
+PAGE_HEADS = 12  # parts of an edge the page keeps, largest first
 
 _SCRIPT = r"""(() => {
 const data = JSON.parse(document.getElementById('graph-data').textContent);
@@ -82,15 +86,21 @@ function show(n) {
     (n.influence != null ? `, cumulative influence ${n.influence.toFixed(4)}` : '') + ` ${n.clerp}</p>` +
     `<table>${rows}</table>${card}`;
 }
-// a link's parts by the head of its last attention hop (its "heads", largest first), the first k of them
+// a link's parts by the head of its last attention hop (its "heads", largest first; "heads_rest": how many more
+// and their sum), the first k of them
 function carriers(l, k) {
   if (!l.heads) return '';
   const parts = Object.entries(l.heads);
+  const more = parts.length - Math.min(k, parts.length) + (l.heads_rest ? l.heads_rest[0] : 0);
   const shown = parts.slice(0, k).map(([via, w]) => `${escaped(via)} ${w.toFixed(4)}`).join(', ');
-  return 'via ' + shown + (parts.length > k ? `, +${parts.length - k} more` : '');
+  return 'via ' + shown + (more ? `, +${more} more` : '');
 }
 function showEdge(l) {
   const rows = Object.entries(l.heads).map(([via, w]) => `<tr><td>${escaped(via)}</td><td>${w.toFixed(4)}</td></tr>`);
+  if (l.heads_rest) {
+    const [n, w] = l.heads_rest;
+    rows.push(`<tr><td>${n} smaller part${n > 1 ? 's' : ''}</td><td>${w.toFixed(4)}</td></tr>`);
+  }
   info.innerHTML = `<h3>${l.source} &rarr; ${l.target} <small>weight ${l.weight.toFixed(4)}</small></h3>` +
     `<p>by the head of its last attention hop (residual: no attention)</p><table>${rows.join('')}</table>`;
 }
@@ -108,6 +118,8 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
     the same thresholds)."""
     data = graph_json(graph, graph.model_name, node_threshold, edge_threshold,
                       decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get, heads=heads)
+    for link in data["links"]:
+        _shorten_heads(link)
     meta = data["metadata"]["resid"]
     title = html.escape(f"{graph.model_name}: {''.join(graph.token_strs)!r}")
     summary = html.escape(f"{len(data['nodes'])} nodes, {len(data['links'])} edges (node threshold {node_threshold},"
@@ -126,6 +138,14 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
             f"<script type='application/json' id='graph-data'>{embedded(data)}</script>"
             f"<script type='application/json' id='graph-cards'>{embedded(cards or {})}</script>"
             f"<script>{_SCRIPT}</script></body></html>")
+
+
+def _shorten_heads(link: dict) -> None:
+    """Keep a link's PAGE_HEADS largest parts; the others become "heads_rest": [how many, their sum]."""
+    parts = list(link.get("heads", {}).items())  # largest first (resid.analyses.graphs.export)
+    if len(parts) > PAGE_HEADS:
+        link["heads"] = dict(parts[:PAGE_HEADS])
+        link["heads_rest"] = [len(parts) - PAGE_HEADS, sum(w for _, w in parts[PAGE_HEADS:])]
 
 
 def write_html(graph: Graph, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.98,

@@ -19,9 +19,9 @@ import resid.dictionaries
 from resid.analyses import Execution, graphs
 from resid.analyses.cli.main import main
 from resid.analyses.graphs import heads as heads_module
+from resid.analyses.graphs import viewer
 from resid.analyses.graphs.frozen import Frozen
 from resid.analyses.graphs.replacement import replace
-from resid.analyses.graphs.viewer import page
 from resid.analyses.io import tables
 
 IDS = [11, 5, 7, 2, 9, 31, 3]
@@ -206,10 +206,26 @@ def test_the_json_and_the_page_carry_each_links_heads(built, tmp_path) -> None:
         assert [abs(p) for p in parts] == sorted((abs(p) for p in parts), reverse=True)
     plain = json.loads(graphs.write_json(graph, tmp_path / "plain.json").read_text())["links"]
     assert [{k: v for k, v in link.items() if k != "heads"} for link in links] == plain
-    html = page(graph, heads=split)
+    # the JSON keeps every part, read as float32 exactly the split's
+    frame = split.to_frame()
+    strongest = max(links, key=lambda link: len(link["heads"]))
+    site_of = {node["node_id"]: node for node in json.loads(path.read_text())["nodes"]}
+    assert site_of[strongest["target"]]["ctx_idx"] == resid.Site.parse(next(iter(
+        v for v in strongest["heads"] if v != "residual"))).positions[0]
+    assert len(strongest["heads"]) == split.parts.shape[1] and set(frame["via"]) >= set(strongest["heads"])
+    parts = set(frame["weight"])  # float32 values
+    assert all(float(torch.tensor(w, dtype=torch.float32)) in parts for w in strongest["heads"].values())
+    # the page keeps each edge's PAGE_HEADS largest parts and sums the others
+    html = viewer.page(graph, heads=split)
     start = html.index("id='graph-data'>") + len("id='graph-data'>")
     embedded = json.loads(html[start:html.index("</script>", start)].replace("<\\/", "</"))
-    assert embedded["links"] == links and "function showEdge" in html and "Click a node or an edge." in html
+    assert len(embedded["links"]) == len(links) and "function showEdge" in html and "Click a node or an edge." in html
+    for shown, full in zip(embedded["links"], links, strict=True):
+        kept = dict(list(full["heads"].items())[:viewer.PAGE_HEADS])
+        assert shown["heads"] == kept
+        rest = list(full["heads"].values())[viewer.PAGE_HEADS:]
+        assert shown.get("heads_rest", [0, 0.0]) == ([len(rest), pytest.approx(sum(rest))] if rest else [0, 0.0])
+    assert any("heads_rest" in link for link in embedded["links"])
 
 
 def test_resid_graph_heads_writes_the_split_beside_the_json(tmp_path, capsys) -> None:
