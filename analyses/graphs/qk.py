@@ -97,13 +97,13 @@ class ScoreAttribution:
         """Every pair's part, [n_q n_k] (memory n_q * n_k: prefer `top` for contrasts over every key)."""
         return self.scale * self.Q @ self.K.T
 
-    def query_marginal(self) -> pd.DataFrame:
-        """Each query-side term's part summed over the key side, largest magnitude first."""
-        return _marginal(self.query_sites, self.scale * self.Q @ self.K.sum(0))
+    def query_marginal(self, n: int | None = None) -> pd.DataFrame:
+        """Each query-side term's part summed over the key side, largest magnitude first (the first n: None all)."""
+        return _marginal(self.query_sites, self.scale * self.Q @ self.K.sum(0), n)
 
-    def key_marginal(self) -> pd.DataFrame:
-        """Each key-side term's part summed over the query side, largest magnitude first."""
-        return _marginal(self.key_sites, self.scale * self.K @ self.Q.sum(0))
+    def key_marginal(self, n: int | None = None) -> pd.DataFrame:
+        """Each key-side term's part summed over the query side, largest magnitude first (the first n: None all)."""
+        return _marginal(self.key_sites, self.scale * self.K @ self.Q.sum(0), n)
 
     def top(self, n: int = 10) -> pd.DataFrame:
         """The n pairs of largest magnitude: query (site label), key (site label), value, found block by block."""
@@ -380,6 +380,31 @@ class QK:
             self._projected = {k: v for k, v in self._projected.items() if k[1] != layer}
         return pd.DataFrame(rows)
 
+    @torch.no_grad()
+    def summaries(self, triples, top: int = 6) -> dict[str, dict]:
+        """For each (head Site at a query position, key position) in `triples`: the score, the pattern, its top
+        pairs and terms, and the contrast with the pattern-weighted mean (what a viewer shows for a head that
+        carries an edge). Keyed "<head site>-><key>", e.g. "layers[3].attn.head[5]@7->2"; plain JSON values."""
+        out = {}
+        for site, key in triples:
+            name = f"{site.label}->{int(key)}"
+            if name in out:
+                continue
+            entry = {}
+            for versus in (None, "mean"):
+                result = self.score(site.layer, site.head, query=site.positions[0], key=int(key), versus=versus)
+                queries, keys = result.query_marginal(top), result.key_marginal(top)
+                part = {"raw": result.raw, "run_raw": result.run_raw,
+                        "pairs": [[r.query, r.key, float(r.value)] for r in result.top(top).itertuples()],
+                        "query_terms": [[r.site, float(r.value)] for r in queries.itertuples()],
+                        "key_terms": [[r.site, float(r.value)] for r in keys.itertuples()]}
+                if versus is None:
+                    entry.update(score=result.run_scores[int(key)], pattern=result.pattern[int(key)], **part)
+                else:
+                    entry["versus_mean"] = part
+            out[name] = entry
+        return out
+
     def _position(self, position: int, name: str) -> int:
         if not -self.n_pos <= int(position) < self.n_pos:
             raise ResidError(f"{param(name, position)} is outside the prompt's {self.n_pos} positions (0 to "
@@ -469,6 +494,6 @@ def _pattern(scores: Tensor) -> Tensor:
     return torch.softmax(scores.double(), dim=-1)
 
 
-def _marginal(sites: list[Site], values: Tensor) -> pd.DataFrame:
-    order = values.abs().argsort(descending=True).tolist()
+def _marginal(sites: list[Site], values: Tensor, n: int | None = None) -> pd.DataFrame:
+    order = values.abs().argsort(descending=True)[:n].tolist()  # labels made for the rows kept only
     return pd.DataFrame({"site": [sites[i].label for i in order], "value": values[order].double().cpu().numpy()})

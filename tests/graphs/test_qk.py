@@ -129,3 +129,17 @@ def test_a_key_outside_a_sliding_window_is_refused() -> None:
     qk = QK(model, IDS, per_layer(model))
     with pytest.raises(resid.ResidError, match="within its window"):
         qk.score(0, 0, query=6, key=1)
+
+
+def test_summaries_hold_the_pairs_and_the_contrast_of_each_head_and_key() -> None:
+    """What the viewer shows for a head carrying an edge: the same numbers as score(), as plain JSON values."""
+    model = make_random_model("llama_gqa")
+    qk = QK(model, IDS, per_layer(model))
+    head = Site(2, "attn", head=1, positions=(6,))
+    found = qk.summaries([(head, 3), (head, 3), (Site(1, "attn", head=0, positions=(5,)), 5)], top=3)
+    assert list(found) == ["layers[2].attn.head[1]@6->3", "layers[1].attn.head[0]@5->5"]
+    entry, result = found["layers[2].attn.head[1]@6->3"], qk.score(2, 1, query=6, key=3)
+    assert entry["raw"] == pytest.approx(result.raw) and entry["pattern"] == pytest.approx(result.pattern[3])
+    assert [row[:2] for row in entry["pairs"]] == result.top(3)[["query", "key"]].values.tolist()
+    assert entry["versus_mean"]["raw"] == pytest.approx(qk.score(2, 1, query=6, key=3, versus="mean").raw)
+    assert len(entry["key_terms"]) == 3 and all(isinstance(v, float) for _, v in entry["query_terms"])
