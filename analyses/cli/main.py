@@ -23,7 +23,7 @@ named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 
 --out is a folder for the commands that write several files (decompose: tables and report.html; neurons and
 features: a table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format
-for those that write one table (attribute, lens, lens eval: .csv .parquet .tex .md; ablate: .parquet .csv), with
+for those that write one table (attribute, lens, lens eval, qk: .csv .parquet .tex .md; ablate: .parquet .csv), with
 any figure written beside it (graph: the graph's .json, its viewer page .html beside it). Each --out help says
 which.
 Every HTML page embeds plotly.js and opens alone (4.8 MB each); --shared-js writes one plotly.min.js beside the

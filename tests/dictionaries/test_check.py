@@ -136,7 +136,8 @@ def test_unsupported_settings_are_refused(tmp_path) -> None:
     edit_json(folder / "cfg.json", rescale_acts_by_decoder_norm=False, architecture="matching_pursuit")
     with pytest.raises(resid.ResidError, match="architecture 'matching_pursuit' is not one resid computes"):
         resid.dictionaries.load(folder)
-    with pytest.raises(resid.ResidError, match=r"pass it: resid\.dictionaries\.load\(path, norm_scaling_factor=\.\.\.\)"):
+    with pytest.raises(resid.ResidError,
+                       match=r"pass it: resid\.dictionaries\.load\(path, norm_scaling_factor=\.\.\.\)"):
         resid.dictionaries.load(DATA / "saelens" / "expected_average")
 
 

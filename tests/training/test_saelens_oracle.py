@@ -8,7 +8,6 @@ here; resid's default for these recipes is no clipping."""
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from oracle_steps import assert_steps_match, replay
 from safetensors.torch import load_file
