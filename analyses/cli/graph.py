@@ -10,7 +10,9 @@ train-transcoder --layers all --out DIR` writes: one SAELens folder per layer). 
 influential features in the real model and reports the measured effects beside the graph's predictions. --heads
 splits each edge of the pruned graph by the attention head of its last hop (resid.analyses.graphs.heads) and writes
 the split beside the JSON (g-heads.csv: source_site, target_site, via, weight, with its provenance sidecar) and into
-the JSON's links and the page.
+the JSON's links and the page, with QK attribution for the heads that carry the edges (resid.analyses.graphs.qk: for
+each edge's QK_PER_EDGE strongest heads, at most QK_LIMIT, why the head attended from the edge's target position to
+its source position), which the page shows when such a head is clicked.
 """
 
 from pathlib import Path
@@ -19,6 +21,7 @@ from resid.analyses.cli import arguments
 from resid.errors import ResidError
 
 SHOWN = 10  # features printed
+QK_PER_EDGE, QK_LIMIT = 3, 200  # --heads: heads per edge explained by QK attribution, and at most this many
 
 
 def add_parser(commands, common) -> None:
@@ -101,17 +104,21 @@ def run(model, args) -> str:
         lines.append(f"validation: {len(report['features'])} features ablated in the real model; target logit "
                      f"effect predicted vs measured: correlation {report['target_logit_correlation']:.3f}")
     if args.out is not None:
-        split = None
+        split = qk = None
         if args.heads:
             pruned = graph.pruned(args.node_threshold, args.edge_threshold)
             split = graphs.split_heads(model, pruned, transcoders, execution=arguments.execution(args.batch_size))
             table = tables.export(split.to_frame(), heads_path(args.out))
             lines.append(f"head split: {split.n_edges} edges of the pruned graph by the head of their last attention "
                          f"hop; wrote {table}")
+            carriers = split.carriers(QK_PER_EDGE, QK_LIMIT)
+            qk = graphs.QK(model, graph.token_ids, transcoders, skip_bos=graph.skip_bos).summaries(carriers)
+            lines.append(f"QK attribution: why {len(qk)} heads carrying the edges attended where they did (in the "
+                         "JSON's 'qk' and the page)")
         path = graphs.write_json(graph, args.out, node_threshold=args.node_threshold,
-                                 edge_threshold=args.edge_threshold, heads=split)
+                                 edge_threshold=args.edge_threshold, heads=split, qk=qk)
         page = write_html(graph, Path(path).with_suffix(".html"), node_threshold=args.node_threshold,
-                          edge_threshold=args.edge_threshold, heads=split)
+                          edge_threshold=args.edge_threshold, heads=split, qk=qk)
         lines.append(f"wrote {path} (+ graph-metadata.json) and {page}")
     return "\n".join(lines)
 

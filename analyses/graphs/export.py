@@ -14,10 +14,12 @@ is a node's place in the influence ranking (the cumulative share of influence up
 activation. The first logit is the target logit. Only nodes with a kept edge stay,
 tokens and logits always. resid adds its own keys under metadata["resid"] (scores, the model, timings) and, given
 a head split (resid.analyses.graphs.heads), a "heads" key to each link it splits: {via: weight}, the edge's
-non-zero parts by the head of its last attention hop ("layers[3].attn.head[5]@7", or "residual"), largest |weight|
-first, summing to the link's weight (circuit-tracer's and Neuronpedia's viewers ignore keys they do not know). That
-is up to 1 + n_layers * n_heads parts per link (about 90 on a pruned SmolLM2 graph, 5 KB a link): split a graph
-pruned harder where the file grows too large.
+LINK_HEADS largest non-zero parts by the head of its last attention hop ("layers[3].attn.head[5]@7", or "residual"),
+largest |weight| first, and "heads_rest": [how many more, their sum], so the parts written sum to the link's weight
+(circuit-tracer's and Neuronpedia's viewers ignore keys they do not know; the split's own table,
+HeadSplit.to_frame, keeps every part: about 90 per link on a pruned SmolLM2 graph). Given QK summaries
+(resid.analyses.graphs.qk.QK.summaries), a top-level "qk" key: why each head carrying a link attended from the
+link's target position to its source position, keyed "<head site>-><key position>".
 """
 
 import json
@@ -30,6 +32,8 @@ from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
 from resid.errors import ResidError
 
+LINK_HEADS = 12  # parts of a link the JSON keeps, largest first (the split's table keeps them all)
+
 
 def _cantor(x: int, y: int) -> int:
     """The feature field of a feature node: a unique integer of (layer, feature), Cantor's pairing."""
@@ -41,7 +45,7 @@ def _token(text: str) -> str:
 
 
 def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               decode=None, heads: HeadSplit | None = None) -> dict:
+               decode=None, heads: HeadSplit | None = None, qk: dict | None = None) -> dict:
     """The viewer's JSON object of `graph` pruned at the thresholds. `decode(id) -> str` names the logit tokens
     (default: the graph's own token strings for prompt tokens, the id otherwise). `heads`: a split of this graph's
     edges (split_heads of graph.pruned() at the same thresholds covers every link), its parts put on the links."""
@@ -95,21 +99,26 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     if "validation" in graph.metadata:
         metadata["resid"]["validation"] = graph.metadata["validation"]
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
-    return {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
+    data = {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
+    if qk:
+        data["qk"] = qk
+    return data
 
 
 def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_threshold: float = 0.8,
-               edge_threshold: float = 0.98, decode=None, heads: HeadSplit | None = None) -> Path:
+               edge_threshold: float = 0.98, decode=None, heads: HeadSplit | None = None,
+               qk: dict | None = None) -> Path:
     """Write the viewer's JSON file of the pruned graph to `path` (a .json file) and list it in graph-metadata.json
     beside it, the index circuit-tracer's local server reads; returns the path. `decode(id) -> str` names the logit
     tokens (default: the graph's own strings of its logit tokens). `heads` (graphs.split_heads of graph.pruned() at
-    the same thresholds): each link's parts by head, under its "heads" key."""
+    the same thresholds): each link's parts by head, under its "heads" key; `qk` (QK.summaries of the heads that
+    carry the links, e.g. of split.carriers()): why they attended, under a top-level "qk" key."""
     path = Path(path)
     if decode is None:
         strs = dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True))
         decode = lambda i: strs.get(i, str(i))  # noqa: E731
     slug = slug or path.stem
-    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads)
+    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads, qk)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write(path, json.dumps(data, indent=1))
     index = path.parent / "graph-metadata.json"
@@ -132,7 +141,10 @@ def _add_heads(graph: Graph, heads: HeadSplit, links: list[dict], edges: list[tu
     for link, (s, t) in zip(links, edges, strict=True):
         found = parts.get((sites[s].label, sites[t].label))
         if found:  # 9 significant digits: every float32 part exactly, in about half the characters of a float64
-            link["heads"] = {via: float(f"{w:.9g}") for via, w in sorted(found.items(), key=lambda item: -abs(item[1]))}
+            ranked = sorted(found.items(), key=lambda item: -abs(item[1]))
+            link["heads"] = {via: float(f"{w:.9g}") for via, w in ranked[:LINK_HEADS]}
+            if len(ranked) > LINK_HEADS:  # the rest summed: the parts written still add up to the link's weight
+                link["heads_rest"] = [len(ranked) - LINK_HEADS, float(f"{sum(w for _, w in ranked[LINK_HEADS:]):.9g}")]
 
 
 def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: str, js_id: str, *,

@@ -123,6 +123,25 @@ class HeadSplit:
             out.setdefault((source, target), {})[via] = float(weight)
         return out
 
+    def carriers(self, per_edge: int = 3, limit: int = 200) -> list[tuple[Site, int]]:
+        """The heads that carry the edges, as QK attribution asks about them: (a head's Site at an edge's target
+        position, the edge's source position), from each edge's `per_edge` largest head parts, the largest parts
+        first, each pair once, at most `limit` (resid.analyses.graphs.qk.QK.summaries takes them)."""
+        heads = self.parts[:, 1:].abs()
+        k = min(per_edge, heads.shape[1])
+        values, columns = heads.topk(k, dim=1)
+        order = values.flatten().argsort(descending=True)
+        found: dict[tuple[Site, int], None] = {}
+        for flat in order.tolist():
+            edge, rank = divmod(flat, k)
+            if float(values[edge, rank]) == 0 or len(found) >= limit:
+                break
+            layer, head = divmod(int(columns[edge, rank]), self.n_heads)
+            target, source = int(self.targets[edge]), int(self.sources[edge])
+            site = Site(layer, "attn", head=head, positions=(self._position(target),))
+            found.setdefault((site, self._position(source)), None)
+        return list(found)
+
     def __repr__(self) -> str:
         return (f"HeadSplit({self.model_name}, {len(self.token_ids)} tokens, {self.n_edges} edges, "
                 f"{self.parts.shape[1]} parts each: the residual and {self.parts.shape[1] - 1} heads)")

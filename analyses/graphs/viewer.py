@@ -6,9 +6,11 @@ error nodes (squares) at their layer, logits at the top; the drawing is scaled t
 whose width follows |weight| (blue positive, red negative). Clicking a node lists its strongest incoming and
 outgoing edges and, for a feature with a card (resid.analyses.features.card) given in `cards`, shows the card in a
 frame. Given a head split (resid.analyses.graphs.heads), each listed edge names the heads carrying most of it, and
-clicking an edge lists its largest parts (the head of its last attention hop, or the residual; at most PAGE_HEADS,
-the rest summed in one row: a page of a pruned SmolLM2 graph would otherwise carry about 90 parts per edge; the
-JSON and the split's table keep them all).
+clicking an edge lists its largest parts (the head of its last attention hop, or the residual; the JSON's
+LINK_HEADS largest, the rest summed in one row). Given QK summaries (resid.analyses.graphs.qk.QK.summaries), a head
+in that list that has one is a link: clicking it shows why the head attended from the edge's target position to
+its source position, its score and pattern there, the top pairs (query-side term x key-side term) and the terms
+of each side, and the same against the pattern-weighted mean over keys.
 """
 
 import html
@@ -20,11 +22,12 @@ from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
 
-PAGE_HEADS = 12  # parts of an edge the page keeps, largest first
-
 _SCRIPT = r"""(() => {
 const data = JSON.parse(document.getElementById('graph-data').textContent);
 const cards = JSON.parse(document.getElementById('graph-cards').textContent);
+const qk = data.qk || {};
+const position = {};
+data.nodes.forEach(n => { position[n.node_id] = n.ctx_idx; });
 const svg = document.getElementById('graph');
 const info = document.getElementById('info');
 const NS = 'http://www.w3.org/2000/svg';
@@ -96,13 +99,39 @@ function carriers(l, k) {
   return 'via ' + shown + (more ? `, +${more} more` : '');
 }
 function showEdge(l) {
-  const rows = Object.entries(l.heads).map(([via, w]) => `<tr><td>${escaped(via)}</td><td>${w.toFixed(4)}</td></tr>`);
+  const key = position[l.source];
+  const rows = Object.entries(l.heads).map(([via, w]) => {
+    const name = `${via}->${key}`;
+    const cell = qk[name] ? `<a href="#" class="qk" data-qk="${escaped(name)}">${escaped(via)}</a>` : escaped(via);
+    return `<tr><td>${cell}</td><td>${w.toFixed(4)}</td></tr>`;
+  });
   if (l.heads_rest) {
     const [n, w] = l.heads_rest;
     rows.push(`<tr><td>${n} smaller part${n > 1 ? 's' : ''}</td><td>${w.toFixed(4)}</td></tr>`);
   }
   info.innerHTML = `<h3>${l.source} &rarr; ${l.target} <small>weight ${l.weight.toFixed(4)}</small></h3>` +
-    `<p>by the head of its last attention hop (residual: no attention)</p><table>${rows.join('')}</table>`;
+    `<p>by the head of its last attention hop (residual: no attention)` +
+    (Object.keys(qk).length ? '; click a head for why it attended' : '') + `</p><table>${rows.join('')}</table>`;
+  info.querySelectorAll('a.qk').forEach(a => a.addEventListener('click', e => {
+    e.preventDefault(); showQK(a.getAttribute('data-qk'));
+  }));
+}
+// why a head attended from a query position to a key: its score split into pairs of terms (resid's QK attribution)
+function showQK(name) {
+  const q = qk[name];
+  const [head, key] = name.split('->');
+  const table = (title, rows, cells) => `<h4>${title}</h4><table>` +
+    rows.map(r => `<tr>${cells(r).map(c => `<td>${c}</td>`).join('')}</tr>`).join('') + '</table>';
+  const terms = (title, rows) => table(title, rows, ([site, v]) => [escaped(site), v.toFixed(4)]);
+  const pairs = (title, rows) => table(title, rows, ([a, b, v]) => [escaped(a), '&times;', escaped(b), v.toFixed(4)]);
+  const m = q.versus_mean;
+  info.innerHTML = `<h3>${escaped(head)} attending to position ${key} (${escaped(tokens[Number(key)] || '')})</h3>` +
+    `<p>score ${q.score.toFixed(4)}, pattern ${q.pattern.toFixed(4)}; the pairs sum to ${q.raw.toFixed(4)} ` +
+    `(the run: ${q.run_raw.toFixed(4)})</p>` + pairs('top pairs (query-side term &times; key-side term)', q.pairs) +
+    terms('query-side terms (what makes the head look)', q.query_terms) +
+    terms('key-side terms (what makes this key attractive)', q.key_terms) +
+    `<h4>against the pattern-weighted mean over keys: ${m.raw.toFixed(4)}</h4>` +
+    pairs('top pairs', m.pairs) + terms('query-side terms', m.query_terms) + terms('key-side terms', m.key_terms);
 }
 function escaped(text) {
   return text.replace(/[&<>"]/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'})[c]);
@@ -112,14 +141,13 @@ function escaped(text) {
 
 
 def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-         cards: dict[str, str] | None = None, heads: HeadSplit | None = None) -> str:
+         cards: dict[str, str] | None = None, heads: HeadSplit | None = None, qk: dict | None = None) -> str:
     """The viewer page of `graph` pruned at the thresholds; `cards` maps a feature's node_id ("L_F_P") to the path
     (relative to the page) of its card; `heads` splits its edges by head (graphs.split_heads of graph.pruned() at
-    the same thresholds)."""
+    the same thresholds); `qk`: QK.summaries of the heads that carry them (e.g. of heads.carriers())."""
     data = graph_json(graph, graph.model_name, node_threshold, edge_threshold,
-                      decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get, heads=heads)
-    for link in data["links"]:
-        _shorten_heads(link)
+                      decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get, heads=heads,
+                      qk=qk)
     meta = data["metadata"]["resid"]
     title = html.escape(f"{graph.model_name}: {''.join(graph.token_strs)!r}")
     summary = html.escape(f"{len(data['nodes'])} nodes, {len(data['links'])} edges (node threshold {node_threshold},"
@@ -140,17 +168,9 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
             f"<script>{_SCRIPT}</script></body></html>")
 
 
-def _shorten_heads(link: dict) -> None:
-    """Keep a link's PAGE_HEADS largest parts; the others become "heads_rest": [how many, their sum]."""
-    parts = list(link.get("heads", {}).items())  # largest first (resid.analyses.graphs.export)
-    if len(parts) > PAGE_HEADS:
-        link["heads"] = dict(parts[:PAGE_HEADS])
-        link["heads_rest"] = [len(parts) - PAGE_HEADS, sum(w for _, w in parts[PAGE_HEADS:])]
-
-
 def write_html(graph: Graph, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               cards: dict[str, str] | None = None, heads: HeadSplit | None = None) -> Path:
+               cards: dict[str, str] | None = None, heads: HeadSplit | None = None, qk: dict | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write(path, page(graph, node_threshold, edge_threshold, cards, heads))
+    atomic.write(path, page(graph, node_threshold, edge_threshold, cards, heads, qk))
     return path

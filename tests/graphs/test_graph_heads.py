@@ -17,10 +17,12 @@ from tiny_models import build
 import resid
 import resid.dictionaries
 from resid.analyses import Execution, graphs
+from resid.analyses.cli import graph as graph_cli
 from resid.analyses.cli.main import main
+from resid.analyses.graphs import export, viewer
 from resid.analyses.graphs import heads as heads_module
-from resid.analyses.graphs import viewer
 from resid.analyses.graphs.frozen import Frozen
+from resid.analyses.graphs.qk import QK
 from resid.analyses.graphs.replacement import replace
 from resid.analyses.io import tables
 
@@ -196,36 +198,40 @@ def test_an_edge_is_looked_up_by_index_site_or_label(built) -> None:
 
 
 def test_the_json_and_the_page_carry_each_links_heads(built, tmp_path) -> None:
-    _, _, graph, _, split = built
+    model, transcoders, graph, _, split = built
     path = graphs.write_json(graph, tmp_path / "g.json", heads=split)
     links = json.loads(path.read_text())["links"]
     assert links and all("heads" in link for link in links)  # the pruned graph's split covers every link
-    for link in links:
+    for link in links:  # the LINK_HEADS largest parts, then the rest summed: they add up to the link
         parts = list(link["heads"].values())
-        assert sum(parts) == pytest.approx(link["weight"], rel=1e-4, abs=1e-6)
+        rest = link.get("heads_rest", [0, 0.0])
+        assert sum(parts) + rest[1] == pytest.approx(link["weight"], rel=1e-4, abs=1e-6)
         assert [abs(p) for p in parts] == sorted((abs(p) for p in parts), reverse=True)
+        assert len(parts) <= export.LINK_HEADS and (rest[0] == 0 or len(parts) == export.LINK_HEADS)
+        assert all(abs(p) >= abs(rest[1]) / max(rest[0], 1) - 1e-9 for p in parts[-1:])  # kept are the largest
+    assert any("heads_rest" in link for link in links)
     plain = json.loads(graphs.write_json(graph, tmp_path / "plain.json").read_text())["links"]
-    assert [{k: v for k, v in link.items() if k != "heads"} for link in links] == plain
-    # the JSON keeps every part, read as float32 exactly the split's
+    assert [{k: v for k, v in link.items() if k not in ("heads", "heads_rest")} for link in links] == plain
+    # the parts written are the split's own, read as float32 exactly
     frame = split.to_frame()
     strongest = max(links, key=lambda link: len(link["heads"]))
     site_of = {node["node_id"]: node for node in json.loads(path.read_text())["nodes"]}
     assert site_of[strongest["target"]]["ctx_idx"] == resid.Site.parse(next(iter(
         v for v in strongest["heads"] if v != "residual"))).positions[0]
-    assert len(strongest["heads"]) == split.parts.shape[1] and set(frame["via"]) >= set(strongest["heads"])
+    assert set(frame["via"]) >= set(strongest["heads"])
     parts = set(frame["weight"])  # float32 values
     assert all(float(torch.tensor(w, dtype=torch.float32)) in parts for w in strongest["heads"].values())
-    # the page keeps each edge's PAGE_HEADS largest parts and sums the others
-    html = viewer.page(graph, heads=split)
+    # the page embeds the same links, and with QK summaries of the carrying heads, why they attended
+    triples = split.carriers(per_edge=2, limit=5)
+    assert len(triples) == 5 and all(site.part == "attn" and site.head is not None for site, _ in triples)
+    summaries = QK(model, graph.token_ids, transcoders).summaries(triples, top=3)
+    html = viewer.page(graph, heads=split, qk=summaries)
     start = html.index("id='graph-data'>") + len("id='graph-data'>")
     embedded = json.loads(html[start:html.index("</script>", start)].replace("<\\/", "</"))
-    assert len(embedded["links"]) == len(links) and "function showEdge" in html and "Click a node or an edge." in html
-    for shown, full in zip(embedded["links"], links, strict=True):
-        kept = dict(list(full["heads"].items())[:viewer.PAGE_HEADS])
-        assert shown["heads"] == kept
-        rest = list(full["heads"].values())[viewer.PAGE_HEADS:]
-        assert shown.get("heads_rest", [0, 0.0]) == ([len(rest), pytest.approx(sum(rest))] if rest else [0, 0.0])
-    assert any("heads_rest" in link for link in embedded["links"])
+    assert embedded["links"] == links and embedded["qk"] == summaries
+    assert "function showEdge" in html and "function showQK" in html and "Click a node or an edge." in html
+    with_qk = json.loads(graphs.write_json(graph, tmp_path / "qk.json", heads=split, qk=summaries).read_text())
+    assert with_qk["qk"] == summaries
 
 
 def test_resid_graph_heads_writes_the_split_beside_the_json(tmp_path, capsys) -> None:
@@ -245,8 +251,18 @@ def test_resid_graph_heads_writes_the_split_beside_the_json(tmp_path, capsys) ->
     assert list(written["via"]) == list(expected["via"]) and len(written) > 0
     torch.testing.assert_close(torch.tensor(written["weight"].to_numpy()), torch.tensor(expected["weight"].to_numpy()),
                                **TINY)
-    links = json.loads(out.read_text())["links"]
+    written_json = json.loads(out.read_text())
+    links = written_json["links"]
     assert all("heads" in link for link in links) and "showEdge" in (tmp_path / "g.html").read_text()
+    # QK attribution of the heads carrying the edges, as QK.summaries computes it
+    split = graphs.split_heads(model, pruned, transcoders)
+    carriers = split.carriers(graph_cli.QK_PER_EDGE, graph_cli.QK_LIMIT)
+    assert list(written_json["qk"]) == [f"{site.label}->{key}" for site, key in carriers]
+    name, entry = next(iter(written_json["qk"].items()))
+    site, key = carriers[0]
+    result = QK(model, prompt, transcoders).score(site.layer, site.head, query=site.positions[0], key=key)
+    assert entry["raw"] == pytest.approx(result.raw, rel=1e-4, abs=1e-5) and "function showQK" in \
+        (tmp_path / "g.html").read_text()
     assert main(["graph", prompt, "--model", str(folder), "--transcoders", str(data / "circuit_tracer" / "plt"),
                  "--heads"]) == 2
     err = capsys.readouterr().err
@@ -290,3 +306,17 @@ def test_a_split_too_large_is_refused_with_what_to_do(built, monkeypatch) -> Non
     other = make_random_model("llama_gqa")
     with pytest.raises(resid.ResidError, match="The head split is of another graph"):
         graphs.write_json(graphs.attribute(other, IDS[:5], transcoders), "unused.json", heads=built[4])
+
+
+def test_carriers_are_the_largest_head_parts_each_head_and_key_once(built) -> None:
+    """What QK attribution is asked about: the head parts of largest |weight| (the residual aside), as (the head at
+    the edge's target position, the edge's source position), without repeats."""
+    _, _, _, pruned, split = built
+    frame = split.to_frame()
+    heads = frame[frame["via"] != "residual"].copy()
+    heads["key"] = [pruned.sites()[s].positions[0] for s in heads["source"]]
+    found = split.carriers(per_edge=int(heads.groupby(["source", "target"]).size().max()), limit=10**6)
+    assert len(found) == len(set(found)) == len(set(zip(heads["via"], heads["key"], strict=True)))
+    best = heads.loc[heads["weight"].abs().idxmax()]
+    assert (found[0][0].label, found[0][1]) == (best["via"], best["key"])
+    assert len(split.carriers(per_edge=1, limit=4)) == 4

@@ -94,3 +94,24 @@ def test_a_screenshot_of_a_feature_card_shows_its_bars(browser, gpt2_tokenizer, 
     assert pixels_of(image, ACTIVE) > 200, "the histogram's active bars / the promoted tokens are not drawn"
     assert pixels_of(image, COLORS["bottom"]) > 200, "the suppressed tokens' bars are not drawn"
     assert pixels_of(image, OFF) > 50, "the histogram's 'off' bar is not drawn"
+
+
+def test_clicking_an_edge_then_a_head_shows_why_the_head_attended(browser, graph, tmp_path) -> None:
+    """With a head split and QK summaries: a click on an edge lists its heads, a click on a head shows its score
+    at the edge's source position split into pairs of terms, and the contrast with the mean."""
+    model = make_random_model("llama_gqa")
+    transcoders = per_layer(model)
+    pruned = graph.pruned()
+    split = graphs.split_heads(model, pruned, transcoders)
+    qk = graphs.QK(model, graph.token_ids, transcoders).summaries(split.carriers(per_edge=3, limit=40), top=4)
+    page = write_html(graph, tmp_path / "g.html", heads=split, qk=qk)
+    clicks = ("<script>for (const line of document.querySelectorAll('line.edge')) {"
+              "line.dispatchEvent(new MouseEvent('click')); const a = document.querySelector('#info a.qk');"
+              "if (a) { a.dispatchEvent(new MouseEvent('click', {cancelable: true})); break; } }</script>")
+    page.write_text(page.read_text().replace("</body>", clicks + "</body>"))
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert "Uncaught" not in done.stderr, done.stderr[-2000:]
+    info = done.stdout[done.stdout.index("id=\"info\""):]
+    assert "attending to position" in info and "top pairs (query-side term" in info, info[:2000]
+    assert "against the pattern-weighted mean over keys" in info and info.count("<tr>") >= 4 * 3
