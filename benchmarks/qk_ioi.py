@@ -84,9 +84,15 @@ def main() -> None:
             print("  key-side terms:   " + "; ".join(f"{r.site} {r.value:+.3f}" for r in keys.itertuples()))
             print("  query-side terms: " + "; ".join(f"{r.site} {r.value:+.3f}" for r in queries.itertuples()))
             print("  top pairs:        " + "; ".join(f"{r.query} x {r.key} {r.value:+.3f}" for r in pairs.itertuples()))
+            every = result.key_marginal()
+            features = every[[resid.Site.parse(label).feature is not None for label in every["site"]]].head(args.top)
+            print("  key-side features: " + "; ".join(f"{r.site} {r.value:+.3f}" for r in features.itertuples()))
+            kinds = every.assign(kind=[_kind(label) for label in every["site"]]).groupby("kind")["value"].sum()
+            print("  key side by kind:  " + "; ".join(f"{k} {v:+.3f}" for k, v in kinds.items()))
             entry[name] = {"raw": result.raw, "run_raw": result.run_raw, "pattern": result.pattern,
                            "key_terms": keys.to_dict("records"), "query_terms": queries.to_dict("records"),
-                           "pairs": pairs.to_dict("records")}
+                           "pairs": pairs.to_dict("records"), "key_features": features.to_dict("records"),
+                           "key_by_kind": {k: float(v) for k, v in kinds.items()}}
         result = qk.score(head.layer, head.head, query=-1, key=NAME)
         check = qk.validate(result, top=args.validate)
         corr_score = float(torch.corrcoef(torch.tensor([check["predicted_score"].to_list(),
@@ -103,6 +109,20 @@ def main() -> None:
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"wrote {args.out}")
+
+
+def _kind(label: str) -> str:
+    """A term's kind: feature, error, head (an earlier head's write), embed, or constant (biases, skip paths)."""
+    import resid
+
+    site = resid.Site.parse(label)
+    if site.feature is not None:
+        return "feature"
+    if site.head is not None:
+        return "head"
+    if site.what == "error":
+        return "error"
+    return "embed" if site.part in ("embed", "pos_embed") else "constant"
 
 
 if __name__ == "__main__":

@@ -136,15 +136,30 @@ def _add_heads(graph: Graph, heads: HeadSplit, links: list[dict], edges: list[tu
         raise ResidError(f"The head split is of another graph ({heads.model_name}, {len(heads.token_ids)} tokens) than "
                          f"the one written ({graph.model_name}, {graph.n_pos} tokens): split this graph, pruned at "
                          "the thresholds it is written with (graphs.split_heads(model, graph.pruned(...), ...)).")
-    parts = heads.by_label()
     sites = graph.sites()
-    for link, (s, t) in zip(links, edges, strict=True):
-        found = parts.get((sites[s].label, sites[t].label))
-        if found:  # 9 significant digits: every float32 part exactly, in about half the characters of a float64
-            ranked = sorted(found.items(), key=lambda item: -abs(item[1]))
-            link["heads"] = {via: float(f"{w:.9g}") for via, w in ranked[:LINK_HEADS]}
-            if len(ranked) > LINK_HEADS:  # the rest summed: the parts written still add up to the link's weight
-                link["heads_rest"] = [len(ranked) - LINK_HEADS, float(f"{sum(w for _, w in ranked[LINK_HEADS:]):.9g}")]
+    edge_of = {(heads.sites[a].label, heads.sites[b].label): e
+               for e, (a, b) in enumerate(zip(heads.sources.tolist(), heads.targets.tolist(), strict=True))}
+    found = [edge_of.get((sites[s].label, sites[t].label)) for s, t in edges]
+    rows = torch.tensor([e for e in found if e is not None], dtype=torch.long)
+    if not len(rows):
+        return
+    parts = heads.parts[rows]  # [links e_parts]: the largest LINK_HEADS of each, the rest summed, all at once
+    k = min(LINK_HEADS, parts.shape[1])
+    columns = parts.abs().topk(k, dim=1).indices
+    kept = parts.gather(1, columns)
+    counts = (parts != 0).sum(1)
+    rest = parts.sum(1) - kept.sum(1)
+    kept_rows = iter(zip(columns.tolist(), kept.tolist(), counts.tolist(), rest.tolist(), strict=True))
+    for link, (s, t), edge in zip(links, edges, found, strict=True):
+        if edge is None:
+            continue
+        cols, values, count, rest_sum = next(kept_rows)
+        position = sites[t].positions[0]
+        # 9 significant digits: every float32 part exactly, in about half the characters of a float64
+        link["heads"] = {heads.via(c, position): float(f"{w:.9g}") for c, w in zip(cols, values, strict=True)
+                         if w != 0}
+        if count > len(link["heads"]):  # the rest summed: the parts written still add up to the link's weight
+            link["heads_rest"] = [count - len(link["heads"]), float(f"{rest_sum:.9g}")]
 
 
 def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: str, js_id: str, *,

@@ -114,15 +114,6 @@ class HeadSplit:
                              "target_site": labels[targets], "via": vias[positions[targets], column.numpy()],
                              "weight": self.parts[edge, column].double().numpy()})
 
-    def by_label(self) -> dict[tuple[str, str], dict[str, float]]:
-        """{(source label, target label): {via: weight}} over the non-zero parts (what the viewer's JSON keeps)."""
-        frame = self.to_frame()
-        out: dict[tuple[str, str], dict[str, float]] = {}
-        for source, target, via, weight in zip(frame["source_site"], frame["target_site"], frame["via"],
-                                               frame["weight"], strict=True):
-            out.setdefault((source, target), {})[via] = float(weight)
-        return out
-
     def carriers(self, per_edge: int = 3, limit: int = 200) -> list[tuple[Site, int]]:
         """The heads that carry the edges, as QK attribution asks about them: (a head's Site at an edge's target
         position, the edge's source position), from each edge's `per_edge` largest head parts, the largest parts
