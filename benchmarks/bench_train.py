@@ -28,19 +28,17 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
    30 separate runs (each stops after its own layer): generation timed both ways, the training steps once.
 
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
-Measured (2-core AVX-512 CPU, torch 2.13.0, 2 threads each; --steps 48 --batch-size 2048 --held-out 4096
---forward-batch 32): training on the same activations resid 8,619 tokens/s, SAELens 3,850 (2.24x); end to end resid
-1,180, SAELens 932 (1.27x; with --autocast 1,727 and 1,305, 1.32x); held-out FVU after 48 steps resid 0.513,
-SAELens 1.470. Generation is most of the end-to-end time, and both libraries' forwards run near the CPU's matrix
-peak (resid's: 1,320 tokens/s, 1% of the positions padding), so end to end stays far from 2x on this machine.
---transcoders --batch-size 4096 --steps 3: 30 BatchTopK transcoders (8x, k=32), 8,192 tokens each: generation
-15.1 s from one forward against 196.5 s from 30 runs (13x); with the training steps, 125 against 33 tokens/s (3.8x).
 The recipes differ where each library's TopK recipe does (resid: sparsify's, unit-norm decoder rows, b_dec at the
 geometric median; SAELens: its TopK defaults, see train_saelens.py); each gets its own default learning rate
 (resid's recipe's; SAELens's 3e-4, --saelens-lr), the same warm-up, steps, batch and forward batch (--saelens-prompts
-defaults to --forward-batch). The figures above were measured before that change (SAELens at resid's learning rate,
-8 prompts per forward against resid's 32) and are to be re-measured; an FVU reached after 48 steps still compares
-unconverged runs: tokens to reach a fixed FVU is not measured here.
+defaults to --forward-batch). Measured so (2-core AVX-512 CPU at 431 GFLOP/s, torch 2.13.0, 2 threads each, quiet;
+--steps 48 --batch-size 2048 --held-out 4096 --forward-batch 32): training on the same activations resid 11,271
+tokens/s, SAELens 6,052 (1.86x); end to end resid 2,014, SAELens 1,442 (1.40x; with --autocast 3,516 and 3,405,
+1.03x); held-out FVU after 48 steps resid 0.513, SAELens 1.642 (unconverged at its learning rate: tokens to reach a
+fixed FVU is not measured here). Generation is most of the end-to-end time (resid's alone: 2,550 tokens/s in fp32,
+5,228 in bf16 autocast). --transcoders --batch-size 4096 --steps 3 (measured earlier, on a 165 GFLOP/s machine): 30
+BatchTopK transcoders (8x, k=32), 8,192 tokens each: generation 15.1 s from one forward against 196.5 s from 30 runs
+(13x); with the training steps, 125 against 33 tokens/s (3.8x).
 """
 
 import argparse
