@@ -1,9 +1,25 @@
 """resid's own graph viewer: one self-contained HTML page (no network, no libraries) drawing the pruned graph's JSON
 (resid.analyses.graphs.export) as an SVG.
 
-Columns are prompt positions (the token under each), rows are layers: token embeddings at the bottom, features and
-error nodes (squares) at their layer, logits at the top; the drawing is scaled to fit the window. Edges are lines
-whose width follows |weight| (blue positive, red negative). Clicking a node lists its strongest incoming and
+Columns are prompt positions (the token under each), rows are layers (named on the left): token embeddings at the
+bottom, features (circles) and error nodes (squares) at their layer, logits at the top. The SVG is drawn at its
+natural size in CSS pixels, the columns sharing the window's width (at least 64 px each; wider prompts scroll), so
+labels stay 13 px high whatever the prompt's length. A legend names the node kinds' colours and shapes; a feature's
+or error's size grows with its influence (1 - its place in the influence ranking). Edges are lines whose width
+follows |weight| (blue positive, red negative).
+
+Thresholds (two sliders, at most and by default the thresholds the page was written with, at which it shows every
+node and edge of its JSON): the node slider hides features and errors whose `influence` (the cumulative share of
+influence up to them in the ranking) lies past the slider's value, keeping the first one at or past it (as
+Graph.prune keeps the node that crosses its threshold); tokens and logits always show. The edge slider then keeps,
+of the links between shown nodes, the largest |weight| first until their share of those links' total |weight|
+reaches value / written edge threshold (the one crossing it kept), so the written value keeps them all; a feature
+or error left without a shown link hides too. (Graph.prune ranks edges by their influence, which the JSON does not
+carry: in the page, |weight| ranks them.)
+
+Hovering a node shows its label, activation, influence and its 3 largest shown edges. Clicking a node pins it
+(outlined; click again to unpin; "clear pins" unpins all): while any node is pinned, the shown links through a
+pinned node and their ends are drawn in full, the rest faded. A click also lists the node's strongest incoming and
 outgoing edges and, for a feature with a card (resid.analyses.features.card) given in `cards`, shows the card in a
 frame. Given a head split (resid.analyses.graphs.heads), each listed edge names the heads carrying most of it, and
 clicking an edge lists its largest parts (the head of its last attention hop, or the residual; the JSON's
@@ -30,54 +46,146 @@ const position = {};
 data.nodes.forEach(n => { position[n.node_id] = n.ctx_idx; });
 const svg = document.getElementById('graph');
 const info = document.getElementById('info');
+const tip = document.getElementById('tip');
 const NS = 'http://www.w3.org/2000/svg';
 const tokens = data.metadata.prompt_tokens;
-const nLayers = Math.max(...data.nodes.map(n => n.layer === 'E' ? 0 : Number(n.layer)));
-const colW = 110, rowH = 70, left = 40, top = 30;  // inside the closure: window.top is not shadowed globally
-const rowOf = n => n.layer === 'E' ? nLayers + 1 : nLayers - Number(n.layer) + (n.feature_type === 'logit' ? 1 : 0);
+const nLayers = Math.max(...data.nodes.map(n => n.layer === 'E' ? 0 : Number(n.layer)));  // the logits' layer
+// drawn at its natural size in CSS pixels (no viewBox scaling, so text stays readable): the columns share the
+// window's width, never narrower than MIN_COL (then #wrap scrolls)
+const MIN_COL = 64, left = 56, top = 24, bottom = 40;
+const colW = Math.max(MIN_COL, (document.getElementById('wrap').clientWidth - left - 8) / tokens.length);
+const rowH = Math.max(36, Math.min(70, 0.7 * window.innerHeight / (nLayers + 2)));
+const rowOf = n => n.layer === 'E' ? nLayers : n.feature_type === 'logit' ? 0 : nLayers - 1 - Number(n.layer);
 const groups = {};
 data.nodes.forEach(n => { const k = rowOf(n) + ':' + n.ctx_idx; (groups[k] = groups[k] || []).push(n); });
 const where = {};
 Object.values(groups).forEach(g => g.forEach((n, i) => {
   where[n.node_id] = [left + n.ctx_idx * colW + (i + 1) * colW / (g.length + 1), top + rowOf(n) * rowH];
 }));
-const height = top + (nLayers + 3) * rowH;
-const width = left + tokens.length * colW + 20;  // drawn in its own units, scaled to fit the window
-svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
-svg.setAttribute('width', '100%'); svg.setAttribute('height', Math.min(height, 0.85 * window.innerHeight));
+const height = top + nLayers * rowH + bottom;
+const width = left + tokens.length * colW + 8;
+svg.setAttribute('width', width); svg.setAttribute('height', height);
+function element(tag, attributes, parent) {
+  const e = document.createElementNS(NS, tag);
+  Object.entries(attributes).forEach(([k, v]) => e.setAttribute(k, v));
+  parent.appendChild(e);
+  return e;
+}
+// the layer axis: a grid line and a label per row
+for (let row = 0; row <= nLayers; row++) {
+  const y = top + row * rowH;
+  const name = row === 0 ? 'logits' : row === nLayers ? 'tokens' : `L${nLayers - 1 - row}`;
+  element('line', {x1: left - 4, x2: width, y1: y, y2: y, class: 'grid'}, svg);
+  element('text', {x: 4, y: y + 4, class: 'axis'}, svg).textContent = name;
+}
 const maxW = Math.max(1e-12, ...data.links.map(l => Math.abs(l.weight)));
-const edgesOf = {};
+const edgesOf = {}, lineOf = new Map();
 data.links.forEach(l => {
   const [x1, y1] = where[l.source], [x2, y2] = where[l.target];
-  const line = document.createElementNS(NS, 'line');
-  Object.entries({x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
-                  'stroke-width': 0.3 + 3 * Math.abs(l.weight) / maxW, 'stroke-opacity': 0.5}).forEach(
-    ([k, v]) => line.setAttribute(k, v));
-  if (l.heads) { line.setAttribute('class', 'edge'); line.addEventListener('click', () => showEdge(l)); }
-  svg.appendChild(line);
+  const line = element('line', {x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
+                                'stroke-width': 0.3 + 3 * Math.abs(l.weight) / maxW,
+                                class: l.heads ? 'link edge' : 'link'}, svg);
+  if (l.heads) line.addEventListener('click', () => showEdge(l));
+  lineOf.set(l, line);
   (edgesOf[l.source] = edgesOf[l.source] || []).push(l);
   (edgesOf[l.target] = edgesOf[l.target] || []).push(l);
 });
+Object.values(edgesOf).forEach(ls => ls.sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight)));
 tokens.forEach((t, i) => {
-  const label = document.createElementNS(NS, 'text');
-  label.setAttribute('x', left + i * colW + colW / 2); label.setAttribute('y', height - 8);
-  label.setAttribute('text-anchor', 'middle'); label.textContent = t; svg.appendChild(label);
+  const label = element('text', {x: left + i * colW + colW / 2, y: height - 14, 'text-anchor': 'middle',
+                                 class: 'token'}, svg);
+  label.textContent = t.length > colW / 7 ? t.slice(0, Math.max(1, Math.floor(colW / 7) - 1)) + '…' : t;
+  element('title', {}, label).textContent = `${i}: ${t}`;
 });
 const colour = {'embedding': '#999', 'logit': '#4daf4a', 'mlp reconstruction error': '#ff7f00'};
+// a feature's or error's radius grows with its influence: `influence` is its cumulative share in the ranking,
+// so the most influential nodes have the smallest
+const radius = n => n.influence == null || n.feature_type === 'embedding' || n.feature_type === 'logit' ? 6 :
+  4 + 6 * (1 - Math.min(1, n.influence));
+const shapeOf = {}, pinned = new Set();
 data.nodes.forEach(n => {
-  const [x, y] = where[n.node_id];
+  const [x, y] = where[n.node_id], r = radius(n);
   const error = n.feature_type === 'mlp reconstruction error';
-  const shape = document.createElementNS(NS, error ? 'rect' : 'circle');
-  if (error) { shape.setAttribute('x', x - 5); shape.setAttribute('y', y - 5);
-               shape.setAttribute('width', 10); shape.setAttribute('height', 10); }
-  else { shape.setAttribute('cx', x); shape.setAttribute('cy', y); shape.setAttribute('r', 6); }
+  const shape = error ? element('rect', {x: x - r, y: y - r, width: 2 * r, height: 2 * r}, svg)
+                      : element('circle', {cx: x, cy: y, r}, svg);
   shape.setAttribute('fill', colour[n.feature_type] || '#984ea3');
   shape.setAttribute('class', 'node'); shape.setAttribute('data-id', n.node_id);
-  const title = document.createElementNS(NS, 'title'); title.textContent = n.node_id + ' ' + n.clerp;
-  shape.appendChild(title);
-  shape.addEventListener('click', () => show(n));
-  svg.appendChild(shape);
+  shape.addEventListener('click', () => { pin(n); show(n); });
+  shape.addEventListener('mouseenter', e => hover(n, e));
+  shape.addEventListener('mousemove', e => place(e));
+  shape.addEventListener('mouseleave', () => { tip.style.display = 'none'; });
+  shapeOf[n.node_id] = shape;
 });
+// thresholds in the page (see the module docstring): nodes by their place in the influence ranking, then links by
+// their share of the shown links' |weight|, each rule keeping the item that crosses its threshold
+const nodeSlider = document.getElementById('node-threshold'), edgeSlider = document.getElementById('edge-threshold');
+const written = [Number(nodeSlider.max), Number(edgeSlider.max)];
+const always = n => n.feature_type === 'embedding' || n.feature_type === 'logit' || n.influence == null;
+const ranked = data.nodes.filter(n => !always(n)).map(n => n.influence).sort((a, b) => a - b);
+let visible = new Set(data.nodes.map(n => n.node_id)), shownLinks = new Set(data.links);
+function threshold() {
+  const nodeValue = Number(nodeSlider.value), edgeValue = Number(edgeSlider.value);
+  const crossing = ranked.find(v => v >= nodeValue - 1e-9);
+  const cut = nodeValue >= written[0] || crossing === undefined ? Infinity : crossing;
+  const kept = new Set(data.nodes.filter(n => always(n) || n.influence <= cut).map(n => n.node_id));
+  const between = data.links.filter(l => kept.has(l.source) && kept.has(l.target))
+    .sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
+  const total = between.reduce((s, l) => s + Math.abs(l.weight), 0);
+  const share = edgeValue >= written[1] ? Infinity : edgeValue / written[1];
+  shownLinks = new Set();
+  let sum = 0;
+  for (const l of between) {
+    if (sum >= share * total - 1e-12 * total) break;
+    shownLinks.add(l); sum += Math.abs(l.weight);
+  }
+  const linked = new Set();
+  shownLinks.forEach(l => { linked.add(l.source); linked.add(l.target); });
+  visible = new Set(data.nodes.filter(n => kept.has(n.node_id) && (linked.has(n.node_id) || always(n)))
+    .map(n => n.node_id));
+  data.links.forEach(l => lineOf.get(l).classList.toggle('hidden', !shownLinks.has(l)));
+  data.nodes.forEach(n => shapeOf[n.node_id].classList.toggle('hidden', !visible.has(n.node_id)));
+  document.getElementById('node-value').textContent = nodeValue.toFixed(2);
+  document.getElementById('edge-value').textContent = edgeValue.toFixed(3);
+  document.getElementById('shown').textContent =
+    `showing ${visible.size} of ${data.nodes.length} nodes, ${shownLinks.size} of ${data.links.length} edges`;
+  highlight();
+}
+nodeSlider.addEventListener('input', threshold); edgeSlider.addEventListener('input', threshold);
+// pinning: the pinned nodes and their shown links at full opacity, the rest faded
+function pin(n) {
+  if (pinned.has(n.node_id)) pinned.delete(n.node_id); else pinned.add(n.node_id);
+  highlight();
+}
+function highlight() {
+  const near = new Set(pinned);
+  data.links.forEach(l => {
+    const through = shownLinks.has(l) && (pinned.has(l.source) || pinned.has(l.target));
+    if (through) { near.add(l.source); near.add(l.target); }
+    lineOf.get(l).classList.toggle('faded', pinned.size > 0 && !through);
+  });
+  data.nodes.forEach(n => {
+    const shape = shapeOf[n.node_id];
+    shape.classList.toggle('pinned', pinned.has(n.node_id));
+    shape.classList.toggle('faded', pinned.size > 0 && !near.has(n.node_id));
+  });
+}
+document.getElementById('clear').addEventListener('click', () => { pinned.clear(); highlight(); });
+function hover(n, e) {
+  const edges = (edgesOf[n.node_id] || []).filter(l => shownLinks.has(l)).slice(0, 3);
+  tip.innerHTML = `<b>${escaped(n.node_id)}</b> <small>${escaped(n.feature_type)}</small><br>` +
+    (n.clerp ? escaped(n.clerp) + '<br>' : '') +
+    (n.activation != null ? `activation ${n.activation.toFixed(4)}<br>` : '') +
+    (n.influence != null ? `influence (cumulative) ${n.influence.toFixed(4)}<br>` : '') +
+    (edges.length ? 'top edges:<br>' + edges.map(l => `${escaped(l.source)} &rarr; ${escaped(l.target)} ` +
+                                                      `${l.weight.toFixed(4)}`).join('<br>') : 'no shown edges');
+  tip.style.display = 'block';
+  place(e);
+}
+function place(e) {
+  tip.style.left = Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4) + 'px';
+  tip.style.top = Math.min(e.clientY + 14, window.innerHeight - tip.offsetHeight - 4) + 'px';
+}
+threshold();
 function show(n) {
   const edges = (edgesOf[n.node_id] || []).slice().sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
   const rows = edges.slice(0, 12).map(l => `<tr><td>${l.source}</td><td>&rarr;</td><td>${l.target}</td>` +
@@ -157,12 +265,35 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
     def embedded(value) -> str:  # JSON inside <script>: "</" must not close the tag
         return json.dumps(value).replace("</", "<\\/")
 
+    legend = "".join(f"<span class='key'><span class='swatch {shape}' style='background:{colour}'></span>{name}</span>"
+                     for name, shape, colour in (("feature", "round", "#984ea3"), ("error (MLP reconstruction)", "",
+                                                 "#ff7f00"), ("token", "round", "#999"), ("logit", "round", "#4daf4a")))
+    legend += ("<span class='key'><span class='bar' style='background:#2166ac'></span>positive edge</span>"
+               "<span class='key'><span class='bar' style='background:#b2182b'></span>negative edge</span>"
+               "<span class='key'>size: influence</span>")
+    how = ("Hover a node for its activation, influence and top edges; click nodes to pin them and see the edges "
+           "through them (the rest fades)" + ("" if heads is None else "; click an edge for the heads that carry it")
+           + "; move the sliders to prune further.")
+    sliders = (f"<label>node threshold <input type='range' id='node-threshold' min='0' max='{node_threshold}' "
+               f"step='0.01' value='{node_threshold}'> <span id='node-value'></span></label> "
+               f"<label>edge threshold <input type='range' id='edge-threshold' min='0' max='{edge_threshold}' "
+               f"step='0.005' value='{edge_threshold}'> <span id='edge-value'></span></label> "
+               "<button id='clear'>clear pins</button> <span id='shown'></span>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
-            "body{font-family:sans-serif;margin:12px} #wrap{overflow:auto;border:1px solid #ddd} "
-            ".node,.edge{cursor:pointer} text{font-size:12px} td{padding:0 6px;font-family:monospace}"
+            "body{font-family:sans-serif;margin:12px} #wrap{overflow:auto;border:1px solid #ddd;width:100%} "
+            ".node,.edge{cursor:pointer} text{font-size:13px;fill:#222} text.axis{font-size:12px;fill:#555} "
+            ".grid{stroke:#eee} .link{stroke-opacity:0.5} .hidden{display:none} .faded{opacity:0.08} "
+            ".node.pinned{stroke:#000;stroke-width:3} td{padding:0 6px;font-family:monospace} "
+            "#legend,#controls{margin:6px 0} .key{margin-right:14px;white-space:nowrap} "
+            ".swatch{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:middle} "
+            ".round{border-radius:50%} .bar{display:inline-block;width:18px;height:3px;margin-right:4px;"
+            "vertical-align:middle} #how{color:#333} #tip{position:fixed;display:none;background:#fffff4;"
+            "border:1px solid #999;padding:4px 8px;font-size:13px;pointer-events:none;max-width:420px}"
             "</style></head><body>"
-            f"<h2>{title}</h2><p>{summary}</p><div id='wrap'><svg id='graph' xmlns='http://www.w3.org/2000/svg'>"
-            f"</svg></div><div id='info'><p>Click a node{'' if heads is None else ' or an edge'}.</p></div>"
+            f"<h2>{title}</h2><p>{summary}</p><p id='how'>{how}</p><div id='legend'>{legend}</div>"
+            f"<div id='controls'>{sliders}</div><div id='wrap'><svg id='graph' xmlns='http://www.w3.org/2000/svg'>"
+            f"</svg></div><div id='tip'></div>"
+            f"<div id='info'><p>Click a node{'' if heads is None else ' or an edge'}.</p></div>"
             f"<script type='application/json' id='graph-data'>{embedded(data)}</script>"
             f"<script type='application/json' id='graph-cards'>{embedded(cards or {})}</script>"
             f"<script>{_SCRIPT}</script></body></html>")

@@ -1,11 +1,14 @@
 """The viewer page and a feature card in a real browser (headless Chromium): the viewer's script runs without an
-error and draws one shape per node and one line per edge of the JSON it embeds, and screenshots of the viewer and
-of a card show what they draw (pixels of the node kinds' colours; the card's histogram and decoder bars).
+error and draws one shape per node and one line per edge of the JSON it embeds, with its legend and threshold
+sliders; moving the node slider hides nodes, a click pins a node, hovering shows its tooltip, token labels are
+drawn at a readable size across the window; screenshots of the viewer and of a card show what they draw (pixels
+of the node kinds' colours; the card's histogram and decoder bars).
 
 Skipped where no Chromium is installed, except under RESID_REQUIRE_BROWSER=1 (CI sets it, after installing
 Debian's chromium), where a missing browser fails instead: CI must never skip these silently."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -60,21 +63,69 @@ def graph():
     return graphs.attribute(model, [11, 5, 7, 2, 9, 31, 3], per_layer(model))
 
 
-def test_the_viewer_draws_every_node_and_edge(browser, graph, tmp_path) -> None:
-    page = write_html(graph, tmp_path / "g.html")
+def dump_dom(browser: str, page: Path, script: str = "") -> str:
+    """The page's DOM after its scripts and `script` (injected at the end of its body) ran; no uncaught error."""
+    if script:
+        page.write_text(page.read_text().replace("</body>", f"<script>{script}</script></body>"))
     done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    dom = done.stdout
+                           "--v=0", "--window-size=1400,1000", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
     assert "Uncaught" not in done.stderr, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_viewer_draws_every_node_and_edge(browser, graph, tmp_path) -> None:
+    dom = dump_dom(browser, write_html(graph, tmp_path / "g.html"))
+    assert "id=\"legend\"" in dom and all(key in dom for key in ("feature", "error", "token", "logit"))
+    assert "id=\"node-threshold\"" in dom and "id=\"edge-threshold\"" in dom and "Hover a node" in dom
+    classes = re.findall(r'class="((?:node|link)[^"]*)"', dom)
+    assert classes and not any("hidden" in c for c in classes), "at its written thresholds the page shows all"
     data = graph_json(graph, graph.model_name)
     errors = sum(n["feature_type"] == "mlp reconstruction error" for n in data["nodes"])
     assert dom.count("<circle") == len(data["nodes"]) - errors > 0
     assert dom.count("<rect") == errors
-    assert dom.count("<line") == len(data["links"]) > 0
+    assert len(re.findall(r'<line [^>]*class="link', dom)) == len(data["links"]) > 0
+
+
+def test_the_sliders_hide_nodes_a_click_pins_one_and_labels_are_readable(browser, graph, tmp_path) -> None:
+    """Halving the edge slider hides edges; moving the node slider to the median feature's influence hides nodes
+    (not all: tokens and logits stay); then a click on a shown feature pins it (the rest fades) and hovering it
+    shows its tooltip; token labels are >= 10 CSS px high and the drawing spans most of the 1400 px window."""
+    data = graph_json(graph, graph.model_name)
+    ranked = sorted(n["influence"] for n in data["nodes"] if n["feature_type"] == "cross layer transcoder")
+    value = round(ranked[len(ranked) // 2], 2)  # about half the features: the crossing one is kept
+    actions = ("const e = document.getElementById('edge-threshold'); e.value = e.max / 2;"
+               "e.dispatchEvent(new Event('input')); document.body.setAttribute('data-links',"
+               "  document.querySelectorAll('line.link:not(.hidden)').length); e.value = e.max;"
+               "e.dispatchEvent(new Event('input'));"
+               f"const s = document.getElementById('node-threshold'); s.value = {value};"
+               "s.dispatchEvent(new Event('input'));"
+               "const f = [...document.querySelectorAll('circle.node:not(.hidden)')].find(c =>"
+               "  c.getAttribute('fill') === '#984ea3');"
+               "f.dispatchEvent(new MouseEvent('click')); f.dispatchEvent(new MouseEvent('mouseenter'));"
+               "const label = document.querySelector('text.token').getBoundingClientRect();"
+               "document.body.setAttribute('data-label-height', label.height);"
+               "document.body.setAttribute('data-svg-width', document.getElementById('graph')"
+               "  .getBoundingClientRect().width);")
+    dom = dump_dom(browser, write_html(graph, tmp_path / "g.html"), actions)
+    nodes = [set(c.split()) for c in re.findall(r'<(?:circle|rect) [^>]*class="(node[^"]*)"', dom)]
+    fixed = sum(n["feature_type"] in ("embedding", "logit") for n in data["nodes"])
+    shown = sum("hidden" not in c for c in nodes)
+    assert len(nodes) == len(data["nodes"]) and fixed < shown < len(nodes), "the slider hid no node, or all"
+    assert sum("pinned" in c for c in nodes) == 1 and sum("faded" in c for c in nodes) > 0
+    assert 'class="link faded"' in dom or 'class="link edge faded"' in dom
+    tip = dom[dom.index('id="tip"'):dom.index('id="info"')]
+    assert "display: block" in tip and "activation" in tip and "top edges" in tip, tip
+    assert 0 < int(dom.split('data-links="')[1].split('"')[0]) < len(data["links"]), "the edge slider hid no edge"
+    height = float(dom.split('data-label-height="')[1].split('"')[0])
+    width = float(dom.split('data-svg-width="')[1].split('"')[0])
+    assert height >= 10 and width >= 0.9 * (1400 - 2 * 12 - 20), (height, width)
 
 
 def test_a_screenshot_of_the_viewer_shows_its_nodes(browser, graph, tmp_path) -> None:
-    image = screenshot(browser, write_html(graph, tmp_path / "g.html"), tmp_path / "g.png")
+    page = write_html(graph, tmp_path / "g.html")  # the legend hidden: its swatches have the nodes' colours
+    page.write_text(page.read_text().replace("</head>", "<style>#legend{visibility:hidden}</style></head>"))
+    image = screenshot(browser, page, tmp_path / "g.png")
     kinds = {n["feature_type"] for n in graph_json(graph, graph.model_name)["nodes"]}
     assert {"embedding", "logit", "cross layer transcoder"} <= kinds  # the pruned graph keeps features
     assert pixels_of(image, LOGIT) > 30 and pixels_of(image, EMBEDDING) > 30, "logit / embedding nodes not drawn"
@@ -105,13 +156,10 @@ def test_clicking_an_edge_then_a_head_shows_why_the_head_attended(browser, graph
     split = graphs.split_heads(model, pruned, transcoders)
     qk = graphs.QK(model, graph.token_ids, transcoders).summaries(split.carriers(per_edge=3, limit=40), top=4)
     page = write_html(graph, tmp_path / "g.html", heads=split, qk=qk)
-    clicks = ("<script>for (const line of document.querySelectorAll('line.edge')) {"
+    clicks = ("for (const line of document.querySelectorAll('line.edge')) {"
               "line.dispatchEvent(new MouseEvent('click')); const a = document.querySelector('#info a.qk');"
-              "if (a) { a.dispatchEvent(new MouseEvent('click', {cancelable: true})); break; } }</script>")
-    page.write_text(page.read_text().replace("</body>", clicks + "</body>"))
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert "Uncaught" not in done.stderr, done.stderr[-2000:]
-    info = done.stdout[done.stdout.index("id=\"info\""):]
+              "if (a) { a.dispatchEvent(new MouseEvent('click', {cancelable: true})); break; } }")
+    dom = dump_dom(browser, page, clicks)
+    info = dom[dom.index("id=\"info\""):]
     assert "attending to position" in info and "top pairs (query-side term" in info, info[:2000]
     assert "against the pattern-weighted mean over keys" in info and info.count("<tr>") >= 4 * 3
