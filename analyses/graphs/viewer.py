@@ -27,6 +27,12 @@ LINK_HEADS largest, the rest summed in one row). Given QK summaries (resid.analy
 in that list that has one is a link: clicking it shows why the head attended from the edge's target position to
 its source position, its score and pattern there, the top pairs (query-side term x key-side term) and the terms
 of each side, and the same against the pattern-weighted mean over keys.
+
+"find" pins the node of an id ("L_F_P") or a feature at every position ("L_F"); "group pinned" names the pinned nodes
+a supernode (Neuronpedia's qParams.supernodes, [name, node_id, ...], read from the JSON when it has some, members
+outlined); "export pinned subgraph" offers the pinned nodes, the shown links through them and their other ends, and
+the supernodes as a JSON file of the same format (subgraph.json); "export view" the drawing as it is shown (the
+sliders' hidden nodes left out, faded ones faded) as an SVG file (view.svg).
 """
 
 import html
@@ -170,6 +176,49 @@ function highlight() {
   });
 }
 document.getElementById('clear').addEventListener('click', () => { pinned.clear(); highlight(); });
+// search: a node id ("L_F_P"), or a feature at every position ("L_F"), pins what it names
+const search = document.getElementById('search');
+search.addEventListener('change', () => {
+  const text = search.value.trim();
+  const found = data.nodes.filter(n => n.node_id === text || n.node_id.startsWith(text + '_'));
+  found.forEach(n => pinned.add(n.node_id));
+  document.getElementById('found').textContent = text ? `${found.length} found` : '';
+  highlight();
+});
+// supernodes (Neuronpedia's qParams.supernodes: [name, node_id, ...]): the pinned nodes grouped under a name
+const supernodes = data.qParams.supernodes = data.qParams.supernodes || [];
+function listSupernodes() {
+  document.getElementById('supernodes').innerHTML = supernodes.map(([name, ...ids]) =>
+    `<span class="supernode">${escaped(name)}: ${ids.map(escaped).join(', ')}</span>`).join(' ');
+  const member = new Set(supernodes.flatMap(([, ...ids]) => ids));
+  data.nodes.forEach(n => shapeOf[n.node_id].classList.toggle('grouped', member.has(n.node_id)));
+}
+document.getElementById('group').addEventListener('click', () => {
+  const name = document.getElementById('group-name').value.trim() || `group ${supernodes.length + 1}`;
+  if (pinned.size) supernodes.push([name, ...pinned]);
+  listSupernodes();
+});
+// export: the pinned nodes, the shown links through them and their ends, and the supernodes, as the graph's JSON
+document.getElementById('export').addEventListener('click', () => {
+  const links = data.links.filter(l => shownLinks.has(l) && (pinned.has(l.source) || pinned.has(l.target)));
+  const ids = new Set([...pinned, ...links.flatMap(l => [l.source, l.target])]);
+  const sub = {metadata: data.metadata, qParams: {...data.qParams, pinnedIds: [...pinned]},
+               nodes: data.nodes.filter(n => ids.has(n.node_id)), links: links};
+  const a = document.getElementById('download');
+  a.href = 'data:application/json;charset=utf-8,' + encodeURIComponent(JSON.stringify(sub));
+  a.textContent = `subgraph.json (${sub.nodes.length} nodes, ${links.length} edges)`;
+});
+// the current view (sliders, pins, fading) as an SVG file, with the page's styles it needs inlined
+document.getElementById('export-svg').addEventListener('click', () => {
+  const copy = svg.cloneNode(true);
+  copy.querySelectorAll('.hidden').forEach(e => e.remove());
+  copy.querySelectorAll('.faded').forEach(e => e.setAttribute('opacity', '0.08'));
+  copy.querySelectorAll('.link').forEach(e => { if (!e.getAttribute('opacity')) e.setAttribute('opacity', '0.5'); });
+  copy.setAttribute('font-family', 'sans-serif'); copy.setAttribute('font-size', '13');
+  const a = document.getElementById('download-svg');
+  a.href = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(new XMLSerializer().serializeToString(copy));
+  a.textContent = 'view.svg';
+});
 function hover(n, e) {
   const edges = (edgesOf[n.node_id] || []).filter(l => shownLinks.has(l)).slice(0, 3);
   tip.innerHTML = `<b>${escaped(n.node_id)}</b> <small>${escaped(n.feature_type)}</small><br>` +
@@ -186,6 +235,7 @@ function place(e) {
   tip.style.top = Math.min(e.clientY + 14, window.innerHeight - tip.offsetHeight - 4) + 'px';
 }
 threshold();
+listSupernodes();  // the JSON's own supernodes, if it has some
 function show(n) {
   const edges = (edgesOf[n.node_id] || []).slice().sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
   const rows = edges.slice(0, 12).map(l => `<tr><td>${l.source}</td><td>&rarr;</td><td>${l.target}</td>` +
@@ -278,12 +328,19 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
                f"step='0.01' value='{node_threshold}'> <span id='node-value'></span></label> "
                f"<label>edge threshold <input type='range' id='edge-threshold' min='0' max='{edge_threshold}' "
                f"step='0.005' value='{edge_threshold}'> <span id='edge-value'></span></label> "
-               "<button id='clear'>clear pins</button> <span id='shown'></span>")
+               "<button id='clear'>clear pins</button> <span id='shown'></span><br>"
+               "<label>find <input id='search' size='12' placeholder='L_F_P or L_F'></label> <span id='found'></span> "
+               "<input id='group-name' size='14' placeholder='supernode name'> "
+               "<button id='group'>group pinned</button> "
+               "<button id='export'>export pinned subgraph</button> <a id='download' download='subgraph.json'></a> "
+               "<button id='export-svg'>export view (SVG)</button> <a id='download-svg' download='view.svg'></a> "
+               "<span id='supernodes'></span>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
             "body{font-family:sans-serif;margin:12px} #wrap{overflow:auto;border:1px solid #ddd;width:100%} "
             ".node,.edge{cursor:pointer} text{font-size:13px;fill:#222} text.axis{font-size:12px;fill:#555} "
             ".grid{stroke:#eee} .link{stroke-opacity:0.5} .hidden{display:none} .faded{opacity:0.08} "
-            ".node.pinned{stroke:#000;stroke-width:3} td{padding:0 6px;font-family:monospace} "
+            ".node.pinned{stroke:#000;stroke-width:3} .node.grouped{stroke:#e6ab02;stroke-width:2} "
+            ".supernode{margin-right:10px;color:#7a5c00} td{padding:0 6px;font-family:monospace} "
             "#legend,#controls{margin:6px 0} .key{margin-right:14px;white-space:nowrap} "
             ".swatch{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:middle} "
             ".round{border-radius:50%} .bar{display:inline-block;width:18px;height:3px;margin-right:4px;"

@@ -7,10 +7,13 @@ of the node kinds' colours; the card's histogram and decoder bars).
 Skipped where no Chromium is installed, except under RESID_REQUIRE_BROWSER=1 (CI sets it, after installing
 Debian's chromium), where a missing browser fails instead: CI must never skip these silently."""
 
+import html
+import json
 import os
 import re
 import shutil
 import subprocess
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +166,35 @@ def test_clicking_an_edge_then_a_head_shows_why_the_head_attended(browser, graph
     info = dom[dom.index("id=\"info\""):]
     assert "attending to position" in info and "top pairs (query-side term" in info, info[:2000]
     assert "against the pattern-weighted mean over keys" in info and info.count("<tr>") >= 4 * 3
+
+
+def test_find_group_and_export_a_pinned_subgraph(browser, graph, tmp_path) -> None:
+    """'find' pins a feature by id at every position it has; 'group pinned' makes them a named supernode (outlined,
+    listed); 'export' offers the pinned nodes, the links through them and the supernodes as the graph's JSON, and
+    'export view' the drawing as shown as an SVG file; a JSON written with supernodes shows them when it opens."""
+    data = graph_json(graph, graph.model_name)
+    feature = next(n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder")
+    layer_feature = feature["node_id"].rsplit("_", 1)[0]  # "L_F": every position of this feature
+    at = [n["node_id"] for n in data["nodes"] if n["node_id"].startswith(layer_feature + "_")]
+    actions = (f"const s = document.getElementById('search'); s.value = '{layer_feature}';"
+               "s.dispatchEvent(new Event('change'));"
+               "document.getElementById('group-name').value = 'my concept';"
+               "document.getElementById('group').dispatchEvent(new MouseEvent('click'));"
+               "document.getElementById('export').dispatchEvent(new MouseEvent('click'));"
+               "document.getElementById('export-svg').dispatchEvent(new MouseEvent('click'));")
+    dom = dump_dom(browser, write_html(graph, tmp_path / "g.html"), actions)
+    assert f"{len(at)} found" in dom and "my concept: " + ", ".join(at) in dom
+    assert len(re.findall(r'class="node[^"]*grouped', dom)) == len(at)
+    href = html.unescape(re.search(r'id="download"[^>]*href="([^"]+)"', dom).group(1))
+    sub = json.loads(urllib.parse.unquote(href.split(",", 1)[1]))
+    assert sub["qParams"]["supernodes"] == [["my concept", *at]] and set(at) <= {n["node_id"] for n in sub["nodes"]}
+    assert sub["links"] and all(l["source"] in at or l["target"] in at for l in sub["links"])
+    svg = urllib.parse.unquote(html.unescape(re.search(r'id="download-svg"[^>]*href="([^"]+)"', dom).group(1))
+                               .split(",", 1)[1])
+    assert svg.startswith("<svg") and svg.count("<circle") + svg.count("<rect") == len(data["nodes"])
+    assert 'opacity="0.08"' in svg  # the view as shown: what the pins faded, faded
+    # supernodes already in the JSON (Neuronpedia's qParams) are read back
+    page = write_html(graph, tmp_path / "read.html")
+    page.write_text(page.read_text().replace('"supernodes": []', f'"supernodes": [["kept", "{at[0]}"]]', 1))
+    dom = dump_dom(browser, page, "")
+    assert f"kept: {at[0]}" in dom and len(re.findall(r'class="node[^"]*grouped', dom)) == 1
