@@ -6,7 +6,8 @@
 
 Top: the feature's top-activating contexts (features.top_activating), the activating token in bold and coloured.
 Bottom left: its activation histogram over every scanned token (the table's `attrs["histogram"]`,
-resid.analyses.features.histogram): the tokens where it is off (0) and its geometric bins, on a log count axis.
+resid.analyses.features.histogram): the tokens where it is off (0) and its geometric bins, on a log count axis, a
+few bins named on the axis by their lower edge (every bin's range in its hover text).
 Bottom right: the tokens its decoder direction promotes and suppresses most, read through the unembedding with the
 final norm's gain folded in (features.views.decoder_top_tokens).
 """
@@ -28,6 +29,7 @@ from resid.errors import ResidError
 from resid.model import Transformer
 
 HIGHLIGHT = "#b2182b"
+TICKS = 6  # histogram bins named on the axis (the rest by hovering): 40 rotated range labels were unreadable
 OFF, ACTIVE = "#999999", "#2166ac"
 
 
@@ -47,11 +49,15 @@ def card(model: Transformer, dictionary: Dictionary, feature: int, table: pd.Dat
                         "decoder direction: promoted / suppressed tokens"),
     )
     fig.add_trace(_contexts(rows.head(examples)), row=1, col=1)
-    for trace in _bins(counts):
+    traces = _bins(counts)
+    for trace in traces:
         fig.add_trace(trace, row=2, col=1)
     add_bars(fig, tokens, row=2, col=2)
     fig.update_yaxes(type="log", title_text="tokens", row=2, col=1)
-    fig.update_xaxes(title_text="activation", type="category", row=2, col=1)
+    shown = [x for trace in traces for x in trace.x]  # every bin's full range stays in its hover text
+    ticks = _ticks(shown)
+    fig.update_xaxes(title_text="activation (bin's lower edge; hover a bar for its range)", type="category",
+                     tickvals=ticks, ticktext=[_short(label) for label in ticks], tickangle=0, row=2, col=1)
     fig.update_yaxes(autorange="reversed", row=2, col=2)
     fig.update_xaxes(title_text="logit added by the decoder direction", row=2, col=2)
     total = int(counts["count"].sum())
@@ -94,6 +100,23 @@ def _bins(counts: pd.DataFrame) -> list[go.Bar]:
                      hovertemplate="off (0): %{y} tokens<extra></extra>")] if full[ZERO] else []
     return traces + [go.Bar(x=[labels[i] for i in active], y=[int(full[i]) for i in active], name="active",
                             marker_color=ACTIVE, hovertemplate="%{x}: %{y} tokens<extra></extra>")]
+
+
+def _ticks(labels: list[str], most: int = TICKS) -> list[str]:
+    """At most `most` of the bins' labels to name on the axis, evenly spaced, the first and last among them."""
+    if len(labels) <= most:
+        return labels
+    step = (len(labels) - 1) / (most - 1)
+    return [labels[round(i * step)] for i in range(most)]
+
+
+def _short(label: str) -> str:
+    """A bin's label on the axis: its lower edge in 2 significant digits ("0" for the off bin)."""
+    if label.startswith("0 (off)"):
+        return "0"
+    if label.startswith(("<", ">=")):
+        return label.split()[0] + f"{float(label.split()[1]):.2g}"
+    return f"{float(label[1:].split(',')[0]):.2g}"
 
 
 def _range(low: float, high: float, index: int, side: int) -> str:

@@ -52,6 +52,10 @@ def test_card_shows_the_scan_and_the_views(scanned, tmp_path):
         assert list(trace.y) == [f"{t!r} ({i})" for t, i in zip(expected["token"], expected["token_id"])]
         assert list(trace.x) == pytest.approx(expected["value"].tolist())
     assert f"feature[{feature}]" in fig.layout.title.text and f"of {scanned_tokens}" in fig.layout.title.text
+    axis = fig.layout.xaxis  # the histogram's: a few short, level labels, each naming a bin that is drawn
+    drawn = [x for t in bars for x in t.x]
+    assert 2 <= len(axis.ticktext) <= 6 and all(len(text) <= 7 for text in axis.ticktext) and axis.tickangle == 0
+    assert set(axis.tickvals) <= set(drawn) and axis.tickvals[0] == drawn[0] and axis.tickvals[-1] == drawn[-1]
     page = plots.save_html(fig, tmp_path / "card.html")
     assert "#b2182b" in page.read_text()
 
