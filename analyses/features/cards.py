@@ -4,7 +4,8 @@
     fig = features.card(model, sae, 3, table)
     plots.save_html(fig, "feature_3.html")          (resid.analyses.plots; self_contained=False shares plotly.js)
 
-Top: the feature's top-activating contexts (features.top_activating), the activating token in bold and coloured.
+Top: the feature's top-activating contexts (features.top_activating), the activating token in bold and coloured,
+each activation's cell shaded by its share of the largest shown.
 Bottom left: its activation histogram over every scanned token (the table's `attrs["histogram"]`,
 resid.analyses.features.histogram): the tokens where it is off (0) and its geometric bins, on a log count axis, a
 few bins named on the axis by their lower edge (every bin's range in its hover text).
@@ -129,12 +130,20 @@ def _contexts(rows: pd.DataFrame) -> go.Table:
     if rows.empty:
         return go.Table(header={"values": ["rank", "activation", "context"]},
                         cells={"values": [[""], [""], ["(no scanned token activates this feature)"]]})
+    peak = float(rows["activation"].abs().max()) or 1.0
     return go.Table(
         columnwidth=[0.6, 1.2, 10],
         header={"values": ["rank", "activation", "context"], "align": "left"},
         cells={"values": [rows["rank"], rows["activation"].map("{:.3f}".format),
-                          [highlight(c) for c in rows["context"]]], "align": "left"},
+                          [highlight(c) for c in rows["context"]]], "align": "left",
+               "fill": {"color": [["white"] * len(rows), [_shade(a, peak) for a in rows["activation"]],
+                                  ["white"] * len(rows)]}},
     )
+
+
+def _shade(activation: float, peak: float) -> str:
+    """The activation cell's colour: the highlight's red, its opacity the activation's share of the largest shown."""
+    return f"rgba(178, 24, 43, {0.6 * min(abs(float(activation)) / peak, 1.0):.3f})"
 
 
 def highlight(context: str) -> str:

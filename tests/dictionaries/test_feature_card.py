@@ -39,6 +39,8 @@ def test_card_shows_the_scan_and_the_views(scanned, tmp_path):
     token = html.escape(rows["token"].iloc[0])
     assert f"<b><span style='color:#b2182b'>{token}</span></b>" in first
     assert list(contexts.cells.values[0]) == rows["rank"].tolist()
+    shades = [float(c.rsplit(",", 1)[1].rstrip(")")) for c in contexts.cells.fill.color[1]]  # the activation column
+    assert shades[0] == pytest.approx(0.6) and shades == sorted(shades, reverse=True) and shades[-1] < shades[0]
     bars = [t for t in fig.data if t.type == "bar" and t.name in ("off", "active")]
     scanned_tokens = table.attrs["provenance"]["parameters"]["tokens"]
     assert sum(sum(t.y) for t in bars) == scanned_tokens
