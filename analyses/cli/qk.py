@@ -69,12 +69,12 @@ def run(model, args) -> str:
     import pandas as pd
 
     from resid.analyses import tables
+    from resid.analyses.graphs.attribute import token_strs
     from resid.analyses.graphs.qk import QK
 
     transcoders = load_transcoders(args.transcoders, model)
     qk = QK(model, args.text, transcoders, skip_bos={"auto": None, "skip": True, "keep": False}[args.bos])
-    tokens = [model.tokenizer.decode([int(i)]) if getattr(model, "tokenizer", None) is not None else str(int(i))
-              for i in qk.rep.token_ids]
+    tokens = token_strs(model, qk.rep.token_ids)
     lines = [f"model: {model.name}   prompt: {qk.n_pos} tokens   transcoders: "
              f"{summary(transcoders, args.transcoders)}"]
     if args.head is None:

@@ -72,11 +72,11 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     # the check that the frozen linear model is the model here: its logits from the node writes
     replay_error = float((replay(rep)[1][-1] - uncapped).abs().max())
     return Graph(
-        model_name=model.name, token_ids=rep.token_ids.cpu(), token_strs=_token_strs(model, rep.token_ids),
+        model_name=model.name, token_ids=rep.token_ids.cpu(), token_strs=token_strs(model, rep.token_ids),
         n_layers=layers, features=rep.features[selected].cpu(), activations=rep.activations[selected].cpu(),
         pre_activations=rep.pre_activations[selected].cpu(), active_features=rep.features.cpu(),
         logit_tokens=tokens, logit_probabilities=probs,
-        logit_values=(uncapped[tokens] - uncapped.mean()).cpu(), logit_strs=_token_strs(model, tokens),
+        logit_values=(uncapped[tokens] - uncapped.mean()).cpu(), logit_strs=token_strs(model, tokens),
         rows=rows,
         transcoders=rep.transcoders.name, skip_bos=rep.skip_bos,
         metadata={"seconds": time.perf_counter() - started, "n_active_features": n_features,
@@ -112,7 +112,8 @@ def logit_vectors(model, tokens: torch.Tensor) -> torch.Tensor:
     return (w_u[:, tokens.to(w_u.device)] - w_u.mean(1, keepdim=True)).T
 
 
-def _token_strs(model, ids: torch.Tensor) -> list[str]:
+def token_strs(model, ids: torch.Tensor) -> list[str]:
+    """Each token id as its text (the id itself for a model without a tokenizer)."""
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         return [str(int(i)) for i in ids]

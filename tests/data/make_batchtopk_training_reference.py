@@ -20,9 +20,7 @@ so the AuxK term is zero on both sides. Written (float32, safetensors): inputs [
 dictionary_learning's LICENSE (MIT) is copied beside them.
 """
 
-import argparse
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -41,6 +39,7 @@ def generate(out: Path) -> None:
 
     import torch
     from dictionary_learning.trainers.batch_top_k import BatchTopKTrainer
+    from reference_venv import copy_licence
     from safetensors.torch import save_file
 
     generator = torch.Generator().manual_seed(1)
@@ -58,9 +57,7 @@ def generate(out: Path) -> None:
     source = f"dictionary-learning {md.version('dictionary-learning')}, torch {md.version('torch')}"
     save_file(tensors, str(out / "reference.safetensors"), metadata={"source": source})
     (out / "settings.json").write_text(json.dumps({**SETTINGS, "source": source}, indent=1) + "\n")
-    licence = [f for f in md.distribution("dictionary-learning").files if f.name.startswith("LICENSE")]
-    if licence:
-        shutil.copy(licence[0].locate(), out / "LICENSE")
+    copy_licence("dictionary-learning", out)
 
 
 def compare(new: Path, old: Path) -> bool:
@@ -72,21 +69,15 @@ def compare(new: Path, old: Path) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
-    parser.add_argument("--venv", type=Path, default=VENV)
-    parser.add_argument("--inside", type=Path, default=None, help=argparse.SUPPRESS)  # in dictionary_learning's venv
-    args = parser.parse_args()
-    if args.inside is not None:
-        generate(args.inside)
-        return
-    from reference_venv import build_venv, write_or_check  # beside this script (sys.path[0] when it runs)
+    from reference_venv import main as run  # beside this script (sys.path[0] when it runs)
 
-    python = build_venv(args.venv, "torch==2.13.0", PINS)
-    # nnsight (imported by dictionary_learning) pulls a torchvision built for another torch, whose missing operators
-    # break transformers' imports; nothing here needs it
+    run(__file__, __doc__.split("\n")[0], generate, compare, OUT, VENV, PINS, prepare=_without_torchvision)
+
+
+def _without_torchvision(python: Path) -> None:
+    """nnsight (imported by dictionary_learning) pulls a torchvision built for another torch, whose missing operators
+    break transformers' imports; nothing here needs it."""
     subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision"], check=False)
-    write_or_check(python, __file__, OUT, args.check, compare)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ final.* (W_enc [16 64], b_enc, W_dec [64 16], b_dec, and jumprelu's threshold) a
 is tests/data/saelens-training/LICENSE.
 """
 
-import argparse
 import json
 from pathlib import Path
 
@@ -86,18 +85,9 @@ def compare(new: Path, old: Path) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
-    parser.add_argument("--venv", type=Path, default=VENV)
-    parser.add_argument("--inside", type=Path, default=None, help=argparse.SUPPRESS)  # in SAELens's venv
-    args = parser.parse_args()
-    if args.inside is not None:
-        generate(args.inside)
-        return
-    from reference_venv import build_venv, write_or_check  # beside this script (sys.path[0] when it runs)
+    from reference_venv import main as run  # beside this script (sys.path[0] when it runs)
 
-    python = build_venv(args.venv, "torch==2.13.0", PINS)
-    write_or_check(python, __file__, OUT, args.check, compare)
+    run(__file__, __doc__.split("\n")[0], generate, compare, OUT, VENV, PINS)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ Written (float32, safetensors): inputs [STEPS BATCH 16], the initial W_enc [16 6
 loss of each step, the final weights. sparsify's LICENSE (MIT) is copied beside them.
 """
 
-import argparse
 import json
-import shutil
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,6 +36,7 @@ def generate(out: Path) -> None:
     import importlib.metadata as md
 
     import torch
+    from reference_venv import copy_licence
     from safetensors.torch import save_file
     from sparsify import SparseCoder, SparseCoderConfig
     from transformers import get_linear_schedule_with_warmup
@@ -71,9 +70,7 @@ def generate(out: Path) -> None:
              f"{md.version('torch')}"
     save_file(tensors, str(out / "reference.safetensors"), metadata={"source": source})
     (out / "settings.json").write_text(json.dumps({**SETTINGS, "source": source}, indent=1) + "\n")
-    licence = [f for f in md.distribution("eai-sparsify").files if f.name.startswith("LICENSE")]
-    if licence:
-        shutil.copy(licence[0].locate(), out / "LICENSE")
+    copy_licence("eai-sparsify", out)
 
 
 def compare(new: Path, old: Path) -> bool:
@@ -85,18 +82,9 @@ def compare(new: Path, old: Path) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
-    parser.add_argument("--venv", type=Path, default=VENV)
-    parser.add_argument("--inside", type=Path, default=None, help=argparse.SUPPRESS)  # in sparsify's venv
-    args = parser.parse_args()
-    if args.inside is not None:
-        generate(args.inside)
-        return
-    from reference_venv import build_venv, write_or_check  # beside this script (sys.path[0] when it runs)
+    from reference_venv import main as run  # beside this script (sys.path[0] when it runs)
 
-    python = build_venv(args.venv, "torch==2.13.0", PINS)
-    write_or_check(python, __file__, OUT, args.check, compare)
+    run(__file__, __doc__.split("\n")[0], generate, compare, OUT, VENV, PINS)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,24 @@ replayed by resid's Trainer from the same initial weights on the same batches, a
 A fixture holds `inputs` [step batch d_in], `losses` [step], `initial.<name>` and `final.<name>` for the
 coder's W_enc, b_enc, W_dec, b_dec (and whatever else a recipe tracks)."""
 
+import json
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer
 
 WEIGHTS = ("W_enc", "b_enc", "W_dec", "b_dec")
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def fixture(name: str) -> tuple[dict[str, Tensor], dict]:
+    """(reference.safetensors, settings.json) of the fixture folder tests/data/<name>."""
+    folder = DATA / name
+    return load_file(str(folder / "reference.safetensors")), json.loads((folder / "settings.json").read_text())
 
 
 def replay(recipe: Recipe, d_in: int, theirs: dict[str, Tensor]) -> tuple[Trainer, list[float]]:

@@ -5,16 +5,12 @@ weights on the same batches, the same loss at every step and the same weights an
 Not covered by the fixture: the learning-rate warm-up. dictionary_learning's factor is step / warmup_steps (zero at
 step 0), resid's (step + 1) / warmup_steps, so runs with a warm-up differ by one step of it; the fixture uses none."""
 
-import json
-from pathlib import Path
 
 import pytest
-from oracle_steps import WEIGHTS, assert_steps_match, replay
-from safetensors.torch import load_file
+from oracle_steps import WEIGHTS, assert_steps_match, fixture, replay
 
 from resid.analyses.training.recipe import Recipe
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "batchtopk-training"
 # float32 throughout on both sides, the same operations in another order (topk over the flat batch, a sparse decode
 # against a dense one): a few steps of Adam keep the differences near float32 rounding of values of size ~1
 TOLERANCE = 1e-5
@@ -22,7 +18,7 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def reference():
-    return load_file(str(FIXTURE / "reference.safetensors")), json.loads((FIXTURE / "settings.json").read_text())
+    return fixture("batchtopk-training")
 
 
 def test_steps_equal_dictionary_learnings(reference):

@@ -5,16 +5,12 @@ initial weights on the same batches, the same loss at every step and the same we
 Not covered by the fixture: the learning-rate warm-up (sparsify's factor is step / warmup_steps, zero at step 0;
 resid's (step + 1) / warmup_steps) and dead features (none within a few steps, so AuxK is zero on both sides)."""
 
-import json
-from pathlib import Path
 
 import pytest
-from oracle_steps import assert_steps_match, replay
-from safetensors.torch import load_file
+from oracle_steps import assert_steps_match, fixture, replay
 
 from resid.analyses.training.recipe import Recipe
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "topk-training"
 # float32 on both sides, the same operations in another order (a sparse decode by embedding_bag against sparsify's
 # gather, the norm's eps): a few steps of Adam keep the differences near float32 rounding of values of size ~1
 TOLERANCE = 1e-5
@@ -22,7 +18,7 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def reference():
-    return load_file(str(FIXTURE / "reference.safetensors")), json.loads((FIXTURE / "settings.json").read_text())
+    return fixture("topk-training")
 
 
 def test_steps_equal_sparsifys(reference):
