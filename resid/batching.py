@@ -41,6 +41,13 @@ class BatchSize:
         self.value = max(1, self.value // 2)
 
 
+def cuda_free_bytes(device: torch.device) -> int:
+    """Memory this process can still allocate on a CUDA `device`: the driver's free memory plus what PyTorch's
+    caching allocator holds without using (freed tensors it keeps for reuse, which mem_get_info counts as taken)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0) -> int:
     """A first guess at rows per forward pass of `model` on sequences of `n_pos` tokens; the OOM back-off
     corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working set
@@ -49,7 +56,7 @@ def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0
     if model.device.type != "cuda":
         return max(1, min(MAX_BATCH, CPU_TOKENS_PER_BATCH // n_pos))
     cfg = model.config
-    free, _ = torch.cuda.mem_get_info(model.device)
+    free = cuda_free_bytes(model.device)
     # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
     per_row = model.dtype.itemsize * (n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
                                       + 2 * cfg.d_vocab)

@@ -20,6 +20,7 @@ from torch import Tensor
 from resid.capture import Capture
 from resid.components.attention import AttnContext, KVCache, allowed_keys
 from resid.errors import ResidError, param, python_only
+from resid.finite import all_finite
 from resid.interventions import apply_edits, edit_residual
 from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields, same_fields
 from resid.run import Memory
@@ -166,8 +167,9 @@ def _unembed(model, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple
 def _check_finite(model, logits, hidden, tokens, edits, start, resid, ctx, logits_at) -> None:
     # The hidden state is d_vocab / d_model times smaller than the logits; in float32 finite hidden states and
     # weights give finite logits, while half precision can overflow in the unembedding itself.
+    # all_finite sums (one pass); isfinite would build masks of the logits' size (43 GB for Gemma 3 at 32x1024).
     half = model.dtype in (torch.float16, torch.bfloat16)
-    if bool(torch.isfinite(hidden).all()) and (logits is None or not half or bool(torch.isfinite(logits).all())):
+    if all_finite(hidden) and (logits is None or not half or all_finite(logits)):
         return
     where = first_nonfinite(model, tokens, edits, start, resid, ctx)
     advice = (f"Load the model with {param('dtype', torch.float32)} (or bfloat16 if this was float16)." if half else

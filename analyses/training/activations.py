@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from resid.analyses.corpus_windows import Window, batch_tokens
 from resid.analyses.corpus_windows import windows as cut_windows
 from resid.analyses.distributed.executor import Job
+from resid.batching import cuda_free_bytes
 from resid.capture import Capture
 from resid.dictionaries.hooks import HookPoint, point_of, read, width
 from resid.errors import ResidError, param
@@ -245,10 +246,10 @@ def batches(found: dict[HookPoint, Tensor], block: int, batch_size: int, skip: i
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a new buffer on `device`: the GPU's free memory, or the host's MemAvailable (Linux); None
-    where it cannot be read."""
+    """Memory free for a new buffer on `device`: the GPU's free memory (with what PyTorch's allocator keeps for
+    reuse), or the host's MemAvailable (Linux); None where it cannot be read."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return cuda_free_bytes(device)
     if device.type != "cpu":
         return None
     try:

@@ -104,6 +104,16 @@ def test_half_precision_overflow_is_reported():
         model.run(torch.arange(10)[None])
 
 
+def test_half_precision_overflow_in_the_head_alone_is_reported():
+    """Every write finite and the logits not (the final norm's scale blown up): the check reads the logits too."""
+    model = make_random_model("llama_gqa").to(torch.float16)
+    with torch.no_grad():
+        model.readout.norm.w.mul_(3e4)
+    with pytest.raises(resid.ResidError, match="the final norm or the head .* Load the model with dtype=torch.float32"):
+        model.run(torch.arange(10)[None])
+    assert not torch.isfinite(model.run(torch.arange(10)[None], check_finite=False).logits).all()
+
+
 @pytest.mark.parametrize("capture", [True, "blocks.3.hook_resid_pre"])
 def test_capture_that_is_not_a_capture(capture):
     model = make_random_model("llama_gqa")

@@ -6,7 +6,8 @@ from random_models import make_random_model
 
 import resid
 from resid.analyses import Execution, ablation
-from resid.batching import BatchSize, model_batch_size, run_batched
+from resid.analyses.training.activations import available_bytes
+from resid.batching import BatchSize, cuda_free_bytes, model_batch_size, run_batched
 
 
 def test_run_batched_halves_on_out_of_memory_and_keeps_order():
@@ -89,3 +90,23 @@ def test_cuda_out_of_memory_backs_off_to_the_rows_of_a_small_batch(gpu):
     first = one_batch.sort_values("prompt_idx").ablated_metric.to_numpy()[:64]
     torch.testing.assert_close(torch.tensor(first), torch.tensor(small.sort_values("prompt_idx").ablated_metric
                                                                  .to_numpy()), atol=1e-5, rtol=1e-4)
+
+
+def test_free_cuda_memory_counts_what_the_allocator_keeps(monkeypatch):
+    """Memory PyTorch's caching allocator keeps after a tensor is freed is free for the next one, though the driver
+    counts it as taken (a training run after a sweep was refused "1.4 GiB free" on a 141 GB GPU): reserved but
+    unallocated bytes are added to the driver's free memory."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 40 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 << 30)
+    assert cuda_free_bytes(torch.device("cuda")) == 39 << 30
+    assert available_bytes(torch.device("cuda")) == 39 << 30
+
+
+def test_free_cuda_memory_after_a_freed_tensor(gpu):
+    if gpu.type != "cuda":
+        pytest.skip("the caching allocator is CUDA's")
+    size = cuda_free_bytes(gpu) // 4
+    block = torch.empty(size, dtype=torch.uint8, device=gpu)
+    del block
+    assert cuda_free_bytes(gpu) - torch.cuda.mem_get_info(gpu)[0] >= size
