@@ -8,9 +8,11 @@ Activation functions and the library whose recipe each follows (read for this; s
     jumprelu   SAELens 6's JumpReLU training SAE (Rajamanoharan et al. 2024): MSE + l0_coefficient * L0 through a
                straight-through estimator with a rectangle kernel of width `bandwidth`
 
-Schedule (all recipes): Adam (betas 0.9, 0.999); the learning rate rises linearly from 0 over `warmup_steps`
-(sparsify, dictionary_learning: 1000 steps), stays at `lr`, and falls linearly to 0 over the last `decay_steps`
-(SAELens's lr_decay_steps; dictionary_learning's decay_start is steps - decay_steps). The sparsity coefficient
+Schedule (all recipes): Adam (betas 0.9, 0.999); the learning rate rises linearly over `warmup_steps` (sparsify,
+dictionary_learning: 1000 steps) as the followed library ramps it (topk, batchtopk: step / warmup_steps, zero at
+step 0, as sparsify's and dictionary_learning's schedules; relu, jumprelu: (step + 1) / warmup_steps, as SAELens's
+LinearLR from 1 / warmup_steps), stays at `lr`, and falls linearly to 0 over the last `decay_steps` (SAELens's
+lr_decay_steps; dictionary_learning's decay_start is steps - decay_steps). The sparsity coefficient
 rises linearly over `sparsity_warmup_steps` (SAELens's l1_warm_up_steps / l0_warm_up_steps).
 """
 
@@ -145,8 +147,8 @@ class Recipe:
 
     def lr_factor(self, step: int) -> float:
         """The learning rate of step `step` (0-based) as a fraction of lr: warm-up, constant, decay."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
+        if step < self.warmup_steps:  # SAELens's ramp starts at 1 / warmup_steps, the other two libraries' at 0
+            return (step + (self.activation in ("relu", "jumprelu"))) / self.warmup_steps
         if self.decay_steps and step >= self.steps - self.decay_steps:
             return (self.steps - step) / self.decay_steps
         return 1.0

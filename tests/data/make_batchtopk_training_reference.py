@@ -11,12 +11,12 @@ which does not match torch 2.13) and re-runs itself inside it; resid is
 never imported, so the steps cannot agree with resid's by construction.
 
 Settings (small, so the fixture is a few kB): d_in 16, 64 features, k 4, STEPS steps of BATCH tokens (inputs: seeded
-Gaussian with a non-zero mean, so that b_dec's geometric-median start matters), lr 1e-3, no warm-up
-(dictionary_learning's warm-up factor is step / warmup_steps, zero at step 0; resid's is (step + 1) / warmup_steps,
-so the two differ while warming up: see the test), the threshold tracked from step THRESHOLD_START + 1, gradients
-clipped at 1.0 (BatchTopKTrainer.update always clips). No feature can be dead within these few steps (10M tokens),
-so the AuxK term is zero on both sides. Written (float32, safetensors): inputs [STEPS BATCH 16]; the initial W_enc
-[16 64], b_enc, W_dec [64 16], b_dec; after each step the loss; after the last the weights and the threshold.
+Gaussian with a non-zero mean, so that b_dec's geometric-median start matters), lr 1e-3 warmed up over WARMUP steps
+(dictionary_learning's factor step / warmup_steps, zero at step 0), the threshold tracked from step THRESHOLD_START
++ 1, gradients clipped at 1.0 (BatchTopKTrainer.update always clips). No feature can be dead within these few steps
+(10M tokens), so the AuxK term is zero on both sides. Written (float32, safetensors): inputs [STEPS BATCH 16]; the
+initial W_enc [16 64], b_enc, W_dec [64 16], b_dec; after each step the loss; after the last the weights and the
+threshold.
 dictionary_learning's LICENSE (MIT) is copied beside them.
 """
 
@@ -28,9 +28,9 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "batchtopk-training"
 VENV = HERE.parents[1] / "build" / "dictionary-learning-venv"
 PINS = ["dictionary-learning==0.1.0"]
-D_IN, D_SAE, K, STEPS, BATCH, LR, THRESHOLD_START = 16, 64, 4, 6, 64, 1e-3, 2
+D_IN, D_SAE, K, STEPS, BATCH, LR, THRESHOLD_START, WARMUP = 16, 64, 4, 6, 64, 1e-3, 2, 2
 SETTINGS = dict(d_in=D_IN, d_sae=D_SAE, k=K, steps=STEPS, batch=BATCH, lr=LR, threshold_start_step=THRESHOLD_START,
-                warmup_steps=0, clip=1.0, threshold_beta=0.999, auxk_alpha=1 / 32)
+                warmup_steps=WARMUP, clip=1.0, threshold_beta=0.999, auxk_alpha=1 / 32)
 TOLERANCE = 1e-6  # --check: largest |difference|
 
 
@@ -45,7 +45,7 @@ def generate(out: Path) -> None:
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(STEPS, BATCH, D_IN, generator=generator) * 2 + 0.5 * torch.randn(D_IN, generator=generator)
     trainer = BatchTopKTrainer(steps=STEPS, activation_dim=D_IN, dict_size=D_SAE, k=K, layer=0, lm_name="none", lr=LR,
-                               warmup_steps=0, threshold_start_step=THRESHOLD_START, seed=0, device="cpu")
+                               warmup_steps=WARMUP, threshold_start_step=THRESHOLD_START, seed=0, device="cpu")
     ae = trainer.ae
     start = {"W_enc": ae.encoder.weight.T, "b_enc": ae.encoder.bias, "W_dec": ae.decoder.weight.T, "b_dec": ae.b_dec}
     tensors = {f"initial.{k}": v.detach().clone().contiguous() for k, v in start.items()}

@@ -11,11 +11,11 @@ pull a CUDA build, then sae-lens==6.54.12, the release tests/data/make_dictionar
 itself inside it; resid is never imported there.
 
 Settings: d_in 16, 64 features, STEPS steps of BATCH tokens (seeded Gaussian inputs with a non-zero mean), lr 1e-3,
-constant schedule without warm-up, no activation normalisation, b_dec as SAELens initialises it (zeros), SAELens's
-decoder_init_norm 0.1; relu with l1_coefficient 0.5, jumprelu with SAELens's defaults (l0_coefficient 1, bandwidth
-0.05, initial threshold 0.01, "step" sparsity loss). Written per recipe (float32, safetensors): inputs, initial.*,
-final.* (W_enc [16 64], b_enc, W_dec [64 16], b_dec, and jumprelu's threshold) and losses. SAELens's LICENSE (MIT)
-is tests/data/saelens-training/LICENSE.
+warmed up over WARMUP steps (SAELens's LinearLR from 1 / WARMUP) then constant, no activation normalisation, b_dec
+as SAELens initialises it (zeros), SAELens's decoder_init_norm 0.1; relu with l1_coefficient 0.5, jumprelu with
+SAELens's defaults (l0_coefficient 1, bandwidth 0.05, initial threshold 0.01, "step" sparsity loss). Written per
+recipe (float32, safetensors): inputs, initial.*, final.* (W_enc [16 64], b_enc, W_dec [64 16], b_dec, and
+jumprelu's threshold) and losses. SAELens's LICENSE (MIT) is tests/data/saelens-training/LICENSE.
 """
 
 import json
@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "saelens-steps"
 VENV = HERE.parents[1] / "build" / "saelens-steps-venv"
 PINS = ["sae-lens==6.54.12"]
-D_IN, D_SAE, STEPS, BATCH, LR = 16, 64, 6, 64, 1e-3
+D_IN, D_SAE, STEPS, BATCH, LR, WARMUP = 16, 64, 6, 64, 1e-3, 2
 RECIPES = {"relu": {"l1_coefficient": 0.5}, "jumprelu": {}}
 TOLERANCE = 1e-6  # --check: largest |difference|
 
@@ -42,7 +42,8 @@ def generate(out: Path) -> None:
 
     classes = {"relu": (StandardTrainingSAE, StandardTrainingSAEConfig),
                "jumprelu": (JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig)}
-    settings = {"d_in": D_IN, "d_sae": D_SAE, "steps": STEPS, "batch": BATCH, "lr": LR, "recipes": {}}
+    settings = {"d_in": D_IN, "d_sae": D_SAE, "steps": STEPS, "batch": BATCH, "lr": LR, "warmup_steps": WARMUP,
+                "recipes": {}}
     for recipe, options in RECIPES.items():
         generator = torch.Generator().manual_seed(3)
         inputs = torch.randn(STEPS, BATCH, D_IN, generator=generator) * 2 + 0.5 * torch.randn(D_IN,
@@ -54,7 +55,8 @@ def generate(out: Path) -> None:
         names = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if recipe == "jumprelu" else [])
         tensors = {f"initial.{n}": getattr(sae, n).detach().clone().contiguous() for n in names}
         trainer = SAETrainer(SAETrainerConfig(total_training_samples=STEPS * BATCH, train_batch_size_samples=BATCH,
-                                              lr=LR, lr_end=LR, device="cpu"), sae, iter(list(inputs)))
+                                              lr=LR, lr_end=LR, lr_warm_up_steps=WARMUP, device="cpu"), sae,
+                              iter(list(inputs)))
         losses = []
         step = trainer._train_step
 

@@ -12,8 +12,8 @@ sparsify's Trainer needs a model and a dataset, so the loop here is its Trainer.
 library's own pieces (sparsify/trainer.py, optimizer="adam"): at step 0 b_dec is the batch mean; before each forward
 SparseCoder.set_decoder_norm_to_unit_norm(); loss = fvu + auxk_alpha * auxk_loss from SparseCoder.forward (its FVU and
 AuxK); backward; SparseCoder.remove_gradient_parallel_to_decoder_directions(); torch.optim.Adam (sparsify's betas,
-the defaults) with transformers' get_linear_schedule_with_warmup(adam, 0, STEPS), sparsify's schedule (here no
-warm-up: its factor is step / warmup, zero at step 0; resid's is (step + 1) / warmup). The decoder rows are normed
+the defaults) with transformers' get_linear_schedule_with_warmup(adam, WARMUP, STEPS), sparsify's schedule (its
+factor is step / warmup while warming up, zero at step 0, then falls linearly to 0). The decoder rows are normed
 once more after the last step, as the next step would. No feature is dead within a few steps, so AuxK is zero.
 Written (float32, safetensors): inputs [STEPS BATCH 16], the initial W_enc [16 64], b_enc, W_dec [64 16], b_dec, the
 loss of each step, the final weights. sparsify's LICENSE (MIT) is copied beside them.
@@ -26,8 +26,9 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "topk-training"
 VENV = HERE.parents[1] / "build" / "sparsify-venv"
 PINS = ["eai-sparsify==1.3.3"]
-D_IN, D_SAE, K, STEPS, BATCH, LR = 16, 64, 4, 6, 64, 1e-3
-SETTINGS = dict(d_in=D_IN, d_sae=D_SAE, k=K, steps=STEPS, batch=BATCH, lr=LR, warmup_steps=0, decay_steps=STEPS,
+D_IN, D_SAE, K, STEPS, BATCH, LR, WARMUP = 16, 64, 4, 6, 64, 1e-3, 2
+SETTINGS = dict(d_in=D_IN, d_sae=D_SAE, k=K, steps=STEPS, batch=BATCH, lr=LR, warmup_steps=WARMUP,
+                decay_steps=STEPS - WARMUP,
                 auxk_alpha=1 / 32)
 TOLERANCE = 1e-6  # --check: largest |difference|
 
@@ -49,7 +50,7 @@ def generate(out: Path) -> None:
              "b_dec": lambda: sae.b_dec}
     tensors = {f"initial.{k}": v().detach().clone().contiguous() for k, v in names.items()}
     adam = torch.optim.Adam(sae.parameters(), lr=LR)
-    schedule = get_linear_schedule_with_warmup(adam, 0, STEPS)
+    schedule = get_linear_schedule_with_warmup(adam, WARMUP, STEPS)
     losses = []
     for step, x in enumerate(inputs):
         if step == 0:

@@ -1,9 +1,7 @@
 """resid's batchtopk recipe against dictionary_learning's own BatchTopKTrainer (tests/data/batchtopk-training, made
 by tests/data/make_batchtopk_training_reference.py in dictionary_learning's own environment): from the same initial
-weights on the same batches, the same loss at every step and the same weights and threshold after them.
-
-Not covered by the fixture: the learning-rate warm-up. dictionary_learning's factor is step / warmup_steps (zero at
-step 0), resid's (step + 1) / warmup_steps, so runs with a warm-up differ by one step of it; the fixture uses none."""
+weights on the same batches, the same loss at every step and the same weights and threshold after them, through
+dictionary_learning's warm-up (its factor step / warmup_steps, zero at step 0)."""
 
 
 import pytest

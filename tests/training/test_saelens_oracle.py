@@ -1,6 +1,6 @@
 """resid's relu and jumprelu recipes against SAELens's own SAETrainer (tests/data/saelens-steps, made by
 tests/data/make_saelens_steps_reference.py in SAELens 6.54.12's own environment): from the same initial weights on
-the same batches, the same loss at every step and the same weights after them.
+the same batches, through its warm-up, the same loss at every step and the same weights after them.
 
 SAELens's trainer always clips the gradient norm at 1.0 (SAETrainer._train_step), so resid's Recipe takes clip=1.0
 here; resid's default for these recipes is no clipping."""
@@ -28,8 +28,9 @@ def _run(recipe: str) -> tuple[Trainer, list[float], dict]:
         l0_coefficient=options["l0_coefficient"], bandwidth=options["jumprelu_bandwidth"],
         init_threshold=options["jumprelu_init_threshold"])
     trainer, losses = replay(Recipe(activation=recipe, d_sae=SETTINGS["d_sae"], steps=SETTINGS["steps"],
-                                    batch_size=SETTINGS["batch"], lr=SETTINGS["lr"], warmup_steps=0, clip=1.0,
-                                    b_dec_init="zeros", **extra), SETTINGS["d_in"], theirs)
+                                    batch_size=SETTINGS["batch"], lr=SETTINGS["lr"],
+                                    warmup_steps=SETTINGS["warmup_steps"], clip=1.0, b_dec_init="zeros", **extra),
+                             SETTINGS["d_in"], theirs)
     return trainer, losses, theirs
 
 

@@ -1,9 +1,9 @@
 """resid's topk recipe against sparsify's own SparseCoder (tests/data/topk-training, made by
 tests/data/make_topk_training_reference.py in sparsify's own environment, following its Trainer's step): from the same
-initial weights on the same batches, the same loss at every step and the same weights after them.
+initial weights on the same batches, the same loss at every step and the same weights after them, through sparsify's
+learning-rate schedule (a warm-up from zero, then a linear decay).
 
-Not covered by the fixture: the learning-rate warm-up (sparsify's factor is step / warmup_steps, zero at step 0;
-resid's (step + 1) / warmup_steps) and dead features (none within a few steps, so AuxK is zero on both sides)."""
+Not covered by the fixture: dead features (none within a few steps, so AuxK is zero on both sides)."""
 
 
 import pytest
