@@ -23,6 +23,7 @@ link's target position to its source position, keyed "<head site>-><key position
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -44,11 +45,17 @@ def _token(text: str) -> str:
     return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
 
 
+Supernodes = Sequence[tuple[str, Sequence[str]]]  # (name, node ids): Neuronpedia's qParams.supernodes
+
+
 def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               decode=None, heads: HeadSplit | None = None, qk: dict | None = None) -> dict:
+               decode=None, heads: HeadSplit | None = None, qk: dict | None = None,
+               supernodes: Supernodes = ()) -> dict:
     """The viewer's JSON object of `graph` pruned at the thresholds. `decode(id) -> str` names the logit tokens
     (default: the graph's own token strings for prompt tokens, the id otherwise). `heads`: a split of this graph's
-    edges (split_heads of graph.pruned() at the same thresholds covers every link), its parts put on the links."""
+    edges (split_heads of graph.pruned() at the same thresholds covers every link), its parts put on the links.
+    `supernodes`: named groups of the pruned graph's node ids, written as qParams.supernodes ([name, id, ...]),
+    which the viewer draws and Neuronpedia reads."""
     pruned = graph.prune(node_threshold, edge_threshold)
     scores = pruned.cumulative_scores
     n_f, n_e, n_p, layers = graph.n_features, graph.n_errors, graph.n_pos, graph.n_layers
@@ -98,27 +105,44 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     }
     if "validation" in graph.metadata:
         metadata["resid"]["validation"] = graph.metadata["validation"]
-    qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
+    qparams = {"pinnedIds": [], "supernodes": _supernodes(supernodes, {n["node_id"] for n in used}, node_threshold,
+                                                          edge_threshold),
+               "linkType": "both", "clickedId": "", "sg_pos": ""}
     data = {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
     if qk:
         data["qk"] = qk
     return data
 
 
+def _supernodes(groups: Supernodes, kept: set[str], node_threshold: float, edge_threshold: float) -> list[list[str]]:
+    """qParams.supernodes of `groups`, every id one of the pruned graph's nodes (`kept`)."""
+    out = []
+    for name, ids in groups:
+        missing = [i for i in ids if i not in kept]
+        if missing or not ids or not str(name).strip():
+            what = (f"its nodes {missing[:5]} are not in the graph pruned at node threshold {node_threshold} and edge "
+                    f"threshold {edge_threshold}" if missing else "it needs a name and at least one node id")
+            raise ResidError(f"Supernode {name!r}: {what}. Give a name and node ids of the pruned graph (graph_json's "
+                             f"nodes: a feature is 'L_F_P'), or raise the thresholds so that the nodes stay.")
+        out.append([str(name), *ids])
+    return out
+
+
 def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_threshold: float = 0.8,
                edge_threshold: float = 0.98, decode=None, heads: HeadSplit | None = None,
-               qk: dict | None = None) -> Path:
+               qk: dict | None = None, supernodes: Supernodes = ()) -> Path:
     """Write the viewer's JSON file of the pruned graph to `path` (a .json file) and list it in graph-metadata.json
     beside it, the index circuit-tracer's local server reads; returns the path. `decode(id) -> str` names the logit
     tokens (default: the graph's own strings of its logit tokens). `heads` (graphs.split_heads of graph.pruned() at
     the same thresholds): each link's parts by head, under its "heads" key; `qk` (QK.summaries of the heads that
-    carry the links, e.g. of split.carriers()): why they attended, under a top-level "qk" key."""
+    carry the links, e.g. of split.carriers()): why they attended, under a top-level "qk" key; `supernodes`: named
+    groups of node ids (qParams.supernodes)."""
     path = Path(path)
     if decode is None:
         strs = dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True))
         decode = lambda i: strs.get(i, str(i))  # noqa: E731
     slug = slug or path.stem
-    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads, qk)
+    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads, qk, supernodes)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write(path, json.dumps(data, indent=1))
     index = path.parent / "graph-metadata.json"

@@ -39,7 +39,7 @@ import html
 import json
 from pathlib import Path
 
-from resid.analyses.graphs.export import graph_json
+from resid.analyses.graphs.export import Supernodes, graph_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
@@ -299,13 +299,15 @@ function escaped(text) {
 
 
 def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-         cards: dict[str, str] | None = None, heads: HeadSplit | None = None, qk: dict | None = None) -> str:
+         cards: dict[str, str] | None = None, heads: HeadSplit | None = None, qk: dict | None = None,
+         supernodes: Supernodes = ()) -> str:
     """The viewer page of `graph` pruned at the thresholds; `cards` maps a feature's node_id ("L_F_P") to the path
     (relative to the page) of its card; `heads` splits its edges by head (graphs.split_heads of graph.pruned() at
-    the same thresholds); `qk`: QK.summaries of the heads that carry them (e.g. of heads.carriers())."""
+    the same thresholds); `qk`: QK.summaries of the heads that carry them (e.g. of heads.carriers());
+    `supernodes`: named groups of node ids, drawn outlined and listed (export.graph_json)."""
     data = graph_json(graph, graph.model_name, node_threshold, edge_threshold,
                       decode=dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True)).get, heads=heads,
-                      qk=qk)
+                      qk=qk, supernodes=supernodes)
     meta = data["metadata"]["resid"]
     title = html.escape(f"{graph.model_name}: {''.join(graph.token_strs)!r}")
     summary = html.escape(f"{len(data['nodes'])} nodes, {len(data['links'])} edges (node threshold {node_threshold},"
@@ -357,8 +359,9 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
 
 
 def write_html(graph: Graph, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-               cards: dict[str, str] | None = None, heads: HeadSplit | None = None, qk: dict | None = None) -> Path:
+               cards: dict[str, str] | None = None, heads: HeadSplit | None = None, qk: dict | None = None,
+               supernodes: Supernodes = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write(path, page(graph, node_threshold, edge_threshold, cards, heads, qk))
+    atomic.write(path, page(graph, node_threshold, edge_threshold, cards, heads, qk, supernodes))
     return path

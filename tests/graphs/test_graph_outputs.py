@@ -72,6 +72,21 @@ def test_the_viewer_page_embeds_the_graph(built) -> None:
     assert "cards/x.html" in html and "<svg id='graph'" in html
 
 
+def test_supernodes_are_written_as_qparams_and_unknown_ids_refused(built, tmp_path) -> None:
+    """Named groups of the pruned graph's nodes become qParams.supernodes ([name, id, ...], Neuronpedia's form) in
+    the JSON and in the page; an id the pruned graph does not have is refused with what to do."""
+    _, _, graph = built
+    ids = [n["node_id"] for n in graph_json(graph)["nodes"] if n["feature_type"] == "cross layer transcoder"]
+    groups = [("early", ids[:2]), ("late", ids[-1:])]
+    data = json.loads(graphs.write_json(graph, tmp_path / "g.json", supernodes=groups).read_text())
+    assert data["qParams"]["supernodes"] == [["early", *ids[:2]], ["late", ids[-1]]]
+    html = page(graph, supernodes=groups)
+    start = html.index("id='graph-data'>") + len("id='graph-data'>")
+    assert json.loads(html[start:html.index("</script>", start)])["qParams"]["supernodes"][0] == ["early", *ids[:2]]
+    with pytest.raises(resid.ResidError, match=r"'31_0_2'\] are not in the graph pruned .* raise the thresholds"):
+        graph_json(graph, supernodes=[("x", [ids[0], "31_0_2"])])
+
+
 def test_the_frame_lists_every_node_with_its_site(built) -> None:
     _, _, graph = built
     frame = graph.to_frame()
