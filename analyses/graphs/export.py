@@ -5,13 +5,14 @@ and edges `Graph.prune` keeps), and the index file their local server lists grap
      "qParams": {pinnedIds, supernodes, linkType, clickedId, sg_pos},
      "nodes": [{node_id, feature, layer, ctx_idx, feature_type, token_prob, is_target_logit, run_idx,
                 reverse_ctx_idx, jsNodeId, clerp, influence, activation}, ...],
-     "links": [{source, target, weight, heads}, ...]}
+     "links": [{source, target, weight, influence, heads}, ...]}
 
 Node ids (circuit-tracer 0.5.0's): a feature "L_F_P" (its `feature` field Cantor's pairing of L and F), an error
 "0_L_P", a token "E_T_P" (T its token id), a logit "(n_layers + 1)_T_P" at the last position. (A layer-0 feature F
 at P and layer F's error at P share an id in this format; the matrix and the frame keep them apart.) `influence`
 is a node's place in the influence ranking (the cumulative share of influence up to it); feature nodes carry their
-activation. The first logit is the target logit. Only nodes with a kept edge stay,
+activation; a link's `influence` is its share of the edges' total influence score, the ranking Graph.prune's edge
+threshold cuts. The first logit is the target logit. Only nodes with a kept edge stay,
 tokens and logits always. resid adds its own keys under metadata["resid"] (scores, the model, timings) and, given
 a head split (resid.analyses.graphs.heads), a "heads" key to each link it splits: {via: weight}, the edge's
 LINK_HEADS largest non-zero parts by the head of its last attention hop ("layers[3].attn.head[5]@7", or "residual"),
@@ -86,9 +87,11 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
                                  clerp=f'Output "{_token(decode(token))}" (p={prob:.3f})')
     kept_rows, sources = pruned.edge_mask.nonzero(as_tuple=True)
     weights = graph.rows[kept_rows, sources].tolist()
+    shares = pruned.edge_scores[kept_rows, sources].tolist()
     targets = graph.row_nodes[kept_rows]
-    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
-             for s, t, w in zip(sources.tolist(), targets.tolist(), weights, strict=True) if s in nodes and t in nodes]
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w, "influence": share}
+             for s, t, w, share in zip(sources.tolist(), targets.tolist(), weights, shares, strict=True)
+             if s in nodes and t in nodes]
     if heads is not None:
         _add_heads(graph, heads, links, [(s, t) for s, t in zip(sources.tolist(), targets.tolist(), strict=True)
                                          if s in nodes and t in nodes])

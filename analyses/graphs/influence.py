@@ -68,6 +68,8 @@ class Pruned(NamedTuple):
     edge_mask: Tensor  # [r N] kept edges, by row (as the graph's rows)
     cumulative_scores: Tensor  # [N] each node's place in the influence ranking: the share of total influence
     # held by the nodes ranked up to it
+    edge_scores: Tensor  # [r N] each edge's influence score among the kept nodes' edges, as a share of their total
+    # (the ranking the edge threshold cuts)
 
 
 def prune(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_features: int, n_tokens: int,
@@ -94,7 +96,8 @@ def prune(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_features: int, n_tok
     ordered, order = torch.sort(influence, descending=True)
     cumulative = torch.zeros_like(influence)
     cumulative[order] = torch.cumsum(ordered, dim=0) / ordered.sum()
-    return Pruned(nodes, edges, cumulative)
+    total = edge_scores.sum().clamp_min(torch.finfo(edge_scores.dtype).tiny)
+    return Pruned(nodes, edges, cumulative, edge_scores / total)
 
 
 def _need_edges(nodes: Tensor, edges: Tensor, row_nodes: Tensor, fixed: int, n_features: int) -> None:

@@ -12,27 +12,29 @@ Thresholds (two sliders, at most and by default the thresholds the page was writ
 node and edge of its JSON): the node slider hides features and errors whose `influence` (the cumulative share of
 influence up to them in the ranking) lies past the slider's value, keeping the first one at or past it (as
 Graph.prune keeps the node that crosses its threshold); tokens and logits always show. The edge slider then keeps,
-of the links between shown nodes, the largest |weight| first until their share of those links' total |weight|
-reaches value / written edge threshold (the one crossing it kept), so the written value keeps them all; a feature
-or error left without a shown link hides too. (Graph.prune ranks edges by their influence, which the JSON does not
-carry: in the page, |weight| ranks them.)
+of the links between shown nodes, the most influential first (a link's `influence`, its share of the edges'
+influence score, the ranking Graph.prune cuts; |weight| in a JSON without it) until their share of those links'
+total reaches value / written edge threshold (the one crossing it kept), so the written value keeps them all; a
+feature or error left without a shown link hides too. The logits spread along the top row from the right, the
+target first, each labelled with its token where there is room.
 
 Hovering a node shows its label, activation, influence and its 3 largest shown edges. Clicking a node pins it
 (outlined; click again to unpin; "clear pins" unpins all): while any node is pinned, the shown links through a
 pinned node and their ends are drawn in full, the rest faded. A click also lists the node's strongest incoming and
-outgoing edges and, for a feature with a card (resid.analyses.features.card) given in `cards`, shows the card in a
-frame. Given a head split (resid.analyses.graphs.heads), each listed edge names the heads carrying most of it, and
-clicking an edge lists its largest parts (the head of its last attention hop, or the residual; the JSON's
-LINK_HEADS largest, the rest summed in one row). Given QK summaries (resid.analyses.graphs.qk.QK.summaries), a head
-in that list that has one is a link: clicking it shows why the head attended from the edge's target position to
-its source position, its score and pattern there, the top pairs (query-side term x key-side term) and the terms
-of each side, and the same against the pattern-weighted mean over keys.
+outgoing shown edges (and how many the sliders hide) and, for a feature with a card (resid.analyses.features.card)
+given in `cards`, shows the card in a frame. Given a head split (resid.analyses.graphs.heads), each listed edge
+names the heads carrying most of it, and clicking an edge lists its largest parts (the head of its last attention
+hop, or the residual; the JSON's LINK_HEADS largest, the rest summed in one row). Given QK summaries
+(resid.analyses.graphs.qk.QK.summaries), a head in that list that has one is a link: clicking it shows why the head
+attended from the edge's target position to its source position, its score and pattern there, the top pairs (query-
+side term x key-side term) and the terms of each side, and the same against the pattern-weighted mean over keys.
 
 "find" pins the node of an id ("L_F_P") or a feature at every position ("L_F"); "group pinned" names the pinned nodes
 a supernode (Neuronpedia's qParams.supernodes, [name, node_id, ...], read from the JSON when it has some, members
 outlined); "export pinned subgraph" offers the pinned nodes, the shown links through them and their other ends, and
 the supernodes as a JSON file of the same format (subgraph.json); "export view" the drawing as it is shown (the
-sliders' hidden nodes left out, faded ones faded) as an SVG file (view.svg).
+sliders' hidden nodes left out, faded ones faded) as an SVG file (view.svg), "(PNG)" the same at twice its size as
+a PNG file (view.png).
 """
 
 import html
@@ -63,11 +65,18 @@ const colW = Math.max(MIN_COL, (document.getElementById('wrap').clientWidth - le
 const rowH = Math.max(36, Math.min(70, 0.7 * window.innerHeight / (nLayers + 2)));
 const rowOf = n => n.layer === 'E' ? nLayers : n.feature_type === 'logit' ? 0 : nLayers - 1 - Number(n.layer);
 const groups = {};
-data.nodes.forEach(n => { const k = rowOf(n) + ':' + n.ctx_idx; (groups[k] = groups[k] || []).push(n); });
+data.nodes.filter(n => n.feature_type !== 'logit').forEach(n => {
+  const k = rowOf(n) + ':' + n.ctx_idx; (groups[k] = groups[k] || []).push(n);
+});
 const where = {};
 Object.values(groups).forEach(g => g.forEach((n, i) => {
   where[n.node_id] = [left + n.ctx_idx * colW + (i + 1) * colW / (g.length + 1), top + rowOf(n) * rowH];
 }));
+// the logits spread along the top row from the right (the target first, above the last position), each labelled
+// with its token where there is room
+const logits = data.nodes.filter(n => n.feature_type === 'logit');
+const logitGap = Math.min(colW, Math.max(24, tokens.length * colW / Math.max(1, logits.length)));
+logits.forEach((n, i) => { where[n.node_id] = [left + tokens.length * colW - (i + 0.5) * logitGap, top]; });
 const height = top + nLayers * rowH + bottom;
 const width = left + tokens.length * colW + 8;
 svg.setAttribute('width', width); svg.setAttribute('height', height);
@@ -90,18 +99,28 @@ data.links.forEach(l => {
   const [x1, y1] = where[l.source], [x2, y2] = where[l.target];
   const line = element('line', {x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
                                 'stroke-width': 0.3 + 3 * Math.abs(l.weight) / maxW,
-                                class: l.heads ? 'link edge' : 'link'}, svg);
+                                class: l.heads ? 'link edge' : 'link', 'data-source': l.source,
+                                'data-target': l.target}, svg);
   if (l.heads) line.addEventListener('click', () => showEdge(l));
   lineOf.set(l, line);
   (edgesOf[l.source] = edgesOf[l.source] || []).push(l);
   (edgesOf[l.target] = edgesOf[l.target] || []).push(l);
 });
 Object.values(edgesOf).forEach(ls => ls.sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight)));
+const fit = (t, room) => t.length > room / 7 ? t.slice(0, Math.max(1, Math.floor(room / 7) - 1)) + '…' : t;
 tokens.forEach((t, i) => {
   const label = element('text', {x: left + i * colW + colW / 2, y: height - 14, 'text-anchor': 'middle',
                                  class: 'token'}, svg);
-  label.textContent = t.length > colW / 7 ? t.slice(0, Math.max(1, Math.floor(colW / 7) - 1)) + '…' : t;
+  label.textContent = fit(t, colW);
   element('title', {}, label).textContent = `${i}: ${t}`;
+});
+logits.forEach(n => {
+  const said = /^Output "(.*)" \(p=/.exec(n.clerp || '');
+  if (!said || logitGap < 30) return;
+  const [x, y] = where[n.node_id];
+  const label = element('text', {x, y: y - 9, 'text-anchor': 'middle', class: 'logit-label'}, svg);
+  label.textContent = fit(said[1], logitGap - 4);
+  element('title', {}, label).textContent = n.clerp;
 });
 const colour = {'embedding': '#999', 'logit': '#4daf4a', 'mlp reconstruction error': '#ff7f00'};
 // a feature's or error's radius grows with its influence: `influence` is its cumulative share in the ranking,
@@ -129,20 +148,22 @@ const written = [Number(nodeSlider.max), Number(edgeSlider.max)];
 const always = n => n.feature_type === 'embedding' || n.feature_type === 'logit' || n.influence == null;
 const ranked = data.nodes.filter(n => !always(n)).map(n => n.influence).sort((a, b) => a - b);
 let visible = new Set(data.nodes.map(n => n.node_id)), shownLinks = new Set(data.links);
+// a link's rank: its share of the edges' influence (the ranking Graph.prune cuts), |weight| in a JSON without it
+const rank = l => l.influence != null ? l.influence : Math.abs(l.weight);
 function threshold() {
   const nodeValue = Number(nodeSlider.value), edgeValue = Number(edgeSlider.value);
   const crossing = ranked.find(v => v >= nodeValue - 1e-9);
   const cut = nodeValue >= written[0] || crossing === undefined ? Infinity : crossing;
   const kept = new Set(data.nodes.filter(n => always(n) || n.influence <= cut).map(n => n.node_id));
   const between = data.links.filter(l => kept.has(l.source) && kept.has(l.target))
-    .sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
-  const total = between.reduce((s, l) => s + Math.abs(l.weight), 0);
+    .sort((a, b) => rank(b) - rank(a));
+  const total = between.reduce((s, l) => s + rank(l), 0);
   const share = edgeValue >= written[1] ? Infinity : edgeValue / written[1];
   shownLinks = new Set();
   let sum = 0;
   for (const l of between) {
     if (sum >= share * total - 1e-12 * total) break;
-    shownLinks.add(l); sum += Math.abs(l.weight);
+    shownLinks.add(l); sum += rank(l);
   }
   const linked = new Set();
   shownLinks.forEach(l => { linked.add(l.source); linked.add(l.target); });
@@ -208,16 +229,36 @@ document.getElementById('export').addEventListener('click', () => {
   a.href = 'data:application/json;charset=utf-8,' + encodeURIComponent(JSON.stringify(sub));
   a.textContent = `subgraph.json (${sub.nodes.length} nodes, ${links.length} edges)`;
 });
-// the current view (sliders, pins, fading) as an SVG file, with the page's styles it needs inlined
-document.getElementById('export-svg').addEventListener('click', () => {
+// the current view (sliders, pins, fading) as an SVG document, with the page's styles it needs inlined
+function view() {
   const copy = svg.cloneNode(true);
   copy.querySelectorAll('.hidden').forEach(e => e.remove());
   copy.querySelectorAll('.faded').forEach(e => e.setAttribute('opacity', '0.08'));
   copy.querySelectorAll('.link').forEach(e => { if (!e.getAttribute('opacity')) e.setAttribute('opacity', '0.5'); });
+  const outline = (selector, stroke, width) => copy.querySelectorAll(selector).forEach(e => {
+    e.setAttribute('stroke', stroke); e.setAttribute('stroke-width', width);
+  });
+  outline('.node.grouped', '#e6ab02', 2); outline('.node.pinned', '#000', 3);
   copy.setAttribute('font-family', 'sans-serif'); copy.setAttribute('font-size', '13');
+  return 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(new XMLSerializer().serializeToString(copy));
+}
+document.getElementById('export-svg').addEventListener('click', () => {
   const a = document.getElementById('download-svg');
-  a.href = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(new XMLSerializer().serializeToString(copy));
-  a.textContent = 'view.svg';
+  a.href = view(); a.textContent = 'view.svg';
+});
+// the same drawn at twice its size on a white canvas, as a PNG file
+document.getElementById('export-png').addEventListener('click', () => {
+  const image = new Image();
+  image.onload = () => {
+    const canvas = document.createElement('canvas');
+    canvas.width = 2 * svg.width.baseVal.value; canvas.height = 2 * svg.height.baseVal.value;
+    const context = canvas.getContext('2d');
+    context.fillStyle = '#fff'; context.fillRect(0, 0, canvas.width, canvas.height);
+    context.scale(2, 2); context.drawImage(image, 0, 0);
+    const a = document.getElementById('download-png');
+    a.href = canvas.toDataURL('image/png'); a.textContent = 'view.png';
+  };
+  image.src = view();
 });
 function hover(n, e) {
   const edges = (edgesOf[n.node_id] || []).filter(l => shownLinks.has(l)).slice(0, 3);
@@ -237,15 +278,16 @@ function place(e) {
 threshold();
 listSupernodes();  // the JSON's own supernodes, if it has some
 function show(n) {
-  const edges = (edgesOf[n.node_id] || []).slice().sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight));
+  const all = edgesOf[n.node_id] || [], edges = all.filter(l => shownLinks.has(l));
   const rows = edges.slice(0, 12).map(l => `<tr><td>${l.source}</td><td>&rarr;</td><td>${l.target}</td>` +
                                            `<td>${l.weight.toFixed(4)}</td><td>${carriers(l, 3)}</td></tr>`).join('');
+  const hidden = all.length - edges.length;
   const card = cards[n.node_id] ? `<iframe src="${cards[n.node_id]}" width="100%" height="420"></iframe>` : '';
   info.innerHTML = `<h3>${n.node_id} <small>${n.feature_type}</small></h3>` +
     `<p>layer ${n.layer}, position ${n.ctx_idx}` +
     (n.activation != null ? `, activation ${n.activation.toFixed(4)}` : '') +
     (n.influence != null ? `, cumulative influence ${n.influence.toFixed(4)}` : '') + ` ${n.clerp}</p>` +
-    `<table>${rows}</table>${card}`;
+    `<table>${rows}</table>` + (hidden ? `<p>${hidden} more hidden by the sliders</p>` : '') + card;
 }
 // a link's parts by the head of its last attention hop (its "heads", largest first; "heads_rest": how many more
 // and their sum), the first k of them
@@ -336,12 +378,14 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
                "<button id='group'>group pinned</button> "
                "<button id='export'>export pinned subgraph</button> <a id='download' download='subgraph.json'></a> "
                "<button id='export-svg'>export view (SVG)</button> <a id='download-svg' download='view.svg'></a> "
+               "<button id='export-png'>(PNG)</button> <a id='download-png' download='view.png'></a> "
                "<span id='supernodes'></span>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
             "body{font-family:sans-serif;margin:12px} #wrap{overflow:auto;border:1px solid #ddd;width:100%} "
             ".node,.edge{cursor:pointer} text{font-size:13px;fill:#222} text.axis{font-size:12px;fill:#555} "
             ".grid{stroke:#eee} .link{stroke-opacity:0.5} .hidden{display:none} .faded{opacity:0.08} "
             ".node.pinned{stroke:#000;stroke-width:3} .node.grouped{stroke:#e6ab02;stroke-width:2} "
+            "text.logit-label{font-size:12px;fill:#2b7a2b} "
             ".supernode{margin-right:10px;color:#7a5c00} td{padding:0 6px;font-family:monospace} "
             "#legend,#controls{margin:6px 0} .key{margin-right:14px;white-space:nowrap} "
             ".swatch{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:middle} "

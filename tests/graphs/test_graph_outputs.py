@@ -13,6 +13,7 @@ from random_transcoders import per_layer
 import resid
 from resid.analyses import graphs
 from resid.analyses.graphs.export import graph_json
+from resid.analyses.graphs.influence import threshold_of
 from resid.analyses.graphs.validate import predicted_effects, validate
 from resid.analyses.graphs.viewer import page
 
@@ -70,6 +71,18 @@ def test_the_viewer_page_embeds_the_graph(built) -> None:
     embedded = json.loads(html[start:html.index("</script>", start)].replace("<\\/", "</"))
     assert embedded["links"] == graph_json(graph, graph.model_name)["links"]
     assert "cards/x.html" in html and "<svg id='graph'" in html
+
+
+def test_links_carry_their_influence_share_which_the_edge_threshold_cut(built) -> None:
+    """Each link's `influence` is its share of the edges' influence score: every kept one at or above the score the
+    edge threshold cuts at (the viewer's edge slider ranks by it), and the shares of all edges sum to 1."""
+    _, _, graph = built
+    pruned = graph.prune(0.8, 0.9)
+    links = graph_json(graph, edge_threshold=0.9)["links"]
+    cut = threshold_of(pruned.edge_scores, 0.9)
+    assert links and min(link["influence"] for link in links) >= float(cut) * (1 - 1e-6)
+    assert float(pruned.edge_scores.sum()) == pytest.approx(1.0, rel=1e-5)
+    assert len(links) < int((pruned.edge_scores > 0).sum()), "the threshold cut some edges"
 
 
 def test_supernodes_are_written_as_qparams_and_unknown_ids_refused(built, tmp_path) -> None:

@@ -7,7 +7,9 @@ of the node kinds' colours; the card's histogram and decoder bars).
 Skipped where no Chromium is installed, except under RESID_REQUIRE_BROWSER=1 (CI sets it, after installing
 Debian's chromium), where a missing browser fails instead: CI must never skip these silently."""
 
+import base64
 import html
+import io
 import json
 import os
 import re
@@ -194,7 +196,44 @@ def test_find_group_and_export_a_pinned_subgraph(browser, graph, tmp_path) -> No
     assert svg.startswith("<svg") and svg.count("<circle") + svg.count("<rect") == len(data["nodes"])
     assert 'opacity="0.08"' in svg  # the view as shown: what the pins faded, faded
     # supernodes already in the JSON (Neuronpedia's qParams) are read back
-    page = write_html(graph, tmp_path / "read.html")
-    page.write_text(page.read_text().replace('"supernodes": []', f'"supernodes": [["kept", "{at[0]}"]]', 1))
-    dom = dump_dom(browser, page, "")
+    dom = dump_dom(browser, write_html(graph, tmp_path / "read.html", supernodes=[("kept", [at[0]])]), "")
     assert f"kept: {at[0]}" in dom and len(re.findall(r'class="node[^"]*grouped', dom)) == 1
+
+
+def test_logits_spread_a_png_export_and_the_panel_lists_shown_edges(browser, graph, tmp_path) -> None:
+    """The logits spread along the top row (no two at one place), each labelled with its token; '(PNG)' offers the
+    view as a PNG image twice the drawing's size; with the edge slider lowered, a clicked node's panel lists only
+    the edges still shown and says how many the sliders hide."""
+    actions = ("const e = document.getElementById('edge-threshold'); e.value = e.max / 3;"
+               "e.dispatchEvent(new Event('input'));"
+               "const ends = l => [l.getAttribute('data-source'), l.getAttribute('data-target')];"
+               "const shown = new Set([...document.querySelectorAll('line.link:not(.hidden)')].flatMap(ends));"
+               "const node = [...document.querySelectorAll('line.link.hidden')].flatMap(ends)"
+               "  .find(id => shown.has(id));"  # a node with shown and hidden edges
+               "document.body.setAttribute('data-clicked', node);"
+               "document.querySelector(`[data-id=\"${node}\"]`).dispatchEvent(new MouseEvent('click'));"
+               "document.getElementById('export-png').dispatchEvent(new MouseEvent('click'));")
+    page = write_html(graph, tmp_path / "g.html")
+    page.write_text(page.read_text().replace("</body>", f"<script>{actions}</script></body>"))
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                           "--window-size=1400,1000", "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                          timeout=120)
+    dom = done.stdout
+    logits = [n for n in graph_json(graph, graph.model_name)["nodes"] if n["feature_type"] == "logit"]
+    xs = re.findall(r'<circle cx="([^"]+)" cy="[^"]+" r="[^"]+" fill="#4daf4a"', dom)
+    assert len(xs) == len(logits) > 1 and len({round(float(x)) for x in xs}) == len(logits), xs
+    assert dom.count('class="logit-label"') == len(logits)
+    shown = {(a, b) for a, b in re.findall(r'<line [^>]*class="link[^"]*" data-source="([^"]+)" data-target="([^"]+)"',
+                                         dom)}
+    hidden = {(a, b) for a, b in re.findall(
+        r'<line [^>]*class="link[^"]*hidden[^"]*" data-source="([^"]+)" data-target="([^"]+)"', dom)}
+    info = dom[dom.index('id="info"'):]
+    listed = set(re.findall(r"<tr><td>([^<]+)</td><td>→</td><td>([^<]+)</td>", info))
+    clicked = dom.split('data-clicked="')[1].split('"')[0]
+    assert hidden and listed and not listed & hidden and listed <= shown - hidden
+    through = sum(clicked in pair for pair in hidden)
+    assert through and f"{through} more hidden by the sliders" in info
+    png = base64.b64decode(re.search(r'id="download-png"[^>]*href="data:image/png;base64,([^"]+)"', dom).group(1))
+    image = Image.open(io.BytesIO(png))
+    width = float(re.search(r'<svg id="graph"[^>]*width="([^"]+)"', dom).group(1))
+    assert image.size[0] == 2 * round(width) and pixels_of(image.convert("RGB"), LOGIT) > 30
