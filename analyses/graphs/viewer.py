@@ -8,15 +8,17 @@ labels stay 13 px high whatever the prompt's length. A legend names the node kin
 or error's size grows with its influence (1 - its place in the influence ranking). Edges are lines whose width
 follows |weight| (blue positive, red negative).
 
-Thresholds (two sliders, at most and by default the thresholds the page was written with, at which it shows every
-node and edge of its JSON): the node slider hides features and errors whose `influence` (the cumulative share of
-influence up to them in the ranking) lies past the slider's value, keeping the first one at or past it (as
-Graph.prune keeps the node that crosses its threshold); tokens and logits always show. The edge slider then keeps,
-of the links between shown nodes, the most influential first (a link's `influence`, its share of the edges'
-influence score, the ranking Graph.prune cuts; |weight| in a JSON without it) until their share of those links'
-total reaches value / written edge threshold (the one crossing it kept), so the written value keeps them all; a
-feature or error left without a shown link hides too. The logits spread along the top row from the right, the
-target first, each labelled with its token where there is room.
+Thresholds (two sliders, at most the thresholds the page was written with, at which they show every node and edge of
+its JSON): the node slider hides features and errors whose `influence` (the cumulative share of influence up to them
+in the ranking) lies past the slider's value, keeping the first one at or past it (as Graph.prune keeps the node
+that crosses its threshold); tokens and logits always show. The edge slider then keeps, of the links between shown
+nodes, the most influential first (a link's `influence`, its share of the edges' influence score, the ranking
+Graph.prune cuts; |weight| in a JSON without it) until their share of those links' total reaches value / written
+edge threshold (the one crossing it kept), so the written value keeps them all; a feature or error left without a
+shown link hides too. The page opens with the node slider at its written value and the edge slider at OPEN_SHARE
+(0.9) of it: the links holding 90% of the influence, a small part of them (about 14% of a 1,200-node graph's 50,000
+links), which keeps a large graph readable and quick to open (a link's line is made when it is first shown). The
+logits spread along the top row from the right, the target first, each labelled with its token where there is room.
 
 Hovering a node shows its label, activation, influence and its 3 largest shown edges. Clicking a node pins it
 (outlined; click again to unpin; "clear pins" unpins all): while any node is pinned, the shown links through a
@@ -45,6 +47,8 @@ from resid.analyses.graphs.export import Supernodes, graph_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit
 from resid.analyses.io import atomic
+
+OPEN_SHARE = 0.9  # the page opens showing the links that hold this share of the written links' influence
 
 _SCRIPT = r"""(() => {
 const data = JSON.parse(document.getElementById('graph-data').textContent);
@@ -93,16 +97,23 @@ for (let row = 0; row <= nLayers; row++) {
   element('line', {x1: left - 4, x2: width, y1: y, y2: y, class: 'grid'}, svg);
   element('text', {x: 4, y: y + 4, class: 'axis'}, svg).textContent = name;
 }
-const maxW = Math.max(1e-12, ...data.links.map(l => Math.abs(l.weight)));
+const maxW = data.links.reduce((m, l) => Math.max(m, Math.abs(l.weight)), 1e-12);
+// a link's line is made when it is first shown (a page opens showing a fraction of its links: tens of thousands of
+// lines take seconds to make and lay out)
 const edgesOf = {}, lineOf = new Map();
+const linkGroup = element('g', {id: 'links'}, svg);
+function lineFor(l) {
+  if (!lineOf.has(l)) {
+    const [x1, y1] = where[l.source], [x2, y2] = where[l.target];
+    lineOf.set(l, element('line', {x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
+                                   'stroke-width': (0.3 + 3 * Math.abs(l.weight) / maxW).toFixed(2),
+                                   class: l.heads ? 'link edge' : 'link', 'data-source': l.source,
+                                   'data-target': l.target}, linkGroup));
+    if (l.heads) lineOf.get(l).addEventListener('click', () => showEdge(l));
+  }
+  return lineOf.get(l);
+}
 data.links.forEach(l => {
-  const [x1, y1] = where[l.source], [x2, y2] = where[l.target];
-  const line = element('line', {x1, y1, x2, y2, stroke: l.weight > 0 ? '#2166ac' : '#b2182b',
-                                'stroke-width': 0.3 + 3 * Math.abs(l.weight) / maxW,
-                                class: l.heads ? 'link edge' : 'link', 'data-source': l.source,
-                                'data-target': l.target}, svg);
-  if (l.heads) line.addEventListener('click', () => showEdge(l));
-  lineOf.set(l, line);
   (edgesOf[l.source] = edgesOf[l.source] || []).push(l);
   (edgesOf[l.target] = edgesOf[l.target] || []).push(l);
 });
@@ -169,7 +180,10 @@ function threshold() {
   shownLinks.forEach(l => { linked.add(l.source); linked.add(l.target); });
   visible = new Set(data.nodes.filter(n => kept.has(n.node_id) && (linked.has(n.node_id) || always(n)))
     .map(n => n.node_id));
-  data.links.forEach(l => lineOf.get(l).classList.toggle('hidden', !shownLinks.has(l)));
+  data.links.forEach(l => {
+    if (shownLinks.has(l)) lineFor(l).classList.remove('hidden');
+    else if (lineOf.has(l)) lineOf.get(l).classList.add('hidden');
+  });
   data.nodes.forEach(n => shapeOf[n.node_id].classList.toggle('hidden', !visible.has(n.node_id)));
   document.getElementById('node-value').textContent = nodeValue.toFixed(2);
   document.getElementById('edge-value').textContent = edgeValue.toFixed(3);
@@ -188,7 +202,7 @@ function highlight() {
   data.links.forEach(l => {
     const through = shownLinks.has(l) && (pinned.has(l.source) || pinned.has(l.target));
     if (through) { near.add(l.source); near.add(l.target); }
-    lineOf.get(l).classList.toggle('faded', pinned.size > 0 && !through);
+    if (lineOf.has(l)) lineOf.get(l).classList.toggle('faded', pinned.size > 0 && !through);
   });
   data.nodes.forEach(n => {
     const shape = shapeOf[n.node_id];
@@ -371,7 +385,7 @@ def page(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98
     sliders = (f"<label>node threshold <input type='range' id='node-threshold' min='0' max='{node_threshold}' "
                f"step='0.01' value='{node_threshold}'> <span id='node-value'></span></label> "
                f"<label>edge threshold <input type='range' id='edge-threshold' min='0' max='{edge_threshold}' "
-               f"step='0.005' value='{edge_threshold}'> <span id='edge-value'></span></label> "
+               f"step='any' value='{OPEN_SHARE * edge_threshold}'> <span id='edge-value'></span></label> "
                "<button id='clear'>clear pins</button> <span id='shown'></span><br>"
                "<label>find <input id='search' size='12' placeholder='L_F_P or L_F'></label> <span id='found'></span> "
                "<input id='group-name' size='14' placeholder='supernode name'> "

@@ -28,7 +28,7 @@ from random_transcoders import per_layer
 from resid.analyses import features, graphs, plots
 from resid.analyses.features.cards import ACTIVE, OFF
 from resid.analyses.graphs.export import graph_json
-from resid.analyses.graphs.viewer import write_html
+from resid.analyses.graphs.viewer import OPEN_SHARE, write_html
 from resid.analyses.neurons.plots import COLORS
 
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
@@ -80,15 +80,24 @@ def dump_dom(browser: str, page: Path, script: str = "") -> str:
 
 
 def test_the_viewer_draws_every_node_and_edge(browser, graph, tmp_path) -> None:
-    dom = dump_dom(browser, write_html(graph, tmp_path / "g.html"))
+    """The page opens showing the most influential links that hold OPEN_SHARE of the links' influence (a line is
+    made when first shown), and one shape per node; the edge slider at its written value shows every link."""
+    page = write_html(graph, tmp_path / "g.html")
+    dom = dump_dom(browser, page)
     assert "id=\"legend\"" in dom and all(key in dom for key in ("feature", "error", "token", "logit"))
     assert "id=\"node-threshold\"" in dom and "id=\"edge-threshold\"" in dom and "Hover a node" in dom
-    classes = re.findall(r'class="((?:node|link)[^"]*)"', dom)
-    assert classes and not any("hidden" in c for c in classes), "at its written thresholds the page shows all"
     data = graph_json(graph, graph.model_name)
     errors = sum(n["feature_type"] == "mlp reconstruction error" for n in data["nodes"])
     assert dom.count("<circle") == len(data["nodes"]) - errors > 0
     assert dom.count("<rect") == errors
+    ranked = sorted((link["influence"] for link in data["links"]), reverse=True)
+    opening = next(i + 1 for i in range(len(ranked)) if sum(ranked[:i + 1]) >= OPEN_SHARE * sum(ranked) * (1 - 1e-9))
+    assert len(re.findall(r'<line [^>]*class="link', dom)) == opening < len(data["links"])
+    everything = ("const e = document.getElementById('edge-threshold'); e.value = e.max;"
+                  "e.dispatchEvent(new Event('input'));")
+    dom = dump_dom(browser, page, everything)
+    classes = re.findall(r'class="((?:node|link)[^"]*)"', dom)
+    assert classes and not any("hidden" in c for c in classes), "at its written thresholds the page shows all"
     assert len(re.findall(r'<line [^>]*class="link', dom)) == len(data["links"]) > 0
 
 
@@ -231,7 +240,9 @@ def test_logits_spread_a_png_export_and_the_panel_lists_shown_edges(browser, gra
     listed = set(re.findall(r"<tr><td>([^<]+)</td><td>→</td><td>([^<]+)</td>", info))
     clicked = dom.split('data-clicked="')[1].split('"')[0]
     assert hidden and listed and not listed & hidden and listed <= shown - hidden
-    through = sum(clicked in pair for pair in hidden)
+    links = graph_json(graph, graph.model_name)["links"]
+    through = sum(clicked in (link["source"], link["target"]) for link in links) - sum(
+        clicked in pair for pair in shown - hidden)
     assert through and f"{through} more hidden by the sliders" in info
     png = base64.b64decode(re.search(r'id="download-png"[^>]*href="data:image/png;base64,([^"]+)"', dom).group(1))
     image = Image.open(io.BytesIO(png))
