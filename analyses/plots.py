@@ -1,6 +1,7 @@
 """Figures (plotly), kept apart from the analyses that produce the DataFrames they draw. `save_html` writes a page
 that opens offline (plotly.js embedded); `save_image` a PNG, PDF or SVG, which needs the extra
-`pip install 'resid-stream[figures]'` (kaleido)."""
+`pip install 'resid-stream[figures]'` (kaleido). A page of several figures with headings and tables is a
+resid.analyses.report Page."""
 
 import importlib.util
 from collections.abc import Callable
@@ -189,33 +190,3 @@ def layer_attribution_bars(df: pd.DataFrame, prompt_idx: int | None = None) -> g
     fig.update_layout(barmode="group", title=f"Direct attribution per layer to {metric_name(df)} ({what}); {extras}",
                       xaxis_title="layer", yaxis_title="logit")
     return fig
-
-
-def report_html(figures: list[go.Figure], path: str | Path, title: str, preamble: str = "",
-                self_contained: bool = True) -> Path:
-    """Several figures in one HTML page under `preamble` (text shown as is): plotly.js embedded once, or with
-    self_contained=False loaded from a plotly.min.js beside the page (as save_html writes it)."""
-    import html
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if self_contained:
-        parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-    else:
-        _write_plotlyjs(path.parent)
-        parts = [fig.to_html(full_html=False, include_plotlyjs="directory" if i == 0 else False)
-                 for i, fig in enumerate(figures)]
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
-            f"<h2>{html.escape(title)}</h2><pre>{html.escape(preamble)}</pre>" + "".join(parts) + "</body></html>")
-    path.write_text(page, encoding="utf-8")
-    return path
-
-
-def _write_plotlyjs(folder: Path) -> None:
-    """plotly.min.js beside the pages, as write_html(include_plotlyjs="directory") does (to_html writes no file);
-    an existing copy is kept, like plotly's."""
-    bundle = folder / "plotly.min.js"
-    if not bundle.exists():
-        from plotly.offline import get_plotlyjs
-
-        bundle.write_text(get_plotlyjs(), encoding="utf-8")

@@ -55,7 +55,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from resid.analyses import ablation, plots
+    from resid.analyses import ablation, report
 
     prompt_set = args.prompt_set
     try:
@@ -68,11 +68,34 @@ def run(model, args) -> str:
     finally:
         if args.executor is not None:
             args.executor.close()
-    figure = plots.save_html(plots.ablation_effects(df), args.figure or Path(args.out).with_suffix(".html"),
-                             self_contained=args.self_contained)
-    top = df.groupby("site", sort=False)["delta"].mean().sort_values(key=abs, ascending=False).head(10)
+    ranked = _ranked(df)
+    figure = report.write(_report(model, args, df, ranked), args.figure or Path(args.out).with_suffix(".html"),
+                          args.self_contained)
+    top = ranked.head(10)
     lines = [f"{len(df)} rows ({len(prompt_set.prompts)} prompts) -> {args.out}; figure -> {figure}",
              f"largest mean effects on {df['metric'].iloc[0]}:"]
-    lines += [f"  {site:<28} {delta:+.4f}" for site, delta in top.items()]
+    lines += [f"  {site:<28} {delta:+.4f}" for site, delta in zip(top["site"], top["mean delta"])]
     return "\n".join(lines)
+
+
+def _ranked(df):
+    """Every ablated site's mean delta over the prompts (and its standard error), largest |mean| first."""
+    stats = df.groupby("site", sort=False)["delta"].agg(["mean", "sem", "count"])
+    stats = stats.reindex(stats["mean"].abs().sort_values(ascending=False).index)
+    return stats.reset_index().rename(columns={"mean": "mean delta", "sem": "standard error", "count": "prompts"})
+
+
+def _report(model, args, df, ranked):
+    """The page the figure is written as: the effect per layer, then the sites with the largest mean effects."""
+    from resid.analyses import plots, report
+
+    metric, method, prompts = df["metric"].iloc[0], df["method"].iloc[0], df["prompt_idx"].nunique()
+    row = (f"Each row is one ablated site ({args.sites}): the mean over the {prompts} prompts of its delta, the "
+           f"{method}-ablated run's {metric} minus the clean run's, with its standard error; largest |mean| first.")
+    parts = [plots.ablation_effects(df), row,
+             report.Table(ranked, signed=("mean delta",), full=Path(args.out).name)]
+    measured = f"{metric} under {method} ablation of each {args.sites} over {prompts} prompts"
+    return report.Page(f"resid ablate: {method} ablation of each {args.sites}",
+                       report.context(model, measured, args.prompt_set.prompts),
+                       [report.Section(f"{method.capitalize()}-ablation effects on {metric}", parts)])
 

@@ -2,7 +2,7 @@
 heatmap.
 
     resid lens "The Eiffel Tower is located in the city of" --target " Paris" --norm frozen
-    resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (heatmap, plotly.js embedded)
+    resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (a page: heatmap and top rows)
     resid lens "..." --lens tuned --translators DIR   # a tuned lens from `resid lens train` (or tuned-lens's files)
 
 Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (lens_train.py, lens_eval.py).
@@ -46,7 +46,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from resid.analyses import logit_lens, plots, tables
+    from resid.analyses import logit_lens, report, tables
     from resid.sites import Site
 
     lens = None
@@ -74,8 +74,34 @@ def run(model, args) -> str:
                      f"{output.prob(row['target_prob'])} {row['target_rank']:>6}")
     if args.out is not None:
         table = tables.export(df, args.out)
-        figure = plots.save_html(plots.logit_lens_heatmap(df), Path(args.out).with_suffix(".html"),
-                                 self_contained=args.self_contained)
+        figure = report.write(_report(model, args, df, name), Path(args.out).with_suffix(".html"),
+                              args.self_contained)
         lines.append(f"wrote {table} ({len(df)} rows) and {figure}")
     return "\n".join(lines + output.notes(df))
+
+
+def _report(model, args, df, name: str):
+    """The page beside the table: the heatmap, then the printed rows (each site's top token), and the notes."""
+    import pandas as pd
+
+    from resid.analyses import logit_lens, plots, report
+    from resid.sites import Site
+
+    top = df[df["rank"] == 1]
+    rows = pd.DataFrame({
+        "pos": top["pos"], "input": top["input"].map(repr),
+        "site": [logit_lens.short_label(Site.parse(site)) for site in top["site"]],
+        "top token": top["token"].map(repr), "p(top)": top["prob"], "target": top["target"].map(repr),
+        "p(target)": top["target_prob"], "target rank": top["target_rank"]})
+    target = (f"the target {top['target'].iloc[0]!r}" if args.target is not None
+              else "the target (the model's own top prediction at that position)")
+    measured = f"{name} ({args.norm} final norm), " + (f"target {top['target'].iloc[0]!r}" if args.target is not None
+                                                        else "target: the model's top prediction at each position")
+    parts = [plots.logit_lens_heatmap(df),
+             f"Each row is one site (the residual stream after a layer, or between its sublayers) at one position: "
+             f"the {name}'s top token there and its probability, and the probability and rank of {target}.",
+             report.Table(rows, rows=40, full=Path(args.out).name, formats={"p(top)": "{:.3g}", "p(target)": "{:.3g}"}),
+             *[note.removeprefix("note: ") for note in output.notes(df)]]
+    return report.Page(f"resid lens: {args.text!r}", report.context(model, measured, [args.text]),
+                       [report.Section(name.capitalize(), parts)])
 

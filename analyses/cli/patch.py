@@ -72,7 +72,7 @@ def check(args) -> None:
 
 
 def run(model, args) -> str:
-    from resid.analyses import patching, plots, tables
+    from resid.analyses import patching, report, tables
 
     found = args.pairs_read
     clean, corrupt = [r["clean"] for r in found], [r["corrupt"] for r in found]
@@ -91,21 +91,55 @@ def run(model, args) -> str:
         if args.executor is not None:
             args.executor.close()
     out = tables.export(df, args.out)
-    figure = plots.save_html(plots.patching_heatmap(df), args.figure or Path(args.out).with_suffix(".html"),
-                             self_contained=args.self_contained)
+    ranked, explained = _ranked(df, args.direction)
+    figure = report.write(_report(model, args, df, ranked, explained, clean),
+                          args.figure or Path(args.out).with_suffix(".html"), args.self_contained)
     lines = [f"{len(df)} rows ({len(found)} pairs, {args.method}) -> {out}; figure -> {figure}"]
-    if args.method == "atp*":  # GradDrop estimates sizes, not signs
-        top = df.groupby("site")["magnitude"].mean().sort_values(ascending=False).head(10)
+    top = ranked.head(10)
+    if args.method == "atp*":
         lines.append(f"largest estimated effect sizes on {df['metric'].iloc[0]} (AtP* GradDrop, {args.direction}):")
-        lines += [f"  {site:<32} {effect:+.4f}" for site, effect in top.items()]
+        lines += [f"  {site:<32} {effect:+.4f}" for site, effect in zip(top["site"], top["magnitude"])]
         return "\n".join(lines)
-    # the effect is in the metric's units; the table's score is the share of the clean - corrupt gap: print both,
-    # labelled, so neither is read as the other
-    top = patching.site_effects(df).sort_values(key=abs, ascending=False).head(10)
-    scores = df.groupby("site")["score"].mean()
-    base = "corrupt" if args.direction == "denoise" else "clean"
-    lines.append(f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}): effect = patched - {base} "
-                 "run's metric; score = the table's score column, (patched - corrupt) / (clean - corrupt): 0 at the "
-                 "corrupt run's metric, 1 at the clean run's")
-    lines += [f"  {site:<32} effect {effect:+.4f}   score {scores[site]:+.3f}" for site, effect in top.items()]
+    lines.append(f"largest mean effects on {df['metric'].iloc[0]} ({args.direction}): {explained}")
+    lines += [f"  {site:<32} effect {effect:+.4f}   score {score:+.3f}"
+              for site, effect, score in zip(top["site"], top["effect"], top["score"])]
     return "\n".join(lines)
+
+
+def _ranked(df, direction: str):
+    """Every site's mean over the pairs, largest first, and what its columns mean. AtP*'s GradDrop estimates sizes,
+    not signs: its sites by `magnitude`. Otherwise by |effect|, the effect in the metric's units beside the table's
+    score, the share of the clean - corrupt gap, both labelled so that neither is read as the other."""
+    import pandas as pd
+
+    from resid.analyses import patching
+
+    if "magnitude" in df and (df["method"] == "atp*").all():
+        sizes = df.groupby("site")["magnitude"].mean().sort_values(ascending=False)
+        return pd.DataFrame({"site": sizes.index, "magnitude": sizes.values}), "magnitude = the estimated |effect|"
+    effects = patching.site_effects(df).sort_values(key=abs, ascending=False)
+    scores = df.groupby("site")["score"].mean()
+    base = "corrupt" if direction == "denoise" else "clean"
+    explained = (f"effect = patched - {base} run's metric; score = the table's score column, (patched - corrupt) / "
+                 "(clean - corrupt): 0 at the corrupt run's metric, 1 at the clean run's")
+    return pd.DataFrame({"site": effects.index, "effect": effects.values,
+                         "score": scores[effects.index].values}), explained
+
+
+def _report(model, args, df, ranked, explained: str, clean: list[str]):
+    """The page the figure is written as: the heatmap, then the sites with the largest mean effects."""
+    from resid.analyses import plots, report
+
+    metric, pairs = df["metric"].iloc[0], df["prompt_idx"].nunique()
+    what = {"exact": "Activation patching", "atp": "Attribution patching (AtP)",
+            "atp*": "Attribution patching (AtP*)"}[args.method]
+    row = (f"Each row is one patched site, over the {pairs} pairs: the mean estimated size of patching it ({explained},"
+           " from AtP*'s GradDrop, which estimates sizes, not signs), largest first."
+           if "magnitude" in ranked else
+           f"Each row is one patched site, over the {pairs} pairs, largest |effect| first: {explained}.")
+    measured = f"{metric}, {args.direction} patching of {args.sites} sites ({args.method}) over {pairs} pairs"
+    parts = [plots.patching_heatmap(df), row,
+             report.Table(ranked, signed=[c for c in ("effect", "score") if c in ranked],
+                          full=Path(args.out).name)]
+    return report.Page(f"resid patch: {what.lower()} of {pairs} pairs", report.context(model, measured, clean),
+                       [report.Section(f"{what}, {args.direction}: {metric}", parts)])

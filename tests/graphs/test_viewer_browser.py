@@ -4,23 +4,19 @@ sliders; moving the node slider hides nodes, a click pins a node, hovering shows
 drawn at a readable size across the window; screenshots of the viewer and of a card show what they draw (pixels
 of the node kinds' colours; the card's histogram and decoder bars).
 
-Skipped where no Chromium is installed, except under RESID_REQUIRE_BROWSER=1 (CI sets it, after installing
-Debian's chromium), where a missing browser fails instead: CI must never skip these silently."""
+The browser fixture and its helpers are tests/headless.py's (skipped without Chromium, unless
+RESID_REQUIRE_BROWSER=1)."""
 
 import base64
 import html
 import io
 import json
-import os
 import re
-import shutil
-import subprocess
 import urllib.parse
-from pathlib import Path
 
-import numpy as np
+import headless
 import pytest
-from PIL import Image
+from headless import dump_dom, pixels_of, screenshot
 from random_dictionaries import random_dictionary
 from random_models import make_random_model
 from random_transcoders import per_layer
@@ -31,8 +27,7 @@ from resid.analyses.graphs.export import graph_json
 from resid.analyses.graphs.viewer import OPEN_SHARE, write_html
 from resid.analyses.neurons.plots import COLORS
 
-BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-REQUIRED = os.environ.get("RESID_REQUIRE_BROWSER") == "1"
+browser = headless.browser  # the fixture
 # the viewer's colours (analyses/graphs/viewer.py): features, logits, embeddings, error terms
 FEATURE, LOGIT, EMBEDDING, ERROR = "#984ea3", "#4daf4a", "#999999", "#ff7f00"
 TEXTS = ["The weather was fine and the garden was green, so we walked to the river and back again.",
@@ -40,43 +35,9 @@ TEXTS = ["The weather was fine and the garden was green, so we walked to the riv
 
 
 @pytest.fixture(scope="module")
-def browser() -> str:
-    if BROWSER is None:
-        if REQUIRED:
-            pytest.fail("RESID_REQUIRE_BROWSER=1 but no chromium is installed: apt-get install chromium")
-        pytest.skip("no headless Chromium installed (apt-get install chromium)")
-    return BROWSER
-
-
-def screenshot(browser: str, page: Path, out: Path) -> Image.Image:
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--window-size=1400,1000", "--virtual-time-budget=15000", f"--screenshot={out}",
-                           page.as_uri()], capture_output=True, text=True, timeout=180)
-    assert out.is_file(), done.stderr[-2000:]
-    return Image.open(out).convert("RGB")
-
-
-def pixels_of(image: Image.Image, colour: str, tolerance: int = 6) -> int:
-    """How many pixels are within `tolerance` of `colour` (#rrggbb) in every channel (anti-aliased edges differ)."""
-    want = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
-    return int((np.abs(np.asarray(image, dtype=np.int16) - want) <= tolerance).all(-1).sum())
-
-
-@pytest.fixture(scope="module")
 def graph():
     model = make_random_model("llama_gqa")
     return graphs.attribute(model, [11, 5, 7, 2, 9, 31, 3], per_layer(model))
-
-
-def dump_dom(browser: str, page: Path, script: str = "") -> str:
-    """The page's DOM after its scripts and `script` (injected at the end of its body) ran; no uncaught error."""
-    if script:
-        page.write_text(page.read_text().replace("</body>", f"<script>{script}</script></body>"))
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--window-size=1400,1000", "--dump-dom", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert "Uncaught" not in done.stderr, done.stderr[-2000:]
-    return done.stdout
 
 
 def test_the_viewer_draws_every_node_and_edge(browser, graph, tmp_path) -> None:
