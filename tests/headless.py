@@ -42,19 +42,21 @@ def pixels_of(image: Image.Image, colour: str, tolerance: int = 6) -> int:
     return int((np.abs(np.asarray(image, dtype=np.int16) - want) <= tolerance).all(-1).sum())
 
 
-def load(browser: str, page: Path, script: str = "") -> tuple[str, list[str]]:
+def load(browser: str, page: Path, script: str = "", wait_ms: int = 0) -> tuple[str, list[str]]:
     """The page's DOM after its scripts and `script` (injected at the end of its body) ran, and what it wrote to the
-    console (Chromium logs every console message and uncaught error of the page as a CONSOLE line on stderr)."""
+    console (Chromium logs every console message and uncaught error of the page as a CONSOLE line on stderr).
+    wait_ms: virtual time the page gets first, for what its scripts do later (an image's onload)."""
     if script:
         page.write_text(page.read_text().replace("</body>", f"<script>{script}</script></body>"))
+    wait = [f"--virtual-time-budget={wait_ms}"] if wait_ms else []
     done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", "--window-size=1400,1000", "--dump-dom", page.as_uri()],
+                           "--v=0", "--window-size=1400,1000", *wait, "--dump-dom", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     return done.stdout, [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
 
 
-def dump_dom(browser: str, page: Path, script: str = "") -> str:
+def dump_dom(browser: str, page: Path, script: str = "", wait_ms: int = 0) -> str:
     """The page's DOM after its scripts and `script` ran (see load); no uncaught error."""
-    dom, console = load(browser, page, script)
+    dom, console = load(browser, page, script, wait_ms)
     assert not any("Uncaught" in line for line in console), console
     return dom

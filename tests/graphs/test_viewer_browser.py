@@ -17,6 +17,7 @@ import urllib.parse
 import headless
 import pytest
 from headless import dump_dom, pixels_of, screenshot
+from PIL import Image
 from random_dictionaries import random_dictionary
 from random_models import make_random_model
 from random_transcoders import per_layer
@@ -183,12 +184,7 @@ def test_logits_spread_a_png_export_and_the_panel_lists_shown_edges(browser, gra
                "document.body.setAttribute('data-clicked', node);"
                "document.querySelector(`[data-id=\"${node}\"]`).dispatchEvent(new MouseEvent('click'));"
                "document.getElementById('export-png').dispatchEvent(new MouseEvent('click'));")
-    page = write_html(graph, tmp_path / "g.html")
-    page.write_text(page.read_text().replace("</body>", f"<script>{actions}</script></body>"))
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-                           "--window-size=1400,1000", "--dump-dom", page.as_uri()], capture_output=True, text=True,
-                          timeout=120)
-    dom = done.stdout
+    dom = dump_dom(browser, write_html(graph, tmp_path / "g.html"), actions, wait_ms=10000)
     logits = [n for n in graph_json(graph, graph.model_name)["nodes"] if n["feature_type"] == "logit"]
     xs = re.findall(r'<circle cx="([^"]+)" cy="[^"]+" r="[^"]+" fill="#4daf4a"', dom)
     assert len(xs) == len(logits) > 1 and len({round(float(x)) for x in xs}) == len(logits), xs
