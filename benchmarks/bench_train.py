@@ -2,7 +2,9 @@
 resid against SAELens (the issue's target: >= 2x SAELens's tokens/s at an FVU within 5% of SAELens's).
 
     python benchmarks/bench_train.py [--layer 15] [--steps 8] [--batch-size 4096] [--window 256] [--device cpu]
-                                     [--held-out 8192] [--no-saelens] [--transcoders]
+                                     [--held-out 8192] [--fvu-every 8] [--documents 2000] [--no-saelens]
+                                     [--trainer-only] [--reuse-acts]
+                                     [--transcoders]
 
 SAELens runs in its own environment (build/saelens-reference-venv: torch 2.13.0 and sae-lens 6.54.12, made by
 `python tests/data/make_saelens_training_reference.py`; --saelens-python names another), through
@@ -14,7 +16,8 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
 2. train      resid's optimizer steps (resid.analyses.training.trainer) on the training rows, every step timed, then
               SAELens's SAETrainer with its TopK SAE on the same rows in the same order (written to
               build/bench-train/acts.safetensors): tokens/s side by side, and each trained SAE's FVU and L0 on the
-              held-out rows (one formula, sum (x - x^)^2 / sum (x - mean x)^2).
+              held-out rows (one formula, sum (x - x^)^2 / sum (x - mean x)^2); with the held-out FVU of both
+              every --fvu-every steps (not timed), the tokens and seconds each needs to reach the FVU both reach.
 3. end to end resid.analyses.training.train for --steps steps (generation + training, one stream), then SAELens's
               LanguageModelSAETrainingRunner making its own activations of the same corpus and layer
               (model.layers.15): transformers loads the GGUF file resid loads and the runner is handed it as
@@ -30,15 +33,17 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
 The recipes differ where each library's TopK recipe does (resid: sparsify's, unit-norm decoder rows, b_dec at the
 geometric median; SAELens: its TopK defaults, see train_saelens.py); each gets its own default learning rate
-(resid's recipe's; SAELens's 3e-4, --saelens-lr), the same warm-up, steps, batch and forward batch (--saelens-prompts
+(resid's recipe's; SAELens's 3e-4, --saelens-lr), no warm-up, the same steps, batch and forward batch (--saelens-prompts
 defaults to --forward-batch). Measured so (2-core AVX-512 CPU at 431 GFLOP/s, torch 2.13.0, 2 threads each, quiet;
 --steps 48 --batch-size 2048 --held-out 4096 --forward-batch 32): training on the same activations resid 11,271
 tokens/s, SAELens 6,052 (1.86x); end to end resid 2,014, SAELens 1,442 (1.40x; with --autocast 3,516 and 3,405,
-1.03x); held-out FVU after 48 steps resid 0.513, SAELens 1.642 (unconverged at its learning rate: tokens to reach a
-fixed FVU is not measured here). Generation is most of the end-to-end time (resid's alone: 2,550 tokens/s in fp32,
-5,228 in bf16 autocast). --transcoders --batch-size 4096 --steps 3 (measured earlier, on a 165 GFLOP/s machine): 30
-BatchTopK transcoders (8x, k=32), 8,192 tokens each: generation 15.1 s from one forward against 196.5 s from 30 runs
-(13x); with the training steps, 125 against 33 tokens/s (3.8x).
+1.03x); held-out FVU after 48 steps resid 0.513, SAELens 1.642 (unconverged at its learning rate). At equal FVU
+(--steps 256 --batch-size 2048 --held-out 4096 --forward-batch 32 --fvu-every 16 --documents 0 --trainer-only):
+resid 10,639 tokens/s, SAELens 5,717; SAELens's final FVU 0.364 is reached by resid after 294,912 tokens (27.7 s)
+and by SAELens after 524,288 (91.7 s), 3.31x. Generation is most of the end-to-end time (resid's alone: 2,550
+tokens/s in fp32, 5,228 in bf16 autocast). --transcoders --batch-size 4096 --steps 3 (measured earlier, on a 165
+GFLOP/s machine): 30 BatchTopK transcoders (8x, k=32), 8,192 tokens each: generation 15.1 s from one forward against
+196.5 s from 30 runs (13x); with the training steps, 125 against 33 tokens/s (3.8x).
 """
 
 import argparse
@@ -49,7 +54,7 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from timing import matmul_gflops
 
 import resid
@@ -81,7 +86,18 @@ def main() -> None:
     parser.add_argument("--autocast", action="store_true",
                         help="both run the model under bf16 autocast (resid's autocast, SAELens's autocast_lm)")
     parser.add_argument("--held-out", type=int, default=8192, help="tokens the FVU is measured on")
+    parser.add_argument("--documents", type=int, default=2000,
+                        help="documents of the demo corpus read (0: all 12,134, about 800k tokens in windows of 256)")
+    parser.add_argument("--fvu-every", type=int, default=8,
+                        help="training on the same activations: the held-out FVU every this many steps (outside the "
+                             "timed steps), for the tokens each library needs to reach the same FVU")
     parser.add_argument("--no-saelens", action="store_true", help="skip the SAELens comparison")
+    parser.add_argument("--reuse-acts", action="store_true",
+                        help="train on the rows an earlier run wrote to --acts instead of generating them (with "
+                             "--trainer-only: a rerun of the trainers' comparison on a quieter machine)")
+    parser.add_argument("--trainer-only", action="store_true",
+                        help="only generation and training on the same activations (no end-to-end runs): for long "
+                             "runs measuring the tokens each library needs to reach one FVU")
     parser.add_argument("--saelens-prompts", type=int, default=None,
                         help="end to end: SAELens's store_batch_size_prompts, contexts of --window tokens per forward "
                              "(default: --forward-batch, resid's windows per forward: the same forward batch)")
@@ -96,11 +112,11 @@ def main() -> None:
         args.saelens_prompts = args.forward_batch
 
     model = resid.load("smollm2-135m", device=args.device)
-    texts = corpus.demo(max_documents=2000)
+    texts = corpus.demo(max_documents=args.documents or None)
     site = Site(args.layer, "resid_post")
     buffer_tokens = (args.steps + 1) * args.batch_size
     recipe = Recipe(activation="topk", expansion=8, k=32, steps=args.steps, batch_size=args.batch_size,
-                    warmup_steps=1)
+                    warmup_steps=0)
     print(f"SmolLM2-135M on {args.device}, {torch.get_num_threads()} threads; TopK SAE 8x (d_sae 4608) k=32 at "
           f"{site.label}; batch {args.batch_size} tokens, windows of {args.window}, at most {args.forward_batch} x "
           f"{args.window} padded tokens per forward; the model in {'bf16 autocast' if args.autocast else 'fp32'}")
@@ -113,27 +129,42 @@ def main() -> None:
     source = Activations(model, texts, [site], args.batch_size, args.window, args.forward_batch,
                          tokens + args.held_out, autocast=args.autocast)
     point = source.points[0]
-    start = time.perf_counter()
-    block = source.block(0)[point]
-    _sync(args.device)
-    generate = time.perf_counter() - start
-    print(f"generate   {len(block):>8} tokens in {generate:7.2f} s: {len(block) / generate:9.0f} tokens/s")
+    if args.reuse_acts:  # the rows a previous run generated and wrote for SAELens
+        saved = load_file(str(args.acts))
+        block = torch.cat([saved["train"], saved["held_out"]]).to(args.device)
+        if len(saved["train"]) != tokens:
+            sys.exit(f"{args.acts} holds {len(saved['train'])} training rows, not {tokens}: run with the --steps and "
+                     f"--batch-size that wrote it, or without --reuse-acts")
+        print(f"reusing the {len(block)} rows in {args.acts} (no generation)")
+    else:
+        start = time.perf_counter()
+        block = source.block(0)[point]
+        _sync(args.device)
+        generate = time.perf_counter() - start
+        print(f"generate   {len(block):>8} tokens in {generate:7.2f} s: {len(block) / generate:9.0f} tokens/s")
     train_rows, held_out = block[:tokens], block[tokens:tokens + args.held_out]
 
     trainer = Trainer.new(recipe, model.config.d_model, device=args.device)
-    _sync(args.device)
-    start = time.perf_counter()  # every step, the first (b_dec's geometric median) included, as SAELens's fit()
+    seconds, curve = 0.0, []  # every step timed, the first (b_dec's geometric median) included, as SAELens's fit()
     for i in range(args.steps):
+        if i and i % args.fvu_every == 0:  # the held-out FVU so far, outside the timed steps
+            curve.append((i * args.batch_size, _held_out(trainer.coder.dictionary(point.name), held_out)["fvu"]))
+        _sync(args.device)
+        start = time.perf_counter()
         trainer.step(train_rows[i * args.batch_size:(i + 1) * args.batch_size])
-    _sync(args.device)
-    ours = {"seconds": time.perf_counter() - start, **_held_out(trainer.coder.dictionary(point.name), held_out)}
+        _sync(args.device)
+        seconds += time.perf_counter() - start
+    ours = {"seconds": seconds, **_held_out(trainer.coder.dictionary(point.name), held_out)}
     ours["tokens_per_s"] = tokens / ours["seconds"]
+    ours["curve"] = [*curve, (tokens, ours["fvu"])]
     print(f"train      {tokens:>8} tokens in {ours['seconds']:7.2f} s: {ours['tokens_per_s']:9.0f} tokens/s "
           f"(held-out FVU {ours['fvu']:.4f}, L0 {ours['l0']:.1f})")
     if not args.no_saelens:
         peer = _saelens(args, {"train": train_rows, "held_out": held_out}, args.saelens_lr)
         _compare(ours, peer, tokens, args)
     del block, train_rows  # held_out stays, for the end-to-end FVUs
+    if args.trainer_only:
+        return
 
     start = time.perf_counter()
     sae, = train(model, texts, [site], recipe, Execution(batch_size=args.forward_batch, progress=False),
@@ -169,7 +200,7 @@ def _transcoders(model, texts, args) -> None:
     steps). The steps cost the same either way, so they are timed once, on one transcoder, and counted 30 times."""
     n = model.config.n_layers
     specs = [Spec.transcoder(model, layer) for layer in range(n)]
-    recipe = Recipe(activation="batchtopk", expansion=8, k=32, steps=1, batch_size=args.batch_size, warmup_steps=1,
+    recipe = Recipe(activation="batchtopk", expansion=8, k=32, steps=1, batch_size=args.batch_size, warmup_steps=0,
                     normalize="expected_average_only_in")  # as resid train-transcoder
 
     def generate(points):
@@ -221,7 +252,7 @@ def _saelens(args, tensors: dict | None, lr: float, extra: list[str] = ()) -> di
         save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, str(args.acts))
     command = [str(args.saelens_python), str(ROOT / "benchmarks" / "train_saelens.py"), str(args.acts),
                "--expansion", "8", "--k", "32", "--batch-size", str(args.batch_size), "--lr", repr(lr),
-               "--warmup-steps", "1", "--device", args.device, *extra]
+               "--warmup-steps", "0", "--device", args.device, "--fvu-every", str(args.fvu_every), *extra]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -238,7 +269,24 @@ def _compare(ours: dict, peer: dict, tokens: int, args) -> None:
     speed, gap = ours["tokens_per_s"] / peer["tokens_per_s"], (ours["fvu"] - peer["fvu"]) / peer["fvu"]
     met = speed >= 2 and gap <= 0.05
     print(f"resid / SAELens: {speed:.2f}x tokens/s, FVU {gap:+.1%} relative; the issue's target (>= 2x tokens/s at "
-          f"FVU within 5%): {'met' if met else 'not met'}\n")
+          f"FVU within 5%): {'met' if met else 'not met'}")
+    if trainer:
+        _equal_fvu(ours, peer)
+    print()
+
+
+def _equal_fvu(ours: dict, peer: dict) -> None:
+    """The held-out FVU of each run along its training, and the tokens and seconds (at its tokens/s) each needs
+    to reach the FVU that both reach: the higher of the two final FVUs, at the granularity of --fvu-every."""
+    print("held-out FVU along training (tokens: resid, SAELens): " + ", ".join(
+        f"{t}: {a:.3f}, {b:.3f}" for (t, a), (_, b) in zip(ours["curve"], peer["curve"])))
+    target = max(ours["fvu"], peer["fvu"])
+    reach = {name: next(t for t, fvu in run["curve"] if fvu <= target) for name, run in (("resid", ours),
+                                                                                          ("SAELens", peer))}
+    seconds = {name: reach[name] / run["tokens_per_s"] for name, run in (("resid", ours), ("SAELens", peer))}
+    ratio = seconds["SAELens"] / seconds["resid"]
+    print(f"to reach FVU {target:.3f}: resid {reach['resid']} tokens in {seconds['resid']:.2f} s, SAELens "
+          f"{reach['SAELens']} tokens in {seconds['SAELens']:.2f} s: resid {ratio:.2f}x faster at equal FVU")
 
 
 def _sync(device: str) -> None:

@@ -1,7 +1,7 @@
 """The SAELens peer of bench_train.py: SAELens's own trainer trains its TopK SAE on the activations resid generated.
 
     build/saelens-reference-venv/bin/python benchmarks/train_saelens.py build/bench-train/acts.safetensors \
-        --lr 3.77e-4 --warmup-steps 1 [--expansion 8] [--k 32] [--batch-size 4096] [--device cpu]
+        --lr 3e-4 --warmup-steps 0 [--expansion 8] [--k 32] [--batch-size 4096] [--device cpu] [--fvu-every N]
 
 Run with the Python of SAELens's environment (tests/data/make_saelens_training_reference.py makes it: torch 2.13.0,
 sae-lens 6.54.12), never resid's: this file imports no resid. bench_train.py writes the activations file and runs
@@ -9,8 +9,8 @@ this script itself; it holds `train` [steps * batch_size, d_in] (the training to
 them) and `held_out` [tokens, d_in] (the FVU's tokens), float32.
 
 Two modes, each training SAELens's TopK SAE at SAELens's TopK defaults (rescale_acts_by_decoder_norm,
-decoder_init_norm 0.1, aux loss coefficient 1, its gradient clip at 1.0) with Adam at the same learning rate and
-linear warm-up as resid, no wandb, no evaluator, no checkpoints:
+decoder_init_norm 0.1, aux loss coefficient 1, its gradient clip at 1.0) with Adam at the learning rate and
+warm-up bench_train.py passes, no wandb, no evaluator, no checkpoints:
 
 - trainer (default): SAELens's SAETrainer (sae_lens.training.sae_trainer, the trainer its runner calls) fed the
   `train` rows batch by batch through its DataProvider interface (an iterator of tensors): the same tokens in the
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--store-batch-prompts", type=int, default=8)
     parser.add_argument("--autocast", action="store_true", help="end to end: autocast_lm (the model in bf16 autocast)")
     parser.add_argument("--batches-in-buffer", type=int, default=20, help="SAELens's n_batches_in_buffer")
+    parser.add_argument("--fvu-every", type=int, default=0,
+                        help="trainer mode: the held-out FVU every this many steps too (its time not counted)")
     args = parser.parse_args()
 
     from sae_lens import TopKTrainingSAEConfig
@@ -72,16 +74,15 @@ def main() -> None:
     torch.manual_seed(args.seed)
     sae_cfg = TopKTrainingSAEConfig(d_in=d_in, d_sae=args.expansion * d_in, k=args.k, dtype="float32",
                                     device=args.device)
+    curve = []  # (tokens trained, held-out FVU) along training
     if args.gguf is not None:
         steps, seconds, sae = _end_to_end(args, sae_cfg)
     else:
-        steps, seconds, sae = _trainer(args, sae_cfg, tensors["train"].to(args.device))
+        steps, seconds, sae = _trainer(args, sae_cfg, tensors["train"].to(args.device), held_out, curve)
     sae.eval()
-    with torch.no_grad():
-        acts = sae.encode(held_out)
-        recon = sae.decode(acts)
-        fvu = float((held_out - recon).pow(2).sum() / (held_out - held_out.mean(0)).pow(2).sum())
-    print(json.dumps({"library": f"sae-lens {importlib.metadata.version('sae-lens')}",
+    fvu, acts = _fvu(sae, held_out)
+    curve.append((steps * args.batch_size, fvu))
+    print(json.dumps({"curve": curve, "library": f"sae-lens {importlib.metadata.version('sae-lens')}",
                       "mode": "end to end" if args.gguf is not None else "trainer",
                       "torch": torch.__version__, "threads": torch.get_num_threads(), "steps": steps,
                       "tokens": steps * args.batch_size, "seconds": seconds,
@@ -89,8 +90,17 @@ def main() -> None:
                       "l0": float((acts > 0).sum(-1).float().mean())}))
 
 
-def _trainer(args, sae_cfg, train: torch.Tensor):
-    """SAELens's SAETrainer on the given rows: (steps, seconds, the trained SAE)."""
+def _fvu(sae, rows: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """sum (x - x^)^2 / sum (x - mean x)^2 on `rows`, and the SAE's activations there."""
+    with torch.no_grad():
+        acts = sae.encode(rows)
+        recon = sae.decode(acts)
+    return float((rows - recon).pow(2).sum() / (rows - rows.mean(0)).pow(2).sum()), acts
+
+
+def _trainer(args, sae_cfg, train: torch.Tensor, held_out: torch.Tensor, curve: list):
+    """SAELens's SAETrainer on the given rows: (steps, seconds, the trained SAE). With --fvu-every, the held-out
+    FVU is appended to `curve` when the trainer asks for batch i (i steps done), its time taken out of `seconds`."""
     from sae_lens import LoggingConfig, SAETrainer, TopKTrainingSAE
     from sae_lens.config import SAETrainerConfig
 
@@ -100,13 +110,23 @@ def _trainer(args, sae_cfg, train: torch.Tensor):
     cfg = SAETrainerConfig(total_training_samples=steps * args.batch_size, train_batch_size_samples=args.batch_size,
                            lr=args.lr, lr_end=args.lr / 10, lr_warm_up_steps=args.warmup_steps,
                            device=args.device, logger=LoggingConfig(log_to_wandb=False))
-    batches = (train[i * args.batch_size:(i + 1) * args.batch_size] for i in range(steps))
-    trainer = SAETrainer(cfg, sae, batches)
+    evaluating = [0.0]
+
+    def batches():
+        for i in range(steps):
+            if args.fvu_every and i and i % args.fvu_every == 0:
+                _sync(args.device)
+                start = time.perf_counter()
+                curve.append((i * args.batch_size, _fvu(sae, held_out)[0]))
+                evaluating[0] += time.perf_counter() - start
+            yield train[i * args.batch_size:(i + 1) * args.batch_size]
+
+    trainer = SAETrainer(cfg, sae, batches())
     _sync(args.device)
     start = time.perf_counter()
     trainer.fit()
     _sync(args.device)
-    return steps, time.perf_counter() - start, sae
+    return steps, time.perf_counter() - start - evaluating[0], sae
 
 
 def _end_to_end(args, sae_cfg):
