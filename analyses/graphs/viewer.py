@@ -76,10 +76,10 @@ const where = {};
 Object.values(groups).forEach(g => g.forEach((n, i) => {
   where[n.node_id] = [left + n.ctx_idx * colW + (i + 1) * colW / (g.length + 1), top + rowOf(n) * rowH];
 }));
-// the logits spread along the top row from the right (the target first, above the last position), each labelled
-// with its token where there is room
+// the logits side by side along the top row from the right (the target first, above the last position; at most
+// 60 px apart, so that their edges do not cross the whole graph), each labelled with its token where there is room
 const logits = data.nodes.filter(n => n.feature_type === 'logit');
-const logitGap = Math.min(colW, Math.max(24, tokens.length * colW / Math.max(1, logits.length)));
+const logitGap = Math.min(colW, 60, Math.max(24, tokens.length * colW / Math.max(1, logits.length)));
 logits.forEach((n, i) => { where[n.node_id] = [left + tokens.length * colW - (i + 0.5) * logitGap, top]; });
 const height = top + nLayers * rowH + bottom;
 const width = left + tokens.length * colW + 8;
