@@ -30,6 +30,7 @@ from plotly.offline import get_plotlyjs
 from torch import nn
 
 import resid
+from resid.analyses.io import atomic
 from resid.identities import identity
 
 ROWS = 25  # table rows shown before "n more rows"
@@ -89,7 +90,7 @@ def write(page: Page, path: str | Path, self_contained: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not self_contained and not (path.parent / PLOTLY_JS).exists():
         (path.parent / PLOTLY_JS).write_text(get_plotlyjs(), encoding="utf-8")
-    path.write_text(render(page, self_contained), encoding="utf-8")
+    atomic.write(path, render(page, self_contained))  # a killed run leaves the old page, never half a new one
     return path
 
 
