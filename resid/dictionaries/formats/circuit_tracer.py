@@ -17,13 +17,17 @@ Cross-layer files: W_enc_{l}.safetensors with W_enc_{l} [d_sae d_model], b_enc_{
 layer l's output) and threshold_{l}; W_dec_{l}.safetensors with W_dec_{l} [d_sae (n_layers - l) d_model].
 
 circuit-tracer's JumpReLU is pre * (pre > threshold), without a relu, so thresholds are kept as they are.
+
+`write(clt, folder)` saves a resid CrossLayerTranscoder in the cross-layer layout above, which `read` reads back.
 """
 
+import os
 import re
 from pathlib import Path
 
 import torch
 import yaml
+from safetensors.torch import save_file
 
 from resid.dictionaries import hub
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
@@ -156,3 +160,32 @@ def _cross_layer(folder: Path, cfg: dict) -> CrossLayerTranscoder:
         name=folder.name, format="circuit_tracer", hook_in=cfg["feature_input_hook"],
         hook_out=cfg["feature_output_hook"], model_name=cfg.get("model_name"), metadata={"scan": cfg.get("scan")},
     )
+
+
+def write(clt: CrossLayerTranscoder, folder: Path) -> Path:
+    """Save `clt` as a circuit-tracer cross-layer transcoder (config.yaml, W_enc_{l} and W_dec_{l}.safetensors per
+    layer; see the module docstring), which `read` loads back to the same weights. Returns the folder."""
+    if not isinstance(clt, CrossLayerTranscoder):
+        raise ResidError(f"circuit-tracer's cross-layer format holds a resid.dictionaries.CrossLayerTranscoder, not "
+                         f"a {type(clt).__name__}; save a per-layer dictionary with the SAELens writer.")
+    if clt.W_skip is not None or clt.hook_in is None or clt.hook_out is None:
+        raise ResidError(f"Cross-layer transcoder {clt.name!r} cannot be saved in circuit-tracer's format: it needs "
+                         "hook_in and hook_out (names within a block) and no skip path (W_skip), which the format "
+                         "has no file for.")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    mask = os.umask(0o022)  # safetensors makes files 0600: give them the user's umask (read by setting it, and set
+    os.umask(mask)          # straight back)
+    take = lambda t: t.detach().cpu().contiguous()  # noqa: E731
+    for layer in range(clt.n_layers):
+        tensors = {f"W_enc_{layer}": clt.W_enc[layer].T, f"b_enc_{layer}": clt.b_enc[layer],
+                   f"b_dec_{layer}": clt.b_dec[layer]}
+        if clt.threshold is not None:
+            tensors[f"threshold_{layer}"] = clt.threshold[layer]
+        for name, part in ((f"W_enc_{layer}", tensors), (f"W_dec_{layer}", {f"W_dec_{layer}": clt.W_dec[layer]})):
+            save_file({k: take(v) for k, v in part.items()}, str(folder / f"{name}.safetensors"))
+            os.chmod(folder / f"{name}.safetensors", 0o666 & ~mask)
+    cfg = {"model_kind": "cross_layer_transcoder", "feature_input_hook": clt.hook_in,
+           "feature_output_hook": clt.hook_out, "model_name": clt.model_name, "scan": clt.name}
+    (folder / CONFIG).write_text(yaml.safe_dump(cfg))
+    return folder
