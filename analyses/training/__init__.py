@@ -13,6 +13,8 @@
                  buffer; BlockJob: one block of it, in process or on a Ray worker
     loop         Spec, train(): several dictionaries from one stream, a step job of the step driver
                  (resid.analyses.distributed.steps: checkpoints, progress, Ray), SAELens folders
+    crosslayer   train_crosslayer(): a cross-layer transcoder over every layer from the same stream and step job,
+                 saved in circuit-tracer's CLT format
     evaluation   evaluate(): the metrics as a table, a reduction of the driver
 
 Imported lazily, so that `resid train-sae --help` loads no torch.
@@ -21,7 +23,8 @@ Imported lazily, so that `resid train-sae --help` loads no torch.
 import importlib
 
 _PUBLIC = {"Recipe": "recipe", "Spec": "loop", "train": "loop", "evaluate": "evaluation", "Trainer": "trainer",
-           "fit": "trainer", "Activations": "activations"}
+           "fit": "trainer", "Activations": "activations",
+           "train_crosslayer": "crosslayer"}
 
 
 def __getattr__(name: str):

@@ -4,6 +4,7 @@ loads back equal and runs in model.run; a run killed mid-way resumes to the unin
 cannot hold is refused before any work, saying what fits; a NaN batch stops before the weights change."""
 
 import pytest
+import random_transcoders
 import torch
 from numerics import TINY
 
@@ -13,6 +14,7 @@ from resid.analyses.training import crosslayer
 from resid.analyses.training.crosslayer import CrossLayerCoder, train_crosslayer
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Trainer, fit
+from resid.dictionaries.formats import circuit_tracer
 
 BATCHTOPK = Recipe(activation="batchtopk", k=4, d_sae=32, steps=16, batch_size=96, warmup_steps=2, dead_tokens=200,
                    threshold_start_step=2, lr=3e-2)
@@ -148,3 +150,14 @@ def test_a_nan_batch_stops_before_the_weights_change(recipe) -> None:
         fit(trainer, [(bad, good[1])])
     after = trainer.state()
     assert all(torch.equal(before[k], after[k]) for k in before)  # Adam never saw the NaN gradient
+
+
+def test_the_circuit_tracer_writer_refuses_what_its_format_cannot_hold(bos_model, tmp_path) -> None:
+    coder = CrossLayerCoder(3, 8, 8, BATCHTOPK)
+    clt = coder.dictionary(hook_in="hook_mlp_in", hook_out="hook_mlp_out")
+    with pytest.raises(resid.ResidError, match="not a Dictionary"):
+        circuit_tracer.write(random_transcoders.per_layer(bos_model)[0], tmp_path / "a")
+    clt.W_skip = torch.nn.Parameter(torch.zeros(3, 8, 8))
+    with pytest.raises(resid.ResidError, match="no skip path"):
+        circuit_tracer.write(clt, tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

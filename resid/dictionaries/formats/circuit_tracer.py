@@ -162,7 +162,7 @@ def _cross_layer(folder: Path, cfg: dict) -> CrossLayerTranscoder:
     )
 
 
-def write(clt: CrossLayerTranscoder, folder: Path) -> Path:
+def write(clt: CrossLayerTranscoder | Dictionary, folder: str | Path) -> Path:
     """Save `clt` as a circuit-tracer cross-layer transcoder (config.yaml, W_enc_{l} and W_dec_{l}.safetensors per
     layer; see the module docstring), which `read` loads back to the same weights. Returns the folder."""
     if not isinstance(clt, CrossLayerTranscoder):
