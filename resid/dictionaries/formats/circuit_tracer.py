@@ -164,9 +164,8 @@ def _cross_layer(folder: Path, cfg: dict) -> CrossLayerTranscoder:
 
 def write(clt: CrossLayerTranscoder | Dictionary, folder: str | Path) -> Path:
     """Save `clt` as a circuit-tracer cross-layer transcoder (config.yaml, W_enc_{l} and W_dec_{l}.safetensors per
-    layer; see the module docstring), which `read` loads back to the same weights. Returns the folder. (The layout is
-    the one `read` reads from circuit-tracer's files; that circuit-tracer 0.5.0 itself loads what this writes is not
-    yet checked by a fixture of its own.)"""
+    layer; see the module docstring), which `read` loads back to the same weights and circuit-tracer 0.5.0's own
+    load_clt reads, giving the same graph (tests/data/make_clt_reference.py). Returns the folder."""
     if not isinstance(clt, CrossLayerTranscoder):
         raise ResidError(f"circuit-tracer's cross-layer format holds a resid.dictionaries.CrossLayerTranscoder, not "
                          f"a {type(clt).__name__}; save a per-layer dictionary with the SAELens writer.")
