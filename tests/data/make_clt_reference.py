@@ -6,8 +6,9 @@ the oracle of tests/graphs/test_clt_in_circuit_tracer.py.
     .venv/bin/python tests/data/make_clt_reference.py            # rewrite the committed files
     .venv/bin/python tests/data/make_clt_reference.py --check    # regenerate elsewhere and compare, write nothing
 
-Run it with resid's Python: resid writes the CLT (seeded random weights, `clt(model)`: what is checked is the format
-and the graph, not a training), then the script re-runs itself (--inside) in circuit-tracer's environment,
+Run it with resid's Python: resid trains the CLT (`clt(model)`: train_crosslayer on the tiny Llama, given a word-level
+tokenizer, reading each layer's ln2.hook_normalized and writing hook_mlp_out) and writes it, then the script re-runs
+itself (--inside) in circuit-tracer's environment,
 build/graph-reference-venv (tests/data/make_graph_reference.py makes it), which never imports resid. There
 circuit-tracer's load_clt reads the files, TransformerLens builds the model of tests/data/graphs/model as
 make_graph_reference.py does, and circuit-tracer's attribute() gives the graph of its prompt. Written beside the
@@ -24,38 +25,60 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # make_graph_reference and reference_venv, beside this file
 DATA = HERE / "graphs"
 N_FEATURES = 24
 TOLERANCE = 1e-5  # --check: largest |difference| of the regenerated graph from the committed one
 
 
+def model_with_tokenizer(where: Path):
+    """The tiny Llama of tests/data/graphs with make_graph_reference's word-level tokenizer beside it (resid reads a
+    folder's tokenizer.json), so that resid can train on text."""
+    from make_graph_reference import tokenizer_folder
+
+    import resid
+
+    shutil.copytree(DATA / "model", where / "model")
+    tokenizer_folder(where / "tokenizer")
+    shutil.copy(where / "tokenizer" / "tokenizer.json", where / "model" / "tokenizer.json")
+    return resid.load(where / "model")
+
+
 def clt(model):
-    """The CLT the fixture holds: seeded, JumpReLU, reading mlp.hook_in and writing mlp.hook_out of every layer."""
+    """The CLT the fixture holds, trained by resid (train_crosslayer: JumpReLU, 24 features per layer, 20 steps of
+    128 tokens of seeded random text, one thread so that its sums round alike), named for the fixture's model."""
     import torch
 
-    from resid.dictionaries import CrossLayerTranscoder, check
+    from resid.analyses import Execution
+    from resid.analyses.training import train_crosslayer
+    from resid.analyses.training.recipe import Recipe
 
-    n, d, f = model.config.n_layers, model.config.d_model, N_FEATURES
-    g = torch.Generator().manual_seed(3)
-    return check(CrossLayerTranscoder(
-        W_enc=torch.randn(n, d, f, generator=g) / d**0.5, b_enc=-0.3 - 0.3 * torch.rand(n, f, generator=g),
-        W_dec=[torch.randn(f, n - layer, d, generator=g) / f**0.5 for layer in range(n)],
-        b_dec=0.1 * torch.randn(n, d, generator=g), activation="jumprelu",
-        threshold=0.05 * torch.rand(n, f, generator=g), hook_in="mlp.hook_in", hook_out="mlp.hook_out", name="clt",
-    ), model)
+    g = torch.Generator().manual_seed(0)
+    texts = [" ".join(f"t{int(i)}" for i in torch.randint(1, 64, (40,), generator=g)) for _ in range(200)]
+    recipe = Recipe(activation="jumprelu", d_sae=N_FEATURES, steps=20, batch_size=128, lr=3e-2, warmup_steps=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trained = train_crosslayer(model, texts, recipe, Execution(progress=False), window=32, buffer_tokens=1280)
+    finally:
+        torch.set_num_threads(threads)
+    trained.model_name = "tiny-llama"
+    return trained
 
 
 def write_clt(out: Path) -> None:
-    """resid's side: the CLT's files in circuit-tracer's layout."""
-    import resid
+    """resid's side: the trained CLT's files in circuit-tracer's layout."""
     from resid.dictionaries.formats import circuit_tracer
 
-    circuit_tracer.write(clt(resid.load(DATA / "model")), out / "clt")
+    with tempfile.TemporaryDirectory() as scratch:
+        circuit_tracer.write(clt(model_with_tokenizer(Path(scratch))), out / "clt")
 
 
 def graph(out: Path) -> None:
     """circuit-tracer's side (in its venv): load the CLT, build the graph, write it."""
+    import make_graph_reference as tiny
     import torch
+    import yaml
     from circuit_tracer import attribute
     from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
     from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
@@ -63,9 +86,6 @@ def graph(out: Path) -> None:
     from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
     from transformers import LlamaForCausalLM
-
-    sys.path.insert(0, str(HERE))
-    import make_graph_reference as tiny
 
     hf = LlamaForCausalLM.from_pretrained(DATA / "model").float().eval()
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,8 +96,10 @@ def graph(out: Path) -> None:
             gated_mlp=True, original_architecture="LlamaForCausalLM",
             tokenizer_name=tiny.tokenizer_folder(Path(tmp) / "tokenizer"), model_name="tiny-llama",
             default_prepend_bos=False, dtype=torch.float32, device="cpu")
-        transcoder = load_clt(str(out / "clt"), feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
-                              scan="clt", device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False)
+        config = yaml.safe_load((out / "clt" / "config.yaml").read_text())  # the hooks resid wrote
+        transcoder = load_clt(str(out / "clt"), feature_input_hook=config["feature_input_hook"],
+                              feature_output_hook=config["feature_output_hook"], scan=config["scan"],
+                              device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False)
         model = TransformerLensReplacementModel.from_config(cfg, transcoder)
         state = {re.sub(r"^(blocks\.\d+\.mlp|unembed)\.", lambda m: f"{m[1]}.old_{m[1].split('.')[-1]}.", k): v
                  for k, v in convert_llama_weights(hf, cfg).items()}
@@ -98,7 +120,6 @@ def main() -> None:
     if args.inside is not None:
         graph(Path(args.inside))
         return
-    sys.path.insert(0, str(HERE))
     from make_graph_reference import ensure_venv
     from reference_venv import same_tensors
 
@@ -110,7 +131,8 @@ def main() -> None:
                        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
         if args.check:
             same = same_tensors(target / "clt-reference.safetensors", DATA / "clt-reference.safetensors", TOLERANCE)
-            same &= all(same_tensors(target / "clt" / f.name, f, 0.0) for f in (DATA / "clt").glob("*.safetensors"))
+            same &= all(same_tensors(target / "clt" / f.name, f, TOLERANCE)
+                        for f in (DATA / "clt").glob("*.safetensors"))
             print("agrees with" if same else "differs from", DATA)
             sys.exit(0 if same else 1)
     shutil.copy(DATA / "circuit-tracer.LICENSE", DATA / "clt" / "circuit-tracer.LICENSE")
