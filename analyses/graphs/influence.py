@@ -96,8 +96,8 @@ def prune(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_features: int, n_tok
     ordered, order = torch.sort(influence, descending=True)
     cumulative = torch.zeros_like(influence)
     cumulative[order] = torch.cumsum(ordered, dim=0) / ordered.sum()
-    total = edge_scores.sum().clamp_min(torch.finfo(edge_scores.dtype).tiny)
-    return Pruned(nodes, edges, cumulative, edge_scores / total)
+    edge_scores /= edge_scores.sum().clamp_min(torch.finfo(edge_scores.dtype).tiny)  # its own tensor: no copy
+    return Pruned(nodes, edges, cumulative, edge_scores)
 
 
 def _need_edges(nodes: Tensor, edges: Tensor, row_nodes: Tensor, fixed: int, n_features: int) -> None:

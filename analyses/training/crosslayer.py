@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.steps import drive_steps
 from resid.analyses.io import corpus as corpora
-from resid.analyses.training.activations import Activations, Position, available_bytes, batches
+from resid.analyses.training.activations import Activations, Position, available_bytes
 from resid.analyses.training.batchtopk import batch_top_k
 from resid.analyses.training.coder import Coder, geometric_median
 from resid.analyses.training.jumprelu import JumpReLU
@@ -311,29 +311,17 @@ class CrossLayerJob(TrainingJob):
     def older_settings(self) -> list[dict]:
         return []
 
-    def consume(self, found: dict[HookPoint, Tensor]):
-        block, skip = self.position.block, self.position.batch
-        found = {point: tensor.to(self.source.device) for point, tensor in found.items()}
-        for position, batch in batches(found, block, self.recipe.batch_size, skip):
-            if self.step >= self.steps:
-                return
-            x = torch.stack([batch[p_in] for p_in, _ in self.pairs], 1)
-            y = torch.stack([batch[p_out] for _, p_out in self.pairs], 1)
-            self.stats = [self.trainers[0].step(x, y)]
-            self.step, self.position = self.step + 1, position
-            stats = self.stats[0]
-            yield {"l0": f"{stats.l0:.1f}", "fvu": f"{stats.fvu:.3f}", "dead": f"{stats.dead:.2f}"}
-        self.position = Position(block + 1, 0)
+    def train_on(self, batch: dict[HookPoint, Tensor]) -> list[Stats]:
+        """The CLT's step on every layer's rows, stacked [token layer d] (TrainingJob.consume drives it)."""
+        x = torch.stack([batch[p_in] for p_in, _ in self.pairs], 1)
+        y = torch.stack([batch[p_out] for _, p_out in self.pairs], 1)
+        return [self.trainers[0].step(x, y)]
 
     def finish(self, out: Path | None) -> CrossLayerTranscoder:
         trainer = self.trainers[0]
         trainer.check_finite()  # never a NaN CLT, with or without checkpoints
-        recipe = self.recipe
-        info = {"recipe": asdict(recipe), "tokens": recipe.steps * recipe.batch_size, "data": self._settings["data"],
-                "keep_bos": self.source.keep_bos, "autocast": self.source.autocast,
-                "max_norm_ratio": self.source.max_norm_ratio, "trainer": "resid.analyses.training.crosslayer"}
         clt = check(trainer.coder.dictionary(self.hook_in, self.hook_out, name="clt", model_name=self.model.name,
-                                             metadata=info), self.model)
+                                             metadata=self.run_info("resid.analyses.training.crosslayer")), self.model)
         if out is not None:
             circuit_tracer.write(clt, Path(out) / "clt")
         return clt.to(self.model.device)

@@ -243,22 +243,30 @@ class TrainingJob(StepJob):
         for position, batch in batches(found, block, self.recipe.batch_size, skip):
             if self.step >= self.steps:
                 return
-            self.stats = [t.step(batch[p_in], batch[p_out] if p_out is not None else None)
-                          for t, (p_in, p_out) in zip(self.trainers, self.pairs)]
+            self.stats = self.train_on(batch)
             self.step, self.position = self.step + 1, position
             mean = lambda field: sum(getattr(x, field) for x in self.stats) / len(self.stats)  # noqa: E731
             yield {"l0": f"{mean('l0'):.1f}", "fvu": f"{mean('fvu'):.3f}", "dead": f"{mean('dead'):.2f}"}
         self.position = Position(block + 1, 0)
+
+    def train_on(self, batch: dict[HookPoint, Tensor]) -> list[Stats]:
+        """One optimizer step of every trainer on its points' rows of `batch`."""
+        return [t.step(batch[p_in], batch[p_out] if p_out is not None else None)
+                for t, (p_in, p_out) in zip(self.trainers, self.pairs)]
+
+    def run_info(self, trainer: str) -> dict:
+        """What a trained dictionary's metadata records of the run that made it (`trainer`: the module)."""
+        recipe = self.recipe
+        return {"recipe": asdict(recipe), "tokens": recipe.steps * recipe.batch_size, "data": self._settings["data"],
+                "keep_bos": self.source.keep_bos, "autocast": self.source.autocast,
+                "max_norm_ratio": self.source.max_norm_ratio, "trainer": trainer}
 
     def stepped(self) -> None:
         if self.on_step is not None:
             self.on_step(self.step, self.stats)
 
     def finish(self, out: Path | None) -> list[Dictionary]:
-        recipe = self.recipe
-        info = {"recipe": asdict(recipe), "tokens": recipe.steps * recipe.batch_size, "data": self._settings["data"],
-                "keep_bos": self.source.keep_bos, "autocast": self.source.autocast,
-                "max_norm_ratio": self.source.max_norm_ratio, "trainer": "resid.analyses.training"}
+        info = self.run_info("resid.analyses.training")
         found = []
         for trainer in self.trainers:  # never a NaN dictionary, with or without checkpoints
             trainer.check_finite()
