@@ -20,12 +20,16 @@ Activations (Recipe.activation):
                each feature's decoder (its rows into every target it writes, concatenated) kept at unit norm, so
                that the selection compares features on equal terms; no sparsity term (k is the sparsity). A
                threshold per layer tracks the smallest kept activation as the per-layer BatchTopK does, and the
-               CLT is exported as a JumpReLU with that threshold for the layer's features.
+               CLT is exported as a JumpReLU with that threshold for the layer's features. The decoders read only
+               the kept entries' rows (decode_sparse): k rows per token and source layer, where a dense decode
+               multiplies every feature's rows into every target.
     jumprelu   a = pre * (pre > threshold) with jumprelu.JumpReLU's straight-through threshold gradient; the
                sparsity term is Ameisen et al.'s: l0_coefficient x sum over l, i of tanh(tanh_scale x |W_dec[l]_i|
                x a[l]_i) (mean over tokens), |W_dec[l]_i| the norm of feature i's decoder over all its targets.
-TopK (exported as no threshold can say) and ReLU are refused. Not yet here: AuxK for dead BatchTopK features and
-Anthropic's pre-activation loss.
+               Decoded densely: the threshold's gradient needs the decoders' pull on features below it too.
+TopK (exported as no threshold can say) and ReLU are refused. Not here: AuxK for dead BatchTopK features (a
+feature counts as dead after recipe.dead_tokens tokens without firing, 10M by default) and Anthropic's pre-activation
+loss.
 
 The decoders grow with the layers squared: n (n + 1) / 2 blocks of [d_sae d_out]. `check_memory` states their
 bytes with the gradients, Adam's moments and a batch's activations, and refuses before any work what the device
@@ -147,11 +151,24 @@ class CrossLayerCoder(Coder):
     def decode(self, acts: Float[Tensor, "token layer feature"], x: Tensor | None = None
                ) -> Float[Tensor, "token layer d_out"]:
         """Every target's reconstruction: each source layer's features decoded into all its targets in one product,
-        placed at targets source.. by padding the layer axis in front."""
-        out = self.b_dec.expand(acts.shape[0], -1, -1)
+        added into targets source.. of the output."""
+        out = self.b_dec.expand(acts.shape[0], -1, -1).clone()
         for source, w in enumerate(self.W_dec):
-            written = (acts[:, source] @ w.flatten(1)).view(acts.shape[0], self.n_layers - source, self.d_out)
-            out = out + F.pad(written, (0, 0, source, 0))
+            out[:, source:] += (acts[:, source] @ w.flatten(1)).view(acts.shape[0], self.n_layers - source, self.d_out)
+        return out
+
+    def decode_sparse(self, kept: list[tuple[Tensor, Tensor, Tensor]], tokens: int
+                      ) -> Float[Tensor, "token layer d_out"]:
+        """`decode` from each source layer's kept entries (values, token, feature; sorted by token, as
+        batch_top_k gives them): a gather of the active features' decoder rows over all their targets (torch's
+        embedding_bag, as Coder.decode_sparse for one layer), so a step costs k rows per token and source layer
+        instead of a dense [token feature] @ [feature target x d_out] product and its gradient."""
+        out = self.b_dec.expand(tokens, -1, -1).clone()
+        for source, (w, (values, token, feature)) in enumerate(zip(self.W_dec, kept, strict=True)):
+            counts = torch.bincount(token, minlength=tokens)
+            written = F.embedding_bag(feature, w.view(self.d_sae, -1), torch.cumsum(counts, 0) - counts, mode="sum",
+                                      per_sample_weights=values)
+            out[:, source:] += written.view(tokens, self.n_layers - source, self.d_out)
         return out
 
     def decoder_norms(self) -> Float[Tensor, "layer feature"]:
@@ -161,26 +178,29 @@ class CrossLayerCoder(Coder):
     def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
         if self.recipe.activation == "batchtopk":
-            acts = torch.stack([self._batch_top_k(pre[:, layer], layer, step) for layer in range(self.n_layers)], 1)
-            sparsity = pre.new_zeros(())
-        else:
-            acts = JumpReLU.apply(pre, self.threshold, self.recipe.bandwidth)
-            penalty = torch.tanh(self.tanh_scale * self.decoder_norms() * acts).sum((-1, -2)).mean()
-            sparsity = self.recipe.l0_coefficient * self.recipe.sparsity_factor(step) * penalty
+            kept = [self._batch_top_k(pre[:, layer], layer, step) for layer in range(self.n_layers)]
+            y_hat = self.decode_sparse(kept, len(x))
+            with torch.no_grad():  # for the Trainer's statistics and dead-feature counts
+                acts = torch.zeros_like(pre)
+                for layer, (values, token, feature) in enumerate(kept):
+                    acts[:, layer].index_put_((token, feature), values)
+            return (y - y_hat).pow(2).sum((-1, -2)).mean(), acts, y_hat
+        acts = JumpReLU.apply(pre, self.threshold, self.recipe.bandwidth)
+        penalty = torch.tanh(self.tanh_scale * self.decoder_norms() * acts).sum((-1, -2)).mean()
         y_hat = self.decode(acts)
+        sparsity = self.recipe.l0_coefficient * self.recipe.sparsity_factor(step) * penalty
         return (y - y_hat).pow(2).sum((-1, -2)).mean() + sparsity, acts, y_hat
 
-    def _batch_top_k(self, pre: Tensor, layer: int, step: int) -> Tensor:
-        """One source layer's BatchTopK activations [token feature] (dense; the kept values carry the gradient),
-        its threshold tracked after recipe.threshold_start_step steps."""
+    def _batch_top_k(self, pre: Tensor, layer: int, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One source layer's BatchTopK entries (values, token, feature; batch_top_k's), its threshold tracked
+        after recipe.threshold_start_step steps."""
         values, token, feature = batch_top_k(pre, self.recipe.k)
-        acts = torch.zeros_like(pre).index_put((token, feature), values)
         if step > self.recipe.threshold_start_step:
             with torch.no_grad():
                 smallest = values[values > 0].min() if bool((values > 0).any()) else values.new_zeros(())
                 beta, current = self.recipe.threshold_beta, self.threshold[layer]
                 self.threshold[layer] = smallest if current < 0 else beta * current + (1 - beta) * smallest
-        return acts
+        return values, token, feature
 
     # --- around the optimizer step ---------------------------------------------------------------------------
     def normalise(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

@@ -161,3 +161,23 @@ def test_the_circuit_tracer_writer_refuses_what_its_format_cannot_hold(bos_model
     with pytest.raises(resid.ResidError, match="no skip path"):
         circuit_tracer.write(clt, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_sparse_decode_and_its_gradients_equal_the_dense_decode() -> None:
+    """BatchTopK decodes only the kept entries (embedding_bag); the reconstruction and the gradients of the decoders
+    and of the kept values equal the dense product's."""
+    coder = CrossLayerCoder(3, 8, 6, BATCHTOPK)
+    torch.manual_seed(0)
+    pre = torch.randn(20, 3, 32, requires_grad=True)
+    kept = [crosslayer.batch_top_k(pre[:, layer], 4) for layer in range(3)]
+    dense = torch.zeros(20, 3, 32)
+    for layer, (values, token, feature) in enumerate(kept):
+        dense[:, layer] = torch.zeros(20, 32).index_put((token, feature), values)
+    cotangent = torch.randn(20, 3, 6)
+    grads = []
+    for y_hat in (coder.decode(dense), coder.decode_sparse(kept, 20)):
+        grads.append(torch.autograd.grad(y_hat, [pre, *coder.W_dec], cotangent, retain_graph=True))
+        grads[-1] = (y_hat.detach(), *grads[-1])
+    assert bool(grads[0][1].abs().sum() > 0) and bool(grads[0][2].abs().sum() > 0)
+    for dense_side, sparse_side in zip(*grads, strict=True):
+        torch.testing.assert_close(sparse_side, dense_side, atol=1e-5, rtol=1e-5)
