@@ -13,6 +13,9 @@
     resid patch --pairs pairs.jsonl [--sites resid_pre|sublayer|head] [--method exact|atp] --out results.parquet
     resid neurons values|top|explain|edit ...
     resid features values|top --dictionary DIR ...
+    resid train-sae | train-transcoder --layers all --out DIR [--k 32 --expansion 8 --tokens N]
+    resid train-clt --out DIR [--activation batchtopk|jumprelu --k 16 --expansion 2 --tokens N]
+    resid eval-dictionaries [NAME=]DIR [[NAME=]DIR ...] --out DIR [--prompt P ...]
     resid graph "prompt" --transcoders DIR [--out graph.json] [--validate K]
     resid qk "prompt" --transcoders DIR [--layer L --head H] [--key K] [--versus K2 | mean] [--out table.csv]
 
@@ -47,7 +50,8 @@ DEFAULT_MODEL = "smollm2-135m"
 # lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
 COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
             "neurons", "features")
-COMMANDS += ("train", "graph", "qk")  # `resid train-sae` and `resid train-transcoder` (analyses/cli/train.py)
+# `resid train-sae`, `train-transcoder` and `train-clt` (analyses/cli/train.py); `resid eval-dictionaries`
+COMMANDS += ("train", "eval_dictionaries", "graph", "qk")
 
 
 def _parser() -> argparse.ArgumentParser:

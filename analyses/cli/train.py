@@ -1,10 +1,12 @@
-"""`resid train-sae` / `resid train-transcoder`: train dictionaries on a corpus (resid.analyses.training),
-resumably, write them in SAELens's format and evaluate them on held-out paragraphs.
+"""`resid train-sae` / `resid train-transcoder` / `resid train-clt`: train dictionaries on a corpus
+(resid.analyses.training), resumably, write them (SAELens's format; a CLT in circuit-tracer's) and evaluate them on
+held-out paragraphs.
 
     resid train-sae --layers 15 --out smollm2-sae --k 32 --expansion 8 --tokens 2000000           # the demo corpus
     resid train-sae --layers 15 --site resid_pre --activation jumprelu --l0-coefficient 1 --out sae --corpus notes.txt
     resid train-transcoder --layers all --out transcoders --activation batchtopk --k 16 --tokens 500000
     resid train-sae --transcoder ...                                     (the same as train-transcoder)
+    resid train-clt --out clt --activation batchtopk --k 16 --expansion 2 --tokens 262144   # every layer, one CLT
     resid train-sae --layers 15 --out sae --ray --workers 2    # the activations made by 2 Ray workers, one model each
 
 All layers given train from one forward pass per batch; --site picks the resid Site an SAE reads at each layer
@@ -44,20 +46,29 @@ def _render(name: str, value: object) -> str | None:
 
 
 def add_parser(commands, common) -> None:
-    for name, transcoder in (("train-sae", False), ("train-transcoder", True)):
-        what = "transcoders (MLP input -> MLP output)" if transcoder else "sparse autoencoders"
+    for name, transcoder, crosslayer in (("train-sae", False, False), ("train-transcoder", True, False),
+                                         ("train-clt", True, True)):
+        what = ("a cross-layer transcoder (every layer's MLP input -> its own and every later MLP output)"
+                if crosslayer else "transcoders (MLP input -> MLP output)" if transcoder else "sparse autoencoders")
         parser = commands.add_parser(name, parents=[common], help=f"train {what} on a corpus, resumably")
-        parser.set_defaults(command="train", transcoder=transcoder)
+        parser.set_defaults(command="train", transcoder=transcoder, crosslayer=crosslayer, skip=False, layers="all")
         parser.add_argument("--out", required=True, help="a folder: the checkpoint, the dictionaries, evaluation.md")
-        parser.add_argument("--layers", required=True, help="layer indices, e.g. '15' or '3,9,15', or 'all'")
+        if not crosslayer:
+            parser.add_argument("--layers", required=True, help="layer indices, e.g. '15' or '3,9,15', or 'all'")
         if not transcoder:
             parser.add_argument("--site", default="resid_post", choices=list(SITES), help="the tensor an SAE "
                                 "reads (default resid_post)")
             parser.add_argument("--transcoder", action="store_true", help="train transcoders instead "
                                 "(= resid train-transcoder)")
-        parser.add_argument("--skip", action="store_true", help="transcoders with a skip path x @ W_skip")
+        if not crosslayer:
+            parser.add_argument("--skip", action="store_true", help="transcoders with a skip path x @ W_skip")
+        else:
+            parser.add_argument("--tanh-scale", type=float, default=1.0, help="jumprelu: c of the sparsity term "
+                                "tanh(c |W_dec| a) (default 1)")
         corpus_options(parser)
-        parser.add_argument("--activation", default=None, choices=["topk", "batchtopk", "relu", "jumprelu"],
+        parser.add_argument("--activation", default=None,
+                            choices=["batchtopk", "jumprelu"] if crosslayer else ["topk", "batchtopk", "relu",
+                                                                                  "jumprelu"],
                             help="recipe (default: topk for SAEs, batchtopk for transcoders; see "
                             "resid.analyses.training.recipe)")
         parser.add_argument("--k", type=int, default=32, help="topk / batchtopk: active features (default 32)")
@@ -172,15 +183,19 @@ def _fits_at_all(args) -> None:
 def run(model, args) -> str:
     from resid.analyses.distributed.execution import Execution
     from resid.analyses.io import tables
+    from resid.analyses.training.crosslayer import train_crosslayer
     from resid.analyses.training.evaluation import evaluate
     from resid.analyses.training.loop import Spec, buffer_size, train
+    from resid.analyses.training.replacements import evaluate_replacements
     from resid.sites import Site
 
     layers = args.layer_list if args.layer_list is not None else list(range(model.config.n_layers))
     bad = [l for l in layers if not 0 <= l < model.config.n_layers]
     if bad:
         raise ResidError(f"--layers {bad} out of range: {model.name} has layers 0..{model.config.n_layers - 1}.")
-    if args.transcoder:
+    if args.crosslayer:
+        specs = [Spec.transcoder(model, l) for l in layers]
+    elif args.transcoder:
         specs = [Spec.transcoder(model, l, skip=args.skip) for l in layers]
     else:
         specs = [Spec(Site(l, SITES[args.site])) for l in layers]
@@ -194,23 +209,34 @@ def run(model, args) -> str:
     progress = False if args.quiet else None
     execution = Execution(args.executor, batch_size=args.forward_batch, progress=progress, out=args.out)
     try:
+        options = dict(checkpoint_every=args.checkpoint_every, window=args.window, buffer_tokens=buffer_tokens,
+                       keep_bos=args.keep_bos, autocast=args.autocast, max_norm_ratio=ratio)
         with param_style(_render):
-            dictionaries = train(model, training, specs, args.recipe, execution,
-                                 checkpoint_every=args.checkpoint_every, window=args.window,
-                                 buffer_tokens=buffer_tokens, keep_bos=args.keep_bos, autocast=args.autocast,
-                                 max_norm_ratio=ratio)
+            if args.crosslayer:
+                dictionaries = [train_crosslayer(model, training, args.recipe, execution, tanh_scale=args.tanh_scale,
+                                                 **options)]
+            else:
+                dictionaries = train(model, training, specs, args.recipe, execution, **options)
         if args.eval_windows:
-            df = evaluate(model, dictionaries, held_out, max_windows=args.eval_windows, window=args.window,
-                          keep_bos=args.keep_bos, max_norm_ratio=ratio,
-                          execution=Execution(args.executor, progress=progress))
+            evaluation = dict(max_windows=args.eval_windows, window=args.window, keep_bos=args.keep_bos,
+                              max_norm_ratio=ratio, execution=Execution(args.executor, progress=progress))
+            if args.crosslayer:
+                df = evaluate_replacements(model, {"clt": dictionaries[0]}, held_out, **evaluation).table
+            else:
+                df = evaluate(model, dictionaries, held_out, **evaluation)
     finally:
         if args.executor is not None:
             args.executor.close()
     recipe = args.recipe
-    lines = [f"trained {len(dictionaries)} {recipe.activation} "
-             f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} on {recipe.steps} steps of "
-             f"{recipe.batch_size} tokens ({recipe.steps * recipe.batch_size:,} tokens); wrote {args.out}/<hook>/ "
-             "(SAELens format)"]
+    budget = f"on {recipe.steps} steps of {recipe.batch_size} tokens ({recipe.steps * recipe.batch_size:,} tokens)"
+    if args.crosslayer:
+        lines = [f"trained a {recipe.activation} cross-layer transcoder of {model.name} over its "
+                 f"{model.config.n_layers} layers ({dictionaries[0].d_sae:,} features each) {budget}; wrote "
+                 f"{args.out}/clt/ (circuit-tracer's CLT format)"]
+    else:
+        lines = [f"trained {len(dictionaries)} {recipe.activation} "
+                 f"{'transcoder' if args.transcoder else 'SAE'}(s) of {model.name} {budget}; wrote {args.out}/<hook>/ "
+                 "(SAELens format)"]
     if recipe.activation == "batchtopk":
         horizon = round(1 / (1 - recipe.threshold_beta))
         lines.append(f"BatchTopK keeps k={recipe.k} features per token on average over each training batch (the "
@@ -220,7 +246,7 @@ def run(model, args) -> str:
     if args.eval_windows:
         path = Path(args.out) / "evaluation.md"
         tables.export(df, path)
-        lines.append(plain_table(df.drop(columns=["site_in"])))
+        lines.append(plain_table(df.drop(columns=["site_in"], errors="ignore")))
         lines.append(f"wrote {path}")
     return "\n".join(lines)
 

@@ -16,6 +16,9 @@
     crosslayer   train_crosslayer(): a cross-layer transcoder over every layer from the same stream and step job,
                  saved in circuit-tracer's CLT format
     evaluation   evaluate(): the metrics as a table, a reduction of the driver
+    replacements evaluate_replacements(): sets of transcoders (per-layer, skip, cross-layer) replacing every MLP at
+                 once, and the replacement and completeness scores of the graphs they give
+    splice       the splices at chosen positions both evaluations run
 
 Imported lazily, so that `resid train-sae --help` loads no torch.
 """
@@ -24,7 +27,7 @@ import importlib
 
 _PUBLIC = {"Recipe": "recipe", "Spec": "loop", "train": "loop", "evaluate": "evaluation", "Trainer": "trainer",
            "fit": "trainer", "Activations": "activations",
-           "train_crosslayer": "crosslayer"}
+           "train_crosslayer": "crosslayer", "evaluate_replacements": "replacements"}
 
 
 def __getattr__(name: str):

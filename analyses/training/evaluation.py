@@ -81,9 +81,7 @@ def evaluate(
         raise ResidError(f"dense must be a fraction between 0 and 1, got {dense!r}.")
     dictionaries = [check(d, model) for d in dictionaries]
     check_ratio(max_norm_ratio)
-    pieces = cut_windows(model, corpora.load(corpus), window)[:max_windows]
-    size = BATCH_SIZE if execution.batch_size == "auto" else execution.batch_size
-    batches = [tuple(pieces[start:start + size]) for start in range(0, len(pieces), size)]
+    pieces, batches = window_batches(model, corpus, window, max_windows, execution)
     job = DictionaryEvaluation(tuple(dictionaries), model.require_tokenizer().pad_token_id, keep_bos, splice_bos,
                                max_norm_ratio, batches)
     totals = drive(model, job, execution)
@@ -95,9 +93,27 @@ def evaluate(
     return df
 
 
+def window_batches(model: Transformer, corpus: corpora.Source, window: int, max_windows: int,
+                   execution: Execution) -> tuple[list[Window], list[tuple[Window, ...]]]:
+    """The first `max_windows` windows of `corpus`, and their forward batches (execution.batch_size windows each;
+    "auto": BATCH_SIZE)."""
+    pieces = cut_windows(model, corpora.load(corpus), window)[:max_windows]
+    size = BATCH_SIZE if execution.batch_size == "auto" else execution.batch_size
+    return pieces, [tuple(pieces[start:start + size]) for start in range(0, len(pieces), size)]
+
+
+def scored_positions(tokens, valid: Tensor) -> Tensor:
+    """The positions whose next-token prediction is scored: training positions (`valid`) whose next token is
+    real."""
+    scored = valid.clone()
+    scored[:, :-1] &= tokens.attention_mask[:, 1:]
+    scored[:, -1] = False
+    return scored
+
+
 @dataclass
 class DictionaryEvaluation(Job):
-    """Per forward batch of windows (a chunk), each dictionary's _Totals over it; `finish` adds them up in chunk
+    """Per forward batch of windows (a chunk), each dictionary's Totals over it; `finish` adds them up in chunk
     order."""
 
     dictionaries: tuple[Dictionary, ...]  # checked against the model (their hook points resolved)
@@ -122,22 +138,20 @@ class DictionaryEvaluation(Job):
         return model, dictionaries, [_zeroed(d) for d in dictionaries]
 
     @torch.no_grad()
-    def run(self, state: tuple, batch: tuple[Window, ...]) -> Iterator[list["_Totals"]]:
+    def run(self, state: tuple, batch: tuple[Window, ...]) -> Iterator[list["Totals"]]:
         model, dictionaries, zeros = state
-        totals = [_Totals(d.d_out, d.d_sae) for d in dictionaries]
+        totals = [Totals(d.d_out, d.d_sae) for d in dictionaries]
         tokens = batch_tokens(batch, self.pad, model.device)[0]
         valid = training_positions(tokens, self.keep_bos)
-        scored = valid.clone()
-        scored[:, :-1] &= tokens.attention_mask[:, 1:]  # the next token is real
-        scored[:, -1] = False
+        scored = scored_positions(tokens, valid)
         clean = model.run(tokens, dictionaries=dictionaries)
         clean_logp = torch.log_softmax(clean.logits[scored].float(), dim=-1)
         targets = tokens.ids[:, 1:][scored[:, :-1]]
         for d, zero, total in zip(dictionaries, zeros, totals):
             record = clean.dictionaries[d.name]
-            where = _trained_on(record, valid, self.max_norm_ratio)
+            where = trained_on(record, valid, self.max_norm_ratio)
             total.observe(record, where)
-            total.ce_clean += _nll(clean_logp, targets)
+            total.ce_clean += nll(clean_logp, targets)
             if self.splice_bos:
                 spliced = model.run(tokens, dictionaries=[Splice(d, error=False)]).logits
                 zeroed = model.run(tokens, dictionaries=[Splice(zero, error=False)]).logits
@@ -145,17 +159,17 @@ class DictionaryEvaluation(Job):
                 spliced = model.run(tokens, interventions=splice_at(model, d, where)).logits
                 zeroed = model.run(tokens, interventions=splice_at(model, d, where, zero=True)).logits
             spliced = torch.log_softmax(spliced[scored].float(), dim=-1)
-            total.ce_spliced += _nll(spliced, targets)
+            total.ce_spliced += nll(spliced, targets)
             total.kl += float((clean_logp.exp() * (clean_logp - spliced)).sum())
-            total.ce_zero += _nll(torch.log_softmax(zeroed[scored].float(), dim=-1), targets)
+            total.ce_zero += nll(torch.log_softmax(zeroed[scored].float(), dim=-1), targets)
             total.scored += len(targets)
         yield totals
 
-    def combine(self, pieces: list) -> list["_Totals"]:
+    def combine(self, pieces: list) -> list["Totals"]:
         return pieces[0]
 
-    def finish(self, results: list[list["_Totals"]]) -> list["_Totals"]:
-        merged = [_Totals(d.d_out, d.d_sae) for d in self.dictionaries]
+    def finish(self, results: list[list["Totals"]]) -> list["Totals"]:
+        merged = [Totals(d.d_out, d.d_sae) for d in self.dictionaries]
         for totals in results:  # in chunk order: float64 sums that do not depend on who finished first
             for into, part in zip(merged, totals):
                 into.add(part)
@@ -173,7 +187,7 @@ def _zeroed(d: Dictionary) -> Dictionary:
     return zero
 
 
-def _trained_on(record, valid: Tensor, ratio: float | None) -> Tensor:
+def trained_on(record, valid: Tensor, ratio: float | None) -> Tensor:
     """The positions of `valid` a dictionary trains on: without those whose target's norm exceeds ratio x the
     median over `valid` (resid.analyses.training.activations.ordinary; a transcoder's input is normed, so its target
     is where such outliers show)."""
@@ -184,11 +198,11 @@ def _trained_on(record, valid: Tensor, ratio: float | None) -> Tensor:
     return where
 
 
-def _nll(logp: Tensor, targets: Tensor) -> float:
+def nll(logp: Tensor, targets: Tensor) -> float:
     return float(-logp.gather(-1, targets[:, None]).sum())
 
 
-class _Totals:
+class Totals:
     """Running sums of one dictionary over evaluation batches (float64), merged with `add`."""
 
     FLOATS = ("error", "square", "active", "ce_clean", "ce_spliced", "ce_zero", "kl")
@@ -211,7 +225,7 @@ class _Totals:
         self.active += float(on.sum())
         self.fired += on.sum(0).double().cpu()
 
-    def add(self, other: "_Totals") -> None:
+    def add(self, other: "Totals") -> None:
         self.tokens += other.tokens
         self.scored += other.scored
         for name in self.FLOATS:
@@ -220,13 +234,17 @@ class _Totals:
         self.fired += other.fired
 
     def row(self, d: Dictionary, dense: float) -> dict:
+        return {"dictionary": d.name, "site": d.site_out.label, "site_in": d.site_in.label, "d_sae": d.d_sae,
+                **self.metrics(dense)}
+
+    def metrics(self, dense: float) -> dict:
+        """tokens, fvu, l0, dead and dense fractions, the cross-entropies, CE loss recovered and KL."""
         n = max(self.tokens, 1)
         variance = self.square - float(self.sum.pow(2).sum()) / n
         ce = {name: value / max(self.scored, 1) for name, value in
               (("ce_clean", self.ce_clean), ("ce_spliced", self.ce_spliced), ("ce_zero_ablated", self.ce_zero))}
         gap = ce["ce_zero_ablated"] - ce["ce_clean"]
         return {
-            "dictionary": d.name, "site": d.site_out.label, "site_in": d.site_in.label, "d_sae": d.d_sae,
             "tokens": self.tokens, "fvu": self.error / variance if variance > 0 else float("nan"),
             "l0": self.active / n, "dead_fraction": float((self.fired == 0).double().mean()),
             "dense_fraction": float((self.fired > dense * n).double().mean()), **ce,

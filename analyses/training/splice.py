@@ -5,6 +5,9 @@ trained without BOS reconstructs a BOS residual (an attention-sink outlier, ~100
 whose first token is its sink) so badly that every later token's prediction breaks, which would measure BOS, not
 the dictionary.
 
+    splice_at       one dictionary's output tensor
+    splice_clt_at   every MLP write of a cross-layer transcoder, each layer at its own positions
+
 The hooks read and write each tensor as resid.dictionaries.attach does for a splice (the same views of a
 standardized norm input or of flattened heads), so the two agree wherever both splice.
 """
@@ -13,7 +16,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from resid.dictionaries import Dictionary
+from resid.dictionaries import CrossLayerTranscoder, Dictionary
 from resid.interventions import Hook
 
 
@@ -35,3 +38,34 @@ def splice_at(model, d: Dictionary, where: Bool[Tensor, "batch pos"], zero: bool
 
     hooks = [Hook(d.point_in.site, tap)] if d.is_transcoder else []
     return hooks + [Hook(d.point_out.site, splice)]
+
+
+def splice_clt_at(model, clt: CrossLayerTranscoder, where: list[Bool[Tensor, "batch pos"]], zero: bool = False
+                  ) -> list[Hook]:
+    """Interventions replacing every layer's MLP write by the cross-layer transcoder's reconstruction (zero=True: by
+    zeros) where `where[layer]` is True. Layer l's features read layer l's MLP input of this pass, so each layer's
+    reconstruction is built from the features of the spliced run, as Splice(clt, error=False) builds it."""
+    acts: list[Tensor] = []
+    inputs: list[Tensor] = []
+
+    def tap(layer: int):
+        def hook(value: Tensor, tokens) -> Tensor:
+            x = clt.points_in[layer].view(value, model)
+            inputs.append(x)
+            acts.append(clt.encode_layer(layer, x))
+            return value
+
+        return hook
+
+    def splice(layer: int):
+        def hook(value: Tensor, tokens) -> Tensor:
+            point = clt.points_out[layer]
+            target = point.view(value, model)
+            new = torch.zeros_like(target) if zero else clt.decode_layer(layer, torch.stack(acts), inputs[layer])
+            mask = where[layer].to(target.device).view(*where[layer].shape, *([1] * (target.ndim - 2)))
+            return point.unview(torch.where(mask, new.to(target.dtype), target), value, model)
+
+        return hook
+
+    hooks = [] if zero else [Hook(p.site, tap(layer)) for layer, p in enumerate(clt.points_in)]
+    return hooks + [Hook(p.site, splice(layer)) for layer, p in enumerate(clt.points_out)]

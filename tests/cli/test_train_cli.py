@@ -1,7 +1,9 @@
-"""`resid train-sae` and `resid train-transcoder` on a tiny random model and a small corpus file: each writes a
-SAELens folder per layer that resid loads back, and the evaluation table; a finished run resumes with --resume
-(and trains nothing more); a second command training into a folder another process is training into is refused,
-naming that process; bad arguments fail before the model loads, named by their flags."""
+"""`resid train-sae`, `resid train-transcoder` and `resid train-clt` on a tiny random model and a small corpus file:
+each writes a SAELens folder per layer (the CLT: circuit-tracer's folder) that resid loads back, and the evaluation
+table; `resid eval-dictionaries` compares the per-layer transcoders and the CLT as replacements, with graph scores;
+a finished run resumes with --resume (and trains nothing more); a second command training into a folder another
+process is training into is refused, naming that process; bad arguments fail before the model loads, named by
+their flags."""
 
 import subprocess
 import sys
@@ -58,6 +60,31 @@ def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None
     assert set(found.metadata["folded_scaling_factors"]) == {"in", "out"}
 
 
+def test_train_clt_then_eval_dictionaries_compares_it_with_per_layer_transcoders(setup, capsys) -> None:
+    common = ["--model", setup["model"], "--corpus", setup["corpus"], "--tokens", "256", "--batch-size", "64",
+              "--window", "16", "--buffer-tokens", "200", "--quiet", "--k", "4", "--expansion", "2"]
+    root = Path(setup["root"])
+    printed = _run(["train-clt", "--out", str(root / "clt"), "--eval-windows", "4", *common], capsys)
+    assert "trained a batchtopk cross-layer transcoder" in printed and "(circuit-tracer's CLT format)" in printed
+    assert "ce_loss_recovered" in printed and (root / "clt" / "evaluation.md").is_file()
+    model = resid.load(setup["model"])
+    clt = resid.dictionaries.load(root / "clt" / "clt", model)
+    assert isinstance(clt, resid.dictionaries.CrossLayerTranscoder) and clt.d_sae == 2 * model.config.d_model
+    _run(["train-transcoder", "--layers", "all", "--out", str(root / "per-layer"), "--eval-windows", "0", *common],
+         capsys)
+
+    out = root / "comparison"
+    printed = _run(["eval-dictionaries", f"tc={root / 'per-layer'}", str(root / "clt" / "clt"), "--out", str(out),
+                    "--model", setup["model"], "--corpus", setup["corpus"], "--eval-windows", "4", "--window", "16",
+                    "--prompt", "the nation budget congress", "--quiet"], capsys)
+    assert "2 replacement(s) of every MLP" in printed and "1 prompt graph(s)" in printed
+    table = (out / "evaluation.md").read_text()
+    assert "| tc " in table and "| clt " in table and "cross-layer" in table and "completeness\\_score" in table
+    for name in ("evaluation.md", "per-layer.csv", "report.html", "graph-tc.html", "graph-clt.html"):
+        assert (out / name).is_file(), name
+    assert "FVU of the layer" in (out / "report.html").read_text()
+
+
 # Another process training into a folder: it holds the folder's checkpoint store (and so its lock) until told to go.
 HOLDER = """
 import sys
@@ -92,6 +119,10 @@ def test_a_second_command_training_into_the_same_folder_is_refused(setup, capsys
     (["train-sae", "--layers", "1", "--out", "x", "--tokens", "8192", "--warmup-steps", "5"],
      "--warmup-steps 5 + --decay-steps 0 must be at most --tokens / --batch-size"),
     (["train-transcoder", "--layers", "1", "--out", "x", "--workers", "2"], "--workers goes with --ray [ADDRESS]"),
+    (["train-clt", "--out", "x", "--tokens", "0"], "--tokens must be at least 1"),
+    (["eval-dictionaries", "x", "--out", "x"], "is not a folder"),
+    (["eval-dictionaries", ".", "--out", "x", "--prompt", ""], "--prompt '' is empty"),
+    (["eval-dictionaries", "a=.", "a=.", "--out", "x"], "Two replacements are named 'a'"),
 ])
 def test_bad_arguments_are_named_by_their_flags_before_the_model_loads(argv, message, capsys, tmp_path) -> None:
     argv = [a if a != "x" else str(tmp_path / "out") for a in argv]
