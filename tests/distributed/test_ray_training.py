@@ -1,10 +1,11 @@
 """Training and evaluation on a local Ray cluster give the in-process results: the activation blocks of a dictionary
 training made by 2 workers (out of order) and fed in order to the one trainer end with the in-process weights; a
-tuned lens whose forward passes run on the workers ends with the in-process translators; both evaluations, reduced
-in chunk order, give the in-process tables."""
+tuned lens whose forward passes run on the workers ends with the in-process translators; the three evaluations
+(dictionaries, lenses, replacements with their graph scores), reduced in chunk order, give the in-process tables."""
 
 import pandas as pd
 import pytest
+import random_transcoders
 import torch
 from distributed_helpers import RAY_REASON, TEST_CPUS, TEXTS
 from numerics import TINY
@@ -15,6 +16,7 @@ from resid.analyses.distributed.execution import Execution
 from resid.analyses.training.evaluation import evaluate
 from resid.analyses.training.loop import Spec, train
 from resid.analyses.training.recipe import Recipe
+from resid.analyses.training.replacements import evaluate_replacements
 from resid.sites import Site
 
 ray = pytest.importorskip("ray", reason=RAY_REASON)
@@ -78,3 +80,16 @@ def test_both_evaluations_on_workers_give_the_in_process_tables(saved_llama, exe
     there = tuned_lens.evaluate(saved_llama, windows, [lens],
                                 execution=Execution(executor=executor, batch_size=2, progress=False))
     pd.testing.assert_frame_equal(there, here, check_exact=False, **TINY)
+
+
+def test_replacements_scored_on_workers_give_the_in_process_table(saved_llama, executor, one_thread):
+    replacements = {"per-layer": random_transcoders.per_layer(saved_llama, d_sae=16),
+                    "clt": random_transcoders.cross_layer(saved_llama, d_sae=16)}
+    options = dict(prompts=["the nation budget", "people peace economy world"], max_windows=6, window=16)
+    here = evaluate_replacements(saved_llama, replacements, TEXTS, **options,
+                                 execution=Execution(batch_size=2, progress=False))
+    there = evaluate_replacements(saved_llama, replacements, TEXTS, **options,
+                                  execution=Execution(executor=executor, batch_size=2, progress=False))
+    assert here.table["replacement_score"].notna().all()
+    pd.testing.assert_frame_equal(there.table, here.table, check_exact=False, **TINY)
+    pd.testing.assert_frame_equal(there.per_layer, here.per_layer, check_exact=False, **TINY)
