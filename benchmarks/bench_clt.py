@@ -26,9 +26,10 @@ Adam updates every weight each step, however sparse the batch: its time is measu
 CLT's weights) and printed beside the bound, which it is not part of. Synthetic Gaussian batches: BatchTopK keeps k x
 tokens entries whatever the data, so the work is the same as on real activations.
 
---decode-clt-python: the `decode-clt` package (PyPI, curt-tigges/crosslayer-coding) in its own environment, its
-CrossLayerTranscoder's training step on the same shapes (benchmarks/decode_clt_step.py, run there), printed after
-resid's: a separate process, so not interleaved.
+--decode-clt-python: the `decode-clt` package (PyPI, curt-tigges/crosslayer-coding; `python -m venv ENV &&
+ENV/bin/pip install decode-clt torch==2.13.0`) in its own environment, its CrossLayerTranscoder's training step on
+the same shapes (benchmarks/decode_clt_step.py, run there), printed after resid's: a separate process, so not
+interleaved.
 """
 
 import argparse
