@@ -15,6 +15,7 @@ the batch's median norm too, and those keep the model's own write in the spliced
 
     kind                 "per-layer", "skip" (per-layer with a skip path) or "cross-layer"
     features             every layer's features
+    tokens               the positions evaluated (layer 0's: each layer leaves out its own outliers)
     fvu                  fraction of variance unexplained, pooled over the layers: sum of every layer's squared
                          error / sum of every layer's variance (per layer in per_layer)
     l0                   active features per token, summed over the layers
