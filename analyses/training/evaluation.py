@@ -1,4 +1,5 @@
-"""How good a dictionary is, on a corpus, as SAELens's and sparsify's evaluations measure it.
+"""How good a dictionary is, on a corpus, as SAELens's and sparsify's evaluations measure it. (Sets of transcoders
+replacing every MLP at once, with the scores of the graphs they give: resid.analyses.training.replacements.)
 
     df = evaluate(model, [sae, transcoder], corpus.demo(max_documents=200))
     df = evaluate(model, saes, texts, execution=Execution(executor="ray", workers=2))   # the same table
