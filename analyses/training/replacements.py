@@ -109,7 +109,7 @@ def evaluate_replacements(
         layer_metrics = [total.metrics(dense) for total in per_layer]
         layer_rows += [{"replacement": name, "layer": layer, **{key: m[key] for key in
                        ("fvu", "l0", "dead_fraction", "dense_fraction")}} for layer, m in enumerate(layer_metrics)]
-        rows.append({"replacement": name, "kind": _kind(t), **_pooled(per_layer, layer_metrics, t, dense),
+        rows.append({"replacement": name, "kind": _kind(t), **_pooled(per_layer, layer_metrics),
                      **_graph_scores(graphs[name])})
     table = pd.DataFrame(rows)
     table.attrs["provenance"] = describe(model, "training.evaluate_replacements", {
@@ -127,7 +127,7 @@ def _kind(t: Transcoders) -> str:
     return "skip" if all(d.W_skip is not None for d in t.per_layer) else "per-layer"
 
 
-def _pooled(per_layer: list[Totals], metrics: list[dict], t: Transcoders, dense: float) -> dict:
+def _pooled(per_layer: list[Totals], metrics: list[dict]) -> dict:
     """The replacement's row from its layers' sums: FVU pooled, L0 summed, features over every layer; the
     cross-entropies are the same in every layer's Totals (each holds the whole replacement's)."""
     error = sum(total.error for total in per_layer)
