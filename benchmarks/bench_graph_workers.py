@@ -9,10 +9,11 @@ Cases, each run once first (warm-up), then `--repeats` rounds interleaved:
   inproc_Nt   in process, N = --workers threads         (every core in process; a loaded machine slows it most)
   ray_Nw      RayExecutor(workers=N), one torch thread each (the driver too: it waits), its actors started (the
               model loaded) before the rounds
-Each prints its median wall time and its speed-up over inproc_1t and inproc_Nt, and how far its edges are from
-inproc_1t's (float32 rounding). The random transcoders fire about --active features per position and layer (their
-encoder bias set for that rate), as a trained BatchTopK k=16 set does, so the graph has as many feature rows as
-bench_graphs.py's.
+Each prints its median wall time and its speed-up over inproc_1t and inproc_Nt, how far its edges are from
+inproc_1t's (float32 rounding), and the CPU seconds its last call took in the driver and in each worker (on a
+machine whose cores other work shares, the CPU split shows what the wall times cannot: how evenly the work went).
+The random transcoders fire about --active features per position and layer (their encoder bias set for that
+rate), as a trained BatchTopK k=16 set does, so the graph has as many feature rows as bench_graphs.py's.
 
 What stays serial on workers: the driver's replacement run and replay, each worker's own replacement run (once per
 graph, in parallel across workers), the transcoders sent to each worker with each map (job data), the logit rows
@@ -26,13 +27,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import argparse
 import time
+from collections.abc import Iterator, Sequence
 
 import torch
 from timing import interleaved
 
 import resid
 from resid.analyses import Execution, corpus, graphs
-from resid.analyses.distributed import RayExecutor
+from resid.analyses.distributed import Executor, Job, RayExecutor
 from resid.dictionaries import Dictionary, check
 
 
@@ -54,6 +56,24 @@ def transcoders(model, d_sae: int, active: int) -> list[Dictionary]:
     return out
 
 
+class Timed(Executor):
+    """Another executor, recording each map's start and when its first and last results arrived (perf_counter)."""
+
+    def __init__(self, inner: Executor):
+        self.inner, self.maps = inner, []
+
+    @property
+    def workers(self) -> int:
+        return self.inner.workers
+
+    def map(self, model, job: Job, chunks: Sequence[object]) -> Iterator[tuple[int, object]]:
+        began, arrivals = time.perf_counter(), []
+        for index, result in self.inner.map(model, job, chunks):
+            arrivals.append(time.perf_counter())
+            yield index, result
+        self.maps.append((began, arrivals[0], arrivals[-1], len(chunks)))
+
+
 def threads(n: int, fn):
     def run():
         torch.set_num_threads(n)
@@ -70,6 +90,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--no-threads", action="store_true", help="leave out inproc_Nt (on a loaded machine its "
+                        "threads wait on each other: minutes)")
     args = parser.parse_args()
 
     model = resid.load("smollm2-135m")
@@ -87,16 +109,31 @@ def main() -> None:
     print(f"Ray start-up (not in the times below): {time.perf_counter() - began:.1f} s (actors {startup:.1f} s)")
     options = dict(max_feature_nodes=args.max_feature_nodes, skip_bos=True)
     built: dict[str, graphs.Graph] = {}
+    timed = Timed(executor)
+    spans: dict[str, tuple[float, float]] = {}  # the last call's (start, end)
+
+    cpu: dict[str, list[float]] = {}  # the last call's CPU seconds: the driver's, then each worker's
+
+    def worker_cpu() -> list[float]:
+        return executor.ray.get([actor.__ray_call__.remote(lambda self: time.process_time())
+                                 for actor in executor.actors])
 
     def case(name: str, execution: Execution):
         def run():
+            remote = name.startswith("ray")
+            timed.maps, began, driver, workers = [], time.perf_counter(), time.process_time(), worker_cpu()
             built[name] = graphs.attribute(model, ids, found, **options, execution=execution)
+            spans[name] = began, time.perf_counter()
+            cpu[name] = [time.process_time() - driver] + ([b - a for a, b in zip(workers, worker_cpu())]
+                                                          if remote else [])
         return run
 
     plain = Execution(batch_size=args.batch_size, progress=False)
-    on_ray = Execution(executor=executor, batch_size=args.batch_size, progress=False)
+    on_ray = Execution(executor=timed, batch_size=args.batch_size, progress=False)
     cases = {"inproc_1t": threads(1, case("inproc_1t", plain)), f"inproc_{n}t": threads(n, case(f"inproc_{n}t", plain)),
              f"ray_{n}w": threads(1, case(f"ray_{n}w", on_ray))}
+    if args.no_threads:
+        del cases[f"inproc_{n}t"]
     try:
         times = interleaved(cases, args.repeats)
     finally:
@@ -109,9 +146,15 @@ def main() -> None:
         graph = built[name]
         same = torch.equal(graph.features, reference.features)
         diff = float((graph.rows - reference.rows).abs().max()) / scale if same else float("nan")
+        threaded = times.get(f"inproc_{n}t", float("nan"))
         print(f"  {name:<10} {seconds:7.2f} s   {base / seconds:5.2f}x inproc_1t  "
-              f"{times[f'inproc_{n}t'] / seconds:5.2f}x inproc_{n}t   same nodes: {same}, "
-              f"edges within {diff:.1e} of the largest")
+              f"{threaded / seconds:5.2f}x inproc_{n}t   same nodes: {same}, "
+              f"edges within {diff:.1e} of the largest; CPU s (last call): driver {cpu[name][0]:.1f}"
+              + (", workers " + " + ".join(f"{c:.1f}" for c in cpu[name][1:]) if len(cpu[name]) > 1 else ""))
+    began, ended = spans[f"ray_{n}w"]
+    print(f"ray_{n}w's last call, seconds from its start: " + "; ".join(
+        f"map of {chunks} chunks from {start - began:.2f}, first rows {first - began:.2f}, last {last - began:.2f}"
+        for start, first, last, chunks in timed.maps) + f"; graph returned {ended - began:.2f}")
 
 
 if __name__ == "__main__":
