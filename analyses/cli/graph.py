@@ -12,7 +12,8 @@ splits each edge of the pruned graph by the attention head of its last hop (resi
 the split beside the JSON (g-heads.csv: source_site, target_site, via, weight, with its provenance sidecar) and into
 the JSON's links and the page, with QK attribution for the heads that carry the edges (resid.analyses.graphs.qk: for
 each edge's QK_PER_EDGE strongest heads, at most QK_LIMIT, why the head attended from the edge's target position to
-its source position), which the page shows when such a head is clicked.
+its source position), which the page shows when such a head is clicked. --ray [ADDRESS] --workers N run the graph's
+backward sweeps on Ray workers (each loads the model and runs the replacement once; the graph is the same).
 """
 
 from pathlib import Path
@@ -48,6 +49,7 @@ def add_parser(commands, common) -> None:
                         "real model and compare with the graph (default 0: no check)")
     parser.add_argument("--heads", action="store_true", help="split the pruned graph's edges by the attention head "
                         "of their last hop: written beside --out (<stem>-heads.csv) and into the JSON and page")
+    arguments.executor_options(parser)  # the backward sweeps on Ray workers, each running the replacement once
 
 
 def check(args) -> None:
@@ -70,6 +72,7 @@ def check(args) -> None:
     if not Path(args.transcoders).expanduser().is_dir():
         raise ResidError(f"--transcoders {args.transcoders} is not a folder: give a local transcoder folder (a "
                          "circuit-tracer set with its config.yaml, or per-layer SAELens / sparsify transcoders).")
+    args.executor = arguments.executor(args.ray, args.workers)  # last: nothing to close if a check above fails
 
 
 def run(model, args) -> str:
@@ -79,10 +82,14 @@ def run(model, args) -> str:
     from resid.analyses.io import tables
 
     transcoders = load_transcoders(args.transcoders, model)
-    graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
-                             desired_logit_prob=args.desired_logit_prob, max_feature_nodes=args.max_feature_nodes,
-                             skip_bos={"auto": None, "skip": True, "keep": False}[args.bos],
-                             execution=arguments.execution(args.batch_size))
+    try:
+        graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
+                                 desired_logit_prob=args.desired_logit_prob, max_feature_nodes=args.max_feature_nodes,
+                                 skip_bos={"auto": None, "skip": True, "keep": False}[args.bos],
+                                 execution=arguments.execution(args.batch_size, executor=args.executor))
+    finally:
+        if args.executor is not None:
+            args.executor.close()
     if args.validate:
         validate(model, graph, transcoders, top=args.validate)
     replacement, completeness = graph.scores()

@@ -40,6 +40,9 @@ class Job(abc.ABC):
     name = "job"  # what the progress bar says
     unit = "row"  # what `size` counts
     key: tuple[str, ...] | None = None
+    # A job mapped several times on one executor (an attribution graph's rounds) sets a value unique to it: a Ray
+    # worker that has set it up keeps its state for every map of the same session instead of setting up again.
+    session: str | None = None
 
     def plan(self, done: set, workers: int | None, per_worker: int) -> list:
         """The chunks still to compute: all of them less the rows whose keys are in `done` (a resumed store's);

@@ -29,10 +29,11 @@ class Worker:
 
     def run(self, key: str, job: Job | None, chunk: object) -> object:
         """One chunk's combined result. The job comes with the first chunk of each job only (None after that);
-        its state is kept for the chunks that follow."""
+        its state is kept for the chunks that follow, and for later maps of a job of the same `session`."""
         if key != self.job_key:
             assert job is not None, "RayExecutor sends the job with each actor's first chunk of it"
-            self.state = job.setup(self.model)
+            if job.session is None or self.job is None or job.session != self.job.session:
+                self.state = job.setup(self.model)
             self.job, self.job_key = job, key
         return on_cpu(self.job.combine(list(self.job.run(self.state, chunk))))
 

@@ -9,7 +9,9 @@
                  resid.analyses.graphs.edges). With `max_feature_nodes`
                  below the number of active features, features are visited in order of their influence on the
                  logits as far as the rows computed so far tell it (recomputed every `update_interval` batches),
-                 and the graph keeps the visited ones, as circuit-tracer does.
+                 and the graph keeps the visited ones, as circuit-tracer does. The sweeps run on
+                 execution's executor (resid.analyses.graphs.rows): in this process, or on Ray workers, one
+                 model each, the batches the same either way, so the graph is too (to float32 rounding)
 
 Every edge is exact for the local replacement model: with the freezes the model is linear in the node writes, and
 the rows are computed through its transposed maps, not estimated. metadata["replacement_logit_error"] is the
@@ -22,10 +24,12 @@ import time
 import torch
 
 from resid.analyses.distributed.execution import Execution, as_execution
-from resid.analyses.graphs.edges import Sweeper, Targets
+from resid.analyses.distributed.executor import InProcess
+from resid.analyses.graphs.edges import Sweeper
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.replacement import Replacement, replace
 from resid.analyses.graphs.replay import replay
+from resid.analyses.graphs.rows import Batch, RowSweeps
 from resid.analyses.graphs.visiting import every_row, most_influential_rows
 from resid.errors import ResidError, param
 
@@ -40,9 +44,16 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     transcoders, one per layer in any order, or a cross-layer transcoder). skip_bos: position 0's features and
     errors are no nodes (their writes are constants); None (default): when the prompt starts with the tokenizer's
     BOS token. (circuit-tracer 0.5.0 always treats position 0 so: pass skip_bos=True to match it.)
-    execution (resid.analyses.Execution): batch_size is the targets per backward sweep ("auto": SWEEP_TARGETS); the
-    graph is built in this process and returned (Graph.to_json keeps it), so it takes no executor, workers or out."""
-    batch_size = sweep_batch_size(execution, SWEEP_TARGETS)
+    execution (resid.analyses.Execution): batch_size is the targets per backward sweep ("auto": SWEEP_TARGETS);
+    executor / workers run the sweeps there (e.g. Execution(executor="ray", workers=2): each worker loads the model
+    and runs the replacement once, then sweeps batches of rows); the graph is assembled in this process and
+    returned (Graph.to_json keeps it), so it takes no out."""
+    execution = as_execution(execution)
+    if execution.out is not None:
+        raise ResidError("An attribution graph is one object, assembled in this process and returned (Graph.to_json "
+                         "writes it), not table rows a store could resume: its Execution takes batch_size (targets "
+                         "per backward sweep), executor, workers and progress; drop out.")
+    batch_size = SWEEP_TARGETS if execution.batch_size == "auto" else execution.batch_size
     if max_n_logits < 1:
         raise ResidError(f"{param('max_n_logits', max_n_logits)} must be at least 1.")
     if not 0 < desired_logit_prob <= 1:
@@ -54,21 +65,27 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     if isinstance(prompt, str) and not prompt:
         raise ResidError("The prompt is empty: an attribution graph traces the prediction that follows a prompt, so "
                          "it needs at least one token. Give a prompt such as 'The capital of France is'.")
-    started = time.perf_counter()
-    rep = replace(model, prompt, transcoders, skip_bos=skip_bos)
-    tokens, probs, vectors = salient_logits(model, rep, max_n_logits, desired_logit_prob)
-    tokens, probs = tokens.cpu(), probs.cpu()  # bookkeeping on the CPU; the sweeps run on the model's device
-    sweeper = Sweeper(rep)
-    n_features, last = sweeper.n_features, rep.n_pos - 1
-    layers = rep.n_layers
-    logit_rows = torch.cat([sweeper.sweep(Targets(torch.full((len(chunk),), layers), torch.full((len(chunk),), last),
-                                                  chunk)) for chunk in vectors.split(batch_size)])
-    limit = n_features if max_feature_nodes is None else min(max_feature_nodes, n_features)
-    if limit == n_features:
-        rows, selected = every_row(rep, sweeper, logit_rows, batch_size), torch.arange(n_features)
-    else:
-        rows, selected = most_influential_rows(rep, sweeper, logit_rows, probs, limit, batch_size, update_interval)
-    uncapped = rep.uncapped
+    executor, owned = execution.runner()  # before the replacement run: a bad executor is refused at once
+    try:
+        started = time.perf_counter()
+        rep = replace(model, prompt, transcoders, skip_bos=skip_bos)
+        tokens, probs, vectors = salient_logits(model, rep, max_n_logits, desired_logit_prob)
+        tokens, probs = tokens.cpu(), probs.cpu()  # bookkeeping on the CPU; the sweeps run on the model's device
+        sweeper = Sweeper(rep)
+        # in process, the driver's own replacement and Sweeper serve every batch (InProcess would set up again)
+        sweeps = RowSweeps(model, rep, sweeper, None if isinstance(executor, InProcess) else executor)
+        logits = [Batch(logits=chunk.cpu()) for chunk in vectors.split(batch_size)]
+        n_features = sweeper.n_features
+        limit = n_features if max_feature_nodes is None else min(max_feature_nodes, n_features)
+        if limit == n_features:
+            rows, selected = every_row(sweeps, logits, batch_size), torch.arange(n_features)
+        else:  # the ranking starts from the logit rows
+            rows, selected = most_influential_rows(sweeps, torch.cat(sweeps.all(logits)), probs, limit, batch_size,
+                                                   update_interval)
+    finally:
+        if owned:
+            executor.close()
+    layers, uncapped = rep.n_layers, rep.uncapped
     # the check that the frozen linear model is the model here: its logits from the node writes
     replay_error = float((replay(rep)[1][-1] - uncapped).abs().max())
     return Graph(
@@ -86,13 +103,12 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
 
 
 def sweep_batch_size(execution: Execution | None, auto: int) -> int:
-    """Targets per backward sweep from `execution` (`auto` for "auto"); a graph's sweeps run in this process, so
-    an executor, workers or an out are refused."""
+    """Targets per backward sweep from `execution` (`auto` for "auto"), for the sweeps that run in this process
+    only (resid.analyses.graphs.heads): an executor, workers or an out are refused."""
     execution = as_execution(execution)
     if execution.executor not in (None, "inprocess") or execution.workers is not None or execution.out is not None:
-        raise ResidError("An attribution graph is built in this process and returned (Graph.to_json writes it): its "
-                         "Execution takes batch_size (targets per backward sweep) and progress; drop executor, "
-                         "workers and out.")
+        raise ResidError("A head split is built in this process and returned: its Execution takes batch_size "
+                         "(targets per backward sweep) and progress; drop executor, workers and out.")
     return auto if execution.batch_size == "auto" else execution.batch_size
 
 

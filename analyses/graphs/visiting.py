@@ -8,41 +8,39 @@
                            top ones, as circuit-tracer's max_feature_nodes does
 
 Both return (rows [n_selected + n_logits, N], the selected features' indices), N the graph's nodes: the selected
-features, every error and token node, the logits; rows in that order, the logits' last.
+features, every error and token node, the logits; rows in that order, the logits' last. The batches are computed
+by resid.analyses.graphs.rows.RowSweeps, in process or on the executor's workers: every_row's, the logits' with
+them, in one map; most_influential_rows's logit rows first, then each round in one map (the ranking between rounds
+stays here, on the driver).
 """
 
 import torch
 from torch import Tensor
 
-from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.influence import influence_of_rows
-from resid.analyses.graphs.replacement import Replacement
+from resid.analyses.graphs.rows import Batch, RowSweeps, feature_batches
 
 
-def _sweep_features(rep: Replacement, sweeper: Sweeper, index: Tensor) -> Tensor:
-    """The rows [len(index) n_sources] of these features (one sweep)."""
-    features = rep.features[index]
-    layer = features[:, 0]
-    vectors = torch.zeros(len(index), rep.inputs[0].shape[-1], device=rep.embed.device)
-    for l in layer.unique().tolist():
-        here = (layer == l).nonzero().flatten()
-        vectors[here] = rep.transcoders.encoder(l, features[here, 2])
-    return sweeper.sweep(Targets(layer, features[:, 1], vectors))
-
-
-def every_row(rep: Replacement, sweeper: Sweeper, logit_rows: Tensor, batch_size: int) -> Tensor:
-    n_features, n_sources, n_logits = sweeper.n_features, sweeper.n_sources, len(logit_rows)
+def every_row(sweeps: RowSweeps, logits: list[Batch], batch_size: int) -> Tensor:
+    """Every feature's rows and the logits' (`logits`: their batches), all in one map."""
+    rep, sweeper = sweeps.rep, sweeps.sweeper
+    n_features, n_sources, n_logits = sweeper.n_features, sweeper.n_sources, sum(len(b) for b in logits)
     rows = torch.zeros(n_features + n_logits, n_sources + n_logits)
-    rows[n_features:, :n_sources] = logit_rows
     order = torch.argsort(rep.features[:, 0] * rep.n_pos + rep.features[:, 1], stable=True)
-    for chunk in order.split(batch_size):
-        rows[chunk, :n_sources] = _sweep_features(rep, sweeper, chunk)
+    batches = feature_batches(order, batch_size)
+    starts = torch.cumsum(torch.tensor([0] + [len(b) for b in logits]), 0).tolist()
+    for index, found in sweeps.each([*batches, *logits]):  # written as they arrive: no second copy of the rows
+        if index < len(batches):
+            rows[batches[index].features, :n_sources] = found
+        else:
+            at = n_features + starts[index - len(batches)]
+            rows[at:at + len(found), :n_sources] = found
     return rows
 
 
-def most_influential_rows(rep: Replacement, sweeper: Sweeper, logit_rows: Tensor, probs: Tensor, limit: int,
+def most_influential_rows(sweeps: RowSweeps, logit_rows: Tensor, probs: Tensor, limit: int,
                           batch_size: int, update_interval: int) -> tuple[Tensor, Tensor]:
-    n_features, n_sources = sweeper.n_features, sweeper.n_sources
+    n_features, n_sources = sweeps.sweeper.n_features, sweeps.sweeper.n_sources
     visited = torch.zeros(n_features, dtype=torch.bool)
     computed, nodes = [logit_rows], [torch.arange(len(probs)) + n_sources]  # logits: node indices past the sources
     count = 0
@@ -50,9 +48,9 @@ def most_influential_rows(rep: Replacement, sweeper: Sweeper, logit_rows: Tensor
         scores = influence_of_rows(torch.cat(computed), torch.cat(nodes), probs, n_sources)[:n_features]
         ranked = torch.argsort(scores, descending=True)
         pending = ranked[~visited[ranked]][:min(update_interval * batch_size, limit - count)]
-        for chunk in pending.split(batch_size):
-            computed.append(_sweep_features(rep, sweeper, chunk))
-            nodes.append(chunk)
+        batches = feature_batches(pending, batch_size)
+        computed.extend(sweeps.all(batches))  # one round: its batches at once, in order
+        nodes.extend(batch.features for batch in batches)
         visited[pending] = True
         count += len(pending)
     index = torch.cat(nodes[1:]) if count else torch.zeros(0, dtype=torch.long)

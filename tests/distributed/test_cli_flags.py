@@ -1,7 +1,8 @@
-"""`--ray [ADDRESS]` and `--workers N` of `resid ablate` and `resid neurons top` are checked before the model
-loads: --workers without --ray, a bad count, and Ray not installed each fail at once with one clear line."""
+"""`--ray [ADDRESS]` and `--workers N` of `resid ablate`, `resid neurons top` and `resid graph` are checked before the
+model loads: --workers without --ray, a bad count, and Ray not installed each fail at once with one clear line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,8 @@ def prompts(tmp_path) -> str:
 
 def _commands(prompts: str, *flags: str) -> list[list[str]]:
     return [["ablate", "--prompts", prompts, "--out", "r.parquet", *flags, *NO_MODEL],
-            ["neurons", "top", "--layers", "1", *flags, *NO_MODEL]]
+            ["neurons", "top", "--layers", "1", *flags, *NO_MODEL],
+            ["graph", "hi", "--transcoders", str(Path(prompts).parent), *flags, *NO_MODEL]]
 
 
 @pytest.mark.parametrize("flags, message", [

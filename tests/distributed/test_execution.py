@@ -33,5 +33,5 @@ def test_what_a_job_cannot_honour_is_refused(gpt2_tokenizer):
         Execution(batch_size=0)
     with pytest.raises(ResidError, match="computes a reduction, not table rows: it takes no out= file"):
         neurons.top_activating(model, ["a b c d"], layers=[0], execution=Execution(out="top.parquet"))
-    with pytest.raises(ResidError, match="drop executor, workers and out"):
+    with pytest.raises(ResidError, match="An attribution graph is one object.*not table rows.*drop out"):
         graphs.attribute(model, "a b c", [], execution=Execution(out="graph.parquet"))
