@@ -45,6 +45,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from resid.components.attention import Attention, AttnContext
+from resid.components.latent import LatentAttention
 from resid.components.mlp import MLP
 from resid.components.moe import MoE
 from resid.components.norm import Norm
@@ -62,10 +63,10 @@ class Block(nn.Module):
         self.layer = layer
         self.parallel = config.block == "parallel"
         self.ln_attn = Norm(config) if config.pre_norms else None
-        self.attn = Attention(config, layer)
+        self.attn = LatentAttention(config, layer) if config.kv_rank else Attention(config, layer)  # DeepSeek: MLA
         self.ln_attn_post = Norm(config) if config.post_norms else None
         self.ln_mlp = Norm(config) if config.pre_norms else None
-        self.mlp = MoE(config, layer) if config.n_experts > 0 else MLP(config, layer)  # Mixtral: experts
+        self.mlp = MoE(config, layer) if config.has_experts(layer) else MLP(config, layer)  # Mixtral: experts
         self.ln_mlp_post = Norm(config) if config.post_norms else None
         self.ln_attn_resid = Norm(config) if config.post_ln else None
         self.ln_mlp_resid = Norm(config) if config.post_ln else None
