@@ -136,6 +136,10 @@ def allowed_keys(
 
 
 class Attention(nn.Module):
+    # fields of its record the value path reads frozen beside the pattern, passed to frozen / frozen_adjoint by name
+    # (latent attention's kv_norm_scale); none here
+    frozen_fields: tuple[str, ...] = ()
+
     def __init__(self, config: ModelConfig, layer: int, cross: bool = False):
         """Self-attention, or (cross=True) a decoder's cross-attention: queries from the stream, keys and values
         from the encoder's final hidden state (AttnContext.memory), no causal mask, no rotary."""

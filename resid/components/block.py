@@ -124,7 +124,8 @@ class Block(nn.Module):
         if self.cross is not None:
             raise ResidError(f"Layer {self.layer} has cross-attention, whose values read the encoder's output: the "
                              "frozen block covers decoder-only and encoder stacks (no cross-attention).")
-        sites = [_site(self.layer, "attn", "pattern")]
+        # the pattern, and what else the attention's value path reads frozen (latent attention: its latent's scale)
+        sites = [_site(self.layer, "attn", field) for field in ("pattern", *self.attn.frozen_fields)]
         for part in ("attn", "mlp"):
             pre, post, resid = self._norms(part)
             sites += [_site(self.layer, part, field) for norm, field in (
@@ -184,7 +185,8 @@ class Block(nn.Module):
     ) -> Float[Tensor, "pos d_model"]:
         """The attention's write from the residual it reads, pattern and norm scales frozen (float32)."""
         normalized = self.frozen_pre("attn", resid, frozen, constants)
-        out = self.attn.frozen(normalized, frozen[_site(self.layer, "attn", "pattern")], constants)
+        out = self.attn.frozen(normalized, frozen[_site(self.layer, "attn", "pattern")], constants,
+                               **self._attn_frozen(frozen))
         return self.frozen_post("attn", out, frozen, constants)
 
     def frozen_attn_adjoint(
@@ -192,7 +194,7 @@ class Block(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         """The cotangents on the residual the attention reads from cotangents g on its write."""
         g = self.frozen_post_adjoint("attn", g, frozen)
-        g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")])
+        g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")], **self._attn_frozen(frozen))
         return self.frozen_pre_adjoint("attn", g, frozen)
 
     def frozen_attn_adjoint_heads(
@@ -201,7 +203,8 @@ class Block(nn.Module):
         """frozen_attn_adjoint split by query head (they sum to it): the post-norm's adjoint, head h's adjoint
         (Attention.frozen_adjoint_heads), the pre-norm's adjoint."""
         g = self.frozen_post_adjoint("attn", g, frozen)
-        g = self.attn.frozen_adjoint_heads(g, frozen[_site(self.layer, "attn", "pattern")])
+        g = self.attn.frozen_adjoint_heads(g, frozen[_site(self.layer, "attn", "pattern")],
+                                           **self._attn_frozen(frozen))
         return self.frozen_pre_adjoint("attn", g, frozen)
 
     def frozen_adjoint_heads(
@@ -268,6 +271,10 @@ class Block(nn.Module):
         if norm is None:
             return g
         return norm.pull_back(g, frozen[_site(self.layer, part, "resid_norm_scale")])
+
+    def _attn_frozen(self, frozen: FrozenValues) -> dict[str, Tensor]:
+        """The attention's frozen values beside its pattern, by field (none for standard attention)."""
+        return {field: frozen[_site(self.layer, "attn", field)] for field in self.attn.frozen_fields}
 
     def _norms(self, part: str) -> tuple[Norm | None, Norm | None, Norm | None]:
         """(pre-norm, post-norm, post-LN residual norm) of sublayer `part`; None where the block has none."""

@@ -45,6 +45,8 @@ LATENT_NORM_EPS = 1e-6
 
 
 class LatentAttention(Attention):
+    frozen_fields = ("kv_norm_scale",)
+
     def __init__(self, config: ModelConfig, layer: int):
         nn.Module.__init__(self)  # Attention's fields that the shared forward reads, not its weights
         self.layer, self.cross, self.layer_type = layer, False, config.layer_type(layer)

@@ -10,7 +10,7 @@ from tiny_fixtures import Tiny
 import resid
 from resid.analyses import attribution
 
-MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral"], indirect=True)
+MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral", "deepseek_v3"], indirect=True)
 PROMPTS = ["The quick brown fox jumps over the lazy", "Hello there"]
 IDS = torch.randint(0, 97, (3, 10), generator=torch.Generator().manual_seed(4))
 
