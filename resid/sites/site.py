@@ -21,7 +21,8 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L].mlp.expert[E]                         expert E's weighted write (mixtures of experts)
     layers[L].mlp.expert[E].neuron[I]               expert E's post[I]
     layers[L].attn.FIELD                            any other field of the sublayer's record, whole: z, q, k, v,
-                                                    pattern, normalized (its input after the norm), norm_scale, ...
+                                                    pattern, normalized (its input after the norm), norm_scale,
+                                                    kv_latent (latent attention's compressed keys and values), ...
     layers[L].attn.b_O | post_norm_bias | resid_norm_bias    terms of an attribution (mlp: b_out, ...); b_Q | b_K
                                                     the constant of a head's query / key (QK attribution)
     layers[L].resid_post.feature[F]                 feature F of the learned dictionary (resid.dictionaries) that
