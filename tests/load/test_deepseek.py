@@ -1,7 +1,8 @@
 """DeepSeek V2/V3 beyond the parity every tiny variant has (tests/load/test_parity_hf.py, tests/invariants): the
 routing equals transformers' routers (V2's grouped softmax, V3's bias-corrected sigmoid), the shared experts are
 experts whose writes sum with the routed ones to the MLP's write, the latent is a capturable and editable field
-that equals transformers' own, more configurations match transformers (V3's interleaved rotary with a dense first
+that equals transformers' own, greedy generation through the KV cache equals transformers', more configurations
+match transformers (V3's interleaved rotary with a dense first
 layer and yarn, V2's greedy routing with a query latent), and the options transformers does not compute are refused
 with what to do."""
 
@@ -99,6 +100,15 @@ def test_heads_have_value_wide_z_and_sum_to_the_attention_write(tiny: Tiny):
     torch.testing.assert_close(heads, attn.out, atol=1e-5, rtol=0)
     with pytest.raises(resid.ResidError, match="no single W_K: use W_DKV"):
         block.W_K
+
+
+@DEEPSEEK
+def test_greedy_generation_with_the_cache_equals_transformers(tiny: Tiny):
+    """The KV cache holds latent attention's keys and its narrower values."""
+    ids = random_ids(seed=4)[:1, :6]
+    with torch.no_grad():
+        expected = tiny.hf.generate(ids, max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(ids))
+    assert tiny.model.generate(ids, max_new_tokens=6).new_ids.tolist() == expected[:, 6:].tolist()
 
 
 def _parity(folder, variant: str, **changes) -> None:
