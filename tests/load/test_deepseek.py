@@ -147,6 +147,10 @@ REFUSED = {
     "topk_method": ("noaux_tc", "topk_method='noaux_tc'"),
     "norm_topk_prob": (True, "norm_topk_prob true .transformers' DeepSeek V2 never renormalizes"),
     "quantization_config": ({"quant_method": "fp8"}, "config field.s. resid does not know"),
+    "kv_lora_rank": (0, "kv_lora_rank must be a whole number of at least 1"),
+    "qk_rope_head_dim": (8.0, "qk_rope_head_dim must be a whole number"),
+    "routed_scaling_factor": (float("nan"), "routed_scaling_factor must be a finite positive number"),
+    "rope_interleave": ("false", "rope_interleave must be true or false"),
 }
 
 

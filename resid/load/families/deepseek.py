@@ -25,7 +25,7 @@ import math
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.load.families import ROPE_CONFIG_FIELDS, Family, activation, context, hf_get, rope
+from resid.load.families import ROPE_CONFIG_FIELDS, Family, Rope, activation, context, hf_get, rope
 from resid.load.weights import Key, per_layer
 
 FIELDS = ROPE_CONFIG_FIELDS | {
@@ -51,7 +51,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     rotary = rope(hf)
     method = hf.get("topk_method") or methods[0]
     grouped = method != "greedy"
-    d_head = nope + rot
+    d_head, shared = nope + rot, hf.get("n_shared_experts") or 0
     return ModelConfig(
         architecture=model_type,
         d_model=hf["hidden_size"],
@@ -71,9 +71,9 @@ def config_from_hf(hf: dict) -> ModelConfig:
         attn_scale=d_head**-0.5 * _mscale(hf, rotary) ** 2,
         act=activation(hf.get("hidden_act", "silu")),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        n_experts=hf["n_routed_experts"] + hf.get("n_shared_experts", 0),
+        n_experts=hf["n_routed_experts"] + shared,
         experts_per_token=hf["num_experts_per_tok"],
-        n_shared_experts=hf.get("n_shared_experts") or 0,
+        n_shared_experts=shared,
         n_dense_layers=min(hf.get("first_k_dense_replace") or 0, hf["num_hidden_layers"]),
         d_mlp_dense=hf["intermediate_size"],
         router=scores,
@@ -91,7 +91,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-def _mscale(hf: dict, rotary) -> float:
+def _mscale(hf: dict, rotary: Rope) -> float:
     """yarn's mscale(factor, mscale_all_dim), which DeepSeek's softmax scale carries squared (transformers'
     yarn_apply_mscale: for any scaled rotary with a nonzero mscale_all_dim)."""
     params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
