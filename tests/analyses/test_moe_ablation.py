@@ -12,7 +12,7 @@ from resid.analyses.metrics import metric_values
 from resid.errors import ResidError
 from resid.interventions import Replace, Site, ZeroAblate
 
-MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral", "deepseek_v3"], indirect=True)
+MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral"], indirect=True)
 PROMPTS = [
     "When Mary and John went to the store, John gave a drink to",
     "When John and Mary went to the store, Mary gave a drink to",

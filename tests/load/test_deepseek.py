@@ -111,6 +111,21 @@ def test_greedy_generation_with_the_cache_equals_transformers(tiny: Tiny):
     assert tiny.model.generate(ids, max_new_tokens=6).new_ids.tolist() == expected[:, 6:].tolist()
 
 
+@pytest.mark.parametrize("tiny", ["deepseek_v2"], indirect=True)
+def test_expert_sweeps_skip_the_dense_layer_and_equal_brute_force(tiny: Tiny):
+    """sites="expert" covers the layers with experts (V2's first layer is dense), shared experts included."""
+    from resid.analyses import ablation
+
+    model, ids = tiny.model, random_ids(seed=6)[:1]
+    target, baseline = 11, 22
+    df = ablation.sweep(model, ids, [target], [baseline], sites="expert", method="zero")
+    config = model.config
+    assert df["site"].tolist() == [f"layers[1].mlp.expert[{e}]" for e in range(config.n_experts)]
+    for e in (0, config.n_experts - 1):  # a routed expert, a shared one
+        logits = model.run(ids, interventions=[resid.ZeroAblate(resid.Site(1, "mlp", expert=e))]).logits[0, -1]
+        assert df["ablated_metric"].iloc[e] == pytest.approx((logits[target] - logits[baseline]).item(), abs=1e-4)
+
+
 def _parity(folder, variant: str, **changes) -> None:
     """resid.load of a freshly built transformers model with these config changes equals it, unpadded."""
     import transformers
