@@ -170,6 +170,8 @@ def capture_for(model: Transformer, level: str, positions: list[int] | None) -> 
     experts = {"expert_weights"} if model.config.n_experts else set()
     out = {"out"} if level == "sublayer" else set()
     attn = {"z", *post, *out} if level != "sublayer" else {"out"}
+    if split and level == "head" and model.config.n_dense_layers:
+        out = {"out"}  # DeepSeek's dense first layers: at the head level, their MLP is one row, its write
     return Capture(
         positions=None if positions is None else [[p] for p in positions],
         attn=attn,

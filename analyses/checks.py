@@ -20,11 +20,26 @@ def select_layers(model: Transformer, layers: int | Sequence[int] | None) -> lis
     return sorted({l % n for l in chosen})
 
 
-def select_neurons(model: Transformer, neurons: int | Sequence[int] | None) -> list[int] | None:
-    """Neuron indices, checked and sorted (None: every neuron)."""
+def has_experts(model: Transformer, layers: Sequence[int]) -> bool:
+    """Whether the MLPs of `layers` (checked indices) are mixtures of experts. They must all be of one kind, since a
+    neuron table's rows are (layer, neuron) or (layer, expert, neuron): DeepSeek's first layers are dense."""
+    kinds = {model.config.has_experts(layer) for layer in layers}
+    if len(kinds) > 1:
+        dense = [layer for layer in layers if not model.config.has_experts(layer)]
+        moe = [layer for layer in layers if model.config.has_experts(layer)]
+        raise ResidError(f"Layers {dense} of this model have dense MLPs and layers {moe} mixtures of experts, and "
+                         f"one neuron table covers one kind: pass {param('layers')} of one kind ({dense}, then "
+                         f"{moe}).")
+    return kinds.pop() if kinds else model.config.n_experts > 0
+
+
+def select_neurons(model: Transformer, neurons: int | Sequence[int] | None,
+                   layers: Sequence[int] | None = None) -> list[int] | None:
+    """Neuron indices, checked and sorted (None: every neuron) against the MLP width of `layers` (checked
+    indices, of one kind; None: d_mlp)."""
     if neurons is None:
         return None
-    d_mlp = model.config.d_mlp
+    d_mlp = model.config.mlp_width(layers[0]) if layers else model.config.d_mlp
     chosen = [neurons] if isinstance(neurons, int) else list(neurons)
     if not chosen:
         raise ResidError("No neurons given: pass None for every neuron, a neuron index or a non-empty list.")

@@ -108,7 +108,7 @@ def _attn(model: Transformer, written, direction: Direction, layer: int, level: 
 def _mlp(model: Transformer, record, direction: Direction, layer: int, level: str) -> list[Contributions]:
     """The MLP sublayer's rows: its write, its experts, or its neurons (and output bias)."""
     mlp = model.blocks[layer].mlp
-    moe = model.config.n_experts > 0
+    moe = model.config.has_experts(layer)  # DeepSeek's first layers are dense
     if level == "sublayer" or (level == "head" and not moe):
         return [Contributions([Site(layer, "mlp")], direction.project(record.mlp.out)[:, None])]
     groups: list[Contributions] = []

@@ -71,7 +71,8 @@ def _word(word: str, config: ModelConfig, n_positions: int | None, name: str) ->
             raise ResidError(f"{spell(name, 'expert')} needs a mixture-of-experts model; "
                              "this model's MLPs are dense. Use "
                              f"{spell(name, 'sublayer')} for the MLP writes.")
-        return [Site(l, "mlp", expert=e) for l in layers for e in range(config.n_experts)]
+        # the layers with experts (DeepSeek's first layers are dense)
+        return [Site(l, "mlp", expert=e) for l in layers if config.has_experts(l) for e in range(config.n_experts)]
     if word in ("q", "pattern"):
         return [Site(l, "attn", head=h, field=word) for l in layers for h in range(config.n_heads)]
     if word in ("k", "v"):

@@ -7,9 +7,11 @@ Axes (every shape annotation and einsum in resid and its analyses names them):
     pos       residual positions: padded sequence indices (or the captured positions, in the order asked)
     key_pos   key positions an attention head reads from
     head      attention heads (n_heads); kv_head: key/value heads, fewer under grouped-query attention
-    d_head    per-head width;  d_model: residual stream width;  d_vocab: vocabulary size
+    d_head    per-head width;  d_model: residual stream width;  d_vocab: vocabulary size; d_head_v: each head's
+              value and z width where it differs (DeepSeek's latent attention); kv_rank: that attention's latent
     d_mlp     MLP hidden width; one neuron (Geva's key/value memory) per index (per expert, in a mixture)
-    expert    the experts of a sparse mixture-of-experts MLP (Mixtral: n_experts, experts_per_token per token)
+    expert    the experts of a sparse mixture-of-experts MLP (Mixtral: n_experts, experts_per_token per token;
+              DeepSeek: the last n_shared_experts read by every token)
     component one write into the residual stream (embedding, a sublayer, a head, ...)
 
 Positions given to any public API (Capture, Site, logits_at lists, every analysis) are prompt-relative:

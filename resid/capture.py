@@ -14,9 +14,10 @@ from resid.sites import Site
 
 # resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read). q_proj / k_proj
 # (before q/k norms and rotary) are q / k in models with neither, and kept once; scores are the softmax's input.
+# kv_latent, kv_norm_scale: latent attention (DeepSeek) only.
 AttnField = Literal[
     "normalized", "norm_scale", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "z", "post_norm_scale",
-    "resid_norm_scale", "out",
+    "resid_norm_scale", "out", "kv_latent", "kv_norm_scale",
 ]
 # router_logits, expert_weights, expert_out: mixture-of-experts MLPs only (pre and gate: dense MLPs only)
 MLPField = Literal[

@@ -3,7 +3,8 @@
 An architecture in resid is a config plus a weight-key table (resid/load/), never a branch on its name in the
 forward pass: GPT-2, Llama 1-3, Mistral, Qwen2/3, GPT-NeoX, Gemma 1-3, Phi-3, OLMo 2, Mixtral and BERT differ
 only in the values below (norm placement, q/k norms, soft caps, per-layer windows and rope bases, experts,
-post-LN, bidirectional attention, the output head).
+post-LN, bidirectional attention, the output head); DeepSeek V2/V3 add latent attention (kv_rank, q_rank,
+d_head_v, rotary_pairs), shared experts, dense first layers and their routers' rules (router_*).
 """
 
 import dataclasses
@@ -111,7 +112,30 @@ class ModelConfig:
     unembed_bias: bool = False  # the unembedding has a bias b_U
     embed_scale: float = 1.0  # the token embedding is multiplied by this (Gemma: sqrt(d_model))
     n_experts: int = 0  # > 0: each MLP is a sparse mixture of this many experts of width d_mlp (Mixtral)
-    experts_per_token: int = 0  # experts each token is routed to (top-k of the router's softmax)
+    experts_per_token: int = 0  # experts each token is routed to (top-k of the router's scores)
+    # DeepSeek's mixtures: the last n_shared_experts of the n_experts are shared, read by every token with weight 1
+    # (the router chooses among the others); the first n_dense_layers layers have a dense MLP of width d_mlp_dense
+    # instead of experts (d_mlp is each expert's width)
+    n_shared_experts: int = 0
+    n_dense_layers: int = 0
+    d_mlp_dense: int | None = None  # None = d_mlp
+    router: Literal["softmax", "sigmoid"] = "softmax"  # the router's scores of its logits (DeepSeek V3: sigmoid)
+    router_renormalize: bool = True  # the chosen experts' scores divided by their sum (Mixtral; norm_topk_prob)
+    router_scale: float = 1.0  # the chosen experts' weights multiplied by this (routed_scaling_factor)
+    # group-limited routing: the routed experts in router_groups equal groups, a group scored by its best expert
+    # ("max", DeepSeek V2) or its two best ("top2", V3), each token choosing among the router_topk_groups best groups
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    router_group_score: Literal["max", "top2"] = "max"
+    router_bias: bool = False  # a learned bias added to the scores to choose experts, not to weigh them (V3)
+    # multi-head latent attention (DeepSeek V2/V3, resid.components.latent): each head's keys and values read a
+    # compressed latent of width kv_rank (> 0), the last rotary_dim dims of its keys one rotary key shared by all
+    # heads; queries read a latent of width q_rank (> 0; 0: projected directly); values and z have d_head_v dims
+    kv_rank: int = 0
+    q_rank: int = 0
+    d_head_v: int | None = None  # None = d_head
+    # which dims rotate together: (i, i + rotary_dims / 2), Hugging Face's rotate_half, or (2i, 2i + 1) (DeepSeek)
+    rotary_pairs: Literal["halves", "interleaved"] = "halves"
 
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):  # from to_dict()
@@ -127,8 +151,10 @@ class ModelConfig:
                 problems.append(f"layer_types must give 'full' or 'sliding' for each of the {self.n_layers} layers")
             elif "sliding" in self.layer_types and self.sliding_window is None:
                 problems.append("layer_types has 'sliding' layers but sliding_window is None")
-        if self.n_experts and not 0 < self.experts_per_token <= self.n_experts:
-            problems.append(f"experts_per_token={self.experts_per_token} must be in 1..n_experts={self.n_experts}")
+        routed = self.n_experts - self.n_shared_experts
+        if self.n_experts and not 0 < self.experts_per_token <= routed:
+            problems.append(f"experts_per_token={self.experts_per_token} must be in 1..{routed} (the routed experts)")
+        problems += self._expert_problems() + self._latent_problems()
         if scaling is not None and (scaling.kind == "factors") != (scaling.factors is not None):
             problems.append("rope_scaling has per-frequency factors exactly when its kind is 'factors'")
         elif scaling is not None and scaling.kind == "factors" and len(scaling.factors) * 2 != self.rotary_dims:
@@ -160,6 +186,45 @@ class ModelConfig:
         if problems:
             raise ResidError("Invalid ModelConfig: " + "; ".join(problems) + ". Fix these fields.")
 
+    def _expert_problems(self) -> list[str]:
+        problems = []
+        if not self.n_experts and (self.n_shared_experts or self.n_dense_layers or self.d_mlp_dense is not None):
+            problems.append("n_shared_experts, n_dense_layers and d_mlp_dense need experts (n_experts > 0)")
+        if not 0 <= self.n_shared_experts < max(self.n_experts, 1):
+            problems.append(f"n_shared_experts={self.n_shared_experts} must leave routed experts of "
+                            f"n_experts={self.n_experts}")
+        if not 0 <= self.n_dense_layers <= self.n_layers:
+            problems.append(f"n_dense_layers={self.n_dense_layers} must be in 0..n_layers={self.n_layers}")
+        if self.d_mlp_dense is not None and self.d_mlp_dense <= 0:
+            problems.append(f"d_mlp_dense={self.d_mlp_dense} must be positive")
+        routed = self.n_experts - self.n_shared_experts
+        groups, top = self.router_groups, self.router_topk_groups
+        if self.n_experts and (groups < 1 or routed % groups or not 1 <= top <= groups):
+            problems.append(f"router_groups={groups} must divide the {routed} routed experts, and "
+                            f"router_topk_groups={top} be in 1..router_groups")
+        elif self.n_experts and self.experts_per_token > top * (routed // groups):
+            problems.append(f"experts_per_token={self.experts_per_token} exceeds the experts of the "
+                            f"{top} groups a token may choose ({top * (routed // groups)})")
+        elif self.n_experts and self.router_group_score == "top2" and groups > 1 and routed // groups < 2:
+            problems.append("router_group_score 'top2' needs at least 2 experts per group")
+        return problems
+
+    def _latent_problems(self) -> list[str]:
+        if not self.kv_rank:
+            if self.q_rank or self.d_head_v is not None or self.rotary_pairs != "halves":
+                return ["q_rank, d_head_v and rotary_pairs 'interleaved' belong to latent attention (kv_rank > 0)"]
+            return []
+        problems = []
+        if self.kv_rank < 0 or self.q_rank < 0 or (self.d_head_v is not None and self.d_head_v <= 0):
+            problems.append("kv_rank, q_rank and d_head_v must be positive (q_rank 0: no query latent)")
+        if self.positions != "rotary" or self.rotary_dim is None:
+            problems.append("latent attention needs rotary positions and rotary_dim (the shared rotary key's width)")
+        if self.n_kv_heads != self.n_heads:
+            problems.append("latent attention gives every head its own keys and values: n_kv_heads = n_heads")
+        if self.cross_attention or self.qk_norm != "none" or self.attn_qkv_bias or self.attn_softcap is not None:
+            problems.append("latent attention has no cross-attention, q/k norms, q/k/v biases or soft cap")
+        return problems
+
     def _number_problems(self) -> list[str]:
         """The real-valued fields: finite, and positive where a zero or a sign flip would be a different model
         (a NaN rotary base computes finite logits that are wrong by several units, so it is refused here too,
@@ -168,7 +233,7 @@ class ModelConfig:
         positive = {"rotary_base": self.rotary_base, "embed_scale": self.embed_scale,
                     "final_norm_multiplier": self.final_norm_multiplier, "rotary_base_local": self.rotary_base_local,
                     "attn_scale": self.attn_scale, "attn_softcap": self.attn_softcap,
-                    "final_softcap": self.final_softcap}
+                    "final_softcap": self.final_softcap, "router_scale": self.router_scale}
         # norm_eps 0 is a real (if fragile) choice, and mscale 0 is DeepSeek's "none"
         non_negative = {"norm_eps": self.norm_eps}
         finite = {"norm_gain_offset": self.norm_gain_offset}
@@ -196,6 +261,20 @@ class ModelConfig:
         if self.layer_types is not None:
             return self.layer_types[layer]
         return "sliding" if self.sliding_window is not None else "full"
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts (DeepSeek's first n_dense_layers are dense)."""
+        return self.n_experts > 0 and layer >= self.n_dense_layers
+
+    def mlp_width(self, layer: int) -> int:
+        """Neurons of `layer`'s MLP, or of each of its experts."""
+        dense = not self.has_experts(layer) and self.d_mlp_dense is not None
+        return self.d_mlp_dense if dense else self.d_mlp
+
+    @property
+    def v_width(self) -> int:
+        """Dims of each head's values and z (d_head, or latent attention's d_head_v)."""
+        return self.d_head if self.d_head_v is None else self.d_head_v
 
     @property
     def layer_types_used(self) -> frozenset[str]:

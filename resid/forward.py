@@ -138,7 +138,7 @@ def _record(model, layer: int, values: dict[str, dict[str, Tensor]], deltas: dic
     by_query = ("scores", "pattern")  # [batch head pos key_pos]: positions are the third axis
     attn = {name: (keep(t, axis=2) if name in by_query else keep(t)) for name, t in values.get("attn", {}).items()}
     mlp = {name: keep(t) for name, t in values.get("mlp", {}).items()}
-    attn_absent, mlp_absent = absent_fields(model.config)
+    attn_absent, mlp_absent = absent_fields(model.config, layer)
     cross = None
     if "cross" in values:
         kept = {name: t if name in source else keep(t, axis=2) if name in by_query else keep(t)

@@ -41,7 +41,7 @@ __all__ = ["Add", "Edit", "Hook", "HookCall", "Intervention", "Replace", "Scale"
            "edit_residual", "group_edits"]
 
 # What each part lets interventions edit (Site.what); everything else of a site is read-only
-EDITABLE = {"attn": ("out", "z", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "normalized"),
+EDITABLE = {"attn": ("out", "z", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "normalized", "kv_latent"),
             "cross": ("out", "z", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "normalized"),
             "mlp": ("out", "post", "expert_out", "normalized"), "embed": ("write",), "pos_embed": ("write",),
             "type_embed": ("write",), "resid_pre": ("resid",), "resid_mid": ("resid",), "resid_cross": ("resid",),
@@ -205,7 +205,7 @@ def _edited_sites(iv: Intervention, site: Site, config: ModelConfig) -> list[Sit
     if site.what not in EDITABLE.get(site.part, ()):
         raise ResidError(f"{type(iv).__name__} at {site.label}: {site.what!r} of {site.part!r} can be read and "
                          f"captured but not edited. Editable: {_editable_text()}.")
-    if site.what == "post" and config.n_experts and site.expert is None:
+    if site.what == "post" and site.expert is None and config.has_experts(site.layer):
         raise ResidError(f"{type(iv).__name__} at {site.label}: in a mixture of experts, edit one expert's neuron "
                          f"(Site({site.layer}, 'mlp', expert=e, neuron=i)) or one expert's write.")
     return [site]

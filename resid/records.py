@@ -96,6 +96,19 @@ class AttnRecord(_Record):
         return self._get("v")
 
     @property
+    def kv_latent(self) -> Float[Tensor, "batch pos kv_rank"]:
+        """Latent attention (DeepSeek V2/V3) only: the compressed latent every head's keys (their no-rope dims)
+        and values are read from, normalized @ W_DKV through its RMSNorm (what DeepSeek caches, beside the
+        shared rotary key)."""
+        return self._get("kv_latent")
+
+    @property
+    def kv_norm_scale(self) -> Float[Tensor, "batch pos 1"]:
+        """Latent attention only: the scale (1/rms) of the latent's RMSNorm; frozen, the values are linear in
+        what the attention reads."""
+        return self._get("kv_norm_scale")
+
+    @property
     def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
         """The softmax's input: q k^T * scale, soft-capped (Gemma 2), plus the relative position bias (T5), -inf
         at the keys a query may not read (later positions, padding, outside a sliding window); a padding query
@@ -144,14 +157,16 @@ class MLPRecord(_Record):
         return self._get("post")
 
     @property
-    def router_logits(self) -> Float[Tensor, "batch pos expert"]:
-        """Mixture of experts only: normalized @ W_router, before the softmax over experts."""
+    def router_logits(self) -> Float[Tensor, "batch pos routed"]:
+        """Mixture of experts only: normalized @ W_router, before the softmax (or sigmoid) over the routed experts
+        (the shared experts, DeepSeek's last n_shared_experts, are not routed)."""
         return self._get("router_logits")
 
     @property
     def expert_weights(self) -> Float[Tensor, "batch pos expert"]:
-        """Mixture of experts only: the top-k router probabilities renormalized to sum to 1, zero for the experts
-        the token was not routed to (in the model dtype)."""
+        """Mixture of experts only: the top-k router scores, renormalized to sum to 1 where the model does and
+        scaled by its router_scale, zero for the experts the token was not routed to, one for shared experts (in
+        the model dtype)."""
         return self._get("expert_weights")
 
     @property
@@ -193,8 +208,8 @@ def same_fields(config: ModelConfig, cross: bool = False) -> dict[str, str]:
     return {} if transformed else {"q_proj": "q", "k_proj": "k"}
 
 
-def absent_fields(config: ModelConfig) -> tuple[dict[str, str], dict[str, str]]:
-    """(attention, MLP) fields this model does not have, each with the reason a read of it reports."""
+def absent_fields(config: ModelConfig, layer: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(attention, MLP) fields `layer` of this model does not have, each with the reason a read of it reports."""
     absent = {}
     if not config.pre_norms:
         absent["normalized"] = absent["norm_scale"] = "this model's sublayers read the residual without a norm"
@@ -202,11 +217,13 @@ def absent_fields(config: ModelConfig) -> tuple[dict[str, str], dict[str, str]]:
         absent["post_norm_scale"] = "this model has no post-norms (its sublayer outputs are written as they are)"
     if not config.post_ln:
         absent["resid_norm_scale"] = "this model is pre-LN: its residual is not normed after each write"
-    if config.n_experts:
-        dense = "this model's MLP is a mixture of experts; each expert's coefficients are in `post`"
+    if not config.kv_rank:
+        absent["kv_latent"] = absent["kv_norm_scale"] = "this model's attention has no latent (only DeepSeek's does)"
+    if config.has_experts(layer):
+        dense = "this layer's MLP is a mixture of experts; each expert's coefficients are in `post`"
         mlp_absent = {"pre": dense, "gate": dense}
     else:
-        experts = "this model's MLP is dense, not a mixture of experts"
+        experts = "this layer's MLP is dense, not a mixture of experts"
         mlp_absent = dict.fromkeys(("router_logits", "expert_weights", "expert_out"), experts)
         if not config.gated_mlp:
             mlp_absent["gate"] = "this model's MLP is not gated (post = act(pre))"

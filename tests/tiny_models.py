@@ -37,6 +37,8 @@ VARIANTS: list[str] = [
     "phi3",
     "olmo2",
     "mixtral",
+    "deepseek_v2",
+    "deepseek_v3",
 ]
 
 _COMMON = dict(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, num_hidden_layers=2, intermediate_size=96)
@@ -137,7 +139,29 @@ def _modern_config(variant: str) -> transformers.PretrainedConfig:
         return transformers.Olmo2Config(**gqa, eos_token_id=50256, pad_token_id=50256)
     if variant == "mixtral":
         return transformers.MixtralConfig(**gqa, num_local_experts=4, num_experts_per_tok=2)
+    if variant.startswith("deepseek"):
+        return deepseek_config(variant)
     raise ValueError(f"unknown tiny variant {variant!r}; choose from {VARIANTS}")
+
+
+def deepseek_config(variant: str, **changes) -> transformers.PretrainedConfig:
+    """DeepSeek V2: queries projected directly, a yarn rotary with both mscales (so the softmax scale carries
+    mscale_all_dim), softmax routing limited to 1 of 2 groups, 2 shared experts, a dense first layer, DeepSeek's
+    interleaved rotary pairs. V3: a query latent, sigmoid routing with the selection bias, groups scored by their two
+    best experts, renormalized and scaled weights, rotate_half pairs (rope_interleave false), experts in both
+    layers. Both: per-head values narrower than the keys, every head's keys and values from a 16-wide latent."""
+    mla = dict(_COMMON, hidden_size=48, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+               qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, moe_intermediate_size=24, n_routed_experts=4,
+               num_experts_per_tok=2, n_group=2, topk_group=1, tie_word_embeddings=False, rms_norm_eps=1e-5)
+    if variant == "deepseek_v2":
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+                "mscale": 0.707, "mscale_all_dim": 1.0}
+        fields = dict(mla, q_lora_rank=None, topk_method="group_limited_greedy", n_shared_experts=2,
+                      first_k_dense_replace=1, routed_scaling_factor=1.5, rope_parameters=rope)
+        return transformers.DeepseekV2Config(**{**fields, **changes})
+    fields = dict(mla, q_lora_rank=24, n_shared_experts=1, first_k_dense_replace=0, norm_topk_prob=True,
+                  routed_scaling_factor=2.5, rope_interleave=False)
+    return transformers.DeepseekV3Config(**{**fields, **changes})
 
 
 def _reinit(model: nn.Module, seed: int) -> None:
@@ -154,6 +178,9 @@ def _reinit(model: nn.Module, seed: int) -> None:
                     param.copy_((0.0 if gemma_gain else 1.0) + 0.2 * noise)
                 else:
                     param.copy_(0.15 * noise)
+            for name, buffer in module.named_buffers(recurse=False):
+                if name == "e_score_correction_bias":  # DeepSeek V3's selection bias, a buffer: make it choose
+                    buffer.copy_(0.3 * torch.randn(buffer.shape, generator=generator))
 
 
 def build(variant: str, folder: Path) -> transformers.PreTrainedModel:

@@ -50,7 +50,7 @@ def decoder_directions(model: Transformer, dictionary: Dictionary,
     if site.part == "attn" and site.what == "z" and point.heads_flat:
         block = model.blocks[site.layer]
         cfg = model.config
-        written = torch.einsum("n h e, h e m -> n m", w_dec.view(-1, cfg.n_heads, cfg.d_head), block.attn.W_O.float())
+        written = torch.einsum("n h e, h e m -> n m", w_dec.view(-1, cfg.n_heads, cfg.v_width), block.attn.W_O.float())
         return written if block.ln_attn_post is None else block.ln_attn_post.linear(written)
     raise ResidError(f"Dictionary {d.name!r} reconstructs {site.label}, which is not a write into the residual stream "
                      "(its decoder directions are not directions of the stream); decoder views take dictionaries on "

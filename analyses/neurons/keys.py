@@ -75,8 +75,8 @@ def top_activating(
     progress); the same table on every executor. A scan is a reduction: it keeps no `out` store."""
     check_choice(sign, "sign", SIGNS)
     layer_list = select_layers(model, layers)
-    neuron_list = select_neurons(model, neurons)
-    expert_list = select_experts(model, experts)
+    neuron_list = select_neurons(model, neurons, layer_list)
+    expert_list = select_experts(model, experts, layer_list)
     k = check_k(k, "k")
     for name, value in (("context", context), ("after", after)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

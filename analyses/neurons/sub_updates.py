@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.checks import check_k, select_layers
+from resid.analyses.checks import check_k, has_experts, select_layers
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io.provenance import describe
 from resid.analyses.vocab import decode_ids, single_token_id
@@ -51,14 +51,15 @@ def sub_updates(
     magnitude includes); with experts, an `expert` column follows `layer`, coefficient is m_{e,i} and
     magnitude includes the router weight w_e."""
     layer_list = select_layers(model, layers)
-    k = check_k(k, "k", model.config.d_mlp * max(1, model.config.n_experts))
+    experts = model.config.n_experts if has_experts(model, layer_list) else 0  # one kind of MLP (DeepSeek's mix)
+    k = check_k(k, "k", model.config.mlp_width(layer_list[0]) * max(1, experts))
     value_k = check_k(value_k, "value_k", model.config.d_vocab)
     given = as_prompts(model, prompt)
     if len(given) != 1:
         raise ResidError(f"sub_updates takes one prompt, got {len(given)}: call it once per prompt.")
     pos = int(given.tokens.relative(given.tokens.padded_index([pos]))[0, 0])  # made non-negative
     wanted = {"post"} | ({"post_norm_scale"} if model.config.post_norms else set())
-    wanted |= {"expert_weights"} if model.config.n_experts else set()
+    wanted |= {"expert_weights"} if experts else set()
     capture = Capture(layers=layer_list, positions=[pos], attn=frozenset(), mlp=wanted, embed=False)
     run = model.run(given.tokens, capture=capture, logits_at=[pos])
     target_id = int(run.logits[0, 0].argmax()) if target is None else single_token_id(model, target, "target")
@@ -67,7 +68,7 @@ def sub_updates(
     with torch.no_grad():
         for layer in layer_list:
             record = run.stream.layers[layer].mlp
-            weights = record.expert_weights[0, 0] if model.config.n_experts else None
+            weights = record.expert_weights[0, 0] if experts else None
             scale = record.post_norm_scale[0, 0] if model.config.post_norms else None
             updates = sub_update_vectors(model, layer, record.post[0, 0], weights, scale)
             frames += _rank_layer(model, layer, record.post[0, 0].float(), updates, direction, k, value_k)
@@ -96,7 +97,7 @@ def sub_update_vectors(
     written into the residual, s * linear_post(m_i v_i), with the post-norm's scale s frozen there."""
     layer = select_layers(model, layer)[0]
     block = model.blocks[layer]
-    experts = model.config.n_experts
+    experts = model.config.n_experts if model.config.has_experts(layer) else 0
     if experts and (expert_weights is None or post.ndim != 2):
         raise ResidError(
             f"Layer {layer}'s MLP is a mixture of {experts} experts: pass post [expert d_mlp] and its "
@@ -139,7 +140,7 @@ def _rank_layer(
         covered = updates[chosen].sum(0)
         promoted = model.readout.vector_logits(updates[chosen]).topk(value_k, dim=-1).indices.cpu().numpy()
         where = {"layer": np.full(k, layer, dtype=np.int64)}
-        if model.config.n_experts:
+        if model.config.has_experts(layer):
             where["expert"] = (chosen // d_mlp).cpu().numpy().astype(np.int64)
         frames.append(pd.DataFrame({
             **where,

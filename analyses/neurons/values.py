@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.checks import check_k, select_layers, select_neurons
+from resid.analyses.checks import check_k, has_experts, select_layers, select_neurons
 from resid.analyses.io.provenance import describe
 from resid.analyses.vocab import decode_ids
 from resid.errors import ResidError
@@ -65,12 +65,12 @@ def value_top_tokens(
     neuron, direction, rank), the columns of COLUMNS, in that order (per (layer, expert, neuron, ...) with an
     `expert` column for a mixture of experts)."""
     layer_list = select_layers(model, layers)
-    neuron_list = select_neurons(model, neurons)
-    expert_list = select_experts(model, experts)
+    neuron_list = select_neurons(model, neurons, layer_list)
+    expert_list = select_experts(model, experts, layer_list)
     k = check_k(k, "k", model.config.d_vocab)
     unembed = model.readout.unembedding(through_final_norm)
     index = None if neuron_list is None else torch.tensor(neuron_list, device=model.device)
-    n_neurons = model.config.d_mlp if neuron_list is None else len(neuron_list)
+    n_neurons = model.config.mlp_width(layer_list[0]) if neuron_list is None else len(neuron_list)
     rows = max(1, chunk_bytes // (4 * model.config.d_vocab))
     top_values, top_ids, bottom_values, bottom_ids = [], [], [], []
     with torch.no_grad():
@@ -96,13 +96,17 @@ def value_top_tokens(
     return df
 
 
-def select_experts(model: Transformer, experts: int | Sequence[int] | None) -> list[int] | None:
+def select_experts(
+    model: Transformer, experts: int | Sequence[int] | None, layers: Sequence[int] | None = None
+) -> list[int] | None:
     """Expert indices, checked and sorted, for a mixture-of-experts model (every expert when None); None for a
-    dense model, which must not be given experts."""
-    n = model.config.n_experts
+    dense model, which must not be given experts. `layers` (checked indices): the MLPs these are for, all of one
+    kind (DeepSeek's first layers are dense); None: the model's."""
+    n = model.config.n_experts if layers is None or has_experts(model, layers) else 0
     if not n:
         if experts is not None:
-            raise ResidError(f"experts={experts!r}: {model.name}'s MLPs are dense, not mixtures of experts. Leave "
+            which = f"{model.name}'s MLPs are" if layers is None else f"the MLPs of layers {list(layers)} are"
+            raise ResidError(f"experts={experts!r}: {which} dense, not mixtures of experts. Leave "
                              "experts=None.")
         return None
     if experts is None:

@@ -51,7 +51,7 @@ class KVCache:
     the whole generation is allocated once, so a step writes one position instead of copying the past."""
 
     keys: list[Float[Tensor, "batch kv_head max_pos d_head"]]  # one per layer
-    values: list[Float[Tensor, "batch kv_head max_pos d_head"]]
+    values: list[Float[Tensor, "batch kv_head max_pos d_head_v"]]
     filled: list[int]  # positions written so far, per layer
     # decoders of encoder-decoder models: each layer's cross-attention keys and values of the source, computed
     # (and edited) once, on the first pass, and read by every later step
@@ -63,12 +63,14 @@ class KVCache:
     ) -> "KVCache":
         shape = (batch, config.n_kv_heads, max_pos, config.d_head)
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        shape = (*shape[:-1], config.v_width)  # latent attention's values are narrower than its keys
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         return cls(keys, values, [0] * config.n_layers)
 
     def extend(
-        self, layer: int, k_h: Float[Tensor, "batch kv_head pos d_head"], v_h: Float[Tensor, "batch kv_head pos d_head"]
-    ) -> tuple[Float[Tensor, "batch kv_head key_pos d_head"], Float[Tensor, "batch kv_head key_pos d_head"]]:
+        self, layer: int, k_h: Float[Tensor, "batch kv_head pos d_head"],
+        v_h: Float[Tensor, "batch kv_head pos d_head_v"],
+    ) -> tuple[Float[Tensor, "batch kv_head key_pos d_head"], Float[Tensor, "batch kv_head key_pos d_head_v"]]:
         """Append this pass's keys/values to the layer's cache; return every cached position's."""
         start, end = self.filled[layer], self.filled[layer] + k_h.shape[2]
         self.keys[layer][:, :, start:end] = k_h
@@ -134,6 +136,10 @@ def allowed_keys(
 
 
 class Attention(nn.Module):
+    # fields of its record the value path reads frozen beside the pattern, passed to frozen / frozen_adjoint by name
+    # (latent attention's kv_norm_scale); none here
+    frozen_fields: tuple[str, ...] = ()
+
     def __init__(self, config: ModelConfig, layer: int, cross: bool = False):
         """Self-attention, or (cross=True) a decoder's cross-attention: queries from the stream, keys and values
         from the encoder's final hidden state (AttnContext.memory), no causal mask, no rotary."""

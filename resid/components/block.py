@@ -45,6 +45,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from resid.components.attention import Attention, AttnContext
+from resid.components.latent import LatentAttention
 from resid.components.mlp import MLP
 from resid.components.moe import MoE
 from resid.components.norm import Norm
@@ -62,10 +63,10 @@ class Block(nn.Module):
         self.layer = layer
         self.parallel = config.block == "parallel"
         self.ln_attn = Norm(config) if config.pre_norms else None
-        self.attn = Attention(config, layer)
+        self.attn = LatentAttention(config, layer) if config.kv_rank else Attention(config, layer)  # DeepSeek: MLA
         self.ln_attn_post = Norm(config) if config.post_norms else None
         self.ln_mlp = Norm(config) if config.pre_norms else None
-        self.mlp = MoE(config, layer) if config.n_experts > 0 else MLP(config, layer)  # Mixtral: experts
+        self.mlp = MoE(config, layer) if config.has_experts(layer) else MLP(config, layer)  # Mixtral: experts
         self.ln_mlp_post = Norm(config) if config.post_norms else None
         self.ln_attn_resid = Norm(config) if config.post_ln else None
         self.ln_mlp_resid = Norm(config) if config.post_ln else None
@@ -123,7 +124,8 @@ class Block(nn.Module):
         if self.cross is not None:
             raise ResidError(f"Layer {self.layer} has cross-attention, whose values read the encoder's output: the "
                              "frozen block covers decoder-only and encoder stacks (no cross-attention).")
-        sites = [_site(self.layer, "attn", "pattern")]
+        # the pattern, and what else the attention's value path reads frozen (latent attention: its latent's scale)
+        sites = [_site(self.layer, "attn", field) for field in ("pattern", *self.attn.frozen_fields)]
         for part in ("attn", "mlp"):
             pre, post, resid = self._norms(part)
             sites += [_site(self.layer, part, field) for norm, field in (
@@ -183,7 +185,8 @@ class Block(nn.Module):
     ) -> Float[Tensor, "pos d_model"]:
         """The attention's write from the residual it reads, pattern and norm scales frozen (float32)."""
         normalized = self.frozen_pre("attn", resid, frozen, constants)
-        out = self.attn.frozen(normalized, frozen[_site(self.layer, "attn", "pattern")], constants)
+        out = self.attn.frozen(normalized, frozen[_site(self.layer, "attn", "pattern")], constants,
+                               **self._attn_frozen(frozen))
         return self.frozen_post("attn", out, frozen, constants)
 
     def frozen_attn_adjoint(
@@ -191,7 +194,7 @@ class Block(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         """The cotangents on the residual the attention reads from cotangents g on its write."""
         g = self.frozen_post_adjoint("attn", g, frozen)
-        g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")])
+        g = self.attn.frozen_adjoint(g, frozen[_site(self.layer, "attn", "pattern")], **self._attn_frozen(frozen))
         return self.frozen_pre_adjoint("attn", g, frozen)
 
     def frozen_attn_adjoint_heads(
@@ -200,7 +203,8 @@ class Block(nn.Module):
         """frozen_attn_adjoint split by query head (they sum to it): the post-norm's adjoint, head h's adjoint
         (Attention.frozen_adjoint_heads), the pre-norm's adjoint."""
         g = self.frozen_post_adjoint("attn", g, frozen)
-        g = self.attn.frozen_adjoint_heads(g, frozen[_site(self.layer, "attn", "pattern")])
+        g = self.attn.frozen_adjoint_heads(g, frozen[_site(self.layer, "attn", "pattern")],
+                                           **self._attn_frozen(frozen))
         return self.frozen_pre_adjoint("attn", g, frozen)
 
     def frozen_adjoint_heads(
@@ -267,6 +271,10 @@ class Block(nn.Module):
         if norm is None:
             return g
         return norm.pull_back(g, frozen[_site(self.layer, part, "resid_norm_scale")])
+
+    def _attn_frozen(self, frozen: FrozenValues) -> dict[str, Tensor]:
+        """The attention's frozen values beside its pattern, by field (none for standard attention)."""
+        return {field: frozen[_site(self.layer, "attn", field)] for field in self.attn.frozen_fields}
 
     def _norms(self, part: str) -> tuple[Norm | None, Norm | None, Norm | None]:
         """(pre-norm, post-norm, post-LN residual norm) of sublayer `part`; None where the block has none."""

@@ -32,12 +32,13 @@ class MLP(nn.Module):
         super().__init__()
         self.layer = layer
         self.act = ACTIVATIONS[config.act]
-        self._w_in = nn.Parameter(torch.zeros(config.d_mlp, config.d_model))
-        self._w_gate = nn.Parameter(torch.zeros(config.d_mlp, config.d_model)) if config.gated_mlp else None
-        self._w_out = nn.Parameter(torch.zeros(config.d_model, config.d_mlp))
+        d_mlp = config.mlp_width(layer)  # d_mlp, or DeepSeek's dense first layers' d_mlp_dense
+        self._w_in = nn.Parameter(torch.zeros(d_mlp, config.d_model))
+        self._w_gate = nn.Parameter(torch.zeros(d_mlp, config.d_model)) if config.gated_mlp else None
+        self._w_out = nn.Parameter(torch.zeros(config.d_model, d_mlp))
         bias = config.mlp_bias
-        self.b_in = nn.Parameter(torch.zeros(config.d_mlp)) if bias else None
-        self.b_gate = nn.Parameter(torch.zeros(config.d_mlp)) if bias and config.gated_mlp else None
+        self.b_in = nn.Parameter(torch.zeros(d_mlp)) if bias else None
+        self.b_gate = nn.Parameter(torch.zeros(d_mlp)) if bias and config.gated_mlp else None
         self.b_out = nn.Parameter(torch.zeros(config.d_model)) if bias else None
 
     @property

@@ -1,13 +1,22 @@
-"""A sparse mixture-of-experts MLP (Mixtral; Jiang et al. 2024, "Mixtral of Experts"), as transformers'
-MixtralSparseMoeBlock computes it. Glossary: `expert` is the expert axis (n_experts of them); each expert is a
-gated MLP of width d_mlp with its own keys, values and coefficients (resid.components.mlp).
+"""A sparse mixture-of-experts MLP (Mixtral; Jiang et al. 2024, "Mixtral of Experts"; DeepSeek-V2/V3, Dai et al.
+2024, "DeepSeekMoE"), as transformers' MixtralSparseMoeBlock and DeepseekV2Moe / DeepseekV3MoE compute it.
+Glossary: `expert` is the expert axis (n_experts of them); each expert is a gated MLP of width d_mlp with its own
+keys, values and coefficients (resid.components.mlp). The first n_experts - n_shared_experts are *routed*; the
+last n_shared_experts are *shared*: every token reads them with weight 1 (DeepSeek keeps them as one MLP of
+n_shared_experts * d_mlp neurons, which is their sum, split by neurons).
 
-    router_logits  = x W_router                          [expert], no bias
-    probabilities  = softmax(router_logits) in float32   over all experts
-    top-k experts; their k probabilities renormalized to sum to 1 (`expert_weights`, 0 for the others),
-                   then cast to the model dtype (as transformers does before weighting the experts)
+    router_logits  = x W_router                          [routed expert], no bias
+    scores         = softmax(router_logits) (Mixtral, DeepSeek V2) or sigmoid (V3), in float32
+    choice         = scores + router_bias (V3's e_score_correction_bias: it chooses, it does not weigh)
+    groups         (router_groups > 1) the routed experts in equal groups, each scored by its best choice ("max",
+                   V2) or the sum of its two best ("top2", V3); a token chooses among its router_topk_groups best
+    top-k of choice; their scores, renormalized to sum to 1 (router_renormalize), times router_scale, are the
+                   `expert_weights` (0 for the other routed experts, 1 for the shared ones), cast to the model
+                   dtype (as transformers does before weighting the experts)
     post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up)
-    out            = sum over chosen e of expert_weights[e] * (post_e W_out[e])   (w2 = down)
+    out            = sum over e of expert_weights[e] * (post_e W_out[e])   (w2 = down)
+
+So the experts' writes (shared ones included) sum to the MLP's write.
 
 Each expert runs on the tokens routed to it only (an index per expert), so the cost is k/n_experts of a dense
 evaluation of every expert. `post` and `expert_out` are zero for the experts a token was not routed to.
@@ -39,15 +48,21 @@ class MoE(nn.Module):
         self.layer = layer
         self.act = ACTIVATIONS[config.act]
         self.n_experts = config.n_experts
+        self.n_routed = config.n_experts - config.n_shared_experts
         self.top_k = config.experts_per_token
+        self.scores = config.router
+        self.renormalize, self.scale = config.router_renormalize, config.router_scale
+        self.groups, self.topk_groups = config.router_groups, config.router_topk_groups
+        self.group_score = config.router_group_score
         n, d_mlp, d_model = config.n_experts, config.d_mlp, config.d_model
-        self._w_router = nn.Parameter(torch.zeros(n, d_model))
+        self._w_router = nn.Parameter(torch.zeros(self.n_routed, d_model))
+        self.router_bias = nn.Parameter(torch.zeros(self.n_routed)) if config.router_bias else None
         self._w_in = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_gate = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_out = nn.Parameter(torch.zeros(n, d_model, d_mlp))
 
     @property
-    def W_router(self) -> Float[Tensor, "d_model expert"]:
+    def W_router(self) -> Float[Tensor, "d_model routed"]:
         return self._w_router.T
 
     @property
@@ -64,15 +79,26 @@ class MoE(nn.Module):
 
     def route(
         self, normalized: Float[Tensor, "batch pos d_model"]
-    ) -> tuple[Float[Tensor, "batch pos expert"], Float[Tensor, "batch pos expert"]]:
-        """(router logits, expert weights): the renormalized top-k probabilities, zero for the other experts,
-        in the model dtype."""
+    ) -> tuple[Float[Tensor, "batch pos routed"], Float[Tensor, "batch pos expert"]]:
+        """(router logits, expert weights): the chosen experts' scores (renormalized, scaled), zero for the other
+        routed experts, one for the shared ones, in the model dtype."""
         logits = F.linear(normalized, self._w_router)
-        probabilities = torch.softmax(logits.float(), dim=-1)  # float32, as transformers
-        top, chosen = probabilities.topk(self.top_k, dim=-1)
-        top = top / top.sum(-1, keepdim=True)
-        weights = torch.zeros_like(probabilities).scatter(-1, chosen, top)
-        return logits, weights.to(normalized.dtype)
+        # float32, as transformers
+        scores = torch.softmax(logits.float(), dim=-1) if self.scores == "softmax" else logits.float().sigmoid()
+        choice = scores if self.router_bias is None else scores + self.router_bias.float()
+        if self.groups > 1:
+            grouped = choice.unflatten(-1, (self.groups, -1))  # [batch pos group expert_in_group]
+            best = grouped.max(-1).values if self.group_score == "max" else grouped.topk(2, dim=-1).values.sum(-1)
+            kept = torch.zeros_like(best, dtype=torch.bool).scatter(-1, best.topk(self.topk_groups, dim=-1)[1], True)
+            choice = choice.masked_fill(~kept.repeat_interleave(grouped.shape[-1], dim=-1), float("-inf"))
+        chosen = choice.topk(self.top_k, dim=-1)[1]
+        top = scores.gather(-1, chosen)
+        if self.renormalize:  # the 1e-20 of transformers' DeepSeek V3, no change to a float32 sum of k scores
+            top = top / (top.sum(-1, keepdim=True) + 1e-20)
+        top = top * self.scale if self.scale != 1.0 else top
+        weights = torch.zeros_like(scores).scatter(-1, chosen, top)
+        shared = weights.new_ones(*weights.shape[:-1], self.n_experts - self.n_routed)
+        return logits, torch.cat((weights, shared), dim=-1).to(normalized.dtype)
 
     def forward(
         self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Edit]

@@ -29,13 +29,15 @@ from resid.config import ModelConfig
 
 
 class Norm(nn.Module):
-    def __init__(self, config: ModelConfig, width: int | None = None, rms: bool = False, multiplier: float = 1.0):
+    def __init__(self, config: ModelConfig, width: int | None = None, rms: bool = False, multiplier: float = 1.0,
+                 eps: float | None = None):
         """A norm of the residual (width d_model), or of `width` dims (q/k norms: always RMSNorm, rms=True).
-        `multiplier`: a constant the output is multiplied by, folded into the gain (T5 v1.0's final norm)."""
+        `multiplier`: a constant the output is multiplied by, folded into the gain (T5 v1.0's final norm).
+        `eps`: another epsilon than config.norm_eps (DeepSeek's latent norms)."""
         super().__init__()
         width = config.d_model if width is None else width
         self.centre = config.norm == "layernorm" and not rms
-        self.eps = config.norm_eps
+        self.eps = config.norm_eps if eps is None else eps
         self.gain_offset = config.norm_gain_offset
         self.multiplier = multiplier
         self.w = nn.Parameter(torch.ones(width) - config.norm_gain_offset)

@@ -204,12 +204,12 @@ def _check(point: HookPoint, config: ModelConfig) -> HookPoint:
 def width(point: HookPoint, config: ModelConfig) -> int:
     """The last-axis width of the tensor the hook reads in this model (what d_in / d_out must equal)."""
     site = point.site
-    if site.head is not None or site.kv_head is not None:
-        return config.d_head
+    if site.head is not None or site.kv_head is not None:  # latent attention's values (and z) are narrower
+        return config.v_width if site.what in ("z", "v") else config.d_head
     if site.field == "z":  # heads flattened
-        return config.n_heads * config.d_head
+        return config.n_heads * config.v_width
     if site.field in ("post", "pre", "gate"):
-        return config.d_mlp
+        return config.d_mlp if site.layer is None else config.mlp_width(site.layer)
     return config.d_model
 
 

@@ -77,7 +77,9 @@ def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> Non
 
 
 def axis_sizes(config: ModelConfig) -> dict[str, int]:
-    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3}
+    # shared: DeepSeek's shared experts, fused in one MLP the key table splits
+    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3,
+            "shared": config.n_shared_experts}
 
 
 def tensor_at(model: torch.nn.Module, path: str) -> Tensor:

@@ -21,7 +21,8 @@ A `Site` is a frozen dataclass. Its `label` is its one printed form (every table
     layers[L].mlp.expert[E]                         expert E's weighted write (mixtures of experts)
     layers[L].mlp.expert[E].neuron[I]               expert E's post[I]
     layers[L].attn.FIELD                            any other field of the sublayer's record, whole: z, q, k, v,
-                                                    pattern, normalized (its input after the norm), norm_scale, ...
+                                                    pattern, normalized (its input after the norm), norm_scale,
+                                                    kv_latent (latent attention's compressed keys and values), ...
     layers[L].attn.b_O | post_norm_bias | resid_norm_bias    terms of an attribution (mlp: b_out, ...); b_Q | b_K
                                                     the constant of a head's query / key (QK attribution)
     layers[L].resid_post.feature[F]                 feature F of the learned dictionary (resid.dictionaries) that
@@ -65,7 +66,7 @@ LAYER_PARTS = (*RESID_PARTS, "layer", *SUBLAYERS)
 PARTS = (*GLOBAL_PARTS, *LAYER_PARTS)
 # Fields of the sublayer records (resid.records), readable and capturable; the first is the default
 ATTN_FIELDS = ("out", "z", "q", "k", "v", "pattern", "scores", "q_proj", "k_proj", "normalized", "norm_scale",
-               "post_norm_scale", "resid_norm_scale")
+               "post_norm_scale", "resid_norm_scale", "kv_latent", "kv_norm_scale")
 MLP_FIELDS = ("out", "post", "pre", "gate", "expert_out", "expert_weights", "router_logits", "normalized",
               "norm_scale", "post_norm_scale", "resid_norm_scale")
 # Terms of an attribution: constants the decomposition has rows for, not tensors of the run
@@ -352,16 +353,18 @@ class Site:
             noun = "layers" if n_layers is None else "layers in this run (stop_at_layer)"
             changes["layer"] = _index(self.layer, config.n_layers if n_layers is None else n_layers, "layer", where,
                                       noun)
-        self._check_model(config, where)
+        layer = changes.get("layer")
+        self._check_model(config, where, layer)
+        width = config.d_mlp if layer is None else config.mlp_width(layer)  # DeepSeek's dense layers: d_mlp_dense
         sizes = {"head": (config.n_heads, "heads"), "kv_head": (config.n_kv_heads, "key/value heads"),
-                 "neuron": (config.d_mlp, "MLP neurons"), "expert": (config.n_experts, "experts"),
+                 "neuron": (width, "MLP neurons"), "expert": (config.n_experts, "experts"),
                  "token": (config.d_vocab, "tokens in its vocabulary")}
         for name, (size, noun) in sizes.items():
             if getattr(self, name) is not None:
                 changes[name] = _index(getattr(self, name), size, name, where, noun)
         return dataclasses.replace(self, **changes)
 
-    def _check_model(self, config: ModelConfig, where: str) -> None:
+    def _check_model(self, config: ModelConfig, where: str, layer: int | None) -> None:
         part = self.part
         if part in ("cross", "resid_cross") and not config.cross_attention:
             raise ResidError(f"{where}: this model has no cross-attention (only decoders of encoder-decoder models "
@@ -374,9 +377,11 @@ class Site:
             raise ResidError(f"{where}: this model has no token-type embedding.")
         if part == "logits" and config.head == "none":
             raise ResidError(f"{where}: this model has no logits (an embedding model: read its final hidden state).")
-        experts = config.n_experts
+        experts = config.n_experts if layer is None or config.has_experts(layer) else 0
         if self.expert is not None and not experts:
-            raise ResidError(f"{where}: this model's MLPs are dense, not mixtures of experts. Drop expert=.")
+            which = ("this model's MLPs are" if not config.n_experts else
+                     f"layer {layer}'s MLP is (the first {config.n_dense_layers} layers of this model are)")
+            raise ResidError(f"{where}: {which} dense, not mixtures of experts. Drop expert=.")
         if experts and self.neuron is not None and self.expert is None:
             raise ResidError(f"{where}: layer {self.layer}'s MLP is a mixture of {experts} experts, each with its own "
                              f"neurons. Name the expert: Site({self.layer}, 'mlp', expert=e, neuron={self.neuron}).")

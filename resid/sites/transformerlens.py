@@ -136,7 +136,9 @@ def facts(config: ModelConfig) -> dict[str, bool]:
     """The HAS facts of a model."""
     return {"rotary": config.positions == "rotary",
             "learned": config.positions in ("learned", "sinusoidal"), "gated": config.gated_mlp,
-            "dense": config.n_experts == 0, "experts": config.n_experts > 0, "pre_norms": config.pre_norms,
+            # DeepSeek has both: dense first layers, then mixtures (a read at a layer of the other kind says so)
+            "dense": config.n_experts == 0 or config.n_dense_layers > 0,
+            "experts": config.n_experts > 0 and config.n_dense_layers < config.n_layers, "pre_norms": config.pre_norms,
             "post_norms": config.post_norms, "parallel": config.block == "parallel"}
 
 

@@ -10,7 +10,7 @@ from tiny_fixtures import Tiny
 import resid
 from resid.analyses import attribution
 
-MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral"], indirect=True)
+MIXTRAL = pytest.mark.parametrize("tiny", ["mixtral", "deepseek_v3"], indirect=True)
 PROMPTS = ["The quick brown fox jumps over the lazy", "Hello there"]
 IDS = torch.randint(0, 97, (3, 10), generator=torch.Generator().manual_seed(4))
 
@@ -67,7 +67,7 @@ def test_neuron_rows_sum_to_their_expert_row(tiny: Tiny):
     neuron = attribution.direct(model, PROMPTS, target=" the", level="neuron")
     mlp = neuron[neuron["part"] == "mlp"]
     assert len(mlp) == 2 * model.config.n_layers * model.config.n_experts * model.config.d_mlp
-    assert mlp["site"].iloc[97] == "layers[0].mlp.expert[1].neuron[1]"
+    assert mlp["site"].iloc[model.config.d_mlp + 1] == "layers[0].mlp.expert[1].neuron[1]"
     summed = mlp.groupby(["prompt_idx", "layer", "expert"])["value"].sum()
     experts = head[head["part"] == "mlp"].set_index(["prompt_idx", "layer", "expert"])["value"]
     torch.testing.assert_close(torch.tensor(summed.sort_index().values), torch.tensor(experts.sort_index().values),

@@ -273,3 +273,19 @@ def test_every_method_shows_progress_on_a_terminal_unless_told_not_to(random_mod
     monkeypatch.setattr(sys, "stderr", quiet)
     _patch(random_model, "sublayer", execution=Execution(progress=False))
     assert quiet.getvalue() == ""
+
+
+def test_deepseek_head_and_expert_patching_equal_one_forward_per_site(gpt2_tokenizer):
+    """Latent attention's heads (z narrower than q and k) and a mixture's experts, shared ones included, patch as
+    any head and expert; AtP estimates the heads."""
+    from moe_models import make_deepseek_model
+    model = make_deepseek_model(gpt2_tokenizer)
+    df = _patch(model, ["head", "expert"]).set_index(["prompt_idx", "site"])
+    clean = model.run(CLEAN, capture=resid.Capture(attn={"z"}, mlp={"expert_out"})).stream
+    for site, value in [(resid.Site(1, "attn", head=2), clean.layers[1].attn.z[..., 2, :]),
+                        (resid.Site(2, "mlp", expert=4), clean.layers[2].mlp.expert_out[..., 4, :])]:
+        logits = model.run(CORRUPT, interventions=[resid.Replace(site, value)], logits_at="last").logits[:, 0]
+        for i, expected in enumerate(_logit_diffs(model, logits)):
+            assert df.loc[(i, site.label), "patched_metric"] == pytest.approx(expected, abs=1e-5)
+    estimates = patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
+    assert len(estimates) == 2 * 3 * 4 and estimates["patched_metric"].notna().all()  # pairs x layers x heads

@@ -1,7 +1,8 @@
 """The frozen replacement model is the components' own: with its patterns and norm scales frozen from a run, a
 block's frozen forward (the real MLP in place of a replacement) reproduces the block, the frozen attention its
 write and the frozen readout the uncapped logits, for every family (pre-norm, GPT-2 biases and learned positions,
-parallel, Gemma gains, sandwich norms with soft caps, post-norms only, GQA, mixture of experts, post-LN); and every
+parallel, Gemma gains, sandwich norms with soft caps, post-norms only, GQA, mixture of experts, DeepSeek's latent
+attention and shared experts, post-LN); and every
 adjoint is the transpose of its map: <map(x), g> == <x, adjoint(g)> on random x and g (random patterns that are
 not causal, so a missing transpose shows)."""
 
@@ -31,6 +32,9 @@ def _model(kind: str) -> resid.Transformer:
     if kind == "moe":
         from moe_models import make_moe_model
         return make_moe_model(post_norms=True)
+    if kind == "deepseek":
+        from moe_models import make_deepseek_model
+        return make_deepseek_model()
     return _post_ln_model() if kind == "post_ln" else make_random_model(kind)
 
 
@@ -66,7 +70,7 @@ def _assert_adjoint(forward: torch.Tensor, g: torch.Tensor, x: torch.Tensor, pul
     assert abs(float(left - right)) <= 1e-5 * float(size), (float(left), float(right))
 
 
-@pytest.mark.parametrize("kind", [*FAMILIES, "moe", "post_ln"])
+@pytest.mark.parametrize("kind", [*FAMILIES, "moe", "deepseek", "post_ln"])
 def test_the_frozen_block_is_the_block(kind) -> None:
     """Each block's frozen forward with the real MLP gives resid_post, its frozen attention the attention's write,
     and the frozen readout (final norm, unembedding before any soft cap) the uncapped logits."""
@@ -116,7 +120,7 @@ def _random_frozen(block, n: int, generator: torch.Generator) -> dict:
     return values
 
 
-@pytest.mark.parametrize("kind", [*FAMILIES, "post_ln"])
+@pytest.mark.parametrize("kind", [*FAMILIES, "deepseek", "post_ln"])
 def test_every_adjoint_is_the_transpose_of_its_map(kind) -> None:
     """Norms (frozen, standardized, centred, linear), attention's value path, each block's pieces and its whole
     walk (with a random linear replacement of the MLP), the final norm and the uncapped unembedding."""
@@ -133,8 +137,9 @@ def test_every_adjoint_is_the_transpose_of_its_map(kind) -> None:
             x, g = randn(N, d), randn(3, N, d)
             # attention's value path alone (the pattern frozen)
             pattern = frozen[resid.Site(block.layer, "attn", field="pattern")]
-            _assert_adjoint(block.attn.frozen(x, pattern, constants=False)[None].expand_as(g), g, x,
-                            block.attn.frozen_adjoint(g, pattern).sum(0))
+            extra = {field: frozen[resid.Site(block.layer, "attn", field=field)] for field in block.attn.frozen_fields}
+            _assert_adjoint(block.attn.frozen(x, pattern, constants=False, **extra)[None].expand_as(g), g, x,
+                            block.attn.frozen_adjoint(g, pattern, **extra).sum(0))
             for norm in (block.ln_attn, block.ln_attn_post, block.ln_mlp, block.ln_attn_resid):
                 if norm is None:
                     continue

@@ -39,6 +39,14 @@ def test_a_mixture_of_experts_model_is_exact() -> None:
     _check_sums(model, per_layer(model))
 
 
+def test_a_deepseek_model_is_exact() -> None:
+    """Latent attention (its pattern and its latent's norm scale frozen), a dense first layer and shared experts,
+    all replaced by transcoders."""
+    from moe_models import make_deepseek_model
+    model = make_deepseek_model()
+    _check_sums(model, per_layer(model))
+
+
 def test_other_transcoder_hooks_are_exact() -> None:
     """JumpReLU transcoders reading the MLP's normalized input (after the gain) of a sandwich-norm model; ones
     writing before the post-norm (circuit-tracer's mlp.hook_out there) are refused, as in every resid run."""

@@ -55,6 +55,13 @@ def test_the_parts_of_every_edge_sum_to_it(random_model) -> None:
     _assert_parts_sum_to_every_edge(*_split(random_model, per_layer(random_model)))
 
 
+def test_the_parts_of_every_edge_of_a_deepseek_model_sum_to_it() -> None:
+    """Latent attention: each head's part reads the shared latent through that head's W_UV."""
+    from moe_models import make_deepseek_model
+    model = make_deepseek_model()
+    _assert_parts_sum_to_every_edge(*_split(model, per_layer(model)))
+
+
 @pytest.mark.parametrize("kind", ["llama_gqa", "neox_parallel", "gemma3_like"])
 def test_the_parts_sum_to_every_edge_of_a_cross_layer_transcoder_graph(kind) -> None:
     model = make_random_model(kind)

@@ -143,3 +143,12 @@ def test_summaries_hold_the_pairs_and_the_contrast_of_each_head_and_key() -> Non
     assert [row[:2] for row in entry["pairs"]] == result.top(3)[["query", "key"]].values.tolist()
     assert entry["versus_mean"]["raw"] == pytest.approx(qk.score(2, 1, query=6, key=3, versus="mean").raw)
     assert len(entry["key_terms"]) == 3 and all(isinstance(v, float) for _, v in entry["query_terms"])
+
+
+def test_latent_attention_is_refused_with_what_to_do() -> None:
+    """DeepSeek's queries and keys read normed latents and a shared rotary key, which QK attribution does not
+    decompose: refused by name, not computed wrong."""
+    from moe_models import make_deepseek_model
+    model = make_deepseek_model()
+    with pytest.raises(resid.ResidError, match=r"Layer \d is latent attention \(DeepSeek\).*does not decompose yet"):
+        QK(model, IDS, per_layer(model)).score(1, 0, query=-1, key=2)

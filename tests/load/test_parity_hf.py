@@ -35,6 +35,8 @@ EXPECTED_HEADS = {
     "phi3": (4, 2, 12),
     "olmo2": (4, 2, 12),
     "mixtral": (4, 2, 12),
+    "deepseek_v2": (4, 4, 20),  # latent attention: qk_nope 12 + qk_rope 8 per head, every head its own keys
+    "deepseek_v3": (4, 4, 20),
 }
 
 
@@ -86,8 +88,9 @@ def test_config_is_read_correctly(tiny: Tiny):
     assert config.d_vocab == 50257 and config.n_ctx == 128
     assert config.architecture == hf.model_type
     assert (tiny.model.unembed.weight is tiny.model.embed.W_E) == hf.tie_word_embeddings
-    assert tiny.model.blocks[0].attn.W_Q.shape == (config.n_heads, config.d_model, config.d_head)
-    assert tiny.model.blocks[0].attn.W_K.shape == (config.n_kv_heads, config.d_model, config.d_head)
+    if not config.kv_rank:  # latent attention's keys (and V3's queries) have no single matrix
+        assert tiny.model.blocks[0].attn.W_Q.shape == (config.n_heads, config.d_model, config.d_head)
+        assert tiny.model.blocks[0].attn.W_K.shape == (config.n_kv_heads, config.d_model, config.d_head)
     expected = {
         "gpt2": dict(positions="learned", norm="layernorm", block="sequential", act="gelu_new", attn_qkv_bias=True),
         "llama_bias": dict(attn_qkv_bias=True, attn_out_bias=True, mlp_bias=True),
@@ -108,6 +111,14 @@ def test_config_is_read_correctly(tiny: Tiny):
                        rope_scaling=resid.RopeScaling("linear", 4.0, None), attn_softcap=None, final_softcap=None),
         "phi3": dict(rotary_dim=6, sliding_window=None),
         "olmo2": dict(pre_norms=False, post_norms=True, qk_norm="all"),
+        # yarn factor 4 with mscale_all_dim 1: the scale is 20^-0.5 (0.1 ln 4 + 1)^2
+        "deepseek_v2": dict(kv_rank=16, q_rank=0, d_head_v=10, rotary_dim=8, rotary_pairs="interleaved",
+                            n_experts=6, n_shared_experts=2, n_dense_layers=1, d_mlp=24, d_mlp_dense=96,
+                            router="softmax", router_groups=2, router_topk_groups=1, router_group_score="max",
+                            router_renormalize=False, router_scale=1.5, router_bias=False),
+        "deepseek_v3": dict(kv_rank=16, q_rank=24, rotary_pairs="halves", n_experts=5, n_shared_experts=1,
+                            n_dense_layers=0, router="sigmoid", router_group_score="top2", router_renormalize=True,
+                            router_scale=2.5, router_bias=True, attn_scale=20**-0.5),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

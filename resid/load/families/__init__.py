@@ -109,9 +109,13 @@ COUNTS = {
         "num_experts_per_tok", "sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
         "original_max_position_embeddings", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
         "relative_attention_max_distance",
+        # DeepSeek
+        "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_head_dim", "v_head_dim", "moe_intermediate_size",
+        "n_routed_experts", "n_group", "topk_group", "moe_layer_freq",
     ), 1),
-    "relative_attention_num_buckets": 2,
-    "type_vocab_size": 0, "max_window_layers": 0,
+    "relative_attention_num_buckets": 2, "qk_rope_head_dim": 2,
+    "type_vocab_size": 0, "max_window_layers": 0, "n_shared_experts": 0, "first_k_dense_replace": 0,
+    "num_nextn_predict_layers": 0,
 }
 # Real numbers that must be finite and positive (or null where optional): epsilons, rotary bases and fractions,
 # soft caps, the attention scale. NaN, Infinity and 0 are refused, never replaced by a default: a NaN rotary base
@@ -119,7 +123,7 @@ COUNTS = {
 POSITIVE = frozenset({
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "rotary_emb_base",
     "partial_rotary_factor", "rotary_pct", "attn_logit_softcapping", "final_logit_softcapping",
-    "query_pre_attn_scalar",
+    "query_pre_attn_scalar", "routed_scaling_factor",
 })
 # Of those, the fractions of each head's dims that rotate: at most 1.
 FRACTIONS = frozenset({"partial_rotary_factor", "rotary_pct"})
@@ -129,7 +133,7 @@ BOOLS = frozenset({
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention",
     "is_decoder", "is_encoder_decoder", "scale_embedding", "static_position_embeddings", "normalize_before",
     "add_final_layer_norm", "normalize_embedding", "add_bias_logits", "share_encoder_decoder_embeddings",
-    "scale_decoder_outputs", "use_bidirectional_attention", "use_mrope",
+    "scale_decoder_outputs", "use_bidirectional_attention", "use_mrope", "norm_topk_prob", "rope_interleave",
 })
 # The rotary parameters (rope_parameters, or the older rope_scaling; nested per layer type in Gemma 3): the base
 # and the scaling's numbers are finite and positive (mscale, mscale_all_dim may be 0: DeepSeek's "no mscale"),

@@ -6,6 +6,7 @@ from resid.errors import ResidError
 from resid.load.families import (
     Family,
     bert,
+    deepseek,
     gemma,
     gemma2,
     gpt2,
@@ -21,7 +22,7 @@ from resid.load.families import (
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, gemma.FAMILY, qwen3.FAMILY, gemma2.FAMILY, phi3.FAMILY, olmo2.FAMILY,
-    mixtral.FAMILY, bert.FAMILY, marian.FAMILY, t5.FAMILY,
+    mixtral.FAMILY, deepseek.FAMILY, bert.FAMILY, marian.FAMILY, t5.FAMILY,
 )
 
 

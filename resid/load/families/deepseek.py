@@ -1,0 +1,198 @@
+"""DeepSeek V2 and V3 (DeepSeek-AI 2024, "DeepSeek-V2" and "DeepSeek-V3"): Llama's norms and embeddings with
+multi-head latent attention (resid.components.latent) and DeepSeekMoE MLPs (resid.components.moe): the first
+first_k_dense_replace layers dense (intermediate_size), the others n_routed_experts routed experts plus
+n_shared_experts shared ones (moe_intermediate_size each).
+
+How the two versions route (as transformers 5 does; resid.config's router_* fields):
+    V2  softmax scores; topk_method "greedy" (plain top-k) or "group_limited_greedy" (n_group groups scored by
+        their best expert, the topk_group best kept); the chosen scores times routed_scaling_factor, never
+        renormalized (transformers' V2 ignores norm_topk_prob, so resid refuses norm_topk_prob true rather than
+        guess which reading the checkpoint meant)
+    V3  sigmoid scores plus e_score_correction_bias to choose (not to weigh); groups scored by the sum of their two
+        best; the chosen scores renormalized if norm_topk_prob, times routed_scaling_factor ("noaux_tc")
+
+Traps: the shared experts are one MLP of n_shared_experts * moe_intermediate_size neurons in the checkpoint;
+resid splits it by rows into n_shared_experts experts of moe_intermediate_size (the same sum). kv_a_proj_with_mqa
+fuses the latent's projection and the shared rotary key's ([kv_lora_rank + qk_rope_head_dim, d_model]) and
+kv_b_proj each head's no-rope key and value ([head (qk_nope_head_dim + v_head_dim), kv_lora_rank]): both are loaded
+fused, as the component stores them. head_dim in config.json is qk_rope_head_dim (the rotary's width, as
+transformers sets it), not the head's width. The softmax scale is (qk_nope + qk_rope)^-0.5, times yarn's
+mscale(factor, mscale_all_dim)^2 for scaled rotaries. Real V3 checkpoints carry a multi-token-prediction layer after
+the last (model.layers.61), which transformers skips and so does this table.
+"""
+
+import math
+
+from resid.config import ModelConfig
+from resid.errors import ResidError
+from resid.load.families import ROPE_CONFIG_FIELDS, Family, Rope, activation, context, hf_get, rope
+from resid.load.weights import Key, per_layer
+
+FIELDS = ROPE_CONFIG_FIELDS | {
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "qk_head_dim",
+    "intermediate_size", "moe_intermediate_size", "vocab_size", "rms_norm_eps", "attention_bias", "mlp_bias",
+    "hidden_act", "tie_word_embeddings", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace",
+    "moe_layer_freq", "n_group", "topk_group", "topk_method", "norm_topk_prob", "routed_scaling_factor",
+    "scoring_func", "rope_interleave",
+    # training and parallelism only: the auxiliary balance loss, expert parallelism, the multi-token-prediction
+    # module after the last layer (its weights are skipped, as transformers skips them)
+    "aux_loss_alpha", "seq_aux", "ep_size", "num_nextn_predict_layers",
+}
+VERSIONS = {"deepseek_v2": ("softmax", ("greedy", "group_limited_greedy")), "deepseek_v3": ("sigmoid", ("noaux_tc",))}
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    model_type = hf["model_type"]
+    scores, methods = VERSIONS[model_type]
+    _refuse(hf, model_type, scores, methods)
+    n_heads = hf["num_attention_heads"]
+    nope, rot = hf["qk_nope_head_dim"], hf["qk_rope_head_dim"]
+    rotary = rope(hf)
+    method = hf.get("topk_method") or methods[0]
+    grouped = method != "greedy"
+    d_head, shared = nope + rot, hf.get("n_shared_experts") or 0
+    return ModelConfig(
+        architecture=model_type,
+        d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=n_heads,  # every head reads its own keys and values off the latent
+        d_head=d_head,
+        d_mlp=hf["moe_intermediate_size"],
+        d_vocab=hf["vocab_size"],
+        n_ctx=context(hf, rotary),
+        norm="rmsnorm",
+        norm_eps=hf_get(hf, "rms_norm_eps", default=1e-6),
+        positions="rotary",
+        rotary_dim=rot,
+        rotary_base=rotary.base,
+        rope_scaling=rotary.scaling,
+        attn_scale=d_head**-0.5 * _mscale(hf, rotary) ** 2,
+        act=activation(hf.get("hidden_act", "silu")),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        n_experts=hf["n_routed_experts"] + shared,
+        experts_per_token=hf["num_experts_per_tok"],
+        n_shared_experts=shared,
+        n_dense_layers=min(hf.get("first_k_dense_replace") or 0, hf["num_hidden_layers"]),
+        d_mlp_dense=hf["intermediate_size"],
+        router=scores,
+        router_renormalize=bool(hf.get("norm_topk_prob")) if model_type == "deepseek_v3" else False,
+        router_scale=float(hf.get("routed_scaling_factor", 1.0)),
+        router_groups=(hf.get("n_group") or 1) if grouped else 1,
+        router_topk_groups=(hf.get("topk_group") or 1) if grouped else 1,
+        router_group_score="top2" if model_type == "deepseek_v3" else "max",
+        router_bias=model_type == "deepseek_v3",
+        kv_rank=hf["kv_lora_rank"],
+        q_rank=hf.get("q_lora_rank") or 0,
+        d_head_v=hf["v_head_dim"],
+        # V2 always rotates DeepSeek's interleaved pairs; V3 when rope_interleave (its default)
+        rotary_pairs="interleaved" if model_type == "deepseek_v2" or hf.get("rope_interleave", True) else "halves",
+    )
+
+
+def _mscale(hf: dict, rotary: Rope) -> float:
+    """yarn's mscale(factor, mscale_all_dim), which DeepSeek's softmax scale carries squared (transformers'
+    yarn_apply_mscale: for any scaled rotary with a nonzero mscale_all_dim)."""
+    params = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    m = params.get("mscale_all_dim") or 0
+    if rotary.scaling is None or not m or rotary.scaling.factor <= 1:
+        return 1.0
+    return 0.1 * m * math.log(rotary.scaling.factor) + 1.0
+
+
+def _refuse(hf: dict, model_type: str, scores: str, methods: tuple[str, ...]) -> None:
+    """Options transformers' DeepSeek does not compute, or computes differently from DeepSeek's own code."""
+    problems = []
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        problems.append("attention_bias / mlp_bias true (no released DeepSeek has them; resid does not compute them)")
+    if hf.get("num_key_value_heads") not in (None, hf["num_attention_heads"]):
+        problems.append(f"num_key_value_heads={hf['num_key_value_heads']} differs from num_attention_heads="
+                        f"{hf['num_attention_heads']} (latent attention gives every head its own keys and values)")
+    if hf.get("head_dim") not in (None, hf["qk_rope_head_dim"]):
+        problems.append(f"head_dim={hf['head_dim']} is not qk_rope_head_dim={hf['qk_rope_head_dim']} (transformers "
+                        "rotates head_dim dims)")
+    if hf.get("qk_head_dim") not in (None, hf["qk_nope_head_dim"] + hf["qk_rope_head_dim"]):
+        problems.append(f"qk_head_dim={hf['qk_head_dim']} is not qk_nope_head_dim + qk_rope_head_dim")
+    if hf.get("moe_layer_freq", 1) != 1:
+        problems.append(f"moe_layer_freq={hf['moe_layer_freq']} (transformers puts experts in every layer after the "
+                        "dense ones)")
+    if hf.get("scoring_func", scores) != scores:
+        problems.append(f"scoring_func={hf['scoring_func']!r} (transformers' {model_type} scores with {scores!r})")
+    if (hf.get("topk_method") or methods[0]) not in methods:
+        problems.append(f"topk_method={hf['topk_method']!r} (transformers' {model_type} computes "
+                        f"{' and '.join(map(repr, methods))})")
+    if model_type == "deepseek_v2" and hf.get("norm_topk_prob"):
+        problems.append("norm_topk_prob true (transformers' DeepSeek V2 never renormalizes, DeepSeek's own code "
+                        "does)")
+    if problems:
+        raise ResidError(f"This {model_type} config.json asks for " + "; ".join(problems) + ". resid loads "
+                         "DeepSeek V2/V3 as transformers computes them; use a checkpoint without these settings.")
+
+
+def keys(config: ModelConfig) -> list[Key]:
+    attn, mlp = "model.layers.{layer}.self_attn", "model.layers.{layer}.mlp"
+    head = "(head d_head) d_model -> head d_model d_head"
+    table = [
+        Key("embed.W_E", "model.embed_tokens.weight"),
+        Key("ln_final.w", "model.norm.weight"),
+    ]
+    if not config.tie_embeddings:
+        table.append(Key("unembed.W_U", "lm_head.weight", "d_vocab d_model -> d_model d_vocab"))
+    layer = [
+        Key("blocks.{layer}.ln_attn.w", "model.layers.{layer}.input_layernorm.weight"),
+        Key("blocks.{layer}.ln_mlp.w", "model.layers.{layer}.post_attention_layernorm.weight"),
+        Key("blocks.{layer}.attn._w_dkv", f"{attn}.kv_a_proj_with_mqa.weight"),  # [W_DKV | W_KR], fused
+        Key("blocks.{layer}.attn.kv_latent_norm.w", f"{attn}.kv_a_layernorm.weight"),
+        Key("blocks.{layer}.attn._w_ukv", f"{attn}.kv_b_proj.weight"),  # per head [W_UK | W_UV], fused
+        Key("blocks.{layer}.attn.W_O", f"{attn}.o_proj.weight", "d_model (head d_v) -> head d_v d_model"),
+    ]
+    if config.q_rank:
+        layer += [
+            Key("blocks.{layer}.attn.W_DQ", f"{attn}.q_a_proj.weight", "q_rank d_model -> d_model q_rank"),
+            Key("blocks.{layer}.attn.q_latent_norm.w", f"{attn}.q_a_layernorm.weight"),
+            Key("blocks.{layer}.attn.W_UQ", f"{attn}.q_b_proj.weight", "(head d_head) q_rank -> head q_rank d_head"),
+        ]
+    else:
+        layer.append(Key("blocks.{layer}.attn.W_Q", f"{attn}.q_proj.weight", head))
+    table += per_layer(layer, config.n_layers)
+    for l in range(config.n_layers):
+        table += _mlp(config, l, mlp.format(layer=l), f"blocks.{l}.mlp")
+    return table
+
+
+def _mlp(config: ModelConfig, layer: int, mlp: str, at: str) -> list[Key]:
+    if not config.has_experts(layer):
+        return [Key(f"{at}.W_in", f"{mlp}.up_proj.weight", "d_mlp d_model -> d_model d_mlp"),
+                Key(f"{at}.W_gate", f"{mlp}.gate_proj.weight", "d_mlp d_model -> d_model d_mlp"),
+                Key(f"{at}.W_out", f"{mlp}.down_proj.weight", "d_model d_mlp -> d_mlp d_model")]
+    table = [Key(f"{at}.W_router", f"{mlp}.gate.weight", "routed d_model -> d_model routed")]
+    if config.router_bias:
+        table.append(Key(f"{at}.router_bias", f"{mlp}.gate.e_score_correction_bias"))
+    routed = config.n_experts - config.n_shared_experts
+    for e in range(routed):  # targets like blocks.3.mlp.W_in.5: expert 5's [d_model d_mlp] view
+        table += [
+            Key(f"{at}.W_gate.{e}", f"{mlp}.experts.{e}.gate_proj.weight", "d_mlp d_model -> d_model d_mlp"),
+            Key(f"{at}.W_in.{e}", f"{mlp}.experts.{e}.up_proj.weight", "d_mlp d_model -> d_model d_mlp"),
+            Key(f"{at}.W_out.{e}", f"{mlp}.experts.{e}.down_proj.weight", "d_model d_mlp -> d_mlp d_model"),
+        ]
+    for s in range(config.n_shared_experts):  # shared expert s: neurons s * d_mlp ... of the fused shared MLP
+        e, shared = routed + s, f"{mlp}.shared_experts"
+        table += [
+            Key(f"{at}.W_gate.{e}", f"{shared}.gate_proj.weight", "(shared d_mlp) d_model -> shared d_model d_mlp",
+                pick=s),
+            Key(f"{at}.W_in.{e}", f"{shared}.up_proj.weight", "(shared d_mlp) d_model -> shared d_model d_mlp", pick=s),
+            Key(f"{at}.W_out.{e}", f"{shared}.down_proj.weight", "d_model (shared d_mlp) -> shared d_mlp d_model",
+                pick=s),
+        ]
+    return table
+
+
+FAMILY = Family(
+    model_types=("deepseek_v2", "deepseek_v3"),
+    config=config_from_hf,
+    keys=keys,
+    ignore=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.layers\.61\..*"),
+    prepend_bos=True,
+    fields=FIELDS,
+)
