@@ -149,6 +149,8 @@ def _parity(folder, variant: str, **changes) -> None:
         "mscale": 1.0, "mscale_all_dim": 0.8})),
     # V2 with a query latent and plain (greedy) top-k routing
     ("deepseek_v2", dict(q_lora_rank=24, topk_method="greedy", first_k_dense_replace=0)),
+    # the tiny V2 itself (tests/tiny_models.py builds it on request; the architecture-wide tests run V3)
+    ("deepseek_v2", {}),
 ])
 def test_more_configurations_match_transformers(tmp_path, variant, changes):
     _parity(tmp_path / variant, variant, **changes)
