@@ -2,9 +2,10 @@
 README's comparison: one stream of the corpus through the model (resid.analyses.training's Activations and step
 job), each batch stepping every kind's trainers on the very same rows, so the token budget and the data are equal by
 construction. The recipe is `resid train-transcoder`'s / `resid train-clt`'s for --tokens and --batch-size
-(BatchTopK, warm-up 5% and decay 20% of the steps, normalize expected_average_only_in, dead after a tenth of the
-budget; --dead-tokens 10000000 leaves AuxK out of the per-layer kinds, as the CLT trains without it), on the
-training side of the demo corpus's held-out split (`--held-out 0.1`, as the CLI splits it).
+(BatchTopK, warm-up 5% and decay 20% of the steps, the exported threshold a moving average over a quarter of them
+(at most 1000), normalize expected_average_only_in, dead after a tenth of the budget; --dead-tokens 10000000 leaves
+AuxK out of the per-layer kinds, as the CLT trains without it), on the training side of the demo corpus's held-out
+split (`--held-out 0.1`, as the CLI splits it).
 
     python benchmarks/compare_transcoders.py --out build/compare --kinds per-layer,skip,clt --tokens 262144 \\
         --batch-size 2048 --expansion 2 --k 16
@@ -88,7 +89,7 @@ def main() -> None:
     steps = args.tokens // args.batch_size
     recipe = Recipe(activation="batchtopk", expansion=args.expansion, k=args.k, steps=steps,
                     batch_size=args.batch_size, warmup_steps=steps // 20, decay_steps=steps // 5,
-                    threshold_start_step=min(1000, steps // 10),
+                    threshold_start_step=min(1000, steps // 10), threshold_beta=1 - 1 / max(1, min(1000, steps // 4)),
                     dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
                     normalize="expected_average_only_in")
     model = resid.load(args.model)

@@ -57,6 +57,7 @@ def test_train_sae_and_transcoders_write_loadable_folders(setup, capsys) -> None
     assert found.is_transcoder and found.W_skip is not None and found.activation == "jumprelu"
     recipe = found.metadata["recipe"]  # scaled to the budget: transcoders normalised, dead after a tenth of it
     assert recipe["normalize"] == "expected_average_only_in" and recipe["dead_tokens"] == 64
+    assert recipe["threshold_beta"] == 0.0  # 4 steps: the threshold averages over the last one (a quarter of them)
     assert set(found.metadata["folded_scaling_factors"]) == {"in", "out"}
 
 
