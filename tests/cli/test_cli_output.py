@@ -115,7 +115,8 @@ def test_every_out_says_folder_or_file():
                      "lens eval": "file", "ablate": "file", "patch": "file", "neurons values": "folder",
                      "neurons top": "folder", "neurons explain": "folder", "neurons edit": "folder",
                      "features values": "folder", "features top": "folder", "train-sae": "folder",
-                     "train-transcoder": "folder", "graph": "file", "qk": "file"}
+                     "train-transcoder": "folder", "train-clt": "folder", "eval-dictionaries": "folder",
+                     "graph": "file", "qk": "file"}
     assert "--out is a folder" in cli_main.__doc__
 
 
