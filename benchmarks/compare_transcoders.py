@@ -86,17 +86,14 @@ def main() -> None:
                         "per-layer kinds' AuxK works on features dead that long (the CLT has no AuxK)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
-    steps = args.tokens // args.batch_size
-    recipe = Recipe(activation="batchtopk", expansion=args.expansion, k=args.k, steps=steps,
-                    batch_size=args.batch_size, warmup_steps=steps // 20, decay_steps=steps // 5,
-                    threshold_start_step=min(1000, steps // 10), threshold_beta=1 - 1 / max(1, min(1000, steps // 4)),
-                    dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
-                    normalize="expected_average_only_in")
+    recipe = Recipe.for_budget(args.tokens, args.batch_size, transcoder=True, activation="batchtopk",
+                               expansion=args.expansion, k=args.k, dead_tokens=args.dead_tokens)
+    steps = recipe.steps
     model = resid.load(args.model)
     training = data.split(corpus.demo(), 0.1)[0]
     specs = [Spec.transcoder(model, layer) for layer in range(model.config.n_layers)]
     job = SideBySide(model, training, specs, recipe, args.window, args.forward_batch, args.buffer_tokens, False, None,
-                     False, 10.0, TANH_SCALE, None, kinds=[k for k in kinds])
+                     False, 10.0, TANH_SCALE, None, kinds=kinds)
     started = time.perf_counter()
     clt = drive_steps(model, job, Execution(progress=True), checkpoint_every=steps + 1)
     seconds = time.perf_counter() - started

@@ -95,7 +95,7 @@ def run(model, args) -> str:
         graphs[name] = write_html(found[0], out / f"graph-{name}.html")
         files.append(graphs[name])
     files.append(_report(model, args, scores, graphs, out / "report.html"))
-    shown = scores.table[[c for c in SHOWN if c in scores.table.columns]]
+    shown = scores.table[list(SHOWN)]
     lines = [f"{len(replacements)} replacement(s) of every MLP of {model.name} over {scores.table['tokens'].iloc[0]:,} "
              f"held-out tokens" + (f" and {len(args.prompt)} prompt graph(s)" if args.prompt else ""),
              shown.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="--"),

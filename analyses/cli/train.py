@@ -132,22 +132,15 @@ def check(args) -> None:
                          "another --out.")
     from resid.analyses.training.recipe import Recipe
 
-    steps = args.tokens // args.batch_size
     activation = args.activation or ("batchtopk" if args.transcoder else "topk")
     with param_style(_render):
-        args.recipe = Recipe(
-            activation=activation, expansion=args.expansion, d_sae=args.d_sae, k=args.k, steps=steps,
-            batch_size=args.batch_size, lr=args.lr,
-            warmup_steps=args.warmup_steps if args.warmup_steps is not None else steps // 20,
-            decay_steps=args.decay_steps if args.decay_steps is not None else steps // 5,
-            l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
-            threshold_start_step=min(1000, steps // 10), seed=args.seed,
-            # BatchTopK's exported threshold: a moving average over a quarter of the steps (dictionary_learning's
-            # 1000 at most), so that a short run exports the threshold of its last steps, not of its first
-            threshold_beta=1 - 1 / max(1, min(1000, steps // 4)),
-            dead_tokens=args.dead_tokens or min(10_000_000, max(args.batch_size, args.tokens // 10)),
-            normalize=args.normalize or ("expected_average_only_in" if args.transcoder else "none"))
+        args.recipe = Recipe.for_budget(
+            args.tokens, args.batch_size, transcoder=args.transcoder, activation=activation,
+            expansion=args.expansion, d_sae=args.d_sae, k=args.k, lr=args.lr, warmup_steps=args.warmup_steps,
+            decay_steps=args.decay_steps, l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
+            seed=args.seed, dead_tokens=args.dead_tokens, normalize=args.normalize)
     _fits_at_all(args)
+    steps = args.recipe.steps
     if args.tokens % args.batch_size:
         _note(f"training {steps} steps of {args.batch_size} tokens = {steps * args.batch_size:,} tokens (--tokens "
               f"{args.tokens} rounded down to whole batches of --batch-size {args.batch_size})")

@@ -69,6 +69,21 @@ class Recipe:
     # sqrt(d_out) / mean |y|: resid's extension), folded into the saved weights as SAELens folds it
     normalize: Normalize = "none"
 
+    @classmethod
+    def for_budget(cls, tokens: int, batch_size: int, transcoder: bool = False, **settings) -> "Recipe":
+        """A recipe for `tokens` training tokens in batches of `batch_size`, its schedule scaled to the run (the
+        defaults of `resid train-*`): warm-up over 5% of the steps, decay over the last 20%, BatchTopK's threshold
+        tracked from a tenth of them and averaged over a quarter (dictionary_learning's 1000 steps at most, so that a
+        short run exports the threshold of its last steps, not of its first), features dead after a tenth of the
+        tokens, transcoders normalised by expected_average_only_in. `settings` override these; None keeps them."""
+        steps = tokens // batch_size
+        scaled = dict(steps=steps, batch_size=batch_size, warmup_steps=steps // 20, decay_steps=steps // 5,
+                      threshold_start_step=min(1000, steps // 10),
+                      threshold_beta=1 - 1 / max(1, min(1000, steps // 4)),
+                      dead_tokens=min(10_000_000, max(batch_size, tokens // 10)),
+                      normalize="expected_average_only_in" if transcoder else "none")
+        return cls(**{**scaled, **{name: value for name, value in settings.items() if value is not None}})
+
     def __post_init__(self) -> None:
         problems = []
         if self.activation not in KINDS:

@@ -105,11 +105,11 @@ def evaluate_replacements(
     totals, graphs = drive(model, job, execution)
     rows, layer_rows = [], []
     for name, t in checked.items():
-        per_layer = totals[name]
+        whole, *per_layer = totals[name]
         layer_metrics = [total.metrics(dense) for total in per_layer]
         layer_rows += [{"replacement": name, "layer": layer, **{key: m[key] for key in
                        ("fvu", "l0", "dead_fraction", "dense_fraction")}} for layer, m in enumerate(layer_metrics)]
-        rows.append({"replacement": name, "kind": _kind(t), **_pooled(per_layer, layer_metrics),
+        rows.append({"replacement": name, "kind": _kind(t), **_pooled(per_layer, layer_metrics, whole.metrics(dense)),
                      **_graph_scores(graphs[name])})
     table = pd.DataFrame(rows)
     table.attrs["provenance"] = describe(model, "training.evaluate_replacements", {
@@ -127,17 +127,16 @@ def _kind(t: Transcoders) -> str:
     return "skip" if all(d.W_skip is not None for d in t.per_layer) else "per-layer"
 
 
-def _pooled(per_layer: list[Totals], metrics: list[dict]) -> dict:
-    """The replacement's row from its layers' sums: FVU pooled, L0 summed, features over every layer; the
-    cross-entropies are the same in every layer's Totals (each holds the whole replacement's)."""
+def _pooled(per_layer: list[Totals], metrics: list[dict], whole: dict) -> dict:
+    """The replacement's row from its layers' sums (FVU pooled, L0 summed, features over every layer) and the whole
+    replacement's cross-entropies (`whole`: the metrics of the Totals that holds only those)."""
     error = sum(total.error for total in per_layer)
     variance = sum(total.square - float(total.sum.pow(2).sum()) / max(total.tokens, 1) for total in per_layer)
     fired = torch.cat([total.fired for total in per_layer])
-    first = metrics[0]
     return {"layers": len(per_layer), "features": int(len(fired)), "tokens": per_layer[0].tokens,
             "fvu": error / variance if variance > 0 else float("nan"), "l0": sum(m["l0"] for m in metrics),
             "dead_fraction": float((fired == 0).double().mean()),
-            **{key: first[key] for key in ("ce_clean", "ce_spliced", "ce_zero_ablated", "ce_loss_recovered",
+            **{key: whole[key] for key in ("ce_clean", "ce_spliced", "ce_zero_ablated", "ce_loss_recovered",
                                            "kl_spliced")}}
 
 
@@ -151,9 +150,9 @@ def _graph_scores(found: list[dict]) -> dict:
 
 @dataclass
 class ReplacementEvaluation(Job):
-    """Chunks ("windows", a forward batch of windows) give every replacement's per-layer Totals over the batch;
-    chunks ("prompt", text) give each replacement's graph scores for that prompt. `finish` adds the Totals up in
-    chunk order and lists the scores in prompt order."""
+    """Chunks ("windows", a forward batch of windows) give every replacement's Totals over the batch: its
+    cross-entropies, then each layer's reconstruction; chunks ("prompt", text) give each replacement's graph scores
+    for that prompt. `finish` adds the Totals up in chunk order and lists the scores in prompt order."""
 
     replacements: dict  # name -> a CrossLayerTranscoder or a tuple of per-layer transcoders (layer order, checked)
     pad: int
@@ -185,7 +184,7 @@ class ReplacementEvaluation(Job):
         valid = training_positions(tokens, self.keep_bos)
         scored = scored_positions(tokens, valid)
         targets = tokens.ids[:, 1:][scored[:, :-1]]
-        out = {}
+        out, clean_logp = {}, None
         for name, items in replacements.items():
             dictionaries = [items] if isinstance(items, CrossLayerTranscoder) else list(items)
             clean = model.run(tokens, dictionaries=dictionaries)
@@ -194,18 +193,17 @@ class ReplacementEvaluation(Job):
             totals = [Totals(record.error.shape[-1], record.acts.shape[-1]) for record in records]
             for total, record, here in zip(totals, records, where, strict=True):
                 total.observe(record, here)
-            clean_logp = torch.log_softmax(clean.logits[scored].float(), dim=-1)
+            if clean_logp is None:  # the clean run's logits: the same whichever dictionaries it observes
+                clean_logp = torch.log_softmax(clean.logits[scored].float(), dim=-1)
             spliced = torch.log_softmax(model.run(tokens, interventions=_splices(model, items, where)).logits[scored]
                                         .float(), dim=-1)
             zeroed = torch.log_softmax(model.run(tokens, interventions=_splices(model, items, where, zero=True))
                                        .logits[scored].float(), dim=-1)
-            whole = {"ce_clean": nll(clean_logp, targets), "ce_spliced": nll(spliced, targets),
-                     "ce_zero": nll(zeroed, targets),
-                     "kl": float((clean_logp.exp() * (clean_logp - spliced)).sum()), "scored": len(targets)}
-            for total in totals:  # every layer's Totals carries the whole replacement's cross-entropies
-                for key, value in whole.items():
-                    setattr(total, key, value)
-            out[name] = totals
+            whole = Totals(0, 0)  # the whole replacement's cross-entropies, beside its layers' reconstructions
+            whole.ce_clean, whole.ce_spliced, whole.ce_zero = (nll(logp, targets) for logp in (clean_logp, spliced,
+                                                                                                zeroed))
+            whole.kl, whole.scored = float((clean_logp.exp() * (clean_logp - spliced)).sum()), len(targets)
+            out[name] = [whole, *totals]
         yield kind, out
 
     def _graph(self, model: Transformer, prompt: str, items) -> dict:
