@@ -48,22 +48,53 @@ def cuda_free_bytes(device: torch.device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
+def host_available_bytes() -> int | None:
+    """Memory the host can still give this process: Linux's MemAvailable (free memory plus the caches it can drop,
+    memory-mapped weight files among them); None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory new tensors on `device` can take: cuda_free_bytes on a GPU, host_available_bytes on the CPU (None
+    where unknown: another accelerator, or a host that does not say)."""
+    if device.type == "cuda":
+        return cuda_free_bytes(device)
+    return host_available_bytes() if device.type == "cpu" else None
+
+
 def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0) -> int:
-    """A first guess at rows per forward pass of `model` on sequences of `n_pos` tokens; the OOM back-off
-    corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working set
-    (e.g. captured activations of many layers), which may take at most a quarter of the free memory."""
+    """A first guess at rows per forward pass of `model` on sequences of `n_pos` tokens: at most half the device's
+    available memory for the forward's working set (on the CPU also at most CPU_TOKENS_PER_BATCH tokens); the OOM
+    back-off corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working
+    set (e.g. captured activations of many layers), which may take at most a quarter of it. Where not even one row
+    fits, a ResidError says how much it needs (the CPU has no back-off: the kernel would kill the process)."""
     n_pos = max(n_pos, 1)
-    if model.device.type != "cuda":
-        return max(1, min(MAX_BATCH, CPU_TOKENS_PER_BATCH // n_pos))
     cfg = model.config
-    free = cuda_free_bytes(model.device)
     # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
     per_row = model.dtype.itemsize * (n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
                                       + 2 * cfg.d_vocab)
+    limit = MAX_BATCH if model.device.type == "cuda" else min(MAX_BATCH, max(1, CPU_TOKENS_PER_BATCH // n_pos))
+    free = available_bytes(model.device)
+    if free is None:
+        return limit
     rows = int(0.5 * free // per_row)
     if kept_bytes_per_row:
         rows = min(rows, int(0.25 * free // kept_bytes_per_row))
-    return max(1, min(MAX_BATCH, rows))
+    if rows < 1 and model.device.type != "cuda":
+        raise ResidError(
+            f"One sequence of {n_pos:,} tokens needs about {(per_row + kept_bytes_per_row) / 2**30:.2f} GiB of "
+            f"working memory in {model.name}'s forward, but the CPU has {free / 2**30:.2f} GiB available (half of "
+            "it is what a batch may take). Use shorter prompts, free memory, or load the model in bfloat16 "
+            f"({param('dtype', torch.bfloat16)})."
+        )
+    return max(1, min(limit, rows))
 
 
 def with_backoff(work: Callable[[int], Result], size: BatchSize) -> Result:

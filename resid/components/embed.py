@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from resid.components import computed
 from resid.config import ModelConfig
 
 
@@ -31,7 +32,8 @@ class PosEmbed(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.positions == "sinusoidal":
-            table = sinusoids(config.n_ctx, config.d_model, config.sinusoid_layout)
+            with computed():
+                table = sinusoids(config.n_ctx, config.d_model, config.sinusoid_layout)
             self.register_buffer("W_pos", table, persistent=False)
         else:
             self.W_pos = nn.Parameter(torch.zeros(config.n_ctx, config.d_model))

@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from resid.components import computed
 from resid.config import ModelConfig
 
 
@@ -40,7 +41,8 @@ class Norm(nn.Module):
         self.eps = config.norm_eps if eps is None else eps
         self.gain_offset = config.norm_gain_offset
         self.multiplier = multiplier
-        self.w = nn.Parameter(torch.ones(width) - config.norm_gain_offset)
+        with computed():  # the gain a checkpoint without one keeps
+            self.w = nn.Parameter(torch.ones(width) - config.norm_gain_offset)
         self.b = nn.Parameter(torch.zeros(width)) if self.centre else None
 
     @property

@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from resid.components import computed
 from resid.config import ModelConfig, RopeScaling
 
 
@@ -91,7 +92,8 @@ class Rotary(nn.Module):
         self.base = config.rotary_base if base is None else base
         self.scaling = config.rope_scaling if scaled else None
         self.n_ctx = config.n_ctx
-        inv_freq, self.attention_factor = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx)
+        with computed():
+            inv_freq, self.attention_factor = inverse_frequencies(self.base, self.dims, self.scaling, self.n_ctx)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _apply(self, fn, recurse: bool = True):

@@ -1,7 +1,9 @@
 """Loading a local Hugging Face folder: config.json + model.safetensors (or a sharded index) + tokenizer.json.
 
-Tensors are read with safetensors (never pickle), mapped through the family's key table and copied into a
-freshly built Transformer. The BOS policy comes from tokenizer_config.json's add_bos_token when present,
+Tensors are read with safetensors (never pickle), memory-mapped, and mapped through the family's key table into a
+Transformer built on the meta device: a tensor stored in the model's dtype and layout is used in place (its file's
+pages are the weights; resid.load.weights), any other is copied. So loading takes about the weights' memory, never
+a float32 detour. The BOS policy comes from tokenizer_config.json's add_bos_token when present,
 else from the family's default (what Hugging Face's tokenizer does for it).
 """
 
@@ -16,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from resid.errors import ResidError
 from resid.load.families import Family
 from resid.load.families.model_types import family_for
-from resid.load.weights import assign, check_size
+from resid.load.weights import assign, check_fits, check_size
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokenizer
@@ -33,13 +35,16 @@ def load_hf_folder(
     files = _weight_files(folder)
     tensors = _SafetensorsIndex(files)
     check_size(configs, tensors.values, f"the model in {folder}")  # before anything of the config's size exists
-    if family.encoder is not None:
-        start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
-        model = EncoderDecoder(Transformer(configs[0]), Transformer(config), decoder_start_token_id=start)
-        table = family.seq2seq_keys(configs[0], config, hf)
-    else:
-        model = Transformer(config)
-        table = family.keys(config)
+    check_fits(tensors.values, dtype, torch.device(device or "cpu"), f"the model in {folder}")
+    with torch.device("meta"):  # no memory until the weights arrive (resid.load.weights.assign)
+        if family.encoder is not None:
+            start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
+            model = EncoderDecoder(Transformer(configs[0]), Transformer(config), decoder_start_token_id=start)
+            table = family.seq2seq_keys(configs[0], config, hf)
+        else:
+            model = Transformer(config)
+            table = family.keys(config)
+    model = model.to(dtype)  # before the weights: a tensor already in this dtype is used as it lies in the file
     ignore = family.ignore + (tuple(k.replace(".", r"\.") for k in family.head_keys) if config.tie_embeddings else ())
     canonical = {_canonical(n, family): n for n in tensors.names}  # table name -> name in the file
     assign(
@@ -49,6 +54,7 @@ def load_hf_folder(
         available=canonical,
         ignore=ignore,
         where=f"the checkpoint in {folder}",
+        share=True,
     )
     tokenizer = _tokenizer(folder, hf, family)
     for part in (model.encoder, model.decoder) if isinstance(model, EncoderDecoder) else (model,):

@@ -6,9 +6,16 @@ rearrangement from the checkpoint's layout to resid's (this is where layouts are
 q_proj rows are `(head d_head)`, GPT-2's Conv1D weights are transposed, ...). A fused checkpoint tensor is split with
 `pick` when its parts are equal (GPT-2's c_attn, GPT-NeoX's query_key_value) or with `rows`, a row range
 taken first, when they are not (Phi-3's qkv_proj under grouped-query attention, its gate_up_proj).
+
+A model built on the meta device (the safetensors loader builds one so) gets its parameters here: a checkpoint
+tensor already in the parameter's dtype and layout becomes the parameter itself (no copy: for a memory-mapped
+safetensors file, its pages are the weights, read from disk as they are first used, so resident memory stays about
+the weights' size); any other is copied into memory of the parameter's own; a parameter no key writes is zeros, as
+a model built on a real device starts.
 """
 
 import re
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -16,8 +23,9 @@ import einops
 import torch
 from torch import Tensor
 
+from resid.batching import available_bytes
 from resid.config import ModelConfig
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,21 @@ def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> Non
         )
 
 
+def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: str) -> None:
+    """Before loading: refuse a model whose weights (the files' values in `dtype`) exceed the memory `device` has
+    available, naming the size needed, rather than be killed by the kernel or CUDA half-way."""
+    need, free = in_files * dtype.itemsize, available_bytes(device)
+    if free is None or need <= free:
+        return
+    smaller = (f" In bfloat16 it would take {in_files * 2 / 2**30:.1f} GiB ({param('dtype', 'bfloat16')})."
+               if dtype.itemsize > 2 else "")
+    raise ResidError(
+        f"{where[:1].upper() + where[1:]} needs {need / 2**30:.1f} GiB for its weights in {str(dtype).split('.')[-1]},"
+        f" but the {device.type.upper()} has {free / 2**30:.1f} GiB available.{smaller} Load it in a smaller dtype, "
+        "on a device with more memory, or free memory first."
+    )
+
+
 def axis_sizes(config: ModelConfig) -> dict[str, int]:
     # shared: DeepSeek's shared experts, fused in one MLP the key table splits
     return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3,
@@ -99,11 +122,15 @@ def assign(
     available: Mapping[str, str],
     ignore: Iterable[str] = (),
     where: str = "the checkpoint",
+    share: bool = False,
 ) -> None:
     """Copy every key's checkpoint tensor into its attribute. Missing, mis-shaped and unexpected tensors are errors.
-    `available` maps each tensor's table name to its name in the file (shown in messages)."""
+    `available` maps each tensor's table name to its name in the file (shown in messages). share: a tensor in its
+    parameter's dtype and layout becomes the parameter (for writable memory-mapped files: safetensors maps them
+    copy-on-write), as it must for a parameter still on the meta device."""
     sizes = axis_sizes(model.config)
     used = set()
+    parameters = _Parameters(model)
     with torch.no_grad():
         for key in keys:
             tensor = get(key.checkpoint)
@@ -123,7 +150,16 @@ def assign(
                     f"{tuple(tensor.shape)}{layout}, but {key.attribute} is {tuple(attribute.shape)} for this config. "
                     "The weights do not match their config; re-export them."
                 )
+            parameter = attribute if attribute._base is None else attribute._base
+            if (share or parameter.is_meta) and _same_layout(tensor, value, parameter, attribute):
+                parameters.replace(parameter, tensor)
+                continue
+            if parameter.is_meta:
+                parameters.replace(parameter, torch.empty(parameter.shape, dtype=parameter.dtype))
+                attribute = tensor_at(model, key.attribute)
             attribute.copy_(value.to(attribute.dtype))
+        for parameter in parameters.on_meta():
+            parameters.replace(parameter, torch.zeros(parameter.shape, dtype=parameter.dtype))
     patterns = [re.compile(p) for p in ignore]
     unexpected = sorted(
         in_file for name, in_file in available.items()
@@ -135,6 +171,45 @@ def assign(
             f"{where[:1].upper() + where[1:]} has {len(unexpected)} tensor(s) this architecture does not use ({shown}"
             f"{', ...' if len(unexpected) > 5 else ''}). The config.json model_type may be wrong for these weights."
         )
+
+
+def _same_layout(tensor: Tensor, value: Tensor, parameter: Tensor, attribute: Tensor) -> bool:
+    """Whether the checkpoint `tensor` can be `parameter` itself: the same dtype, shape and (contiguous) layout,
+    with `value` (the key's view of the tensor) placed in it as `attribute` (its view of the parameter)."""
+    if tensor.device.type != "cpu" or tensor.dtype != parameter.dtype:
+        return False
+    if tensor.shape != parameter.shape or not tensor.is_contiguous() or not parameter.is_contiguous():
+        return False
+    if value.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr():
+        return False  # the key copied (a rearrangement no view can express)
+    return (value.shape == attribute.shape and value.stride() == attribute.stride()
+            and value.storage_offset() - tensor.storage_offset()
+            == attribute.storage_offset() - parameter.storage_offset())
+
+
+class _Parameters:
+    """The model's parameters by identity, so that one (shared by a tied embedding and unembedding) is replaced
+    everywhere it is registered."""
+
+    def __init__(self, model: torch.nn.Module):
+        owners = defaultdict(list)
+        found = {}
+        for module in model.modules():
+            for name, parameter in module.named_parameters(recurse=False):
+                owners[id(parameter)].append((module, name))
+                found[id(parameter)] = parameter
+        self._owners: dict[int, tuple[torch.nn.Parameter, list[tuple[torch.nn.Module, str]]]] = {
+            key: (found[key], places) for key, places in owners.items()}
+
+    def replace(self, parameter: Tensor, tensor: Tensor) -> None:
+        _, places = self._owners.pop(id(parameter))
+        new = torch.nn.Parameter(tensor, requires_grad=parameter.requires_grad)
+        for module, name in places:
+            setattr(module, name, new)
+        self._owners[id(new)] = (new, places)
+
+    def on_meta(self) -> list[torch.nn.Parameter]:
+        return [parameter for parameter, _ in self._owners.values() if parameter.is_meta]
 
 
 def _rearrange(tensor: Tensor, key: Key, sizes: dict[str, int], where: str) -> Tensor:
