@@ -35,7 +35,7 @@ from resid.analyses.patching import selection
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
 from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of, require
-from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, prepare, scored
+from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, n_prompts, prepare, scored
 from resid.analyses.patching.sources import PairSources, pair_sources
 from resid.analyses.sweeps import seq2seq
 from resid.analyses.sweeps.chunks import dictionaries_digest
@@ -52,8 +52,8 @@ Method = Literal["atp", "atp*"]
 
 def atp(
     model: Transformer | EncoderDecoder,
-    clean: Sequence[str],
-    corrupt: Sequence[str],
+    clean: Inputs,
+    corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
     sites: str | Sequence[Site | str] = "resid_pre",
@@ -76,8 +76,7 @@ def atp(
     source (resid.analyses.patching.atp_seq2seq: AtP of the writes and heads of both stacks, sites "sublayer" and
     "head")."""
     execution = as_execution(execution)
-    full, (model, sources) = model, pair_sources(model, source, corrupt_source,
-                                                 1 if isinstance(clean, str) else len(clean))
+    full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(clean))
     if sources is not None:
         return _pairs_atp(full, sources, clean, corrupt, targets, baselines, sites, direction, metric, align,
                           dictionaries, method, execution)

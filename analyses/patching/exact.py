@@ -35,7 +35,7 @@ from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.patching import selection
 from resid.analyses.patching.features import WORD, active, dictionaries_of, require
-from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, prepare, scored
+from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, n_prompts, prepare, scored
 from resid.analyses.patching.sources import pair_sources
 from resid.analyses.sweeps import seq2seq
 from resid.analyses.sweeps.chunks import SweepJob, dictionaries_digest
@@ -52,8 +52,8 @@ COLUMNS = ("prompt_idx", "site", *site_words.COLUMNS, "position", "direction", "
 
 def activation(
     model: Transformer | EncoderDecoder,
-    clean: Sequence[str],
-    corrupt: Sequence[str],
+    clean: Inputs,
+    corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
     sites: str | Sequence[Site | str] = "resid_pre",
@@ -72,7 +72,7 @@ def activation(
     source, corrupt_source: encoder-decoder models only, each clean / corrupt prompt's source
     (resid.analyses.patching.sources); sites are then on both stacks (encoder sites "encoder.<label>")."""
     execution = as_execution(execution)
-    full, (model, sources) = model, pair_sources(model, source, corrupt_source, _count(clean))
+    full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(clean))
     if sources is not None and (dictionaries or WORD in selection.words(sites)):
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
     if sources is not None:
@@ -126,8 +126,6 @@ def activation(
     return scored(df, direction, label)[list(COLUMNS)].reset_index(drop=True)
 
 
-def _count(prompts) -> int:
-    return 1 if isinstance(prompts, str) else len(prompts)
 
 
 def named_positions(pairs: Pairs, base: str) -> list[dict[int, tuple[int, int]]] | None:

@@ -28,7 +28,7 @@ from resid.analyses.metrics import check_metric
 from resid.analyses.vocab import token_ids
 from resid.batching import BatchSize, run_batched
 from resid.errors import ResidError, param
-from resid.model import Transformer
+from resid.model import Inputs, Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokens
 
@@ -57,6 +57,15 @@ def scored(df: pd.DataFrame, direction: str, label: str) -> pd.DataFrame:
     return df
 
 
+def n_prompts(prompts: Inputs) -> int:
+    """How many prompts `prompts` holds: texts (a string is one), resid.Tokens or token ids ([pos] is one)."""
+    if isinstance(prompts, Tokens):
+        return prompts.ids.shape[0]
+    if isinstance(prompts, Tensor):
+        return 1 if prompts.dim() == 1 else prompts.shape[0]
+    return 1 if isinstance(prompts, str) else len(prompts)
+
+
 class Pairs:
     """(clean, corrupt) prompt pairs, tokenized once, with each pair's aligned positions (None: position p to p)."""
 
@@ -64,16 +73,17 @@ class Pairs:
         self.clean, self.corrupt, self.aligned = clean, corrupt, aligned
 
     @classmethod
-    def of(cls, model: Transformer, clean: Sequence[str], corrupt: Sequence[str], align: Align = None) -> "Pairs":
-        clean = [clean] if isinstance(clean, str) else clean
-        corrupt = [corrupt] if isinstance(corrupt, str) else corrupt
-        if len(clean) != len(corrupt) or not len(clean):
+    def of(cls, model: Transformer, clean: Inputs, corrupt: Inputs, align: Align = None) -> "Pairs":
+        """The pairs from texts (a string or a list), resid.Tokens or [batch pos] token ids, one corrupt prompt per
+        clean one."""
+        listed = [x if isinstance(x, Tensor | Tokens) else ([x] if isinstance(x, str) else list(x))
+                  for x in (clean, corrupt)]
+        pairs = cls(as_prompts(model, listed[0]), as_prompts(model, listed[1]))
+        if len(pairs.clean) != len(pairs.corrupt) or not len(pairs.clean):
             raise ResidError(
-                f"Patching needs one corrupt prompt per clean prompt: got {len(clean)} and {len(corrupt)}."
+                f"Patching needs one corrupt prompt per clean prompt: got {len(pairs.clean)} and "
+                f"{len(pairs.corrupt)}."
             )
-        pairs = cls(as_prompts(model, list(clean)), as_prompts(model, list(corrupt)))
-        if pairs.clean.texts is None:
-            raise ResidError("Patching takes the pairs as texts (lists of strings).")
         lengths = list(zip(pairs.clean.tokens.lengths.tolist(), pairs.corrupt.tokens.lengths.tolist()))
         if align is None:
             for i, (a, b) in enumerate(lengths):
@@ -105,9 +115,6 @@ class Pairs:
         if self.aligned is None:
             return [(p, p) for p in range(int(self.clean.tokens.lengths[row]))]
         return [(a, b) if which == "clean" else (b, a) for a, b in self.aligned[row]]
-
-    def texts(self, which: str) -> list[str]:
-        return getattr(self, which).texts
 
     def batch(self, which: str, rows: Sequence[int]) -> Tokens:
         """These pairs' `which` prompts, left-padded to the chunk's width (equal lengths: the same layout)."""

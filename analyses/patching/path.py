@@ -36,7 +36,7 @@ from resid.analyses.patching.pairs import Pairs, PairsJob, PatchDirection, prepa
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace
-from resid.model import Transformer
+from resid.model import Inputs, Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
@@ -45,8 +45,8 @@ RECEIVER_FIELDS = ("q", "k", "v", "pattern")
 
 def path(
     model: Transformer | EncoderDecoder,
-    clean: Sequence[str],
-    corrupt: Sequence[str],
+    clean: Inputs,
+    corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
     baselines: Sequence[str | int] | str | int | None = None,
     senders: Sequence[Site | str] | Sequence[Sequence[Site | str]] = (),

@@ -66,6 +66,25 @@ def test_head_patching_equals_one_forward_per_site(random_model):
             assert got == pytest.approx(expected, abs=1e-5)
 
 
+def test_pairs_given_as_token_ids_patch_as_their_texts(random_model):
+    """Prompts as [batch pos] ids (or resid.Tokens), as every analysis takes them: the texts' tables, with
+    targets given as ids too."""
+    clean, corrupt = random_model.to_tokens(CLEAN), random_model.to_tokens(CORRUPT)
+    targets = [random_model.to_single_token(t) for t in TARGETS]
+    baselines = [random_model.to_single_token(t) for t in BASELINES]
+    for method in (patching.activation, patching.atp):
+        by_text = method(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
+        for given in ((clean.ids, corrupt.ids), (clean, corrupt)):
+            by_ids = method(random_model, *given, targets, baselines, sites="head")
+            assert by_ids["site"].tolist() == by_text["site"].tolist()
+            for column in ("clean_metric", "corrupt_metric", "patched_metric"):
+                assert (by_ids[column] - by_text[column]).abs().max() < 1e-5, (method.__name__, column)
+    one = patching.activation(random_model, clean.ids[0], corrupt.ids[0], targets[0], baselines[0], sites="head")
+    assert one["prompt_idx"].unique().tolist() == [0]  # a [pos] tensor is one prompt
+    with pytest.raises(ResidError, match="one corrupt prompt per clean prompt: got 2 and 1"):
+        patching.activation(random_model, clean.ids, corrupt.ids[:1], targets, baselines, sites="head")
+
+
 def test_resid_patching_equals_one_forward_per_site(random_model):
     """resid_pre(l) at position p is set to the clean value by adding the difference to the write before it,
     layers[l-1].mlp.out, in an ordinary forward pass."""
