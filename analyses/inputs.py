@@ -57,10 +57,11 @@ def prompts(model: Transformer, inputs: Inputs) -> Prompts:
     return Prompts(model.as_tokens(texts if texts is not None else inputs), texts, pad)
 
 
-def batch_size_for(model: Transformer, tokens: Tokens, batch_size: int | str) -> BatchSize:
-    """Prompts per forward pass: as given, or "auto" from the batch's width and the device."""
+def batch_size_for(model: Transformer, tokens: Tokens, batch_size: int | str, backward: bool = False) -> BatchSize:
+    """Prompts per forward pass: as given, or "auto" from the batch's width and the device (backward: for a pass
+    that is differentiated; resid.batching.model_batch_size)."""
     if batch_size == "auto":
-        batch_size = model_batch_size(model, tokens.ids.shape[1])
+        batch_size = model_batch_size(model, tokens.ids.shape[1], backward=backward)
     return BatchSize(batch_size)
 
 

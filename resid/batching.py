@@ -49,14 +49,23 @@ def cuda_free_bytes(device: torch.device) -> int:
 
 
 def host_available_bytes() -> int | None:
-    """Memory the host can still give this process: Linux's MemAvailable (free memory plus the caches it can drop,
-    memory-mapped weight files among them); None where /proc/meminfo does not say."""
+    """Memory the host can still give this process: Linux's MemAvailable (free memory plus the caches it could
+    drop) less the file pages this process maps (a memory-mapped model's weights are cache the kernel counts as
+    droppable, but dropping them would only read them back); None where /proc does not say."""
+    available = _proc_field("/proc/meminfo", "MemAvailable:")
+    if available is None:
+        return None
+    return max(0, available - (_proc_field("/proc/self/status", "RssFile:") or 0))
+
+
+def _proc_field(path: str, field: str) -> int | None:
+    """A "Name: value kB" line of a /proc file, in bytes."""
     try:
-        with open("/proc/meminfo") as handle:
+        with open(path) as handle:
             for line in handle:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return None
     return None
 
@@ -69,17 +78,18 @@ def available_bytes(device: torch.device) -> int | None:
     return host_available_bytes() if device.type == "cpu" else None
 
 
-def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0) -> int:
+def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0, backward: bool = False) -> int:
     """A first guess at rows per forward pass of `model` on sequences of `n_pos` tokens: at most half the device's
     available memory for the forward's working set (on the CPU also at most CPU_TOKENS_PER_BATCH tokens); the OOM
     back-off corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working
-    set (e.g. captured activations of many layers), which may take at most a quarter of it. Where not even one row
-    fits, a ResidError says how much it needs (the CPU has no back-off: the kernel would kill the process)."""
+    set (e.g. captured activations of many layers), which may take at most a quarter of it. backward: the pass is
+    differentiated, so autograd keeps every layer's working set until the backward pass. The estimate counts eager
+    attention's scores, which SDPA kernels need not hold, so a row it says is too large still runs alone."""
     n_pos = max(n_pos, 1)
     cfg = model.config
     # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
-    per_row = model.dtype.itemsize * (n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
-                                      + 2 * cfg.d_vocab)
+    layer = n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
+    per_row = model.dtype.itemsize * (layer * (cfg.n_layers if backward else 1) + 2 * cfg.d_vocab)
     limit = MAX_BATCH if model.device.type == "cuda" else min(MAX_BATCH, max(1, CPU_TOKENS_PER_BATCH // n_pos))
     free = available_bytes(model.device)
     if free is None:
@@ -87,13 +97,6 @@ def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0
     rows = int(0.5 * free // per_row)
     if kept_bytes_per_row:
         rows = min(rows, int(0.25 * free // kept_bytes_per_row))
-    if rows < 1 and model.device.type != "cuda":
-        raise ResidError(
-            f"One sequence of {n_pos:,} tokens needs about {(per_row + kept_bytes_per_row) / 2**30:.2f} GiB of "
-            f"working memory in {model.name}'s forward, but the CPU has {free / 2**30:.2f} GiB available (half of "
-            "it is what a batch may take). Use shorter prompts, free memory, or load the model in bfloat16 "
-            f"({param('dtype', torch.bfloat16)})."
-        )
     return max(1, min(limit, rows))
 
 

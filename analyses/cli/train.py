@@ -159,7 +159,7 @@ def _fits_at_all(args) -> None:
     widths, runs before anything is allocated (resid.analyses.training.loop)."""
     import torch
 
-    from resid.analyses.training.activations import available_bytes
+    from resid.batching import available_bytes
 
     if args.device not in (None, "cpu"):  # a GPU's free memory is asked once the model is there
         return

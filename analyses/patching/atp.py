@@ -93,7 +93,7 @@ def atp(
     if "pattern" in kinds:
         pairs.require_same_positions(f"{param('sites', 'pattern')} (a pattern spans every key position)")
     base = "corrupt" if direction == "denoise" else "clean"
-    size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
+    size = batch_size_for(model, pairs.clean.tokens, execution.batch_size, backward=True)
     settings = dict(direction=direction, metric=label,
                     **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
     job = AtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, settings, sites=kinds, method=method,
@@ -152,7 +152,7 @@ def _pairs_atp(model: EncoderDecoder, sources: PairSources, clean, corrupt, targ
     chosen = seq2seq_atp.chosen(model, sites, method, pairs, width, source_width)
     sources.check(chosen)
     base = "corrupt" if direction == "denoise" else "clean"
-    size = batch_size_for(model.decoder, pairs.clean.tokens, execution.batch_size)
+    size = batch_size_for(model.decoder, pairs.clean.tokens, execution.batch_size, backward=True)
     every = range(len(pairs.clean))
     ids = (sources.clean.sequences(every), sources.corrupt.sequences(every), sources.clean.pad_token_id)
     job = seq2seq_atp.Seq2SeqAtPJob.of(pairs, base, target_ids, baseline_ids, metric, size.value,

@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 from resid.analyses.corpus_windows import Window, batch_tokens
 from resid.analyses.corpus_windows import windows as cut_windows
 from resid.analyses.distributed.executor import Job
-from resid.batching import cuda_free_bytes
+from resid.batching import available_bytes
 from resid.capture import Capture
 from resid.dictionaries.hooks import HookPoint, point_of, read, width
 from resid.errors import ResidError, param
@@ -243,23 +243,6 @@ def batches(found: dict[HookPoint, Tensor], block: int, batch_size: int, skip: i
     for i in range(skip, n):
         span = slice(i * batch_size, (i + 1) * batch_size)
         yield Position(block, i + 1), {point: tensor[span].clone() for point, tensor in found.items()}
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a new buffer on `device`: the GPU's free memory (with what PyTorch's allocator keeps for
-    reuse), or the host's MemAvailable (Linux); None where it cannot be read."""
-    if device.type == "cuda":
-        return cuda_free_bytes(device)
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def training_positions(tokens: Tokens, keep_bos: bool = False) -> Bool[Tensor, "batch pos"]:

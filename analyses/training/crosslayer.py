@@ -54,13 +54,14 @@ from torch import Tensor, nn
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.steps import drive_steps
 from resid.analyses.io import corpus as corpora
-from resid.analyses.training.activations import Activations, Position, available_bytes
+from resid.analyses.training.activations import Activations, Position
 from resid.analyses.training.batchtopk import batch_top_k
 from resid.analyses.training.coder import Coder, geometric_median
 from resid.analyses.training.jumprelu import JumpReLU
 from resid.analyses.training.loop import FORWARD_BATCH, Spec, TrainingJob, buffer_size, fingerprint
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Stats, Trainer
+from resid.batching import available_bytes
 from resid.dictionaries import CrossLayerTranscoder, check
 from resid.dictionaries.formats import circuit_tracer
 from resid.dictionaries.hooks import HookPoint, width

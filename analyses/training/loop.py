@@ -40,9 +40,10 @@ from resid.analyses.distributed.steps import StepJob, drive_steps
 from resid.analyses.io import checkpoints
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.checkpoints import DamagedState, count
-from resid.analyses.training.activations import Activations, BlockJob, Position, available_bytes, batches
+from resid.analyses.training.activations import Activations, BlockJob, Position, batches
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Stats, Trainer
+from resid.batching import available_bytes
 from resid.dictionaries import Dictionary, check
 from resid.dictionaries.formats import saelens
 from resid.dictionaries.hooks import HookPoint, point_of, width

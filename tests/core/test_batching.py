@@ -5,9 +5,9 @@ import torch
 from random_models import make_random_model
 
 import resid
+from resid import batching
 from resid.analyses import Execution, ablation
-from resid.analyses.training.activations import available_bytes
-from resid.batching import BatchSize, cuda_free_bytes, model_batch_size, run_batched
+from resid.batching import BatchSize, available_bytes, cuda_free_bytes, model_batch_size, run_batched
 
 
 def test_run_batched_halves_on_out_of_memory_and_keeps_order():
@@ -40,7 +40,21 @@ def test_batch_size_one_out_of_memory_is_a_clear_error():
 def test_auto_batch_size_on_cpu(random_model):
     assert model_batch_size(random_model, 64) == 64
     assert model_batch_size(random_model, 100_000) == 1
-    assert model_batch_size(random_model, 64, kept_bytes_per_row=10**9) == 64  # only bounds CUDA memory
+    assert model_batch_size(random_model, 64, kept_bytes_per_row=10**13) == 1  # what a caller keeps bounds it
+
+
+def test_cpu_batches_take_at_most_half_the_available_memory(random_model, monkeypatch):
+    """A forward row's working set (eager scores included) against half of what the host has left; a
+    differentiated pass keeps every layer's, so it takes n_layers times as much (AtP's batches)."""
+    cfg, n_pos = random_model.config, 64
+    layer = n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
+    forward = 4 * (layer + 2 * cfg.d_vocab)
+    backward = 4 * (cfg.n_layers * layer + 2 * cfg.d_vocab)
+    monkeypatch.setattr(batching, "host_available_bytes", lambda: 2 * 10 * forward)
+    assert model_batch_size(random_model, n_pos) == 10
+    assert model_batch_size(random_model, n_pos, backward=True) == 10 * forward // backward
+    monkeypatch.setattr(batching, "host_available_bytes", lambda: 0)
+    assert model_batch_size(random_model, n_pos) == 1  # one row still runs (the estimate is an upper bound)
 
 
 def test_sweep_survives_out_of_memory(random_model, monkeypatch):
