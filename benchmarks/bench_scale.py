@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--max-feature-nodes", type=int, default=128)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table and the logits' agreement as JSON")
     args = parser.parse_args(argv)
     folder = args.folder or ROOT / "build" / "scale" / f"llama-{args.shape}"
     started = time.perf_counter()
@@ -264,13 +265,18 @@ def main(argv: list[str] | None = None) -> int:
           f"available memory {host_available_bytes() / 2**30:.1f} GiB", flush=True)
     table = Table()
     ours = run_resid(folder, args, table, ids, corrupt)
+    agreement = {}
     if not args.no_peer:
         theirs = run_peer(folder, args, table, ids)
-        gap = (ours - theirs).abs().max().item()
-        top1 = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-        print(f"resid vs transformers logits (bf16): max |difference| {gap:.3f} (logit std {theirs.std():.3f}), "
-              f"top-1 agreement {top1:.3f}")
+        agreement = {"max_logit_difference": (ours - theirs).abs().max().item(), "logit_std": theirs.std().item(),
+                     "top1_agreement": (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()}
+        print("resid vs transformers logits (bf16): max |difference| {max_logit_difference:.3f} (logit std "
+              "{logit_std:.3f}), top-1 agreement {top1_agreement:.3f}".format(**agreement))
     print(table.markdown())
+    if args.out is not None:
+        rows = [dict(zip(("library", "workload", "seconds", "rss_before_gib", "peak_rss_gib", "note"), row))
+                for row in table.rows]
+        args.out.write_text(json.dumps({"shape": args.shape, "rows": rows, **agreement}, indent=1))
     return 0
 
 

@@ -151,7 +151,8 @@ def assign(
                     "The weights do not match their config; re-export them."
                 )
             parameter = attribute if attribute._base is None else attribute._base
-            if (share or parameter.is_meta) and _same_layout(tensor, value, parameter, attribute):
+            if ((share or parameter.is_meta) and parameters.takes(parameter, tensor)
+                    and _same_layout(tensor, value, parameter, attribute)):
                 parameters.replace(parameter, tensor)
                 continue
             if parameter.is_meta:
@@ -189,7 +190,8 @@ def _same_layout(tensor: Tensor, value: Tensor, parameter: Tensor, attribute: Te
 
 class _Parameters:
     """The model's parameters by identity, so that one (shared by a tied embedding and unembedding) is replaced
-    everywhere it is registered."""
+    everywhere it is registered; and the checkpoint memory already in use, so that two parameters read from one
+    tensor (Marian's shared embedding) stay two (editing one must not edit the other)."""
 
     def __init__(self, model: torch.nn.Module):
         owners = defaultdict(list)
@@ -200,6 +202,11 @@ class _Parameters:
                 found[id(parameter)] = parameter
         self._owners: dict[int, tuple[torch.nn.Parameter, list[tuple[torch.nn.Module, str]]]] = {
             key: (found[key], places) for key, places in owners.items()}
+        self._taken: set[int] = set()
+
+    def takes(self, parameter: Tensor, tensor: Tensor) -> bool:
+        """Whether `tensor` can replace `parameter`: it is a registered parameter, and no other took the tensor."""
+        return id(parameter) in self._owners and tensor.data_ptr() not in self._taken
 
     def replace(self, parameter: Tensor, tensor: Tensor) -> None:
         _, places = self._owners.pop(id(parameter))
@@ -207,6 +214,7 @@ class _Parameters:
         for module, name in places:
             setattr(module, name, new)
         self._owners[id(new)] = (new, places)
+        self._taken.add(tensor.data_ptr())
 
     def on_meta(self) -> list[torch.nn.Parameter]:
         return [parameter for parameter, _ in self._owners.values() if parameter.is_meta]
