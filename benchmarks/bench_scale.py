@@ -197,34 +197,45 @@ def run_resid(folder: Path, args, table: Table, ids: torch.Tensor, corrupt: torc
         table.measure("resid", f"forward, {args.tokens} tokens", lambda: model.run(ids[:1]).logits)
     top = model.run(ids, capture=resid.Capture.none(), logits_at="last").logits[:, 0].float().topk(2).indices
     targets, baselines = top[:, 0].tolist(), top[:, 1].tolist()
-    table.measure("resid", f"decomposition by head, {args.pairs} prompts",
-                  lambda: attribution.direct(model, ids, targets, baselines, level="head"),
-                  note=lambda df: f"{len(df):,} rows")
-    table.measure("resid", f"ablation sweep, {2 * config.n_layers} sublayers, 1 prompt",
-                  lambda: ablation.sweep(model, ids[:1], targets[:1], baselines[:1], sites="sublayer",
-                                         method="zero", execution=quiet),
-                  note=lambda df: f"{len(df)} rows")
     heads = spread_heads(config, args.heads)
-    table.measure("resid", f"exact patching, {len(heads)} heads x {args.pairs} pairs",
-                  lambda: patching.activation(model, ids, corrupt, targets, baselines, sites=heads, execution=quiet),
-                  note=lambda df: f"{len(df):,} rows")
-    table.measure("resid", f"AtP, every head ({config.n_layers * config.n_heads}) x {args.pairs} pairs",
-                  lambda: patching.atp(model, ids, corrupt, targets, baselines, sites="head", execution=quiet),
-                  note=lambda df: f"{len(df):,} rows")
-    tcs = transcoders(model, args.width)
-    graph = table.measure(
-        "resid", f"graph, {args.graph_tokens} tokens, {args.width}-feature transcoders",
-        lambda: graphs.attribute(model, ids[0, :args.graph_tokens], tcs, max_feature_nodes=args.max_feature_nodes),
-        note=lambda g: (f"{g.metadata['n_active_features']:,} active, {g.n_features} visited, "
-                        f"logit error {g.metadata['replacement_logit_error']:.1e}"))
-    del model, tcs, graph
+    workloads = {
+        "decomposition": (f"decomposition by head, {args.pairs} prompts",
+                          lambda: attribution.direct(model, ids, targets, baselines, level="head"),
+                          lambda df: f"{len(df):,} rows"),
+        "ablation": (f"ablation sweep, {2 * config.n_layers} sublayers, 1 prompt",
+                     lambda: ablation.sweep(model, ids[:1], targets[:1], baselines[:1], sites="sublayer",
+                                            method="zero", execution=quiet),
+                     lambda df: f"{len(df)} rows"),
+        "patching": (f"exact patching, {len(heads)} heads x {args.pairs} pairs",
+                     lambda: patching.activation(model, ids, corrupt, targets, baselines, sites=heads,
+                                                 execution=quiet),
+                     lambda df: f"{len(df):,} rows"),
+        "atp": (f"AtP, every head ({config.n_layers * config.n_heads}) x {args.pairs} pairs",
+                lambda: patching.atp(model, ids, corrupt, targets, baselines, sites="head", execution=quiet),
+                lambda df: f"{len(df):,} rows"),
+        "graph": (f"graph, {args.graph_tokens} tokens, {args.width}-feature transcoders",
+                  lambda: graphs.attribute(model, ids[0, :args.graph_tokens], transcoders(model, args.width),
+                                           max_feature_nodes=args.max_feature_nodes),
+                  lambda g: (f"{g.metadata['n_active_features']:,} active, {g.n_features} visited, "
+                             f"logit error {g.metadata['replacement_logit_error']:.1e}")),
+    }
+    for name in args.workloads.split(","):
+        if name:
+            workload, fn, note = workloads[name]
+            table.measure("resid", workload, fn, note=note)
+    del model
     gc.collect()
     return logits
 
 
-def run_peer(folder: Path, args, table: Table, ids: torch.Tensor) -> torch.Tensor:
+def run_peer(folder: Path, args, table: Table, ids: torch.Tensor) -> torch.Tensor | None:
     from transformers import AutoModelForCausalLM
 
+    need, free = sum(p.stat().st_size for p in folder.glob("*.safetensors")), host_available_bytes()
+    if free is not None and need > free:
+        print(f"  transformers: not loaded, its bf16 weights need {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB "
+              "is available")
+        return None
     drop_cached(folder)
     hf = table.measure("transformers", "load (bf16)",
                        lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
@@ -249,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph-tokens", type=int, default=32)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--max-feature-nodes", type=int, default=128)
+    parser.add_argument("--workloads", default="decomposition,ablation,patching,atp,graph",
+                        help="resid's workloads after load and forward (comma-separated; empty: none)")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="also write the table and the logits' agreement as JSON")
     args = parser.parse_args(argv)
@@ -266,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Table()
     ours = run_resid(folder, args, table, ids, corrupt)
     agreement = {}
-    if not args.no_peer:
-        theirs = run_peer(folder, args, table, ids)
+    theirs = None if args.no_peer else run_peer(folder, args, table, ids)
+    if theirs is not None:
         agreement = {"max_logit_difference": (ours - theirs).abs().max().item(), "logit_std": theirs.std().item(),
                      "top1_agreement": (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()}
         print("resid vs transformers logits (bf16): max |difference| {max_logit_difference:.3f} (logit std "
