@@ -30,6 +30,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -141,12 +142,16 @@ class Table:
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, float, float, float, str]] = []
 
-    def measure(self, library: str, workload: str, fn, note=lambda result: ""):
+    def measure(self, library: str, workload: str, fn, note=lambda result: "", repeats: int = 1):
+        """fn's median time over `repeats` calls and the peak RSS while they ran."""
         gc.collect()
+        times = []
         with PeakRSS() as peak:
-            start = time.perf_counter()
-            result = fn()
-            seconds = time.perf_counter() - start
+            for _ in range(repeats):
+                start = time.perf_counter()
+                result = fn()
+                times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
         self.rows.append((library, workload, seconds, peak.start / 2**30, peak.peak / 2**30, note(result)))
         print(f"  {library:<12} {workload:<48} {seconds:8.1f} s  RSS {peak.start / 2**30:6.2f} -> peak "
               f"{peak.peak / 2**30:6.2f} GiB  {note(result)}", flush=True)
@@ -194,7 +199,8 @@ def run_resid(folder: Path, args, table: Table, ids: torch.Tensor, corrupt: torc
     with torch.no_grad():
         logits = table.measure("resid", f"forward, {args.tokens} tokens (first: pages in)",
                                lambda: model.run(ids[:1]).logits[0].float())
-        table.measure("resid", f"forward, {args.tokens} tokens", lambda: model.run(ids[:1]).logits)
+        table.measure("resid", f"forward, {args.tokens} tokens (median of 3)", lambda: model.run(ids[:1]).logits,
+                      repeats=3)
     top = model.run(ids, capture=resid.Capture.none(), logits_at="last").logits[:, 0].float().topk(2).indices
     targets, baselines = top[:, 0].tolist(), top[:, 1].tolist()
     heads = spread_heads(config, args.heads)
@@ -244,7 +250,8 @@ def run_peer(folder: Path, args, table: Table, ids: torch.Tensor) -> torch.Tenso
     with torch.no_grad():
         logits = table.measure("transformers", f"forward, {args.tokens} tokens (first: pages in)",
                                lambda: hf(ids[:1]).logits[0].float())
-        table.measure("transformers", f"forward, {args.tokens} tokens", lambda: hf(ids[:1]).logits)
+        table.measure("transformers", f"forward, {args.tokens} tokens (median of 3)", lambda: hf(ids[:1]).logits,
+                      repeats=3)
     del hf
     gc.collect()
     return logits
