@@ -1,7 +1,8 @@
-"""A graph's patterns rebuilt from the run's queries and keys (the default: memory linear in the prompt) give the
-graph the stored patterns give, to float32 rounding, on every attention variant: causal, sliding windows shorter
-than the prompt, soft-capped scores, q/k norms, parallel blocks, latent attention; truncated (a sweep below the
-last position) as well. The rebuilt values hold nothing of size pos x pos."""
+"""What keeps a long prompt's graph linear in memory changes no number: the patterns rebuilt from the run's queries
+and keys (the default) give the graph the stored patterns give, to float32 rounding, on every attention variant
+(causal, sliding windows shorter than the prompt, soft-capped scores, q/k norms, parallel blocks, latent
+attention), truncated (a sweep below the last position) as well, and hold nothing of size pos x pos; the ranking of
+max_feature_nodes from the rows in place (influence_of_rows) equals the series over the normalized rows."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from numerics import TINY
 from random_models import make_random_model
 from random_transcoders import per_layer
 
+from resid.analyses.graphs import influence
 from resid.analyses.graphs.edges import Sweeper
 from resid.analyses.graphs.frozen import Rebuilt
 from resid.analyses.graphs.replacement import replace
@@ -50,3 +52,21 @@ def test_rebuilt_values_hold_nothing_quadratic_in_the_prompt() -> None:
     assert max(t.numel() for t in held) < 512 * 512  # one head's pattern would be this size
     patterns = model.config.n_layers * model.config.n_heads * 512 * 512 * 4
     assert sum(t.numel() * t.element_size() for t in held) < patterns / 20
+
+
+def test_the_ranking_in_place_equals_the_series_over_normalized_rows(monkeypatch) -> None:
+    monkeypatch.setattr(influence, "CHUNK_FLOATS", 100)  # several chunks of rows
+    g = torch.Generator().manual_seed(0)
+    n_sources, n_features, n_logits = 70, 40, 3
+    # rows of 12 visited features (a DAG: a feature reads only features of lower index) and 3 logits
+    visited = torch.randperm(n_features, generator=g)[:12]
+    rows = torch.randn(12 + n_logits, n_sources, generator=g)
+    for i, feature in enumerate(visited.tolist()):
+        rows[n_logits + i, feature:n_features] = 0
+    rows[0, :5] = 0
+    nodes = torch.cat([torch.arange(n_logits) + n_sources, visited])
+    probs = torch.tensor([0.5, 0.3, 0.1])
+    padded = torch.cat([rows, torch.zeros(len(rows), n_logits)], dim=1)
+    expected = influence.node_influence(padded, nodes, probs)[:n_sources]
+    assert expected[visited].abs().sum() > 0  # influence passes through the visited features
+    torch.testing.assert_close(influence.influence_of_rows(rows, nodes, probs, n_sources), expected, **TINY)
