@@ -75,7 +75,7 @@ def worker(case: str, settings: dict) -> None:
     from rss import PeakRSS
 
     import resid
-    from resid.analyses import graphs
+    from resid.analyses import Execution, graphs
     from resid.analyses.graphs.validate import validate
 
     model = resid.load("smollm2-135m")
@@ -84,8 +84,8 @@ def worker(case: str, settings: dict) -> None:
     limit = None if case == "short" else settings["max_feature_nodes"]
     with PeakRSS() as memory:  # circuit-tracer zeroes position 0 whatever its token: skip_bos=True matches it
         started = time.perf_counter()
-        graph = graphs.attribute(model, torch.tensor(ids), found, batch_size=settings["batch_size"],
-                                 max_feature_nodes=limit, skip_bos=True)
+        graph = graphs.attribute(model, torch.tensor(ids), found, max_feature_nodes=limit, skip_bos=True,
+                                 execution=Execution(batch_size=settings["batch_size"], progress=False))
         seconds = time.perf_counter() - started
     peak = memory.growth
     replacement, completeness = graph.scores()

@@ -75,12 +75,14 @@ class Replacement:
         return block.frozen_pre_adjoint("mlp", w, frozen.values, positions, standardized=how == "standardized")
 
 
-def replace(model, prompt, transcoders, skip_bos: bool | None = None, capture: Capture | None = None) -> Replacement:
+def replace(model, prompt, transcoders, skip_bos: bool | None = None, capture: Capture | None = None,
+            store_patterns: bool = False) -> Replacement:
     """Run `prompt` (text or token ids, one prompt) with every MLP replaced by `transcoders` (checked: see
     Transcoders.of). skip_bos: position 0's features and errors are no nodes, their writes are constants, as
     circuit-tracer does for position 0 (None: when the prompt starts with the tokenizer's BOS token). `capture`:
     fields the run records besides the frozen values (Replacement.run keeps them), e.g. heads' z and q_proj for
-    QK attribution."""
+    QK attribution. store_patterns: keep every layer's pattern (pos^2 memory) instead of rebuilding each from the
+    run's queries and keys when a map reads it (resid.analyses.graphs.frozen)."""
     found = Transcoders.of(model, transcoders)
     config = model.config
     if isinstance(prompt, str):
@@ -93,10 +95,11 @@ def replace(model, prompt, transcoders, skip_bos: bool | None = None, capture: C
     if tokens.ids.shape[0] != 1:
         raise ResidError(f"An attribution graph explains one prompt; got {tokens.ids.shape[0]}.")
     with torch.no_grad():
-        run = model.run(tokens, capture=_with(Frozen.capture(model), capture), dictionaries=found.splices())
+        run = model.run(tokens, capture=_with(Frozen.capture(model, store_patterns), capture),
+                        dictionaries=found.splices())
     stream = run.stream
     n = config.n_layers
-    frozen = Frozen.of(model, run)
+    frozen = Frozen.of(model, run, store_patterns)
     embed = stream.embed[0].float()
     for extra in (stream.pos_embed, stream.type_embed):
         if extra is not None:

@@ -8,10 +8,13 @@
                            top ones, as circuit-tracer's max_feature_nodes does
 
 Both return (rows [n_selected + n_logits, N], the selected features' indices), N the graph's nodes: the selected
-features, every error and token node, the logits; rows in that order, the logits' last. The batches are computed
-by resid.analyses.graphs.rows.RowSweeps, in process or on the executor's workers: every_row's, the logits' with
-them, in one map; most_influential_rows's logit rows first, then each round in one map (the ranking between rounds
-stays here, on the driver).
+features, every error and token node, the logits; rows in that order, the logits' last. most_influential_rows
+holds the rows it computes once, [visited + logits, n_sources] (every active feature a column until the ranking
+ends), and ranks from them in place (influence_of_rows): its memory is that buffer, linear in the prompt.
+
+The batches are computed by resid.analyses.graphs.rows.RowSweeps, in process or on the executor's workers:
+every_row's, the logits' with them, in one map; most_influential_rows's logit rows first, then each round in one
+map (the ranking between rounds stays here, on the driver).
 """
 
 import torch
@@ -40,25 +43,32 @@ def every_row(sweeps: RowSweeps, logits: list[Batch], batch_size: int) -> Tensor
 
 def most_influential_rows(sweeps: RowSweeps, logit_rows: Tensor, probs: Tensor, limit: int,
                           batch_size: int, update_interval: int) -> tuple[Tensor, Tensor]:
-    n_features, n_sources = sweeps.sweeper.n_features, sweeps.sweeper.n_sources
+    n_features, n_sources, n_logits = sweeps.sweeper.n_features, sweeps.sweeper.n_sources, len(probs)
+    # every row computed, in one buffer: the logits' first, then the features' in visiting order, so the rows so
+    # far are one view (found[:n_logits + count]) and are never copied; unwritten rows are never touched (empty)
+    found = torch.empty(n_logits + limit, n_sources)
+    found[:n_logits] = logit_rows
+    visits = torch.zeros(limit, dtype=torch.long)  # the feature of each visited row, in visiting order
     visited = torch.zeros(n_features, dtype=torch.bool)
-    computed, nodes = [logit_rows], [torch.arange(len(probs)) + n_sources]  # logits: node indices past the sources
+    logit_nodes = torch.arange(n_logits) + n_sources  # logits: node indices past the sources
     count = 0
     while count < limit:
-        scores = influence_of_rows(torch.cat(computed), torch.cat(nodes), probs, n_sources)[:n_features]
+        nodes = torch.cat([logit_nodes, visits[:count]])
+        scores = influence_of_rows(found[:n_logits + count], nodes, probs, n_sources)[:n_features]
         ranked = torch.argsort(scores, descending=True)
         pending = ranked[~visited[ranked]][:min(update_interval * batch_size, limit - count)]
         batches = feature_batches(pending, batch_size)
-        computed.extend(sweeps.all(batches))  # one round: its batches at once, in order
-        nodes.extend(batch.features for batch in batches)
+        starts = torch.cumsum(torch.tensor([0] + [len(b) for b in batches]), 0).tolist()
+        for index, rows in sweeps.each(batches):  # one round: its batches at once, written as they arrive
+            at = n_logits + count + starts[index]
+            found[at:at + len(rows)] = rows
+        visits[count:count + len(pending)] = pending
         visited[pending] = True
         count += len(pending)
-    index = torch.cat(nodes[1:]) if count else torch.zeros(0, dtype=torch.long)
-    order = torch.argsort(index)
-    selected = index[order]
-    feature_rows = torch.cat(computed[1:])[order] if count else torch.zeros(0, n_sources)
+    order = torch.argsort(visits)
+    selected = visits[order]
     columns = torch.cat([selected, torch.arange(n_features, n_sources)])
-    rows = torch.zeros(count + len(probs), len(columns) + len(probs))
-    rows[:count, :len(columns)] = feature_rows[:, columns]
-    rows[count:, :len(columns)] = logit_rows[:, columns]
+    rows = torch.zeros(count + n_logits, len(columns) + n_logits)
+    rows[:count, :len(columns)] = found[n_logits:][:, columns][order]
+    rows[count:, :len(columns)] = found[:n_logits][:, columns]
     return rows, selected
