@@ -2,7 +2,8 @@
 transformers, one process, time and peak resident memory per workload (issue 41).
 
     python benchmarks/bench_scale.py [--shape 8b|1b] [--folder DIR] [--tokens 128] [--pairs 8] [--heads 24]
-                                     [--graph-tokens 32] [--width 512] [--max-feature-nodes 128] [--no-peer]
+                                     [--graph-tokens 32] [--width 512] [--max-feature-nodes 128]
+                                     [--workloads decomposition,ablation,patching,atp,graph] [--no-peer] [--out J]
 
 1. weights  written once into --folder (default build/scale/llama-<shape>; kept): config.json,
             model-0000i-of-0000n.safetensors shards of at most 5 GB and model.safetensors.index.json, the layout
