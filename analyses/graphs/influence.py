@@ -135,18 +135,11 @@ def influence_of_rows(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_sources:
     chunk = max(1, CHUNK_FLOATS // max(n_sources, 1))
     scale = torch.cat([part.abs().sum(1) for part in rows.split(chunk)]).clamp(min=1e-10)  # row sums of |A|
     inside = row_nodes < n_sources  # feature rows; the logit rows' nodes are no sources
-    block = torch.zeros(len(rows), len(rows))
+    block = torch.zeros(len(rows), len(rows))  # Â among the rows: row i is node i of this block
     block[:, inside] = rows[:, row_nodes[inside]].abs() / scale[:, None]
     w = torch.zeros(len(rows))
     w[~inside] = probs[row_nodes[~inside] - n_sources]
-    total = torch.zeros(len(rows))
-    for _ in range(MAX_DEPTH):
-        if not bool(w.any()):
-            break
-        total += w
-        w = w @ block
-    else:
-        raise ResidError(f"The influence series did not end after {MAX_DEPTH} terms: the graph has a cycle.")
+    total = w + series(block, torch.arange(len(rows)), w)  # w_0 + w_1 + ...
     influence = torch.zeros(n_sources)
     for part, weight in zip(rows.split(chunk), (total / scale).split(chunk), strict=True):
         influence += weight @ part.abs()

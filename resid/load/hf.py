@@ -60,7 +60,7 @@ def load_hf_folder(
     for part in (model.encoder, model.decoder) if isinstance(model, EncoderDecoder) else (model,):
         part.tokenizer, part.name, part.weight_files = tokenizer, name, tuple(files)
     model.name, model.weight_files = name, tuple(files)
-    return model.to(device=device or "cpu", dtype=dtype).eval()
+    return model.to(device=device or "cpu").eval()  # in `dtype` since the build
 
 
 def _canonical(name: str, family: Family) -> str:

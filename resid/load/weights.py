@@ -15,7 +15,6 @@ a model built on a real device starts.
 """
 
 import re
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -194,14 +193,10 @@ class _Parameters:
     tensor (Marian's shared embedding) stay two (editing one must not edit the other)."""
 
     def __init__(self, model: torch.nn.Module):
-        owners = defaultdict(list)
-        found = {}
+        self._owners: dict[int, tuple[torch.nn.Parameter, list[tuple[torch.nn.Module, str]]]] = {}
         for module in model.modules():
             for name, parameter in module.named_parameters(recurse=False):
-                owners[id(parameter)].append((module, name))
-                found[id(parameter)] = parameter
-        self._owners: dict[int, tuple[torch.nn.Parameter, list[tuple[torch.nn.Module, str]]]] = {
-            key: (found[key], places) for key, places in owners.items()}
+                self._owners.setdefault(id(parameter), (parameter, []))[1].append((module, name))
         self._taken: set[int] = set()
 
     def takes(self, parameter: Tensor, tensor: Tensor) -> bool:
