@@ -1,6 +1,7 @@
 """The one driver of chunked work: every long job (ablation sweeps, every kind of patching, corpus scans, the
 reference means of mean ablation) runs through `drive`, so each gets batching (in its job), out-of-memory
-back-off (in its job), a resumable `out=` store, a progress bar and Ray workers from this one loop.
+back-off (in its job), a resumable `out=` store, progress (a bar, or a line every half minute where no bar is drawn:
+resid.analyses.distributed.progress) and Ray workers from this one loop.
 
     result = drive(model, job, Execution(out="results.parquet", executor="ray", workers=2))
 
@@ -16,10 +17,10 @@ the workers finished in, so they do not depend on the number of workers.
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import InProcess, Job
+from resid.analyses.distributed.progress import meter
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
 from resid.identities import identity
@@ -31,12 +32,11 @@ class Progress:
     chunks, each counted when its last piece has arrived (a table job's chunk comes in pieces in process, one after
     another, and whole from a remote worker)."""
 
-    def __init__(self, job: Job, chunks: list, pieces: bool, shown: bool):
+    def __init__(self, job: Job, chunks: list, pieces: bool, execution: Execution):
         self.job, self.chunks, self.pieces = job, chunks, pieces
         self.sized = job.key is None or type(job).size is not Job.size
         total = sum(job.size(chunk) for chunk in chunks) if self.sized else len(chunks)
-        self.bar = tqdm(total=total, desc=f"{job.name} ({len(chunks)} chunks)", disable=not shown,
-                        unit=job.unit if self.sized else "chunk")
+        self.bar = meter(execution, total, f"{job.name} ({len(chunks)} chunks)", job.unit if self.sized else "chunk")
         self.current: int | None = None  # the chunk whose pieces are arriving (in process)
 
     def arrived(self, index: int, result: object) -> None:
@@ -76,7 +76,7 @@ def drive(model, job: Job, execution: Execution) -> object:
         chunks = job.plan(done, remote, runner.chunks_per_worker)
         job.prepare(model, runner, chunks)
         results: list = [None] * len(chunks) if job.key is None else []
-        with Progress(job, chunks, isinstance(runner, InProcess), execution.shows_progress) as bar:
+        with Progress(job, chunks, isinstance(runner, InProcess), execution) as bar:
             for index, result in runner.map(model, job, chunks):
                 bar.arrived(index, result)
                 if job.key is None:  # a reduction: each chunk's one result, kept in chunk order

@@ -11,9 +11,10 @@ independent chunks; its input can. A `StepJob` says how: plan -> steps fed by ch
             windows): in process, or on Ray workers, one model each (Executor.stream). Either way the driver gets
             the results in chunk order, so the steps see the same input in the same order whoever computed it.
 3. steps    `consume` takes each chunk's result in the driver, where the state lives, and yields after every step
-            with that step's statistics, which the progress bar shows (the one bar of every job: tqdm, drawn when
-            Execution.shows_progress); the driver writes the state every `checkpoint_every` steps and at the last
-            one, then tells the job (`stepped`: where a caller's on_step runs, after the save).
+            with that step's statistics, which the progress shows (the driver's one idiom,
+            resid.analyses.distributed.progress: a bar, or a line every half minute); the driver writes the state
+            every `checkpoint_every` steps and at the last one, then tells the job (`stepped`: where a caller's
+            on_step runs, after the save).
 4. finish   the job's answer, and its files in `out`, written while the lock is still held.
 
 A killed run resumes from its last checkpoint to the state a run never stopped ends with: the chunks are a
@@ -25,10 +26,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import InProcess, Job, Model
+from resid.analyses.distributed.progress import meter
 from resid.analyses.io.checkpoints import DamagedState, StateStore
 from resid.errors import ResidError
 
@@ -107,8 +108,8 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
                     raise store.damaged(str(error)) from None
         remote = not isinstance(runner, InProcess)
         job.shows_progress = execution.shows_progress
-        with tqdm(total=job.steps * job.step_size, initial=job.step * job.step_size, unit=job.unit, unit_scale=True,
-                  desc=job.name, disable=not execution.shows_progress) as bar:
+        with meter(execution, job.steps * job.step_size, job.name, job.unit, initial=job.step * job.step_size,
+                   unit_scale=True) as bar:
             if job.step < job.steps:
                 # in process nothing runs ahead; on Ray every worker works on a chunk while the steps run
                 results = runner.stream(model, job.feed(remote), job.chunks(), runner.workers if remote else 1)
