@@ -52,6 +52,12 @@ class Run:
     # why a run without logits has none, and what to read instead (the error reading `logits` raises)
     no_logits: str = "This run has no logits; read run.hidden (the final hidden state) or run.stream.final()."
 
+    def __repr__(self) -> str:  # shapes, not values (the dataclass's repr printed every tensor of the stream)
+        logits = list(self._logits.shape) if self._logits is not None else None
+        names = f", dictionaries {list(self.dictionaries)}" if self.dictionaries else ""
+        return (f"Run(logits {logits}, tokens {list(self.tokens.ids.shape)}{names}, "
+                f"stream={self.stream!r})")
+
     @property
     def logits(self) -> Float[Tensor, "batch n d_vocab"]:
         """The logits; an error naming what to read instead where the run has none (see `has_logits`)."""

@@ -79,6 +79,14 @@ class ResidualStream:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", Layers(self.layers))
 
+    def __repr__(self) -> str:  # shapes, not values: a full capture's tensors print as 15,000 characters
+        shape = None if self.embed_ is None else list(self.embed_.shape)
+        fields = sorted({name for record in self.layers for part in (record.attn, record.mlp, record.cross)
+                         if part is not None for name, value in part._values.items() if value is not None})
+        kept = "every position" if self.captured is None else f"positions {list(self.captured.shape)}"
+        return (f"ResidualStream({len(self.layers)} layers recorded, embed {shape}, {kept}, fields {fields}; "
+                "stream.layers[l] for a layer's records)")
+
     @property
     def type_embed(self) -> Float[Tensor, "batch pos d_model"] | None:
         """The token-type (segment) embedding write (BERT); None for models without one."""
