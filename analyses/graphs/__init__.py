@@ -6,6 +6,7 @@ direct effect.
     graph = graphs.attribute(model, "The capital of France is", transcoders)   # a Graph
     graph.to_frame(); graph.edges(); graph.scores(); graph.prune(0.8, 0.98)
     graphs.write_json(graph, "graph.json")     # the pruned graph, as circuit-tracer's and Neuronpedia's viewers read it
+    graphs.write_html(graph, "graph.html")     # resid's own viewer of it: one self-contained page
     split = graphs.split_heads(model, graph.pruned(), transcoders)   # edges by the head of their last attention hop
     qk = graphs.QK(model, prompt, transcoders)  # why a head attended: its score split into pairs of terms (qk.py)
 """
@@ -15,5 +16,6 @@ from resid.analyses.graphs.export import write_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit, split_heads
 from resid.analyses.graphs.qk import QK
+from resid.analyses.graphs.viewer import write_html
 
-__all__ = ["QK", "Graph", "HeadSplit", "attribute", "split_heads", "write_json"]
+__all__ = ["QK", "Graph", "HeadSplit", "attribute", "split_heads", "write_html", "write_json"]

@@ -46,7 +46,8 @@ def _token(text: str) -> str:
     return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
 
 
-Supernodes = Sequence[tuple[str, Sequence[str]]]  # (name, node ids): Neuronpedia's qParams.supernodes
+# (name, node ids or node indices, as Graph.to_frame's node_id / node): Neuronpedia's qParams.supernodes
+Supernodes = Sequence[tuple[str, Sequence[str | int]]]
 
 
 def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, edge_threshold: float = 0.98,
@@ -61,28 +62,29 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     scores = pruned.cumulative_scores
     n_f, n_e, n_p, layers = graph.n_features, graph.n_errors, graph.n_pos, graph.n_layers
     decode = decode or (lambda i: str(i))
+    ids = graph.node_ids()
     nodes: dict[int, dict] = {}
     for index in pruned.node_mask.nonzero().flatten().tolist():
         influence = float(scores[index])
         if index < n_f:
             layer, pos, feature = graph.features[index].tolist()
-            nodes[index] = _node(f"{layer}_{feature}_{pos}", _cantor(layer, feature), str(layer), pos,
+            nodes[index] = _node(ids[index], _cantor(layer, feature), str(layer), pos,
                                  "cross layer transcoder", f"{layer}_{feature}-0", influence=influence,
                                  activation=float(graph.activations[index]))
         elif index < n_f + n_e:
             layer, pos = divmod(index - n_f, n_p)
-            nodes[index] = _node(f"0_{layer}_{pos}", -1, str(layer), pos, "mlp reconstruction error",
+            nodes[index] = _node(ids[index], -1, str(layer), pos, "mlp reconstruction error",
                                  f"{layer}_{pos}-0", influence=influence)
         elif index < n_f + n_e + n_p:
             pos = index - n_f - n_e
             token = int(graph.token_ids[pos])
-            nodes[index] = _node(f"E_{token}_{pos}", pos, "E", pos, "embedding", f"E_{token}-{pos}",
+            nodes[index] = _node(ids[index], pos, "E", pos, "embedding", f"E_{token}-{pos}",
                                  influence=influence)
         else:
             k = index - n_f - n_e - n_p
             token, prob = int(graph.logit_tokens[k]), float(graph.logit_probabilities[k])
             layer = str(layers + 1)
-            nodes[index] = _node(f"{layer}_{token}_{n_p - 1}", token, layer, n_p - 1, "logit", f"L_{token}-{n_p - 1}",
+            nodes[index] = _node(ids[index], token, layer, n_p - 1, "logit", f"L_{token}-{n_p - 1}",
                                  token_prob=prob, is_target_logit=k == 0,
                                  clerp=f'Output "{_token(decode(token))}" (p={prob:.3f})')
     kept_rows, sources = pruned.edge_mask.nonzero(as_tuple=True)
@@ -108,8 +110,8 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     }
     if "validation" in graph.metadata:
         metadata["resid"]["validation"] = graph.metadata["validation"]
-    qparams = {"pinnedIds": [], "supernodes": _supernodes(supernodes, {n["node_id"] for n in used}, node_threshold,
-                                                          edge_threshold),
+    qparams = {"pinnedIds": [], "supernodes": _supernodes(supernodes, {n["node_id"] for n in used}, ids,
+                                                          node_threshold, edge_threshold),
                "linkType": "both", "clickedId": "", "sg_pos": ""}
     data = {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
     if qk:
@@ -117,10 +119,14 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
     return data
 
 
-def _supernodes(groups: Supernodes, kept: set[str], node_threshold: float, edge_threshold: float) -> list[list[str]]:
-    """qParams.supernodes of `groups`, every id one of the pruned graph's nodes (`kept`)."""
+def _supernodes(groups: Supernodes, kept: set[str], all_ids: list[str], node_threshold: float,
+                edge_threshold: float) -> list[list[str]]:
+    """qParams.supernodes of `groups`, every id one of the pruned graph's nodes (`kept`): an id string, or a node's
+    index in the graph (Graph.to_frame's `node`; `all_ids` turns it into its id)."""
     out = []
-    for name, ids in groups:
+    for name, given in groups:
+        ids = [all_ids[i] if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(all_ids) else i
+               for i in given]
         missing = [i for i in ids if i not in kept]
         if missing or not ids or not str(name).strip():
             what = (f"its nodes {missing[:5]} are not in the graph pruned at node threshold {node_threshold} and edge "

@@ -128,24 +128,36 @@ class Graph:
                                              "edge_threshold": edge_threshold})
 
     # --- tables ---------------------------------------------------------------------------------------------
+    def node_ids(self) -> list[str]:
+        """Each node's id in circuit-tracer's and Neuronpedia's JSON (resid.analyses.graphs.export): a feature
+        "L_F_P", an error "0_L_P", a token embedding "E_T_P", a logit "{n_layers + 1}_T_P" (T a token id)."""
+        last = self.n_pos - 1
+        return ([f"{l}_{f}_{p}" for l, p, f in self.features.tolist()]
+                + [f"0_{l}_{p}" for l in range(self.n_layers) for p in range(self.n_pos)]
+                + [f"E_{t}_{p}" for p, t in enumerate(self.token_ids.tolist())]
+                + [f"{self.n_layers + 1}_{t}_{last}" for t in self.logit_tokens.tolist()])
+
     def to_frame(self) -> pd.DataFrame:
-        """One row per node: node, kind, site, layer, position, feature, token, activation, value, influence."""
+        """One row per node: node (its index), node_id (its id in the JSON), kind, site, layer, position, feature,
+        token (the prompt's token at the node's position; a logit's own token), token_str, activation, value,
+        probability, influence."""
         kinds = self.kinds()
         layers = (self.features[:, 0].tolist() + [l for l in range(self.n_layers) for _ in range(self.n_pos)]
                   + [None] * (self.n_pos + self.n_logits))
         positions = (self.features[:, 1].tolist() + list(range(self.n_pos)) * self.n_layers
                      + list(range(self.n_pos)) + [self.n_pos - 1] * self.n_logits)
-        tokens = ([None] * (self.n_features + self.n_errors) + self.token_ids.tolist()
-                  + self.logit_tokens.tolist())
+        prompt = self.token_ids.tolist()
+        tokens = [prompt[p] for p in positions[:self.n_nodes - self.n_logits]] + self.logit_tokens.tolist()
+        strs = [self.token_strs[p] for p in positions[:self.n_nodes - self.n_logits]] + list(self.logit_strs)
         activation = torch.cat([self.activations, torch.full((self.n_nodes - self.n_features,), float("nan"))])
         logit_prob = torch.cat([torch.full((self.n_nodes - self.n_logits,), float("nan")), self.logit_probabilities])
         return pd.DataFrame({
-            "node": range(self.n_nodes), "kind": kinds,
+            "node": range(self.n_nodes), "node_id": self.node_ids(), "kind": kinds,
             "site": [s.label for s in self.sites()],
             "layer": pd.array(layers, dtype="Int64"), "position": positions,
             "feature": pd.array(self.features[:, 2].tolist() + [None] * (self.n_nodes - self.n_features),
                                 dtype="Int64"),
-            "token": pd.array(tokens, dtype="Int64"), "activation": activation.double().numpy(),
+            "token": pd.array(tokens, dtype="Int64"), "token_str": strs, "activation": activation.double().numpy(),
             "value": self.values().double().numpy(), "probability": logit_prob.double().numpy(),
             "influence": self.influence().double().numpy(),
         })

@@ -117,6 +117,23 @@ def test_the_frame_lists_every_node_with_its_site(built) -> None:
                                                           positions=(graph.n_pos - 1,))
     edges = graph.edges()
     assert len(edges) == int((graph.adjacency != 0).sum())
+    # a feature or error node names the prompt's token at its position; node_id is the JSON's id
+    assert first["token"] == int(graph.token_ids[pos]) and first["token_str"] == graph.token_strs[pos]
+    assert first["node_id"] == f"{layer}_{feature}_{pos}" and logit["token_str"] == graph.logit_strs[0]
+    data = graph_json(graph, node_threshold=1.0, edge_threshold=1.0)
+    at = set(zip(frame["node_id"], frame["position"], strict=True))
+    assert all((node["node_id"], node["ctx_idx"]) in at for node in data["nodes"])
+
+
+def test_supernodes_take_the_frames_node_indices_as_well_as_ids(built) -> None:
+    _, _, graph = built
+    frame = graph.to_frame()
+    data = graph_json(graph, node_threshold=1.0, edge_threshold=1.0)
+    kept = {node["node_id"] for node in data["nodes"]}
+    rows = frame[frame["node_id"].isin(kept) & (frame["kind"] == "feature")].head(2)
+    by_index = graph_json(graph, node_threshold=1.0, edge_threshold=1.0,
+                          supernodes=[("pair", [int(i) for i in rows["node"]])])
+    assert by_index["qParams"]["supernodes"] == [["pair", *rows["node_id"]]]
 
 
 def test_validation_measures_the_real_model_without_the_features_write(built) -> None:
