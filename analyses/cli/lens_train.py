@@ -38,8 +38,9 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
     parser.add_argument("--every", default="layer", choices=["layer", "sublayer"],
                         help="translators at every layer input (default, tuned-lens's), or also at every resid_mid")
-    parser.add_argument("--precision", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="the readout's matmul in training (default bfloat16, as tuned-lens autocasts)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="the readout's matmul in training (default auto: bfloat16, as tuned-lens autocasts, "
+                             "where the device runs it at least as fast as float32, else float32)")
     parser.add_argument("--lr-scale", type=float, default=1.0, help="learning rate = lr-scale * 0.1 (default 1)")
     parser.add_argument("--seed", type=int, default=42, help="of the data order (default 42)")
     parser.add_argument("--layout", default="resid", choices=["resid", "tuned-lens"],

@@ -22,7 +22,11 @@ this; the defaults of Recipe are its defaults):
   (resid.analyses.lenses.data.pack), windows in a seeded random order.
 - precision: tuned-lens runs each site's forward and loss under bfloat16 autocast. Here precision="bfloat16"
   autocasts only the head (the unembedding's matmul, where the FLOPs are); the translator, the final norm and the
-  loss stay float32. precision="float32" runs it all in float32.
+  loss stay float32. precision="float32" runs it all in float32. The default, "auto", is bfloat16 where the device
+  multiplies bfloat16 matrices at least as fast as float32 ones (a GPU that supports it; a CPU with bfloat16
+  instructions, measured once per process) and float32 elsewhere: on a CPU without them a bfloat16 matmul is
+  emulated, several times slower (a toy budget took 43 minutes in bfloat16 against 388 s in float32). The job
+  records the precision it chose.
 How it is computed differs, not what: the model runs once per batch without gradients; every site's translator and
 final norm run as one batched graph per chunk of tokens; the head and the KL run site by site, each backward only
 to the norm's output; then one backward through the norms and translators. The gradient of the KL comes from
@@ -45,10 +49,12 @@ momentum buffers, and a checkpoint that does not fit the run (a missing tensor, 
 count, losses that are not numbers) is refused by name (resid.analyses.io.checkpoints).
 """
 
+import functools
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -92,7 +98,7 @@ class Recipe:
     weight_decay: float = 1e-3
     warmup_steps: int = 0
     clip: float = 1.0  # global L2 norm of the gradients of all translators
-    precision: Literal["bfloat16", "float32"] = "bfloat16"  # of the head's matmul (see the module docstring)
+    precision: Literal["auto", "bfloat16", "float32"] = "auto"  # of the head's matmul (see the module docstring)
     every: Literal["layer", "sublayer"] = "layer"  # translators at every layer input, or also at every resid_mid
     seed: int = 42  # of the data order
     bias: bool = True  # translators with a bias
@@ -103,8 +109,8 @@ class Recipe:
         if self.tokens_per_step % self.seq_len:
             problems.append(f"{param('tokens_per_step', self.tokens_per_step)} must be a multiple of "
                             f"{param('seq_len', self.seq_len)}")
-        if self.precision not in ("bfloat16", "float32"):
-            problems.append(f"{param('precision', self.precision)} must be 'bfloat16' or 'float32'")
+        if self.precision not in ("auto", "bfloat16", "float32"):
+            problems.append(f"{param('precision', self.precision)} must be 'auto', 'bfloat16' or 'float32'")
         if self.every not in EVERY:
             problems.append(f"{param('every', self.every)} must be one of {EVERY}")
         if not 0 <= self.warmup_steps < self.steps:
@@ -192,6 +198,8 @@ class LensJob(StepJob):
         if not isinstance(model, Transformer):
             raise ResidError(f"A tuned lens is trained on a decoder-only resid.Transformer, got "
                              f"{type(model).__name__}.")
+        if recipe.precision == "auto":
+            recipe = replace(recipe, precision=fast_precision(model.device))
         self.model, self.recipe, self.on_step = model, recipe, on_step
         self.sites = tuple(site_list(model, recipe.every)[:-1])
         initial = start if start is not None else Translators.zeros(self.sites, model.config.d_model, recipe.every,
@@ -344,6 +352,26 @@ class LensJob(StepJob):
                 "recipe": asdict(self.recipe), "tokens": self.step * self.recipe.tokens_per_step,
                 "losses": list(self.losses), "windows": len(self.windows), "data": self._settings["data"]}
         return TunedLens(self.model, Translators(self.sites, weight, bias, self.recipe.every, info))
+
+
+@functools.cache
+def fast_precision(device: torch.device) -> str:
+    """"bfloat16" where `device` multiplies bfloat16 matrices at least as fast as float32 ones, else "float32": a GPU
+    by whether it supports bfloat16, a CPU by timing one head-sized matmul in each (best of three, once per process)."""
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if device.type != "cpu":
+        return "float32"
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(256, 512, dtype=dtype), torch.randn(512, 2048, dtype=dtype)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+        times[dtype] = best
+    return "bfloat16" if times[torch.bfloat16] <= times[torch.float32] else "float32"
 
 
 def loss_and_gradients(

@@ -10,7 +10,7 @@ from random_models import RANDOM_CONFIGS, make_random_model, randomize
 import resid
 from resid.analyses import logit_lens, tuned_lens
 from resid.analyses.distributed.execution import Execution
-from resid.analyses.lenses import Translators, data
+from resid.analyses.lenses import Translators, data, training
 
 QUIET = Execution(progress=False)
 
@@ -175,3 +175,17 @@ def test_a_sublayer_lens_has_a_translator_at_every_site_but_the_last():
     assert list(lens.translators.sites) == logit_lens.site_list(model, "sublayer")[:-1]
     df = logit_lens.run(model, ids(model, 1, 5, seed=3), every="sublayer", lens=lens, k=1)
     assert len(df) == len(logit_lens.site_list(model, "sublayer")) and set(df["lens"]) == {"tuned"}
+
+
+def test_the_default_precision_is_what_the_device_runs_fast_and_is_recorded(monkeypatch):
+    """precision="auto" (the default) trains in what fast_precision chooses for the model's device, and the lens
+    records that choice, not "auto"; the choice itself is one of the two precisions, bfloat16 only where a bfloat16
+    matmul was not slower."""
+    model = make_random_model("llama_gqa")
+    assert tuned_lens.Recipe().precision == "auto"
+    assert training.fast_precision(model.device) in ("bfloat16", "float32")
+    for chosen in ("float32", "bfloat16"):
+        monkeypatch.setattr(training, "fast_precision", lambda device, chosen=chosen: chosen)
+        lens = tuned_lens.train(model, ids(model, 4, 4), tuned_lens.Recipe(steps=1, tokens_per_step=8, seq_len=4),
+                                Execution(progress=False))
+        assert lens.translators.info["recipe"]["precision"] == chosen
