@@ -52,15 +52,22 @@ def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
 
 
 def model_values(config: ModelConfig) -> int:
-    """The weight values a model of `config` holds, near enough for a bound: its matrices (attention, MLP or
-    experts, embedding and unembedding, learned positions) and the sinusoid table resid computes itself."""
+    """The weight values a model of `config` holds, near enough for a bound: its matrices (attention, latent
+    attention's projections, MLP or experts, DeepSeek's dense first layers, embedding and unembedding, learned
+    positions) and the sinusoid table resid computes itself."""
     d_model = config.d_model
     attn = 2 * d_model * config.d_head * (config.n_heads + config.n_kv_heads)
-    mlp = (3 if config.gated_mlp else 2) * d_model * config.d_mlp * max(config.n_experts, 1)
-    layer = attn * (2 if config.cross_attention else 1) + mlp
+    if config.kv_rank:  # W_DKV, W_UKV (every head's no-rope key and value), the query (latent or not), W_O
+        rot, heads = config.rotary_dims, config.n_heads
+        query = config.q_rank * (d_model + heads * config.d_head) if config.q_rank else d_model * heads * config.d_head
+        attn = (d_model * (config.kv_rank + rot) + config.kv_rank * heads * (config.d_head - rot + config.v_width)
+                + query + heads * config.v_width * d_model)
+    gates = 3 if config.gated_mlp else 2
+    dense, d_dense = config.n_dense_layers, config.d_mlp_dense or config.d_mlp  # dense layers: experts only
+    mlps = gates * d_model * (dense * d_dense + (config.n_layers - dense) * config.d_mlp * max(config.n_experts, 1))
     embeddings = config.d_vocab * d_model * (1 if config.tie_embeddings or config.head == "none" else 2)
     positions = config.n_ctx * d_model if config.positions in ("learned", "sinusoidal") else 0
-    return config.n_layers * layer + embeddings + positions
+    return config.n_layers * attn * (2 if config.cross_attention else 1) + mlps + embeddings + positions
 
 
 def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> None:
@@ -73,13 +80,14 @@ def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> Non
     if wanted > 4 * in_files + 2**24:
         sizes = "; ".join(
             f"n_layers={c.n_layers}, d_model={c.d_model}, d_mlp={c.d_mlp}, d_vocab={c.d_vocab}, n_ctx={c.n_ctx}"
-            + (f", n_experts={c.n_experts}" if c.n_experts else "") for c in configs
+            + (f", n_experts={c.n_experts}" if c.n_experts else "")
+            + (f", kv_rank={c.kv_rank}, q_rank={c.q_rank}" if c.kv_rank else "") for c in configs
         )
         raise ResidError(
             f"The config of {where} describes a model of about {wanted:,} weight values ({sizes}), but the weight "
             f"files hold {in_files:,}. A size in config.json is wrong (num_hidden_layers, hidden_size, "
-            "intermediate_size, vocab_size, max_position_embeddings, ...); resid refuses before allocating it. Fix "
-            "config.json or re-export the model."
+            "intermediate_size, vocab_size, max_position_embeddings, kv_lora_rank, ...); resid refuses before "
+            "allocating it. Fix config.json or re-export the model."
         )
 
 
