@@ -22,7 +22,7 @@ import einops
 import torch
 from torch import Tensor
 
-from resid.batching import available_bytes
+from resid import batching
 from resid.config import ModelConfig
 from resid.errors import ResidError, param
 
@@ -91,18 +91,34 @@ def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> Non
         )
 
 
-def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: str) -> None:
+def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: str,
+               address_space: int | None = None) -> None:
     """Before loading: refuse a model whose weights (the files' values in `dtype`) exceed the memory `device` has
-    available, naming the size needed, rather than be killed by the kernel or CUDA half-way."""
-    need, free = in_files * dtype.itemsize, available_bytes(device)
+    available (on the CPU the least of the host's available memory and this process's limits), naming the size
+    needed, rather than be killed by the kernel or CUDA half-way. address_space: on the CPU, the address space the
+    load will take beyond what the process maps now (the weight files, mapped whole, and the copies made of tensors
+    not stored in `dtype`), refused when an address-space limit (ulimit -v) leaves less: past it, mmap and malloc
+    fail with a MemoryError."""
+    need, free = in_files * dtype.itemsize, batching.available_bytes(device)
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    smaller = (f" In bfloat16 it would take {gib(in_files * 2)} ({param('dtype', 'bfloat16')})."
+               if dtype.itemsize > 2 else "")
+    left = batching.memory_limits()[0] if device.type == "cpu" else None
+    if address_space is not None and left is not None and address_space > left:
+        raise ResidError(
+            f"Loading {where} maps its weight files and copies what is not stored in {str(dtype).split('.')[-1]}: "
+            f"{gib(address_space)} of address space, but this process's address-space limit (ulimit -v, RLIMIT_AS) "
+            f"leaves {gib(left)}. Raise the limit (ulimit -v unlimited) or load the model in the dtype its files "
+            "hold (no copies)."
+        )
     if free is None or need <= free:
         return
-    smaller = (f" In bfloat16 it would take {in_files * 2 / 2**30:.1f} GiB ({param('dtype', 'bfloat16')})."
-               if dtype.itemsize > 2 else "")
     raise ResidError(
-        f"{where[:1].upper() + where[1:]} needs {need / 2**30:.1f} GiB for its weights in {str(dtype).split('.')[-1]},"
-        f" but the {device.type.upper()} has {free / 2**30:.1f} GiB available.{smaller} Load it in a smaller dtype, "
-        "on a device with more memory, or free memory first."
+        f"{where[:1].upper() + where[1:]} needs {gib(need)} for its weights in {str(dtype).split('.')[-1]}, but the "
+        f"{device.type.upper()} has {gib(free)} available"
+        + (" (the least of the host's available memory and this process's limits: ulimit -v, its cgroup's memory "
+           "limit)" if device.type == "cpu" else "")
+        + f".{smaller} Load it in a smaller dtype, on a device with more memory, or free memory first."
     )
 
 
