@@ -95,7 +95,7 @@ def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: s
                address_space: int | None = None) -> None:
     """Before loading: refuse a model whose weights (the files' values in `dtype`) exceed the memory `device` has
     available (on the CPU the least of the host's available memory and this process's limits), naming the size
-    needed, rather than be killed by the kernel or CUDA half-way. address_space: on the CPU, the address space the
+    needed, rather than be killed by the kernel or CUDA half-way. address_space: the host address space the
     load will take beyond what the process maps now (the weight files, mapped whole, and the copies made of tensors
     not stored in `dtype`), refused when an address-space limit (ulimit -v) leaves less: past it, mmap and malloc
     fail with a MemoryError."""
@@ -103,7 +103,7 @@ def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: s
     gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     smaller = (f" In bfloat16 it would take {gib(in_files * 2)} ({param('dtype', 'bfloat16')})."
                if dtype.itemsize > 2 else "")
-    left = batching.memory_limits()[0] if device.type == "cpu" else None
+    left = batching.memory_limits()[0]  # the files are mapped on the host whatever the device
     if address_space is not None and left is not None and address_space > left:
         raise ResidError(
             f"Loading {where} maps its weight files and copies what is not stored in {str(dtype).split('.')[-1]}: "
