@@ -27,11 +27,14 @@ from resid.analyses.training.recipe import Recipe
 from resid.dictionaries import Dictionary
 
 
-def init_seed(seed: int, sites: str) -> int:
+def init_seed(seed: int, sites: str | None) -> int:
     """The seed of one dictionary's initial weights: the recipe's `seed` mixed with `sites`, the labels of the Sites
     it reads and writes, by a stable hash (sha256, never Python's hash(), which is salted per process). So the
     dictionaries of one run start from different matrices (one seed for all gave an SAE and a transcoder decoder
-    rows of cosine 0.9998), and a dictionary starts the same trained alone or beside others."""
+    rows of cosine 0.9998), and a dictionary starts the same trained alone or beside others. Without Sites (a
+    Trainer made directly), the recipe's seed itself."""
+    if sites is None:
+        return seed
     return int.from_bytes(hashlib.sha256(f"{seed}\0{sites}".encode()).digest()[:8], "little") >> 1  # < 2**63
 
 
@@ -42,7 +45,7 @@ class Coder(nn.Module):
     activation: str = "relu"  # the exported Dictionary's activation
 
     def __init__(self, d_in: int, d_out: int, recipe: Recipe, transcoder: bool = False, skip: bool = False,
-                 sites: str = ""):
+                 sites: str | None = None):
         super().__init__()
         self.recipe, self.transcoder = recipe, transcoder
         self.d_in, self.d_out, self.d_sae = d_in, d_out, recipe.width(d_in)

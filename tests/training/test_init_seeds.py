@@ -38,3 +38,4 @@ def test_the_seed_is_stable_across_processes_and_differs_by_seed_and_site() -> N
     assert int(other.stdout) == init_seed(3, "layers[2].mlp")
     seeds = {init_seed(s, site) for s in (0, 1) for site in ("layers[2].mlp", "layers[3].mlp", "")}
     assert len(seeds) == 6 and all(0 <= s < 2**63 for s in seeds)
+    assert init_seed(5, None) == 5  # a Trainer made without Sites: the recipe's seed
