@@ -49,13 +49,94 @@ def cuda_free_bytes(device: torch.device) -> int:
 
 
 def host_available_bytes() -> int | None:
-    """Memory the host can still give this process: Linux's MemAvailable (free memory plus the caches it could
-    drop) less the file pages this process maps (a memory-mapped model's weights are cache the kernel counts as
-    droppable, but dropping them would only read them back); None where /proc does not say."""
+    """Memory the host can still give this process: the least of Linux's MemAvailable (free memory plus the caches
+    it could drop) less the file pages this process maps (a memory-mapped model's weights are cache the kernel
+    counts as droppable, but dropping them would only read them back), and what the process's own limits leave
+    (memory_limits: an address-space limit, a cgroup's memory limit); None where none of them is known."""
     available = _proc_field("/proc/meminfo", "MemAvailable:")
-    if available is None:
+    if available is not None:
+        available = max(0, available - (_proc_field("/proc/self/status", "RssFile:") or 0))
+    known = [left for left in (available, *memory_limits()) if left is not None]
+    return min(known) if known else None
+
+
+def memory_limits() -> tuple[int | None, int | None]:
+    """What this process's limits leave it, in bytes (None: no limit, or not known): (1) the address space under
+    RLIMIT_AS (ulimit -v) less the address space it maps now, memory-mapped files included (a mapped file takes
+    address space whether or not its pages are read); (2) the memory under its cgroup's limit (v2 memory.max, v1
+    memory.limit_in_bytes) less the cgroup's usage, page cache it could drop excepted. Either limit, where set, is
+    what makes an allocation past it fail (a MemoryError, or the cgroup's out-of-memory killer) while the host's
+    MemAvailable still looks ample."""
+    return _address_space_left(), _cgroup_left()
+
+
+def _address_space_left() -> int | None:
+    try:
+        import resource
+    except ImportError:  # not a Unix
         return None
-    return max(0, available - (_proc_field("/proc/self/status", "RssFile:") or 0))
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = _proc_field("/proc/self/status", "VmSize:")
+    if limit == resource.RLIM_INFINITY or mapped is None:
+        return None
+    return max(0, limit - mapped)
+
+
+def _cgroup_left() -> int | None:
+    """The least that the limits of this process's cgroup and of the groups above it leave (v2), or its v1 memory
+    controller's; inactive page cache counts as free (the kernel drops it before it fails an allocation)."""
+    lefts = []
+    for folder, limit_file, usage_file, cache_field in _cgroup_folders():
+        limit, usage = _read_int(f"{folder}/{limit_file}"), _read_int(f"{folder}/{usage_file}")
+        if limit is not None and usage is not None and limit < 2**60:  # v1 writes "no limit" as about 2**63
+            cache = _stat_field(f"{folder}/memory.stat", cache_field) or 0
+            lefts.append(max(0, limit - usage + cache))
+    return min(lefts) if lefts else None
+
+
+def _cgroup_folders() -> list[tuple[str, str, str, str]]:
+    """(folder, limit file, usage file, memory.stat's inactive cache field) of each cgroup whose memory limit
+    binds this process: /proc/self/cgroup's v2 group and its ancestors, or its v1 memory group."""
+    root, found = "/sys/fs/cgroup", []
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = [line.strip().split(":", 2) for line in handle if line.count(":") >= 2]
+    except OSError:
+        lines = []
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: "0::/path"
+            parts = [p for p in path.split("/") if p and p != ".."]
+            found += [(f"{root}/{'/'.join(parts[:n])}".rstrip("/"), "memory.max", "memory.current", "inactive_file")
+                      for n in range(len(parts), -1, -1)]
+        elif "memory" in controllers.split(","):
+            found.append((f"{root}/memory{path}".rstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes",
+                          "total_inactive_file"))
+    # in a container the group's own files are usually at the root of the mount, whatever the path says
+    found += [(root, "memory.max", "memory.current", "inactive_file"),
+              (f"{root}/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")]
+    return list(dict.fromkeys(found))
+
+
+def _read_int(path: str) -> int | None:
+    """A file holding one integer (cgroup's "max", meaning no limit, reads as None)."""
+    try:
+        with open(path) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_field(path: str, field: str) -> int | None:
+    """A "name value" line of a cgroup memory.stat file (in bytes)."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == field:
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _proc_field(path: str, field: str) -> int | None:

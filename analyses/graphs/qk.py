@@ -41,6 +41,7 @@ the pairs of one score are n_q x n_k x d_head multiply-adds, and `top` finds the
 stays linear in the terms (the full pair matrix exists only when `pairs()` is asked for).
 """
 
+import numbers
 from dataclasses import dataclass
 
 import pandas as pd
@@ -310,6 +311,7 @@ class QK:
         (score(q, key) minus the pattern-weighted mean of its scores over every key)."""
         config = self.model.config
         layer = Site(layer, "attn").resolve(config).layer
+        _whole(head, "head")
         if not -config.n_heads <= int(head) < config.n_heads:
             raise ResidError(f"{param('head', head)}: layer {layer} has {config.n_heads} heads (0 to "
                              f"{config.n_heads - 1}).")
@@ -406,6 +408,7 @@ class QK:
         return out
 
     def _position(self, position: int, name: str) -> int:
+        _whole(position, name)
         if not -self.n_pos <= int(position) < self.n_pos:
             raise ResidError(f"{param(name, position)} is outside the prompt's {self.n_pos} positions (0 to "
                              f"{self.n_pos - 1}, or negative from the end).")
@@ -497,3 +500,10 @@ def _pattern(scores: Tensor) -> Tensor:
 def _marginal(sites: list[Site], values: Tensor, n: int | None = None) -> pd.DataFrame:
     order = values.abs().argsort(descending=True)[:n].tolist()  # labels made for the rows kept only
     return pd.DataFrame({"site": [sites[i].label for i in order], "value": values[order].double().cpu().numpy()})
+
+
+def _whole(value: object, name: str) -> None:
+    """Refuse a position or head that is not a whole number: int(1.5) and int(True) would read as 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ResidError(f"{param(name, value)} must be a whole number (an int; negative counts from the end), not "
+                         f"{type(value).__name__}: int() would read {value!r} as another position or head.")

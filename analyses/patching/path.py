@@ -21,6 +21,7 @@ metric and score (0 = the corrupt run, 1 = the clean run). Chunks of pairs run o
 pass with out-of-memory back-off, resumable with `out=`, on any executor, a progress bar on a terminal.
 """
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,13 @@ from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 RECEIVER_FIELDS = ("q", "k", "v", "pattern")
+DIRECTION_CHANGED = (
+    "patching.path was given no direction, so it patches direction='denoise' (the corrupt prompt is the base, the "
+    "clean one the donor), the default of every patching method since resid 0.1.0. Before 0.1.0 path's default was "
+    "'noise' (Wang et al.'s convention: the clean prompt the base, the corrupt one the donor), which answers the "
+    "opposite question: pass direction='noise' for that, or direction='denoise' to keep this and silence this "
+    "warning."
+)
 
 
 def path(
@@ -51,12 +59,16 @@ def path(
     baselines: Sequence[str | int] | str | int | None = None,
     senders: Sequence[Site | str] | Sequence[Sequence[Site | str]] = (),
     receivers: str | Sequence[Site | str] = "logits",
-    direction: PatchDirection = "denoise",
+    direction: PatchDirection | None = None,
     metric: str | Callable | None = None,
     execution: Execution | None = None,
 ) -> pd.DataFrame:
     """Path patching from each sender set to `receivers` (see the module docstring); execution: how it runs
-    (resid.analyses.Execution)."""
+    (resid.analyses.Execution). direction: "denoise" when not given, with a FutureWarning: path's default was
+    "noise" (Wang et al.'s) before resid 0.1.0, and the two answer opposite questions."""
+    if direction is None:
+        warnings.warn(DIRECTION_CHANGED, FutureWarning, stacklevel=2)
+        direction = "denoise"
     execution = as_execution(execution)
     if isinstance(model, EncoderDecoder):
         raise ResidError(f"Path patching does not take encoder-decoder models ({model.name}) yet: use "

@@ -7,13 +7,16 @@ Axes: `token` the rows of a training batch, `d_in` / `d_out` the widths read and
     pre  = (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc          (b_dec is subtracted for SAEs only)
     y^   = acts @ W_dec + b_dec (+ x @ W_skip for skip transcoders)
 
-Initialisation (every library read agrees): decoder rows drawn at random and scaled to `decoder_init_norm` (unit
+Initialisation (every library read agrees): decoder rows drawn at random (from a generator seeded by the recipe's
+seed and the dictionary's Sites, `init_seed`) and scaled to `decoder_init_norm` (unit
 norm for TopK / BatchTopK, 0.1 for SAELens's ReLU and JumpReLU), the encoder the decoder's transpose (a transcoder
 whose d_in differs from d_out: an independent draw of the same norm), b_enc zero, W_skip zero, and b_dec set from
 the first batch's targets (`Recipe.b_dec_init`: geometric median, mean or zeros). With Recipe.normalize
 "expected_average_only_in", inputs and targets are multiplied by constants fixed on the first batch (their mean
 norm becomes sqrt(width)), and the export folds them into the weights.
 """
+
+import hashlib
 
 import torch
 import torch.nn.functional as F
@@ -24,17 +27,29 @@ from resid.analyses.training.recipe import Recipe
 from resid.dictionaries import Dictionary
 
 
+def init_seed(seed: int, sites: str | None) -> int:
+    """The seed of one dictionary's initial weights: the recipe's `seed` mixed with `sites`, the labels of the Sites
+    it reads and writes, by a stable hash (sha256, never Python's hash(), which is salted per process). So the
+    dictionaries of one run start from different matrices (one seed for all gave an SAE and a transcoder decoder
+    rows of cosine 0.9998), and a dictionary starts the same trained alone or beside others. Without Sites (a
+    Trainer made directly), the recipe's seed itself."""
+    if sites is None:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}\0{sites}".encode()).digest()[:8], "little") >> 1  # < 2**63
+
+
 class Coder(nn.Module):
     """One dictionary being trained. Subclasses (one per recipe) define `loss` and may add parameters."""
 
     unit_norm: bool = False  # decoder rows kept at unit norm (and their parallel gradient removed)
     activation: str = "relu"  # the exported Dictionary's activation
 
-    def __init__(self, d_in: int, d_out: int, recipe: Recipe, transcoder: bool = False, skip: bool = False):
+    def __init__(self, d_in: int, d_out: int, recipe: Recipe, transcoder: bool = False, skip: bool = False,
+                 sites: str | None = None):
         super().__init__()
         self.recipe, self.transcoder = recipe, transcoder
         self.d_in, self.d_out, self.d_sae = d_in, d_out, recipe.width(d_in)
-        g = torch.Generator().manual_seed(recipe.seed)
+        g = torch.Generator().manual_seed(init_seed(recipe.seed, sites))
         norm = recipe.decoder_init_norm if recipe.decoder_init_norm is not None else (1.0 if self.unit_norm else 0.1)
         W_dec = torch.randn(self.d_sae, d_out, generator=g)
         W_dec = norm * W_dec / W_dec.norm(dim=1, keepdim=True)

@@ -98,6 +98,12 @@ class Spec:
         point_in = point_of(self.site_in, model.config, self.standardized)
         return point_in, None if self.site_out is None else point_of(self.site_out, model.config)
 
+    @property
+    def sites(self) -> str:
+        """The labels of the Sites read and written ("<in> -> <out>" for a transcoder): with the recipe's seed, they
+        seed the dictionary's initial weights."""
+        return self.site_in.label if self.site_out is None else f"{self.site_in.label} -> {self.site_out.label}"
+
     def settings(self) -> dict:
         """The Spec as a checkpoint records it: Site labels."""
         return {"site_in": self.site_in.label, "site_out": None if self.site_out is None else self.site_out.label,
@@ -184,7 +190,8 @@ class TrainingJob(StepJob):
         self.source = Activations(model, texts, points, recipe.batch_size, window, forward_batch, buffer_tokens,
                                   keep_bos, recipe.seed, device, autocast, max_norm_ratio)
         self.trainers = [Trainer.new(recipe, self.source.width(p_in), self.source.width(p_out or p_in),
-                                     transcoder=p_out is not None, skip=s.skip, device=self.source.device)
+                                     transcoder=p_out is not None, skip=s.skip, device=self.source.device,
+                                     sites=s.sites)
                          for s, (p_in, p_out) in zip(specs, self.pairs)]
         for trainer, label in zip(self.trainers, labels):
             trainer.label = label

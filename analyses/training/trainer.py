@@ -55,12 +55,14 @@ class Trainer:
 
     @classmethod
     def new(cls, recipe: Recipe, d_in: int, d_out: int | None = None, transcoder: bool = False, skip: bool = False,
-            device: torch.device | str = "cpu") -> "Trainer":
+            device: torch.device | str = "cpu", sites: str | None = None) -> "Trainer":
+        """A fresh dictionary's trainer; `sites` (the labels of the Sites it reads and writes; None: none) seeds its
+        initial weights with the recipe's seed (resid.analyses.training.coder.init_seed)."""
         if transcoder and recipe.normalize == "constant_norm_rescale":
             raise ResidError("normalize='constant_norm_rescale' is for SAEs: a transcoder's output is another "
                              "tensor, which its input's norm cannot rescale (SAELens refuses it too); "
                              "'expected_average_only_in' scales each side by its own constant.")
-        coder = CODERS[recipe.activation](d_in, d_out if d_out is not None else d_in, recipe, transcoder, skip)
+        coder = CODERS[recipe.activation](d_in, d_out if d_out is not None else d_in, recipe, transcoder, skip, sites)
         return cls(coder, device)
 
     def step(self, x: Tensor, y: Tensor | None = None) -> Stats:

@@ -33,9 +33,13 @@ def load_hf_folder(
     config = family.read(hf, f"{folder}/config.json")
     configs = (config,) if family.encoder is None else (family.encoder(hf), config)
     files = _weight_files(folder)
+    stored = _stored(files)  # from the headers: nothing mapped yet (a mapping past ulimit -v is a MemoryError)
+    values = sum(stored.values())
+    check_size(configs, values, f"the model in {folder}")  # before anything of the config's size exists
+    copied = sum(n for kind, n in stored.items() if DTYPES.get(kind) != dtype) * dtype.itemsize
+    check_fits(values, dtype, torch.device(device or "cpu"), f"the model in {folder}",
+               address_space=sum(path.stat().st_size for path in files) + copied)
     tensors = _SafetensorsIndex(files)
-    check_size(configs, tensors.values, f"the model in {folder}")  # before anything of the config's size exists
-    check_fits(tensors.values, dtype, torch.device(device or "cpu"), f"the model in {folder}")
     with torch.device("meta"):  # no memory until the weights arrive (resid.load.weights.assign)
         if family.encoder is not None:
             start = hf.get("decoder_start_token_id", hf.get("pad_token_id"))
@@ -116,6 +120,28 @@ def _weight_files(folder: Path) -> list[Path]:
 # What a weight may be stored as: a floating-point type (cast to the model's dtype on load). An integer or bool
 # tensor where a weight belongs is a damaged or relabelled file: its bit patterns would be read as numbers.
 FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+HEADER_MOST = 100 * 2**20  # safetensors' own bound on a header
+
+
+def _stored(files: list[Path]) -> dict[str, int]:
+    """Values the files hold per stored dtype, read from their headers (8 bytes of length, then JSON) without
+    mapping them."""
+    found: dict[str, int] = {}
+    for path in files:
+        try:
+            with open(path, "rb") as handle:
+                length = int.from_bytes(handle.read(8), "little")
+                if length > HEADER_MOST:
+                    raise ValueError(f"a header of {length:,} bytes")
+                header = json.loads(handle.read(length))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    found[entry["dtype"]] = found.get(entry["dtype"], 0) + math.prod(entry["shape"])
+        except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ResidError(f"{path} is not a readable safetensors file ({err}); re-download it.") from None
+    return found
 
 
 class _SafetensorsIndex:
@@ -136,11 +162,6 @@ class _SafetensorsIndex:
     @property
     def names(self) -> list[str]:
         return list(self._where)
-
-    @property
-    def values(self) -> int:
-        """How many values the files hold, from their headers (nothing is read)."""
-        return sum(math.prod(self._handles[path].get_slice(name).get_shape()) for name, path in self._where.items())
 
     def get(self, name: str) -> torch.Tensor:
         path = self._where[name]

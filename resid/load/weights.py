@@ -22,7 +22,7 @@ import einops
 import torch
 from torch import Tensor
 
-from resid.batching import available_bytes
+from resid import batching
 from resid.config import ModelConfig
 from resid.errors import ResidError, param
 
@@ -52,15 +52,22 @@ def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
 
 
 def model_values(config: ModelConfig) -> int:
-    """The weight values a model of `config` holds, near enough for a bound: its matrices (attention, MLP or
-    experts, embedding and unembedding, learned positions) and the sinusoid table resid computes itself."""
+    """The weight values a model of `config` holds, near enough for a bound: its matrices (attention, latent
+    attention's projections, MLP or experts, DeepSeek's dense first layers, embedding and unembedding, learned
+    positions) and the sinusoid table resid computes itself."""
     d_model = config.d_model
     attn = 2 * d_model * config.d_head * (config.n_heads + config.n_kv_heads)
-    mlp = (3 if config.gated_mlp else 2) * d_model * config.d_mlp * max(config.n_experts, 1)
-    layer = attn * (2 if config.cross_attention else 1) + mlp
+    if config.kv_rank:  # W_DKV, W_UKV (every head's no-rope key and value), the query (latent or not), W_O
+        rot, heads = config.rotary_dims, config.n_heads
+        query = config.q_rank * (d_model + heads * config.d_head) if config.q_rank else d_model * heads * config.d_head
+        attn = (d_model * (config.kv_rank + rot) + config.kv_rank * heads * (config.d_head - rot + config.v_width)
+                + query + heads * config.v_width * d_model)
+    gates = 3 if config.gated_mlp else 2
+    dense, d_dense = config.n_dense_layers, config.d_mlp_dense or config.d_mlp  # dense layers: experts only
+    mlps = gates * d_model * (dense * d_dense + (config.n_layers - dense) * config.d_mlp * max(config.n_experts, 1))
     embeddings = config.d_vocab * d_model * (1 if config.tie_embeddings or config.head == "none" else 2)
     positions = config.n_ctx * d_model if config.positions in ("learned", "sinusoidal") else 0
-    return config.n_layers * layer + embeddings + positions
+    return config.n_layers * attn * (2 if config.cross_attention else 1) + mlps + embeddings + positions
 
 
 def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> None:
@@ -73,28 +80,45 @@ def check_size(configs: Iterable[ModelConfig], in_files: int, where: str) -> Non
     if wanted > 4 * in_files + 2**24:
         sizes = "; ".join(
             f"n_layers={c.n_layers}, d_model={c.d_model}, d_mlp={c.d_mlp}, d_vocab={c.d_vocab}, n_ctx={c.n_ctx}"
-            + (f", n_experts={c.n_experts}" if c.n_experts else "") for c in configs
+            + (f", n_experts={c.n_experts}" if c.n_experts else "")
+            + (f", kv_rank={c.kv_rank}, q_rank={c.q_rank}" if c.kv_rank else "") for c in configs
         )
         raise ResidError(
             f"The config of {where} describes a model of about {wanted:,} weight values ({sizes}), but the weight "
             f"files hold {in_files:,}. A size in config.json is wrong (num_hidden_layers, hidden_size, "
-            "intermediate_size, vocab_size, max_position_embeddings, ...); resid refuses before allocating it. Fix "
-            "config.json or re-export the model."
+            "intermediate_size, vocab_size, max_position_embeddings, kv_lora_rank, ...); resid refuses before "
+            "allocating it. Fix config.json or re-export the model."
         )
 
 
-def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: str) -> None:
+def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: str,
+               address_space: int | None = None) -> None:
     """Before loading: refuse a model whose weights (the files' values in `dtype`) exceed the memory `device` has
-    available, naming the size needed, rather than be killed by the kernel or CUDA half-way."""
-    need, free = in_files * dtype.itemsize, available_bytes(device)
+    available (on the CPU the least of the host's available memory and this process's limits), naming the size
+    needed, rather than be killed by the kernel or CUDA half-way. address_space: the host address space the
+    load will take beyond what the process maps now (the weight files, mapped whole, and the copies made of tensors
+    not stored in `dtype`), refused when an address-space limit (ulimit -v) leaves less: past it, mmap and malloc
+    fail with a MemoryError."""
+    need, free = in_files * dtype.itemsize, batching.available_bytes(device)
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    smaller = (f" In bfloat16 it would take {gib(in_files * 2)} ({param('dtype', 'bfloat16')})."
+               if dtype.itemsize > 2 else "")
+    left = batching.memory_limits()[0]  # the files are mapped on the host whatever the device
+    if address_space is not None and left is not None and address_space > left:
+        raise ResidError(
+            f"Loading {where} maps its weight files and copies what is not stored in {str(dtype).split('.')[-1]}: "
+            f"{gib(address_space)} of address space, but this process's address-space limit (ulimit -v, RLIMIT_AS) "
+            f"leaves {gib(left)}. Raise the limit (ulimit -v unlimited) or load the model in the dtype its files "
+            "hold (no copies)."
+        )
     if free is None or need <= free:
         return
-    smaller = (f" In bfloat16 it would take {in_files * 2 / 2**30:.1f} GiB ({param('dtype', 'bfloat16')})."
-               if dtype.itemsize > 2 else "")
     raise ResidError(
-        f"{where[:1].upper() + where[1:]} needs {need / 2**30:.1f} GiB for its weights in {str(dtype).split('.')[-1]},"
-        f" but the {device.type.upper()} has {free / 2**30:.1f} GiB available.{smaller} Load it in a smaller dtype, "
-        "on a device with more memory, or free memory first."
+        f"{where[:1].upper() + where[1:]} needs {gib(need)} for its weights in {str(dtype).split('.')[-1]}, but the "
+        f"{device.type.upper()} has {gib(free)} available"
+        + (" (the least of the host's available memory and this process's limits: ulimit -v, its cgroup's memory "
+           "limit)" if device.type == "cpu" else "")
+        + f".{smaller} Load it in a smaller dtype, on a device with more memory, or free memory first."
     )
 
 

@@ -201,3 +201,70 @@ def test_config_checks_name_the_latent_and_expert_fields():
     for fields, message in cases:
         with pytest.raises(resid.ResidError, match=message):
             resid.ModelConfig(**{**base, **fields})
+
+
+@pytest.mark.parametrize("variant", ["deepseek_v2", "deepseek_v3"])
+def test_missing_fields_default_as_transformers_config_classes_define_them(variant):
+    """resid's table of defaults is the installed transformers' (so the test fails if they drift)."""
+    import transformers
+
+    from resid.load.families.deepseek import DEFAULTS
+
+    config = getattr(transformers, {"deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config"}[variant])()
+    assert DEFAULTS[variant] == {name: getattr(config, name) for name in DEFAULTS[variant]}
+
+
+def _edited(tiny: Tiny, folder, **changes):
+    """A copy of the tiny folder whose config.json has `changes` (a value of ... removes the field)."""
+    folder.mkdir()
+    for path in tiny.folder.iterdir():
+        if path.name != "config.json":
+            (folder / path.name).symlink_to(path)
+    config = {**json.loads((tiny.folder / "config.json").read_text()), **changes}
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not ...}))
+    return folder
+
+
+@DEEPSEEK
+def test_a_config_without_the_routing_fields_loads_as_transformers_loads_it(tiny: Tiny, tmp_path):
+    """V3 without routed_scaling_factor and norm_topk_prob is scaled by 2.5 and renormalized in transformers (resid
+    read 1.0 and false: logits off by 4-5); V2 without routed_scaling_factor is scaled by 1.0."""
+    import transformers
+
+    folder = _edited(tiny, tmp_path / "edited", routed_scaling_factor=..., norm_topk_prob=...)
+    ids = random_ids(seed=8)
+    with torch.no_grad():
+        expected = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")(ids).logits
+    torch.testing.assert_close(resid.load(folder).run(ids).logits, expected, atol=ATOL, rtol=0)
+
+
+NULLS = {
+    "routed_scaling_factor": (None, "routed_scaling_factor: null .a config.json without it reads transformers' "
+                              "default, 1.0."),
+    "norm_topk_prob": (None, "norm_topk_prob: null"),
+    "n_group": (None, "n_group: null or missing .transformers has no default."),  # grouped routing needs groups
+    "num_experts_per_tok": (..., "num_experts_per_tok: null or missing"),  # V2's class has no default
+    "n_routed_experts": (None, "n_routed_experts: null"),
+}
+
+
+@pytest.mark.parametrize("tiny", ["deepseek_v2"], indirect=True)
+@pytest.mark.parametrize("field", sorted(NULLS))
+def test_null_routing_fields_are_refused_by_name(tiny: Tiny, tmp_path, field):
+    value, message = NULLS[field]
+    with pytest.raises(resid.ResidError, match=message):
+        resid.load(_edited(tiny, tmp_path / "edited", **{field: value}))
+
+
+@pytest.mark.parametrize("tiny", ["deepseek_v2"], indirect=True)
+@pytest.mark.parametrize("field", ["kv_lora_rank", "q_lora_rank", "intermediate_size"])
+def test_an_absurd_latent_size_is_refused_before_anything_is_allocated(tiny: Tiny, tmp_path, field):
+    """kv_lora_rank: 10**9 was found only when its first tensor's shape was checked: after 50 s and 12 GB. (The
+    tiny V2 has a dense first layer, whose width is intermediate_size.)"""
+    import resource
+
+    folder = _edited(tiny, tmp_path / "edited", **{field: 10**9})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(resid.ResidError, match="describes a model of about .* weight values"):
+        resid.load(folder)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 2**20  # KiB: not 1 GiB more at its peak

@@ -70,7 +70,8 @@ def activation(name: str) -> str:
 # Fields every family may meet that never change the forward pass's numbers: provenance, training-only
 # settings, token ids (read by the tokenizer), output switches. Anything else must be read by the family.
 HARMLESS = frozenset({
-    "_name_or_path", "_attn_implementation_autoset", "architectures", "auto_map", "attention_dropout", "attn_pdrop",
+    "_name_or_path", "_model_name_or_path", "_attn_implementation_autoset", "architectures", "auto_map",
+    "attention_dropout", "attn_pdrop",
     "bos_token_id", "chunk_size_feed_forward",
     "classifier_dropout", "decoder_start_token_id", "dtype", "embd_pdrop", "eos_token_id", "finetuning_task",
     "hidden_dropout", "id2label", "initializer_range", "is_decoder", "label2id", "model_type", "output_attentions",
@@ -95,7 +96,14 @@ def _token_ids(name: str, value: object) -> bool:
 
 # Fields that are harmless only at these values (anything else changes the architecture).
 HARMLESS_AT = {"is_encoder_decoder": (False, None), "add_cross_attention": (False, None),
-               "use_bidirectional_attention": (False, None), "use_mrope": (False, None)}
+               "use_bidirectional_attention": (False, None), "use_mrope": (False, None),
+               "quantization_config": (None,)}  # null: transformers writes it for a dequantized GGUF
+# Why a field is refused at any other value, where more can be said than that resid does not know it.
+REFUSED_BECAUSE = {
+    "quantization_config": "resid reads floating-point weights only, and a quantized checkpoint's tensors are "
+                           "packed integers and scales; save the model dequantized (transformers: load it, then "
+                           "save_pretrained without quantization), or load its GGUF file directly",
+}
 
 
 # Sizes: whole numbers (576, not "576" or 576.0) of at least this, or null where a family derives them. Checked
@@ -217,10 +225,11 @@ def check_fields(hf: dict, fields: frozenset[str], where: str) -> None:
     )
     if unknown:
         shown = ", ".join(f"{name}={hf[name]!r}" for name in unknown)
+        reasons = "".join(f" {name}: {REFUSED_BECAUSE[name]}." for name in unknown if name in REFUSED_BECAUSE)
         raise ResidError(
             f"{where} has config field(s) resid does not know for model_type {hf.get('model_type')!r}: {shown}. "
             "They may change the architecture, so resid refuses rather than compute a wrong model; if they are "
-            "harmless for this model, please report it (or remove them from config.json)."
+            f"harmless for this model, please report it (or remove them from config.json).{reasons}"
         )
 
 

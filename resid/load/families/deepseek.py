@@ -25,7 +25,7 @@ import math
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.load.families import ROPE_CONFIG_FIELDS, Family, Rope, activation, context, hf_get, rope
+from resid.load.families import ROPE_CONFIG_FIELDS, Family, Rope, activation, context, rope
 from resid.load.weights import Key, per_layer
 
 FIELDS = ROPE_CONFIG_FIELDS | {
@@ -40,18 +40,46 @@ FIELDS = ROPE_CONFIG_FIELDS | {
     "aux_loss_alpha", "seq_aux", "ep_size", "num_nextn_predict_layers",
 }
 VERSIONS = {"deepseek_v2": ("softmax", ("greedy", "group_limited_greedy")), "deepseek_v3": ("sigmoid", ("noaux_tc",))}
+# What a config.json without the field means: the defaults of transformers' DeepseekV2Config and DeepseekV3Config
+# (what transformers computes for it; tests/load/test_deepseek.py reads them from the installed classes). V3's differ
+# from V2's: its routing weights are renormalized and scaled by 2.5, its first 3 layers dense. The sizes
+# (hidden_size, kv_lora_rank, ...) have no default here: a config.json without one is refused as incomplete.
+DEFAULTS = {
+    "deepseek_v2": {
+        "routed_scaling_factor": 1.0, "norm_topk_prob": False, "topk_method": "greedy", "n_group": None,
+        "topk_group": None, "n_shared_experts": 2, "first_k_dense_replace": 0, "num_experts_per_tok": None,
+        "q_lora_rank": 1536, "hidden_act": "silu", "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+    },
+    "deepseek_v3": {
+        "routed_scaling_factor": 2.5, "norm_topk_prob": True, "n_group": 8, "topk_group": 4, "n_shared_experts": 1,
+        "first_k_dense_replace": 3, "num_experts_per_tok": 8, "q_lora_rank": 1536, "hidden_act": "silu",
+        "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "rope_interleave": True, "max_position_embeddings": 4096,
+    },
+}
+# Fields read as numbers or switches, which a null leaves undefined (transformers fails on most, or reads a null
+# norm_topk_prob as false where V3's default is true): refused by name. q_lora_rank null means no query latent, and
+# n_group / topk_group null mean no groups where the routing has none (V2's greedy).
+NOT_NULL = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "moe_intermediate_size",
+    "vocab_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace", "routed_scaling_factor", "norm_topk_prob",
+    "topk_method", "hidden_act", "tie_word_embeddings", "rms_norm_eps", "rope_interleave", "max_position_embeddings",
+)
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
     model_type = hf["model_type"]
     scores, methods = VERSIONS[model_type]
+    hf = {**DEFAULTS[model_type], **hf}
+    _refuse_nulls(hf, model_type, methods)
     _refuse(hf, model_type, scores, methods)
     n_heads = hf["num_attention_heads"]
     nope, rot = hf["qk_nope_head_dim"], hf["qk_rope_head_dim"]
     rotary = rope(hf)
-    method = hf.get("topk_method") or methods[0]
+    method = hf.get("topk_method", methods[0])  # V3 has no topk_method: its one method
     grouped = method != "greedy"
-    d_head, shared = nope + rot, hf.get("n_shared_experts") or 0
+    d_head, shared = nope + rot, hf["n_shared_experts"]
     return ModelConfig(
         architecture=model_type,
         d_model=hf["hidden_size"],
@@ -63,31 +91,31 @@ def config_from_hf(hf: dict) -> ModelConfig:
         d_vocab=hf["vocab_size"],
         n_ctx=context(hf, rotary),
         norm="rmsnorm",
-        norm_eps=hf_get(hf, "rms_norm_eps", default=1e-6),
+        norm_eps=hf["rms_norm_eps"],
         positions="rotary",
         rotary_dim=rot,
         rotary_base=rotary.base,
         rope_scaling=rotary.scaling,
         attn_scale=d_head**-0.5 * _mscale(hf, rotary) ** 2,
-        act=activation(hf.get("hidden_act", "silu")),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        act=activation(hf["hidden_act"]),
+        tie_embeddings=hf["tie_word_embeddings"],
         n_experts=hf["n_routed_experts"] + shared,
         experts_per_token=hf["num_experts_per_tok"],
         n_shared_experts=shared,
-        n_dense_layers=min(hf.get("first_k_dense_replace") or 0, hf["num_hidden_layers"]),
+        n_dense_layers=min(hf["first_k_dense_replace"], hf["num_hidden_layers"]),
         d_mlp_dense=hf["intermediate_size"],
         router=scores,
-        router_renormalize=bool(hf.get("norm_topk_prob")) if model_type == "deepseek_v3" else False,
-        router_scale=float(hf.get("routed_scaling_factor", 1.0)),
-        router_groups=(hf.get("n_group") or 1) if grouped else 1,
-        router_topk_groups=(hf.get("topk_group") or 1) if grouped else 1,
+        router_renormalize=hf["norm_topk_prob"] if model_type == "deepseek_v3" else False,
+        router_scale=float(hf["routed_scaling_factor"]),
+        router_groups=hf["n_group"] if grouped else 1,
+        router_topk_groups=hf["topk_group"] if grouped else 1,
         router_group_score="top2" if model_type == "deepseek_v3" else "max",
         router_bias=model_type == "deepseek_v3",
         kv_rank=hf["kv_lora_rank"],
         q_rank=hf.get("q_lora_rank") or 0,
         d_head_v=hf["v_head_dim"],
         # V2 always rotates DeepSeek's interleaved pairs; V3 when rope_interleave (its default)
-        rotary_pairs="interleaved" if model_type == "deepseek_v2" or hf.get("rope_interleave", True) else "halves",
+        rotary_pairs="interleaved" if model_type == "deepseek_v2" or hf["rope_interleave"] else "halves",
     )
 
 
@@ -99,6 +127,20 @@ def _mscale(hf: dict, rotary: Rope) -> float:
     if rotary.scaling is None or not m or rotary.scaling.factor <= 1:
         return 1.0
     return 0.1 * m * math.log(rotary.scaling.factor) + 1.0
+
+
+def _refuse_nulls(hf: dict, model_type: str, methods: tuple[str, ...]) -> None:
+    """A null where resid needs a value: named, before anything is read or allocated."""
+    grouped = hf.get("topk_method", methods[0]) != "greedy"
+    nulls = [name for name in (*NOT_NULL, *(("n_group", "topk_group") if grouped else ())) if name in hf
+             and hf[name] is None and (name != "rope_interleave" or model_type == "deepseek_v3")]
+    if nulls:
+        defaults = DEFAULTS[model_type]
+        shown = "; ".join(f"{name}: null (a config.json without it reads transformers' default, {defaults[name]!r})"
+                          if defaults.get(name) is not None else f"{name}: null or missing (transformers has no "
+                          "default)" for name in nulls)
+        raise ResidError(f"This {model_type} config.json has {shown}. resid needs a value to compute the model: write "
+                         "the checkpoint's own value there.")
 
 
 def _refuse(hf: dict, model_type: str, scores: str, methods: tuple[str, ...]) -> None:
@@ -114,12 +156,12 @@ def _refuse(hf: dict, model_type: str, scores: str, methods: tuple[str, ...]) ->
                         "rotates head_dim dims)")
     if hf.get("qk_head_dim") not in (None, hf["qk_nope_head_dim"] + hf["qk_rope_head_dim"]):
         problems.append(f"qk_head_dim={hf['qk_head_dim']} is not qk_nope_head_dim + qk_rope_head_dim")
-    if hf.get("moe_layer_freq", 1) != 1:
+    if hf.get("moe_layer_freq") not in (None, 1):
         problems.append(f"moe_layer_freq={hf['moe_layer_freq']} (transformers puts experts in every layer after the "
                         "dense ones)")
     if hf.get("scoring_func", scores) != scores:
         problems.append(f"scoring_func={hf['scoring_func']!r} (transformers' {model_type} scores with {scores!r})")
-    if (hf.get("topk_method") or methods[0]) not in methods:
+    if hf.get("topk_method", methods[0]) not in methods:
         problems.append(f"topk_method={hf['topk_method']!r} (transformers' {model_type} computes "
                         f"{' and '.join(map(repr, methods))})")
     if model_type == "deepseek_v2" and hf.get("norm_topk_prob"):
