@@ -133,13 +133,18 @@ def top_activating(
     sign: Sign = "positive",
     window: int = 256,
     execution: Execution | None = None,
+    skip_first: bool = False,
 ) -> pd.DataFrame:
     """The k corpus tokens with the largest activations of each chosen feature of `dictionary` (a Dictionary or a
     list of them, e.g. resid.dictionaries.load of a per-layer set), see the module docstring.
 
     features: None for all, an index or a list (the same features of each dictionary). corpus, k, context, after,
-    sign, window and execution (resid.analyses.Execution) as for neurons.top_activating. One row per (dictionary,
-    feature, rank) with the columns of COLUMNS; `df.attrs["histogram"]`: the features' activation histograms."""
+    sign, window and execution (resid.analyses.Execution) as for neurons.top_activating. skip_first: leave each
+    window's first position out of the ranking and the histograms. A BOS the model prepends is always left out; a
+    model without one (SmolLM2) reads its first token as an attention sink, whose activations are often the largest
+    of the window and say little about the feature (dictionary training leaves it out too, unless keep_bos). One row
+    per (dictionary, feature, rank) with the columns of COLUMNS; `df.attrs["histogram"]`: the features' activation
+    histograms."""
     check_choice(sign, "sign", SIGNS)
     found = dictionaries(model, dictionary)
     chosen = tuple(select_features(d, features) for d in found)
@@ -150,7 +155,9 @@ def top_activating(
     texts = corpora.load(corpus)
     pieces = windows(model, texts, window)
     reader = FeatureReader(found, chosen)
-    best, tallies = scan_with(model, pieces, reader, k, sign, execution)
+    if not isinstance(skip_first, bool):
+        raise ResidError(f"{param('skip_first')} must be True or False, got {skip_first!r}.")
+    best, tallies = scan_with(model, pieces, reader, k, sign, execution, skip_first)
     df = _table(model, pieces, best, found, chosen, context, after)
     ids = [np.arange(d.d_sae) if f is None else np.asarray(f) for d, f in zip(found, chosen)]
     df.attrs["histogram"] = histogram.frame([d.name for d in found], ids, [tallies[i] for i in range(len(found))])

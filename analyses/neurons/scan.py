@@ -129,6 +129,7 @@ class ScanJob(Job):
     batch_size: int | str  # "auto": from the worker's own device (and the widest window, the first one)
     width: int
     shards: list  # the corpus's shards (`shards`), planned on the driver for its executor's workers
+    skip_first: bool = False  # each window's first position is no trigger (an added BOS never is)
 
     name = "top activating"
     unit = "tok"
@@ -167,6 +168,8 @@ class ScanJob(Job):
             def work(rows: int, start: int = start) -> tuple[int, dict]:
                 chunk = shard.windows[start : start + rows]
                 tokens, valid = batch_tokens(chunk, self.pad, model.device)
+                if self.skip_first:
+                    valid[:, 0] = False
                 run = model.run(tokens, capture=capture, logits_at="last")  # unembed one row, not all
                 flat_ids = _flat_ids(shard.start + start, len(chunk), tokens.ids.shape[1], model.device)
                 merged = {}  # committed only once every key is done: an out-of-memory retry must not count twice
@@ -222,17 +225,20 @@ def scan_with(
     k: int,
     sign: str = "positive",
     execution: Execution | None = None,
+    skip_first: bool = False,
 ) -> tuple[dict, dict]:
     """Scan `pieces` with any reader: ({key: TopK}, {key: summed tally as numpy}) on the CPU. The shards are cut
     for the execution's workers, so its executor is made here (and closed here if made here). A scan is a
-    reduction: the driver refuses an Execution with `out`."""
+    reduction: the driver refuses an Execution with `out`. skip_first: no window's first position is a trigger
+    (nor tallied)."""
     execution = as_execution(execution)
     runner, owned = execution.runner()
     try:
         width = max(len(w) for w in pieces)
         size = _batch_size(model, execution.batch_size, width, reader)
         planned = shards(pieces, size.value, None if isinstance(runner, InProcess) else runner.workers)
-        job = ScanJob(model.require_tokenizer().pad_token_id, reader, k, sign, execution.batch_size, width, planned)
+        job = ScanJob(model.require_tokenizer().pad_token_id, reader, k, sign, execution.batch_size, width, planned,
+                      skip_first)
         return drive(model, job, replace(execution, executor=runner, workers=None))
     finally:
         if owned:

@@ -50,6 +50,29 @@ def _brute_force(model, dictionaries, texts, window):
     return where, {name: torch.cat(found).float() for name, found in acts.items()}
 
 
+def test_skip_first_leaves_each_windows_first_position_out(gpt2_tokenizer):
+    """A BOS-less model's first token (an attention sink) is no example with skip_first: the ranking is the brute
+    force's over every other token, and the histograms count one token fewer per window."""
+    model = make_random_model("llama_gqa", gpt2_tokenizer)
+    [sae] = standard_set(model)[:1]
+    df = features.top_activating(model, sae, TEXTS, k=K, window=WINDOW, skip_first=True)
+    every = features.top_activating(model, sae, TEXTS, k=K, window=WINDOW)
+    starts = {(w.doc, w.start) for w in windows(model, TEXTS, WINDOW)}
+    assert not set(zip(df["doc"], df["pos"], strict=True)) & starts
+    assert set(zip(every["doc"], every["pos"], strict=True)) & starts  # without it, first positions rank here
+    where, acts = _brute_force(model, [sae], TEXTS, WINDOW)
+    kept = torch.tensor([place not in starts for place in where])
+    for feature in range(sae.d_sae):
+        values = acts[sae.name][kept, feature]
+        expected = values[values != 0].sort(descending=True).values[:K]
+        got = df[df["feature"] == feature]["activation"].to_numpy()
+        torch.testing.assert_close(torch.tensor(got, dtype=torch.float32), expected, **TINY)
+    counts = df.attrs["histogram"].groupby("feature")["count"].sum()
+    assert (counts == len(where) - len(starts)).all()
+    with pytest.raises(BAD_OPTION, match="skip_first"):
+        features.top_activating(model, sae, TEXTS, skip_first=1)
+
+
 @pytest.mark.parametrize("kind", ["llama_gqa", "gpt2_like", "gemma3_like", "neox_parallel"])
 @pytest.mark.parametrize("bos", [False, True])
 def test_top_activating_equals_brute_force(gpt2_tokenizer, kind, bos):
