@@ -138,7 +138,7 @@ def compare(case: str) -> str:
 
 def edge_errors(ours, theirs, floor: float = 1e-3) -> str:
     """The edges' agreement told three ways, because one number flatters: max |difference| / max |edge| (the
-    README's "within 1e-6 relative" is this one, a scale-relative error), the largest per-edge relative error
+    README's "within 1e-6 of the largest edge" is this one), the largest per-edge relative error
     among edges above `floor` x max |edge| (below it float32 rounding of the sweeps dominates any relative
     figure), and how many edges are zero on exactly one side (an edge that vanished or appeared)."""
     scale = max(float(theirs.abs().max()), 1e-12)
