@@ -195,7 +195,7 @@ def main() -> None:
             del model
             free_cache(device)
     print("\n== targets on " + name)
-    print(gpu_summary.targets_table(results.records))
+    print(gpu_summary.targets_table(results.records, measured_only=True))
     print(f"records: {args.out}")
     sys.exit(1 if results.failed else 0)
 

@@ -56,7 +56,6 @@ from resid.analyses.training.replacements import evaluate_replacements
 from resid.analyses.training.trainer import Trainer
 from resid.dictionaries import check
 from resid.dictionaries.formats import circuit_tracer, saelens
-from resid.errors import ResidError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PROMPTS = ("The Eiffel Tower is located in the city of",
@@ -138,22 +137,18 @@ def budget_for(model, texts: list[str], kinds: list[str], seconds: float, batch_
 def load_model(name: str, weights: str, device: torch.device, dtype: torch.dtype) -> tuple[resid.Transformer, str]:
     """The model and which weights it has: gguf, random, or auto (the GGUF where its package is installed)."""
     if weights == "auto":
-        try:
-            gpu_models.gguf_path(name)
-            weights = "gguf"
-        except (ResidError, FileNotFoundError, ImportError):
-            weights = "random"
+        weights = "gguf" if gpu_models.has_gguf(name) else "random"
     return gpu_models.load(name, weights, device, dtype), weights
 
 
-def compare(model, weights: str, kinds: list[str], tokens: int, batch_size: int, settings: dict, window: int,
+def compare(model, name: str, weights: str, kinds: list[str], tokens: int, batch_size: int, settings: dict, window: int,
             forward_batch: int, buffer_tokens: int, evaluate: bool = True, prompts: tuple[str, ...] = PROMPTS,
             eval_windows: int = 32, eval_window: int = 128, max_feature_nodes: int | None = 1024,
             progress: bool = False, out: Path | None = None, split: tuple[list[str], list[str]] | None = None
             ) -> list[dict]:
     """Every kind trained on `tokens` of the same batches (written under `out` if given) and, with `evaluate`,
-    scored by evaluate_replacements: one record per kind (module docstring). split: the training and held-out
-    documents (default: the demo corpus's, a tenth held out)."""
+    scored by evaluate_replacements: one record per kind (module docstring), the model called `name` there.
+    split: the training and held-out documents (default: the demo corpus's, a tenth held out)."""
     recipe = recipe_for(tokens, batch_size, **settings)
     texts, held_out = split if split is not None else data.split(corpus.demo(), 0.1)
     job, clt, wall = side_by_side(model, texts, kinds, recipe, window, forward_batch, buffer_tokens, progress)
@@ -182,7 +177,7 @@ def compare(model, weights: str, kinds: list[str], tokens: int, batch_size: int,
         flops = recipe.steps * gpu_dictionaries.transcoder_flops(kind, batch_size, config.n_layers, d_in, d_out,
                                                                  recipe.width(d_in), recipe.k)
         records.append(dict(
-            workload="transcoder comparison", model=model.name,
+            workload="transcoder comparison", model=name,
             dtype=next(name for name, dtype in DTYPES.items() if dtype == model.dtype),
             weights=weights, device=str(model.device), replacement=kind, tokens=budget, steps=recipe.steps,
             batch=batch_size, features=recipe.width(d_in), k=recipe.k, seconds=seconds,
@@ -240,7 +235,7 @@ def main() -> None:
         tokens, per_step = budget_for(model, split[0], kinds, args.seconds, args.batch_size, settings, **stream)
         print(f"probe: seconds per step {', '.join(f'{k} {v:.3f}' for k, v in per_step.items())}: {tokens:,} "
               f"tokens fit {args.seconds:g} s", flush=True)
-    records = compare(model, weights, kinds, tokens, args.batch_size, settings, evaluate=args.evaluate,
+    records = compare(model, args.model, weights, kinds, tokens, args.batch_size, settings, evaluate=args.evaluate,
                       prompts=tuple(p for p in args.prompts.split("|") if p), eval_windows=args.eval_windows,
                       eval_window=args.eval_window, max_feature_nodes=args.max_feature_nodes, progress=True,
                       out=Path(args.out) if args.out else None, split=split, **stream)

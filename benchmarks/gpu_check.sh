@@ -11,6 +11,9 @@
 #
 #     bash benchmarks/gpu_check.sh build/gpu-smoke --smoke      # every stage in tiny sizes on the CPU
 #
+# (--smoke: every workload at toy size on "smollm2-tiny", SmolLM2 at 2 layers of width 64, the `cuda` tests of one
+# file on the CPU, the budgets x4 (SCALE): it checks that each stage works, its figures mean nothing.)
+#
 # Stages, most important first, each under its own `timeout` (seconds; BUDGET_<stage>=N changes one), each appending
 # its records to OUT/results.jsonl as they are measured (a stage stopped at its limit keeps what it wrote) and its
 # log to OUT/<stage>.log; STAGES="capture forward" runs some of them:
@@ -40,7 +43,8 @@ mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PY OUT MODELS
 STAGES=" ${STAGES:-setup tests dictionaries capture analyses training transcoders forward} "
-MODELS=${MODELS:-smollm2-135m}
+if [[ ${#SMOKE[@]} == 0 ]]; then MODELS=${MODELS:-smollm2-135m}; SCALE=${SCALE:-1}
+else MODELS=${MODELS:-smollm2-tiny}; SCALE=${SCALE:-4}; fi  # a busy CPU is slow to start python: budgets x4
 DTYPES=${DTYPES:-fp32,bf16}
 FAILED=0
 
@@ -49,7 +53,7 @@ stage() {  # stage NAME BUDGET COMMAND...: COMMAND (or this script's function NA
   local name=$1 budget=$2 var="BUDGET_$1"
   shift 2
   [[ $STAGES == *" $name "* ]] || return 0
-  budget=${!var:-$budget}
+  budget=${!var:-$((budget * SCALE))}
   echo "== stage $name (at most ${budget} s)"
   local start=$SECONDS
   if [[ $# == 0 ]]; then  # a function of this script, run by a child bash that `timeout` can stop
@@ -97,13 +101,13 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else None, 'cores', __
 BENCH=("$PY" benchmarks/bench_gpu.py --weights random --models "$MODELS" --dtypes "$DTYPES" --out "$RESULTS"
        --profile "$OUT/profiles" "${SMOKE[@]}")
 if [[ ${#SMOKE[@]} == 0 ]]; then
-  TESTS=(-m "cuda and not slow" tests/analyses/test_gpu_analyses.py tests/core/test_batching.py tests/core/test_dtype.py
-         tests/core/test_generate.py tests/dictionaries/test_gpu_dictionaries.py tests/graphs/test_graph_gpu.py
-         tests/training/test_training_gpu.py)
+  # the files with a test of the `gpu` fixture (every such test is marked `cuda`: tests/conftest.py)
+  mapfile -t GPU_FILES < <(grep -rlE "def test_\w+\([^)]*\bgpu\b" tests --include="test_*.py" | sort)
+  TESTS=(-m "cuda and not slow" "${GPU_FILES[@]}")
   COMPARE=(--batch-size 4096 --forward-batch 32 --seconds "${TRANSCODER_SECONDS:-100}")
 else  # the cuda tests' logic on the CPU (one file), the comparison at toy sizes
   export RESID_TEST_DEVICE=cpu
-  TESTS=(-m "cuda and not slow" tests/core/test_dtype.py)
+  TESTS=(-m "cuda and not slow" tests/graphs/test_graph_gpu.py)
   COMPARE=(--batch-size 64 --d-sae 16 --k 4 --seconds 1 --window 32 --forward-batch 2 --buffer-tokens 256
            --eval-windows 2 --eval-window 32 --prompts "The cat sat on the" --max-feature-nodes 32)
 fi

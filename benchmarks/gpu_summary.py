@@ -112,9 +112,12 @@ def target_rows(records: list[dict]) -> list[dict]:
     return out
 
 
-def targets_table(records: list[dict]) -> str:
+def targets_table(records: list[dict], measured_only: bool = False) -> str:
+    """The target rows as a markdown table (measured_only: without the rows of targets not measured)."""
     lines = ["| target | where | measured | limit | status | detail |", "| --- | --- | --- | --- | --- | --- |"]
     for row in target_rows(records):
+        if measured_only and row["value"] is None:
+            continue
         value = "-" if row["value"] is None else f"{row['value']:.3g}"
         lines.append(f"| {row['what']} | {row['where']} | {value} | {row['sign']} {row['limit']} | {row['status']} "
                      f"| {row['detail']} |")
@@ -145,7 +148,7 @@ def _comparison(records: list[dict]) -> list[str]:
     lines = ["", "## Transcoders compared",
              "", f"{first['model']} ({first['weights']} weights, {first['dtype']}), trained side by side on the same "
              f"batches, {first['tokens']:,} tokens each; evaluate_replacements over {first['windows']} windows of "
-             f"{first['window']} tokens and {first['prompts']} prompt graphs.", "",
+             f"{first['window']} tokens and the graphs of {first['prompts']} prompt(s).", "",
              "| " + " | ".join(COMPARISON) + " |", "|" + " --- |" * len(COMPARISON)]
 
     def fmt(value):

@@ -103,7 +103,7 @@ def comparison(model) -> tuple[list[dict], int]:
     tokens, per_step = compare_transcoders.budget_for(model, split[0], ["per-layer", "clt"], 0.01, 32, settings,
                                                       **stream, probe_steps=2)
     assert set(per_step) == {"per-layer", "clt", "forward"} and min(per_step.values()) >= 0
-    records = compare_transcoders.compare(model, "random", ["per-layer", "clt"], tokens, 32, settings,
+    records = compare_transcoders.compare(model, "tiny", "random", ["per-layer", "clt"], tokens, 32, settings,
                                           prompts=("The cat sat on the",), eval_windows=2, eval_window=16,
                                           max_feature_nodes=16, split=split, **stream)
     return records, tokens
@@ -115,7 +115,7 @@ def test_the_transcoder_comparison_trains_every_kind_on_the_same_budget_and_scor
     assert [r["replacement"] for r in records] == ["per-layer", "clt"]
     assert [r["kind"] for r in records] == ["per-layer", "cross-layer"]
     for r in records:
-        assert r["tokens"] == tokens and r["steps"] == 8 and r["weights"] == "random"
+        assert r["tokens"] == tokens and r["steps"] == 8 and r["weights"] == "random" and r["model"] == "tiny"
         assert r["tokens_per_s"] > 0 and r["flop_fraction"] > 0 and r["generation_s"] >= 0
         assert math.isfinite(r["fvu"]) and math.isfinite(r["ce_loss_recovered"]) and r["eval_tokens"] > 0
         assert r["prompts"] == 1 and math.isfinite(r["replacement_score"])
@@ -194,5 +194,5 @@ def test_the_gpu_check_smoke_runs_its_stages_and_explains_itself(tmp_path) -> No
     text = (tmp_path / "summary.md").read_text()
     for stage in ("setup", "training", "transcoders"):
         assert f"| {stage} |" in text
-    assert "| cross-layer transcoder steps, share of the FLOP bound | smollm2-135m fp32 |" in text
+    assert "| cross-layer transcoder steps, share of the FLOP bound | smollm2-tiny fp32 |" in text
     assert "## Transcoders compared" in text and list((tmp_path / "profiles").glob("*.txt"))
