@@ -25,8 +25,8 @@ speed and memory are the same. Per model and dtype:
                 (run at the last dtype only, after `training` in each: the trainers compute in float32 whatever
                 the model's dtype)
   graph         an attribution graph through the transcoders of `training`
---profile DIR: after each workload's timed calls, one more call under torch.profiler and one under HostSyncs
-(gpu_profile.py), a text table per workload in DIR and its numbers in the record's "profile".
+--profile DIR: after each workload's record is written, one more call of it under torch.profiler and one under
+HostSyncs (gpu_profile.py): a text table per workload in DIR and a record {"workload": "profile", "of": ...}.
 Every record is printed when measured and appended as a JSON line to --out, so an interrupted run keeps what it
 measured. The last lines check the targets (gpu_summary.py). A workload that fails is reported with its error, the
 others still run, and the exit status is 1.
@@ -48,7 +48,7 @@ import gpu_models
 import gpu_summary
 import gpu_workloads
 import torch
-from gpu_profile import Profiles
+from gpu_profile import Profiles, brief
 from gpu_timing import free_cache, interleaved
 
 import resid
@@ -91,9 +91,9 @@ def forward(model, hf, shapes: list[tuple[int, int]], repeats: int, captures: li
         measured = interleaved(cases, repeats, device)
         free_cache(device)
         if profiles is not None:
-            record["profile"] = {name: profiles(f"forward {batch}x{pos} {name}", fn) for name, fn in cases.items()
-                                 if not isinstance(measured[name], str)}
-            free_cache(device)
+            for name, fn in cases.items():
+                if not isinstance(measured[name], str):
+                    profiles.later(f"forward {batch}x{pos} {name}", fn)
         base = measured["transformers_sdpa"]
         for name, value in measured.items():
             if isinstance(value, str):
@@ -114,7 +114,9 @@ def show(record: dict) -> str:
             return "{" + ", ".join(f"{k}: {fmt(v)}" for k, v in value.items()) + "}"
         return str(value)
 
-    return "  ".join(f"{k}={fmt(v)}" for k, v in record.items() if k not in ("model", "dtype", "profile"))
+    if record.get("workload") == "profile":
+        return f"profile of {record['of']}: {brief(record)}"
+    return "  ".join(f"{k}={fmt(v)}" for k, v in record.items() if k not in ("model", "dtype"))
 
 
 class Results:
@@ -131,8 +133,9 @@ class Results:
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
 
-    def attempt(self, context: dict, name: str, fn) -> object:
-        """fn()'s records (one dict or a list) added under `context`; a failure is recorded and the run goes on."""
+    def attempt(self, context: dict, name: str, fn, profiles: Profiles | None = None) -> object:
+        """fn()'s records (one dict or a list) added under `context`, then what fn left in `profiles` profiled;
+        a failure is recorded and the run goes on."""
         start = time.perf_counter()
         try:
             out = fn()
@@ -140,10 +143,16 @@ class Results:
             traceback.print_exc()
             self.failed += 1
             self.add({**context, "workload": name, "failed": f"{type(error).__name__}: {error}"})
+            if profiles is not None:
+                profiles.drop()
             return None
         for record in out if isinstance(out, list) else [out]:
             self.add({**context, **record})
         print(f"   ({name}: {time.perf_counter() - start:.1f} s)", flush=True)
+        if profiles is not None and profiles.pending:
+            start = time.perf_counter()
+            profiles.flush(self.add, context)
+            print(f"   ({name} profiled: {time.perf_counter() - start:.1f} s)", flush=True)
         return out
 
 
@@ -205,7 +214,8 @@ def run_workloads(model, model_name, weights, shapes, captures, s, only, results
     repeats, profiled = s["repeats"], profiles if profiles.folder is not None else None
     if "forward" in only:
         hf = gpu_models.load_transformers(model_name, weights, model.dtype, model.device)
-        results.attempt(context, "forward", lambda: forward(model, hf, shapes, repeats, captures, profiled))
+        results.attempt(context, "forward", lambda: forward(model, hf, shapes, repeats, captures, profiled),
+                        profiled)
         del hf
         free_cache(model.device)
     for word, label, workload, count in (("dla", "head DLA", gpu_workloads.head_dla, "dla"),
@@ -213,14 +223,14 @@ def run_workloads(model, model_name, weights, shapes, captures, s, only, results
                                          ("patching", "exact head patching", gpu_workloads.head_patching, "pairs")):
         if word in only:
             results.attempt(context, label, lambda fn=workload, n=s[count]: fn(model, n, repeats, s["rate_rows"],
-                                                                               profiled))
+                                                                               profiled), profiled)
     if "backoff" in only:
         results.attempt(context, "OOM back-off", lambda: gpu_workloads.backoff(
             model, s["backoff_pos"], s["backoff_rows"], s["backoff_small"]))
     if "dictionaries" in only:
         batch, pos = (int(x) for x in s["dict_shape"].split("x"))
         results.attempt(context, "dictionaries", lambda: gpu_dictionaries.observe(
-            model, batch, pos, s["features"], s["l0"], repeats, profiled))
+            model, batch, pos, s["features"], s["l0"], repeats, profiled), profiled)
     trained: dict = {}
     if "training" in only or "graph" in only:  # the graph reads the transcoders trained here
         def train() -> dict:
@@ -228,11 +238,11 @@ def run_workloads(model, model_name, weights, shapes, captures, s, only, results
                 model, s["train_steps"], s["train_batch"], s["forward_batch"], s["buffer_tokens"], profiled)
             return record
 
-        results.attempt(context, "training", train)
+        results.attempt(context, "training", train, profiled)
     if "clt" in only:
         features = s["clt_features"] or 2 * model.config.d_model
         results.attempt(context, "clt", lambda: gpu_dictionaries.clt_steps(
-            model, s["clt_batch"], features, s["clt_k"], s["clt_steps"], profiled))
+            model, s["clt_batch"], features, s["clt_k"], s["clt_steps"], profiled), profiled)
     if "graph" in only and "transcoders" in trained:
         results.attempt(context, "graph", lambda: gpu_dictionaries.graph(
             model, trained["transcoders"], s["graph_tokens"], s["graph_nodes"], s["graph_batch"]))

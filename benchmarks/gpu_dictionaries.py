@@ -55,13 +55,14 @@ def observe(model, batch: int, pos: int, d_sae: int, l0: int, repeats: int, prof
                    observe_over_bound=seconds["observe"] / seconds["plain"] / out["bound_ratio"],
                    attribute_over_observe=seconds["attribute"] / seconds["observe"])
     if profiles is not None:
-        out["profile"] = {name: profiles(f"dictionaries {name}", fn) for name, fn in cases.items()}
+        for name, fn in cases.items():
+            profiles.later(f"dictionaries {name}", fn)
     return out
 
 
 def train_transcoders(model, steps: int, batch_size: int, forward_batch: int, buffer_tokens: int,
                       profiles: Profiles | None = None) -> tuple[dict, list]:
-    """The record and the trained transcoders; `profiles`: a separate short run (4 steps) profiled."""
+    """The record and the trained transcoders; `profiles`: a separate short run (4 steps) to profile."""
     specs = [Spec.transcoder(model, layer) for layer in range(model.config.n_layers)]
     texts = corpus.demo(max_documents=2000)
 
@@ -80,8 +81,7 @@ def train_transcoders(model, steps: int, batch_size: int, forward_batch: int, bu
     out = dict(workload="training", dictionaries=len(found), tokens=tokens, seconds=seconds,
                tokens_per_s=tokens / seconds, peak_bytes=peak.bytes)
     if profiles is not None:
-        out["profile"] = profiles("training 4 steps", lambda: run(4, min(buffer_tokens, 4 * batch_size)),
-                                  grad=True)
+        profiles.later("training 4 steps", lambda: run(4, min(buffer_tokens, 4 * batch_size)), grad=True)
     return out, found
 
 
@@ -129,7 +129,7 @@ def clt_steps(model, batch_size: int, d_sae: int, k: int, steps: int, profiles: 
                       weights=sum(p.numel() for t in (per_layer if name == "per-layer" else [clt])
                                   for p in t.coder.parameters()))
         if profiles is not None:
-            record["profile"] = profiles(f"{name} transcoder step", fn, grad=True)
+            profiles.later(f"{name} transcoder step", fn, grad=True)
         records.append(record)
     return records
 

@@ -1,9 +1,13 @@
 """Where a workload's time goes, for bench_gpu.py: one extra call of it under torch.profiler (after the timed calls,
 so the profiler's own cost never enters a timed figure) and one under tests/host_syncs.HostSyncs, summarised as a
-short text table per workload and a few numbers for its record.
+short text table per workload and a few numbers for a record of its own.
 
     profiles = Profiles(Path("OUT/profiles"), device)         # Profiles(None, device): profiles nothing
-    summary = profiles("smollm2-135m fp32 head DLA", lambda: attribution.direct(...))
+    summary = profiles("smollm2-135m fp32 head DLA", lambda: attribution.direct(...))     # now
+    profiles.later("head DLA", fn)      # a workload: kept until bench_gpu.py has written the workload's record,
+    profiles.flush(results.add, context)        # then profiled, one {"workload": "profile", "of": label, ...} each
+
+so that a run stopped at its time limit while profiling keeps the figures measured before.
 
 The summary (a dict, None when profiling is off):
     wall_s       the profiled call's wall time (profiler overhead included: not a timing)
@@ -44,18 +48,34 @@ TOP = 8
 class Profiles:
     """Profiles workloads into `folder` (one text table each); a Profiles of folder None does nothing."""
 
-    def __init__(self, folder: Path | None, device: torch.device, prefix: str = ""):
+    def __init__(self, folder: Path | None, device: torch.device, prefix: str = "", pending: list | None = None):
         self.folder, self.device, self.prefix = folder, device, prefix
+        self.pending: list[tuple[str, str, Callable[[], object], bool]] = [] if pending is None else pending
 
     def under(self, prefix: str) -> "Profiles":
-        """The same folder, file names and labels starting with `prefix` (e.g. the model and dtype)."""
-        return Profiles(self.folder, self.device, f"{self.prefix}{prefix} ")
+        """The same folder and pending list, file names and labels starting with `prefix` (e.g. model and dtype)."""
+        return Profiles(self.folder, self.device, f"{self.prefix}{prefix} ", self.pending)
+
+    def later(self, name: str, fn: Callable[[], object], grad: bool = False) -> None:
+        """fn to be profiled at the next flush (nothing when profiling is off)."""
+        if self.folder is not None:
+            self.pending.append((name, f"{self.prefix}{name}", fn, grad))
+
+    def flush(self, sink: Callable[[dict], None], context: dict) -> None:
+        """Every pending profile taken, each given to `sink` as a record: context, workload "profile", `of` its
+        name (without the prefix), the summary."""
+        while self.pending:
+            name, label, fn, grad = self.pending.pop(0)
+            sink({**context, "workload": "profile", "of": name, **self._profile(label, fn, grad)})
+
+    def drop(self) -> None:
+        self.pending.clear()
 
     def __call__(self, name: str, fn: Callable[[], object], grad: bool = False) -> dict | None:
         """fn profiled (gradients on only with grad=True, as the timed calls ran it) and its table written."""
-        if self.folder is None:
-            return None
-        label = f"{self.prefix}{name}"
+        return None if self.folder is None else self._profile(f"{self.prefix}{name}", fn, grad)
+
+    def _profile(self, label: str, fn: Callable[[], object], grad: bool) -> dict:
         try:
             summary = summarise(fn, self.device, grad)
         except Exception as error:  # a failed profile leaves the workload's timed figures as they are

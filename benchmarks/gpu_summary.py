@@ -159,15 +159,7 @@ def _comparison(records: list[dict]) -> list[str]:
 
 
 def _profiles(records: list[dict]) -> list[str]:
-    lines = []
-    for r in records:
-        found = r.get("profile")
-        if not found:
-            continue
-        label = f"{_where(r)} {r['workload']}" + (f" {r['shape']}" if "shape" in r else "")
-        single = "wall_s" in found or "failed" in found
-        for name, summary in ([("", found)] if single else found.items()):
-            lines.append(f"- {label}{' ' + name if name else ''}: {brief(summary)}")
+    lines = [f"- {_where(r)} {r['of']}: {brief(r)}" for r in records if r.get("workload") == "profile"]
     return ["", "## Profiles (one extra call each; tables in profiles/)", "", *lines] if lines else []
 
 

@@ -73,13 +73,12 @@ def ioi(model, n: int) -> tuple[list[str], list[str], list[str], torch.Tensor]:
 
 def _measured(name: str, fn, model, repeats: int, macs: float, rate: float, profiles: Profiles | None, **extra
               ) -> tuple[dict, object]:
-    """fn's record (the best of `repeats` calls, its bound `macs` at `rate`) with, given `profiles`, the profile
-    of a separate call; and fn's last result."""
+    """fn's record (the best of `repeats` calls, its bound `macs` at `rate`) and its last result; given
+    `profiles`, fn is left there to profile."""
     seconds, df, peak = best(fn, model.device, repeats)
-    record = _record(name, len(df), seconds, macs / rate, peak, **extra)
     if profiles is not None:
-        record["profile"] = profiles(name, fn)
-    return record, df
+        profiles.later(name, fn)
+    return _record(name, len(df), seconds, macs / rate, peak, **extra), df
 
 
 def head_dla(model, n: int, repeats: int, rate_rows: int = 0, profiles: Profiles | None = None) -> dict:

@@ -84,13 +84,21 @@ def test_transcoder_flops_count_the_clts_decoder_blocks() -> None:
     assert clt - per_layer == 6 * tokens * k * d * (n * (n + 1) // 2 - n)
 
 
-def test_the_clt_steps_are_measured_against_their_flop_bound(model, tmp_path) -> None:
-    records = gpu_dictionaries.clt_steps(model, 32, 16, 4, 1, Profiles(tmp_path, CPU))
+def test_the_clt_steps_are_measured_against_their_flop_bound_and_profiled_after(model, tmp_path) -> None:
+    profiles = Profiles(tmp_path, CPU).under("tiny fp32")
+    records = gpu_dictionaries.clt_steps(model, 32, 16, 4, 1, profiles)
     by = {r["workload"]: r for r in records}
     assert set(by) == {"per-layer transcoder steps", "clt transcoder steps"}
     for r in records:
         assert r["tokens_per_s"] > 0 and 0 < r["flop_fraction"] and r["matmul_tflops"] > 0
-        assert r["profile"]["ops"] > 0 and Path(r["profile"]["file"]).exists()
+    # the profiles wait until the records are written (a run stopped while profiling keeps them), then one each
+    assert len(profiles.pending) == 2
+    found: list[dict] = []
+    profiles.flush(found.append, dict(model="tiny", dtype="fp32"))
+    assert not profiles.pending and [r["of"] for r in found] == ["per-layer transcoder step", "clt transcoder step"]
+    for r in found:
+        assert r["workload"] == "profile" and r["model"] == "tiny" and r["ops"] > 0 and Path(r["file"]).exists()
+        assert Path(r["file"]).name.startswith("tiny-fp32-")
     # the CLT's decoders into every later layer: more weights than one transcoder per layer
     assert by["clt transcoder steps"]["weights"] > by["per-layer transcoder steps"]["weights"]
 
@@ -125,7 +133,9 @@ def test_the_transcoder_comparison_trains_every_kind_on_the_same_budget_and_scor
 def test_the_summary_states_each_target_met_missed_or_not_measured(model, comparison, tmp_path) -> None:
     records = [dict(workload="header", device="CPU", weights="random")]
     context = dict(model="tiny", dtype="fp32")
-    records += [{**context, **r} for r in gpu_dictionaries.clt_steps(model, 32, 16, 4, 1)]
+    profiles = Profiles(tmp_path, CPU)
+    records += [{**context, **r} for r in gpu_dictionaries.clt_steps(model, 32, 16, 4, 1, profiles)]
+    profiles.flush(records.append, context)
     records += comparison[0]
     records.append(dict(workload="stage", stage="capture", budget_s=55, seconds=55, rc=124))
     records.append({**context, "workload": "head DLA", "failed": "RuntimeError: broken"})
@@ -141,6 +151,7 @@ def test_the_summary_states_each_target_met_missed_or_not_measured(model, compar
     assert "| capture | 55 s | 55 s | stopped at its time limit |" in text
     assert "## Transcoders compared" in text and "| per-layer | per-layer |" in text
     assert "tiny fp32 head DLA: RuntimeError: broken" in text
+    assert "- tiny fp32 clt transcoder step: host " in text  # the profiles, one line each
 
 
 @pytest.mark.slow
@@ -152,7 +163,7 @@ def test_the_gpu_benchmark_runs_every_workload_on_the_cpu(tmp_path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {r["workload"] for r in records} == WORKLOADS and not any("failed" in r for r in records)
+    assert {r["workload"] for r in records} == WORKLOADS | {"profile"} and not any("failed" in r for r in records)
     by = {r["workload"]: r for r in records}
     forward = [r for r in records if r["workload"] == "forward"]
     assert [r["shape"] for r in forward] == ["1x16", "2x32"]
@@ -160,7 +171,8 @@ def test_the_gpu_benchmark_runs_every_workload_on_the_cpu(tmp_path) -> None:
     for record in forward:
         for case in ("transformers_sdpa", "resid_no_capture", "resid_default_capture", "resid_full_capture"):
             assert record[case]["seconds"] > 0 and record[case]["ratio"] > 0
-            assert record["profile"][case]["ops"] > 0
+    profiled = {r["of"] for r in records if r["workload"] == "profile"}
+    assert {"forward 2x32 resid_full_capture", "head DLA", "training 4 steps", "clt transcoder step"} <= profiled
     assert by["head ablation sweep"]["rows"] == by["exact head patching"]["rows"] == 30 * 9  # one prompt, every head
     assert by["head DLA"]["rows"] > 0 and all(0 < by[w]["bound_fraction"] for w in ("head DLA", "head ablation sweep"))
     backoff = by["OOM back-off"]
