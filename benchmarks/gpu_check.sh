@@ -107,7 +107,7 @@ if [[ ${#SMOKE[@]} == 0 ]]; then
   COMPARE=(--batch-size 4096 --forward-batch 32 --seconds "${TRANSCODER_SECONDS:-100}")
 else  # the cuda tests' logic on the CPU (one file), the comparison at toy sizes
   export RESID_TEST_DEVICE=cpu
-  TESTS=(-m "cuda and not slow" tests/graphs/test_graph_gpu.py)
+  TESTS=(-m "cuda and not slow" tests/core/test_batching.py)
   COMPARE=(--batch-size 64 --d-sae 16 --k 4 --seconds 1 --window 32 --forward-batch 2 --buffer-tokens 256
            --eval-windows 2 --eval-window 32 --prompts "The cat sat on the" --max-feature-nodes 32)
 fi
