@@ -31,14 +31,17 @@
 # installed and says which). Every workload is profiled once more after its timed calls (OUT/profiles/, gpu_profile.py).
 # At the end OUT/summary.md (gpu_summary.py): each target, the measured value, met / missed, the stages, the
 # transcoder comparison and a line per profile. Exit status 0 when every stage exited cleanly.
-# PYTHON= names the interpreter (default: .venv/bin/python where it exists, else python3).
+# PYTHON= names the interpreter (default: python3; with --smoke, .venv/bin/python where it exists).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-build/gpu-check}
 shift || true
 SMOKE=()
 [[ "${1:-}" == --smoke ]] && SMOKE=(--smoke)
-if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON; elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+# the machine's python3 (a .venv carried to a GPU machine would hold a CPU torch); with --smoke, .venv's if any
+if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
+elif [[ ${#SMOKE[@]} == 1 && -x .venv/bin/python ]]; then PY=.venv/bin/python
+else PY=python3; fi
 mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PY OUT MODELS
@@ -122,6 +125,6 @@ stage transcoders 170 "$PY" benchmarks/compare_transcoders.py --model "${MODELS%
   --evaluate --results "$RESULTS" "${COMPARE[@]}"
 stage forward 50 "${BENCH[@]}" --only forward --capture none,default
 
-"$PY" benchmarks/gpu_summary.py "$RESULTS" --out "$OUT/summary.md" >/dev/null && cat "$OUT/summary.md"
+"$PY" benchmarks/gpu_summary.py "$RESULTS" --out "$OUT/summary.md"  # printed without the profiles: a tail shows it whole
 echo "gpu_check.sh: records in $RESULTS, summary in $OUT/summary.md, profiles in $OUT/profiles/"
 exit $FAILED

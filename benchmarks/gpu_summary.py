@@ -1,7 +1,7 @@
 """The GPU targets (issues 26 and 52) checked against the records of bench_gpu.py and compare_transcoders.py, and
 the summary of a gpu_check.sh run, so that one run explains itself.
 
-    python benchmarks/gpu_summary.py OUT/results.jsonl [--out OUT/summary.md]
+    python benchmarks/gpu_summary.py OUT/results.jsonl [--out OUT/summary.md]      # prints it but the profiles
 
 summary.md: the machine; per target and model x dtype the measured value, the limit and met / missed (or "not
 measured": its stage failed, was stopped at its time limit or was not run); the stages with their budgets, times and
@@ -163,13 +163,14 @@ def _profiles(records: list[dict]) -> list[str]:
     return ["", "## Profiles (one extra call each; tables in profiles/)", "", *lines] if lines else []
 
 
-def summary(records: list[dict]) -> str:
+def summary(records: list[dict], with_profiles: bool = True) -> str:
+    """summary.md's text (with_profiles=False: without the line per profile, for a terminal's last lines)."""
     header = next((r for r in records if r.get("workload") == "header"), {})
     lines = ["# GPU check", "",
              f"{header.get('device', '?')}; torch {header.get('torch', '?')}, transformers "
              f"{header.get('transformers', '?')}, resid {header.get('resid', '?')}; {header.get('weights', '?')} "
              f"weights; started {header.get('started', '?')}", "", "## Targets", "", targets_table(records)]
-    lines += _stages(records) + _comparison(records) + _profiles(records)
+    lines += _stages(records) + _comparison(records) + (_profiles(records) if with_profiles else [])
     failed = [r for r in records if "failed" in r]
     if failed:
         lines += ["", "## Failed workloads", ""] + [f"- {_where(r)} {r['workload']}: {r['failed']}" for r in failed]
@@ -192,9 +193,9 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: summary.md beside the results")
     args = parser.parse_args()
-    text = summary(read(args.results))
-    (args.out or args.results.with_name("summary.md")).write_text(text)
-    print(text)
+    records, out = read(args.results), args.out or args.results.with_name("summary.md")
+    out.write_text(summary(records))
+    print(summary(records, with_profiles=False) + f"\n(the profiles: {out})")
 
 
 if __name__ == "__main__":
