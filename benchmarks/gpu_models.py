@@ -6,6 +6,8 @@ tests; Gemma 3 270M's, benchmarks/configs/gemma-3-270m.json, is what transformer
 saved once as a safetensors folder under build/bench-gpu/ that both libraries load. Speed and memory depend on the
 shapes alone, so this measures the same thing on a machine that cannot receive the GGUF files. Gemma 3 gets the
 committed GPT-2 tokenizer (its own lives only in the GGUF): prompts tokenize differently, the shapes are alike.
+"smollm2-tiny" (random weights only): SmolLM2 at 2 layers of width 64, its tokenizer and vocabulary, for smoke runs
+of the benchmarks on a CPU (gpu_check.sh --smoke), which check that every stage works, not speed.
 """
 
 import shutil
@@ -20,6 +22,17 @@ CONFIGS = {"smollm2-135m": ROOT / "tests" / "data" / "smollm2-135m" / "config.js
            "gemma-3-270m": ROOT / "benchmarks" / "configs" / "gemma-3-270m.json"}
 TOKENIZERS = {"smollm2-135m": ROOT / "tests" / "data" / "smollm2-135m" / "tokenizer.json",
               "gemma-3-270m": ROOT / "tests" / "data" / "gpt2-tokenizer" / "tokenizer.json"}
+# smaller models of an architecture above: (that model, the config values replaced)
+SMALLER = {"smollm2-tiny": ("smollm2-135m", dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16))}
+
+
+def has_gguf(name: str) -> bool:
+    """Whether the GGUF of `name` is installed (its package)."""
+    try:
+        return name in CONFIGS and gguf_path(name).is_file()
+    except (resid.ResidError, ImportError):  # the package is not installed
+        return False
 
 
 def gguf_path(name: str) -> Path:
@@ -36,26 +49,29 @@ def gguf_path(name: str) -> Path:
 
 def random_folder(name: str) -> Path:
     """build/bench-gpu/<name>-random: config.json, model.safetensors (float32, seed 0) and tokenizer.json."""
-    if name not in CONFIGS:
+    base, changes = SMALLER.get(name, (name, {}))
+    if base not in CONFIGS:
         raise _unknown(name)
     folder = ROOT / "build" / "bench-gpu" / f"{name}-random"
     if (folder / "model.safetensors").exists():
         return folder
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(CONFIGS[name])
+    config = AutoConfig.from_pretrained(CONFIGS[base])
+    for key, value in changes.items():
+        setattr(config, key, value)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     partial = folder.with_name(folder.name + ".partial")  # a killed build leaves no half folder behind
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
-    shutil.copy(TOKENIZERS[name], partial / "tokenizer.json")
+    shutil.copy(TOKENIZERS[base], partial / "tokenizer.json")
     partial.rename(folder)
     return folder
 
 
 def _unknown(name: str) -> SystemExit:
-    return SystemExit(f"bench_gpu.py compares {' and '.join(CONFIGS)} with transformers, not {name!r}")
+    return SystemExit(f"bench_gpu.py compares {', '.join([*CONFIGS, *SMALLER])} with transformers, not {name!r}")
 
 
 def load(name: str, weights: str, device: torch.device, dtype: torch.dtype) -> resid.Transformer:

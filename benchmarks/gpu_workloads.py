@@ -4,7 +4,7 @@ of what it measured) for bench_gpu.py to print and keep.
 Multiply-add bound: an analysis that must run the model's layers over some rows and positions cannot beat that
 many multiply-adds at the rate of the model's own plain forward over the same prompts (measured here, on the same
 device, in the same dtype). `bound_fraction` = bound time / measured time (1.0: as fast as the forward's rate
-allows; the issue's target is >= 0.8).
+allows; the targets: sweeps and patching >= 0.8, head DLA >= 0.5).
   head DLA         one forward of the prompts, the last position unembedded
   head ablation    the clean forward, then per head at layer l the layers l.. rerun at every position (zero
                    ablation changes the residual from l on) and the last position unembedded
@@ -16,6 +16,7 @@ import math
 import torch
 from bench_ablation import make_prompts
 from bench_patching import corrupt_of
+from gpu_profile import Profiles
 from gpu_timing import Peak, interleaved, once
 
 import resid
@@ -70,39 +71,49 @@ def ioi(model, n: int) -> tuple[list[str], list[str], list[str], torch.Tensor]:
     return prompts, targets, baselines, model.to_tokens(prompts).ids
 
 
-def head_dla(model, n: int, repeats: int, rate_rows: int = 0) -> dict:
+def _measured(name: str, fn, model, repeats: int, macs: float, rate: float, profiles: Profiles | None, **extra
+              ) -> tuple[dict, object]:
+    """fn's record (the best of `repeats` calls, its bound `macs` at `rate`) and its last result; given
+    `profiles`, fn is left there to profile."""
+    seconds, df, peak = best(fn, model.device, repeats)
+    if profiles is not None:
+        profiles.later(name, fn)
+    return _record(name, len(df), seconds, macs / rate, peak, **extra), df
+
+
+def head_dla(model, n: int, repeats: int, rate_rows: int = 0, profiles: Profiles | None = None) -> dict:
     prompts, targets, baselines, ids = ioi(model, n)
     rate = mac_rate(model, ids, repeats, rate_rows)
-    seconds, df, peak = best(lambda: attribution.direct(model, prompts, targets, baselines, level="head"),
-                             model.device, repeats)
-    bound = forward_macs(model.config, *ids.shape, unembedded=1) / rate
-    return _record("head DLA", len(df), seconds, bound, peak, prompts=n, tokens=ids.shape[1])
+    return _measured("head DLA", lambda: attribution.direct(model, prompts, targets, baselines, level="head"),
+                     model, repeats, forward_macs(model.config, *ids.shape, unembedded=1), rate, profiles,
+                     prompts=n, tokens=ids.shape[1])[0]
 
 
-def head_sweep(model, n: int, repeats: int, rate_rows: int = 0) -> dict:
+def head_sweep(model, n: int, repeats: int, rate_rows: int = 0, profiles: Profiles | None = None) -> dict:
     prompts, targets, baselines, ids = ioi(model, n)
     config, (rows, n_pos) = model.config, ids.shape
     rate = mac_rate(model, ids, repeats, rate_rows)
-    seconds, df, peak = best(lambda: ablation.sweep(model, prompts, targets, baselines, sites="head", method="zero",
-                                                    metric="logit_diff", execution=Execution(progress=False)),
-                             model.device, repeats)
     macs = forward_macs(config, rows, n_pos, unembedded=1) + config.n_heads * sum(
         forward_macs(config, rows, n_pos, layer, unembedded=1) for layer in range(config.n_layers))
+    record, df = _measured("head ablation sweep", lambda: ablation.sweep(
+        model, prompts, targets, baselines, sites="head", method="zero", metric="logit_diff",
+        execution=Execution(progress=False)), model, repeats, macs, rate, profiles, prompts=n, tokens=n_pos)
     assert len(df) == rows * config.n_layers * config.n_heads, f"{len(df)} rows"
-    return _record("head ablation sweep", len(df), seconds, macs / rate, peak, prompts=n, tokens=n_pos)
+    return record
 
 
-def head_patching(model, n: int, repeats: int, rate_rows: int = 0) -> dict:
+def head_patching(model, n: int, repeats: int, rate_rows: int = 0, profiles: Profiles | None = None) -> dict:
     clean, targets, baselines, ids = ioi(model, n)
     corrupt = corrupt_of(clean, targets, baselines)
     config, (rows, n_pos) = model.config, ids.shape
     rate = mac_rate(model, ids, repeats, rate_rows)
-    seconds, df, peak = best(lambda: patching.activation(model, clean, corrupt, targets, baselines, sites="head",
-                                                         execution=Execution(progress=False)), model.device, repeats)
     macs = 2 * forward_macs(config, rows, n_pos, unembedded=1) + config.n_heads * sum(
         forward_macs(config, rows, n_pos, layer, unembedded=1) for layer in range(config.n_layers))
+    record, df = _measured("exact head patching", lambda: patching.activation(
+        model, clean, corrupt, targets, baselines, sites="head", execution=Execution(progress=False)),
+        model, repeats, macs, rate, profiles, pairs=n, tokens=n_pos)
     assert len(df) == rows * config.n_layers * config.n_heads, f"{len(df)} rows"
-    return _record("exact head patching", len(df), seconds, macs / rate, peak, pairs=n, tokens=n_pos)
+    return record
 
 
 def backoff(model, n_pos: int, max_rows: int, small: int) -> dict:
