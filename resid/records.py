@@ -26,6 +26,10 @@ class OnRead:
         self._value: Tensor | None = None
 
     @property
+    def formed(self) -> bool:
+        return self._value is not None
+
+    @property
     def value(self) -> Tensor:
         if self._value is None:
             self._value = self._form()

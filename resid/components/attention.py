@@ -191,14 +191,18 @@ class ScoreInputs:
         return softmax(self.scores(), self.q_h.dtype)
 
     def on_read(self, names: Collection[str]) -> dict[str, OnRead]:
-        """The fields `names` ("scores", "pattern") given on read; where both are, the pattern is the softmax of
-        the scores' own tensor, so the scores are formed once."""
+        """The fields `names` ("scores", "pattern") given on read. The pattern is the softmax of the scores' own
+        tensor where they were read first; otherwise it forms scores of its own and lets them go, so reading every
+        pattern of a full capture never holds the scores too."""
         shape = (*self.q_h.shape[:3], self.k_h.shape[2])
         given = {"scores": OnRead(self.scores, shape)} if "scores" in names else {}
         if "pattern" in names:
             scores = given.get("scores")
-            form = self.pattern if scores is None else lambda: softmax(scores.value, self.q_h.dtype)
-            given["pattern"] = OnRead(form, shape)
+
+            def pattern() -> Tensor:
+                return self.pattern() if scores is None or not scores.formed else softmax(scores.value, self.q_h.dtype)
+
+            given["pattern"] = OnRead(pattern, shape)
         return given
 
     def _rows(self, mask: Tensor) -> Tensor:

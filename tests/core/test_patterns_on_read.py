@@ -80,8 +80,9 @@ def test_given_on_read_equals_formed(kind, padded):
 
 
 def test_formed_on_first_read_once(monkeypatch):
-    """The run forms no scores; the first read of a pattern forms its layer's scores once (for the pattern and the
-    scores both); every later read gives the same tensor."""
+    """The run forms no scores; a first read forms its layer's scores once, every later read gives the same
+    tensor. A pattern read after its scores is their softmax; a pattern read first forms scores of its own and
+    does not keep them (reading every pattern of a full capture holds no scores)."""
     model = MODELS["llama_gqa"]
     calls = []
     original = ScoreInputs.scores
@@ -94,16 +95,18 @@ def test_formed_on_first_read_once(monkeypatch):
     run = model.run(_padded(_ids(2, (2, 8), model.config.d_vocab), [8, 4]), capture=Capture.all())
     assert calls == []
     attn = run.stream.layers[1].attn
+    scores = attn.scores
     pattern = attn.pattern
-    assert len(calls) == 1
+    assert len(calls) == 1 and attn.scores is scores
     assert attn.pattern is pattern and run.read(Site(1, "attn", field="pattern")) is pattern
-    torch.testing.assert_close(pattern, torch.softmax(attn.scores, -1, dtype=torch.float32), atol=0, rtol=0)
-    assert len(calls) == 1  # the scores are the ones the pattern was formed from
-    head = run.read(Site(1, "attn", head=2, field="pattern"))
-    assert torch.equal(head, pattern[:, 2])
+    assert torch.equal(pattern, torch.softmax(scores, -1, dtype=torch.float32))
+    assert torch.equal(run.read(Site(1, "attn", head=2, field="pattern")), pattern[:, 2])
+    first = run.stream.layers[2].attn.pattern
+    assert len(calls) == 2
+    assert torch.equal(first, torch.softmax(run.stream.layers[2].attn.scores, -1, dtype=torch.float32))
+    assert len(calls) == 3  # formed again: the pattern did not keep them
     only = model.run(run.tokens, capture=Capture(attn={"pattern"}))
-    calls.clear()
-    assert torch.equal(only.stream.layers[1].attn.pattern, pattern) and len(calls) == 1
+    assert torch.equal(only.stream.layers[1].attn.pattern, pattern) and len(calls) == 4
     with pytest.raises(resid.ResidError, match=r"attn\.scores was not captured"):
         only.stream.layers[1].attn.scores  # noqa: B018
     with pytest.raises(resid.ResidError, match=r"attn\.q was not captured"):  # kept for the pattern, not given
@@ -201,3 +204,15 @@ def test_encoder_decoder(model_of, tmp_path):
     for name in ("attn", "cross"):
         torch.testing.assert_close(getattr(last.stream.layers[1], name).pattern,
                                    getattr(given.stream.layers[1], name).pattern[:, :, -1:], **TOL)
+
+
+def test_half_precision_keeps_the_model_dtype():
+    """In bfloat16 the scores are in the model dtype and the pattern is the float32 softmax cast to it, as formed."""
+    model = make_random_model("llama_gqa").to(torch.bfloat16)
+    ids = _ids(9, (2, 7), model.config.d_vocab)
+    given = model.run(ids, capture=Capture(attn={"scores", "pattern"}))
+    formed = model.run(ids, capture=Capture(attn={"scores", "pattern"}), interventions=_formed("attn", [0]))
+    attn = given.stream.layers[0].attn
+    assert attn.scores.dtype == attn.pattern.dtype == torch.bfloat16
+    assert torch.equal(attn.pattern, formed.stream.layers[0].attn.pattern)  # layer 0 reads the same q and k
+    assert torch.equal(attn.pattern, torch.softmax(attn.scores, -1, dtype=torch.float32).to(torch.bfloat16))
