@@ -18,11 +18,11 @@ import torch
 from torch import Tensor
 
 from resid.capture import Capture
-from resid.components.attention import AttnContext, KVCache, allowed_keys
+from resid.components.attention import AttnContext, KVCache, ScoreInputs, allowed_keys
 from resid.errors import ResidError, param, python_only
 from resid.finite import all_finite
 from resid.interventions import apply_edits, edit_residual
-from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, absent_fields, same_fields
+from resid.records import AttnRecord, CrossRecord, LayerRecord, MLPRecord, OnRead, absent_fields, same_fields
 from resid.run import Memory
 from resid.selection import LogitsAt, logit_index
 from resid.sites import Site
@@ -120,7 +120,7 @@ def forward(model, tokens: Tokens, edits: dict, capture: Capture, keep, *, start
         resid, values = block(resid, ctx, want, {part: edits.get(Site(layer, part), ()) for part in parts}, deltas)
         resid = edit_residual(resid, edits.get(Site(layer, "resid_post"), ()), "resid_post", deltas)
         if keep is not None:
-            records.append(_record(model, layer, values, deltas, keep))
+            records.append(_record(model, layer, values, deltas, keep, want, ctx))
     if end < model.config.n_layers:
         if check and ctx.cache is None:
             _check_finite(model, None, resid, tokens, edits, start, resid if start else None, ctx, logits_at)
@@ -131,22 +131,40 @@ def forward(model, tokens: Tokens, edits: dict, capture: Capture, keep, *, start
     return Pass(embeddings, scale, records, logits, final_scale, uncapped, hidden)
 
 
-def _record(model, layer: int, values: dict[str, dict[str, Tensor]], deltas: dict[str, Tensor], keep) -> LayerRecord:
+def _record(model, layer: int, values: dict[str, dict[str, Tensor]], deltas: dict[str, Tensor], keep,
+            want: dict[str, frozenset[str]], ctx: AttnContext) -> LayerRecord:
     """The captured values of one layer at the kept positions (a cross-attention's keys and values are over the
-    source's positions, kept whole)."""
-    source = ("k", "v", "k_proj")
-    by_query = ("scores", "pattern")  # [batch head pos key_pos]: positions are the third axis
-    attn = {name: (keep(t, axis=2) if name in by_query else keep(t)) for name, t in values.get("attn", {}).items()}
-    mlp = {name: keep(t) for name, t in values.get("mlp", {}).items()}
+    source's positions, kept whole). Scores and a pattern the attention did not form are given on read from its
+    q and k (kept only where wanted) over every key."""
     attn_absent, mlp_absent = absent_fields(model.config, layer)
+    block = model.blocks[layer]
+    attn = _attention_kept(block.attn, values.get("attn", {}), want.get("attn", frozenset()), keep, ctx)
+    mlp = {name: keep(t) for name, t in values.get("mlp", {}).items()}
     cross = None
     if "cross" in values:
-        kept = {name: t if name in source else keep(t, axis=2) if name in by_query else keep(t)
-                for name, t in values["cross"].items()}
+        kept = _attention_kept(block.cross, values["cross"], want.get("cross", frozenset()), keep, ctx)
         cross = CrossRecord(layer, kept, attn_absent, same_fields(model.config, cross=True))
     attn_record = AttnRecord(layer, attn, attn_absent, same_fields(model.config))
     return LayerRecord(attn_record, MLPRecord(layer, mlp, mlp_absent), cross,
                        {part: keep(delta) for part, delta in deltas.items()})
+
+
+def _attention_kept(attention, values: dict[str, Tensor], want: frozenset[str], keep,
+                    ctx: AttnContext) -> dict[str, Tensor | OnRead]:
+    """An attention's values at the kept positions: scores and pattern [batch head pos key_pos] along their third
+    axis, a cross-attention's keys and values (the source's positions) whole; the scores and pattern the forward
+    did not form, given on read (ScoreInputs) from the kept queries and every key."""
+    source = ("k", "v", "k_proj") if attention.cross else ()
+    by_query = ("scores", "pattern")
+    kept = {name: t if name in source else keep(t, axis=2) if name in by_query else keep(t)
+            for name, t in values.items()}
+    given = [name for name in by_query if name in want and name not in values]
+    if given:
+        inputs = ScoreInputs.of(attention, kept["q"].transpose(1, 2), values["k"].transpose(1, 2), ctx, rows=keep)
+        kept.update(inputs.on_read(given))
+        wanted = want | {attention.same[name] for name in want & attention.same.keys()}
+        kept = {name: value for name, value in kept.items() if name not in {"q", "k"} - wanted}
+    return kept
 
 
 def _unembed(model, resid: Tensor, tokens: Tokens, logits_at: LogitsAt) -> tuple:

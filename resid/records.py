@@ -1,9 +1,12 @@
 """The records of one run's sublayers: what each attention and MLP sublayer computed, as typed attributes.
 
 Each record keeps only what its Capture asked for; reading anything else raises a ResidError that names the
-Capture option to set, or says why this model has no such tensor.
+Capture option to set, or says why this model has no such tensor. A field may be given on read (`OnRead`): an
+attention's scores and pattern, [batch head pos key_pos], are formed from the queries and keys the run kept when
+first read, so a capture holds what grows linearly with the prompt until a pattern is read.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jaxtyping import Float
@@ -13,12 +16,34 @@ from resid.config import ModelConfig
 from resid.errors import ResidError
 
 
+class OnRead:
+    """A field formed on its first read by `form` and kept: every later read gives the same tensor. `shape` is
+    the shape it will have (a record's repr shows it without forming it)."""
+
+    def __init__(self, form: Callable[[], Tensor], shape: tuple[int, ...]):
+        self._form: Callable[[], Tensor] | None = form
+        self.shape = tuple(shape)
+        self._value: Tensor | None = None
+
+    @property
+    def formed(self) -> bool:
+        return self._value is not None
+
+    @property
+    def value(self) -> Tensor:
+        if self._value is None:
+            self._value = self._form()
+            self._form = None  # what it was formed from is no longer held here
+        return self._value
+
+
 class _Record:
-    """Captured tensors of one sublayer; missing ones raise an error saying how to capture them."""
+    """Captured tensors of one sublayer (some given on read, OnRead); missing ones raise an error saying how to
+    capture them."""
 
     _part = ""
 
-    def __init__(self, layer: int, values: dict[str, Tensor], absent: dict[str, str] | None = None,
+    def __init__(self, layer: int, values: dict[str, Tensor | OnRead], absent: dict[str, str] | None = None,
                  same: dict[str, str] | None = None):
         self.layer = layer
         self._values = values
@@ -27,6 +52,8 @@ class _Record:
 
     def _get(self, name: str) -> Tensor:
         value = self._values.get(self._same.get(name, name))
+        if isinstance(value, OnRead):
+            return value.value
         if value is not None:
             return value
         if name in self._absent:
@@ -112,12 +139,16 @@ class AttnRecord(_Record):
     def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
         """The softmax's input: q k^T * scale, soft-capped (Gemma 2), plus the relative position bias (T5), -inf
         at the keys a query may not read (later positions, padding, outside a sliding window); a padding query
-        reads itself, so its row is finite there (TransformerLens's attn.hook_attn_scores)."""
+        reads itself, so its row is finite there (TransformerLens's attn.hook_attn_scores). Formed from the run's
+        q and k on the first read (the same tensor afterwards), except where the forward formed it itself (soft
+        caps, edited scores or pattern): then it is that one, edits included. With Capture(positions=...), pos is
+        the captured query positions and key_pos every position."""
         return self._get("scores")
 
     @property
     def pattern(self) -> Float[Tensor, "batch head pos key_pos"]:
-        """Attention probabilities (each row sums to 1 over key_pos)."""
+        """Attention probabilities: softmax(scores) over key_pos in float32, in the model dtype (each row sums to
+        1). Given on read like `scores`; an edited pattern is the one the forward used."""
         return self._get("pattern")
 
     @property

@@ -2,7 +2,9 @@
 
 The final residual is a sum of writes, `embed + pos_embed + sum_l (attn_l.out + mlp_l.out)`, so resid_pre,
 resid_mid, resid_post and final() are derived sums, never stored twice. Each record (resid.records) keeps only
-what its Capture asked for; reading anything else raises a ResidError that names the Capture option to set.
+what its Capture asked for; reading anything else raises a ResidError that names the Capture option to set. An
+attention's scores and pattern are given on read (resid.records.OnRead): the run keeps their queries and keys, and
+the first read forms them, so a capture's memory grows linearly with the prompt until a pattern is read.
 Shapes use the axis glossary of resid (see resid/__init__.py); with Capture(positions=...), `pos` is the
 captured positions, in the order given, for every prompt (their padded indices are `captured`).
 

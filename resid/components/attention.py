@@ -12,6 +12,10 @@ optional q/k norms (Qwen3, Gemma 3, OLMo 2), score soft-capping (Gemma 2), a per
                      allowed_keys), so its row holds its own score and -inf elsewhere
     pattern          softmax(scores) in float32, cast to the model dtype
 
+Where SDPA computes z, a capture of the scores or the pattern keeps what they are made of (ScoreInputs: q and k,
+the pass's shared masks) and forms them on their first read, so a full capture costs what SDPA costs and holds
+what grows linearly with the prompt until a pattern is read.
+
 Weights live in torch's linear layout ([out in], as in nn.Linear and Hugging Face checkpoints) so each
 projection is one GEMM; that storage is private (`_w_q`, ...), and the one public name of each weight is its
 per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writing into a view edits the model).
@@ -29,7 +33,7 @@ split by the head that carries them, resid.analyses.graphs.heads).
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +46,7 @@ from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
-from resid.records import same_fields
+from resid.records import OnRead, same_fields
 
 
 @dataclass
@@ -79,6 +83,20 @@ class KVCache:
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
+class CausalMask:
+    """The plain causal mask of one pass, True at every key after its query ([pos key_pos], queries and keys the
+    same positions): built on its first use and shared by every layer that reads it (the explicit path, T5's
+    bias, the scores formed on read)."""
+
+    def __init__(self) -> None:
+        self._blocked: Tensor | None = None
+
+    def __call__(self, n: int, device: torch.device) -> Bool[Tensor, "pos key_pos"]:
+        if self._blocked is None or self._blocked.shape[-1] != n or self._blocked.device != device:
+            self._blocked = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+        return self._blocked
+
+
 @dataclass(frozen=True)
 class AttnContext:
     """What every attention layer of one run shares, per layer type ("full" / "sliding")."""
@@ -99,6 +117,8 @@ class AttnContext:
     relative: RelativeBias | None = None
     buckets: Tensor | None = None
     biases: dict[int, Tensor] = dataclasses.field(default_factory=dict)
+    # the plain causal mask (blocked None, causal): built once per pass, on its first use
+    causal_mask: CausalMask = dataclasses.field(default_factory=CausalMask)
 
     def position_bias(self, layer: int, dtype: torch.dtype) -> Float[Tensor, "#batch head pos key_pos"]:
         """What self-attention layer `layer` adds to its scores (relative position bias and the mask)."""
@@ -106,8 +126,7 @@ class AttnContext:
         if table not in self.biases:
             blocked = self.blocked["full"]
             if blocked is None and self.causal:  # plain causal: queries and keys are the same positions
-                n = self.buckets.shape[-1]
-                blocked = torch.ones(n, n, dtype=torch.bool, device=self.buckets.device).triu(1)
+                blocked = self.causal_mask(self.buckets.shape[-1], self.buckets.device)
             self.biases[table] = self.relative.bias(layer, self.buckets, blocked, dtype)
         return self.biases[table]
 
@@ -117,6 +136,81 @@ class AttnContext:
     ) -> "AttnContext":
         blocked = {kind: None if mask is None else ~mask for kind, mask in allowed.items()}
         return cls(allowed, blocked, rotary, causal=causal)
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreInputs:
+    """What one attention layer's scores are made of in a pass: the rule of the module docstring's `scores` (and
+    `pattern`), whether the forward forms them (the explicit path, Transformer.attention_pattern) or a capture
+    gives them on read (`on_read`). It holds the queries and keys as the scores read them and the pass's masks,
+    which are shared by every layer of a type (nothing of its own that grows with the square of the prompt)."""
+
+    q_h: Float[Tensor, "batch head pos d_head"]
+    k_h: Float[Tensor, "batch kv_head key_pos d_head"]
+    scale: float
+    softcap: float | None
+    bias: Tensor | None  # T5's relative position bias, which carries the mask [#batch head pos key_pos]
+    blocked: Tensor | None  # True at the keys a query may not read [#batch 1 pos|1 key_pos]; None: see causal
+    causal: CausalMask | None  # plain causal (nothing padded, no window reaching back): the pass's shared mask
+    # Capture(positions=...): q_h holds the kept query positions, and rows(mask, axis=2) keeps the masks' rows
+    rows: Callable[..., Tensor] | None = None
+
+    @classmethod
+    def of(
+        cls, attention: "Attention", q_h: Float[Tensor, "batch head pos d_head"],
+        k_h: Float[Tensor, "batch kv_head key_pos d_head"], ctx: AttnContext,
+        rows: Callable[..., Tensor] | None = None,
+    ) -> "ScoreInputs":
+        """`attention`'s score inputs in the pass of `ctx` (with `rows`: q_h is the kept query positions only)."""
+        bias = blocked = causal = None
+        if ctx.relative is not None and not attention.cross:  # the bias carries the mask
+            bias = ctx.position_bias(attention.layer, q_h.dtype)
+        elif attention.cross:
+            blocked = None if ctx.memory_allowed is None else ~ctx.memory_allowed
+        else:
+            blocked = ctx.blocked[attention.layer_type]
+            causal = ctx.causal_mask if blocked is None and ctx.causal else None
+        return cls(q_h, k_h, attention.scale, attention.softcap, bias, blocked, causal, rows)
+
+    def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
+        """q k^T * scale, soft-capped if the model caps them, plus the relative position bias of models with one,
+        -inf at the keys a query may not read (the module docstring's `scores`)."""
+        k_r = self.k_h.repeat_interleave(self.q_h.shape[1] // self.k_h.shape[1], dim=1)
+        # in place where a fresh tensor would only be thrown away: the same numbers, two fewer passes over the
+        # [batch head pos key_pos] scores
+        scores = (self.q_h @ k_r.transpose(-1, -2)).mul_(self.scale)
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        if self.bias is not None:
+            return scores + self._rows(self.bias)
+        blocked = self.blocked if self.causal is None else self.causal(self.k_h.shape[2], scores.device)
+        return scores if blocked is None else scores.masked_fill_(self._rows(blocked), float("-inf"))
+
+    def pattern(self) -> Float[Tensor, "batch head pos key_pos"]:
+        """softmax(scores) over the allowed keys, in float32, cast to the queries' dtype."""
+        return softmax(self.scores(), self.q_h.dtype)
+
+    def on_read(self, names: Collection[str]) -> dict[str, OnRead]:
+        """The fields `names` ("scores", "pattern") given on read. The pattern is the softmax of the scores' own
+        tensor where they were read first; otherwise it forms scores of its own and lets them go, so reading every
+        pattern of a full capture never holds the scores too."""
+        shape = (*self.q_h.shape[:3], self.k_h.shape[2])
+        given = {"scores": OnRead(self.scores, shape)} if "scores" in names else {}
+        if "pattern" in names:
+            scores = given.get("scores")
+
+            def pattern() -> Tensor:
+                return self.pattern() if scores is None or not scores.formed else softmax(scores.value, self.q_h.dtype)
+
+            given["pattern"] = OnRead(pattern, shape)
+        return given
+
+    def _rows(self, mask: Tensor) -> Tensor:
+        """A mask at the kept query positions (as it is where every position is kept or it has no query axis)."""
+        if self.rows is None or mask.shape[-2] == 1:
+            return mask
+        mask = mask.view((1,) * (4 - mask.ndim) + tuple(mask.shape)).expand(self.q_h.shape[0], -1, -1, -1)
+        return self.rows(mask, axis=2)
 
 
 def allowed_keys(
@@ -239,8 +333,8 @@ class Attention(nn.Module):
                 pattern = apply_edits(pattern.transpose(1, 2), edits, "pattern").transpose(1, 2)
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         else:
-            # z comes from SDPA, so capturing the scores or the pattern (computed beside it) cannot change the
-            # numbers, and costs nothing when neither is captured.
+            # z comes from SDPA, so capturing the scores or the pattern (formed on read from q and k, ScoreInputs)
+            # cannot change the numbers, and costs nothing until they are read.
             relative = ctx.relative is not None and not self.cross
             mask = ctx.memory_allowed if self.cross else (
                 ctx.position_bias(self.layer, q_h.dtype) if relative else ctx.allowed[self.layer_type])
@@ -249,12 +343,14 @@ class Attention(nn.Module):
                 q_h, k_h, v_h, attn_mask=mask, is_causal=causal, scale=self.scale,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
-            if "scores" in want or "pattern" in want:
+            if ctx.cache is not None and want & {"scores", "pattern"}:  # a cached pass: its keys are the cache's
                 scores = self.scores_of(q_h, k_h, ctx)
                 pattern = softmax(scores, q_h.dtype) if "pattern" in want else None
         z = apply_edits(z_h.transpose(1, 2), edits, "z")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "scores": scores, "pattern": pattern, "z": z, **projected}
+        if scores is None and want & {"scores", "pattern"}:  # given on read from q and k (resid.forward's _record)
+            want = want | {"q", "k"}
         return out, {name: values[name] for name in want if values.get(name) is not None}
 
     def frozen(
@@ -376,7 +472,7 @@ class Attention(nn.Module):
         ctx: AttnContext,
     ) -> Float[Tensor, "batch head pos key_pos"]:
         """softmax(scores) over the allowed keys, in float32, as the eager Hugging Face attention does."""
-        return softmax(self.scores_of(q_h, k_h, ctx), q_h.dtype)
+        return ScoreInputs.of(self, q_h, k_h, ctx).pattern()
 
     def scores_of(
         self,
@@ -385,25 +481,8 @@ class Attention(nn.Module):
         ctx: AttnContext,
     ) -> Float[Tensor, "batch head pos key_pos"]:
         """q k^T * scale, soft-capped if the model caps them, plus the relative position bias of models with one,
-        -inf at the keys a query may not read (the module docstring's `scores`)."""
-        k_r = k_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        # in place where a fresh tensor would only be thrown away: the same numbers, two fewer passes over the
-        # [batch head pos key_pos] scores (a third of what capturing the pattern costs beside SDPA)
-        scores = (q_h @ k_r.transpose(-1, -2)).mul_(self.scale)
-        if self.softcap is not None:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
-        if ctx.relative is not None and not self.cross:  # the bias carries the mask
-            return scores + ctx.position_bias(self.layer, scores.dtype)
-        if self.cross:
-            blocked = None if ctx.memory_allowed is None else ~ctx.memory_allowed
-        else:
-            blocked = ctx.blocked[self.layer_type]
-        if blocked is None and ctx.causal and not self.cross:  # plain causal: queries and keys are the same positions
-            n = scores.shape[-1]
-            blocked = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
-        if blocked is not None:
-            scores = scores.masked_fill_(blocked, float("-inf"))
-        return scores
+        -inf at the keys a query may not read (the module docstring's `scores`; ScoreInputs)."""
+        return ScoreInputs.of(self, q_h, k_h, ctx).scores()
 
 
 def softmax(
