@@ -55,7 +55,7 @@ from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.steps import drive_steps
 from resid.analyses.io import corpus as corpora
 from resid.analyses.training.activations import Activations, Position
-from resid.analyses.training.batchtopk import batch_top_k
+from resid.analyses.training.batchtopk import batch_top_k, starts, tracked
 from resid.analyses.training.coder import Coder, geometric_median
 from resid.analyses.training.jumprelu import JumpReLU
 from resid.analyses.training.loop import FORWARD_BATCH, Spec, TrainingJob, buffer_size, fingerprint
@@ -166,8 +166,7 @@ class CrossLayerCoder(Coder):
         instead of a dense [token feature] @ [feature target x d_out] product and its gradient."""
         out = self.b_dec.expand(tokens, -1, -1).clone()
         for source, (w, (values, token, feature)) in enumerate(zip(self.W_dec, kept, strict=True)):
-            counts = torch.bincount(token, minlength=tokens)
-            written = F.embedding_bag(feature, w.view(self.d_sae, -1), torch.cumsum(counts, 0) - counts, mode="sum",
+            written = F.embedding_bag(feature, w.view(self.d_sae, -1), starts(token, tokens), mode="sum",
                                       per_sample_weights=values)
             out[:, source:] += written.view(tokens, self.n_layers - source, self.d_out)
         return out
@@ -176,7 +175,7 @@ class CrossLayerCoder(Coder):
         """Each feature's decoder norm over all the targets it writes."""
         return torch.stack([w.flatten(1).norm(dim=1) for w in self.W_dec])
 
-    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
         if self.recipe.activation == "batchtopk":
             kept = [self._batch_top_k(pre[:, layer], layer, step) for layer in range(self.n_layers)]
@@ -197,10 +196,7 @@ class CrossLayerCoder(Coder):
         after recipe.threshold_start_step steps."""
         values, token, feature = batch_top_k(pre, self.recipe.k)
         if step > self.recipe.threshold_start_step:
-            with torch.no_grad():
-                smallest = values[values > 0].min() if bool((values > 0).any()) else values.new_zeros(())
-                beta, current = self.recipe.threshold_beta, self.threshold[layer]
-                self.threshold[layer] = smallest if current < 0 else beta * current + (1 - beta) * smallest
+            self.threshold[layer] = tracked(self.threshold[layer], values.detach(), self.recipe.threshold_beta)
         return values, token, feature
 
     # --- around the optimizer step ---------------------------------------------------------------------------
@@ -328,6 +324,7 @@ class CrossLayerJob(TrainingJob):
         self.steps, self.step, self.step_size = recipe.steps, 0, recipe.batch_size
         self.position = Position(0, 0)
         self.stats: list[Stats] = []
+        self.postfix: dict[str, str] = {}
 
     def older_settings(self) -> list[dict]:
         return []
