@@ -20,10 +20,15 @@ from resid.analyses.training.coder import Coder, auxk_loss, variance
 
 def batch_top_k(pre: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """relu(pre) kept at its k * rows largest entries over the whole batch, as (values, token, feature) of the kept
-    entries, sorted by token."""
-    values, flat = torch.relu(pre).flatten().topk(k * pre.shape[0], sorted=False)
-    flat, order = flat.sort()
-    return values[order], flat // pre.shape[1], flat % pre.shape[1]
+    entries, sorted by token. Chosen without a gradient and gathered with one, so that the backward touches the kept
+    entries only (a relu and a top-k of the whole batch in the graph would each give back a gradient of its size);
+    where fewer than k * rows are positive, the rest are the largest negative ones, which relu makes zeros as it
+    makes any others."""
+    entries = pre.reshape(-1)
+    with torch.no_grad():
+        flat = entries.topk(k * pre.shape[0], sorted=False).indices.sort().values
+    # gather's gradient is a scatter-add (an index's would sort the indices first)
+    return torch.relu(entries.gather(0, flat)), flat // pre.shape[1], flat % pre.shape[1]
 
 
 def starts(token: Tensor, tokens: int) -> Tensor:

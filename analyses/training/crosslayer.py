@@ -44,6 +44,7 @@ is stacked as [token layer d]: Trainer's FVU is then pooled over every target la
 
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -153,10 +154,9 @@ class CrossLayerCoder(Coder):
                ) -> Float[Tensor, "token layer d_out"]:
         """Every target's reconstruction: each source layer's features decoded into all its targets in one product,
         added into targets source.. of the output."""
-        out = self.b_dec.expand(acts.shape[0], -1, -1).clone()
-        for source, w in enumerate(self.W_dec):
-            out[:, source:] += (acts[:, source] @ w.flatten(1)).view(acts.shape[0], self.n_layers - source, self.d_out)
-        return out
+        tokens = acts.shape[0]
+        return Writes.apply(self.b_dec, *((acts[:, source] @ w.flatten(1)).view(tokens, -1, self.d_out)
+                                          for source, w in enumerate(self.W_dec)))
 
     def decode_sparse(self, kept: list[tuple[Tensor, Tensor, Tensor]], tokens: int
                       ) -> Float[Tensor, "token layer d_out"]:
@@ -164,12 +164,10 @@ class CrossLayerCoder(Coder):
         batch_top_k gives them): a gather of the active features' decoder rows over all their targets (torch's
         embedding_bag, as Coder.decode_sparse for one layer), so a step costs k rows per token and source layer
         instead of a dense [token feature] @ [feature target x d_out] product and its gradient."""
-        out = self.b_dec.expand(tokens, -1, -1).clone()
-        for source, (w, (values, token, feature)) in enumerate(zip(self.W_dec, kept, strict=True)):
-            written = F.embedding_bag(feature, w.view(self.d_sae, -1), starts(token, tokens), mode="sum",
-                                      per_sample_weights=values)
-            out[:, source:] += written.view(tokens, self.n_layers - source, self.d_out)
-        return out
+        return Writes.apply(self.b_dec, *(
+            F.embedding_bag(feature, w.view(self.d_sae, -1), starts(token, tokens), mode="sum",
+                            per_sample_weights=values).view(tokens, -1, self.d_out)
+            for w, (values, token, feature) in zip(self.W_dec, kept, strict=True)))
 
     def decoder_norms(self) -> Float[Tensor, "layer feature"]:
         """Each feature's decoder norm over all the targets it writes."""
@@ -178,7 +176,8 @@ class CrossLayerCoder(Coder):
     def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
         if self.recipe.activation == "batchtopk":
-            kept = [self._batch_top_k(pre[:, layer], layer, step) for layer in range(self.n_layers)]
+            # unbound once: a per-layer slice pre[:, layer] would give back a gradient of all of pre for each layer
+            kept = [self._batch_top_k(one, layer, step) for layer, one in enumerate(pre.unbind(1))]
             y_hat = self.decode_sparse(kept, len(x))
             with torch.no_grad():  # for the Trainer's statistics and dead-feature counts
                 acts = torch.zeros_like(pre)
@@ -226,9 +225,10 @@ class CrossLayerCoder(Coder):
         if not self.unit_norm:
             return
         for w in self.W_dec:
-            if w.grad is not None:
-                rows = w / w.flatten(1).norm(dim=1)[:, None, None]
-                w.grad -= (w.grad * rows).sum((1, 2), keepdim=True) * rows
+            if w.grad is not None:  # g - (g . w) / |w|^2 w per feature, in place: no weight-sized temporaries
+                flat, grad = w.flatten(1), w.grad.flatten(1)
+                along = torch.einsum("fi,fi->f", grad, flat) / flat.norm(dim=1).square()
+                grad.addcmul_(flat, along[:, None], value=-1)
 
     @torch.no_grad()
     def after_step(self) -> None:
@@ -343,6 +343,25 @@ class CrossLayerJob(TrainingJob):
         if out is not None:
             circuit_tracer.write(clt, Path(out) / "clt")
         return clt.to(self.model.device)
+
+
+class Writes(torch.autograd.Function):
+    """Every target's reconstruction from each source layer's writes, [token target - source d_out] for source
+    0..n-1: out[:, t] = b_dec[t] + the sum over sources s <= t of writes[s][:, t - s], added in source order. The
+    backward gives each source its slice of the gradient (a view): adding in place into slices of one output would
+    make autograd copy the whole gradient once per source layer."""
+
+    @staticmethod
+    def forward(ctx: Any, b_dec: Tensor, *writes: Tensor) -> Tensor:
+        ctx.sources = len(writes)
+        out = b_dec.expand(writes[0].shape[0], -1, -1).clone()
+        for source, written in enumerate(writes):
+            out[:, source:] += written
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, ...]:
+        return (grad.sum(0), *(grad[:, source:] for source in range(ctx.sources)))
 
 
 def _in_block(points: list[HookPoint]) -> str:
