@@ -44,8 +44,8 @@ is stacked as [token layer d]: Trainer's FVU is then pooled over every target la
 
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
