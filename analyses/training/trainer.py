@@ -2,13 +2,15 @@
 
     trainer = Trainer.new(Recipe(activation="topk", k=32), d_in=576)
     for x in batches:                     # [token d_in] float32 (a transcoder: trainer.step(x, y))
-        stats = trainer.step(x)           # loss, l0, fvu, dead fraction of this step
+        stats = trainer.step(x)           # loss, l0, fvu, dead fraction of this step (0-d tensors, on the device)
 
 `fit(trainer, batches)` runs the steps from a tensor of activations (synthetic data, tests). The model's
-activations are fed by resid.analyses.training.loop, which trains several dictionaries from one forward pass.
+activations are fed by resid.analyses.training.loop, which trains several dictionaries from one forward pass and
+steps them together (`step_together`): a step asks the host for two values however many dictionaries it trains
+(whether a feature may be dead, for the AuxK recipes; whether everything is finite), never for statistics.
 
 Nothing non-finite is ever trained on or kept: every step checks its loss and gradients (one sum per tensor and one
-synchronisation, before Adam touches the weights) and `check_finite` checks the whole state (weights,
+synchronisation for all the dictionaries, before Adam touches any weight) and `check_finite` checks the whole state (weights,
 buffers, Adam's moments) when it is checkpointed or exported. The first non-finite value stops training with a
 ResidError naming the step, the dictionary (`label`) and the tensor, and the weights stay those of the step before.
 """
