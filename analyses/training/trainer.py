@@ -10,8 +10,8 @@ steps them together (`step_together`): a step asks the host for two values howev
 (whether a feature may be dead, for the AuxK recipes; whether everything is finite), never for statistics.
 
 Nothing non-finite is ever trained on or kept: every step checks its loss and gradients (one sum per tensor and one
-synchronisation for all the dictionaries, before Adam touches any weight) and `check_finite` checks the whole state (weights,
-buffers, Adam's moments) when it is checkpointed or exported. The first non-finite value stops training with a
+synchronisation for all the dictionaries, before Adam touches any weight) and `check_finite` checks the whole state
+(weights, buffers, Adam's moments) when it is checkpointed or exported. The first non-finite value stops training with a
 ResidError naming the step, the dictionary (`label`) and the tensor, and the weights stay those of the step before.
 """
 
