@@ -14,8 +14,9 @@ rounds after one warm-up step:
     clt-dense    the same CLT decoding every feature densely (what decode_sparse saves)
 
 Each at --expansion x d_model features per layer, k per token and layer. The multiply-add bound of a step is its
-products at this machine's dense matmul rate (benchmarks/timing.matmul_gflops), forward and the two backward
-products (3x the forward's multiply-adds):
+products at this machine's dense matmul rate at one layer's encoder shape (a plain torch.mm of [batch d_model] @
+[d_model features], measured in the same run; the 2048^3 rate of benchmarks/timing.matmul_gflops is printed
+beside it), forward and the two backward products (3x the forward's multiply-adds):
 
     encoders       tokens x layers x d_in x features                        (both)
     decoders       tokens x layers x k x d_out                              per-layer
@@ -93,7 +94,8 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
     seconds = {name: statistics.median(t) for name, t in times.items()}
     adam = _adam_seconds(clt, args.steps)
-    rate = matmul_gflops()
+    square = matmul_gflops()
+    rate = _encoder_gflops(b, d, f, args.steps)
     blocks = n * (n + 1) // 2
     encoder = b * n * d * f
     macs = {"per-layer": encoder + b * n * args.k * d, "clt": encoder + b * args.k * d * blocks,
@@ -102,8 +104,9 @@ def main() -> None:
               "clt": sum(p.numel() for p in clt.coder.parameters())}
     params["clt-dense"] = params["clt"]
     print(f"{n} layers, d_model {d}, {f:,} features per layer, k={args.k}, batch {b:,} tokens, {args.threads} "
-          f"threads; dense matmul {rate:.0f} GFLOP/s; Adam's step on the CLT's {params['clt'] / 1e6:.0f}M weights "
-          f"alone: {adam:.3f} s")
+          f"threads; dense matmul {rate:.0f} GFLOP/s at one layer's encoder shape ({b} x {d} @ {d} x {f}; 2048^3: "
+          f"{square:.0f}), the bound's rate; Adam's step on the CLT's {params['clt'] / 1e6:.0f}M weights alone: "
+          f"{adam:.3f} s")
     print(f"{'case':<10} {'s/step':>8} {'tokens/s':>9} {'weights':>9} {'GFLOP/step':>11} {'bound s':>8} "
           f"{'of bound':>9}")
     for name, s in seconds.items():
@@ -125,6 +128,19 @@ def main() -> None:
         print(f"decode-clt {theirs['version']} ({theirs['activation']}): {theirs['seconds']:.3f} s/step, "
               f"{b / theirs['seconds']:,.0f} tokens/s; resid's clt / decode-clt: "
               f"{theirs['seconds'] / seconds['clt']:.2f}x (separate processes, run one after the other)")
+
+
+def _encoder_gflops(tokens: int, d: int, features: int, steps: int) -> float:
+    """This machine's matmul rate at one layer's encoder product, [tokens d] @ [d features], measured in this run
+    (median of steps + 1 products after one warm-up): the bound's rate, at the shapes the step multiplies."""
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(tokens, d, generator=g), torch.randn(d, features, generator=g)
+    times = []
+    for _ in range(steps + 2):
+        start = time.perf_counter()
+        torch.mm(x, w)
+        times.append(time.perf_counter() - start)
+    return 2 * tokens * d * features / statistics.median(times[1:]) / 1e9
 
 
 def _adam_seconds(trainer: Trainer, steps: int) -> float:

@@ -4,7 +4,7 @@ resid against SAELens (the issue's target: >= 2x SAELens's tokens/s at an FVU wi
     python benchmarks/bench_train.py [--layer 15] [--steps 8] [--batch-size 4096] [--window 256] [--device cpu]
                                      [--held-out 8192] [--fvu-every 8] [--documents 2000] [--no-saelens]
                                      [--trainer-only] [--reuse-acts]
-                                     [--transcoders]
+                                     [--transcoders] [--stream LAYERS]
 
 SAELens runs in its own environment (build/saelens-reference-venv: torch 2.13.0 and sae-lens 6.54.12, made by
 `python tests/data/make_saelens_training_reference.py`; --saelens-python names another), through
@@ -29,6 +29,8 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
               tokens per forward.
 4. --transcoders: 30 transcoders (every layer's MLP standardized input to its write) from one forward pass against
    30 separate runs (each stops after its own layer): generation timed both ways, the training steps once.
+5. --stream LAYERS: resid.analyses.training.train of BatchTopK transcoders (2x, k=16, bench_gpu.py's training
+   workload) at the first LAYERS layers from one stream, end to end, the model in fp32 and then in bf16.
 
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
 The recipes differ where each library's TopK recipe does (resid: sparsify's, unit-norm decoder rows, b_dec at the
@@ -83,6 +85,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--transcoders", action="store_true",
                         help="instead: 30 transcoders from one forward pass against 30 separate runs")
+    parser.add_argument("--stream", type=int, default=None, metavar="LAYERS",
+                        help="instead: train() of transcoders at the first LAYERS layers from one stream, end to end, "
+                             "with the model in fp32 and in bf16 (the GPU workload's recipe, bench_gpu.py)")
     parser.add_argument("--autocast", action="store_true",
                         help="both run the model under bf16 autocast (resid's autocast, SAELens's autocast_lm)")
     parser.add_argument("--held-out", type=int, default=8192, help="tokens the FVU is measured on")
@@ -111,8 +116,10 @@ def main() -> None:
     if args.saelens_prompts is None:  # the same forward batch as resid's unless asked otherwise
         args.saelens_prompts = args.forward_batch
 
-    model = resid.load("smollm2-135m", device=args.device)
     texts = corpus.demo(max_documents=args.documents or None)
+    if args.stream is not None:  # that measurement alone
+        return _stream(texts, args)
+    model = resid.load("smollm2-135m", device=args.device)
     site = Site(args.layer, "resid_post")
     buffer_tokens = (args.steps + 1) * args.batch_size
     recipe = Recipe(activation="topk", expansion=8, k=32, steps=args.steps, batch_size=args.batch_size,
@@ -231,6 +238,35 @@ def _transcoders(model, texts, args) -> None:
           f"{steps:.2f} s per transcoder")
     print(f"tokens/s of all {n} transcoders: one forward {tokens / one:.0f}, {n} separate runs {tokens / separate:.0f} "
           f"({separate / one:.2f}x)")
+
+
+def _stream(texts, args) -> None:
+    """resid.analyses.training.train of BatchTopK transcoders (2x, k=16: bench_gpu.py's training workload) at the
+    first --stream layers from one stream, end to end (generation and steps), the model in fp32 then in bf16: the
+    tokens/s of each, and how much of it is generation (Activations.block alone, timed after)."""
+    recipe = Recipe(activation="batchtopk", k=16, expansion=2, steps=args.steps, batch_size=args.batch_size,
+                    warmup_steps=max(1, args.steps // 6), threshold_start_step=max(1, args.steps // 3))
+    buffer_tokens = (args.steps + 1) * args.batch_size
+    print(f"SmolLM2-135M on {args.device}, {torch.get_num_threads()} threads: {args.stream} BatchTopK transcoders (2x, "
+          f"k=16) from one stream, {args.steps} steps x {args.batch_size} tokens, forward batch {args.forward_batch} "
+          f"x {args.window}")
+    for dtype in (torch.float32, torch.bfloat16):
+        model = resid.load("smollm2-135m", device=args.device, dtype=dtype)
+        specs = [Spec.transcoder(model, layer) for layer in range(args.stream)]
+        start = time.perf_counter()
+        train(model, texts, specs, recipe, Execution(batch_size=args.forward_batch, progress=False),
+              window=args.window, buffer_tokens=buffer_tokens, device=args.device)
+        _sync(args.device)
+        seconds = time.perf_counter() - start
+        source = Activations(model, texts, [p for s in specs for p in s.points(model) if p is not None],
+                             args.batch_size, args.window, args.forward_batch, buffer_tokens)
+        start = time.perf_counter()
+        source.block(0)
+        _sync(args.device)
+        generate = time.perf_counter() - start
+        tokens = args.steps * args.batch_size
+        print(f"{str(dtype).removeprefix('torch.'):>9}: {tokens / seconds:8.0f} tokens/s end to end ({seconds:.2f} s "
+              f"for {tokens} tokens; generating the block alone {generate:.2f} s)", flush=True)
 
 
 def _held_out(dictionary, rows) -> dict:

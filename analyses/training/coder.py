@@ -42,6 +42,7 @@ class Coder(nn.Module):
     """One dictionary being trained. Subclasses (one per recipe) define `loss` and may add parameters."""
 
     unit_norm: bool = False  # decoder rows kept at unit norm (and their parallel gradient removed)
+    uses_dead: bool = False  # the loss has a term for dead features (AuxK), computed only while some may be dead
     activation: str = "relu"  # the exported Dictionary's activation
 
     def __init__(self, d_in: int, d_out: int, recipe: Recipe, transcoder: bool = False, skip: bool = False,
@@ -90,8 +91,10 @@ class Coder(nn.Module):
         out = F.embedding_bag(index, self.W_dec, offsets, mode="sum", per_sample_weights=values) + self.b_dec
         return out + x @ self.W_skip if self.W_skip is not None else out
 
-    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(loss, feature activations, reconstruction) of a batch: x the input, y the target (x for an SAE)."""
+    def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, feature activations, reconstruction) of a batch: x the input, y the target (x for an SAE). dead:
+        whether a feature may be dead, for the recipes whose loss has a term for dead features (`uses_dead`):
+        False leaves it out, as zero (the trainer asks every dictionary's once per step, in one synchronisation)."""
         raise NotImplementedError
 
     # --- around the optimizer step ---------------------------------------------------------------------------
@@ -125,11 +128,10 @@ class Coder(nn.Module):
         self.initialised.fill_(True)
 
     @torch.no_grad()
-    def count(self, acts: Tensor) -> None:
-        """Tokens since each feature fired, after a batch."""
-        fired = (acts > 0).any(0)
-        self.since_fired += acts.shape[0]
-        self.since_fired[fired] = 0
+    def count(self, fired: Tensor, rows: int) -> None:
+        """Tokens since each feature fired, after a batch of `rows` tokens in which `fired` (a mask of the features)
+        did."""
+        self.since_fired.add_(rows).masked_fill_(fired, 0)
 
     def dead(self) -> Tensor:
         return self.since_fired >= self.recipe.dead_tokens
@@ -193,16 +195,15 @@ def geometric_median(points: Float[Tensor, "token d"], iterations: int = 100, to
 def auxk_loss(coder: Coder, pre: Tensor, residual: Tensor, k_aux: int, variance: Tensor) -> Tensor:
     """The AuxK loss of Gao et al. 2024: the top k_aux dead features (by relu(pre)) reconstruct the main
     reconstruction's residual (detached) through the decoder without its bias; the squared error summed over
-    features, mean over tokens, divided by `variance` (each recipe says which). Zero while no feature is dead."""
+    features, mean over tokens, divided by `variance` (each recipe says which). Zero while no feature is dead.
+    Without asking the host how many are dead: the k_aux largest of relu(pre) with the live features' entries at
+    zero, where a live feature (or a dead one at zero) adds a zero row, so that fewer than k_aux dead features give
+    the sum of theirs."""
     dead = coder.dead()
-    n_dead = int(dead.sum())
-    if n_dead == 0:
-        return pre.new_zeros(())
-    k = min(k_aux, n_dead)
     relu = torch.relu(pre)
-    values, index = torch.where(dead, relu, torch.full_like(relu, -torch.inf)).topk(k, dim=-1, sorted=False)
+    values, index = torch.where(dead, relu, 0.0).topk(min(k_aux, relu.shape[-1]), dim=-1, sorted=False)
     e_hat = F.embedding_bag(index, coder.W_dec, mode="sum", per_sample_weights=values)
-    return ((residual - e_hat).pow(2).sum(-1).mean() / variance).nan_to_num(0.0)
+    return ((residual - e_hat).pow(2).sum(-1).mean() / variance * dead.any()).nan_to_num(0.0)
 
 
 def variance(y: Float[Tensor, "token d"]) -> Tensor:

@@ -45,6 +45,7 @@ is stacked as [token layer d]: Trainer's FVU is then pooled over every target la
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,7 @@ from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.steps import drive_steps
 from resid.analyses.io import corpus as corpora
 from resid.analyses.training.activations import Activations, Position
-from resid.analyses.training.batchtopk import batch_top_k
+from resid.analyses.training.batchtopk import batch_top_k, starts, tracked
 from resid.analyses.training.coder import Coder, geometric_median
 from resid.analyses.training.jumprelu import JumpReLU
 from resid.analyses.training.loop import FORWARD_BATCH, Spec, TrainingJob, buffer_size, fingerprint
@@ -153,10 +154,9 @@ class CrossLayerCoder(Coder):
                ) -> Float[Tensor, "token layer d_out"]:
         """Every target's reconstruction: each source layer's features decoded into all its targets in one product,
         added into targets source.. of the output."""
-        out = self.b_dec.expand(acts.shape[0], -1, -1).clone()
-        for source, w in enumerate(self.W_dec):
-            out[:, source:] += (acts[:, source] @ w.flatten(1)).view(acts.shape[0], self.n_layers - source, self.d_out)
-        return out
+        tokens = acts.shape[0]
+        return Writes.apply(self.b_dec, *((acts[:, source] @ w.flatten(1)).view(tokens, -1, self.d_out)
+                                          for source, w in enumerate(self.W_dec)))
 
     def decode_sparse(self, kept: list[tuple[Tensor, Tensor, Tensor]], tokens: int
                       ) -> Float[Tensor, "token layer d_out"]:
@@ -164,22 +164,20 @@ class CrossLayerCoder(Coder):
         batch_top_k gives them): a gather of the active features' decoder rows over all their targets (torch's
         embedding_bag, as Coder.decode_sparse for one layer), so a step costs k rows per token and source layer
         instead of a dense [token feature] @ [feature target x d_out] product and its gradient."""
-        out = self.b_dec.expand(tokens, -1, -1).clone()
-        for source, (w, (values, token, feature)) in enumerate(zip(self.W_dec, kept, strict=True)):
-            counts = torch.bincount(token, minlength=tokens)
-            written = F.embedding_bag(feature, w.view(self.d_sae, -1), torch.cumsum(counts, 0) - counts, mode="sum",
-                                      per_sample_weights=values)
-            out[:, source:] += written.view(tokens, self.n_layers - source, self.d_out)
-        return out
+        return Writes.apply(self.b_dec, *(
+            F.embedding_bag(feature, w.view(self.d_sae, -1), starts(token, tokens), mode="sum",
+                            per_sample_weights=values).view(tokens, -1, self.d_out)
+            for w, (values, token, feature) in zip(self.W_dec, kept, strict=True)))
 
     def decoder_norms(self) -> Float[Tensor, "layer feature"]:
         """Each feature's decoder norm over all the targets it writes."""
         return torch.stack([w.flatten(1).norm(dim=1) for w in self.W_dec])
 
-    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
         if self.recipe.activation == "batchtopk":
-            kept = [self._batch_top_k(pre[:, layer], layer, step) for layer in range(self.n_layers)]
+            # unbound once: a per-layer slice pre[:, layer] would give back a gradient of all of pre for each layer
+            kept = [self._batch_top_k(one, layer, step) for layer, one in enumerate(pre.unbind(1))]
             y_hat = self.decode_sparse(kept, len(x))
             with torch.no_grad():  # for the Trainer's statistics and dead-feature counts
                 acts = torch.zeros_like(pre)
@@ -197,10 +195,7 @@ class CrossLayerCoder(Coder):
         after recipe.threshold_start_step steps."""
         values, token, feature = batch_top_k(pre, self.recipe.k)
         if step > self.recipe.threshold_start_step:
-            with torch.no_grad():
-                smallest = values[values > 0].min() if bool((values > 0).any()) else values.new_zeros(())
-                beta, current = self.recipe.threshold_beta, self.threshold[layer]
-                self.threshold[layer] = smallest if current < 0 else beta * current + (1 - beta) * smallest
+            self.threshold[layer] = tracked(self.threshold[layer], values.detach(), self.recipe.threshold_beta)
         return values, token, feature
 
     # --- around the optimizer step ---------------------------------------------------------------------------
@@ -230,9 +225,10 @@ class CrossLayerCoder(Coder):
         if not self.unit_norm:
             return
         for w in self.W_dec:
-            if w.grad is not None:
-                rows = w / w.flatten(1).norm(dim=1)[:, None, None]
-                w.grad -= (w.grad * rows).sum((1, 2), keepdim=True) * rows
+            if w.grad is not None:  # g - (g . w) / |w|^2 w per feature, in place: no weight-sized temporaries
+                flat, grad = w.flatten(1), w.grad.flatten(1)
+                along = torch.einsum("fi,fi->f", grad, flat) / flat.norm(dim=1).square()
+                grad.addcmul_(flat, along[:, None], value=-1)
 
     @torch.no_grad()
     def after_step(self) -> None:
@@ -328,6 +324,7 @@ class CrossLayerJob(TrainingJob):
         self.steps, self.step, self.step_size = recipe.steps, 0, recipe.batch_size
         self.position = Position(0, 0)
         self.stats: list[Stats] = []
+        self.postfix: dict[str, str] = {}
 
     def older_settings(self) -> list[dict]:
         return []
@@ -346,6 +343,25 @@ class CrossLayerJob(TrainingJob):
         if out is not None:
             circuit_tracer.write(clt, Path(out) / "clt")
         return clt.to(self.model.device)
+
+
+class Writes(torch.autograd.Function):
+    """Every target's reconstruction from each source layer's writes, [token target - source d_out] for source
+    0..n-1: out[:, t] = b_dec[t] + the sum over sources s <= t of writes[s][:, t - s], added in source order. The
+    backward gives each source its slice of the gradient (a view): adding in place into slices of one output would
+    make autograd copy the whole gradient once per source layer."""
+
+    @staticmethod
+    def forward(ctx: Any, b_dec: Tensor, *writes: Tensor) -> Tensor:
+        ctx.sources = len(writes)
+        out = b_dec.expand(writes[0].shape[0], -1, -1).clone()
+        for source, written in enumerate(writes):
+            out[:, source:] += written
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, ...]:
+        return (grad.sum(0), *(grad[:, source:] for source in range(ctx.sources)))
 
 
 def _in_block(points: list[HookPoint]) -> str:

@@ -70,7 +70,7 @@ class JumpReLUCoder(Coder):
         super().__init__(*args, **kwargs)
         self.threshold = nn.Parameter(torch.full((self.d_sae,), float(self.recipe.init_threshold)))
 
-    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         with torch.no_grad():  # a negative threshold would pass negative pre-activations: projected, as SAELens does
             self.threshold.clamp_(min=0.0)  # (a clamp in the graph would zero its gradient there for good)
         pre = self.pre(x)

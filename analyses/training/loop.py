@@ -17,7 +17,8 @@ depend on who made them. With `execution.out`, a checkpoint (resid.analyses.io.c
 saved Position and every dictionary's weights, buffers and Adam state are restored, so the run ends with the
 weights of a run that was never stopped. At the end each dictionary is written to OUT/<name>/ in SAELens's format
 (resid.dictionaries.formats.saelens.write), under the TransformerLens hook names SAELens reads (the dictionary's
-HookPoint). The progress bar shows tokens/s and the last step's L0, FVU and dead fraction, each the mean over the
+HookPoint). The progress bar shows tokens/s and the L0, FVU and dead fraction of a recent step (read every
+STATS_EVERY steps: a step asks the host for nothing else, see trainer.step_together), each the mean over the
 dictionaries.
 
 Checkpoint (OUT/checkpoint.safetensors, format "resid.training.checkpoint"): for dictionary i its parameters and
@@ -42,7 +43,7 @@ from resid.analyses.io import corpus as corpora
 from resid.analyses.io.checkpoints import DamagedState, count
 from resid.analyses.training.activations import Activations, BlockJob, Position, batches
 from resid.analyses.training.recipe import Recipe
-from resid.analyses.training.trainer import Stats, Trainer
+from resid.analyses.training.trainer import Stats, Trainer, step_together
 from resid.batching import available_bytes
 from resid.dictionaries import Dictionary, check
 from resid.dictionaries.formats import saelens
@@ -52,6 +53,8 @@ from resid.model import Transformer
 from resid.sites import Site
 
 FORWARD_BATCH = 8  # windows per forward pass when Execution.batch_size is "auto"
+# steps between two readings of the statistics the progress bar shows (each waits for the device to finish the step)
+STATS_EVERY = 20
 # buffer_tokens="auto": a quarter of the free memory (the dictionaries, their Adam state and the model need the rest),
 # at least one batch, at most 2^16 tokens (SAELens's and sparsify's buffers are of this order; more shuffles no better)
 BUFFER_SHARE, BUFFER_MOST = 0.25, 2**16
@@ -133,7 +136,7 @@ def train(
     resumed checkpoint's). device: where the dictionaries train (default: the model's). autocast: the model's
     forward under bf16 autocast;
     max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). on_step(step, stats per
-    dictionary) after each step (and its checkpoint)."""
+    dictionary: 0-d tensors on the device) after each step (and its checkpoint)."""
     execution = as_execution(execution)
     specs = [s if isinstance(s, Spec) else Spec(s) for s in specs]
     if not specs:
@@ -202,6 +205,7 @@ class TrainingJob(StepJob):
         self.steps, self.step, self.step_size = recipe.steps, 0, recipe.batch_size
         self.position = Position(0, 0)  # where the stream is: after `batch` batches of block `block`
         self.stats: list[Stats] = []
+        self.postfix: dict[str, str] = {}  # the statistics the bar shows, as last read
 
     def settings(self) -> dict:
         return self._settings
@@ -253,14 +257,15 @@ class TrainingJob(StepJob):
                 return
             self.stats = self.train_on(batch)
             self.step, self.position = self.step + 1, position
-            mean = lambda field: sum(getattr(x, field) for x in self.stats) / len(self.stats)  # noqa: E731
-            yield {"l0": f"{mean('l0'):.1f}", "fvu": f"{mean('fvu'):.3f}", "dead": f"{mean('dead'):.2f}"}
+            if self.shows_progress and (not self.postfix or self.step % STATS_EVERY == 0 or self.step == self.steps):
+                self.postfix = summary(self.stats)
+            yield self.postfix  # between readings the bar counts the steps with the last statistics
         self.position = Position(block + 1, 0)
 
     def train_on(self, batch: dict[HookPoint, Tensor]) -> list[Stats]:
         """One optimizer step of every trainer on its points' rows of `batch`."""
-        return [t.step(batch[p_in], batch[p_out] if p_out is not None else None)
-                for t, (p_in, p_out) in zip(self.trainers, self.pairs)]
+        return step_together(self.trainers, [(batch[p_in], batch[p_out] if p_out is not None else None)
+                                             for p_in, p_out in self.pairs])
 
     def run_info(self, trainer: str) -> dict:
         """What a trained dictionary's metadata records of the run that made it (`trainer`: the module)."""
@@ -286,6 +291,12 @@ class TrainingJob(StepJob):
             for d in found:
                 saelens.write(d, Path(out) / _folder_name(d.name))
         return [d.to(self.model.device) for d in found]  # where the model runs them (trained on a GPU: there)
+
+
+def summary(stats: list[Stats]) -> dict[str, str]:
+    """The progress line's L0, FVU and dead fraction, each the mean over the dictionaries: one read of the device."""
+    l0, fvu, dead = torch.stack([torch.stack([s.l0, s.fvu, s.dead]) for s in stats]).mean(0).tolist()
+    return {"l0": f"{l0:.1f}", "fvu": f"{fvu:.3f}", "dead": f"{dead:.2f}"}
 
 
 def _check_sizes(model: Transformer, recipe: Recipe, pairs: list, labels: list[str], device: torch.device) -> None:

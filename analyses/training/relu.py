@@ -18,7 +18,7 @@ class ReLUCoder(Coder):
     unit_norm = False
     activation = "relu"
 
-    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         acts = torch.relu(self.pre(x))
         y_hat = self.decode(acts, x)
         l1 = (acts * self.W_dec.norm(dim=1)).sum(-1).mean()

@@ -27,9 +27,10 @@ def top_k(pre: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 class TopKCoder(Coder):
     unit_norm = True
+    uses_dead = True
     activation = "topk"
 
-    def loss(self, x: Tensor, y: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    def loss(self, x: Tensor, y: Tensor, step: int, dead: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         pre = self.pre(x)
         values, index = top_k(pre, self.recipe.k)
         y_hat = self.decode_sparse(index, values, x)
@@ -37,8 +38,10 @@ class TopKCoder(Coder):
             acts = torch.zeros_like(pre).scatter(-1, index, values)
         total = variance(y)
         fvu = (y - y_hat).pow(2).sum(-1).mean() / total
+        if not dead:
+            return fvu, acts, y_hat
         k_aux = self.d_out // 2
-        scale = min(int(self.dead().sum()) / k_aux, 1.0)
+        scale = (self.dead().sum() / k_aux).clamp(max=1.0)
         aux = auxk_loss(self, pre, (y - y_hat).detach(), k_aux, total)
         return fvu + self.recipe.auxk_alpha * scale * aux, acts, y_hat
 

@@ -2,18 +2,20 @@
 
     trainer = Trainer.new(Recipe(activation="topk", k=32), d_in=576)
     for x in batches:                     # [token d_in] float32 (a transcoder: trainer.step(x, y))
-        stats = trainer.step(x)           # loss, l0, fvu, dead fraction of this step
+        stats = trainer.step(x)           # loss, l0, fvu, dead fraction of this step (0-d tensors, on the device)
 
 `fit(trainer, batches)` runs the steps from a tensor of activations (synthetic data, tests). The model's
-activations are fed by resid.analyses.training.loop, which trains several dictionaries from one forward pass.
+activations are fed by resid.analyses.training.loop, which trains several dictionaries from one forward pass and
+steps them together (`step_together`): a step asks the host for two values however many dictionaries it trains
+(whether a feature may be dead, for the AuxK recipes; whether everything is finite), never for statistics.
 
 Nothing non-finite is ever trained on or kept: every step checks its loss and gradients (one sum per tensor and one
-synchronisation, before Adam touches the weights) and `check_finite` checks the whole state (weights,
-buffers, Adam's moments) when it is checkpointed or exported. The first non-finite value stops training with a
+synchronisation for all the dictionaries, before Adam touches any weight) and `check_finite` checks the whole state
+(weights, buffers, Adam's moments) when it is checkpointed or exported. The first non-finite value stops training with a
 ResidError naming the step, the dictionary (`label`) and the tensor, and the weights stay those of the step before.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,10 +37,24 @@ BETAS = (0.9, 0.999)  # Adam's, in every library followed
 
 @dataclass(frozen=True)
 class Stats:
-    loss: float
-    l0: float  # mean active features per token
-    fvu: float  # fraction of variance unexplained, over the batch
-    dead: float  # fraction of features dead (recipe.dead_tokens without firing)
+    """A step's statistics, each a 0-d float32 tensor on the training device: reading one (float(stats.fvu)) waits
+    for the step, so the training loop reads them once per logging interval, not every step."""
+
+    loss: Tensor
+    l0: Tensor  # mean active features per token
+    fvu: Tensor  # fraction of variance unexplained, over the batch
+    dead: Tensor  # fraction of features dead (recipe.dead_tokens without firing)
+
+
+@dataclass(frozen=True)
+class _Computed:
+    """A step's loss and statistics with its gradients in the weights' .grad, not yet taken by the optimizer."""
+
+    loss: Tensor
+    l0: Tensor
+    fvu: Tensor
+    fired: Tensor  # [feature] (CLT: [layer feature]): the features that fired in the batch
+    rows: int  # its tokens
 
 
 class Trainer:
@@ -47,8 +63,10 @@ class Trainer:
     def __init__(self, coder: Coder, device: torch.device | str = "cpu"):
         self.coder = coder.to(device)
         self.recipe = coder.recipe
+        # fused: one pass over each weight with its step count on the weights' device (the unfused Adam reads the
+        # count to the host for every weight, every step)
         self.optimizer = torch.optim.Adam(self.coder.parameters(), lr=self.recipe.default_lr(coder.d_sae),
-                                          betas=BETAS)
+                                          betas=BETAS, fused=True)
         self.base_lr = self.recipe.default_lr(coder.d_sae)
         self.steps_done = 0
         self.label = "the dictionary"  # how messages name it (the training loop: its name and Site)
@@ -67,14 +85,28 @@ class Trainer:
 
     def step(self, x: Tensor, y: Tensor | None = None) -> Stats:
         """One optimizer step on the batch x (target y; x for an SAE)."""
+        return step_together([self], [(x, y)])[0]
+
+    def _compute(self, x: Tensor, y: Tensor | None, dead: bool) -> _Computed:
+        """The loss of the batch and its gradients (dead: whether a feature may be dead, see Coder.loss)."""
         coder, step = self.coder, self.steps_done
         y = x if y is None else y
         x, y = x.float(), y.float()
-        coder.start(x, y)
+        if step == 0:  # b_dec and the normalisation constants, from the first batch (a resumed run has its own)
+            coder.start(x, y)
         x, y = coder.normalise(x, y)
-        loss, acts, y_hat = coder.loss(x, y, step)
+        loss, acts, y_hat = coder.loss(x, y, step, dead=dead)
         loss.backward()
-        self._check_step(loss, step)
+        with torch.no_grad():
+            active = acts > 0
+            l0 = active.sum(-1).float().mean()
+            fvu = (y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
+            fired = active.any(0)
+        return _Computed(loss.detach(), l0, fvu, fired, len(x))
+
+    def _take(self, computed: _Computed) -> Stats:
+        """The optimizer step on the gradients `computed` left, the schedule's learning rate, the decoder's norm."""
+        coder, step = self.coder, self.steps_done
         coder.before_step()
         if self.recipe.clip is not None:
             torch.nn.utils.clip_grad_norm_(coder.parameters(), self.recipe.clip)
@@ -84,21 +116,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         coder.after_step()
         with torch.no_grad():
-            coder.count(acts)
-            fvu = (y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
-            stats = Stats(float(loss), float((acts > 0).sum(-1).float().mean()), float(fvu),
-                          float(coder.dead().float().mean()))
+            coder.count(computed.fired, computed.rows)
+            dead = coder.dead().float().mean()
         self.steps_done += 1
-        return stats
+        return Stats(computed.loss, computed.l0, computed.fvu, dead)
 
     # --- the non-finite checks -----------------------------------------------------------------------------
     def _check_step(self, loss: Tensor, step: int) -> None:
-        """Stop before the optimizer step if the loss or a gradient is not finite: one sum per tensor, one
-        synchronisation. A cause found among the weights (put there by an earlier step) is named
-        before the loss it made."""
+        """Stop before the optimizer step if the loss or a gradient is not finite (step_together asks this of every
+        trainer only when their sum is not). A cause found among the weights (put there by an earlier step) is
+        named before the loss it made."""
         grads = [(f"the gradient of {n}", p.grad) for n, p in self.coder.named_parameters() if p.grad is not None]
-        # one summing pass per tensor and one synchronisation in the usual case (isfinite().all() on every gradient
-        # cost a tenth of a CPU step): resid.finite
+        # one summing pass per tensor (isfinite().all() on every gradient cost a tenth of a CPU step): resid.finite
         if all_finite(loss, *(g for _, g in grads)):
             return
         raise self._error(step, self._first_non_finite() or first_non_finite([("the loss", loss), *grads]))
@@ -159,10 +188,25 @@ class Trainer:
         if extra:
             raise DamagedState(f"it has tensors this dictionary does not ({', '.join(extra[:4])})")
         self.coder.load_state_dict(state)
-        for weight, saved in adam.items():
-            # Adam keeps its step count on the CPU unless fused/capturable
-            self.optimizer.state[weight] = {key: v.cpu() if key == "step" else v.to(device) for key, v in saved.items()}
+        for weight, saved in adam.items():  # fused Adam keeps its step count beside the weights
+            self.optimizer.state[weight] = {key: v.to(device) for key, v in saved.items()}
         self.steps_done = steps_done
+
+
+def step_together(trainers: Sequence[Trainer], batches: Sequence[tuple[Tensor, Tensor | None]]) -> list[Stats]:
+    """One optimizer step of each trainer on its batch (x, target y or None), with two synchronisations for all of
+    them, however many: whether any of their features may be dead (the recipes with an AuxK loss compute it only
+    then), and whether every loss and gradient is finite, asked before any weight changes, so that a non-finite one
+    stops every trainer with the weights of the step before (naming the first culprit)."""
+    aux = [t for t in trainers if t.coder.uses_dead]
+    flags = torch.stack([t.coder.dead().any() for t in aux]).tolist() if aux else []
+    dead = {id(t): flag for t, flag in zip(aux, flags)}
+    computed = [t._compute(x, y, dead.get(id(t), False)) for t, (x, y) in zip(trainers, batches, strict=True)]
+    grads = [p.grad for t in trainers for p in t.coder.parameters() if p.grad is not None]
+    if not all_finite(*(c.loss for c in computed), *grads):
+        for t, c in zip(trainers, computed):
+            t._check_step(c.loss, t.steps_done)  # raises for the first that is not finite
+    return [t._take(c) for t, c in zip(trainers, computed)]
 
 
 def fit(trainer: Trainer, batches: Iterable[Tensor | tuple[Tensor, Tensor]]) -> list[Stats]:

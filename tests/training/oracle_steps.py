@@ -32,7 +32,7 @@ def replay(recipe: Recipe, d_in: int, theirs: dict[str, Tensor]) -> tuple[Traine
             getattr(trainer.coder, name).copy_(theirs[f"initial.{name}"])
         if "initial.threshold" in theirs:  # JumpReLU trains its threshold from the fixture's start
             trainer.coder.threshold.copy_(theirs["initial.threshold"])
-    return trainer, [trainer.step(x).loss for x in theirs["inputs"]]
+    return trainer, [float(trainer.step(x).loss) for x in theirs["inputs"]]
 
 
 def assert_steps_match(trainer: Trainer, losses: list[float], theirs: dict[str, Tensor], tolerance: float,

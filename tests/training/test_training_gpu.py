@@ -29,8 +29,8 @@ def test_a_run_on_the_gpu_ends_with_the_cpus_weights(bos_model, texts, gpu) -> N
     assert len(gpu_stats) == len(cpu_stats) == recipe.steps
     for cpu_step, gpu_step in zip(cpu_stats, gpu_stats):  # the same batches through the same weights
         for cpu_s, gpu_s in zip(cpu_step, gpu_step):
-            torch.testing.assert_close(torch.tensor([gpu_s.loss, gpu_s.l0, gpu_s.fvu]),
-                                       torch.tensor([cpu_s.loss, cpu_s.l0, cpu_s.fvu]), atol=1e-4, rtol=1e-3)
+            torch.testing.assert_close(torch.stack([gpu_s.loss, gpu_s.l0, gpu_s.fvu]).cpu(),
+                                       torch.stack([cpu_s.loss, cpu_s.l0, cpu_s.fvu]), atol=1e-4, rtol=1e-3)
     for cpu_dict, gpu_dict in zip(on_cpu, on_gpu):
         assert gpu_dict.W_dec.device.type == gpu.type  # returned where the model runs
         cpu_state, gpu_state = cpu_dict.state_dict(), gpu_dict.state_dict()
