@@ -11,7 +11,6 @@ from tiny_fixtures import random_ids
 
 import resid
 from resid.dictionaries import Observe, Splice
-from resid.dictionaries.attach import decode
 from resid.dictionaries.hooks import read
 
 
@@ -103,17 +102,6 @@ def test_the_sublayer_input_can_be_edited() -> None:
     mlp = model.blocks[1].mlp
     torch.testing.assert_close(edited.stream.layers[1].mlp.out, mlp(torch.zeros_like(clean.read(site)),
                                                                     frozenset(), ())[0], **EXACT)
-
-
-def test_decoding_from_the_active_features_equals_the_dense_decode() -> None:
-    """Runs decode mostly-zero activations from the active features' decoder rows alone."""
-    model = make_random_model("llama_gqa")
-    d = random_dictionary(model, "blocks.0.hook_resid_post", d_sae=400, activation="topk", seed=3, skip=False)
-    x = torch.randn(2, 7, model.config.d_model, generator=torch.Generator().manual_seed(0))
-    acts = d.encode(x)
-    assert 0 < int(acts.count_nonzero()) < 0.05 * acts.numel()  # topk 5 of 400: the sparse path
-    torch.testing.assert_close(decode(d, acts, x), d.decode(acts, x), **EXACT)
-    torch.testing.assert_close(decode(d, torch.zeros_like(acts), x), d.b_dec.expand(2, 7, -1), **EXACT)
 
 
 def test_a_dictionary_on_another_device_than_the_model_is_refused_with_what_to_do() -> None:
