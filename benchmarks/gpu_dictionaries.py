@@ -1,8 +1,9 @@
 """The dictionary workloads of bench_gpu.py (issues 21-23 on a GPU): records as in gpu_workloads.py.
 
-  dictionaries  30 random residual SAEs (bench_dictionaries.random_saes) observed in a forward and their features
-                attributed, against the plain forward (the dictionaries issue's targets: observe <= 1.3x plain,
-                attribute <= 1.2x observe)
+  dictionaries  30 random residual SAEs (bench_dictionaries.random_saes, in the model's dtype: a bf16 model's are
+                bf16, whose products run in bf16) observed in a forward and their features attributed, against the
+                plain forward (the dictionaries issue's targets: observe <= 1.3x the multiply-add bound, about 3.1x
+                plain with the 30 encoders; attribute <= 1.2x observe)
   training      30 BatchTopK transcoders (k=16, 2x) trained together from one forward stream of the demo corpus
                 (resid.analyses.training.train, no files written): tokens/s, generation included
   graph         an attribution graph (resid.analyses.graphs.attribute) through those transcoders on a prompt of the
