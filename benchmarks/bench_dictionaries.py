@@ -2,10 +2,13 @@
 features each, in one process.
 
     python benchmarks/bench_dictionaries.py [--batch 8] [--pos 64] [--features 16384] [--l0 64] [--repeats 3]
+                                            [--dtype fp32|bf16] [--dictionary-dtype model|fp32]
 
 The SAEs are random (W_enc columns and W_dec rows of unit norm, W_dec = W_enc^T) with ReLU encoder biases
 calibrated on a separate batch so that each feature fires on about l0 / features of the tokens (about l0 features
-per token), read at every layer's hook_resid_post. Timed, interleaved (benchmarks/timing.py):
+per token), read at every layer's hook_resid_post, in the model's dtype (as `dictionary.to(model.dtype)`: a bf16
+dictionary's products run in bf16 on a GPU; `--dictionary-dtype fp32` keeps them float32). Timed, interleaved
+(benchmarks/timing.py):
 
     plain      model.run(ids)                                  the default capture (the residual writes)
     observe    model.run(ids, dictionaries=saes)               30 SAEs encoded and decoded at every position,
@@ -28,9 +31,10 @@ from resid.analyses.features.by_dictionary import by_dictionary
 from resid.dictionaries import Dictionary, Observe, check
 
 
-def random_saes(model: resid.Transformer, calibration: torch.Tensor, d_sae: int, l0: int) -> list[Dictionary]:
+def random_saes(model: resid.Transformer, calibration: torch.Tensor, d_sae: int, l0: int,
+                dtype: torch.dtype | None = None) -> list[Dictionary]:
     """One random ReLU SAE per layer on hook_resid_post, each feature firing on about l0 / d_sae of the tokens, on
-    the model's device."""
+    the model's device, in `dtype` (default: the model's)."""
     d_model, n_layers = model.config.d_model, model.config.n_layers
     g = torch.Generator().manual_seed(0)
     run = model.run(calibration)
@@ -45,7 +49,7 @@ def random_saes(model: resid.Transformer, calibration: torch.Tensor, d_sae: int,
             sae = Dictionary(W_enc=w_enc, b_enc=b_enc, W_dec=w_enc.T.contiguous(),
                              b_dec=torch.zeros(d_model, device=model.device), activation="relu",
                              hook_in=f"blocks.{layer}.hook_resid_post", name=f"sae{layer}")
-            saes.append(check(sae, model))
+            saes.append(check(sae.to(dtype or model.dtype), model))
     assert len(saes) == n_layers
     return saes
 
@@ -54,8 +58,13 @@ def stored_bytes(run: resid.Run) -> int:
     total = 0
     for encoded in run.dictionaries.values():
         t = encoded.stored
-        total += (t.indices().numel() * 8 + t.values().numel() * 4) if t.is_sparse else t.numel() * t.element_size()
+        total += (t.indices().numel() * 8 + t.values().numel() * t.element_size()) if t.is_sparse \
+            else t.numel() * t.element_size()
     return total
+
+
+def saes_dtype(args) -> str:
+    return args.dtype if args.dictionary_dtype == "model" else "fp32"
 
 
 def main() -> None:
@@ -65,14 +74,18 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=16384)
     parser.add_argument("--l0", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--dictionary-dtype", choices=("model", "fp32"), default="model")
     args = parser.parse_args()
-    model = resid.load("smollm2-135m")
+    model = resid.load("smollm2-135m", dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype])
     print(f"SmolLM2-135M on {model.device}, {model.dtype}, torch threads {torch.get_num_threads()}; "
-          f"{model.config.n_layers} SAEs x {args.features} features, batch {args.batch} x {args.pos} tokens\n")
+          f"{model.config.n_layers} SAEs ({saes_dtype(args)}) x {args.features} features, "
+          f"batch {args.batch} x {args.pos} tokens\n")
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.d_vocab, (args.batch, args.pos), generator=g)
     calibration = torch.randint(0, model.config.d_vocab, (args.batch, args.pos), generator=g)
-    saes = random_saes(model, calibration, args.features, args.l0)
+    saes = random_saes(model, calibration, args.features, args.l0,
+                       torch.float32 if args.dictionary_dtype == "fp32" else None)
 
     times = interleaved({
         "plain": lambda: model.run(ids),

@@ -1,10 +1,11 @@
 """The dictionary workloads of bench_gpu.py (issues 21-23 on a GPU): records as in gpu_workloads.py.
 
-  dictionaries  30 random residual SAEs (bench_dictionaries.random_saes) observed in a forward and their features
-                attributed, against the plain forward. Observing cannot beat its multiply-add bound: the plain
-                forward plus the encoders (tokens x SAEs x d_model x features, ~2.1x SmolLM2's own multiply-adds
-                at 8x512 and 16k features), bound_ratio = 1 + encoders / forward; targets: observe <= 1.3x that
-                bound (observe_over_bound), attribute <= 1.2x observe
+  dictionaries  30 random residual SAEs (bench_dictionaries.random_saes, in the model's dtype: a bf16 model's are
+                bf16, whose products run in bf16) observed in a forward and their features attributed, against the
+                plain forward. Observing cannot beat its multiply-add bound: the plain forward plus the encoders
+                (tokens x SAEs x d_model x features, ~2.1x SmolLM2's own multiply-adds at 8x512 and 16k features),
+                bound_ratio = 1 + encoders / forward; targets: observe <= 1.3x that bound (observe_over_bound),
+                attribute <= 1.2x observe
   training      30 BatchTopK transcoders (k=16, 2x) trained together from one forward stream of the demo corpus
                 (resid.analyses.training.train, no files written): tokens/s, generation included
   clt           the optimizer steps alone of a cross-layer transcoder and of one per-layer transcoder per layer

@@ -128,12 +128,19 @@ def dictionary_rows(encoded, at: Site, project, direction: Direction,
                     name: str | None = None) -> list[tuple[Contributions, Tensor | None]]:
     """Feature, b_dec, skip and error rows of a dictionary whose target is read with `direction` directly, at the
     sites of `at` (the site the dictionary reconstructs; `name`: the dictionary's, where several share it)."""
+    acts, features, terms = dictionary_values(encoded, project, direction)
+    return _feature_rows(at, acts, features, name) + _term_rows(at, terms, name)
+
+
+def dictionary_values(encoded, project, direction: Direction) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """What dictionary_rows reads, on the device: the activations at the attributed position [batch feature], each
+    feature's contribution [batch feature] and each term's {b_dec, skip, error: [batch]}."""
     d = encoded.dictionary
     scale, _ = encoded.output_scale()
     w_read = direction.through(d.W_dec)  # [batch pos feature]: W_dec[i] . u
     acts = encoded.acts.float()
     weighted = acts if scale is None else acts * scale.float()
-    return _feature_rows(at, acts, (weighted * w_read).sum(1), name) + _terms(encoded, at, project, name)
+    return acts.sum(1), (weighted * w_read).sum(1), _term_values(encoded, project)
 
 
 def z_dictionary_rows(model, run, encoded, direction: Direction, at: Site,
@@ -142,38 +149,56 @@ def z_dictionary_rows(model, run, encoded, direction: Direction, at: Site,
     post-norm's bias (`at`, `name`: as for dictionary_rows)."""
     layer = encoded.dictionary.point_out.site.layer
     attn = model.blocks[layer].attn
-    extra: list[Contributions] = []
-    into = through_post_norm(model.blocks[layer].ln_attn_post, run.stream.layers[layer].attn, direction, layer,
-                              "attn", extra)
-    w_o = into.through(attn.W_O).flatten(-2)  # [batch pos (head d_head)]: what z reads, per z unit
-    d = encoded.dictionary
-    acts = encoded.acts.float()
-    features = (acts * (w_o @ d.W_dec.float().T)).sum(1)
-
-    def project(term: Tensor) -> Tensor:
-        return (term.float() * w_o).sum((-1, 1))
-
-    rows = _feature_rows(at, acts, features, name) + _terms(encoded, at, project, name)
+    into, w_o, extra = _through_w_o(model, run, layer, direction)
+    acts, features, terms = _z_values(encoded, w_o)
+    rows = _feature_rows(at, acts, features, name) + _term_rows(at, terms, name)
     if attn.b_O is not None:
         rows.append((Contributions([Site(layer, "attn", field="b_O")], into.through(attn.b_O).sum(1)[:, None]), None))
     return rows + [(group, None) for group in extra]
 
 
+def z_dictionary_values(model, run, encoded, direction: Direction) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """What z_dictionary_rows reads of z's terms (as dictionary_values; b_O and the post-norm's bias left out)."""
+    return _z_values(encoded, _through_w_o(model, run, encoded.dictionary.point_out.site.layer, direction)[1])
+
+
+def _through_w_o(model, run, layer: int, direction: Direction) -> tuple[Direction, Tensor, list[Contributions]]:
+    """The direction before layer's attention post-norm, what z reads per z unit [batch pos (head d_head)], and the
+    post-norm's own rows."""
+    extra: list[Contributions] = []
+    into = through_post_norm(model.blocks[layer].ln_attn_post, run.stream.layers[layer].attn, direction, layer,
+                              "attn", extra)
+    return into, into.through(model.blocks[layer].attn.W_O).flatten(-2), extra
+
+
+def _z_values(encoded, w_o: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    acts = encoded.acts.float()
+    features = (acts * (w_o @ encoded.dictionary.W_dec.float().T)).sum(1)
+
+    def project(term: Tensor) -> Tensor:
+        return (term.float() * w_o).sum((-1, 1))
+
+    return acts.sum(1), features, _term_values(encoded, project)
+
+
 def _feature_rows(at: Site, acts: Tensor, values: Tensor,
                   name: str | None) -> list[tuple[Contributions, Tensor | None]]:
-    """One row per feature active at the attributed position of any prompt of the chunk (a prompt where it is not
-    active gets 0; the frame drops those rows)."""
-    at_pos = acts.sum(1)  # [batch feature]: the captured position (one)
-    active = torch.nonzero(at_pos.abs().sum(0)).flatten()
+    """One row per feature active at the attributed position of any prompt of the chunk (acts, values: [batch
+    feature]; a prompt where it is not active gets 0; the frame drops those rows)."""
+    active = torch.nonzero(acts.abs().sum(0)).flatten()
     sites = [dataclasses.replace(at, feature=int(i), dictionary=name) for i in active.tolist()]
-    return [(Contributions(sites, values[:, active]), at_pos[:, active])]
+    return [(Contributions(sites, values[:, active]), acts[:, active])]
 
 
-def _terms(encoded, at: Site, project, name: str | None) -> list[tuple[Contributions, Tensor | None]]:
-    d = encoded.dictionary
-    names = ["b_dec", *(["skip"] if d.W_skip is not None else []), "error"]
-    sites = [dataclasses.replace(at, field=term, dictionary=name) for term in names]
-    return [(Contributions([site], project(encoded.term(term))[:, None]), None) for site, term in zip(sites, names)]
+def _term_values(encoded, project) -> dict[str, Tensor]:
+    """Each term's contribution {b_dec, skip (with W_skip), error: [batch]}."""
+    names = ["b_dec", *(["skip"] if encoded.dictionary.W_skip is not None else []), "error"]
+    return {term: project(encoded.term(term)) for term in names}
+
+
+def _term_rows(at: Site, terms: dict[str, Tensor], name: str | None) -> list[tuple[Contributions, Tensor | None]]:
+    return [(Contributions([dataclasses.replace(at, field=term, dictionary=name)], value[:, None]), None)
+            for term, value in terms.items()]
 
 
 def with_features(table: pd.DataFrame, groups: list[Contributions], acts: list[Tensor | None]) -> pd.DataFrame:

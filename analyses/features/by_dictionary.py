@@ -8,21 +8,24 @@ A dictionary's rows sum to the contribution of the tensor it reconstructs: for a
 S (every write before it); for a sublayer's write, that write; for a z SAE, the heads' part of the attention's
 write (the output bias and post-norm bias are the attention's own, left out here).
 
-One pass captures only the attributed position, so the dictionaries encode one token per prompt.
+One pass captures only the attributed position, so the dictionaries encode one token per prompt. The table is read
+back from the device at once: one reading of every dictionary's count of active features, then one copy of all the
+rows' values (no host reading per dictionary).
 """
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses.features.attribution import capture_with, dictionaries_of, dictionary_rows, z_dictionary_rows
+from resid.analyses.features.attribution import capture_with, dictionaries_of, dictionary_values, z_dictionary_values
 from resid.analyses.inputs import prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.vocab import Token, token_ids
 from resid.capture import Capture
-from resid.dictionaries import named
+from resid.dictionaries import Observe, named
 from resid.errors import ResidError
 from resid.model import Inputs, Transformer
 from resid.readout import Direction
@@ -51,45 +54,68 @@ def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
     # a z dictionary's rows go through the attention's post-norm (Gemma 2/3, OLMo 2), which reads its scale
     capture = capture_with(Capture(positions=[[p] for p in positions]), model)
     run = model.run(tokens, capture=capture, logits_at=Padded(index),
-                    dictionaries=found)
+                    dictionaries=[Observe(d, storage="dense") for d in found])  # read back dense right away
     logits = (run.uncapped_logits if run.uncapped_logits is not None else run.logits)[:, 0].float()
     wanted = [None] * n if target is None else token_ids(model, target, n, "target", optional=True)
-    targets = [int(logits[b].argmax()) if t is None else t for b, t in enumerate(wanted)]
+    top = logits.argmax(-1).tolist() if None in wanted else []
+    targets = [top[b] if t is None else t for b, t in enumerate(wanted)]
     baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
     at = model.readout.logit_direction(targets, run.stream.final_norm_scale[:, 0], baselines, run.hidden[:, 0])
     direction = Direction(at.vector[:, None], at.bias)
-    frames = []
+    read = []
     for encoded in run.dictionaries.values():
         site = encoded.dictionary.point_out.site
-        at, name = Site(site.layer, site.part), named(encoded.dictionary, found)
         if site.part in RESID_PARTS or (site.part in SUBLAYERS and site.what == "out"):
-            groups = dictionary_rows(encoded, at, direction.project, direction, name)
+            values = dictionary_values(encoded, direction.project, direction)
         elif site.part == "attn" and site.what == "z" and encoded.dictionary.point_out.heads_flat:
-            groups = [g for g in z_dictionary_rows(model, run, encoded, direction, at, name)
-                      if g[0].sites[0].feature is not None
-                      or g[0].sites[0].what in ("b_dec", "skip", "error")]
+            values = z_dictionary_values(model, run, encoded, direction)
         else:
             raise ResidError(f"Dictionary {encoded.name!r} reconstructs {site.label}, which is not a write into the "
                              "residual stream (see resid.analyses.features.attribution).")
-        frames += [_frame(encoded.name, group, acts, positions, targets) for group, acts in groups]
+        read.append((encoded, Site(site.layer, site.part), values))
+    return _table(read, found, positions, targets)
+
+
+def _table(read: list, found: list, positions: list[int], targets: list[int]) -> pd.DataFrame:
+    """The rows of every dictionary (its active features, prompt by prompt, then its terms), with two readings of
+    the device for all of them: the counts of active features, then one float64 block of every row's numbers."""
+    keep = [acts != 0 for _, _, (acts, _, _) in read]
+    counts = torch.stack([k.sum() for k in keep]).tolist()
+    blocks = []
+    for k, count, (_, _, (acts, features, terms)) in zip(keep, counts, read):
+        prompt, feature = torch.nonzero_static(k, size=count).T
+        blocks += [torch.stack([prompt, feature]).double(), acts[prompt, feature].double()[None],
+                   features[prompt, feature].double()[None], torch.stack(list(terms.values())).double()]
+    numbers = torch.cat([b.flatten() for b in blocks]).cpu().numpy()
+    frames, start = [], 0
+    batch = len(positions)
+    for count, (encoded, at, (_, _, terms)) in zip(counts, read):
+        name = named(encoded.dictionary, found)
+        rows = numbers[start:start + 4 * count].reshape(4, count)
+        start += 4 * count
+        prompt, feature = rows[0].astype(np.int64), rows[1].astype(np.int64)
+        labels = {f: dataclasses.replace(at, feature=int(f), dictionary=name).label for f in np.unique(feature)}
+        frames.append(_frame(encoded.name, at.layer, prompt, [labels[f] for f in feature], feature, rows[2], rows[3],
+                             positions, targets))
+        values = numbers[start:start + batch * len(terms)].reshape(len(terms), batch)
+        start += batch * len(terms)
+        for term, value in zip(terms, values):
+            label = dataclasses.replace(at, field=term, dictionary=name).label
+            frames.append(_frame(encoded.name, at.layer, np.arange(batch), [label] * batch, None,
+                                 np.full(batch, np.nan), value, positions, targets))
     return pd.DataFrame(pd.concat(frames, ignore_index=True), columns=list(COLUMNS))
 
 
-def _frame(name: str, group, acts, positions: list[int], targets: list[int]) -> pd.DataFrame:
-    values = group.values.double().cpu().numpy()  # [batch m]
-    batch, m = values.shape
-    activation = np.full((batch, m), np.nan) if acts is None else acts.double().cpu().numpy()
-    keep = np.ones((batch, m), bool) if acts is None else activation != 0
-    prompt, column = np.nonzero(keep)
-    sites = group.sites
+def _frame(name: str, layer: int | None, prompt: np.ndarray, sites: list[str], feature: np.ndarray | None,
+           activation: np.ndarray, value: np.ndarray, positions: list[int], targets: list[int]) -> pd.DataFrame:
     return pd.DataFrame({
-        "prompt_idx": prompt.astype(np.int64),
+        "prompt_idx": prompt,
         "pos": np.asarray(positions, dtype=np.int64)[prompt],
         "target_id": np.asarray(targets, dtype=np.int64)[prompt],
         "dictionary": name,
-        "site": [sites[c].label for c in column],
-        "layer": pd.array([sites[c].layer for c in column], dtype="Int64"),
-        "feature": pd.array([sites[c].feature for c in column], dtype="Int64"),
-        "activation": activation[prompt, column],
-        "value": values[prompt, column],
+        "site": sites,
+        "layer": pd.array([layer] * len(prompt), dtype="Int64"),
+        "feature": pd.array(feature if feature is not None else [None] * len(prompt), dtype="Int64"),
+        "activation": activation,
+        "value": value,
     })

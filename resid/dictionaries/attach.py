@@ -27,8 +27,12 @@ what the edit changed in the reconstruction, decode(edited) - decode(acts): deco
 that a row the edit leaves alone keeps its tensor exactly. The feature interventions of resid.dictionaries.edits
 (ZeroAblate(Site(3, "resid_post", feature=12)), ...) are such splices.
 
-Decoding inside a run (`decode`) reads only the decoder rows of the active features when few are active (about
-l0 / d_sae of the dense matmul's work), equal to the dense decode up to float32 summation order.
+No host synchronisation per dictionary: encoding, decoding and splicing only queue work on the model's device, and
+the one value a batch reads back is the count of every dictionary's non-zero activations, read together when the
+records are stored (resid.dictionaries.encoded.store). Decoding is the dense product acts @ W_dec on every device:
+on a GPU it never synchronises and its matrix units make it the fastest; on the CPU it was measured faster too
+(2 cores, 512 tokens x 16,384 features, 0.4% active: 110 ms dense against 250 ms for the gathered decode of the
+active features' rows and 130 ms for a CSR product; the dense product's cost does not grow with the density).
 """
 
 import dataclasses
@@ -42,9 +46,17 @@ from resid.capture import Capture
 from resid.dictionaries.check import ensure
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.crosslayer_run import SplicedCLT, observed
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import Dictionary, product
 from resid.dictionaries.edits import feature_splices
-from resid.dictionaries.encoded import STORAGES, Encoded, Recorded, at_real_tokens, real_tokens, store
+from resid.dictionaries.encoded import (
+    STORAGES,
+    CrossLayerEncoded,
+    Encoded,
+    Recorded,
+    at_real_tokens,
+    real_tokens,
+    store,
+)
 from resid.dictionaries.hooks import HookPoint, read
 from resid.dictionaries.modes import Observe, Splice
 from resid.errors import ResidError
@@ -59,6 +71,7 @@ class Attached:
                  grad: bool = False):
         self.model, self.grad = model, grad
         self.uses = [_use(item, model) for item in dictionaries]
+        _refuse_uninvertible(self.uses, model)
         names = [use.dictionary.name for use in self.uses]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
@@ -123,8 +136,8 @@ class Attached:
         for use in self.uses:
             d = use.dictionary
             if isinstance(d, CrossLayerTranscoder):
-                records[d.name] = self._clts.pop(d.name).record(use.storage, lambda t: _kept(
-                    t, run.stream.captured)) if isinstance(use, Splice) else observed(d, run, self.model, use.storage)
+                records[d.name] = self._clts.pop(d.name).record(lambda t: _kept(t, run.stream.captured)) \
+                    if isinstance(use, Splice) else observed(d, run, self.model)
                 continue
             if isinstance(use, Splice):
                 acts, recon, error, x = (_kept(t, run.stream.captured) for t in self._found.pop(d.name))
@@ -134,10 +147,10 @@ class Attached:
                                                                                             d.point_in)
                 target = x if not d.is_transcoder else read(run, self.model, d.point_out)
                 acts = at_real_tokens(d.encode(x), real_tokens(run))
-                recon = decode(d, acts, x)
+                recon = d.decode(acts, x)
                 error, mode = target - recon, "observe"
-            records[d.name] = Encoded(d, store(acts, use.storage), recon, error, x, mode)
-        return dataclasses.replace(run, dictionaries=Recorded(records))
+            records[d.name] = Encoded(d, acts, recon, error, x, mode)
+        return dataclasses.replace(run, dictionaries=Recorded(_stored(records, self.uses)))
 
     def _residuals(self, run) -> dict:
         """The residual sites the observed dictionaries read, in one walk of the stream (reading each alone would
@@ -171,7 +184,7 @@ class Attached:
             target = d.point_out.view(value, self.model)
             x = self._inputs.pop(d.name) if d.is_transcoder else target
             acts = at_real_tokens(d.encode(x), tokens.attention_mask)
-            recon = decode(d, acts, x)
+            recon = d.decode(acts, x)
             error = target - recon
             new = recon + error if use.error else recon
             if use.edit is not None:
@@ -204,17 +217,41 @@ def _use(item, model) -> Observe | Splice:
         if point.before_post_norm:
             raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "
                              "which resid does not record (it records the write after the post-norm).")
-    for point in _points(d)[:1] if isinstance(d, Dictionary) else d.points_in:
-        if isinstance(use, Splice) and point.standardized and not point.norm(model).invertible:
+    return use
+
+
+def _refuse_uninvertible(uses: list[Observe | Splice], model) -> None:
+    """Refuse a splice reading a standardized input whose norm gain has a zero entry (it cannot be recovered), with
+    one host reading for all the splices of a run."""
+    points = [(use.dictionary, point) for use in uses if isinstance(use, Splice) for point in
+              (_points(use.dictionary)[:1] if isinstance(use.dictionary, Dictionary) else use.dictionary.points_in)
+              if point.standardized]
+    if not points:
+        return
+    # norm.invertible, for every norm at once: the effective gain (w + offset, in w's dtype) is zero exactly where
+    # its float32 value is, since a rounded sum is zero only when the exact sum is
+    invertible = torch.stack([(point.norm(model).gain != 0).all() for _, point in points]).tolist()
+    for (d, point), ok in zip(points, invertible):
+        if not ok:
             raise ResidError(f"Dictionary {d.name!r} reads the standardized input of {point.site.label}, whose "
                              "norm gain has a zero entry, so a splice cannot recover it; observe it instead.")
-    return use
 
 
 def _points(d: Dictionary | CrossLayerTranscoder) -> tuple[HookPoint, ...]:
     if isinstance(d, CrossLayerTranscoder):
         return (*d.points_in, *d.points_out)
     return (d.point_in,) if not d.is_transcoder else (d.point_in, d.point_out)
+
+
+def _stored(records: dict[str, Encoded | CrossLayerEncoded], uses: list[Observe | Splice]
+            ) -> dict[str, Encoded | CrossLayerEncoded]:
+    """The records with their activations as each use's storage keeps them, all converted with one host reading."""
+    storages = {use.dictionary.name: use.storage for use in uses}
+    dense = [(name, a) for name, e in records.items()
+             for a in (e.stored if isinstance(e, CrossLayerEncoded) else (e.stored,))]
+    kept = iter(store([a for _, a in dense], [storages[name] for name, _ in dense]))
+    return {name: dataclasses.replace(e, stored=tuple(next(kept) for _ in e.stored) if isinstance(e, CrossLayerEncoded)
+                                      else next(kept)) for name, e in records.items()}
 
 
 def _kept(tensor: Tensor, captured: Tensor | None) -> Tensor:
@@ -228,30 +265,10 @@ def _kept(tensor: Tensor, captured: Tensor | None) -> Tensor:
 register((Dictionary, CrossLayerTranscoder, Observe, Splice), Attached)
 
 
-SPARSE_DECODE_BELOW = 0.05  # decode from the active features alone when fewer than this fraction is non-zero
-
-
-def decode(d: Dictionary, acts: Tensor, x: Tensor) -> Tensor:
-    """d.decode(acts, x), reading only the decoder rows of active features when few are: b_dec plus, per token,
-    the sum of a_i * W_dec[i] over its active features (about l0 / d_sae of the dense matmul's work). Equal to the
-    dense decode up to float32 summation order."""
-    if d.normalize_activations != "none" or not acts.numel() or \
-            bool(acts.count_nonzero() >= SPARSE_DECODE_BELOW * acts.numel()):
-        return d.decode(acts, x)
-    flat = acts.reshape(-1, acts.shape[-1])
-    token, feature = flat.nonzero(as_tuple=True)
-    writes = flat[token, feature].float()[:, None] * d.W_dec.float()[feature]
-    out = d.b_dec.float().expand(flat.shape[0], -1).clone().index_add_(0, token, writes)
-    out = out.view(*acts.shape[:-1], -1)
-    if d.W_skip is not None:
-        out = out + x.float() @ d.W_skip.float()
-    return out.to(acts.dtype)
-
-
 def write_of(d: Dictionary, delta: Tensor, x: Tensor) -> Tensor:
     """What a change of the activations changes in the reconstruction: delta @ W_dec, the input normalization
     undone (b_dec and the skip path do not change)."""
-    out = delta.float() @ d.W_dec.float()
+    out = product(delta, d.W_dec)
     if d.normalize_activations != "none":
         _, scale, shift = d._normalize(x)
         out = out / scale if shift is None else out * scale

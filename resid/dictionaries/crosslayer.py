@@ -7,7 +7,9 @@ Axes: `layer` the model's layers (source or target), `feature` the features of o
     a[l]    = act(x[l] @ W_enc[l] + b_enc[l])                   act: relu, or pre * (pre > threshold[l])
     x^[t]   = sum over l <= t of a[l] @ W_dec[l][:, t - l] + b_dec[t]   (+ x[t] @ W_skip[t])
 
-Computed in float32 and returned in the input's dtype, as resid.dictionaries.Dictionary.
+Computed as resid.dictionaries.Dictionary computes (its `product` rule: products in half precision where the input
+and the weights are both half precision on an accelerator, float32 otherwise; JumpReLU encoders, thresholds and
+biases in float32) and returned in the input's dtype.
 """
 
 from typing import Literal
@@ -16,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from resid.dictionaries.dictionary import float32
+from resid.dictionaries.dictionary import float32, product
 from resid.dictionaries.hooks import HookPoint
 from resid.errors import ResidError
 
@@ -84,7 +86,8 @@ class CrossLayerTranscoder(nn.Module):
 
     def encode_layer(self, layer: int, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
         """Source layer `layer`'s feature activations, in x's dtype."""
-        pre = float32(x) @ float32(self.W_enc[layer]) + float32(self.b_enc[layer])
+        # a JumpReLU decides which features fire in float32 (resid.dictionaries.dictionary's precision rule)
+        pre = product(x if self.activation == "relu" else float32(x), self.W_enc[layer]) + float32(self.b_enc[layer])
         if self.activation == "relu":
             return torch.relu(pre).to(x.dtype)
         return (pre * (pre > float32(self.threshold[layer]))).to(x.dtype)
@@ -104,12 +107,12 @@ class CrossLayerTranscoder(nn.Module):
                              f"{acts.shape[0]} layers.")
         out = float32(self.b_dec[target])
         for source in range(target + 1):
-            out = out + float32(acts[source]) @ float32(self.W_dec[source][:, target - source])
+            out = out + product(acts[source], self.W_dec[source][:, target - source])
         if self.W_skip is not None:
             if x is None:
                 raise ResidError(f"Cross-layer transcoder {self.name!r} has a skip path (W_skip), so decoding needs "
                                  "the input too: clt.decode_layer(target, acts, x).")
-            out = out + float32(x) @ float32(self.W_skip[target])
+            out = out + product(x, self.W_skip[target])
         return out.to(acts.dtype)
 
     def decode(

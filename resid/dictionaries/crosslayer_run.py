@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
-from resid.dictionaries.encoded import CrossLayerEncoded, at_real_tokens, real_tokens, store
+from resid.dictionaries.encoded import CrossLayerEncoded, at_real_tokens, real_tokens
 from resid.dictionaries.hooks import read
 from resid.errors import ResidError
 from resid.interventions import Hook
@@ -65,23 +65,25 @@ class SplicedCLT:
 
         return splice
 
-    def record(self, storage: str, kept) -> CrossLayerEncoded:
+    def record(self, kept) -> CrossLayerEncoded:
+        """The record of the pass at the run's kept positions, its activations dense (resid.dictionaries.attach
+        stores every dictionary's activations of a batch together)."""
         n = self.clt.n_layers
         if len(self.acts) != n or len(self.reconstruction) != n:
             raise ResidError(f"Cross-layer transcoder {self.clt.name!r} was applied to {len(self.reconstruction)} of "
                              f"{n} layers: a CLT needs the whole pass (not model.resume).")
-        return CrossLayerEncoded(self.clt, tuple(store(kept(a), storage) for a in self.acts),
+        return CrossLayerEncoded(self.clt, tuple(kept(a) for a in self.acts),
                                  torch.stack([kept(t) for t in self.reconstruction]),
                                  torch.stack([kept(t) for t in self.errors]),
                                  torch.stack([kept(t) for t in self.inputs]),
                                  "splice" if self.error else "reconstruction")
 
 
-def observed(clt: CrossLayerTranscoder, run, model, storage: str) -> CrossLayerEncoded:
-    """The CLT applied to an unchanged run's records (observe mode)."""
+def observed(clt: CrossLayerTranscoder, run, model) -> CrossLayerEncoded:
+    """The CLT applied to an unchanged run's records (observe mode), its activations dense (as SplicedCLT.record)."""
     x = torch.stack([read(run, model, point) for point in clt.points_in])
     target = torch.stack([read(run, model, point) for point in clt.points_out])
     acts = at_real_tokens(clt.encode(x), real_tokens(run))
     recon = clt.decode(acts, x if clt.W_skip is not None else None)
-    return CrossLayerEncoded(clt, tuple(store(a, storage) for a in acts), recon, target - recon, x, "observe")
+    return CrossLayerEncoded(clt, tuple(acts), recon, target - recon, x, "observe")
 

@@ -10,7 +10,7 @@ sparse COO tensor when fewer than a quarter are non-zero ("auto"), or always spa
 A cross-layer transcoder's record (CrossLayerEncoded) holds the same per layer (resid.dictionaries.crosslayer_run).
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from resid.dictionaries.dictionary import product
 from resid.errors import ResidError
 from resid.sites import Site
 
@@ -38,13 +39,29 @@ def real_tokens(run) -> Tensor:
     return mask if captured is None else mask.gather(1, captured.to(mask.device))
 
 
-def store(acts: Tensor, storage: Storage) -> Tensor:
-    """The activations as they are kept: a coalesced sparse COO tensor or the dense tensor."""
+def store(acts: Sequence[Tensor], storages: Sequence[Storage]) -> list[Tensor]:
+    """Every dictionary's activations of a batch as they are kept (storages[i] for acts[i]): a coalesced sparse COO
+    tensor or the dense tensor. The one host reading of a batch: the counts of non-zero activations of all those
+    that may be sparse, read together (a sparse tensor's size is its count), each then converted without asking
+    again."""
+    maybe = [i for i, storage in enumerate(storages) if storage != "dense"]
+    counts = dict(zip(maybe, torch.stack([acts[i].count_nonzero() for i in maybe]).tolist() if maybe else []))
+    return [_sparse(a, counts[i]) if _kept_sparse(storages[i], counts.get(i), a.numel()) else a
+            for i, a in enumerate(acts)]
+
+
+def _kept_sparse(storage: Storage, count: int | None, numel: int) -> bool:
     if storage == "dense":
-        return acts
-    if storage == "auto" and acts.numel() and bool(acts.count_nonzero() >= SPARSE_BELOW * acts.numel()):
-        return acts
-    return acts.to_sparse().coalesce()
+        return False
+    return storage == "sparse" or not numel or count < SPARSE_BELOW * numel
+
+
+def _sparse(acts: Tensor, count: int) -> Tensor:
+    """acts as a coalesced sparse COO tensor, given its count of non-zero entries (nonzero_static: no host reading;
+    it lists them in row-major order, which is what coalesced means)."""
+    index = torch.nonzero_static(acts, size=count).T
+    return torch.sparse_coo_tensor(index, acts[tuple(index)], acts.shape, is_coalesced=True,
+                                   check_invariants=False)
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,7 @@ class Encoded:
         if what == "skip":
             if d.W_skip is None:
                 raise ResidError(f"Dictionary {self.name!r} has no skip path (W_skip).")
-            return (self.input.float() @ d.W_skip.float()).to(self.reconstruction.dtype)
+            return product(self.input, d.W_skip).to(self.reconstruction.dtype)
         if what != "b_dec":
             raise ResidError(f"A dictionary's terms are reconstruction, error, skip and b_dec, not {what!r}.")
         scale, shift = self.output_scale()
@@ -153,7 +170,8 @@ class CrossLayerEncoded:
             raise ResidError(f"Cross-layer transcoder {self.name!r}: layer {source}'s features write into layers "
                              f"{source}.., not into layer {target}.")
         w = self.dictionary.W_dec[source][:, target - source]
-        return (self.layer_acts(source).float() @ w.float()).to(self.reconstruction.dtype)
+        acts = self.layer_acts(source)
+        return product(acts, w).to(self.reconstruction.dtype)
 
     def _check(self, layer: int, what: str) -> None:
         n = len(self.stored)

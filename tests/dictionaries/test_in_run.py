@@ -11,8 +11,8 @@ from tiny_fixtures import random_ids
 
 import resid
 from resid.dictionaries import Observe, Splice
-from resid.dictionaries.attach import decode
 from resid.dictionaries.hooks import read
+from resid.errors import ResidError
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +105,21 @@ def test_the_sublayer_input_can_be_edited() -> None:
                                                                     frozenset(), ())[0], **EXACT)
 
 
-def test_decoding_from_the_active_features_equals_the_dense_decode() -> None:
-    """Runs decode mostly-zero activations from the active features' decoder rows alone."""
-    model = make_random_model("llama_gqa")
-    d = random_dictionary(model, "blocks.0.hook_resid_post", d_sae=400, activation="topk", seed=3, skip=False)
-    x = torch.randn(2, 7, model.config.d_model, generator=torch.Generator().manual_seed(0))
-    acts = d.encode(x)
-    assert 0 < int(acts.count_nonzero()) < 0.05 * acts.numel()  # topk 5 of 400: the sparse path
-    torch.testing.assert_close(decode(d, acts, x), d.decode(acts, x), **EXACT)
-    torch.testing.assert_close(decode(d, torch.zeros_like(acts), x), d.b_dec.expand(2, 7, -1), **EXACT)
-
-
 def test_a_dictionary_on_another_device_than_the_model_is_refused_with_what_to_do() -> None:
     model = make_random_model("llama_gqa")
     sae = random_dictionary(model, "blocks.0.hook_resid_post", seed=1, name="r0").to("meta")
     with pytest.raises(resid.ResidError, match=r"'r0' is on meta and the model on cpu: move it there first"):
         model.run(torch.tensor([[1, 2, 3]]), dictionaries=[sae])
+
+
+def test_a_splice_of_a_standardized_input_whose_norm_gain_has_a_zero_is_refused() -> None:
+    """(normalized - b) / g cannot recover what a zero gain entry zeroed; observing still works."""
+    model = make_random_model("llama_gqa")
+    ids = torch.randint(0, model.config.d_vocab, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.blocks[1].ln_mlp.w[3] = 0.0
+    fine = random_dictionary(model, "blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out", seed=1, name="t0")
+    zeroed = random_dictionary(model, "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out", seed=2, name="t1")
+    with pytest.raises(ResidError, match=r"'t1' reads the standardized input of layers\[1\]\.mlp.*zero entry"):
+        model.run(ids, dictionaries=[Splice(fine), Splice(zeroed)])
+    assert set(model.run(ids, dictionaries=[Splice(fine), zeroed]).dictionaries) == {"t0", "t1"}
