@@ -28,7 +28,8 @@ named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 features: a table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format
 for those that write one table (attribute, lens, lens eval, qk: .csv .parquet .tex .md; ablate: .parquet .csv), with
 any figure written beside it (graph: the graph's .json, its viewer page .html beside it). Each --out help says
-which.
+which. While a command computes and writes its --out it holds `<out>.lock` (resid.analyses.io.lock, the result
+store's lock): a second command into the same --out is refused before its model loads.
 Every HTML page embeds plotly.js and opens alone (4.8 MB each); --shared-js writes one plotly.min.js beside the
 pages instead, which they load (smaller pages that open only beside it).
 
@@ -42,6 +43,7 @@ import sys
 from collections.abc import Sequence
 
 import resid
+from resid.analyses.cli import arguments
 from resid.analyses.cli.errors import render
 from resid.errors import ResidError, param_style
 
@@ -89,8 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
             from resid.load import load
 
-            model = load(args.model, device=args.device, dtype=args.dtype)
-            print(command.run(model, args))
+            with arguments.one_writer(getattr(args, "out", None)):  # every --out: one writer at a time
+                model = load(args.model, device=args.device, dtype=args.dtype)
+                print(command.run(model, args))
     except ResidError as err:
         print(f"resid: error: {err}", file=sys.stderr)
         return 2

@@ -123,7 +123,6 @@ def check(args) -> None:
     if args.dead_tokens is not None:
         arguments.at_least(args.dead_tokens, 1, "--dead-tokens")
     arguments.out_folder(args.out)
-    arguments.not_being_written(str(Path(args.out)))  # the folder's lock: <folder>.lock, as StateStore takes it
     args.layer_list = arguments.layers(args.layers)
     if args.tokens < args.batch_size:
         raise ResidError(f"--tokens {args.tokens} is less than one batch (--batch-size {args.batch_size}).")
