@@ -124,6 +124,10 @@ def test_a_second_command_training_into_the_same_folder_is_refused(setup, capsys
     (["eval-dictionaries", "x", "--out", "x"], "is not a folder"),
     (["eval-dictionaries", ".", "--out", "x", "--prompt", ""], "--prompt '' is empty"),
     (["eval-dictionaries", "a=.", "a=.", "--out", "x"], "Two replacements are named 'a'"),
+    (["eval-dictionaries", "../../x=.", "--out", "x"], "the replacement's name '../../x' names files in --out "
+     "(graph-NAME.html), so it must be letters, digits, '_', '-' and '.', starting with a letter or digit"),
+    (["eval-dictionaries", "a/b=.", "--out", "x"], "Name it with NAME=FOLDER"),
+    (["eval-dictionaries", ".hidden=.", "--out", "x"], "starting with a letter or digit"),
 ])
 def test_bad_arguments_are_named_by_their_flags_before_the_model_loads(argv, message, capsys, tmp_path) -> None:
     argv = [a if a != "x" else str(tmp_path / "out") for a in argv]
