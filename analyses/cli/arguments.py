@@ -89,8 +89,8 @@ def not_being_written(path: str, flag: str = "--out") -> None:
 def one_writer(path: str | None, flag: str = "--out"):
     """Hold the result store's lock on `<out>.lock` (resid.analyses.io.lock) while a command computes and writes
     `path`, whatever it writes there (a table, a graph, a folder of files): a second command into the same output is
-    refused, before its model loads, rather than overwriting the first one's files with both exiting 0. A result
-    store or checkpoint store of the same output opened inside takes the lock over (same process)."""
+    refused rather than overwriting the first one's files with both exiting 0. A result store or checkpoint store of
+    the same output opened inside takes the lock over (same process)."""
     if path is None:
         yield
         return
