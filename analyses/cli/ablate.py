@@ -37,7 +37,6 @@ def check(args) -> None:
 
     args.batch_size = arguments.batch_size(args.batch_size)  # 'auto' or an int from here on
     arguments.out_path(args.out, suffixes.STORE)
-    arguments.not_being_written(args.out)
     arguments.out_path(args.figure, (".html",), "--figure")
     if args.method == "mean" and args.reference is None and args.source is None:  # encoder-decoder: over the pairs
         raise ResidError("--method mean needs --reference FILE (.txt or .jsonl texts) to average each write over.")

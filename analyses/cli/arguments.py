@@ -5,6 +5,7 @@ flag), so main can validate everything before `load` spends seconds reading weig
 """
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from resid.errors import ResidError
@@ -75,14 +76,34 @@ def out_path(path: str | None, suffixes: tuple[str, ...], flag: str = "--out") -
 
 
 def not_being_written(path: str, flag: str = "--out") -> None:
-    """Refuse at once an output that another process's result store is writing (it holds `<out>.lock`), rather
-    than after the model has loaded."""
+    """Refuse at once an output that another process is writing (it holds `<out>.lock`)."""
     from resid.analyses.io.lock import holder
 
     found = holder(Path(f"{path}.lock"))
     if found is not None:
         raise ResidError(f"Another process ({found}) is writing results to {path}. Two writers of one {flag} would mix "
                          f"their rows: wait for it to finish (or stop it), or choose another {flag} path.")
+
+
+@contextmanager
+def one_writer(path: str | None, flag: str = "--out"):
+    """Hold the result store's lock on `<out>.lock` (resid.analyses.io.lock) while a command computes and writes
+    `path`, whatever it writes there (a table, a graph, a folder of files): a second command into the same output is
+    refused rather than overwriting the first one's files with both exiting 0. A result store or checkpoint store of
+    the same output opened inside takes the lock over (same process)."""
+    if path is None:
+        yield
+        return
+    from resid.analyses.io.lock import OutputLock
+
+    out = Path(path)
+    not_being_written(str(out), flag)  # the message names the flag; the lock below closes the race after it
+    lock = OutputLock(Path(f"{out}.lock"), out)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def out_folder(path: str | None, flag: str = "--out") -> str | None:

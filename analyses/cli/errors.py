@@ -16,6 +16,7 @@ FLAGS = {
     "batch_size": "--batch-size", "k": "--k", "align": "--align", "direction": "--direction", "layout": "--layout",
     "features": "--features", "dictionary": "--dictionary",
     "steps": "--steps", "tokens_per_step": "--tokens-per-step", "seq_len": "--seq-len", "precision": "--precision",
+    "max_n_logits": "--max-n-logits", "desired_logit_prob": "--desired-logit-prob",
 }
 # (parameter, value) -> a switch, a flag that takes no value: check_unembedding=False is --skip-unembedding-check
 SWITCHES = {("check_unembedding", False): "--skip-unembedding-check"}

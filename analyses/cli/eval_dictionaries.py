@@ -14,12 +14,14 @@ report.html (both, and the per-layer FVU as a figure) and, with prompts, graph-N
 from each replacement in the viewer.
 """
 
+import re
 from pathlib import Path
 
 from resid.analyses.cli import arguments
 from resid.analyses.cli.lens_data import corpus_options, held_out_split
 from resid.errors import ResidError
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a replacement's name: one plain file name part, never a path
 SHOWN = ("replacement", "kind", "features", "fvu", "l0", "dead_fraction", "ce_loss_recovered", "kl_spliced",
          "replacement_score", "completeness_score")
 
@@ -62,7 +64,11 @@ def check(args) -> None:
             raise ResidError(f"{given}: {folder} is not a folder. Give each replacement as a local folder of "
                              "transcoders (a resid train-transcoder or train-clt output, a circuit-tracer set), "
                              "optionally NAME=FOLDER.")
-        name = name or path.name
+        name = name or path.resolve().name  # "." and ".." are named by the folder they stand for
+        if not NAME.fullmatch(name):
+            raise ResidError(f"{given}: the replacement's name {name!r} names files in --out (graph-NAME.html), so it "
+                             "must be letters, digits, '_', '-' and '.', starting with a letter or digit (at most 100 "
+                             "characters). Name it with NAME=FOLDER, e.g. clt=" + folder + ".")
         if name in args.named:
             raise ResidError(f"Two replacements are named {name!r}: name them apart with NAME=FOLDER.")
         args.named[name] = path

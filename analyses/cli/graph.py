@@ -82,8 +82,13 @@ def run(model, args) -> str:
     from resid.analyses.io import tables
 
     transcoders = load_transcoders(args.transcoders, model)
+    notes = []
+    max_n_logits = min(args.max_n_logits, model.config.d_vocab)  # each logit node costs a row of the graph
+    if max_n_logits < args.max_n_logits:
+        notes.append(f"note: at most {max_n_logits:,} logit nodes, the vocabulary's size (--max-n-logits "
+                     f"{args.max_n_logits:,} is more than {model.name} has tokens)")
     try:
-        graph = graphs.attribute(model, args.text, transcoders, max_n_logits=args.max_n_logits,
+        graph = graphs.attribute(model, args.text, transcoders, max_n_logits=max_n_logits,
                                  desired_logit_prob=args.desired_logit_prob, max_feature_nodes=args.max_feature_nodes,
                                  skip_bos={"auto": None, "skip": True, "keep": False}[args.bos],
                                  execution=arguments.execution(args.batch_size, executor=args.executor))
@@ -97,7 +102,7 @@ def run(model, args) -> str:
              f"{summary(transcoders, args.transcoders)}",
              f"{graph.n_features} feature nodes (of {len(graph.active_features)} active), {graph.n_errors} error, "
              f"{graph.n_pos} token, {graph.n_logits} logit nodes; {graph.n_edges} edges",
-             f"replacement score {replacement:.4f}   completeness score {completeness:.4f}", "logit nodes:"]
+             f"replacement score {replacement:.4f}   completeness score {completeness:.4f}", *notes, "logit nodes:"]
     for token, text, p in zip(graph.logit_tokens.tolist(), graph.logit_strs, graph.logit_probabilities.tolist(),
                               strict=True):
         lines.append(f"  {p:7.4f}  {token:>6}  {text!r}")

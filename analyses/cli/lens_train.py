@@ -11,7 +11,6 @@ command training into DIR meanwhile is refused) and translators.safetensors at t
 with --layout tuned-lens).
 """
 
-from pathlib import Path
 
 from resid.analyses.cli import arguments
 from resid.analyses.cli.errors import render
@@ -55,7 +54,6 @@ def check(args) -> None:
     from resid.analyses.lenses.training import Recipe
 
     arguments.out_folder(args.out)
-    arguments.not_being_written(str(Path(args.out)))  # the folder's lock: <folder>.lock, as StateStore takes it
     for flag in ("steps", "tokens_per_step", "seq_len", "checkpoint_every"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     if args.batch_size is not None:

@@ -28,7 +28,9 @@ named by its flags (resid.analyses.cli.errors: `--reference`, not `reference=`).
 features: a table and figures; lens train: the checkpoint and the lens), and a file whose suffix picks the format
 for those that write one table (attribute, lens, lens eval, qk: .csv .parquet .tex .md; ablate: .parquet .csv), with
 any figure written beside it (graph: the graph's .json, its viewer page .html beside it). Each --out help says
-which.
+which. While a command computes and writes its --out it holds `<out>.lock` (resid.analyses.io.lock, the result
+store's lock, taken once the model has loaded, so that a command refused before then makes no folder): a second
+command into the same --out is refused, before its model loads when the first one already holds the lock.
 Every HTML page embeds plotly.js and opens alone (4.8 MB each); --shared-js writes one plotly.min.js beside the
 pages instead, which they load (smaller pages that open only beside it).
 
@@ -40,8 +42,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import resid
+from resid.analyses.cli import arguments
 from resid.analyses.cli.errors import render
 from resid.errors import ResidError, param_style
 
@@ -89,8 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             command.check(args)  # before load: a bad argument is reported in milliseconds, not after the weights
             from resid.load import load
 
+            out = getattr(args, "out", None)
+            if out is not None:  # refused before the model loads; the lock below closes the race after the look
+                arguments.not_being_written(str(Path(out)))
             model = load(args.model, device=args.device, dtype=args.dtype)
-            print(command.run(model, args))
+            with arguments.one_writer(out):  # every --out: one writer at a time
+                print(command.run(model, args))
     except ResidError as err:
         print(f"resid: error: {err}", file=sys.stderr)
         return 2

@@ -48,7 +48,6 @@ def check(args) -> None:
 
     args.batch_size = arguments.batch_size(args.batch_size)
     arguments.out_path(args.out, suffixes.STORE)
-    arguments.not_being_written(args.out)  # exact patching writes a result store
     arguments.out_path(args.figure, (".html",), "--figure")
     numbered = texts.records(args.pairs, {"clean": str, "corrupt": str, "target": object}, EXAMPLE, "pairs")
     prompts_file.check_tokens(args.pairs, numbered, example=EXAMPLE, required=("target",))

@@ -107,8 +107,9 @@ def run(model, args) -> str:
         table = pd.concat([pairs.assign(table="pair"),
                            query_side.rename(columns={"site": "query"}).assign(table="query", key=None),
                            key_side.rename(columns={"site": "key"}).assign(table="key", query=None)],
-                          ignore_index=True)[["table", "query", "key", "value"]]
-        table.attrs["head"] = result.head_site.label
+                          ignore_index=True)
+        # the head Site, in the column every-head tables name it in, so that the file says which head it explains
+        table = table.assign(head=result.head_site.label)[["head", "table", "query", "key", "value"]]
         if args.validate:
             check = qk.validate(result, top=args.validate)
             lines.append("validation: each term removed from the residual the head reads, in the real model:")

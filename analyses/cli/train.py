@@ -20,6 +20,7 @@ What will be done is said on stderr before it starts, where it differs from what
 to whole batches, and the shuffling buffer's size when --buffer-tokens is not given (sized from the free memory).
 """
 
+import math
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def add_parser(commands, common) -> None:
         if not crosslayer:
             parser.add_argument("--skip", action="store_true", help="transcoders with a skip path x @ W_skip")
         else:
-            parser.add_argument("--tanh-scale", type=float, default=1.0, help="jumprelu: c of the sparsity term "
+            parser.add_argument("--tanh-scale", type=float, default=None, help="jumprelu: c of the sparsity term "
                                 "tanh(c |W_dec| a) (default 1)")
         corpus_options(parser)
         parser.add_argument("--activation", default=None,
@@ -120,10 +121,14 @@ def check(args) -> None:
         if getattr(args, flag) is not None:
             arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     arguments.at_least(args.eval_windows, 0, "--eval-windows")
+    for flag in ("warmup_steps", "decay_steps"):
+        if getattr(args, flag) is not None:
+            arguments.at_least(getattr(args, flag), 0, "--" + flag.replace("_", "-"))
     if args.dead_tokens is not None:
         arguments.at_least(args.dead_tokens, 1, "--dead-tokens")
+    if not 0 <= args.seed < 2**63:  # torch's generators take a 64-bit seed
+        raise ResidError(f"--seed must be a whole number from 0 to 2^63 - 1 ({2**63 - 1}), got {args.seed}.")
     arguments.out_folder(args.out)
-    arguments.not_being_written(str(Path(args.out)))  # the folder's lock: <folder>.lock, as StateStore takes it
     args.layer_list = arguments.layers(args.layers)
     if args.tokens < args.batch_size:
         raise ResidError(f"--tokens {args.tokens} is less than one batch (--batch-size {args.batch_size}).")
@@ -139,13 +144,36 @@ def check(args) -> None:
             expansion=args.expansion, d_sae=args.d_sae, k=args.k, lr=args.lr, warmup_steps=args.warmup_steps,
             decay_steps=args.decay_steps, l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
             seed=args.seed, dead_tokens=args.dead_tokens, normalize=args.normalize)
+    args.tanh_scale = _tanh_scale(args, activation)
     _fits_at_all(args)
     steps = args.recipe.steps
     if args.tokens % args.batch_size:
         _note(f"training {steps} steps of {args.batch_size} tokens = {steps * args.batch_size:,} tokens (--tokens "
               f"{args.tokens} rounded down to whole batches of --batch-size {args.batch_size})")
+    if args.buffer_tokens is not None and args.buffer_tokens > steps * args.batch_size:
+        _note(f"a shuffling buffer of {steps * args.batch_size:,} tokens, the whole training budget (--buffer-tokens "
+              f"{args.buffer_tokens:,} is more than the run trains on, and a buffer is filled before its first step)")
+        args.buffer_tokens = steps * args.batch_size
     held_out_split(args)
     args.executor = arguments.executor(args.ray, args.workers)  # last: nothing to close if a check above fails
+
+
+def _tanh_scale(args, activation: str) -> float | None:
+    """--tanh-scale (train-clt): c of the JumpReLU sparsity term, a positive finite number; refused with BatchTopK,
+    which has no such term. None for the per-layer commands, which have no such flag."""
+    if not args.crosslayer:
+        return None
+    if args.tanh_scale is None:
+        from resid.analyses.training.crosslayer import TANH_SCALE
+
+        return TANH_SCALE
+    if activation != "jumprelu":
+        raise ResidError(f"--tanh-scale {args.tanh_scale} sets the JumpReLU sparsity term, which --activation "
+                         f"{activation} does not have: drop --tanh-scale, or use --activation jumprelu.")
+    if not math.isfinite(args.tanh_scale) or args.tanh_scale <= 0:
+        raise ResidError(f"--tanh-scale must be a positive finite number (the c of tanh(c |W_dec| a)), got "
+                         f"{args.tanh_scale}.")
+    return args.tanh_scale
 
 
 def _note(text: str) -> None:

@@ -16,14 +16,46 @@ the workers finished in, so they do not depend on the number of workers.
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.distributed.executor import InProcess, Job
 from resid.analyses.distributed.progress import meter
+from resid.analyses.io import frames
 from resid.analyses.io.store import ResultStore
 from resid.errors import ResidError
 from resid.identities import identity
+
+
+def _check_stored(store: ResultStore, job: Job) -> None:
+    """Refuse a resumed store holding rows this job could not have written: a key outside the job's (another
+    prompt, another site), or a non-finite value in one of its finite columns (which it refuses to store). The
+    signature says the store is of this sweep; this says its rows are (an edited or damaged file is not)."""
+    if not job.key_values() and not job.finite:
+        return
+    rows = store.rows()
+    for name, allowed in job.key_values().items():
+        outside = [value for value in dict.fromkeys(rows[name].tolist()) if frames.key_value(value) not in allowed]
+        if outside:
+            raise store.mismatch(f"{len(outside)} value(s) of its key column {name!r} are not this sweep's, e.g. "
+                                 f"{outside[0]!r:.60}")
+    problem = _not_finite(job, rows)
+    if problem is not None:
+        raise store.mismatch(f"{problem} (this sweep stores finite numbers there)")
+
+
+def _not_finite(job: Job, rows: pd.DataFrame) -> str | None:
+    """The first row of `rows` with a NaN or infinite value in one of the job's finite columns, in words."""
+    for name in (name for name in job.finite if name in rows.columns):
+        values = pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            row = rows.iloc[bad[0]]
+            key = ", ".join(f"{column} {frames.key_value(row[column])}" for column in job.key)
+            value = row[name].item() if isinstance(row[name], np.generic) else row[name]
+            return f"the row of {key} has {name} {value!r:.40}"
+    return None
 
 
 class Progress:
@@ -72,6 +104,8 @@ def drive(model, job: Job, execution: Execution) -> object:
         if out is not None:
             store = ResultStore(Path(out), job.key, {**job.signature(), "model": identity(model).as_dict()})
         done = store.done() if store is not None else set()
+        if done:
+            _check_stored(store, job)
         remote = None if isinstance(runner, InProcess) else runner.workers
         chunks = job.plan(done, remote, runner.chunks_per_worker)
         job.prepare(model, runner, chunks)
@@ -83,6 +117,11 @@ def drive(model, job: Job, execution: Execution) -> object:
                     results[index] = result
                     continue
                 if store is not None:
+                    problem = _not_finite(job, result)
+                    if problem is not None:
+                        raise ResidError(f"{job.name}: {problem}, so it is not stored: the model's output is not a "
+                                         "finite number there (an overflow in float16 or bfloat16? try --dtype "
+                                         "float32).")
                     store.write(result)  # persisted before the next result is awaited
                 results.append(result)
     except BaseException:

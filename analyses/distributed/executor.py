@@ -21,7 +21,7 @@ asked for). A job fed so yields one piece per chunk.
 
 import abc
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
@@ -40,6 +40,9 @@ class Job(abc.ABC):
     name = "job"  # what the progress bar says
     unit = "row"  # what `size` counts
     key: tuple[str, ...] | None = None
+    # Columns of the rows that are finite numbers, checked as each row is stored and when a store is resumed: a
+    # NaN there is a failed computation (or an edited file), never a result.
+    finite: tuple[str, ...] = ()
     # A job mapped several times on one executor (an attribution graph's rounds) sets a value unique to it: a Ray
     # worker that has set it up keeps its state for every map of the same session instead of setting up again.
     session: str | None = None
@@ -63,6 +66,11 @@ class Job(abc.ABC):
         """A JSON-able description of everything that determines the rows (the driver adds the model's
         identity); a resumed store must have an equal one."""
         raise NotImplementedError(f"{type(self).__name__} takes no store")
+
+    def key_values(self) -> dict[str, Container]:
+        """The values each key column of this job's rows can take (a column left out: not checked). A resumed
+        store's rows are checked against them, so that a row of another prompt or site is refused, not merged."""
+        return {}
 
     @abc.abstractmethod
     def setup(self, model: Model) -> object:

@@ -42,6 +42,7 @@ def card(model: Transformer, dictionary: Dictionary, feature: int, table: pd.Dat
     select_features(dictionary, feature)
     counts = _histogram(dictionary, feature, table, histogram)
     rows = table[(table["dictionary"] == dictionary.name) & (table["feature"] == feature)].sort_values("rank")
+    _finite(rows, "activation", f"The table's rows of feature {feature}")
     tokens = decoder_top_tokens(model, dictionary, feature, k=k, through_final_norm=through_final_norm)
     fig = make_subplots(
         rows=2, cols=2, row_heights=[0.5, 0.5], column_widths=[0.55, 0.45], vertical_spacing=0.12,
@@ -83,7 +84,26 @@ def _histogram(d: Dictionary, feature: int, table: pd.DataFrame, histogram: pd.D
         scanned = sorted(set(zip(found["dictionary"], found["feature"])))[:10]
         raise ResidError(f"Feature {feature} of dictionary {d.name!r} was not scanned: the table has (dictionary, "
                          f"feature) pairs such as {scanned}. Run features.top_activating for it.")
+    what = f"The activation histogram of feature {feature}"
+    _finite(rows, "count", what)
+    low, high = edges()
+    known = set(zip(low.tolist(), high.tolist()))
+    odd = [(a, b) for a, b in zip(rows["low"].tolist(), rows["high"].tolist()) if (a, b) not in known]
+    if odd or (rows["count"] < 0).any() or (rows["count"] % 1 != 0).any():
+        raise ResidError(f"{what}: rows that are not counts of its fixed bins (e.g. low, high = "
+                         f"{odd[0] if odd else 'a negative or fractional count'}): it was edited or damaged. Pass "
+                         "the histogram features.top_activating made.")
     return rows
+
+
+def _finite(rows: pd.DataFrame, column: str, what: str) -> None:
+    """Refuse NaN or infinite values in `column`, which a card would draw as nothing (or fail on)."""
+    values = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ResidError(f"{what}: {bad.size} non-finite {column} value(s) (e.g. {rows[column].tolist()[bad[0]]!r:.40}"
+                         f"); a card shows numbers only. Pass the frame features.top_activating returned (a table "
+                         "edited or read back damaged has lost them).")
 
 
 def _bins(counts: pd.DataFrame) -> list[go.Bar]:

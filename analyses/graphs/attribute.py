@@ -31,9 +31,11 @@ from resid.analyses.graphs.replacement import Replacement, replace
 from resid.analyses.graphs.replay import replay
 from resid.analyses.graphs.rows import Batch, RowSweeps
 from resid.analyses.graphs.visiting import every_row, most_influential_rows
+from resid.batching import available_bytes
 from resid.errors import ResidError, param
 
 SWEEP_TARGETS = 64  # targets per backward sweep for batch_size="auto" (the graph's fixed batch before Execution)
+ROWS_SHARE = 0.25  # of the host's available memory the rows may take: assembling the graph copies them
 
 
 @torch.no_grad()
@@ -77,6 +79,7 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         logits = [Batch(logits=chunk.cpu()) for chunk in vectors.split(batch_size)]
         n_features = sweeper.n_features
         limit = n_features if max_feature_nodes is None else min(max_feature_nodes, n_features)
+        rows_fit(len(tokens), limit, sweeper.n_sources, max_n_logits, desired_logit_prob)
         if limit == n_features:
             rows, selected = every_row(sweeps, logits, batch_size), torch.arange(n_features)
         else:  # the ranking starts from the logit rows
@@ -100,6 +103,21 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
                   "batch_size": batch_size, "max_feature_nodes": max_feature_nodes,
                   "replacement_logit_error": replay_error},
     )
+
+
+def rows_fit(n_logits: int, n_rows: int, n_sources: int, max_n_logits: int, desired_logit_prob: float) -> None:
+    """Refuse, before they are allocated, the graph's rows ([feature rows + logits, sources + logits] float32 on the
+    host) where they would take more than ROWS_SHARE of the host's available memory: a flat next-token distribution
+    makes tens of thousands of logit nodes, and the rows grow with their square."""
+    size = 4 * (n_rows + n_logits) * (n_sources + n_logits)
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and size > ROWS_SHARE * free:
+        raise ResidError(
+            f"The graph would have {n_logits:,} logit nodes (the most probable next tokens until their probabilities "
+            f"sum to {param('desired_logit_prob', desired_logit_prob)}, at most {param('max_n_logits', max_n_logits)}) "
+            f"and {n_rows:,} feature rows: {size / 2**30:,.1f} GiB of rows, more than {ROWS_SHARE:.0%} of the "
+            f"{free / 2**30:,.1f} GiB available. Lower {param('max_n_logits')} (circuit-tracer's default is 10) or "
+            f"{param('desired_logit_prob')}.")
 
 
 def sweep_batch_size(execution: Execution | None, auto: int) -> int:

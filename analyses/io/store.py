@@ -70,6 +70,14 @@ def _read_json(path: Path, fields: tuple[str, ...], remedy: str) -> dict:
                      f"{remedy}")
 
 
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _keys(frame: pd.DataFrame) -> set[tuple]:
     """The keys of a frame of key columns, as plain Python values (frames.key_value)."""
     columns = [frame[name].tolist() for name in frame.columns]
@@ -176,6 +184,25 @@ class ResultStore(Holder):
         except BaseException:
             self._lock.release()
             raise
+
+    def rows(self) -> pd.DataFrame:
+        """Every row stored so far (a finished `out`, then the chunks), as `finish()` would merge them, without
+        writing anything: for a resumed sweep to check them against its job before computing the rest."""
+        self._hold()
+        text = self._schema()[1]
+        if self.out.exists():
+            text = text | set(self._stored()["text_columns"])
+        pieces = list(self._frames())
+        if not pieces:
+            return pd.DataFrame(columns=list(self.key_columns))
+        return self._normalise(pd.concat(pieces, ignore_index=True), text)
+
+    def mismatch(self, problem: str) -> ResidError:
+        """The error for stored rows that this sweep could not have written: `problem` says which, this says what
+        to do."""
+        return ResidError(f"The results stored at {self.out} do not match this sweep: {problem}. Delete {self.out}, "
+                          f"{self.sidecar.name} and {self.parts.name} (whichever exist) to compute them again, or "
+                          "choose another output path.")
 
     def done(self) -> set[tuple]:
         """Keys of the rows in complete chunks and in a finished `out`; a missing value (NaN, NA) reads as None."""
@@ -329,6 +356,12 @@ class ResultStore(Holder):
         # Chunks of one sweep disagree on the dtypes of other columns; _normalise settles those after merging.
         schema = [{"name": name, "dtype": frames.TEXT_DTYPE if name in text else None} for name in names]
         frame = frames.read(path, schema, columns)
+        for name in sorted(set(frame.columns) - text):  # numbers (or missing) only: ResultStore wrote no text there
+            found = [value for value in frame[name].tolist() if isinstance(value, str)]
+            if found:
+                shown = next((value for value in found if not _number(value)), found[0])
+                raise self.mismatch(f"{path} holds text ({shown!r:.40}) in its column {name!r}, where this sweep "
+                                    "stores numbers (the file was edited or damaged)")
         if self.suffix == ".csv":
             # In CSV a missing text cell and "" are the same empty field, and chunks keep no list of missing
             # cells (a table's sidecar does): both read as missing.

@@ -202,6 +202,9 @@ class PairsJob(Job):
         step = self.batch if workers is None else max(1, min(self.batch, -(-len(todo) // (workers * per_worker))))
         return [tuple(todo[i : i + step]) for i in range(0, len(todo), step)]
 
+    def key_values(self) -> dict[str, range]:
+        return {"prompt_idx": range(len(self.clean))}
+
     def signature(self) -> dict:
         return {"pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
                 "targets": [self.targets, self.baselines], **self.settings}

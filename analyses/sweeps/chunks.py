@@ -119,6 +119,7 @@ class SweepJob(Job):
 
     name = "sites"
     key = ("prompt_idx", "site")
+    finite = ("clean_metric", "ablated_metric", "delta")
 
     def plan(self, done: set, workers: int | None, per_worker: int) -> list[SweepChunk]:
         labels = [site.label for site in self.sites]
@@ -132,6 +133,9 @@ class SweepJob(Job):
 
         return layout(len(self.sequences), self.sites, todo, self.chunk_batch, self.n_layers, workers, per_worker,
                       self.encoder_layers)
+
+    def key_values(self) -> dict[str, range | set[str]]:
+        return {"prompt_idx": range(len(self.sequences)), "site": {site.label for site in self.sites}}
 
     def size(self, chunk: SweepChunk) -> int:
         """The rows a chunk returns: one per (prompt, site) it computes (the progress bar counts rows of rows)."""

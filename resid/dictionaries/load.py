@@ -102,6 +102,10 @@ def load(path: str | Path, model=None, *, sae_id: str | None = None, hook: str |
         raise ResidError(f"resid.dictionaries.load's second argument is the model; {model!r} is a string. For a "
                          f"SAELens release pass the SAE's id by name: resid.dictionaries.load({str(path)!r}, "
                          f"sae_id={model!r}, model=model).")
+    if sae_id is not None and not isinstance(sae_id, str):
+        raise ResidError(f"sae_id={sae_id!r} is not a string ({type(sae_id).__name__}): a SAELens sae_id is a string "
+                         "such as 'layer_12/width_16k/canonical' or 'blocks.8.hook_resid_pre'; pass it as the "
+                         "release's registry names it.")
     if sae_id is not None:
         folder, hook, norm_scaling_factor = _release(str(path), sae_id, hook, norm_scaling_factor)
     else:

@@ -3,6 +3,7 @@ per-layer set and cross-layer transcoder, and with a folder of SAELens transcode
 writes them: the printed scores are the graph's, --out writes the viewer JSON and page, and bad input ends in one
 line naming the flag."""
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -76,3 +77,28 @@ def test_bad_graph_flags_end_in_one_line(folder, flags, message, capsys) -> None
     assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(DATA / "plt"), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_more_logit_nodes_than_the_vocabulary_are_bounded_by_it(folder, capsys) -> None:
+    """--max-n-logits 1000000 is cut to the vocabulary, and said so (the logit nodes are still the most probable
+    tokens up to --desired-logit-prob)."""
+    model = resid.load(folder)
+    assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(DATA / "plt"), "--max-n-logits",
+                 "1000000", "--desired-logit-prob", "0.002"]) == 0
+    printed = capsys.readouterr().out
+    assert f"note: at most {model.config.d_vocab:,} logit nodes, the vocabulary's size (--max-n-logits 1,000,000 is " \
+           f"more than {model.name} has tokens)" in printed, printed
+
+
+def test_a_graph_whose_rows_cannot_fit_is_refused_before_they_are_allocated(folder, capsys, monkeypatch) -> None:
+    """A flat next-token distribution up to --desired-logit-prob 0.95 makes tens of thousands of logit nodes, whose
+    rows grow with their square (5 GB and more): refused, naming the flags, before anything that size exists."""
+    attribute = importlib.import_module("resid.analyses.graphs.attribute")  # the module, not the function
+    monkeypatch.setattr(attribute, "available_bytes", lambda device: 2**30)  # 1 GiB available, whatever the host
+    assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(DATA / "plt"), "--max-n-logits",
+                 "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"resid: error: The graph would have [\d,]+ logit nodes \(the most probable next tokens until "
+                     r"their probabilities sum to --desired-logit-prob 0.95, at most --max-n-logits [\d]+\) and \d+ "
+                     r"feature rows: [\d.,]+ GiB of rows, more than 25% of the 1.0 GiB available\. Lower "
+                     r"--max-n-logits \(circuit-tracer's default is 10\) or --desired-logit-prob\.", err), err

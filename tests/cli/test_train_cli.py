@@ -86,6 +86,22 @@ def test_train_clt_then_eval_dictionaries_compares_it_with_per_layer_transcoders
     assert "FVU of the layer" in (out / "report.html").read_text()
 
 
+def test_a_buffer_larger_than_the_run_is_cut_to_the_run(setup, capsys, tmp_path) -> None:
+    """--buffer-tokens above --tokens filled the buffer from the whole corpus before step 1: it is cut to the
+    tokens the run trains on, and said so."""
+    from resid.analyses.io.checkpoints import saved_settings
+
+    out = tmp_path / "sae"
+    argv = ["train-sae", "--layers", "0", "--out", str(out), "--model", setup["model"], "--corpus", setup["corpus"],
+            "--tokens", "150", "--batch-size", "64", "--window", "16", "--buffer-tokens", "1000000", "--eval-windows",
+            "0", "--quiet", "--k", "4", "--expansion", "2"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "resid: a shuffling buffer of 128 tokens, the whole training budget (--buffer-tokens 1,000,000 is more " \
+           "than the run trains on, and a buffer is filled before its first step)" in err, err
+    assert saved_settings(out)["buffer_tokens"] == 128
+
+
 # Another process training into a folder: it holds the folder's checkpoint store (and so its lock) until told to go.
 HOLDER = """
 import sys
@@ -124,6 +140,20 @@ def test_a_second_command_training_into_the_same_folder_is_refused(setup, capsys
     (["eval-dictionaries", "x", "--out", "x"], "is not a folder"),
     (["eval-dictionaries", ".", "--out", "x", "--prompt", ""], "--prompt '' is empty"),
     (["eval-dictionaries", "a=.", "a=.", "--out", "x"], "Two replacements are named 'a'"),
+    (["eval-dictionaries", "../../x=.", "--out", "x"], "the replacement's name '../../x' names files in --out "
+     "(graph-NAME.html), so it must be letters, digits, '_', '-' and '.', starting with a letter or digit"),
+    (["eval-dictionaries", "a/b=.", "--out", "x"], "Name it with NAME=FOLDER"),
+    (["eval-dictionaries", ".hidden=.", "--out", "x"], "starting with a letter or digit"),
+    (["train-sae", "--layers", "1", "--out", "x", "--warmup-steps", "-1"], "--warmup-steps must be at least 0, got -1"),
+    (["train-sae", "--layers", "1", "--out", "x", "--decay-steps", "-3"], "--decay-steps must be at least 0, got -3"),
+    (["train-clt", "--out", "x", "--seed", str(2**63)], "--seed must be a whole number from 0 to 2^63 - 1"),
+    (["train-sae", "--layers", "1", "--out", "x", "--seed", "-1"], "--seed must be a whole number from 0 to 2^63 - 1"),
+    (["train-clt", "--out", "x", "--activation", "jumprelu", "--tanh-scale", "nan"],
+     "--tanh-scale must be a positive finite number"),
+    (["train-clt", "--out", "x", "--activation", "jumprelu", "--tanh-scale", "-2"],
+     "--tanh-scale must be a positive finite number"),
+    (["train-clt", "--out", "x", "--tanh-scale", "2"], "--tanh-scale 2.0 sets the JumpReLU sparsity term, which "
+     "--activation batchtopk does not have: drop --tanh-scale, or use --activation jumprelu"),
 ])
 def test_bad_arguments_are_named_by_their_flags_before_the_model_loads(argv, message, capsys, tmp_path) -> None:
     argv = [a if a != "x" else str(tmp_path / "out") for a in argv]

@@ -77,3 +77,21 @@ def test_a_feature_that_was_not_scanned_is_refused(scanned):
         features.card(model, sae, 2, bare)
     with pytest.raises(ResidError, match=r"Features \[40\] are not valid"):
         features.card(model, sae, 40, table)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda table, hist: table.__setitem__("activation", table["activation"].where(table["rank"] != 1)),
+     r"The table's rows of feature \d+: 1 non-finite activation value\(s\) \(e.g. nan\); a card shows numbers only"),
+    (lambda table, hist: hist.__setitem__("count", hist["count"].astype(float).where(hist["low"] != 0)),
+     r"The activation histogram of feature \d+: 1 non-finite count value\(s\)"),
+    (lambda table, hist: hist.__setitem__("low", hist["low"].where(hist["low"] == 0, 0.123)),
+     r"The activation histogram of feature \d+: rows that are not counts of its fixed bins \(e.g. low, high = "
+     r"\(0.123, "),
+])
+def test_a_card_of_a_damaged_table_is_one_clear_error(scanned, damage, message):
+    model, sae, table = scanned
+    feature = int(table["feature"].iloc[0])
+    table, histogram = table.copy(), table.attrs["histogram"].copy()
+    damage(table, histogram)
+    with pytest.raises(ResidError, match=message):
+        features.card(model, sae, feature, table, histogram=histogram)

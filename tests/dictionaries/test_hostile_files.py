@@ -178,6 +178,13 @@ CASES = {
         "model_name: [1, 2]\n")), r"config.yaml: model_name must be a string or null"),
     "circuit-tracer-deep-yaml": ("circuit_tracer/plt", write_text("config.yaml", "[" * 100_000 + "]" * 100_000),
                                  r"config.yaml nests YAML too deeply"),
+    # a "billion laughs": nine anchors of nine aliases each expand to 9^9 values wherever the value is walked
+    "circuit-tracer-yaml-aliases": ("circuit_tracer/plt", write_text("config.yaml", "a0: &a0 [x, x, x, x, x, x, x, x, "
+                                    "x]\n" + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n"
+                                                     for i in range(1, 9)) + "model_kind: *a8\n"),
+        r"config.yaml: line 2 refers to a YAML alias \(\*a0\)\. A transcoder set's config is read without aliases"),
+    "circuit-tracer-huge-config": ("circuit_tracer/plt", write_text("config.yaml", "x: " + "y" * (1 << 20) + "\n"),
+                                   r"config.yaml is 1,048,580 bytes, too large to be a transcoder set's config"),
     "clt-d_sae-differs": ("circuit_tracer/clt", lambda f: (
         edit_tensor("W_enc_1.safetensors", "W_enc_1", lambda t: t[:8])(f),
         edit_tensor("W_enc_1.safetensors", "b_enc_1", lambda t: t[:8])(f),
@@ -225,3 +232,18 @@ def test_a_dictionary_loaded_without_a_model_is_checked_when_a_run_attaches_it(m
     assert calls == [wide], "checked once for this (dictionary, model)"
     with pytest.raises(ResidError, match="which is 32 wide"):
         narrow.run(IDS, dictionaries=[sae])
+
+
+def test_an_error_shows_a_huge_value_cut_short(tmp_path: Path) -> None:
+    """A config's unknown field and a wrong-typed one hold 500,000 characters: the errors name them, short."""
+    folder = tmp_path / "plt"
+    shutil.copytree(DATA / "circuit_tracer" / "plt", folder)
+    text = (folder / "config.yaml").read_text()
+    for extra, message in ((f"surprise: {'y' * 500_000}\n", r"has field\(s\) resid does not know .*: surprise='yyy"),
+                           (f"model_name: [{', '.join(['1'] * 100_000)}]\n", r"model_name must be a string or null, "
+                            r"but it is \[1, 1, 1, 1, 1, 1, \.\.\.\]")):
+        kept = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("model_name"))
+        (folder / "config.yaml").write_text(kept + extra)
+        with pytest.raises(ResidError, match=message) as raised:
+            resid.dictionaries.load(folder)
+        assert len(str(raised.value)) < 1000, str(raised.value)[:2000]

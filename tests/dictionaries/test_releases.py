@@ -3,9 +3,13 @@ fetch is replaced by a recorder that hands back a committed fixture folder, so t
 folder the download is asked for, and that the folder is then read as its format with the registry's hook."""
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from bad_option import BAD_OPTION
 
 import resid
 import resid.dictionaries
@@ -125,3 +129,16 @@ def test_a_sae_id_in_the_models_place_is_pointed_to_sae_id(table, fetched) -> No
     with pytest.raises(resid.ResidError, match=r"second argument is the model.*sae_id='blocks.8.hook_resid_pre'"):
         resid.dictionaries.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")
     assert fetched == []
+
+
+def test_an_int_sae_id_is_one_clear_error() -> None:
+    """sae_id=12 (an int where SAELens names ids by strings) was a TypeError from deep inside the name matching: it
+    is refused by name, by the type checks when they are on (as here) and by load itself for everyone else."""
+    with pytest.raises(BAD_OPTION, match="sae_id"):
+        resid.dictionaries.load("gemma-scope-2b-pt-res-canonical", sae_id=12)
+    code = "import resid.dictionaries\nresid.dictionaries.load('gemma-scope-2b-pt-res-canonical', sae_id=12)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "RESID_TYPECHECK": "0"})
+    assert found.stderr.strip().splitlines()[-1] == (
+        "resid.errors.ResidError: sae_id=12 is not a string (int): a SAELens sae_id is a string such as "
+        "'layer_12/width_16k/canonical' or 'blocks.8.hook_resid_pre'; pass it as the release's registry names it.")

@@ -17,6 +17,7 @@ Hostile or damaged files are refused before they can compute a wrong number or e
 import json
 import math
 import numbers
+import reprlib
 import zipfile
 import zlib
 from pathlib import Path
@@ -129,12 +130,49 @@ def finite(tensors: dict[str, torch.Tensor], path: Path | str) -> None:
                          "damaged (or was saved after training diverged); re-download or re-train it.")
 
 
+def finite_to_write(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse to write a tensor holding NaN or infinite values, naming it: every reader (resid's included) would
+    refuse the file, or compute NaN activations from it."""
+    for name, tensor in tensors.items():
+        if not all_finite(tensor):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ResidError(f"{what}: {name} holds {bad:,} non-finite value(s) (NaN or infinite) of "
+                             f"{tensor.numel():,}, so it is not written (every activation it touches would be NaN). "
+                             "Training diverged or the weights were edited: train it again, e.g. with a lower "
+                             "learning rate, or fix the tensor.")
+
+
+def folder_to_write(folder: str | Path, what: str) -> Path:
+    """`folder`, made if missing: a writer's folder of files, never an existing file."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ResidError(f"{folder} is a file, but {what} is written as a folder of files: give a folder path (made "
+                         "if missing).")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ResidError(f"Cannot make the folder {folder} to write {what} into ({err.strerror}): a folder above it "
+                         "is a file or not writable. Give another folder path.") from None
+    return folder
+
+
+def shown(value: object) -> str:
+    """`value` as an error message shows it: its repr, cut short (a hostile file's value may be huge)."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple, _SHOWN.maxset = 3, 6, 6, 6, 6
+
+
 def check_fields(config: dict, known: frozenset[str], where: str, what: str) -> None:
     """Refuse config fields that are not in `known` (read by the reader or known to be provenance)."""
-    unknown = sorted(set(config) - known)
+    unknown = sorted(set(config) - known, key=str)
     if unknown:
-        shown = ", ".join(f"{name}={config[name]!r}" for name in unknown)
-        raise ResidError(f"{where} has field(s) resid does not know for {what}: {shown}. They may change how the "
+        listed = ", ".join(f"{str(name):.80}={shown(config[name])}" for name in unknown[:10])
+        listed += f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise ResidError(f"{where} has field(s) resid does not know for {what}: {listed}. They may change how the "
                          "dictionary computes, so resid refuses rather than compute a wrong one; if they are "
                          "harmless, please report it (or remove them from the file).")
 
@@ -159,7 +197,7 @@ def as_int(value: object, field: str, where: str) -> int:
     """A positive whole number (576, not "576", 576.0 or true)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ResidError(f"{where}: {field} must be a positive whole number written without quotes or a decimal "
-                         f"point (e.g. 16), but it is {value!r} ({_kind(value)}). Fix that field of the file.")
+                         f"point (e.g. 16), but it is {shown(value)} ({_kind(value)}). Fix that field of the file.")
     return int(value)
 
 
@@ -168,7 +206,7 @@ def as_index(value: object, field: str, where: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ResidError(f"{where}: {field} must be null or a whole number of at least 0, but it is {value!r} "
+        raise ResidError(f"{where}: {field} must be null or a whole number of at least 0, but it is {shown(value)} "
                          f"({_kind(value)}). Fix that field of the file.")
     return int(value)
 
@@ -176,8 +214,8 @@ def as_index(value: object, field: str, where: str) -> int | None:
 def as_bool(value: object, field: str, where: str) -> bool:
     """A JSON boolean: the string "false" is truthy in Python, so it is refused rather than read as true."""
     if not isinstance(value, bool):
-        raise ResidError(f"{where}: {field} must be a boolean (true or false, without quotes), but it is {value!r} "
-                         f"({_kind(value)}). Fix that field of the file.")
+        raise ResidError(f"{where}: {field} must be a boolean (true or false, without quotes), but it is "
+                         f"{shown(value)} ({_kind(value)}). Fix that field of the file.")
     return value
 
 
@@ -186,7 +224,7 @@ def as_str(value: object, field: str, where: str, optional: bool = True) -> str 
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise ResidError(f"{where}: {field} must be a string{' or null' if optional else ''}, but it is {value!r} "
+        raise ResidError(f"{where}: {field} must be a string{' or null' if optional else ''}, but it is {shown(value)} "
                          f"({_kind(value)}). Fix that field of the file.")
     return value
 
@@ -194,7 +232,7 @@ def as_str(value: object, field: str, where: str, optional: bool = True) -> str 
 def as_choice(value: object, choices: tuple, field: str, where: str) -> object:
     """One of `choices` (compared by type as well: true is not 1)."""
     if not any(type(value) is type(choice) and value == choice for choice in choices):
-        raise ResidError(f"{where}: {field} is {value!r}, not one of the values resid reads "
+        raise ResidError(f"{where}: {field} is {shown(value)}, not one of the values resid reads "
                          f"({', '.join(map(repr, choices))}). Fix that field of the file.")
     return value
 
@@ -204,7 +242,7 @@ def as_dict(value: object, field: str, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ResidError(f"{where}: {field} must be an object of fields (or null), but it is {value!r} "
+        raise ResidError(f"{where}: {field} must be an object of fields (or null), but it is {shown(value)} "
                          f"({_kind(value)}). Fix that field of the file.")
     return value
 

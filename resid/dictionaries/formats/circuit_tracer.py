@@ -32,11 +32,22 @@ from safetensors.torch import save_file
 from resid.dictionaries import hub
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
-from resid.dictionaries.formats import as_str, check_fields, read_npz, read_safetensors, take
+from resid.dictionaries.formats import (
+    as_str,
+    check_fields,
+    finite_to_write,
+    folder_to_write,
+    read_npz,
+    read_safetensors,
+    shown,
+    take,
+)
 from resid.errors import ResidError
 from resid.sites.transformerlens import at_layer
 
 CONFIG = "config.yaml"
+CONFIG_BYTES = 1 << 20  # a config lists a few fields and a path per layer: a few kB
+CLT_FILE = re.compile(r"W_(?:enc|dec)_(\d+)\.safetensors")  # a cross-layer transcoder's per-layer files
 READ = frozenset({"model_kind", "feature_input_hook", "feature_output_hook", "model_name", "transcoders"})
 PROVENANCE = frozenset({"scan", "revision"})
 
@@ -45,7 +56,10 @@ def read(folder: Path) -> list[Dictionary] | CrossLayerTranscoder:
     """A transcoder set (one Dictionary per layer, layer 0 first) or a cross-layer transcoder."""
     where = str(folder / CONFIG)
     try:
-        cfg = yaml.safe_load((folder / CONFIG).read_text())
+        if (folder / CONFIG).stat().st_size > CONFIG_BYTES:
+            raise ResidError(f"{where} is {(folder / CONFIG).stat().st_size:,} bytes, too large to be a transcoder "
+                             f"set's config (at most {CONFIG_BYTES:,}); it is not one, or is damaged.")
+        cfg = yaml.load((folder / CONFIG).read_text(), Loader=_NoAliases)  # noqa: S506 (a safe loader)
     except FileNotFoundError:
         raise ResidError(f"{folder} has no {CONFIG} (a circuit-tracer transcoder set).") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
@@ -55,12 +69,15 @@ def read(folder: Path) -> list[Dictionary] | CrossLayerTranscoder:
     except OSError as err:
         raise ResidError(f"{where} cannot be read as a file ({err.strerror}); it must be the set's YAML config."
                          ) from None
+    except _NoAliases.Alias as err:
+        raise ResidError(f"{where}: {err}. A transcoder set's config is read without aliases, since a few of them "
+                         "expand a small file into billions of values; write the value out in full.") from None
     if not isinstance(cfg, dict):
         raise ResidError(f"{where} holds no mapping of fields.")
     check_fields(cfg, READ | PROVENANCE, where, "a circuit-tracer transcoder set")
     for field in ("model_kind", "feature_input_hook", "feature_output_hook"):
         if not isinstance(cfg.get(field), str):
-            raise ResidError(f"{where} needs {field} (a string); got {cfg.get(field)!r}.")
+            raise ResidError(f"{where} needs {field} (a string); got {shown(cfg.get(field))}.")
     for field in ("model_name", "revision"):
         as_str(cfg.get(field), field, where)
     kind = cfg["model_kind"]
@@ -71,7 +88,21 @@ def read(folder: Path) -> list[Dictionary] | CrossLayerTranscoder:
             raise ResidError(f"{where}: a cross-layer transcoder listed per layer (Gemma Scope 2's CLT layout) is "
                              "not read by resid yet; it reads circuit-tracer's W_enc_{l} / W_dec_{l} files.")
         return _cross_layer(folder, cfg)
-    raise ResidError(f"{where}: model_kind {kind!r} is not 'transcoder_set' or 'cross_layer_transcoder'.")
+    raise ResidError(f"{where}: model_kind {shown(kind)} is not 'transcoder_set' or 'cross_layer_transcoder'.")
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases (*name): a config never needs one, and nine anchors of nine aliases each are a 1 kB file
+    that expands to 9^9 values wherever it is walked (a "billion laughs"), hanging whatever checks or shows it."""
+
+    class Alias(Exception):
+        """An alias met at `line` (1-based)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise self.Alias(f"line {event.start_mark.line + 1} refers to a YAML alias (*{str(event.anchor):.40})")
+        return super().compose_node(parent, index)
 
 
 def _layer_files(cfg: dict, folder: Path, where: str) -> list[Path]:
@@ -173,19 +204,28 @@ def write(clt: CrossLayerTranscoder | Dictionary, folder: str | Path) -> Path:
         raise ResidError(f"Cross-layer transcoder {clt.name!r} cannot be saved in circuit-tracer's format: it needs "
                          "hook_in and hook_out (names within a block) and no skip path (W_skip), which the format "
                          "has no file for.")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    take = lambda t: t.detach().cpu().contiguous()  # noqa: E731
+    files = {}  # file name -> its tensors, each checked before any file is written
+    for layer in range(clt.n_layers):
+        files[f"W_enc_{layer}"] = {f"W_enc_{layer}": clt.W_enc[layer].T, f"b_enc_{layer}": clt.b_enc[layer],
+                                   f"b_dec_{layer}": clt.b_dec[layer]}
+        if clt.threshold is not None:
+            files[f"W_enc_{layer}"][f"threshold_{layer}"] = clt.threshold[layer]
+        files[f"W_dec_{layer}"] = {f"W_dec_{layer}": clt.W_dec[layer]}
+    what = f"Cross-layer transcoder {clt.name!r}"
+    for tensors in files.values():
+        finite_to_write(tensors, what)
+    folder = folder_to_write(folder, f"a circuit-tracer cross-layer transcoder ({CONFIG} and W_enc_{{l}} / "
+                             "W_dec_{l}.safetensors)")
     mask = os.umask(0o022)  # safetensors makes files 0600: give them the user's umask (read by setting it, and set
     os.umask(mask)          # straight back)
-    take = lambda t: t.detach().cpu().contiguous()  # noqa: E731
-    for layer in range(clt.n_layers):
-        tensors = {f"W_enc_{layer}": clt.W_enc[layer].T, f"b_enc_{layer}": clt.b_enc[layer],
-                   f"b_dec_{layer}": clt.b_dec[layer]}
-        if clt.threshold is not None:
-            tensors[f"threshold_{layer}"] = clt.threshold[layer]
-        for name, part in ((f"W_enc_{layer}", tensors), (f"W_dec_{layer}", {f"W_dec_{layer}": clt.W_dec[layer]})):
-            save_file({k: take(v) for k, v in part.items()}, str(folder / f"{name}.safetensors"))
-            os.chmod(folder / f"{name}.safetensors", 0o666 & ~mask)
+    for name, tensors in files.items():
+        save_file({k: take(v) for k, v in tensors.items()}, str(folder / f"{name}.safetensors"))
+        os.chmod(folder / f"{name}.safetensors", 0o666 & ~mask)
+    for stale in folder.iterdir():  # a longer CLT written here before: read would take its later layers as this one's
+        match = CLT_FILE.fullmatch(stale.name)
+        if match and int(match[1]) >= clt.n_layers:
+            stale.unlink()
     cfg = {"model_kind": "cross_layer_transcoder", "feature_input_hook": clt.hook_in,
            "feature_output_hook": clt.hook_out, "model_name": clt.model_name, "scan": clt.name}
     (folder / CONFIG).write_text(yaml.safe_dump(cfg))

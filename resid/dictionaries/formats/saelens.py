@@ -37,6 +37,8 @@ from resid.dictionaries.formats import (
     as_str,
     check_fields,
     clamp_threshold,
+    finite_to_write,
+    folder_to_write,
     read_json,
     read_safetensors,
     take,
@@ -227,14 +229,14 @@ def write(dictionary: Dictionary | CrossLayerTranscoder, folder: Path) -> Path:
         raise ResidError(f"SAELens's format holds one SAE or transcoder (a resid.dictionaries.Dictionary), not a "
                          f"{type(dictionary).__name__}.")
     architecture = _architecture_of(dictionary)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     tensors = {"W_enc": dictionary.W_enc, "W_dec": dictionary.W_dec, "b_dec": dictionary.b_dec}
     for name in ("b_enc", "threshold", "b_gate", "b_mag", "r_mag"):
         if getattr(dictionary, name) is not None:
             tensors[name] = getattr(dictionary, name)
     if dictionary.W_skip is not None:
         tensors["W_skip"] = dictionary.W_skip.T
+    finite_to_write(tensors, f"Dictionary {dictionary.name!r}")
+    folder = folder_to_write(folder, f"a SAELens dictionary ({CONFIG} and {WEIGHTS})")
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS))
     mask = os.umask(0o022)  # safetensors makes the file 0600: give it the user's umask, as cfg.json has (read by
     os.umask(mask)          # setting it, and set straight back)
