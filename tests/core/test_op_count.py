@@ -19,14 +19,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import resid
 from tests.random_models import make_random_model
 
-# (operations, kernels) per layer at most, by (kind, dtype)
+# (operations, kernels) per layer at most, by (kind, dtype): the counts reached plus a little slack. Before the
+# fusions (rotary, norms, 2-D projections) they were llama 67 / 36 (float32) and 75 / 44 (bfloat16), gemma the same,
+# gpt2 38 / 12 and 68 / 42; now 50 / 29, 54 / 33, gemma 52 / 31 and 58 / 37, gpt2 31 / 12 in both dtypes.
 BOUNDS = {
-    ("llama_gqa", torch.float32): (60, 30),
-    ("llama_gqa", torch.bfloat16): (68, 38),
-    ("gemma_like", torch.float32): (60, 30),
-    ("gemma_like", torch.bfloat16): (68, 38),
-    ("gpt2_like", torch.float32): (40, 14),
-    ("gpt2_like", torch.bfloat16): (70, 44),
+    ("llama_gqa", torch.float32): (52, 30),
+    ("llama_gqa", torch.bfloat16): (56, 34),
+    ("gemma_like", torch.float32): (54, 32),
+    ("gemma_like", torch.bfloat16): (60, 38),
+    ("gpt2_like", torch.float32): (33, 13),
+    ("gpt2_like", torch.bfloat16): (33, 13),
 }
 
 
