@@ -87,7 +87,7 @@ class AttnContext:
     # lets SDPA use its causal kernels instead of an explicit mask
     allowed: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]
     blocked: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]  # ~allowed, once per run (explicit path)
-    rotary: dict[str, tuple[Tensor, Tensor]]  # (cos, sin) for these position ids; empty for learned positions
+    rotary: dict[str, tuple[Tensor, Tensor]]  # Rotary.cos_sin of these position ids; empty for learned positions
     cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
     causal: bool = True  # False (encoders): allowed None means every key is readable
     # encoder-decoder decoders: the encoder's final hidden state, which cross-attention reads, and which of its
