@@ -105,7 +105,7 @@ class AttnContext:
     # lets SDPA use its causal kernels instead of an explicit mask
     allowed: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]
     blocked: dict[str, Bool[Tensor, "batch 1 pos key_pos"] | None]  # ~allowed, once per run (explicit path)
-    rotary: dict[str, tuple[Tensor, Tensor]]  # (cos, sin) for these position ids; empty for learned positions
+    rotary: dict[str, tuple[Tensor, Tensor]]  # Rotary.cos_sin of these position ids; empty for learned positions
     cache: KVCache | None = None  # generation only: keys/values of earlier positions, extended by this pass
     causal: bool = True  # False (encoders): allowed None means every key is readable
     # encoder-decoder decoders: the encoder's final hidden state, which cross-attention reads, and which of its
@@ -397,46 +397,51 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """q [batch pos head d_head], k and v [batch key_pos kv_head d_head]: projected (q_proj, k_proj: edited,
         and kept in `projected` where wanted), q/k-normed, rotated."""
-        batch = normalized.shape[0]
         source = ctx.memory if self.cross else normalized  # what keys and values are read from
-        n_keys = source.shape[1]
-        q = self._projected("q", normalized, edits, want, projected)
-        k = self._projected("k", source, edits, want, projected)
-        v = F.linear(source, self._w_v, self._b_v).view(batch, n_keys, self.n_kv_heads, self.d_head)
+        # [batch * pos, d_model]: each projection is one 2-D matmul (F.linear of 3-D input reshapes around it)
+        rows = normalized.flatten(0, 1)
+        source_rows = source.flatten(0, 1) if self.cross else rows
+        q = self._projected("q", rows, normalized.shape[:-1], edits, want, projected)
+        k = self._projected("k", source_rows, source.shape[:-1], edits, want, projected)
+        v = self._heads(source_rows, source.shape[:-1], self._w_v, self._b_v, self.n_kv_heads)
         if self.qk_norm == "all":  # over the whole projection (OLMo 2)
-            q = self.q_norm(q.flatten(-2))[0].view(q.shape)
-            k = self.k_norm(k.flatten(-2))[0].view(k.shape)
+            q = self.q_norm.normalize(q.flatten(-2)).view(q.shape)
+            k = self.k_norm.normalize(k.flatten(-2)).view(k.shape)
         if self.qk_norm == "head":
-            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+            q, k = self.q_norm.normalize(q), self.k_norm.normalize(k)
         if ctx.rotary and not self.cross:
-            cos, sin = ctx.rotary[self.layer_type]
-            q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
+            q, k = Rotary.apply_qk(q, k, *ctx.rotary[self.layer_type])
         return q, k, v
 
     def _queries(
         self, normalized: Tensor, edits: Sequence[Edit], want: frozenset[str], projected: dict[str, Tensor]
     ) -> Tensor:
         """A cross-attention's q alone (its keys and values are cached): projected and q-normed."""
-        q = self._projected("q", normalized, edits, want, projected)
+        q = self._projected("q", normalized.flatten(0, 1), normalized.shape[:-1], edits, want, projected)
         if self.qk_norm == "all":
-            q = self.q_norm(q.flatten(-2))[0].view(q.shape)
-        return self.q_norm(q)[0] if self.qk_norm == "head" else q
+            q = self.q_norm.normalize(q.flatten(-2)).view(q.shape)
+        return self.q_norm.normalize(q) if self.qk_norm == "head" else q
 
     def _projected(
-        self, name: str, x: Tensor, edits: Sequence[Edit], want: frozenset[str], projected: dict[str, Tensor]
+        self, name: str, rows: Tensor, lead: torch.Size, edits: Sequence[Edit], want: frozenset[str],
+        projected: dict[str, Tensor],
     ) -> Tensor:
-        """q_proj [batch pos head d_head] (name "q") or k_proj [batch key_pos kv_head d_head] ("k"): x's projection,
-        its edits applied (where it is q or k, the edits of q or k follow on the same tensor)."""
+        """q_proj [batch pos head d_head] (name "q") or k_proj [batch key_pos kv_head d_head] ("k"): the projection of
+        `rows` (what is read, [batch * pos, d_model], `lead` its [batch pos]), its edits applied (where it is q or
+        k, the edits of q or k follow on the same tensor)."""
         weight, bias, heads = (self._w_q, self._b_q, self.n_heads) if name == "q" else (
             self._w_k, self._b_k, self.n_kv_heads)
-        out = F.linear(x, weight, bias)
-        out = out.view(*out.shape[:-1], heads, self.d_head)
+        out = self._heads(rows, lead, weight, bias, heads)
         if edits or want:
             field = f"{name}_proj"
             out = apply_edits(out, edits, field) if edits else out
             if field in want and field not in self.same:
                 projected[field] = out
         return out
+
+    def _heads(self, rows: Tensor, lead: torch.Size, weight: Tensor, bias: Tensor | None, heads: int) -> Tensor:
+        """rows [batch * pos, d_model] projected by one weight [heads * d_head, d_model], as [*lead heads d_head]."""
+        return F.linear(rows, weight, bias).view(*lead, heads, self.d_head)
 
     def frozen_qk(
         self,

@@ -305,12 +305,13 @@ def _pre(norm: Norm | None, resid: Tensor, values: dict[str, Tensor], want: froz
     the edits of its `normalized` field (what a dictionary reading the sublayer's input splices)."""
     if norm is None:
         return resid
-    normalized, scale = norm(resid)
+    if "norm_scale" in want:
+        normalized, values["norm_scale"] = norm(resid)
+    else:
+        normalized = norm.normalize(resid)
     normalized = apply_edits(normalized, edits, "normalized")
     if "normalized" in want:
         values["normalized"] = normalized
-    if "norm_scale" in want:
-        values["norm_scale"] = scale
     return normalized
 
 
@@ -319,10 +320,10 @@ def _post(
 ) -> Tensor:
     """The write into the residual: the post-norm of the sublayer output (if any), then whole-write edits."""
     out = raw
-    if norm is not None:
-        out, scale = norm(raw)
-        if "post_norm_scale" in want:
-            values["post_norm_scale"] = scale
+    if norm is not None and "post_norm_scale" in want:
+        out, values["post_norm_scale"] = norm(raw)
+    elif norm is not None:
+        out = norm.normalize(raw)
     out = apply_edits(out, edits, "out")
     if "out" in want:
         values["out"] = out

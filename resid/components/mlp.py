@@ -57,14 +57,19 @@ class MLP(nn.Module):
         self, normalized: Float[Tensor, "batch pos d_model"], want: frozenset[str], edits: Sequence[Edit]
     ) -> tuple[Float[Tensor, "batch pos d_model"], dict[str, Tensor]]:
         """The MLP output before any post-norm (the block applies that, and the write edits)."""
-        pre = F.linear(normalized, self._w_in, self.b_in)
+        # over the rows [batch * pos, d_model]: each projection one 2-D matmul (F.linear of 3-D input reshapes
+        # around it), back to [batch pos ...] where a value is edited or kept
+        lead = normalized.shape[:-1]
+        rows = normalized.flatten(0, 1)
+        pre = F.linear(rows, self._w_in, self.b_in)
         gate = None
         if self._w_gate is not None:
-            gate = F.linear(normalized, self._w_gate, self.b_gate)
+            gate = F.linear(rows, self._w_gate, self.b_gate)
             post = self.act(gate) * pre
         else:
             post = self.act(pre)
-        post = apply_edits(post, edits, "post")
-        out = F.linear(post, self._w_out, self.b_out)
+        if edits:
+            post = apply_edits(post.view(*lead, -1), edits, "post").flatten(0, 1)
+        out = F.linear(post, self._w_out, self.b_out).view(normalized.shape)
         values = {"pre": pre, "gate": gate, "post": post}
-        return out, {name: values[name] for name in want if values.get(name) is not None}
+        return out, {name: values[name].view(*lead, -1) for name in want if values.get(name) is not None}

@@ -53,8 +53,14 @@ class Norm(nn.Module):
 
     def _gain32(self) -> Float[Tensor, "d_model"]:
         # The gain in float32 before adding the offset: Gemma's 1 + w rounded to bfloat16 would lose most of w.
-        gain = self.w.float() + self.gain_offset
+        gain = self.w.float() + self.gain_offset if self.gain_offset else self.w.float()
         return gain * self.multiplier if self.multiplier != 1.0 else gain
+
+    def _gain_factor(self) -> Float[Tensor, "d_model"]:
+        """What the forward multiplies a float32 product by: the stored w itself when it is the gain (a float32
+        tensor times a half-precision one computes in float32 in one kernel, the same numbers as w.float() gives,
+        without the copy), else _gain32()."""
+        return self.w if not self.gain_offset and self.multiplier == 1.0 else self._gain32()
 
     @property
     def invertible(self) -> bool:
@@ -72,19 +78,32 @@ class Norm(nn.Module):
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"] | None = None
     ) -> tuple[Float[Tensor, "*batch d_model"], Float[Tensor, "*batch 1"]]:
         """(normalized x, the scale used). With `scale` given it is used as is (frozen) instead of being
-        computed from x, in the same float32 arithmetic. A float32 LayerNorm computing its own scale runs as
-        torch's fused kernel, which returns the scale (rstd) beside the output; it agrees with the frozen
-        arithmetic to float32 rounding."""
-        if scale is None and self.centre and x.dtype == torch.float32 and not self.gain_offset and self.multiplier == 1:
+        computed from x, in the same float32 arithmetic. A LayerNorm computing its own scale runs as torch's
+        fused kernel (in float32 for half-precision x too), which returns the scale (rstd) beside the output; it
+        agrees with the frozen arithmetic to float32 rounding."""
+        normalized, scale = self._normalized(x, scale)
+        return normalized, scale.to(x.dtype)
+
+    def normalize(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """The normalized x alone, where its scale is not kept (the same numbers as forward's first half, without
+        casting the scale to a half-precision x's dtype)."""
+        return self._normalized(x, None)[0]
+
+    def _normalized(self, x: Tensor, scale: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(normalized x in x's dtype, the scale used: computed here (float32, or x's dtype from the fused
+        LayerNorm), or as given where frozen)."""
+        # (torch's kernel takes float32 parameters for any x, or parameters in x's dtype)
+        fused = self.w.dtype in (x.dtype, torch.float32)
+        if fused and scale is None and self.centre and not self.gain_offset and self.multiplier == 1:
             out, _, rstd = torch.native_layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
             return out, rstd
         x32 = self.centred(x)
         if scale is None:
             scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        normalized = x32 * scale.float() * self._gain32()
-        if self.b is not None:
-            normalized = normalized + self.b.float() * self.multiplier
-        return normalized.to(x.dtype), scale.to(x.dtype)
+        normalized = x32 * scale.float() * self._gain_factor()
+        if self.b is not None:  # as _gain_factor: a half-precision b is added in float32 without a copy
+            normalized = normalized + (self.b if self.multiplier == 1.0 else self.constant())
+        return normalized.to(x.dtype), scale
 
     def standardized(
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]

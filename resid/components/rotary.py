@@ -5,6 +5,11 @@ The first `rotary_dims` dims of each head are split in two halves (x1, x2) that 
 (x1[i], x2[i]) with frequency inv_freq[i] = base^(-2i/rotary_dims), rescaled by the scheme; the remaining
 dims pass through (partial rotary, GPT-NeoX, Phi). llama.cpp stores Q/K rows interleaved instead; the GGUF
 loader un-permutes them. Gemma 3 has two rotaries: its sliding layers use a local base, unscaled.
+
+The sin that `cos_sin` returns has its first half negated (sin of the angles times (-1, .., -1, 1, .., 1)), so that
+rotate_half(x) * sin == x.roll(rot / 2) * signed sin, bit for bit (a sign flip is exact): applying the rotary is
+three kernels and a roll instead of chunk, neg, cat and three more, and the sign is flipped once per run, not per
+layer.
 """
 
 import math
@@ -108,6 +113,7 @@ class Rotary(nn.Module):
     def cos_sin(
         self, position_ids: Int[Tensor, "batch pos"], dtype: torch.dtype
     ) -> tuple[Float[Tensor, "batch pos 1 rot"], Float[Tensor, "batch pos 1 rot"]]:
+        """(cos, signed sin) of every position's angles, in `dtype` (the module docstring's layout), for `apply`."""
         if self.scaling is not None and self.scaling.kind == "dynamic":
             # Each prompt's base grows with its own length, so a prompt's numbers never depend on its batch
             # (transformers uses the longest row of the batch; the two agree for one prompt).
@@ -118,8 +124,8 @@ class Rotary(nn.Module):
         else:
             # Angles in float32 even for half-precision models: positions times frequencies lose digits otherwise.
             freqs = position_ids.float()[..., None] * self.inv_freq.float()
-        angles = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = freqs[:, :, None, :].cos(), freqs[:, :, None, :].sin()
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return cos.to(dtype), sin.to(dtype)
@@ -129,8 +135,20 @@ class Rotary(nn.Module):
         x: Float[Tensor, "batch pos head d_head"], cos: Float[Tensor, "batch pos 1 rot"],
         sin: Float[Tensor, "batch pos 1 rot"],
     ) -> Float[Tensor, "batch pos head d_head"]:
+        """x rotated by (cos, signed sin) from `cos_sin`: x * cos + rotate_half(x) * sin in Hugging Face's terms."""
         dims = cos.shape[-1]
         if dims == x.shape[-1]:
-            return x * cos + rotate_half(x) * sin
+            return x * cos + x.roll(dims // 2, -1) * sin
         rot, rest = x[..., :dims], x[..., dims:]
-        return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
+        return torch.cat((rot * cos + rot.roll(dims // 2, -1) * sin, rest), dim=-1)
+
+    @staticmethod
+    def apply_qk(
+        q: Float[Tensor, "batch pos head d_head"], k: Float[Tensor, "batch pos kv_head d_head"],
+        cos: Float[Tensor, "batch pos 1 rot"], sin: Float[Tensor, "batch pos 1 rot"],
+    ) -> tuple[Float[Tensor, "batch pos head d_head"], Float[Tensor, "batch pos kv_head d_head"]]:
+        """q and k rotated in one application over their heads side by side (one kernel per step of `apply` for
+        both, and one copy to put them side by side, instead of each step twice): the same numbers as
+        apply(q, ...) and apply(k, ...); both come back as views of one tensor."""
+        both = Rotary.apply(torch.cat((q, k), dim=2), cos, sin)
+        return both.split((q.shape[2], k.shape[2]), dim=2)
