@@ -16,6 +16,7 @@ from random_models import make_random_model
 
 from resid import Site
 from resid.analyses import Execution, ablation, attribution, patching
+from resid.batching import ACCELERATOR_TOKENS_PER_BATCH, MAX_BATCH, model_batch_size
 
 BATCH = Execution(batch_size=256, progress=False)  # every prompt in one group, every row of a layer in one pass
 N_PROMPTS, N_POS = 4, 7
@@ -148,3 +149,14 @@ def test_head_dlas_own_syncs_do_not_grow_with_its_layers() -> None:
         found.append(counted(lambda deeper=deeper: attribution.direct(deeper, CLEAN, TARGETS, BASELINES,
                                                                       level="head")))
     same_own_count(*found)
+
+
+def test_short_prompts_batch_hundreds_of_rows_on_the_cpu_and_more_on_an_accelerator(model) -> None:
+    """The sweeps' automatic batch (resid.batching.model_batch_size): 15-token prompts (IOI) go hundreds of rows to a
+    forward pass on the CPU, and on another device (here `meta`, whose memory is not known: no memory bound) are
+    limited by tokens, not by the CPU's constant."""
+    on_cpu = model_batch_size(model, 15)
+    assert 256 <= on_cpu <= MAX_BATCH
+    elsewhere = model_batch_size(make_random_model("llama_gqa", n_layers=3).to("meta"), 15)
+    assert elsewhere == ACCELERATOR_TOKENS_PER_BATCH // 15 > MAX_BATCH
+    assert model_batch_size(make_random_model("llama_gqa", n_layers=3).to("meta"), 4096) == MAX_BATCH
