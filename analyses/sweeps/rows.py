@@ -8,6 +8,11 @@ its mean over reference text, or by its value in the donor run; residual sites (
 resid_post at some positions) are replaced at each row's own positions, which an alignment may map to other
 positions in the donor (patching pairs of different lengths). Every function here takes plain inputs (token ids,
 global prompt indices) so that a remote worker computes exactly what the driver would.
+
+Nothing inside a group asks the device for a value: where positions sit in the padded batches is known on the host
+from the token ids (Layout), each edit's rows and positions become index tensors once, and the rows' metrics stay on
+the device until the group's last layer, then come to the host in one transfer (on a GPU, every value read back
+waits for all the work queued before it).
 """
 
 from collections.abc import Callable, Iterator
@@ -180,6 +185,8 @@ def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> It
                 ablated.append(metrics)
     if done:
         yield _frame(ctx, done, group, torch.cat(ablated))
+
+
 def start_layer(site: Site, encoder_layers: int = 0) -> int:
     """The first layer whose computation a site's edit changes: a resumed run starts there. Encoder sites count
     from -encoder_layers (the encoder's first layer) to -1 (its last), before the decoder's layer 0."""
@@ -199,7 +206,7 @@ def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], local: list
             by_site.setdefault(edit_site, []).append(row)
     for site, members in by_site.items():
         mask = torch.zeros(len(rows), dtype=model.dtype)
-        mask[members] = 1  # on the host, then one copy: no small kernel per member row
+        mask[members] = 1  # built on the host, copied to the device once
         mask = mask.to(model.device)
         if site.part in RESID_PARTS and not site.of_dictionary:
             replacement = _residual(ctx, group, rows, local, members, site, index)
