@@ -48,6 +48,8 @@ def contributions(model: Transformer, stream: ResidualStream, direction: Directi
     `cross(layer, record, direction)`, if given, gives the rows of each cross-attention sublayer's heads instead
     (the direction as the sublayer's output reads it; resid.analyses.source_side splits them by source)."""
     norms = stream.norms
+    if _one_direction(model, stream, level, cross):
+        return _embeds(stream, direction) + _layers_at_once(model, stream, direction, level)
     groups_by_layer = []
     for layer in reversed(range(len(stream.layers))):
         record = stream.layers[layer]
@@ -75,6 +77,87 @@ def contributions(model: Transformer, stream: ResidualStream, direction: Directi
     for layer_groups in reversed(groups_by_layer):
         groups += layer_groups
     return groups
+
+
+def _embeds(stream: ResidualStream, direction: Direction) -> list[Contributions]:
+    """The embeddings' rows (each embedding's write read with the direction at the bottom of the stream)."""
+    return [Contributions([Site(None, name)], direction.project(write)[:, None])
+            for name, write in (("embed", stream.embed), ("pos_embed", stream.pos_embed),
+                                ("type_embed", stream.type_embed)) if write is not None]
+
+
+def _one_direction(model: Transformer, stream: ResidualStream, level: str, cross: Callable | None) -> bool:
+    """Whether every write is read with the same direction and split the same way in every layer (pre-LN, no
+    post-norms, no cross-attention, no mixture of experts to split), so that the layers are computed at once."""
+    blocks = [model.blocks[layer] for layer in range(len(stream.layers))]
+    return (stream.norms is None and cross is None and all(record.cross is None for record in stream.layers)
+            and all(b.ln_attn_post is None and b.ln_mlp_post is None for b in blocks)
+            and (level == "sublayer" or model.config.n_experts == 0))
+
+
+def _layers_at_once(model: Transformer, stream: ResidualStream, direction: Direction,
+                    level: str) -> list[Contributions]:
+    """Every layer's rows, as `_attn` and `_mlp` give them one layer at a time, from a few products over the layers
+    stacked (the writes, z and W_O, post and W_out), in blocks of layers of at most LAYER_BLOCK_FLOATS: on a GPU a
+    handful of kernels instead of a dozen per layer."""
+    layers, blocks = stream.layers, [model.blocks[layer] for layer in range(len(stream.layers))]
+    attn_split, mlp_split = level != "sublayer", level == "neuron"
+    values: dict[str, Tensor] = {}  # name -> [batch layer ...]
+    if attn_split:
+        values["heads"] = _stacked(direction, [b.attn.W_O for b in blocks], [r.attn.z for r in layers])
+        if blocks[0].attn.b_O is not None:
+            values["b_O"] = _stacked(direction, [b.attn.b_O for b in blocks])
+    else:
+        values["attn"] = direction.project(torch.stack([r.attn.out for r in layers], -2))
+    if mlp_split:
+        values["neurons"] = _stacked(direction, [b.mlp.W_out for b in blocks], [r.mlp.post for r in layers])
+        if blocks[0].mlp.b_out is not None:
+            values["b_out"] = _stacked(direction, [b.mlp.b_out for b in blocks])
+    else:
+        values["mlp"] = direction.project(torch.stack([r.mlp.out for r in layers], -2))
+    groups: list[Contributions] = []
+    for layer in range(len(layers)):
+        if attn_split:
+            heads = values["heads"][:, layer]
+            groups.append(Contributions(unit_sites(layer, "attn", "head", heads.shape[1]), heads))
+            if "b_O" in values:
+                groups.append(_bias(Site(layer, "attn", field="b_O"), values["b_O"][:, layer]))
+        else:
+            groups.append(Contributions([Site(layer, "attn")], values["attn"][:, layer, None]))
+        if mlp_split:
+            neurons = values["neurons"][:, layer]
+            groups.append(Contributions(unit_sites(layer, "mlp", "neuron", neurons.shape[1]), neurons))
+            if "b_out" in values:
+                groups.append(_bias(Site(layer, "mlp", field="b_out"), values["b_out"][:, layer]))
+        else:
+            groups.append(Contributions([Site(layer, "mlp")], values["mlp"][:, layer, None]))
+    return groups
+
+
+LAYER_BLOCK_FLOATS = 1 << 26  # the float32 copies of one block of layers' weights (or activations): 256 MiB
+
+
+def _stacked(direction: Direction, weights: list[Tensor], activations: list[Tensor] | None = None) -> Tensor:
+    """[batch layer *unit]: each layer's weight ([*unit (d_in) d_model]: W_O [head d_head d_model], W_out [d_mlp
+    d_model], a bias [d_model]) pulled back onto the direction, times the layer's activation ([batch pos *unit
+    d_in]: z, post) and summed over d_in and the positions; without activations, the weight's own contribution
+    at every position the direction reads. Layers in blocks of at most LAYER_BLOCK_FLOATS."""
+    per_layer = max(weights[0].numel(), activations[0].numel() if activations else 0)
+    step = max(1, LAYER_BLOCK_FLOATS // per_layer)
+    out = []
+    for start in range(0, len(weights), step):
+        block = slice(start, start + step)
+        stacked = torch.stack([w.float() for w in weights[block]])  # [layer *unit d_model]
+        pulled = direction.through(stacked)  # [batch (pos) layer *unit]
+        if activations is None:
+            out.append(pulled.sum(1) if direction.vector.ndim == 3 else pulled)
+            continue
+        acts = torch.stack([a.float() for a in activations[block]], 2)  # [batch pos layer *unit]
+        if direction.vector.ndim == 2:  # one read-out position: the activations at it, pos of size one
+            pulled = pulled[:, None]
+        products = acts * pulled
+        out.append((products.sum(-1) if weights[0].ndim == 3 else products).sum(1))  # d_in (W_O's d_head), then pos
+    return torch.cat(out, 1)
 
 
 def _bias(site: Site, values: Float[Tensor, "batch"]) -> Contributions:
@@ -166,8 +249,8 @@ def frame(meta: dict, blocks: list[Contributions], actual: Float[Tensor, "batch"
     def per_prompt(name: str, dtype) -> np.ndarray:
         return np.repeat(np.asarray(meta[name], dtype=dtype), m)
 
-    site_columns = {name: np.tile(np.asarray(column, dtype=object), batch) if name in ("site", "part") else
-                    pd.array(np.tile(np.asarray(column, dtype=object), batch), dtype="Int64")
+    which = np.tile(np.arange(m), batch)  # each row's component: the site columns are made once, then taken
+    site_columns = {name: np.asarray(column, dtype=object)[which] if name in ("site", "part") else column.take(which)
                     for name, column in site_words.columns(sites).items()}
     columns = {
         "prompt_idx": per_prompt("prompt_idx", np.int64),

@@ -19,7 +19,10 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 CPU_TOKENS_PER_BATCH = 4096  # enough rows to amortize per-call overhead without growing the working set
-MAX_BATCH = 1024
+MAX_BATCH = 1024  # rows per forward pass: at most this on the CPU, at least this limit on an accelerator
+# An accelerator's forward pass of short rows is bound by its kernel launches, not by its multiply-adds: its rows
+# are limited by tokens (and by memory), so that 15-token prompts go thousands to a pass, not MAX_BATCH.
+ACCELERATOR_TOKENS_PER_BATCH = 1 << 16
 
 
 @dataclass
@@ -161,8 +164,9 @@ def available_bytes(device: torch.device) -> int | None:
 
 def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0, backward: bool = False) -> int:
     """A first guess at rows per forward pass of `model` on sequences of `n_pos` tokens: at most half the device's
-    available memory for the forward's working set (on the CPU also at most CPU_TOKENS_PER_BATCH tokens); the OOM
-    back-off corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working
+    available memory for the forward's working set, and at most CPU_TOKENS_PER_BATCH tokens on the CPU (MAX_BATCH
+    rows at most), ACCELERATOR_TOKENS_PER_BATCH on any other device (MAX_BATCH rows at least); the OOM back-off
+    corrects it on CUDA. `kept_bytes_per_row`: what a caller holds per row beyond the forward's working
     set (e.g. captured activations of many layers), which may take at most a quarter of it. backward: the pass is
     differentiated, so autograd keeps every layer's working set until the backward pass. The estimate counts eager
     attention's scores, which SDPA kernels need not hold, so a row it says is too large still runs alone."""
@@ -171,7 +175,10 @@ def model_batch_size(model: Transformer, n_pos: int, kept_bytes_per_row: int = 0
     # Working set of one row: residual-width activations, the MLP hidden, attention scores, one logit row.
     layer = n_pos * (8 * cfg.d_model + 4 * cfg.d_mlp + 2 * cfg.n_heads * n_pos)
     per_row = model.dtype.itemsize * (layer * (cfg.n_layers if backward else 1) + 2 * cfg.d_vocab)
-    limit = MAX_BATCH if model.device.type == "cuda" else min(MAX_BATCH, max(1, CPU_TOKENS_PER_BATCH // n_pos))
+    if model.device.type == "cpu":
+        limit = min(MAX_BATCH, max(1, CPU_TOKENS_PER_BATCH // n_pos))
+    else:
+        limit = max(MAX_BATCH, ACCELERATOR_TOKENS_PER_BATCH // n_pos)
     free = available_bytes(model.device)
     if free is None:
         return limit

@@ -24,8 +24,9 @@ Columns are ordered as circuit-tracer orders its nodes: features (as `Replacemen
 layer, each position), tokens (each position).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -37,11 +38,29 @@ CACHE_FLOATS = 1 << 28  # decoder layouts kept between sweeps: at most this many
 
 @dataclass
 class Targets:
-    """A batch of targets: `layer` n_layers for a logit node (read after the final norm), else a feature's layer."""
+    """A batch of targets: `layer` n_layers for a logit node (read after the final norm), else a feature's layer.
+    Which targets start at which layer is read to the host once, when the batch is made (`at`), so that the sweep
+    through the layers asks the device for nothing."""
 
     layer: Tensor  # [b]
     position: Tensor  # [b]
     vector: Tensor  # [b d]: d_in for a feature (its encoder column), d_model for a logit (after the final norm)
+    # layer -> (the targets starting there [k], their positions [k]), on the vectors' device; n_layers: the logits
+    at: dict[int, tuple[Tensor, Tensor]] = field(init=False, repr=False)
+    top: int = field(init=False)  # the highest target layer (-1 without targets)
+    n_pos: int = field(init=False)  # one past the last target position (0 without targets)
+
+    def __post_init__(self) -> None:
+        layers, positions = self.layer.tolist(), self.position.tolist()
+        grouped: dict[int, tuple[list[int], list[int]]] = {}
+        for i, (layer, position) in enumerate(zip(layers, positions, strict=True)):
+            rows, at = grouped.setdefault(layer, ([], []))
+            rows.append(i)
+            at.append(position)
+        device = self.vector.device
+        self.at = {layer: (torch.tensor(rows, device=device), torch.tensor(at, device=device))
+                   for layer, (rows, at) in grouped.items()}
+        self.top, self.n_pos = max(layers, default=-1), max(positions, default=-1) + 1
 
 
 class Sweeper:
@@ -53,7 +72,8 @@ class Sweeper:
         # the decoder rows of each (source, target) pair, scaled by the activations: built on first use
         self._decoders: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self._cached = 0
-        self._by_layer = [torch.nonzero(rep.features[:, 0] == l).flatten() for l in range(rep.n_layers)]
+        self._features = rep.features.cpu().numpy()  # [n 3] on the host: the decoders' layouts are made there
+        self._by_layer = [np.flatnonzero(self._features[:, 0] == l) for l in range(rep.n_layers)]
         self._sources_into = [[s for s in range(rep.n_layers) if l in t.targets(s)] for l in range(rep.n_layers)]
         self._skips = [t.skip(l) for l in range(rep.n_layers)]  # W_skip [d_in d_out] per layer, or None
 
@@ -65,27 +85,34 @@ class Sweeper:
         start = self.n_features + self.rep.n_layers * self.rep.n_pos
         return slice(start, start + self.rep.n_pos)
 
-    def decoders(self, source: int, target: int) -> tuple[Tensor, Tensor]:
-        """`source`'s active features writing into `target`, laid out by position: (columns [pos m], -1 where a
-        position has fewer than m features; a * W_dec rows [pos m d_out], zero there). Kept for the next sweeps
-        while they fit in CACHE_FLOATS (a cross-layer transcoder has a layout per source and target layer)."""
+    def decoders(self, source: int, target: int) -> "Layout":
+        """`source`'s active features writing into `target`, laid out by position (see Layout). Kept for the next
+        sweeps while they fit in CACHE_FLOATS (a cross-layer transcoder has a layout per source and target layer).
+        The layout is computed on the host from the features' bookkeeping: only the decoder rows touch the device."""
         key = (source, target)
         if key not in self._decoders:
             rows = self._by_layer[source]
-            features = self.rep.features[rows]
-            weights = self.rep.transcoders.decoder(source, target, features[:, 2]) * self.rep.activations[rows, None]
+            features = self._features[rows]
+            device = self.rep.activations.device
+            weights = (self.rep.transcoders.decoder(source, target, torch.as_tensor(features[:, 2]))
+                       * self.rep.activations[torch.as_tensor(rows, device=device), None])
             positions = features[:, 1]
-            counts = torch.bincount(positions, minlength=self.rep.n_pos)
+            counts = np.bincount(positions, minlength=self.rep.n_pos)
             width = max(1, int(counts.max()) if len(counts) else 1)
-            slot = torch.arange(len(rows)) - (torch.cumsum(counts, 0) - counts)[positions]  # rank within position
-            columns = torch.full((self.rep.n_pos, width), -1, dtype=torch.long)
+            slot = np.arange(len(rows)) - (np.cumsum(counts) - counts)[positions]  # rank within its position
             padded = torch.zeros(self.rep.n_pos, width, weights.shape[-1], device=weights.device)
-            columns[positions, slot] = rows
-            padded[positions, slot] = weights
+            padded[torch.as_tensor(positions, device=weights.device), torch.as_tensor(slot, device=weights.device)] \
+                = weights
+            # position-major, so the features of the first p positions are the first before[p] entries
+            flat = positions * width + slot
+            order = np.argsort(flat, kind="stable")
+            before = np.concatenate([[0], np.cumsum(counts)])
+            layout = Layout(padded, torch.as_tensor(flat[order], device=weights.device),
+                            torch.as_tensor(rows[order], device=weights.device), before.tolist())
             if self._cached + padded.numel() > CACHE_FLOATS:
-                return columns, padded
+                return layout
             self._cached += padded.numel()
-            self._decoders[key] = (columns, padded)
+            self._decoders[key] = layout
         return self._decoders[key]
 
     def sweep(self, targets: Targets) -> Tensor:
@@ -95,8 +122,8 @@ class Sweeper:
         batch = int(targets.layer.shape[0])
         if batch == 0:  # no targets: a prompt where no feature fires (splitting nothing gives one empty chunk)
             return torch.zeros(0, self.n_sources)
-        top = int(targets.layer.max())
-        n_pos = int(targets.position.max()) + 1  # later positions carry no cotangent (causal attention)
+        top = targets.top
+        n_pos = targets.n_pos  # later positions carry no cotangent (causal attention)
         frozen = rep.frozen.truncated(n_pos)
         device = rep.embed.device  # the model's: the sweep runs there, the rows come back to the CPU
         out = torch.zeros(batch, self.n_sources, device=device)
@@ -111,10 +138,8 @@ class Sweeper:
         """[b pos d_model]: the cotangents on the final residual, the logit targets' read-outs through the final
         norm at their positions (feature targets join lower down, at their layer)."""
         g = torch.zeros(len(targets.layer), n_pos, self.rep.embed.shape[-1], device=self.rep.embed.device)
-        logit = targets.layer == self.rep.n_layers
-        if bool(logit.any()):
-            index = logit.nonzero().flatten()
-            positions = targets.position[index]
+        if self.rep.n_layers in targets.at:
+            index, positions = targets.at[self.rep.n_layers]
             g[index, positions] += self.rep.model.readout.frozen_adjoint(targets.vector[index],
                                                                          frozen.final_scale[positions])
         return g
@@ -137,7 +162,7 @@ class Sweeper:
             cols = self.error_columns(layer)
             out[:, cols.start:cols.start + n_pos] = torch.einsum("bpd,pd->bp", g_write, rep.errors[layer, :n_pos])
             for source in self._sources_into[layer]:
-                self._contract(out, g_write, *self.decoders(source, layer), n_pos)
+                self._contract(out, g_write, self.decoders(source, layer), n_pos)
             skip = self._skips[layer]
             if skip is not None:  # before g_read is added to in place: it may be g_write itself
                 g_read = g_read + rep.transcoder_input_adjoint(layer, g_write @ skip.T, frozen)
@@ -148,18 +173,31 @@ class Sweeper:
 
     def _inject(self, g: Tensor, targets: Targets, layer: int, frozen: Frozen) -> None:
         """Add the read-out vectors of the feature targets of `layer` at their positions."""
-        here = (targets.layer == layer).nonzero().flatten()
-        if not len(here):
+        if layer not in targets.at:
             return
-        positions = targets.position[here]
+        here, positions = targets.at[layer]
         g[here, positions] += self.rep.transcoder_input_adjoint(layer, targets.vector[here], frozen, positions)
 
     @staticmethod
-    def _contract(out: Tensor, g_out: Tensor, columns: Tensor, padded: Tensor, n_pos: int) -> None:
+    def _contract(out: Tensor, g_out: Tensor, layout: "Layout", n_pos: int) -> None:
         """out[:, columns] += a * W_dec . G[position] for the features at positions below n_pos: one batched
-        matmul over positions, [pos b d] @ [pos d m], no per-feature gather."""
-        columns, padded = columns[:n_pos], padded[:n_pos]
+        matmul over positions, [pos b d] @ [pos d m], no per-feature gather, and one gather of the slots that
+        hold a feature (index tensors made with the layout: no mask read back per sweep)."""
+        padded = layout.padded[:n_pos]
         products = torch.bmm(g_out.transpose(0, 1), padded.transpose(1, 2))  # [pos b m]
-        valid = columns >= 0
-        out[:, columns[valid].to(out.device)] += products.permute(1, 0, 2)[:, valid.to(out.device)]
+        count = layout.before[n_pos]
+        found = products.permute(1, 0, 2).reshape(len(out), -1).index_select(1, layout.slots[:count])
+        out[:, layout.columns[:count].to(out.device)] += found
 
+
+@dataclass(frozen=True)
+class Layout:
+    """The active features of one source layer writing into one target layer, laid out by position: their decoder
+    rows scaled by the activations, [pos m d_out] (m the most features any position has, zero where a position has
+    fewer); the slots that hold a feature (flat indices into [pos m], position-major) and each one's column of the
+    adjacency matrix; before[p]: how many of them sit at positions below p."""
+
+    padded: Tensor
+    slots: Tensor
+    columns: Tensor
+    before: list[int]

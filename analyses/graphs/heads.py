@@ -206,10 +206,10 @@ class HeadSweeper(Sweeper):
         model = rep.model
         n_heads, n_sources, d_model = model.config.n_heads, self.n_sources, rep.embed.shape[-1]
         batch = len(targets.layer)
-        n_pos = int(targets.position.max()) + 1  # later positions carry no cotangent (causal attention)
+        n_pos = targets.n_pos  # later positions carry no cotangent (causal attention)
         frozen = rep.frozen.truncated(n_pos)
         device = rep.embed.device
-        layers = range(min(int(targets.layer.max()), rep.n_layers - 1), -1, -1)
+        layers = range(min(targets.top, rep.n_layers - 1), -1, -1)
         direct = torch.zeros(batch, n_sources, device=device)
         g = self.start(targets, frozen, n_pos)
         # the head rows, [spawned row, target, ...]: layers[i]'s heads at i * n_heads.., so the rows spawned above

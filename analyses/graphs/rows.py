@@ -51,14 +51,15 @@ def sweep(rep: Replacement, sweeper: Sweeper, batch: Batch) -> Float[Tensor, "b 
         vectors = batch.logits.to(rep.embed.device)
         k = len(vectors)
         return sweeper.sweep(Targets(torch.full((k,), rep.n_layers), torch.full((k,), rep.n_pos - 1), vectors))
-    index = batch.features
-    features = rep.features[index]
-    layer = features[:, 0]
-    vectors = torch.zeros(len(index), rep.inputs[0].shape[-1], device=rep.embed.device)
-    for l in layer.unique().tolist():
-        here = (layer == l).nonzero().flatten()
-        vectors[here] = rep.transcoders.encoder(l, features[here, 2])
-    return sweeper.sweep(Targets(layer, features[:, 1], vectors))
+    features = rep.features[batch.features]  # [b 3] (layer, position, feature): the graph's bookkeeping, on the CPU
+    vectors = torch.zeros(len(features), rep.inputs[0].shape[-1], device=rep.embed.device)
+    by_layer: dict[int, list[int]] = {}
+    for i, l in enumerate(features[:, 0].tolist()):  # once per batch: the rows of each layer, on the host
+        by_layer.setdefault(l, []).append(i)
+    for l, here in by_layer.items():
+        here = torch.tensor(here)
+        vectors[here.to(vectors.device)] = rep.transcoders.encoder(l, features[here, 2])
+    return sweeper.sweep(Targets(features[:, 0], features[:, 1], vectors))
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 import torch
+from torch import Tensor
 
 from resid.analyses import site_words
 from resid.analyses.checks import check_choice
@@ -213,7 +214,7 @@ def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, 
     open_, hooks = gates(model) if star else (None, [])
     run = model.run(base_tokens, capture=capture, interventions=hooks, logits_at="last", grad=True)
     value = metric_values(metric, run.logits[:, 0], t, b)
-    donor_value = metric_values(metric, donor_run.logits[:, 0], t, b).double().cpu().numpy()
+    donor_value = metric_values(metric, donor_run.logits[:, 0], t, b)
     at = pairs.mapping(base, chunk, base_tokens, donor_tokens)
     effects = Effects(model, run.stream, donor_run.stream, base_tokens, sites, fix_qk=star, at=at)
     wrt = nodes(run.stream, sites)
@@ -233,37 +234,60 @@ def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, 
         magnitude = {site: s / max(n_layers - 1, 1) for site, s in size.items()}
     else:
         magnitude = {site: e.abs() for site, e in estimate.items()}
-    frame = _rows(chunk, at, value.detach().double().cpu().numpy(), estimate, magnitude)
-    index = {prompt: row for row, prompt in enumerate(chunk)}
-    rows = frame["prompt_idx"].map(index).to_numpy()
-    base_metric, donor_metric = value.detach().double().cpu().numpy()[rows], donor_value[rows]
+    frame, (base_metric, donor_metric) = _rows(chunk, at, value.detach(), donor_value, estimate, magnitude)
+    rows = frame["prompt_idx"].map({prompt: row for row, prompt in enumerate(chunk)}).to_numpy()
+    base_metric, donor_metric = base_metric[rows], donor_metric[rows]
     frame["clean_metric"] = donor_metric if base == "corrupt" else base_metric
     frame["corrupt_metric"] = base_metric if base == "corrupt" else donor_metric
     return frame
 
 
-def _rows(chunk, at: Mapping, value, estimate: dict, magnitude: dict) -> pd.DataFrame:
-    """One row per (pair, site), with the site columns, position, patched_metric and magnitude; the residual
-    stream at each aligned position, named by its position in the clean prompt."""
-    sites, prompts, patched, sizes = [], [], [], []
-    rows, columns = at.rows.tolist(), at.base.tolist()
-    for site, effect in estimate.items():
-        effect, size = effect.double().cpu().numpy(), magnitude[site].double().cpu().numpy()
+def _rows(chunk, at: Mapping, value: Tensor, donor_value: Tensor, estimate: dict,
+          magnitude: dict) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
+    """(one row per (pair, site), with the site columns, position, patched_metric and magnitude; the base and donor
+    metrics of each pair, on the host). The residual stream is estimated at each aligned position, named by its
+    position in the clean prompt. Every number comes to the host in one transfer: the estimates and magnitudes of
+    the sites of a pair (all [batch]) as [2 sites batch], the residual ones picked at the aligned positions first."""
+    resid = [site for site in estimate if site.part == "resid_pre"]
+    other = [site for site in estimate if site.part != "resid_pre"]
+    n, aligned = len(chunk), len(at.row_list)
+    pieces = [value.double(), donor_value.double()]
+    for of in (estimate, magnitude):
+        if other:
+            pieces.append(torch.stack([of[site].double() for site in other]).flatten())
+        if resid:
+            stacked = torch.stack([of[site] for site in resid])  # [sites batch pos]
+            pieces.append(stacked[:, at.rows.to(stacked.device), at.base.to(stacked.device)].double().flatten())
+    flat = torch.cat(pieces).cpu().numpy()
+    base_metric, donor_metric = flat[:n], flat[n:2 * n]
+    sizes = (len(other) * n, len(resid) * aligned)
+    effect, size = np.split(flat[2 * n:], [sum(sizes)])
+    other_effect, resid_effect = np.split(effect, [sizes[0]])
+    other_size, resid_size = np.split(size, [sizes[0]])
+    # the rows in the order of `estimate`: each site's pairs (a residual site's aligned positions)
+    sites, prompts, patched, sizes_out = [], [], [], []
+    rows = np.asarray(at.row_list, dtype=np.int64)
+    chunk_array = np.asarray(chunk, dtype=np.int64)
+    place = {site: i for i, site in enumerate(other)} | {site: i for i, site in enumerate(resid)}
+    for site in estimate:
+        i = place[site]
         if site.part == "resid_pre":
-            for row, col, p in zip(rows, columns, at.clean):
-                sites.append(Site(site.layer, "resid_pre", positions=(p,)))
-                prompts.append(chunk[row])
-                patched.append(value[row] + effect[row, col])
-                sizes.append(size[row, col])
+            sites += [Site(site.layer, "resid_pre", positions=(p,)) for p in at.clean]
+            prompts.append(chunk_array[rows])
+            span = slice(i * aligned, (i + 1) * aligned)
+            patched.append(base_metric[rows] + resid_effect[span])
+            sizes_out.append(resid_size[span])
             continue
-        sites += [site] * len(chunk)
-        prompts += list(chunk)
-        patched += list(value + effect)
-        sizes += list(size)
-    return pd.DataFrame({
-        "prompt_idx": np.asarray(prompts, dtype=np.int64),
+        sites += [site] * n
+        prompts.append(chunk_array)
+        span = slice(i * n, (i + 1) * n)
+        patched.append(base_metric + other_effect[span])
+        sizes_out.append(other_size[span])
+    frame = pd.DataFrame({
+        "prompt_idx": np.concatenate(prompts) if prompts else np.zeros(0, dtype=np.int64),
         **site_words.columns(sites),
         "position": pd.array([site_words.position(site) for site in sites], dtype="Int64"),
-        "patched_metric": np.asarray(patched, dtype=np.float64),
-        "magnitude": np.asarray(sizes, dtype=np.float64),
+        "patched_metric": np.concatenate(patched) if patched else np.zeros(0),
+        "magnitude": np.concatenate(sizes_out) if sizes_out else np.zeros(0),
     })
+    return frame, (base_metric, donor_metric)

@@ -81,7 +81,6 @@ def activation(
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
-    n = len(pairs.clean)
     size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
     width = int(pairs.clean.tokens.lengths.max())
     if sources is not None:
@@ -106,8 +105,8 @@ def activation(
     settings = dict(analysis="patching.activation", direction=direction, metric=label,
                     **({"dictionaries": dictionaries_digest(dictionaries)} if dictionaries else {}))
     base_prompts = getattr(pairs, base)
-    job = SweepJob(base_prompts.sequences(range(n)), base_prompts.pad_token_id, target_ids, baseline_ids,
-                   getattr(pairs, donor).sequences(range(n)), chosen, "resample", metric, {}, False, None,
+    job = SweepJob(pairs.ids[base], base_prompts.pad_token_id, target_ids, baseline_ids,
+                   pairs.ids[donor], chosen, "resample", metric, {}, False, None,
                    execution.batch_size, size.value, model.config.n_layers, settings,
                    aligned=named_positions(pairs, base), donor_metric=True, dictionaries=dictionaries,
                    sources=None if sources is None else sources.ids(base, donor),

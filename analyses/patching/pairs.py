@@ -69,8 +69,12 @@ def n_prompts(prompts: Inputs) -> int:
 class Pairs:
     """(clean, corrupt) prompt pairs, tokenized once, with each pair's aligned positions (None: position p to p)."""
 
-    def __init__(self, clean, corrupt, aligned: list[list[tuple[int, int]]] | None = None):
+    def __init__(self, clean, corrupt, aligned: list[list[tuple[int, int]]] | None = None,
+                 ids: dict[str, list[list[int]]] | None = None):
         self.clean, self.corrupt, self.aligned = clean, corrupt, aligned
+        # every prompt's real token ids on the host ("clean", "corrupt"; read once when not given): a chunk's
+        # batches and positions are laid out from them without asking the device
+        self.ids = ids if ids is not None else {"clean": _real_ids(clean.tokens), "corrupt": _real_ids(corrupt.tokens)}
 
     @classmethod
     def of(cls, model: Transformer, clean: Inputs, corrupt: Inputs, align: Align = None) -> "Pairs":
@@ -84,7 +88,7 @@ class Pairs:
                 f"Patching needs one corrupt prompt per clean prompt: got {len(pairs.clean)} and "
                 f"{len(pairs.corrupt)}."
             )
-        lengths = list(zip(pairs.clean.tokens.lengths.tolist(), pairs.corrupt.tokens.lengths.tolist()))
+        lengths = [(len(a), len(b)) for a, b in zip(pairs.ids["clean"], pairs.ids["corrupt"])]
         if align is None:
             for i, (a, b) in enumerate(lengths):
                 if a != b:
@@ -113,34 +117,39 @@ class Pairs:
     def positions(self, which: str, row: int) -> list[tuple[int, int]]:
         """Pair `row`'s aligned positions as (`which` prompt's position, its partner's position)."""
         if self.aligned is None:
-            return [(p, p) for p in range(int(self.clean.tokens.lengths[row]))]
+            return [(p, p) for p in range(len(self.ids["clean"][row]))]
         return [(a, b) if which == "clean" else (b, a) for a, b in self.aligned[row]]
 
     def batch(self, which: str, rows: Sequence[int]) -> Tokens:
         """These pairs' `which` prompts, left-padded to the chunk's width (equal lengths: the same layout)."""
-        prompts = getattr(self, which)
-        return Tokens.pad(prompts.sequences(rows), prompts.pad_token_id, "left")
+        return Tokens.pad([self.ids[which][row] for row in rows], getattr(self, which).pad_token_id, "left")
 
     def mapping(self, base: str, rows: Sequence[int], base_tokens: Tokens, donor_tokens: Tokens) -> "Mapping":
-        """Where each aligned position of these pairs sits in the base batch and in the donor batch."""
+        """Where each aligned position of these pairs sits in the base batch and in the donor batch (`batch`'s
+        left-padded layout, computed on the host)."""
+        donor = "clean" if base == "corrupt" else "corrupt"
+        width = {side: max(len(self.ids[side][row]) for row in rows) for side in (base, donor)}
         index, base_cols, donor_cols, clean = [], [], [], []
         for i, row in enumerate(rows):
             aligned = self.positions(base, row)
+            shift = {side: width[side] - len(self.ids[side][row]) for side in (base, donor)}
             index += [i] * len(aligned)
-            base_cols += base_tokens.rows([i]).padded_index([ours for ours, _ in aligned])[0].tolist()
-            donor_cols += donor_tokens.rows([i]).padded_index([theirs for _, theirs in aligned])[0].tolist()
+            base_cols += [shift[base] + ours for ours, _ in aligned]
+            donor_cols += [shift[donor] + theirs for _, theirs in aligned]
             clean += [ours if base == "clean" else theirs for ours, theirs in aligned]
-        device = base_tokens.ids.device
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-        return Mapping(as_tensor(index), as_tensor(base_cols), as_tensor(donor_cols), clean, self.same_positions)
+        return Mapping(index, base_cols, donor_cols, clean, self.same_positions, base_tokens.ids.device)
 
 
 class Mapping:
     """Aligned positions of a chunk: row i of the batch, its column in the base batch and in the donor batch, and
-    its position in the clean prompt (how tables name it, whichever prompt is the base)."""
+    its position in the clean prompt (how tables name it, whichever prompt is the base); on the host (`*_list`) and
+    on the device."""
 
-    def __init__(self, rows: Tensor, base: Tensor, donor: Tensor, clean: list[int], identity: bool):
-        self.rows, self.base, self.donor, self.clean, self.identity = rows, base, donor, clean, identity
+    def __init__(self, rows: list[int], base: list[int], donor: list[int], clean: list[int], identity: bool,
+                 device: torch.device):
+        self.row_list, self.base_list, self.clean, self.identity = rows, base, clean, identity
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        self.rows, self.base, self.donor = as_tensor(rows), as_tensor(base), as_tensor(donor)
 
     def donor_at_base(self, donor: Tensor, base: Tensor) -> Tensor:
         """The patched value of a [batch pos ...] activation: the donor's at each aligned base position, the base
@@ -151,6 +160,12 @@ class Mapping:
         out[self.rows.to(out.device), self.base.to(out.device)] = donor[self.rows.to(out.device),
                                                                         self.donor.to(out.device)]
         return out
+
+
+def _real_ids(tokens: Tokens) -> list[list[int]]:
+    """Each prompt's real token ids (no padding), from two reads of the batch to the host."""
+    ids, mask = tokens.ids.tolist(), tokens.attention_mask.tolist()
+    return [[token for token, real in zip(row, keep) if real] for row, keep in zip(ids, mask)]
 
 
 def _alignment(align, lengths: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -212,7 +227,8 @@ class PairsJob(Job):
     def setup(self, model: Transformer | EncoderDecoder) -> tuple[Transformer | EncoderDecoder, "Pairs", BatchSize]:
         prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
                    for ids in (self.clean, self.corrupt)]
-        return model, Pairs(*prompts, self.aligned), BatchSize(self.batch)
+        ids = {"clean": self.clean, "corrupt": self.corrupt}
+        return model, Pairs(*prompts, self.aligned, ids), BatchSize(self.batch)
 
     def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
         model, pairs, size = state
@@ -228,7 +244,6 @@ class PairsJob(Job):
     @classmethod
     def of(cls, pairs: "Pairs", base: str, targets, baselines, metric, batch: int, settings: dict, **fields):
         """The job over every pair of `pairs`."""
-        every = range(len(pairs.clean))
-        return cls(pairs.clean.sequences(every), pairs.corrupt.sequences(every), pairs.clean.pad_token_id,
+        return cls(pairs.ids["clean"], pairs.ids["corrupt"], pairs.clean.pad_token_id,
                    pairs.aligned, base, list(targets), None if baselines is None else list(baselines), metric,
                    batch, settings, **fields)

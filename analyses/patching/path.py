@@ -138,6 +138,8 @@ class PathJob(PairsJob):
                 **super().signature()}
 
     def rows(self, model: Transformer, pairs: Pairs, rows: list[int]) -> pd.DataFrame:
+        """The rows of these pairs for every sender set: two runs, then one (or two, with receivers) per set, every
+        metric kept on the device until the last set and moved to the host at once."""
         config, donor = model.config, "corrupt" if self.base == "clean" else "clean"
         base_tokens, donor_tokens = pairs.batch(self.base, rows), pairs.batch(donor, rows)
         z_capture = Capture(attn={"z"}, mlp={"out"}, embed=False, final_norm_scale=False)
@@ -147,15 +149,20 @@ class PathJob(PairsJob):
         donor_z = [r.attn.z for r in donor_layers]
         t = torch.tensor([self.targets[i] for i in rows], device=model.device)
         b = None if self.baselines is None else torch.tensor([self.baselines[i] for i in rows], device=model.device)
-        unpatched = {side: metric_values(self.metric, run.logits[:, 0], t, b).double().cpu().numpy()
-                     for side, run in ((self.base, base_run), (donor, donor_run))}
+        metrics = {side: metric_values(self.metric, run.logits[:, 0], t, b)
+                   for side, run in ((self.base, base_run), (donor, donor_run))}
         wanted = {site.what for site in self.receivers or ()}
-        frames = []
+        patched_metrics = []
         for group in self.sets:
-            from_donor = {(s.layer, h) for s in group if s.part == "attn"
-                          for h in ([s.head] if s.head is not None else range(config.n_heads))}
-            patched = [Replace(Site(l, "attn", head=h), (donor_z if (l, h) in from_donor else base_z)[l][..., h, :])
-                       for l in range(config.n_layers) for h in range(config.n_heads)]
+            # each layer's z whole: the senders' heads from the donor run, every other head frozen at the base run's
+            from_donor = torch.zeros(config.n_layers, config.n_heads, dtype=torch.bool)
+            for s in group:
+                if s.part == "attn":
+                    from_donor[s.layer, s.head if s.head is not None else slice(None)] = True
+            from_donor = from_donor.to(model.device)
+            patched = [Replace(Site(l, "attn", field="z"),
+                               torch.where(from_donor[l, :, None], donor_z[l], base_z[l]))
+                       for l in range(config.n_layers)]
             patched += [Replace(s, donor_layers[s.layer].mlp.out) for s in group if s.part == "mlp"]
             capture = Capture(attn=wanted, mlp=frozenset(), embed=False, final_norm_scale=False)
             run = model.run(base_tokens, capture=capture, interventions=patched, logits_at="last")
@@ -163,13 +170,14 @@ class PathJob(PairsJob):
             if self.receivers is not None:
                 inputs = [Replace(site, run.stream.read(site)) for site in self.receivers]
                 logits = model.run(base_tokens, capture=Capture.none(), interventions=inputs, logits_at="last").logits
-            values = metric_values(self.metric, logits[:, 0], t, b).double().cpu().numpy()
-            frames.append(pd.DataFrame({
-                "prompt_idx": np.asarray(rows, dtype=np.int64),
-                "senders": " + ".join(site.label for site in group),
-                "receivers": "logits" if self.receivers is None else ", ".join(s.label for s in self.receivers),
-                "patched_metric": values,
-                "clean_metric": unpatched["clean"],
-                "corrupt_metric": unpatched["corrupt"],
-            }))
-        return pd.concat(frames, ignore_index=True)
+            patched_metrics.append(metric_values(self.metric, logits[:, 0], t, b))
+        on_host = torch.stack([metrics["clean"], metrics["corrupt"], *patched_metrics]).double().cpu().numpy()
+        n = len(self.sets)
+        return pd.DataFrame({
+            "prompt_idx": np.tile(np.asarray(rows, dtype=np.int64), n),
+            "senders": np.repeat([" + ".join(site.label for site in group) for group in self.sets], len(rows)),
+            "receivers": "logits" if self.receivers is None else ", ".join(s.label for s in self.receivers),
+            "patched_metric": on_host[2:].reshape(-1),
+            "clean_metric": np.tile(on_host[0], n),
+            "corrupt_metric": np.tile(on_host[1], n),
+        })

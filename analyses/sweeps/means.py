@@ -51,28 +51,36 @@ class MeanJob(Job):
         return model, BatchSize(size), on_device(self.dictionaries, model)
 
     def run(self, state: tuple[Transformer, BatchSize, tuple], chunk: list[list[int]]) -> Iterator[Sums]:
+        """The chunk's sums and counts, added up on the model's device (padding adds exact zeros) and moved to the
+        host once, at the chunk's end."""
         model, size, dictionaries = state
         slots = self.n_positions if self.per_position else 1
-        counts = torch.zeros(slots, dtype=torch.float64)
+        counts = torch.zeros(slots, dtype=torch.float64, device=model.device)
         sums: dict = {}
         start = 0
         while start < len(chunk):
-            def work(rows: int, start: int = start) -> tuple[int, list]:
+            def work(rows: int, start: int = start) -> tuple[int, Tokens, list]:
                 tokens = Tokens.pad(chunk[start : start + rows], self.pad, "right").to(model.device)
                 run = model.run(tokens, capture=Capture.of(self.sites), logits_at="last", dictionaries=dictionaries)
-                mask = tokens.attention_mask
-                everywhere = torch.zeros(int(mask.sum()), dtype=torch.long)
-                slot = tokens.position_ids[mask] if self.per_position else everywhere
-                found = [run.read(site)[mask].double().cpu() for site in self.sites]  # [tokens dim...]
-                return min(rows, len(chunk) - start), [slot.cpu(), *found]
+                return min(rows, len(chunk) - start), tokens, [run.read(site) for site in self.sites]
 
-            done, (slot, *found) = with_backoff(work, size)  # summed only once the batch is through
-            counts += torch.bincount(slot, minlength=slots)[:slots].double()
-            for site, found_values in zip(self.sites, found):
-                total = sums.setdefault(site, torch.zeros((slots, *found_values.shape[1:]), dtype=torch.float64))
-                total.index_add_(0, slot, found_values)
+            done, tokens, found = with_backoff(work, size)  # summed only once the batch is through
+            mask = tokens.attention_mask  # [batch pos]
+            slot = (tokens.position_ids if self.per_position else torch.zeros_like(tokens.position_ids)).flatten()
+            counts.index_add_(0, slot, mask.flatten().double())
+            for site, values in zip(self.sites, found):  # [batch pos dim...]
+                real = mask.view(*mask.shape, *([1] * (values.ndim - 2)))
+                values = torch.where(real, values.double(), 0.0).flatten(0, 1)
+                total = sums.setdefault(site, torch.zeros((slots, *values.shape[1:]), dtype=torch.float64,
+                                                          device=model.device))
+                total.index_add_(0, slot, values)
             start += done
-        yield {site: total.numpy() for site, total in sums.items()}, counts.numpy()
+        flat = torch.cat([counts, *(total.flatten() for total in sums.values())]).cpu().numpy()
+        on_host, at = {}, slots
+        for site, total in sums.items():
+            on_host[site] = flat[at:at + total.numel()].reshape(total.shape)
+            at += total.numel()
+        yield on_host, flat[:slots]
 
     def combine(self, pieces: list) -> Sums:
         return pieces[0]

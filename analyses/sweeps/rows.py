@@ -8,6 +8,11 @@ its mean over reference text, or by its value in the donor run; residual sites (
 resid_post at some positions) are replaced at each row's own positions, which an alignment may map to other
 positions in the donor (patching pairs of different lengths). Every function here takes plain inputs (token ids,
 global prompt indices) so that a remote worker computes exactly what the driver would.
+
+Nothing inside a group asks the device for a value: where positions sit in the padded batches is known on the host
+from the token ids (Layout), each edit's rows and positions become index tensors once, and the rows' metrics stay on
+the device until the group's last layer, then come to the host in one transfer (on a GPU, every value read back
+waits for all the work queued before it).
 """
 
 from collections.abc import Callable, Iterator
@@ -62,22 +67,43 @@ class Group:
     baselines: Tensor | None
     clean_metric: Tensor
     donor_metric: Tensor | None
+    layout: "Layout"  # the clean pass's padded batch, on the host (prompts then donors)
     at: Tensor | None = None  # masked-LM models: [k 1] padded index of each prompt's [MASK]
     encoded: Run | None = None  # encoder-decoder models: the sources' clean encoder run (donors' appended)
     sources: Tokens | None = None  # the group's prompts' sources
     donor_sources: Tokens | None = None
+    source_layout: "Layout | None" = None  # the sources' padded batch, on the host
 
-    def side(self, site: Site) -> tuple[Run, Tokens, Tokens | None]:
-        """(the clean run, the prompts' tokens, the donors' tokens) of the stack a site is on."""
+    def side(self, site: Site) -> tuple[Run, Tokens, "Layout"]:
+        """(the clean run, the prompts' tokens, the host layout of its padded batch) of the stack a site is on."""
         if site.stack == "encoder":
-            return self.encoded, self.sources, self.donor_sources
-        return self.clean, self.tokens, self.donors
+            return self.encoded, self.sources, self.source_layout
+        return self.clean, self.tokens, self.layout
 
     def memory(self, index: Tensor) -> Memory | None:
         """The clean encoded sources of these rows (None without an encoder)."""
         if self.encoded is None:
             return None
         return Memory(self.encoded.hidden[index], self.encoded.tokens.attention_mask[index])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where prompt-relative positions sit in a left-padded batch, known on the host from the token ids that built
+    it (Tokens.pad): the edits of a batch of rows are indexed without asking the device for the lengths."""
+
+    lengths: list[int]  # each row's real token count, in the batch's order (prompts, then donors)
+    width: int  # the batch's padded width
+
+    @classmethod
+    def of(cls, sequences: list) -> "Layout":
+        lengths = [len(ids) for ids in sequences]
+        return cls(lengths, max(lengths))
+
+    def column(self, row: int, position: int) -> int:
+        """The padded index of prompt-relative `position` (negative: from the end) in batch row `row`."""
+        n = self.lengths[row]
+        return self.width - n + position % n
 
 
 def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list, target_ids: list,
@@ -88,16 +114,18 @@ def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list,
     encoded = None
     if sources is not None:  # encoder-decoder models: the sources (then the donors') through the encoder
         wanted = {plain(edit.whole) for _, site in todo for edit in edited(site, model.config) if edit.stack}
-        encoded = ctx.encoder.run(Tokens.pad(sources.of(group, donors), sources.pad), capture=Capture.of(wanted))
+        source_ids = sources.of(group, donors)
+        encoded = ctx.encoder.run(Tokens.pad(source_ids, sources.pad), capture=Capture.of(wanted))
     chosen = [sequences[p] for p in group]
     if donors is not None:
         chosen += [sequences[d] if isinstance(d, int) else d for d in (donors[p] for p in group)]
     capture = Capture.of({edit.whole for _, site in todo for edit in edited(site, model.config) if edit.stack is None})
-    padded = Tokens.pad(chosen, pad)
+    padded, layout = Tokens.pad(chosen, pad), Layout.of(chosen)
     k = len(group)
     at = None
     if ctx.read_at is not None:  # donors (same lengths) are read where their prompt is
-        at = padded.padded_index([[ctx.read_at[group[i % k]]] for i in range(len(chosen))]).to(model.device)
+        at = torch.tensor([[layout.column(i, ctx.read_at[group[i % k]])] for i in range(len(chosen))],
+                          device=model.device)
     clean = model.run(padded, capture=capture, logits_at="last" if at is None else Padded(at),
                       memory=None if encoded is None else EncoderDecoder.memory(encoded),
                       dictionaries=ctx.dictionaries)
@@ -115,15 +143,18 @@ def clean_pass(ctx: Context, sequences: list, pad: int, group: list, todo: list,
         baselines=baselines,
         clean_metric=metric[:k],
         donor_metric=metric[k:] if donors is not None else None,
+        layout=layout,
         at=None if ctx.read_at is None else at[:k],
         encoded=encoded,
         sources=None if encoded is None else encoded.tokens.rows(torch.arange(k)),
         donor_sources=None if encoded is None or donors is None else encoded.tokens.rows(torch.arange(k, 2 * k)),
+        source_layout=None if encoded is None else Layout.of(source_ids),
     )
 
 
 def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> Iterator[pd.DataFrame]:
-    """Every pending (prompt, site) row of the group, layer by layer, each resumed from the clean residual."""
+    """Every pending (prompt, site) row of the group, layer by layer, each resumed from the clean residual. The
+    metrics stay on the device until the group's last layer: the rows come back to the host once, as one frame."""
     model, k = ctx.model, len(group.prompts)
     local = {p: i for i, p in enumerate(group.prompts)}
     by_layer: dict[int, list] = {}
@@ -131,12 +162,15 @@ def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> It
     for p, site in todo:
         by_layer.setdefault(start_layer(site, n_encoder), []).append((local[p], site))
     entering = [] if group.encoded is None else [(l - n_encoder, r) for l, r in group.encoded.stream.entering()]
+    done: list[tuple[int, Site]] = []
+    ablated: list[Tensor] = []
     for layer, resid in [*entering, *group.clean.stream.entering()]:
         resid = resid[:k]
         if layer in by_layer:
             def work(rows, layer=layer, resid_pre=resid):
-                index = torch.tensor([i for i, _ in rows], device=model.device)
-                edits = _edits(ctx, group, rows, index)
+                local_rows = [i for i, _ in rows]
+                index = torch.tensor(local_rows, device=model.device)
+                edits = _edits(ctx, group, rows, local_rows, index)
                 at = "last" if group.at is None else Padded(group.at[index])
                 if layer < 0:  # an encoder layer: the encoder resumed there, then the whole decoder
                     logits = resume_encoder(ctx, group, layer + n_encoder, resid_pre[index], index, edits, at)
@@ -146,8 +180,11 @@ def ablate_group(ctx: Context, group: Group, todo: list[tuple[int, Site]]) -> It
                 baselines = None if group.baselines is None else group.baselines[index]
                 return metric_values(ctx.metric, logits[:, 0], group.targets[index], baselines)
 
-            for rows, ablated in run_batched(by_layer[layer], work, ctx.size):
-                yield _frame(ctx, rows, group, ablated)
+            for rows, metrics in run_batched(by_layer[layer], work, ctx.size):
+                done += rows
+                ablated.append(metrics)
+    if done:
+        yield _frame(ctx, done, group, torch.cat(ablated))
 
 
 def start_layer(site: Site, encoder_layers: int = 0) -> int:
@@ -157,23 +194,25 @@ def start_layer(site: Site, encoder_layers: int = 0) -> int:
     return layer - encoder_layers if site.stack == "encoder" else layer
 
 
-def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], index: Tensor) -> list:
+def _edits(ctx: Context, group: Group, rows: list[tuple[int, Site]], local: list[int], index: Tensor) -> list:
     """Per-row ablations as whole-batch edits: each site is scaled by 0 on the rows that ablate it (1 on the
     others) and, for mean / resample, its replacement is added on those rows only. Exact: x*1 + 0 = x. A
-    residual site is edited whole, with each row's replacement equal to the clean residual but at its positions."""
+    residual site is edited whole, with each row's replacement equal to the clean residual but at its positions.
+    local: each row's index in the group, on the host (`index` is the same on the device)."""
     model, edits = ctx.model, []
     by_site: dict[Site, list[int]] = {}
     for row, (_, site) in enumerate(rows):
         for edit_site in edited(site, model.config):
             by_site.setdefault(edit_site, []).append(row)
     for site, members in by_site.items():
-        mask = torch.zeros(len(rows), dtype=model.dtype, device=model.device)
-        mask[members] = 1
+        mask = torch.zeros(len(rows), dtype=model.dtype)
+        mask[members] = 1  # built on the host, copied to the device once
+        mask = mask.to(model.device)
         if site.part in RESID_PARTS and not site.of_dictionary:
-            replacement = _residual(ctx, group, rows, members, site, index)
+            replacement = _residual(ctx, group, rows, local, members, site, index)
             shape = (-1, 1, 1)
         else:
-            replacement = None if ctx.method == "zero" else _replacement(ctx, group, site, index)
+            replacement = None if ctx.method == "zero" else _replacement(ctx, group, site, local, index)
             shape = (-1,) + (1,) * (_slice_ndim(site) - 1)
         edits.append(Scale(site, (1 - mask).view(shape)))
         if replacement is not None:
@@ -198,10 +237,10 @@ def _slice_ndim(site: Site) -> int:
     return 4 if site.what in ("z", "q", "k", "v", "pattern") and site.unit is None else 3
 
 
-def _replacement(ctx: Context, group: Group, site: Site, index: Tensor) -> Tensor:
+def _replacement(ctx: Context, group: Group, site: Site, local: list[int], index: Tensor) -> Tensor:
     """[rows pos ...] the mean or donor value of a site's field, at the site's positions if it names some."""
     k = len(group.prompts)
-    run, tokens, _ = group.side(site)
+    run, tokens, layout = group.side(site)
     tokens = tokens.rows(index)
     if ctx.method == "mean":
         value = ctx.means[site.whole]
@@ -210,32 +249,40 @@ def _replacement(ctx: Context, group: Group, site: Site, index: Tensor) -> Tenso
     else:
         value = run.read(plain(site.whole))[index + k]
     if site.positions is not None and value.ndim >= 2 and value.shape[1] == tokens.ids.shape[1]:
-        at = tokens.padded_index(site.positions)
+        at = torch.tensor([[layout.column(row, p) for p in site.positions] for row in local], device=value.device)
         at = at.view(*at.shape, *([1] * (value.ndim - 2))).expand(-1, -1, *value.shape[2:])
         value = value.gather(1, at)
     return value
 
 
-def _residual(ctx: Context, group: Group, rows: list[tuple[int, Site]], members: list[int], site: Site,
-              index: Tensor) -> Tensor:
+def _residual(ctx: Context, group: Group, rows: list[tuple[int, Site]], local: list[int], members: list[int],
+              site: Site, index: Tensor) -> Tensor:
     """[rows pos d_model] the clean residual at `site` with each member row's positions replaced (zero, mean or
-    the donor's residual at the aligned positions); other rows keep the clean residual (masked off anyway)."""
+    the donor's residual at the aligned positions); other rows keep the clean residual (masked off anyway). Every
+    (row, position) pair is laid out on the host and replaced in one indexed write."""
     k = len(group.prompts)
-    run, tokens, donors = group.side(site)
+    run, _, layout = group.side(site)
     whole = run.stream.read(plain(site))  # [prompts (+ donors) pos d_model]
     value = whole[index].clone()
+    at_row, at, donor_row, donor_at, relative = [], [], [], [], []
     for row in members:
-        prompt, named = group.prompts[int(index[row])], rows[row][1]
-        base, donor = _aligned(ctx, prompt, named.positions) if site.stack is None else (named.positions,) * 2
-        at = tokens.rows(index[row : row + 1]).padded_index(base)[0]
-        if ctx.method == "zero":
-            value[row, at] = 0
-        elif ctx.method == "mean":
-            mean = ctx.means[site]
-            value[row, at] = mean[tokens.position_ids[index[row], at]] if ctx.per_position else mean
-        else:
-            theirs = donors.rows(index[row : row + 1]).padded_index(donor)[0]
-            value[row, at] = whole[int(index[row]) + k, theirs]
+        i, named = local[row], rows[row][1]
+        base, donor = _aligned(ctx, group.prompts[i], named.positions) if site.stack is None else (named.positions,) * 2
+        at_row += [row] * len(base)
+        at += [layout.column(i, p) for p in base]
+        relative += [p % layout.lengths[i] for p in base]  # the position id there (0 = the first real token)
+        donor_row += [i + k] * len(donor)
+        donor_at += [layout.column(i + k, p) for p in donor] if ctx.method == "resample" else []
+    device = value.device
+    where = (torch.tensor(at_row, device=device), torch.tensor(at, dtype=torch.long, device=device))
+    if ctx.method == "zero":
+        value[where] = 0
+    elif ctx.method == "mean":
+        mean = ctx.means[site]
+        value[where] = mean[torch.tensor(relative, device=device)] if ctx.per_position else mean
+    else:
+        value[where] = whole[torch.tensor(donor_row, device=device), torch.tensor(donor_at, dtype=torch.long,
+                                                                                  device=device)]
     return value
 
 
@@ -248,13 +295,20 @@ def _aligned(ctx: Context, prompt: int, positions: tuple[int, ...]) -> tuple[lis
 
 
 def _frame(ctx: Context, rows: list[tuple[int, Site]], group: Group, ablated: Tensor) -> pd.DataFrame:
-    local = [i for i, _ in rows]
-    clean = group.clean_metric[local].double().cpu().numpy()
-    ablated = ablated.double().cpu().numpy()
-    sites = [site for _, site in rows]
+    """The rows' table, from one transfer of their metrics (ablated, clean, and the donor's for patching) to the
+    host; the site columns are made once per distinct site and repeated by index."""
+    local = torch.tensor([i for i, _ in rows], device=ablated.device)
+    metrics = [ablated.float(), group.clean_metric[local].float()]
+    if ctx.donor_metric:
+        metrics.append(group.donor_metric[local].float())
+    on_host = torch.stack(metrics).double().cpu().numpy()
+    ablated, clean = on_host[0], on_host[1]
+    distinct: dict[Site, int] = {}
+    which = np.fromiter((distinct.setdefault(site, len(distinct)) for _, site in rows), dtype=np.int64,
+                        count=len(rows))
     frame = {
-        "prompt_idx": np.asarray([group.prompts[i] for i in local], dtype=np.int64),
-        **columns(sites),
+        "prompt_idx": np.asarray(group.prompts, dtype=np.int64)[[i for i, _ in rows]],
+        **{name: _take(column, which) for name, column in columns(list(distinct)).items()},
         "method": ctx.method,
         "metric": check_metric(ctx.metric, True),
         "clean_metric": clean,
@@ -262,5 +316,12 @@ def _frame(ctx: Context, rows: list[tuple[int, Site]], group: Group, ablated: Te
         "delta": ablated - clean,
     }
     if ctx.donor_metric:
-        frame["donor_metric"] = group.donor_metric[local].double().cpu().numpy()
+        frame["donor_metric"] = on_host[2]
     return pd.DataFrame(frame)
+
+
+def _take(column, which: np.ndarray):
+    """A site column (a list, or a nullable integer array) repeated to the rows (`which`: each row's site)."""
+    if isinstance(column, list):
+        return np.asarray(column, dtype=object)[which]
+    return column.take(which)
