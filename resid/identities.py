@@ -61,7 +61,7 @@ def identity(model: nn.Module, *, reuse: bool = False) -> Identity:
 def _state(model: nn.Module) -> tuple[tuple, torch.Tensor]:
     """What identifies the parameters' storage and edits cheaply: per parameter its name, address, version counter,
     shape, dtype and device; and the values at SAMPLE fixed positions spread over it (as float64, concatenated)."""
-    key, samples = [getattr(model, "name", "custom"), config_digest(model)], []
+    key, samples = [getattr(model, "name", "custom"), config_digest(model)], {}
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             key.append((name, parameter.data_ptr(), parameter._version, tuple(parameter.shape), parameter.dtype,
@@ -70,8 +70,12 @@ def _state(model: nn.Module) -> tuple[tuple, torch.Tensor]:
             if flat.numel():
                 k = min(SAMPLE, flat.numel())  # k positions from the first to the last, in integers
                 where = torch.arange(k, device=flat.device) * (flat.numel() - 1) // max(k - 1, 1)
-                samples.append(flat[where].cpu().double())
-    return tuple(key), torch.cat(samples) if samples else torch.zeros(0, dtype=torch.float64)
+                picked = flat[where]
+                samples.setdefault(flat.device, []).append(picked if picked.dtype == torch.float64 else picked.float())
+    # one move to the host per device, not one per parameter (each is a synchronisation on a GPU: a 30-layer model's
+    # ~280 of them made every provenance record, and so every analysis call, wait on the device that many times)
+    moved = [torch.cat(group).cpu().double() for group in samples.values()]
+    return tuple(key), torch.cat(moved) if moved else torch.zeros(0, dtype=torch.float64)
 
 
 def _hash(model: nn.Module) -> Identity:
