@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from resid import forward
 from resid.attachments import attach
 from resid.capture import Capture
+from resid.components.attention import AttnContext
 from resid.components.block import Block
 from resid.components.embed import Embed, PosEmbed, TokenTypeEmbed, Unembed
 from resid.components.head import MLMHead
@@ -174,20 +175,27 @@ class Transformer(TokenInputs, nn.Module):
         options: do_sample, temperature, top_k, seed, stop_at_eos, return_logits (see resid.generate)."""
         return generate(self, inputs, max_new_tokens, interventions, **options)
 
+    def attention_context(self, inputs: Inputs) -> AttnContext:
+        """The masks (causal, padding, sliding windows) and rotary angles every attention layer of a pass over
+        `inputs` shares, checked and made once (attention_pattern takes it)."""
+        return forward.context(self, self.as_tokens(inputs))
+
     def attention_pattern(
         self,
         layer: int,
         q: Float[Tensor, "batch pos head d_head"],
         k: Float[Tensor, "batch pos kv_head d_head"],
-        inputs: Inputs,
+        inputs: Inputs | AttnContext,
     ) -> Float[Tensor, "batch head pos key_pos"]:
         """The pattern `layer`'s self-attention computes from these queries and keys (as a run captures them:
         after rotary) over the masks of `inputs` (causal, padding, sliding window, soft-capping as the layer
-        has them): e.g. a head's pattern with another prompt's queries and this prompt's keys."""
+        has them): e.g. a head's pattern with another prompt's queries and this prompt's keys. A caller that
+        rebuilds several layers' patterns over one input passes its `attention_context(inputs)` instead, made once:
+        the input's checks and masks are then not made again per layer."""
         n = self.config.n_layers
         if not 0 <= layer < n:
             raise ResidError(f"attention_pattern(layer={layer}) is out of range: the model has {n} layers.")
-        ctx = forward.context(self, self.as_tokens(inputs))
+        ctx = inputs if isinstance(inputs, AttnContext) else self.attention_context(inputs)
         attn = self.blocks[layer].attn
         return attn.pattern_of(q.to(self.dtype).transpose(1, 2), k.to(self.dtype).transpose(1, 2), ctx)
 

@@ -40,12 +40,15 @@ class Rebuilt(Mapping):
         # q and k by pattern Site (not `keys`: a Mapping's keys() is its sites)
         self.model, self.stored, self.q, self.k = model, stored, q, k
         self.token_ids = token_ids  # [pos]: the masks and rotary angles of attention_pattern
+        self._context = None  # made on the first pattern read, then shared by every layer's
 
     def __getitem__(self, site: Site) -> Tensor:
         if site in self.stored:
             return self.stored[site]
         q, k = self.q[site], self.k[site]  # a KeyError for a site that is neither
-        return self.model.attention_pattern(site.layer, q[None], k[None], self.token_ids[None])[0].float()
+        if self._context is None:
+            self._context = self.model.attention_context(self.token_ids[None])
+        return self.model.attention_pattern(site.layer, q[None], k[None], self._context)[0].float()
 
     def __iter__(self) -> Iterator[Site]:
         yield from self.stored

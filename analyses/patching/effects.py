@@ -88,16 +88,17 @@ class Effects:
         self.deltas: dict[Site, Tensor] = {}
         needed = "pattern" in self.sites or (fix_qk and bool({"q", "k"} & self.sites))
         with torch.no_grad():
+            ctx = model.attention_context(tokens) if needed else None  # checked and masked once, not per layer
             for l, (ours, theirs) in enumerate(zip(base.layers, donor.layers) if needed else ()):
                 q, k = ours.attn.q.detach(), ours.attn.k.detach()
-                base_pattern = model.attention_pattern(l, q, k, tokens)
+                base_pattern = model.attention_pattern(l, q, k, ctx)
                 new = {}
                 if "pattern" in self.sites:  # equal lengths only (attribution checks): the donor's own pattern
-                    new["pattern"] = model.attention_pattern(l, theirs.attn.q, theirs.attn.k, tokens)
+                    new["pattern"] = model.attention_pattern(l, theirs.attn.q, theirs.attn.k, ctx)
                 if fix_qk and "q" in self.sites:
-                    new["q"] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, tokens)
+                    new["q"] = model.attention_pattern(l, at.donor_at_base(theirs.attn.q, q), k, ctx)
                 if fix_qk and "k" in self.sites:
-                    new["k"] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), tokens)
+                    new["k"] = model.attention_pattern(l, q, at.donor_at_base(theirs.attn.k, k), ctx)
                 self.moved.update({Site(l, "attn", field=name): pattern - base_pattern
                                    for name, pattern in new.items()})
 
