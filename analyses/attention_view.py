@@ -23,7 +23,7 @@ from pathlib import Path
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.checks import select_layers
+from resid.analyses.checks import select_heads, select_layers
 from resid.analyses.inputs import prompts
 from resid.analyses.io import atomic
 from resid.capture import Capture
@@ -83,7 +83,7 @@ def view(model: Transformer, inputs: Run | str | Tokens | Tensor | Sequence[str]
     captured the layer's pattern (e.g. Capture.all(), or Capture(layers=[layer], attn={"pattern"})), or anything
     `model.run` takes (then run here, capturing just that pattern)."""
     [layer] = select_layers(model, layer)
-    chosen = _heads(model, heads)
+    chosen = select_heads(model, heads)
     tokens = inputs.tokens if isinstance(inputs, Run) else prompts(model, inputs).tokens
     _check_prompt(prompt, tokens.ids.shape[0])
     real = tokens.attention_mask[prompt].cpu()
@@ -107,18 +107,6 @@ def view(model: Transformer, inputs: Run | str | Tokens | Tensor | Sequence[str]
     strs = model.to_str_tokens(ids) if model.tokenizer is not None else [f"<{i}>" for i in ids]
     title = f"{model.name}: layer {layer}" + (f", heads {list(chosen)}" if heads is not None else "")
     return AttentionView(layer, chosen, tuple(strs), patterns.contiguous(), title)
-
-
-def _heads(model: Transformer, heads: Sequence[int] | None) -> tuple[int, ...]:
-    n = model.config.n_heads
-    if heads is None:
-        return tuple(range(n))
-    chosen = [heads] if isinstance(heads, int) else list(heads)
-    bad = [h for h in chosen if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < n]
-    if not chosen or bad:
-        raise ResidError(f"{param('heads')} must be head indices in 0..{n - 1} (the model has {n} heads per layer), "
-                         f"or None for all; got {heads!r}.")
-    return tuple(chosen)
 
 
 def _check_prompt(prompt: int, n: int) -> None:

@@ -49,6 +49,19 @@ def select_neurons(model: Transformer, neurons: int | Sequence[int] | None,
     return sorted(set(chosen))
 
 
+def select_heads(model: Transformer, heads: int | Sequence[int] | None) -> tuple[int, ...]:
+    """Query-head indices of a layer, checked, in the order given (None: every head)."""
+    n = model.config.n_heads
+    if heads is None:
+        return tuple(range(n))
+    chosen = [heads] if isinstance(heads, int) else list(heads)
+    bad = [h for h in chosen if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < n]
+    if not chosen or bad:
+        raise ResidError(f"{param('heads')} must be head indices in 0..{n - 1} (the model has {n} heads per layer), "
+                         f"or None for all; got {heads!r}.")
+    return tuple(chosen)
+
+
 def check_k(k: int, name: str = "k", upper: int | None = None) -> int:
     """A positive count, capped at `upper` (e.g. the vocabulary size)."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
