@@ -132,8 +132,8 @@ def top_activating(
     after: int = 4,
     sign: Sign = "positive",
     window: int = 256,
-    execution: Execution | None = None,
     skip_first: bool = False,
+    execution: Execution | None = None,
 ) -> pd.DataFrame:
     """The k corpus tokens with the largest activations of each chosen feature of `dictionary` (a Dictionary or a
     list of them, e.g. resid.dictionaries.load of a per-layer set), see the module docstring.
@@ -157,7 +157,7 @@ def top_activating(
     reader = FeatureReader(found, chosen)
     if not isinstance(skip_first, bool):
         raise ResidError(f"{param('skip_first')} must be True or False, got {skip_first!r}.")
-    best, tallies = scan_with(model, pieces, reader, k, sign, execution, skip_first)
+    best, tallies = scan_with(model, pieces, reader, k, sign, skip_first, execution)
     df = _table(model, pieces, best, found, chosen, context, after)
     ids = [np.arange(d.d_sae) if f is None else np.asarray(f) for d, f in zip(found, chosen)]
     df.attrs["histogram"] = histogram.frame([d.name for d in found], ids, [tallies[i] for i in range(len(found))])

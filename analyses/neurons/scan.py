@@ -215,7 +215,7 @@ def scan(
     select_layers / select_neurons / select_experts). With experts, the neuron axis of each TopK is (expert, neuron)
     flattened. The lists come back on the CPU."""
     reader = NeuronReader(layers, neurons, experts)
-    return scan_with(model, pieces, reader, k, sign, execution)[0]
+    return scan_with(model, pieces, reader, k, sign, execution=execution)[0]
 
 
 def scan_with(
@@ -224,8 +224,8 @@ def scan_with(
     reader: Reader,
     k: int,
     sign: str = "positive",
-    execution: Execution | None = None,
     skip_first: bool = False,
+    execution: Execution | None = None,
 ) -> tuple[dict, dict]:
     """Scan `pieces` with any reader: ({key: TopK}, {key: summed tally as numpy}) on the CPU. The shards are cut
     for the execution's workers, so its executor is made here (and closed here if made here). A scan is a

@@ -241,12 +241,14 @@ def test_activation_atp_and_path_share_their_parameters():
     assert list(params["activation"]) == [*common, *shared, "execution"]
     assert list(params["atp"]) == [*common, *shared, "method", "execution"]
     assert list(params["path"]) == [*common, "senders", "receivers", "direction", "metric", "execution"]
-    for name in ("baselines", "direction", "metric", "execution"):
+    for name in ("baselines", "metric", "execution"):
         assert len({params[f][name].default for f in params}) == 1, name
+    # path's direction defaults to None, which warns that it patches "denoise" (its default was "noise" before)
+    assert params["activation"]["direction"].default == params["atp"]["direction"].default == "denoise"
     for name in shared:
         assert params["activation"][name].default == params["atp"][name].default, name
         assert params["activation"][name].annotation == params["atp"][name].annotation, name
-    assert params["path"]["direction"].default == "denoise" and params["atp"]["sites"].default == "resid_pre"
+    assert params["path"]["direction"].default is None and params["atp"]["sites"].default == "resid_pre"
 
 
 def test_sites_are_words_sites_and_labels_for_exact_and_atp_alike(random_model):

@@ -31,7 +31,10 @@ def model(tmp_path_factory) -> resid.Transformer:
 
 def test_the_committed_files_are_what_resid_trains_and_writes_today(model, tmp_path) -> None:
     """Trained again (one thread, as the fixture was), the CLT's files hold the committed weights; within 1e-5, as
-    Adam's steps may round in another order on another machine."""
+    Adam's steps may round in another order on another machine. A BatchTopK threshold is the running average of each
+    batch's smallest kept activation, which jumps when rounding swaps an entry at the top-k's boundary: the fused Adam
+    and the in-place unit-norm projection (2026-11) left every weight within 1e-6 and moved layer 1's threshold by
+    2.1e-3 of 0.36, so thresholds are compared within 1% of their size."""
     circuit_tracer.write(fixture.clt(model), tmp_path)
     committed = sorted(f.name for f in (DATA / "graphs" / "clt").glob("*.safetensors"))
     assert committed == sorted(f.name for f in tmp_path.glob("*.safetensors")) and committed
@@ -39,7 +42,8 @@ def test_the_committed_files_are_what_resid_trains_and_writes_today(model, tmp_p
         ours, theirs = load_file(str(tmp_path / name)), load_file(str(DATA / "graphs" / "clt" / name))
         assert ours.keys() == theirs.keys(), name
         for key in ours:
-            torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5, msg=f"{name} {key}")
+            tolerance = dict(rtol=1e-2, atol=1e-5) if key.startswith("threshold") else dict(rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(ours[key], theirs[key], **tolerance, msg=f"{name} {key}")
     assert (tmp_path / "config.yaml").read_text() == (DATA / "graphs" / "clt" / "config.yaml").read_text()
 
 

@@ -262,7 +262,7 @@ def setup(tmp_path_factory) -> dict[str, str]:
 
 def _train_sae(setup, out, *extra) -> list[str]:
     return ["train-sae", "--layers", "0", "--out", str(out), "--model", setup["model"], "--corpus", setup["corpus"],
-            "--batch-size", "64", "--window", "16", "--buffer-tokens", "200", "--quiet", "--k", "4",
+            "--batch-size", "64", "--window", "16", "--buffer-tokens", "128", "--quiet", "--k", "4",
             "--expansion", "2", *extra]
 
 
@@ -313,7 +313,7 @@ def test_a_damaged_checkpoint_is_one_line_on_the_command_line(setup, tmp_path, c
 def test_the_command_line_says_what_it_will_do_and_prints_a_plain_table(setup, tmp_path, capsys) -> None:
     argv = _train_sae(setup, tmp_path / "out", "--tokens", "150", "--eval-windows", "2", "--activation", "batchtopk")
     argv.remove("--buffer-tokens")
-    argv.remove("200")
+    argv.remove("128")
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "resid: training 2 steps of 64 tokens = 128 tokens (--tokens 150 rounded down to whole batches of " \
