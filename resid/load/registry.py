@@ -39,6 +39,7 @@ DTYPES = {
     torch.bfloat16: torch.bfloat16,
 }
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+TYPO = 0.85  # difflib similarity above which a bare name is taken for a typo of a resid name (smollm2-135n: 0.92)
 
 
 def smollm2_path() -> Path:
@@ -106,6 +107,14 @@ def load(
         raise ResidError(f"{path} is a file but not a .gguf; pass a GGUF file or a Hugging Face model folder.")
     if _is_path(name_or_path):
         raise ResidError(_missing_path_message(name, path))
+    typo = difflib.get_close_matches(name.lower(), KNOWN, n=1, cutoff=TYPO)
+    if typo and "/" not in name:
+        # A near-typo of a resid name is refused before the Hub is asked, which takes its time-out to fail where the
+        # network hangs (20 s); a Hub repository of that name is still reached as "owner/name".
+        raise ResidError(f"Unknown model {name!r}. Did you mean {typo[0]!r}? It is not a resid model name (known: "
+                         f"{', '.join(repr(n) for n in KNOWN)}) nor an existing folder or .gguf file; the Hugging Face "
+                         f"Hub was not asked, as the name is a near-typo of a resid name (for a Hub repository of "
+                         f"that name, pass 'owner/{name}').")
     if HUB_ID.match(name):
         # "org/model" is a Hub id or a relative path; nothing is there locally, so the Hub is asked.
         missing = f"Nothing exists at the local path {name!r} ({path.absolute()}). " if "/" in name else ""

@@ -3,6 +3,7 @@
 import pytest
 
 import resid
+from resid.load import registry
 
 MISSING = ["./no/such/folder", "x/model.gguf", "~/no-such-resid-model", "a/b/c", "w.safetensors"]
 
@@ -43,3 +44,16 @@ def test_a_misspelled_resid_name_gets_the_closest_one(name, suggested, tmp_path,
     message = str(err.value)
     assert message.startswith(f"Unknown model {name!r}.")
     assert (f"Did you mean {suggested!r}?" in message) if suggested else ("Did you mean" not in message)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135n", "gemma3-270m", "all-minilm-l6"])
+def test_a_near_typo_of_a_resid_name_is_refused_without_asking_the_hub(name, tmp_path, monkeypatch):
+    """Asking the Hub takes its time-out where the network hangs (a misspelled --model took 20 s): a bare name a
+    letter or two from a resid name is refused at once, saying how to reach a Hub repository of that name."""
+    def never(*args, **kwargs):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(registry, "fetch", never)
+    with pytest.raises(resid.ResidError, match=rf"Did you mean .*the Hugging Face Hub was not asked.*'owner/{name}'"):
+        resid.load(name)
