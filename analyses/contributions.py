@@ -115,22 +115,18 @@ def _layers_at_once(model: Transformer, stream: ResidualStream, direction: Direc
             values["b_out"] = _stacked(direction, [b.mlp.b_out for b in blocks])
     else:
         values["mlp"] = direction.project(torch.stack([r.mlp.out for r in layers], -2))
+    # (part, its unit, the values of its units, of its bias, split into units): each layer's groups in this order
+    parts = (("attn", "head", "heads", "b_O", attn_split), ("mlp", "neuron", "neurons", "b_out", mlp_split))
     groups: list[Contributions] = []
     for layer in range(len(layers)):
-        if attn_split:
-            heads = values["heads"][:, layer]
-            groups.append(Contributions(unit_sites(layer, "attn", "head", heads.shape[1]), heads))
-            if "b_O" in values:
-                groups.append(_bias(Site(layer, "attn", field="b_O"), values["b_O"][:, layer]))
-        else:
-            groups.append(Contributions([Site(layer, "attn")], values["attn"][:, layer, None]))
-        if mlp_split:
-            neurons = values["neurons"][:, layer]
-            groups.append(Contributions(unit_sites(layer, "mlp", "neuron", neurons.shape[1]), neurons))
-            if "b_out" in values:
-                groups.append(_bias(Site(layer, "mlp", field="b_out"), values["b_out"][:, layer]))
-        else:
-            groups.append(Contributions([Site(layer, "mlp")], values["mlp"][:, layer, None]))
+        for part, unit, units, bias, split in parts:
+            if not split:
+                groups.append(Contributions([Site(layer, part)], values[part][:, layer, None]))
+                continue
+            found = values[units][:, layer]
+            groups.append(Contributions(unit_sites(layer, part, unit, found.shape[1]), found))
+            if bias in values:
+                groups.append(_bias(Site(layer, part, field=bias), values[bias][:, layer]))
     return groups
 
 

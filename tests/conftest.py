@@ -42,6 +42,16 @@ def gpu() -> torch.device:
     return torch.device(name)
 
 
+@pytest.fixture
+def one_thread():
+    """Small matmuls run fastest on one thread (and do not fight the other tests for the cores); the training tests
+    take it for every test (tests/training/conftest.py), the GPU benchmark's tests too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> resid.Transformer:
     return resid.load("smollm2-135m")

@@ -39,11 +39,8 @@ def model() -> resid.Transformer:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def single_threaded(one_thread):
+    """Every test here on one thread (tests/conftest.py's one_thread)."""
 
 
 def test_a_profile_counts_what_the_call_does_and_writes_its_table(model, tmp_path) -> None:

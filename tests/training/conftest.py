@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-import torch
 from random_models import make_random_model
 
 import resid
@@ -35,9 +34,5 @@ def texts() -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Small matmuls run fastest on one thread (and do not fight the other tests for the cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def single_threaded(one_thread):
+    """Every training test on one thread (tests/conftest.py's one_thread)."""
