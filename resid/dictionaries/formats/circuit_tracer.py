@@ -19,6 +19,9 @@ layer l's output) and threshold_{l}; W_dec_{l}.safetensors with W_dec_{l} [d_sae
 circuit-tracer's JumpReLU is pre * (pre > threshold), without a relu, so thresholds are kept as they are.
 
 `write(clt, folder)` saves a resid CrossLayerTranscoder in the cross-layer layout above, which `read` reads back.
+Its feature_input_hook is the CLT's own (resid trains on "ln2.hook_normalized", the MLP input before the norm's
+gain): circuit-tracer 0.5.0's TransformerLens backend reads that hook on every model, its nnsight backend only on
+Gemma 2 and 3 (its Llama, Qwen3 and gpt-oss maps name hook_resid_mid, mlp.hook_in, hook_mlp_out, mlp.hook_out).
 """
 
 import os
