@@ -6,7 +6,8 @@ Two configs per T5 version (v1.0: ReLU, tied and rescaled head; v1.1: gated GELU
 test suite's shape) and a T5-small-sized one (d_model 512, 6 + 6 layers, 8 heads of 64, d_ff 2048, vocab
 32,128), random weights saved to a temporary folder and loaded by resid.load. Timed, interleaved: resid's
 forward recording nothing (`model(source, target)`), resid's run with every field of both streams captured,
-and transformers' forward with its default (SDPA) and with eager attention. Prints median times and the ratio
+and transformers' forward with its default (SDPA) and with eager attention, both without the decoder's KV
+cache (`use_cache=False`: resid keeps none). Prints median times and the ratio
 the T5 issue targets (resid forward <= 1.05x transformers), against the faster of transformers' two.
 """
 
@@ -51,8 +52,8 @@ def measure(size: str, version: str, repeats: int) -> dict[str, float]:
     times = interleaved({
         "resid forward": lambda: model(source, target),
         "resid capture all": lambda: model.run(source, target, capture=everything, encoder_capture=everything),
-        "transformers sdpa": lambda: sdpa(input_ids=source, decoder_input_ids=target),
-        "transformers eager": lambda: hf(input_ids=source, decoder_input_ids=target),
+        "transformers sdpa": lambda: sdpa(input_ids=source, decoder_input_ids=target, use_cache=False),
+        "transformers eager": lambda: hf(input_ids=source, decoder_input_ids=target, use_cache=False),
     }, repeats)
     return {**times, "max |logit diff|": error}
 

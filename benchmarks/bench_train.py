@@ -2,7 +2,7 @@
 resid against SAELens (the issue's target: >= 2x SAELens's tokens/s at an FVU within 5% of SAELens's).
 
     python benchmarks/bench_train.py [--layer 15] [--steps 8] [--batch-size 4096] [--window 256] [--device cpu]
-                                     [--held-out 8192] [--fvu-every 8] [--documents 2000] [--no-saelens]
+                                     [--held-out 8192] [--fvu-every 4] [--documents 2000] [--no-saelens]
                                      [--trainer-only] [--reuse-acts]
                                      [--transcoders] [--stream LAYERS]
 
@@ -34,9 +34,12 @@ benchmarks/train_saelens.py, never inside resid's. Both libraries get the same t
 
 Each comparison prints resid / SAELens tokens/s, the FVU gap relative to SAELens's, and whether the target is met.
 The recipes differ where each library's TopK recipe does (resid: sparsify's, unit-norm decoder rows, b_dec at the
-geometric median; SAELens: its TopK defaults, see train_saelens.py); each gets its own default learning rate
-(resid's recipe's; SAELens's 3e-4, --saelens-lr), no warm-up, the same steps, batch and forward batch (--saelens-prompts
-defaults to --forward-batch). Measured so (2-core AVX-512 CPU at 431 GFLOP/s, torch 2.13.0, 2 threads each, quiet;
+geometric median; SAELens: its TopK defaults, see train_saelens.py). resid trains at its recipe's default learning
+rate; SAELens on the same activations at each of --saelens-lrs (3e-4, its default, 1e-3 and 3e-3) and is compared at
+the best of them (its tokens/s does not depend on the rate), end to end at its default 3e-4 (--saelens-lr); no
+warm-up, the same steps, batch and forward batch (--saelens-prompts defaults to --forward-batch). The equal-FVU
+ratio reads each run's held-out FVU curve (every --fvu-every steps) where it first crosses the FVU both reach,
+linearly between measurements. Measured so (2-core AVX-512 CPU at 431 GFLOP/s, torch 2.13.0, 2 threads each, quiet;
 --steps 48 --batch-size 2048 --held-out 4096 --forward-batch 32): training on the same activations resid 11,271
 tokens/s, SAELens 6,052 (1.86x); end to end resid 2,014, SAELens 1,442 (1.40x; with --autocast 3,516 and 3,405,
 1.03x); held-out FVU after 48 steps resid 0.513, SAELens 1.642 (unconverged at its learning rate). At equal FVU
@@ -50,6 +53,7 @@ GFLOP/s machine): 30 BatchTopK transcoders (8x, k=32), 8,192 tokens each: genera
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -73,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 SAELENS_LR = 3e-4  # SAELens 6's default learning rate (LanguageModelSAERunnerConfig.lr, SAETrainerConfig.lr)
+SAELENS_SWEEP = "3e-4,1e-3,3e-3"  # its default and two larger ones: TopK SAEs at this batch converge faster there
 
 
 def main() -> None:
@@ -93,7 +98,7 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=8192, help="tokens the FVU is measured on")
     parser.add_argument("--documents", type=int, default=2000,
                         help="documents of the demo corpus read (0: all 12,134, about 800k tokens in windows of 256)")
-    parser.add_argument("--fvu-every", type=int, default=8,
+    parser.add_argument("--fvu-every", type=int, default=4,
                         help="training on the same activations: the held-out FVU every this many steps (outside the "
                              "timed steps), for the tokens each library needs to reach the same FVU")
     parser.add_argument("--no-saelens", action="store_true", help="skip the SAELens comparison")
@@ -107,7 +112,10 @@ def main() -> None:
                         help="end to end: SAELens's store_batch_size_prompts, contexts of --window tokens per forward "
                              "(default: --forward-batch, resid's windows per forward: the same forward batch)")
     parser.add_argument("--saelens-lr", type=float, default=SAELENS_LR,
-                        help="SAELens's learning rate (default: its own default, not resid's)")
+                        help="SAELens's learning rate end to end (default: its own default, not resid's)")
+    parser.add_argument("--saelens-lrs", default=SAELENS_SWEEP,
+                        help="training on the same activations: SAELens at each of these learning rates "
+                             "(comma-separated), compared at the one whose held-out FVU is best")
     parser.add_argument("--saelens-python", type=Path, default=ROOT / "build" / "saelens-reference-venv" / "bin" /
                         "python", help="SAELens's environment (tests/data/make_saelens_training_reference.py makes it)")
     parser.add_argument("--acts", type=Path, default=ROOT / "build" / "bench-train" / "acts.safetensors",
@@ -167,7 +175,7 @@ def main() -> None:
     print(f"train      {tokens:>8} tokens in {ours['seconds']:7.2f} s: {ours['tokens_per_s']:9.0f} tokens/s "
           f"(held-out FVU {ours['fvu']:.4f}, L0 {ours['l0']:.1f})")
     if not args.no_saelens:
-        peer = _saelens(args, {"train": train_rows, "held_out": held_out}, args.saelens_lr)
+        peer = _best_saelens(args, {"train": train_rows, "held_out": held_out})
         _compare(ours, peer, tokens, args)
     del block, train_rows  # held_out stays, for the end-to-end FVUs
     if args.trainer_only:
@@ -293,6 +301,20 @@ def _saelens(args, tensors: dict | None, lr: float, extra: list[str] = ()) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _best_saelens(args, tensors: dict) -> dict:
+    """SAELens on the same rows at each learning rate of --saelens-lrs: the run with the best held-out FVU (its
+    tokens/s does not depend on the rate), after printing every rate's."""
+    runs = []
+    for i, lr in enumerate(float(x) for x in args.saelens_lrs.split(",")):
+        run = _saelens(args, tensors if i == 0 else None, lr)  # the rows are written once
+        print(f"SAELens at lr {lr:g}: {run['tokens_per_s']:.0f} tokens/s, held-out FVU {run['fvu']:.4f}, "
+              f"L0 {run['l0']:.1f}")
+        runs.append({**run, "lr": lr})
+    best = min(runs, key=lambda run: run["fvu"])
+    print(f"SAELens compared at its best learning rate of {len(runs)}: {best['lr']:g}")
+    return best
+
+
 def _compare(ours: dict, peer: dict, tokens: int, args) -> None:
     trainer = peer["mode"] == "trainer"
     what = "training on the same activations" if trainer else "end to end: activations made by each library"
@@ -313,16 +335,30 @@ def _compare(ours: dict, peer: dict, tokens: int, args) -> None:
 
 def _equal_fvu(ours: dict, peer: dict) -> None:
     """The held-out FVU of each run along its training, and the tokens and seconds (at its tokens/s) each needs
-    to reach the FVU that both reach: the higher of the two final FVUs, at the granularity of --fvu-every."""
+    to reach the FVU that both reach (the higher of the two final FVUs): the tokens where the curve first crosses
+    it, interpolated linearly between the two measurements around the crossing (measured every --fvu-every
+    steps), so that the ratio is not rounded to a whole --fvu-every block."""
     print("held-out FVU along training (tokens: resid, SAELens): " + ", ".join(
         f"{t}: {a:.3f}, {b:.3f}" for (t, a), (_, b) in zip(ours["curve"], peer["curve"])))
     target = max(ours["fvu"], peer["fvu"])
-    reach = {name: next(t for t, fvu in run["curve"] if fvu <= target) for name, run in (("resid", ours),
-                                                                                          ("SAELens", peer))}
+    reach = {"resid": _crossing(ours["curve"], target), "SAELens": _crossing(peer["curve"], target)}
     seconds = {name: reach[name] / run["tokens_per_s"] for name, run in (("resid", ours), ("SAELens", peer))}
     ratio = seconds["SAELens"] / seconds["resid"]
-    print(f"to reach FVU {target:.3f}: resid {reach['resid']} tokens in {seconds['resid']:.2f} s, SAELens "
-          f"{reach['SAELens']} tokens in {seconds['SAELens']:.2f} s: resid {ratio:.2f}x faster at equal FVU")
+    print(f"to reach FVU {target:.3f}: resid {reach['resid']:.0f} tokens in {seconds['resid']:.2f} s, SAELens "
+          f"{reach['SAELens']:.0f} tokens in {seconds['SAELens']:.2f} s: resid {ratio:.2f}x faster at equal FVU")
+
+
+def _crossing(curve: list, target: float) -> float:
+    """The tokens at which a (tokens, FVU) curve first reaches `target`, linear between measurements."""
+    before = (0, float("inf"))
+    for tokens, fvu in curve:
+        if fvu <= target:
+            (t0, f0), (t1, f1) = before, (tokens, fvu)
+            if not math.isfinite(f0) or f0 == f1:
+                return float(t1)
+            return t0 + (t1 - t0) * (f0 - target) / (f0 - f1)
+        before = (tokens, fvu)
+    return float(curve[-1][0])  # the target is the higher final FVU, so both curves reach it by their end
 
 
 def _sync(device: str) -> None:
