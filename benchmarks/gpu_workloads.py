@@ -12,6 +12,7 @@ allows; the targets: sweeps and patching >= 0.8, head DLA >= 0.5).
 """
 
 import math
+import statistics
 
 import torch
 from bench_ablation import make_prompts
@@ -52,11 +53,13 @@ def mac_rate(model, ids: torch.Tensor, repeats: int, rows: int = 0) -> float:
     return forward_macs(model.config, *ids.shape) / seconds
 
 
-def best(fn, device, repeats: int) -> tuple[float, object, int]:
-    """The fastest of `repeats` calls (after one warm-up call): seconds, its result, the largest peak memory."""
+def median_of(fn, device, repeats: int) -> tuple[float, object, int]:
+    """The median of `repeats` calls (after one warm-up call): seconds, the last result, the largest peak memory.
+    The median, as `mac_rate` takes of the forward it divides by: a bound fraction compares one statistic on both
+    sides (the fastest call against a median forward would flatter the analysis)."""
     once(fn, device)
     runs = [once(fn, device) for _ in range(repeats)]
-    return min(r[0] for r in runs), runs[-1][1], max(r[2] for r in runs)
+    return statistics.median(r[0] for r in runs), runs[-1][1], max(r[2] for r in runs)
 
 
 def _record(name: str, rows: int, seconds: float, bound_s: float | None, peak: int, **extra) -> dict:
@@ -73,9 +76,9 @@ def ioi(model, n: int) -> tuple[list[str], list[str], list[str], torch.Tensor]:
 
 def _measured(name: str, fn, model, repeats: int, macs: float, rate: float, profiles: Profiles | None, **extra
               ) -> tuple[dict, object]:
-    """fn's record (the best of `repeats` calls, its bound `macs` at `rate`) and its last result; given
+    """fn's record (the median of `repeats` calls, its bound `macs` at `rate`) and its last result; given
     `profiles`, fn is left there to profile."""
-    seconds, df, peak = best(fn, model.device, repeats)
+    seconds, df, peak = median_of(fn, model.device, repeats)
     if profiles is not None:
         profiles.later(name, fn)
     return _record(name, len(df), seconds, macs / rate, peak, **extra), df
