@@ -120,6 +120,22 @@ def run_worker(command: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_peer(case: str, batch_size: int) -> dict:
+    """circuit-tracer's graph of `case`; when it runs out of memory, again at half the batch (its memory grows with
+    batch x tokens^2, and the graph does not depend on the batch), down to a batch of 1, each failure printed: an
+    out-of-memory result is quoted only once no batch fits."""
+    while True:
+        theirs = run_worker([str(PEER_PYTHON), str(ROOT / "benchmarks" / "graphs_circuit_tracer.py"), str(WORK),
+                             case, str(batch_size)])
+        memory = "failed" in theirs and ("out of memory" in theirs["failed"] or "OutOfMemory" in theirs["failed"]
+                                         or "MemoryError" in theirs["failed"])
+        if not memory or batch_size == 1:
+            return theirs if not memory else {"failed": f"{theirs['failed']} at every batch down to 1"}
+        print(f"{'':>8}  circuit-tracer at batch {batch_size}: {theirs['failed'][:120]}; retrying at "
+              f"{batch_size // 2}", flush=True)
+        batch_size //= 2
+
+
 def compare(case: str) -> str:
     """Node and edge sets of the two graphs of `case`: features equal? the edges' errors (edge_errors)."""
     from safetensors.torch import load_file
@@ -216,12 +232,12 @@ def main() -> None:
                      f"predicted {ours['validation_scale'][0]:.3f} vs measured {ours['validation_scale'][1]:.3f}")
         print(line)
         if peer:
-            theirs = run_worker([str(PEER_PYTHON), str(ROOT / "benchmarks" / "graphs_circuit_tracer.py"), str(WORK),
-                                 case])
+            theirs = run_peer(case, settings["peer_batch_size"])
             if "failed" in theirs:
                 print(f"{'':>8}  circuit-tracer failed: {theirs['failed']}")
                 continue
             print(f"{'':>8}  circuit-tracer {theirs['seconds']:8.1f} s, peak +{theirs['peak_bytes'] / 2**30:5.2f} GiB"
+                  f" (batch {theirs['batch_size']})"
                   f"  -> time {ours['seconds'] / theirs['seconds']:.2f}x, memory "
                   f"{ours['peak_bytes'] / theirs['peak_bytes']:.2f}x (targets <= 0.5x); {compare(case)}")
     if not peer:

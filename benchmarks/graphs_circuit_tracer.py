@@ -1,7 +1,7 @@
 """circuit-tracer's side of bench_graphs.py, run with the Python of build/graph-reference-venv (circuit-tracer from
 PyPI and the TransformerLens it pins; resid is not imported here):
 
-    build/graph-reference-venv/bin/python benchmarks/graphs_circuit_tracer.py build/bench-graphs short|long<N>
+    build/graph-reference-venv/bin/python benchmarks/graphs_circuit_tracer.py build/bench-graphs short|long<N> [BATCH]
 
 Reads what bench_graphs.py wrote in the folder: model/ (a Hugging Face Llama folder), transcoders/ (a circuit-tracer
 transcoder set) and settings.json (the prompts' token ids and the settings). The TransformerLens model is built from
@@ -74,7 +74,8 @@ def main() -> None:
     model = model_and_transcoders(work)
     ids = torch.tensor(settings["prompts"][case])
     limit = None if case == "short" else settings["max_feature_nodes"]
-    batch_size = settings.get("peer_batch_size", settings["batch_size"])
+    # a third argument: bench_graphs.py's retry at a smaller batch after this ran out of memory
+    batch_size = int(sys.argv[3]) if len(sys.argv) > 3 else settings.get("peer_batch_size", settings["batch_size"])
     gc.collect()
     with PeakRSS() as memory:
         started = time.perf_counter()
@@ -91,7 +92,8 @@ def main() -> None:
         tokens = torch.tensor([t.vocab_idx for t in graph.logit_targets])
     save_file({"rows": rows, "features": features, "logit_tokens": torch.as_tensor(tokens).long().contiguous()},
               str(work / f"peer_{case}.safetensors"))
-    print(json.dumps({"seconds": seconds, "peak_bytes": memory.growth, "n_features": n_f, "n_logits": k}))
+    print(json.dumps({"seconds": seconds, "peak_bytes": memory.growth, "n_features": n_f, "n_logits": k,
+                      "batch_size": batch_size}))
 
 
 if __name__ == "__main__":
