@@ -1,5 +1,5 @@
 """Research-size models within 24 GB: a Llama-3.1-8B-shaped model with random bfloat16 weights, in resid and in
-transformers, one process, time and peak resident memory per workload (issue 41).
+transformers (each in a process of its own), time and peak resident memory per workload (issue 41).
 
     python benchmarks/bench_scale.py [--shape 8b|1b] [--folder DIR] [--tokens 128] [--pairs 8] [--heads 24]
                                      [--graph-tokens 32] [--width 512] [--max-feature-nodes 128]
@@ -15,8 +15,10 @@ transformers, one process, time and peak resident memory per workload (issue 41)
             over every head for --pairs (clean, corrupt) pairs, and a graph of a --graph-tokens prompt through
             random JumpReLU transcoders (one per layer, --width features, about 0.6% active) visiting at most
             --max-feature-nodes features
-3. peer     transformers' AutoModelForCausalLM on the same folder, bfloat16, SDPA attention: load and the same
-            forward (the model is dropped first: the two never hold their weights at once); their logits agree
+3. peer     transformers' AutoModelForCausalLM on the same folder, bfloat16, SDPA attention, no KV cache
+            (`use_cache=False`: resid keeps none either): load and the same forward, in a fresh process of its own
+            started after resid's has dropped its model (so neither runs on the other's freed memory); their
+            logits agree. Both report load + first forward, the time to a first answer from a cold start.
 
 Peak RSS is the largest resident set of this process during the workload (benchmarks/rss.py's 5 ms sampler), the
 weight files' pages included; each load starts cold (the files' pages are dropped from the page cache first). What
@@ -32,7 +34,9 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,6 +162,13 @@ class Table:
               f"{peak.peak / 2**30:6.2f} GiB  {note(result)}", flush=True)
         return result
 
+    def combined(self, library: str, workload: str, parts: list[str]) -> None:
+        """A row adding up earlier rows of `library` (their times; the largest of their RSS figures)."""
+        rows = [row for row in self.rows if row[0] == library and row[1] in parts]
+        assert len(rows) == len(parts), (library, parts)
+        self.rows.append((library, workload, sum(r[2] for r in rows), rows[0][3], max(r[4] for r in rows), ""))
+        print(f"  {library:<12} {workload:<48} {self.rows[-1][2]:8.1f} s", flush=True)
+
     def markdown(self) -> str:
         lines = ["| library | workload | seconds | RSS before (GiB) | peak RSS (GiB) | |", "|---|---|---|---|---|---|"]
         lines += [f"| {lib} | {work} | {s:.1f} | {before:.2f} | {peak:.2f} | {note} |"
@@ -202,6 +213,8 @@ def run_resid(folder: Path, args, table: Table, ids: torch.Tensor, corrupt: torc
                                lambda: model.run(ids[:1]).logits[0].float())
         table.measure("resid", f"forward, {args.tokens} tokens (median of 3)", lambda: model.run(ids[:1]).logits,
                       repeats=3)
+    table.combined("resid", f"load + first forward, {args.tokens} tokens",
+                   ["load (bf16, memory-mapped)", f"forward, {args.tokens} tokens (first: pages in)"])
     top = model.run(ids, capture=resid.Capture.none(), logits_at="last").logits[:, 0].float().topk(2).indices
     targets, baselines = top[:, 0].tolist(), top[:, 1].tolist()
     heads = spread_heads(config, args.heads)
@@ -235,14 +248,37 @@ def run_resid(folder: Path, args, table: Table, ids: torch.Tensor, corrupt: torc
     return logits
 
 
-def run_peer(folder: Path, args, table: Table, ids: torch.Tensor) -> torch.Tensor | None:
+def run_peer(folder: Path, args, table: Table) -> torch.Tensor | None:
+    """transformers' load and forward in a fresh Python process (`--peer-process`); its rows join `table`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch)
+        command = [sys.executable, __file__, "--peer-process", str(out), "--shape", args.shape, "--folder",
+                   str(folder), "--tokens", str(args.tokens), "--pairs", str(args.pairs)]
+        done = subprocess.run(command, stdout=sys.stdout, stderr=sys.stderr)
+        if done.returncode != 0 or not (out / "rows.json").exists():
+            print(f"  transformers: its process ended with {done.returncode} before writing its rows")
+            return None
+        table.rows += [tuple(row) for row in json.loads((out / "rows.json").read_text())]
+        if not (out / "logits.safetensors").exists():
+            return None
+        from safetensors.torch import load_file
+
+        return load_file(out / "logits.safetensors")["logits"]
+
+
+def peer_process(folder: Path, args, out: Path) -> None:
+    """The peer's side: load transformers' model cold, time its forward, write the rows and the logits to `out`."""
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
+    table = Table()
+    ids = token_ids(args)[0]
     need, free = sum(p.stat().st_size for p in folder.glob("*.safetensors")), host_available_bytes()
     if free is not None and need > free:
         print(f"  transformers: not loaded, its bf16 weights need {need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB "
               "is available")
-        return None
+        (out / "rows.json").write_text("[]")
+        return
     drop_cached(folder)
     hf = table.measure("transformers", "load (bf16)",
                        lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
@@ -250,12 +286,23 @@ def run_peer(folder: Path, args, table: Table, ids: torch.Tensor) -> torch.Tenso
                        note=lambda m: f"RSS after: {rss() / 2**30:.2f} GiB")
     with torch.no_grad():
         logits = table.measure("transformers", f"forward, {args.tokens} tokens (first: pages in)",
-                               lambda: hf(ids[:1]).logits[0].float())
-        table.measure("transformers", f"forward, {args.tokens} tokens (median of 3)", lambda: hf(ids[:1]).logits,
-                      repeats=3)
-    del hf
-    gc.collect()
-    return logits
+                               lambda: hf(ids[:1], use_cache=False).logits[0].float())
+        table.measure("transformers", f"forward, {args.tokens} tokens (median of 3)",
+                      lambda: hf(ids[:1], use_cache=False).logits, repeats=3)
+    table.combined("transformers", f"load + first forward, {args.tokens} tokens",
+                   ["load (bf16)", f"forward, {args.tokens} tokens (first: pages in)"])
+    save_file({"logits": logits.contiguous()}, str(out / "logits.safetensors"))
+    (out / "rows.json").write_text(json.dumps(table.rows))
+
+
+def token_ids(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts (random token ids, the same in both processes) and their corrupted copies."""
+    vocab = config_json(args.shape)["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (args.pairs, args.tokens), generator=g)
+    corrupt = ids.clone()
+    corrupt[:, args.tokens // 2] = torch.randint(0, vocab, (args.pairs,), generator=g)
+    return ids, corrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,22 +319,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="resid's workloads after load and forward (comma-separated; empty: none)")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="also write the table and the logits' agreement as JSON")
+    parser.add_argument("--peer-process", type=Path, default=None, help=argparse.SUPPRESS)  # run_peer's child
     args = parser.parse_args(argv)
     folder = args.folder or ROOT / "build" / "scale" / f"llama-{args.shape}"
+    if args.peer_process is not None:
+        peer_process(folder, args, args.peer_process)
+        return 0
     started = time.perf_counter()
     write_model(folder, args.shape)
     print(f"weights: {folder} written in {time.perf_counter() - started:.0f} s (0 if cached)", flush=True)
-    config = config_json(args.shape)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, config["vocab_size"], (args.pairs, args.tokens), generator=g)
-    corrupt = ids.clone()
-    corrupt[:, args.tokens // 2] = torch.randint(0, config["vocab_size"], (args.pairs,), generator=g)
+    ids, corrupt = token_ids(args)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; Llama-{args.shape}-shaped, random bf16; "
           f"available memory {host_available_bytes() / 2**30:.1f} GiB", flush=True)
     table = Table()
     ours = run_resid(folder, args, table, ids, corrupt)
     agreement = {}
-    theirs = None if args.no_peer else run_peer(folder, args, table, ids)
+    theirs = None if args.no_peer else run_peer(folder, args, table)
     if theirs is not None:
         agreement = {"max_logit_difference": (ours - theirs).abs().max().item(), "logit_std": theirs.std().item(),
                      "top1_agreement": (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()}

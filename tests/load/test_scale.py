@@ -1,6 +1,6 @@
 """benchmarks/bench_scale.py at Llama-3.2-1B's shape (the 8B benchmark's code, a tenth of its size): a random
 bf16 checkpoint sharded as transformers writes it loads memory-mapped (the load itself reads almost nothing), runs
-every workload, and gives transformers' logits. Slow: 2.5 GB written, then every workload on 1.2B parameters."""
+every workload, and gives transformers' logits (from transformers' own process). Slow: 2.5 GB written, then every workload on 1.2B parameters."""
 
 import json
 import subprocess
@@ -25,7 +25,8 @@ def test_the_scale_benchmark_at_1b(tmp_path: Path) -> None:
     rows = {(row["library"], row["workload"].split(",")[0]): row for row in result["rows"]}
     assert set(rows) == {("resid", w) for w in ("load (bf16", "forward", "decomposition by head", "ablation sweep",
                                                  "exact patching", "AtP", "graph")} | {
-        ("transformers", "load (bf16)"), ("transformers", "forward")}
+        ("transformers", "load (bf16)"), ("transformers", "forward")} | {
+        (library, "load + first forward") for library in ("resid", "transformers")}
     weights = 1.236e9 * 2 / 2**30  # GiB of bf16 values
     load = rows[("resid", "load (bf16")]
     assert load["peak_rss_gib"] - load["rss_before_gib"] < 0.25 * weights  # mapped, not read
