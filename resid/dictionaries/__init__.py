@@ -21,11 +21,12 @@ resid.dictionaries.hooks for hook names -> sites, resid.dictionaries.check for t
 from resid.dictionaries.attach import Observe, Splice, feature_edits
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, InputNormalization, Weights
 from resid.dictionaries.edits import feature_site, named
 from resid.dictionaries.encoded import CrossLayerEncoded, Encoded
 from resid.dictionaries.hooks import HookPoint, hook_point
 from resid.dictionaries.load import detect, load
 
-__all__ = ["CrossLayerEncoded", "CrossLayerTranscoder", "Dictionary", "Encoded", "HookPoint", "Observe", "Splice",
-           "check", "detect", "feature_edits", "feature_site", "hook_point", "load", "named"]
+__all__ = ["ActivationFunction", "Binding", "CrossLayerEncoded", "CrossLayerTranscoder", "Dictionary", "Encoded",
+           "HookPoint", "InputNormalization", "Observe", "Splice", "Weights", "check", "detect", "feature_edits",
+           "feature_site", "hook_point", "load", "named"]
