@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator, Mapping
 
 from torch import Tensor
 
-from resid.dictionaries.hooks import residual_read
 from resid.errors import ResidError
 from resid.model import Run, Transformer
 from resid.sites import Site, transformerlens
@@ -73,7 +72,7 @@ class HookNames(Mapping[str, Tensor]):
             block = self._model.blocks[layer]
             norm = block.ln_attn if row.part == "attn" else block.ln_mlp
             scale = Site(layer, row.part, field="norm_scale")
-            reads = residual_read(self._model.config, layer, row.part)
+            reads = block.reads(row.part)
             return lambda: norm.standardized(stream.read(reads), stream.read(scale))
         return lambda: stream.read(site)
 

@@ -47,7 +47,7 @@ from resid.analyses.training.trainer import Stats, Trainer, step_together
 from resid.batching import available_bytes
 from resid.dictionaries import Dictionary, check
 from resid.dictionaries.formats import saelens
-from resid.dictionaries.hooks import HookPoint, hook_point, point_of, residual_read, width
+from resid.dictionaries.hooks import HookPoint, hook_point, point_of, width
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
@@ -99,7 +99,7 @@ class Spec:
         transcoders."""
         config = model.config
         if not config.pre_norms:
-            return cls(residual_read(config, layer, "mlp"), Site(layer, "mlp"), skip)
+            return cls(model.blocks[layer].reads("mlp"), Site(layer, "mlp"), skip)
         normalized = Site(layer, "mlp", field="normalized")
         zero_gain = any(not b.ln_mlp.invertible for b in model.blocks if b.ln_mlp is not None)
         site_in = normalized if zero_gain else point_of(normalized, config, standardized=True)

@@ -213,17 +213,6 @@ def width(point: HookPoint, config: ModelConfig) -> int:
     return config.d_model
 
 
-def residual_read(config: ModelConfig, layer: int, part: str) -> Site:
-    """The residual that sublayer `part` ("attn" | "cross" | "mlp") of `layer` reads (through its pre-norm, if it
-    has one): resid_pre for the attention and for both sublayers of a parallel block; after cross-attention the
-    MLP reads resid_cross, the cross-attention resid_mid; else the MLP reads resid_mid (resid.components.block)."""
-    if part == "attn" or config.block == "parallel":
-        return Site(layer, "resid_pre")
-    if part == "mlp" and config.cross_attention:
-        return Site(layer, "resid_cross")
-    return Site(layer, "resid_mid")
-
-
 def read(run, model, point: HookPoint) -> Tensor:
     """The tensor `point` means, from a resid run (captured with the site's field): run.read(site), heads
     flattened for `heads_flat`, the norm's standardized input for `standardized`. A `before_post_norm` tensor is
@@ -234,7 +223,7 @@ def read(run, model, point: HookPoint) -> Tensor:
                          "records the write after the post-norm).")
     if point.standardized:
         stream = run.stream
-        reads = stream.read(residual_read(model.config, site.layer, site.part))
+        reads = stream.read(model.blocks[site.layer].reads(site.part))
         record = getattr(stream.layers[site.layer], site.part)
         return point.norm(model).standardized(reads, record.norm_scale)
     value = run.read(site)

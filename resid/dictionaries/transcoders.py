@@ -32,7 +32,7 @@ from resid.dictionaries.check import ensure
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.encoded import LayerRecord
-from resid.dictionaries.hooks import HookPoint, residual_read
+from resid.dictionaries.hooks import HookPoint
 from resid.errors import ResidError, param
 from resid.sites import Site
 
@@ -167,7 +167,7 @@ def _check_points(model, layer: int, p_in: HookPoint, p_out: HookPoint) -> None:
     if site_out.layer != layer or site_out.part != "mlp" or site_out.what != "out":
         raise ResidError(f"The transcoder of layer {layer} reconstructs {site_out.label}; it must reconstruct "
                          f"{Site(layer, 'mlp').label} (the MLP's write).")
-    residual = residual_read(model.config, layer, "mlp")
+    residual = model.blocks[layer].reads("mlp")
     normalized = Site(layer, "mlp", field="normalized")
     ok = site_in.layer == layer and ((site_in.part == "mlp" and site_in.what == "normalized")
                                      or site_in.part == residual.part)
