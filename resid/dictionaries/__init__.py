@@ -8,6 +8,7 @@ against the model they are applied to.
                                   model=model)                     # SAELens's names (resid.dictionaries.releases)
     acts, reconstruction = sae(x)                                  # x: [... d_in], acts: [... feature]
     sae.site_in                                                    # the resid Site its hook reads
+
     run = model.run(prompts, dictionaries=[sae, Splice(transcoder)])  # observe one, splice the other
     run.dictionaries[sae.name].acts, .reconstruction, .error       # [batch pos feature], [batch pos d_out]
     run = model.run(prompts, dictionaries=[Splice(clt)])           # a cross-layer transcoder replaces every MLP

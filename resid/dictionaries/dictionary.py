@@ -125,13 +125,11 @@ class Binding:
     checked: tuple | None = None  # (model name, ModelConfig) of the check that set the points
 
 
-def shared(value: Tensor | None) -> nn.Parameter | None:
-    """A new Parameter over `value`'s storage (None for None): a dictionary made from another one (a checked
-    dictionary, resid.dictionaries.check) shares its weights, never copies them, and moving or replacing its
-    parameters leaves the other's alone."""
-    if value is None:
-        return None
-    return nn.Parameter(value.detach(), requires_grad=value.requires_grad)
+def shared(value: Tensor | None) -> Tensor | None:
+    """`value`'s storage as a plain tensor (None for None), which a constructor wraps in a new Parameter: a
+    dictionary made from another one (a checked dictionary, resid.dictionaries.check) shares its weights, never
+    copies them, and moving or replacing its Parameters leaves the other's alone."""
+    return None if value is None else value.detach()
 
 
 class Dictionary(nn.Module):
