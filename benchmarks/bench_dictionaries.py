@@ -28,7 +28,7 @@ from timing import interleaved
 
 import resid
 from resid.analyses.features.by_dictionary import by_dictionary
-from resid.dictionaries import Dictionary, Observe, check
+from resid.dictionaries import Binding, Dictionary, Observe, Weights, check
 
 
 def random_saes(model: resid.Transformer, calibration: torch.Tensor, d_sae: int, l0: int,
@@ -46,9 +46,8 @@ def random_saes(model: resid.Transformer, calibration: torch.Tensor, d_sae: int,
             pre = resid_post.reshape(-1, d_model).float() @ w_enc
             rank = max(1, round(pre.shape[0] * l0 / d_sae))
             b_enc = -pre.topk(rank, dim=0).values[-1]  # the rank-th largest pre-activation of each feature fires
-            sae = Dictionary(W_enc=w_enc, b_enc=b_enc, W_dec=w_enc.T.contiguous(),
-                             b_dec=torch.zeros(d_model, device=model.device), activation="relu",
-                             hook_in=f"blocks.{layer}.hook_resid_post", name=f"sae{layer}")
+            sae = Dictionary(Weights(w_enc, w_enc.T.contiguous(), torch.zeros(d_model, device=model.device), b_enc),
+                             binding=Binding(f"blocks.{layer}.hook_resid_post"), name=f"sae{layer}")
             saes.append(check(sae.to(dtype or model.dtype), model))
     assert len(saes) == n_layers
     return saes

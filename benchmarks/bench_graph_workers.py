@@ -35,7 +35,7 @@ from timing import interleaved
 import resid
 from resid.analyses import Execution, corpus, graphs
 from resid.analyses.distributed import Executor, Job, RayExecutor
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import Binding, Dictionary, Weights, check
 
 
 def transcoders(model, d_sae: int, active: int) -> list[Dictionary]:
@@ -48,11 +48,10 @@ def transcoders(model, d_sae: int, active: int) -> list[Dictionary]:
     for layer in range(model.config.n_layers):
         g = torch.Generator().manual_seed(layer)
         w_enc = torch.randn(d, d_sae, generator=g)
-        out.append(check(Dictionary(
-            W_enc=w_enc / w_enc.norm(dim=0, keepdim=True), b_enc=torch.full((d_sae,), -cut),
-            W_dec=torch.randn(d_sae, d, generator=g) / d_sae**0.5, b_dec=torch.zeros(d), activation="relu",
-            hook_in=f"blocks.{layer}.ln2.hook_normalized", hook_out=f"blocks.{layer}.hook_mlp_out",
-            name=f"random-transcoder-{layer}"), model))
+        weights = Weights(w_enc / w_enc.norm(dim=0, keepdim=True), torch.randn(d_sae, d, generator=g) / d_sae**0.5,
+                          torch.zeros(d), torch.full((d_sae,), -cut))
+        binding = Binding(f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")
+        out.append(check(Dictionary(weights, binding=binding, name=f"random-transcoder-{layer}"), model))
     return out
 
 

@@ -33,16 +33,18 @@ from timing import interleaved  # noqa: E402
 
 def random_transcoders(model, d_sae: int = 2304, seed: int = 0):
     """Per-layer ReLU transcoders reading each MLP's standardized input, b_enc set so ~16 of d_sae fire."""
-    from resid.dictionaries import Dictionary, check
+    from resid.dictionaries import Binding, Dictionary, Weights, check
 
     g = torch.Generator().manual_seed(seed)
     d = model.config.d_model
     threshold = float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - 16 / d_sae)))
-    return [check(Dictionary(W_enc=torch.randn(d, d_sae, generator=g) / d**0.5, b_enc=-threshold * torch.ones(d_sae),
-                             W_dec=torch.randn(d_sae, d, generator=g) / 8, b_dec=torch.zeros(d), activation="relu",
-                             hook_in=f"blocks.{layer}.ln2.hook_normalized", hook_out=f"blocks.{layer}.hook_mlp_out",
-                             name=f"t{layer}"), model)
-            for layer in range(model.config.n_layers)]
+    out = []
+    for layer in range(model.config.n_layers):
+        W_enc = torch.randn(d, d_sae, generator=g) / d**0.5
+        weights = Weights(W_enc, torch.randn(d_sae, d, generator=g) / 8, torch.zeros(d), -threshold * torch.ones(d_sae))
+        binding = Binding(f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")
+        out.append(check(Dictionary(weights, binding=binding, name=f"t{layer}"), model))
+    return out
 
 
 def multiply_adds(qk, table) -> dict[str, int]:

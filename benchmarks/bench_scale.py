@@ -45,7 +45,7 @@ from rss import PeakRSS, rss
 
 import resid
 from resid.batching import host_available_bytes
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import ActivationFunction, Binding, Dictionary, Weights, check
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARD_BYTES = 5 * 10**9
@@ -184,11 +184,11 @@ def transcoders(model: resid.Transformer, width: int) -> list[Dictionary]:
     for layer in range(model.config.n_layers):
         g = torch.Generator().manual_seed(layer)
         w_enc = torch.randn(d, width, generator=g)
-        out.append(check(Dictionary(
-            W_enc=w_enc / w_enc.norm(dim=0), b_enc=torch.zeros(width), W_dec=0.02 * torch.randn(width, d, generator=g),
-            b_dec=torch.zeros(d), threshold=torch.full((width,), 2.5), activation="jumprelu",
-            hook_in=f"blocks.{layer}.ln2.hook_normalized", hook_out=f"blocks.{layer}.hook_mlp_out",
-            name=f"random{layer}"), model))
+        weights = Weights(w_enc / w_enc.norm(dim=0), 0.02 * torch.randn(width, d, generator=g), torch.zeros(d),
+                          torch.zeros(width))
+        binding = Binding(f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")
+        out.append(check(Dictionary(weights, ActivationFunction("jumprelu", torch.full((width,), 2.5)),
+                                    binding=binding, name=f"random{layer}"), model))
     return out
 
 

@@ -28,7 +28,7 @@ import resid
 from resid.analyses import graphs
 from resid.analyses.graphs.export import graph_json
 from resid.analyses.graphs.viewer import write_html
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import Binding, Dictionary, Weights, check
 
 PROBE = ("<script>document.body.setAttribute('data-ready-ms', performance.now().toFixed(1));"
          "document.body.setAttribute('data-drawn', document.querySelectorAll('.node').length);</script>")
@@ -45,11 +45,12 @@ def model_and_transcoders(d_sae: int) -> tuple[resid.Transformer, list[Dictionar
             noise = torch.randn(param.shape, generator=g)
             param.copy_(1.0 + 0.2 * noise if name.endswith(".w") else 0.3 * noise)
     d = config.d_model
-    transcoders = [check(Dictionary(
-        W_enc=torch.randn(d, d_sae, generator=g) / d**0.5, b_enc=-0.5 * torch.rand(d_sae, generator=g),
-        W_dec=torch.randn(d_sae, d, generator=g) / d_sae**0.5, b_dec=torch.zeros(d), activation="relu",
-        hook_in=f"blocks.{layer}.ln2.hook_normalized", hook_out=f"blocks.{layer}.hook_mlp_out", name=f"tc{layer}",
-    ), model) for layer in range(config.n_layers)]
+    transcoders = []
+    for layer in range(config.n_layers):
+        W_enc, b_enc = torch.randn(d, d_sae, generator=g) / d**0.5, -0.5 * torch.rand(d_sae, generator=g)
+        weights = Weights(W_enc, torch.randn(d_sae, d, generator=g) / d_sae**0.5, torch.zeros(d), b_enc)
+        binding = Binding(f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")
+        transcoders.append(check(Dictionary(weights, binding=binding, name=f"tc{layer}"), model))
     return model.eval(), transcoders
 
 

@@ -52,7 +52,6 @@ class HookNames(Mapping[str, Tensor]):
     def __init__(self, stream: ResidualStream, model: Transformer):
         self._stream = stream
         self._model = model
-        self._facts = transformerlens.facts(model.config)
         self._n_layers = model.config.n_layers
         self._getters: dict[str, Callable[[], Tensor]] = {}
         rows = transformerlens.of_model(model.config)
@@ -70,12 +69,11 @@ class HookNames(Mapping[str, Tensor]):
         if row.reads == "reciprocal":
             return lambda: 1 / stream.read(site)
         if row.reads == "standardized":
-            first = row.part == "attn" or self._facts["parallel"]  # the norm reads resid_pre
             block = self._model.blocks[layer]
             norm = block.ln_attn if row.part == "attn" else block.ln_mlp
             scale = Site(layer, row.part, field="norm_scale")
-            reads = stream.resid_pre if first else stream.resid_mid
-            return lambda: norm.standardized(reads(layer), stream.read(scale))
+            reads = block.reads(row.part)
+            return lambda: norm.standardized(stream.read(reads), stream.read(scale))
         return lambda: stream.read(site)
 
     def _final(self, row: Name) -> Callable[[], Tensor]:

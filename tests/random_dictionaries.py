@@ -4,7 +4,7 @@ that most activations are zero, checked against the model (so their hook points 
 import torch
 
 import resid
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import ActivationFunction, Binding, Dictionary, Weights, check
 from resid.dictionaries.hooks import hook_point, width
 
 
@@ -17,19 +17,16 @@ def random_dictionary(model: resid.Transformer, hook_in: str, hook_out: str | No
     config = model.config
     d_in = width(hook_point(hook_in, config), config)
     d_out = width(hook_point(hook_out or hook_in, config), config)
-    extra = {}
-    if activation == "jumprelu":
-        extra["threshold"] = torch.rand(d_sae, generator=g) * 0.2
-    if activation == "topk":
-        extra["k"] = 5
+    threshold = torch.rand(d_sae, generator=g) * 0.2 if activation == "jumprelu" else None
+    W_enc = torch.randn(d_in, d_sae, generator=g) / d_in**0.5
+    b_enc = -0.3 * torch.rand(d_sae, generator=g)
+    W_dec = torch.randn(d_sae, d_out, generator=g) / d_sae**0.5
+    b_dec = 0.1 * torch.randn(d_out, generator=g)
+    W_skip = 0.1 * torch.randn(d_in, d_out, generator=g) if skip else None
     dictionary = Dictionary(
-        W_enc=torch.randn(d_in, d_sae, generator=g) / d_in**0.5,
-        b_enc=-0.3 * torch.rand(d_sae, generator=g),
-        W_dec=torch.randn(d_sae, d_out, generator=g) / d_sae**0.5,
-        b_dec=0.1 * torch.randn(d_out, generator=g),
-        W_skip=0.1 * torch.randn(d_in, d_out, generator=g) if skip else None,
-        activation=activation, hook_in=hook_in, hook_out=hook_out or hook_in, name=name or f"{hook_in}/{seed}",
-        **extra, **options,
+        Weights(W_enc, W_dec, b_dec, b_enc, W_skip),
+        ActivationFunction(activation, threshold, 5 if activation == "topk" else None),
+        binding=Binding(hook_in, hook_out or hook_in), name=name or f"{hook_in}/{seed}", **options,
     )
     return check(dictionary, model)
 

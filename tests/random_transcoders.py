@@ -4,7 +4,7 @@ cross-layer transcoder, sparse enough that a few features fire per position, che
 import torch
 
 import resid
-from resid.dictionaries import CrossLayerTranscoder, Dictionary, check
+from resid.dictionaries import ActivationFunction, Binding, CrossLayerTranscoder, Dictionary, Weights, check
 
 
 def mlp_input_hook(model: resid.Transformer, layer: int, standardized: bool = True) -> str:
@@ -21,13 +21,14 @@ def per_layer(model: resid.Transformer, d_sae: int = 40, seed: int = 0, skip_lay
     d = model.config.d_model
     for layer in range(model.config.n_layers):
         g = torch.Generator().manual_seed(seed + layer)
-        extra = {"threshold": 0.1 * torch.rand(d_sae, generator=g)} if activation == "jumprelu" else {}
+        threshold = 0.1 * torch.rand(d_sae, generator=g) if activation == "jumprelu" else None
+        W_enc, b_enc = torch.randn(d, d_sae, generator=g) / d**0.5, -0.3 * torch.rand(d_sae, generator=g)
+        W_dec, b_dec = torch.randn(d_sae, d, generator=g) / d_sae**0.5, 0.1 * torch.randn(d, generator=g)
+        W_skip = 0.1 * torch.randn(d, d, generator=g) if layer == skip_layer else None
         hook_out = f"blocks.{layer}.mlp.hook_out" if before_post_norm else f"blocks.{layer}.hook_mlp_out"
         out.append(check(Dictionary(
-            W_enc=torch.randn(d, d_sae, generator=g) / d**0.5, b_enc=-0.3 * torch.rand(d_sae, generator=g),
-            W_dec=torch.randn(d_sae, d, generator=g) / d_sae**0.5, b_dec=0.1 * torch.randn(d, generator=g),
-            W_skip=0.1 * torch.randn(d, d, generator=g) if layer == skip_layer else None, activation=activation,
-            hook_in=mlp_input_hook(model, layer, standardized), hook_out=hook_out, name=f"tc{layer}", **extra,
+            Weights(W_enc, W_dec, b_dec, b_enc, W_skip), ActivationFunction(activation, threshold),
+            binding=Binding(mlp_input_hook(model, layer, standardized), hook_out), name=f"tc{layer}",
         ), model))
     return out
 

@@ -57,22 +57,22 @@ class Replacement:
 
     def transcoder_input(self, layer: int, resid: Tensor, frozen: Frozen, constants: bool = True) -> Tensor:
         """x: layer's transcoder input [pos d_in] from the residual the MLP reads [pos d_model]."""
-        how = self.transcoders.read(layer)
-        if how == "residual":
+        point = self.transcoders.points_in[layer]
+        if point.site.what != "normalized":  # the residual itself
             return resid.float()
         block = self.model.blocks[layer]
-        return block.frozen_pre("mlp", resid, frozen.values, constants, standardized=how == "standardized")
+        return block.frozen_pre("mlp", resid, frozen.values, constants, standardized=point.standardized)
 
     def transcoder_input_adjoint(self, layer: int, w: Tensor, frozen: Frozen,
                                  positions: Tensor | None = None) -> Tensor:
         """The adjoint of `transcoder_input`'s linear part: from w on the transcoder's input ([... pos d_in], or one
         row per position in `positions`: e.g. encoder columns at their targets' positions) to the residual the MLP
         reads."""
-        how = self.transcoders.read(layer)
-        if how == "residual":
+        point = self.transcoders.points_in[layer]
+        if point.site.what != "normalized":
             return w.float()
         block = self.model.blocks[layer]
-        return block.frozen_pre_adjoint("mlp", w, frozen.values, positions, standardized=how == "standardized")
+        return block.frozen_pre_adjoint("mlp", w, frozen.values, positions, standardized=point.standardized)
 
 
 def replace(model, prompt, transcoders, skip_bos: bool | None = None, capture: Capture | None = None,

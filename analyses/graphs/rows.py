@@ -79,9 +79,7 @@ class RowJob(Job):
 
     @classmethod
     def of(cls, model, rep: Replacement) -> "RowJob":
-        t = rep.transcoders
-        items = (t.clt,) if t.clt is not None else tuple(t.per_layer)
-        return cls(rep.token_ids.cpu(), items, rep.skip_bos, rep.features.cpu(), model.name)
+        return cls(rep.token_ids.cpu(), rep.transcoders.dictionaries, rep.skip_bos, rep.features.cpu(), model.name)
 
     def size(self, batch: Batch) -> int:
         return len(batch)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from resid.analyses.training.coder import Coder, auxk_loss, variance
+from resid.dictionaries import ActivationFunction
 
 
 def batch_top_k(pre: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -71,6 +72,6 @@ class BatchTopKCoder(Coder):
         aux = auxk_loss(self, pre, residual, self.d_out // 2, variance(residual))
         return mse + self.recipe.auxk_alpha * aux, acts, y_hat
 
-    def export_fields(self) -> dict:
+    def exported_activation(self) -> ActivationFunction:
         threshold = float(self.threshold.clamp_min(0))  # never tracked: relu, the threshold 0
-        return {"activation": "jumprelu", "threshold": torch.full((self.d_sae,), threshold)}
+        return ActivationFunction("jumprelu", torch.full((self.d_sae,), threshold))

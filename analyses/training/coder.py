@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from resid.analyses.training.recipe import Recipe
-from resid.dictionaries import Dictionary
+from resid.dictionaries import ActivationFunction, Binding, Dictionary, InputNormalization, Weights
 
 
 def init_seed(seed: int, sites: str | None) -> int:
@@ -149,9 +149,9 @@ class Coder(nn.Module):
             self.W_dec /= self.W_dec.norm(dim=1, keepdim=True)
 
     # --- export ----------------------------------------------------------------------------------------------
-    def export_fields(self) -> dict:
-        """The activation-specific fields of the exported Dictionary (activation, threshold, k)."""
-        return {"activation": self.activation}
+    def exported_activation(self) -> ActivationFunction:
+        """The exported Dictionary's activation function (its kind, thresholds, k)."""
+        return ActivationFunction(self.activation)
 
     def dictionary(self, hook_in: str | None = None, hook_out: str | None = None, name: str = "dictionary",
                    model_name: str | None = None, metadata: dict | None = None) -> Dictionary:
@@ -165,12 +165,11 @@ class Coder(nn.Module):
         if normalize == "expected_average_only_in":  # recorded, and already in the weights
             normalize, metadata["folded_scaling_factors"] = "none", {"in": s_in, "out": s_out}
         return Dictionary(
-            W_enc=take(self.W_enc) * s_in, b_enc=take(self.b_enc), W_dec=take(self.W_dec) / s_out,
-            b_dec=take(self.b_dec) / s_out, W_skip=None if self.W_skip is None else take(self.W_skip) * s_in / s_out,
-            **self.export_fields(), apply_b_dec_to_input=self.apply_b_dec_to_input, normalize_activations=normalize,
-            name=name, format="resid-trained", hook_in=hook_in,
-            hook_out=hook_out if hook_out is not None else hook_in, model_name=model_name, metadata=metadata,
-            transcoder=self.transcoder,
+            Weights(take(self.W_enc) * s_in, take(self.W_dec) / s_out, take(self.b_dec) / s_out, take(self.b_enc),
+                    None if self.W_skip is None else take(self.W_skip) * s_in / s_out),
+            self.exported_activation(), normalization=InputNormalization(normalize, self.apply_b_dec_to_input),
+            binding=Binding(hook_in, hook_out, transcoder=self.transcoder), name=name, format="resid-trained",
+            model_name=model_name, metadata=metadata,
         )
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from resid.analyses.training.coder import Coder, mse
+from resid.dictionaries import ActivationFunction
 
 
 def rectangle(u: Tensor) -> Tensor:
@@ -81,8 +82,8 @@ class JumpReLUCoder(Coder):
         coefficient = self.recipe.l0_coefficient * self.recipe.sparsity_factor(step)
         return mse(y, y_hat) + coefficient * l0, acts, y_hat
 
-    def export_fields(self) -> dict:
-        return {"activation": "jumprelu", "threshold": self.threshold.detach().float().cpu().clone()}
+    def exported_activation(self) -> ActivationFunction:
+        return ActivationFunction("jumprelu", self.threshold.detach().float().cpu().clone())
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         old = f"{prefix}log_threshold"  # a state saved before the threshold was trained as it is

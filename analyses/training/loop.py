@@ -47,7 +47,7 @@ from resid.analyses.training.trainer import Stats, Trainer, step_together
 from resid.batching import available_bytes
 from resid.dictionaries import Dictionary, check
 from resid.dictionaries.formats import saelens
-from resid.dictionaries.hooks import HookPoint, point_of, width
+from resid.dictionaries.hooks import HookPoint, hook_point, point_of, width
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
@@ -63,23 +63,32 @@ BUFFER_SHARE, BUFFER_MOST = 0.25, 2**16
 @dataclass(frozen=True)
 class Spec:
     """One dictionary to train: an SAE reads and reconstructs `site_in`; a transcoder reads `site_in` and predicts
-    `site_out` (with a skip path x @ W_skip if skip). standardized: `site_in` is a norm's output (field
-    "normalized") read before the norm's gain and bias, as TransformerLens's ln2.hook_normalized. Strings are read
-    by Site.parse. `name` names the dictionary (default: its TransformerLens hook, or "<in>-to-<out>")."""
+    `site_out` (with a skip path x @ W_skip if skip). `site_in` is a Site, or a HookPoint where the tensor read is
+    not the Site's record: a norm's output read before the norm's gain and bias (HookPoint.standardized, as
+    TransformerLens's ln2.hook_normalized; resid.dictionaries.hooks.point_of(site, config, standardized=True)).
+    Strings are read by Site.parse, but for a TransformerLens name of a standardized tensor
+    ("blocks.3.ln2.hook_normalized"), which is its HookPoint. `name` names the dictionary (default: its
+    TransformerLens hook, or "<in>-to-<out>")."""
 
-    site_in: Site | str
+    site_in: Site | HookPoint | str
     site_out: Site | str | None = None
     skip: bool = False
     name: str | None = None
-    standardized: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("site_in", "site_out"):
-            value = getattr(self, field)
-            if isinstance(value, str):
-                object.__setattr__(self, field, Site.parse(value))
-            elif value is not None and not isinstance(value, Site):
-                raise ResidError(f"Spec {field} must be a resid.Site or a site label, got {value!r}.")
+        if isinstance(self.site_in, str):
+            object.__setattr__(self, "site_in", _read_in(self.site_in))
+        elif not isinstance(self.site_in, (Site, HookPoint)):
+            raise ResidError(f"Spec site_in must be a resid.Site, a HookPoint or a site label, got {self.site_in!r}.")
+        if isinstance(self.site_out, str):
+            object.__setattr__(self, "site_out", Site.parse(self.site_out))
+        elif self.site_out is not None and not isinstance(self.site_out, Site):
+            raise ResidError(f"Spec site_out must be a resid.Site or a site label, got {self.site_out!r}.")
+
+    @property
+    def reads(self) -> Site:
+        """The Site of the tensor read (a standardized HookPoint's: its norm output's)."""
+        return self.site_in.site if isinstance(self.site_in, HookPoint) else self.site_in
 
     @classmethod
     def transcoder(cls, model: Transformer, layer: int, skip: bool = False) -> "Spec":
@@ -90,27 +99,39 @@ class Spec:
         transcoders."""
         config = model.config
         if not config.pre_norms:
-            site_in, standardized = Site(layer, "resid_pre" if config.block == "parallel" else "resid_mid"), False
-        else:
-            zero_gain = any(not b.ln_mlp.invertible for b in model.blocks if b.ln_mlp is not None)
-            site_in, standardized = Site(layer, "mlp", field="normalized"), not zero_gain
-        return cls(site_in, Site(layer, "mlp"), skip, standardized=standardized)
+            return cls(model.blocks[layer].reads("mlp"), Site(layer, "mlp"), skip)
+        normalized = Site(layer, "mlp", field="normalized")
+        zero_gain = any(not b.ln_mlp.invertible for b in model.blocks if b.ln_mlp is not None)
+        site_in = normalized if zero_gain else point_of(normalized, config, standardized=True)
+        return cls(site_in, Site(layer, "mlp"), skip)
 
     def points(self, model: Transformer) -> tuple[HookPoint, HookPoint | None]:
         """The tensors read, as HookPoints of this model (named by their TransformerLens hooks)."""
-        point_in = point_of(self.site_in, model.config, self.standardized)
+        standardized = isinstance(self.site_in, HookPoint) and self.site_in.standardized
+        point_in = point_of(self.reads, model.config, standardized)
         return point_in, None if self.site_out is None else point_of(self.site_out, model.config)
 
     @property
     def sites(self) -> str:
         """The labels of the Sites read and written ("<in> -> <out>" for a transcoder): with the recipe's seed, they
         seed the dictionary's initial weights."""
-        return self.site_in.label if self.site_out is None else f"{self.site_in.label} -> {self.site_out.label}"
+        return self.reads.label if self.site_out is None else f"{self.reads.label} -> {self.site_out.label}"
 
     def settings(self) -> dict:
-        """The Spec as a checkpoint records it: Site labels."""
-        return {"site_in": self.site_in.label, "site_out": None if self.site_out is None else self.site_out.label,
-                "standardized": self.standardized, "skip": self.skip, "name": self.name}
+        """The Spec as a checkpoint records it: Site labels, and whether the input is read standardized."""
+        return {"site_in": self.reads.label, "site_out": None if self.site_out is None else self.site_out.label,
+                "standardized": isinstance(self.site_in, HookPoint) and self.site_in.standardized, "skip": self.skip,
+                "name": self.name}
+
+
+def _read_in(text: str) -> Site | HookPoint:
+    """A Spec's site_in from a string: the HookPoint of a TransformerLens name of a standardized tensor, else the
+    Site the string labels."""
+    try:
+        point = hook_point(text, None)
+    except ResidError:
+        point = None
+    return point if point is not None and point.standardized else Site.parse(text)
 
 
 def train(
@@ -188,7 +209,7 @@ class TrainingJob(StepJob):
         if len(set(self.names)) < len(self.names):
             raise ResidError(f"Two dictionaries are named alike ({self.names}): give each Spec its own name.")
         points = [p for pair in self.pairs for p in pair if p is not None]
-        labels = [f"{name} (reading {s.site_in.label})" for name, s in zip(self.names, specs)]
+        labels = [f"{name} (reading {s.reads.label})" for name, s in zip(self.names, specs)]
         _check_sizes(model, recipe, self.pairs, labels, torch.device(device) if device is not None else model.device)
         self.source = Activations(model, texts, points, recipe.batch_size, window, forward_batch, buffer_tokens,
                                   keep_bos, recipe.seed, device, autocast, max_norm_ratio)

@@ -37,7 +37,6 @@ and on Ray workers.
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pandas as pd
 import torch
@@ -57,6 +56,7 @@ from resid.analyses.training.evaluation import Totals, nll, scored_positions, tr
 from resid.analyses.training.splice import splice_at, splice_clt_at
 from resid.dictionaries import CrossLayerTranscoder
 from resid.dictionaries.check import on_device
+from resid.dictionaries.transcoders import MLPTranscoders, replacing_mlps
 from resid.errors import ResidError
 from resid.model import Transformer
 
@@ -98,7 +98,7 @@ def evaluate_replacements(
         raise ResidError("prompts= takes non-empty texts, one graph each (e.g. ['The Eiffel Tower is in the city "
                          "of']).")
     pieces, batches = window_batches(model, corpus, window, max_windows, execution)
-    items = {name: t.clt if t.clt is not None else tuple(t.per_layer) for name, t in checked.items()}
+    items = {name: t.dictionaries for name, t in checked.items()}
     job = ReplacementEvaluation(items, model.require_tokenizer().pad_token_id, keep_bos, max_norm_ratio,
                                 max_feature_nodes, keep_graphs,
                                 [("windows", batch) for batch in batches] + [("prompt", p) for p in prompts])
@@ -122,9 +122,9 @@ def evaluate_replacements(
 
 
 def _kind(t: Transcoders) -> str:
-    if t.clt is not None:
+    if isinstance(t.replacing, CrossLayerTranscoder):
         return "cross-layer"
-    return "skip" if all(d.W_skip is not None for d in t.per_layer) else "per-layer"
+    return "skip" if all(d.W_skip is not None for d in t.dictionaries) else "per-layer"
 
 
 def _pooled(per_layer: list[Totals], metrics: list[dict], whole: dict) -> dict:
@@ -154,7 +154,7 @@ class ReplacementEvaluation(Job):
     cross-entropies, then each layer's reconstruction; chunks ("prompt", text) give each replacement's graph scores
     for that prompt. `finish` adds the Totals up in chunk order and lists the scores in prompt order."""
 
-    replacements: dict  # name -> a CrossLayerTranscoder or a tuple of per-layer transcoders (layer order, checked)
+    replacements: dict  # name -> its checked dictionaries: (the CrossLayerTranscoder,) or per-layer, in layer order
     pad: int
     keep_bos: bool
     max_norm_ratio: float | None
@@ -170,8 +170,8 @@ class ReplacementEvaluation(Job):
         return planned
 
     def setup(self, model: Transformer) -> tuple:
-        return model, {name: on_device([items], model)[0] if isinstance(items, CrossLayerTranscoder)
-                       else on_device(items, model) for name, items in self.replacements.items()}
+        return model, {name: replacing_mlps(model, on_device(items, model))
+                       for name, items in self.replacements.items()}
 
     @torch.no_grad()
     def run(self, state: tuple, chunk: tuple) -> Iterator[tuple[str, object]]:
@@ -186,9 +186,8 @@ class ReplacementEvaluation(Job):
         targets = tokens.ids[:, 1:][scored[:, :-1]]
         out, clean_logp = {}, None
         for name, items in replacements.items():
-            dictionaries = [items] if isinstance(items, CrossLayerTranscoder) else list(items)
-            clean = model.run(tokens, dictionaries=dictionaries)
-            records = _layer_records(clean, items)
+            clean = model.run(tokens, dictionaries=list(items.dictionaries))
+            records = [items.layer_record(clean, layer) for layer in range(items.n_layers)]
             where = [trained_on(record, valid, self.max_norm_ratio) for record in records]
             totals = [Totals(record.error.shape[-1], record.acts.shape[-1]) for record in records]
             for total, record, here in zip(totals, records, where, strict=True):
@@ -207,7 +206,7 @@ class ReplacementEvaluation(Job):
         yield kind, out
 
     def _graph(self, model: Transformer, prompt: str, items) -> dict:
-        graph = attribute(model, prompt, items, max_feature_nodes=self.max_feature_nodes)
+        graph = attribute(model, prompt, list(items.dictionaries), max_feature_nodes=self.max_feature_nodes)
         replacement, completeness = graph.scores()
         return {"replacement": replacement, "completeness": completeness, "features": graph.n_features,
                 "graph": graph if self.keep_graphs else None}
@@ -230,17 +229,9 @@ class ReplacementEvaluation(Job):
         return totals, graphs
 
 
-def _layer_records(run, items) -> list:
-    """Per layer, what its transcoder computed in an observing run: reconstruction, error and activations."""
-    if isinstance(items, CrossLayerTranscoder):
-        found = run.dictionaries[items.name]
-        return [SimpleNamespace(reconstruction=found.reconstruction[layer], error=found.error[layer],
-                                acts=found.layer_acts(layer)) for layer in range(items.n_layers)]
-    return [run.dictionaries[d.name] for d in items]
-
-
-def _splices(model: Transformer, items, where: list[Tensor], zero: bool = False) -> list:
+def _splices(model: Transformer, items: MLPTranscoders, where: list[Tensor], zero: bool = False) -> list:
     """Every layer's MLP write replaced at once (by its reconstruction, or zeros) where where[layer] is True."""
     if isinstance(items, CrossLayerTranscoder):
         return splice_clt_at(model, items, where, zero=zero)
-    return [hook for d, here in zip(items, where, strict=True) for hook in splice_at(model, d, here, zero=zero)]
+    return [hook for d, here in zip(items.dictionaries, where, strict=True)
+            for hook in splice_at(model, d, here, zero=zero)]

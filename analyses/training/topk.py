@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from resid.analyses.training.coder import Coder, auxk_loss, variance
+from resid.dictionaries import ActivationFunction
 
 
 def top_k(pre: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -45,5 +46,5 @@ class TopKCoder(Coder):
         aux = auxk_loss(self, pre, (y - y_hat).detach(), k_aux, total)
         return fvu + self.recipe.auxk_alpha * scale * aux, acts, y_hat
 
-    def export_fields(self) -> dict:
-        return {"activation": "topk", "k": self.recipe.k}
+    def exported_activation(self) -> ActivationFunction:
+        return ActivationFunction("topk", k=self.recipe.k)

@@ -8,6 +8,7 @@ against the model they are applied to.
                                   model=model)                     # SAELens's names (resid.dictionaries.releases)
     acts, reconstruction = sae(x)                                  # x: [... d_in], acts: [... feature]
     sae.site_in                                                    # the resid Site its hook reads
+
     run = model.run(prompts, dictionaries=[sae, Splice(transcoder)])  # observe one, splice the other
     run.dictionaries[sae.name].acts, .reconstruction, .error       # [batch pos feature], [batch pos d_out]
     run = model.run(prompts, dictionaries=[Splice(clt)])           # a cross-layer transcoder replaces every MLP
@@ -21,11 +22,12 @@ resid.dictionaries.hooks for hook names -> sites, resid.dictionaries.check for t
 from resid.dictionaries.attach import Observe, Splice, feature_edits
 from resid.dictionaries.check import check
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, InputNormalization, Weights
 from resid.dictionaries.edits import feature_site, named
 from resid.dictionaries.encoded import CrossLayerEncoded, Encoded
 from resid.dictionaries.hooks import HookPoint, hook_point
 from resid.dictionaries.load import detect, load
 
-__all__ = ["CrossLayerEncoded", "CrossLayerTranscoder", "Dictionary", "Encoded", "HookPoint", "Observe", "Splice",
-           "check", "detect", "feature_edits", "feature_site", "hook_point", "load", "named"]
+__all__ = ["ActivationFunction", "Binding", "CrossLayerEncoded", "CrossLayerTranscoder", "Dictionary", "Encoded",
+           "HookPoint", "InputNormalization", "Observe", "Splice", "Weights", "check", "detect", "feature_edits",
+           "feature_site", "hook_point", "load", "named"]

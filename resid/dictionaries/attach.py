@@ -212,12 +212,12 @@ def _use(item, model) -> Observe | Splice:
         raise ResidError(f"Cross-layer transcoder {d.name!r}: Splice(edit=...) edits per-layer dictionaries only.")
     if use.storage not in STORAGES:
         raise ResidError(f"storage must be one of {', '.join(STORAGES)}, got {use.storage!r}.")
-    ensure(d, model)  # loaded without a model, or checked against another: its widths and sites for this one
+    d = ensure(d, model)  # loaded without a model, or checked against another: its widths and sites for this one
     for point in _points(d):
         if point.before_post_norm:
             raise ResidError(f"Dictionary {d.name!r} reads {point.name!r}, {point.site.label} before its post-norm, "
                              "which resid does not record (it records the write after the post-norm).")
-    return use
+    return use if d is use.dictionary else dataclasses.replace(use, dictionary=d)
 
 
 def _refuse_uninvertible(uses: list[Observe | Splice], model) -> None:

@@ -15,14 +15,17 @@ wrong decomposition.
 4. TransformerLens processing: a SAELens dictionary trained on a processed model (center_writing_weights,
    fold_value_biases in its model_from_pretrained_kwargs) reads other tensors than resid's unprocessed model has.
 
-A run checks every dictionary it attaches (`ensure`), once per (dictionary, model): a dictionary loaded without a
-model, or checked against another one, is never applied to a model it does not fit (which would otherwise be a raw
-size-mismatch error from inside the pass, or a wrong site).
+`check` returns a new value, the checked dictionary: the same weights (shared, not copied) with its hooks mapped
+onto this model's sites and the model (name, config) they were checked against (`checked`); the dictionary given
+is left as it was. A run checks every dictionary it attaches (`ensure`), which returns a dictionary already checked
+against a model of this name and config as it is: a dictionary loaded without a model, or checked against another
+one, is never applied to a model it does not fit (which would otherwise be a raw size-mismatch error from inside
+the pass, or a wrong site).
 """
 
 import copy
+import dataclasses
 import re
-import weakref
 
 from resid.config import ModelConfig
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
@@ -38,8 +41,9 @@ SIZE_WORDS = ("small", "medium", "large", "xl")
 
 
 def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | CrossLayerTranscoder:
-    """Check `dictionary` against `model` (a resid.Transformer) and record where its hooks read
-    (point_in / point_out, or points_in / points_out of a cross-layer transcoder). Returns the dictionary."""
+    """The checked dictionary: `dictionary` checked against `model` (a resid.Transformer), as a new value whose
+    hooks are mapped onto the model's sites (point_in / point_out, or points_in / points_out of a cross-layer
+    transcoder), sharing its weights. `dictionary` itself is unchanged."""
     config: ModelConfig = model.config
     _check_name(dictionary, getattr(model, "name", None))
     if isinstance(dictionary, CrossLayerTranscoder):
@@ -47,39 +51,41 @@ def check(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | 
             raise ResidError(f"Cross-layer transcoder {dictionary.name!r} spans {dictionary.n_layers} layers, but "
                              f"model {model.name!r} has {config.n_layers}.")
         layers = range(config.n_layers)
-        dictionary.points_in = tuple(_point(dictionary, at_layer(l, dictionary.hook_in), config, None, model,
-                                            dictionary.d_in, "d_in") for l in layers)
-        dictionary.points_out = tuple(_point(dictionary, at_layer(l, dictionary.hook_out), config, None, model,
-                                             dictionary.d_out, "d_out") for l in layers)
-        _CHECKED[dictionary] = weakref.ref(model)
-        return dictionary
+        points_in = tuple(_point(dictionary, at_layer(l, dictionary.hook_in), config, None, model, dictionary.d_in,
+                                 "d_in") for l in layers)
+        points_out = tuple(_point(dictionary, at_layer(l, dictionary.hook_out), config, None, model,
+                                  dictionary.d_out, "d_out") for l in layers)
+        return dictionary.bound(points_in, points_out, checked_for(model))
     head = dictionary.metadata.get("hook_head_index")
     point_in = _point(dictionary, dictionary.hook_in, config, head, model, dictionary.d_in, "d_in")
     point_out = point_in if not dictionary.is_transcoder else _point(
         dictionary, dictionary.hook_out, config, dictionary.metadata.get("hook_head_index_out"), model,
         dictionary.d_out, "d_out")
     _check_processing(dictionary, (point_in, point_out), config)
-    dictionary.point_in, dictionary.point_out = point_in, point_out
-    _CHECKED[dictionary] = weakref.ref(model)
-    return dictionary
+    return dictionary.bound(dataclasses.replace(dictionary.binding, point_in=point_in, point_out=point_out,
+                                                checked=checked_for(model)))
 
 
-# dictionary -> the model it was last checked against (weak both ways: neither is kept alive by the check)
-_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def checked_for(model) -> tuple:
+    """What a check depends on, recorded in the checked dictionary: the model's name and config."""
+    return getattr(model, "name", None), model.config
+
+
+def is_checked(dictionary: Dictionary | CrossLayerTranscoder, model) -> bool:
+    """Whether `dictionary` is a checked dictionary of a model with `model`'s name and config."""
+    checked = dictionary.checked if isinstance(dictionary, CrossLayerTranscoder) else dictionary.binding.checked
+    return checked is not None and checked[0] == getattr(model, "name", None) and checked[1] == model.config
 
 
 def ensure(dictionary: Dictionary | CrossLayerTranscoder, model) -> Dictionary | CrossLayerTranscoder:
-    """`check(dictionary, model)` unless the dictionary was last checked against this very model. A dictionary
-    built in code with its points but no hook names is checked by its widths."""
-    seen = _CHECKED.get(dictionary)
-    if seen is not None and seen() is model:
+    """`dictionary` if it is checked against a model of this name and config, else `check(dictionary, model)`.
+    A dictionary built in code with its points but no hook names is checked by its widths."""
+    if is_checked(dictionary, model):
         return dictionary
     if isinstance(dictionary, Dictionary) and dictionary.hook_in is None and dictionary.point_in is not None:
         _check_widths(dictionary, model)
-    else:
-        check(dictionary, model)
-    _CHECKED[dictionary] = weakref.ref(model)
-    return dictionary
+        return dictionary.bound(dataclasses.replace(dictionary.binding, checked=checked_for(model)))
+    return check(dictionary, model)
 
 
 def _check_widths(dictionary: Dictionary, model) -> None:

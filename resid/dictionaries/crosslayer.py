@@ -18,7 +18,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from resid.dictionaries.dictionary import float32, product
+from resid.dictionaries.dictionary import float32, product, shared
+from resid.dictionaries.encoded import LayerRecord
 from resid.dictionaries.hooks import HookPoint
 from resid.errors import ResidError
 
@@ -51,8 +52,11 @@ class CrossLayerTranscoder(nn.Module):
         self.hook_in, self.hook_out = hook_in, hook_out  # per layer, as the file says (e.g. "hook_resid_mid")
         self.model_name = model_name
         self.metadata = dict(metadata or {})
-        self.points_in: tuple[HookPoint, ...] | None = None  # per layer, set when checked against a model
+        # per layer, set by resid.dictionaries.check (see `bound`), with the model (name, config) they were checked
+        # against
+        self.points_in: tuple[HookPoint, ...] | None = None
         self.points_out: tuple[HookPoint, ...] | None = None
+        self.checked: tuple | None = None
         self.W_enc, self.b_enc, self.b_dec = nn.Parameter(W_enc), nn.Parameter(b_enc), nn.Parameter(b_dec)
         self.W_dec = nn.ParameterList([nn.Parameter(w) for w in W_dec])
         self.threshold = nn.Parameter(threshold) if threshold is not None else None
@@ -79,6 +83,18 @@ class CrossLayerTranscoder(nn.Module):
             problems.append("activation 'jumprelu' needs threshold")
         if problems:
             raise ResidError(f"Cross-layer transcoder {self.name!r} is malformed: " + "; ".join(problems) + ".")
+
+    def bound(self, points_in: tuple[HookPoint, ...], points_out: tuple[HookPoint, ...],
+              checked: tuple) -> "CrossLayerTranscoder":
+        """A new CLT whose hooks are `points_in` / `points_out` of the model `checked` names, sharing this one's
+        weights (resid.dictionaries.dictionary.shared); this one is unchanged."""
+        clt = CrossLayerTranscoder(
+            W_enc=shared(self.W_enc), b_enc=shared(self.b_enc), W_dec=[shared(w) for w in self.W_dec],
+            b_dec=shared(self.b_dec), activation=self.activation, threshold=shared(self.threshold),
+            W_skip=shared(self.W_skip), name=self.name, format=self.format, hook_in=self.hook_in,
+            hook_out=self.hook_out, model_name=self.model_name, metadata=self.metadata)
+        clt.points_in, clt.points_out, clt.checked = tuple(points_in), tuple(points_out), checked
+        return clt
 
     def __repr__(self) -> str:
         return (f"CrossLayerTranscoder({self.name!r}, {self.format}, {self.activation}, n_layers={self.n_layers}, "
@@ -127,6 +143,36 @@ class CrossLayerTranscoder(nn.Module):
     ) -> tuple[Float[Tensor, "layer *batch feature"], Float[Tensor, "layer *batch d_out"]]:
         acts = self.encode(x)
         return acts, self.decode(acts, x)
+
+    # --- the transcoder protocol (resid.dictionaries.transcoders.MLPTranscoders) --------------------------------
+    @property
+    def dictionaries(self) -> tuple["CrossLayerTranscoder"]:
+        return (self,)
+
+    def encoder(self, layer: int) -> Float[Tensor, "d_in feature"]:
+        return self.W_enc[layer]
+
+    def pre_activations(self, layer: int, x: Float[Tensor, "*batch d_in"]) -> Float[Tensor, "*batch feature"]:
+        """Source layer `layer`'s pre-activations x @ W_enc[layer] + b_enc[layer], in float32."""
+        return product(float32(x), float32(self.W_enc[layer])) + float32(self.b_enc[layer])
+
+    def decoder(self, source: int, target: int) -> Float[Tensor, "feature d_out"]:
+        return self.W_dec[source][:, target - source]
+
+    def targets(self, source: int) -> range:
+        return range(source, self.n_layers)
+
+    def decoder_bias(self, target: int) -> Float[Tensor, "d_out"]:
+        return self.b_dec[target]
+
+    def skip(self, target: int) -> Float[Tensor, "d_in d_out"] | None:
+        return None if self.W_skip is None else self.W_skip[target]
+
+    def layer_record(self, run, layer: int) -> LayerRecord:
+        """Layer `layer`'s record in `run`."""
+        found = run.dictionaries[self.name]
+        return LayerRecord(found.layer_acts(layer), found.reconstruction[layer], found.error[layer],
+                           found.input[layer])
 
     def _check_layers(self, tensor: Tensor, what: str) -> None:
         if tensor.shape[0] != self.n_layers:

@@ -38,6 +38,8 @@ the biases and thresholds; the input normalization. ReLU encoders and every deco
 products follow the rule. Results are returned in the input's dtype.
 """
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -73,60 +75,141 @@ def product(x: Tensor, w: Tensor) -> Tensor:
     return float32(x.to(dtype) @ w.to(dtype))
 
 
+@dataclass(frozen=True)
+class Weights:
+    """The tensors every dictionary reads and writes with: pre = x' @ W_enc + b_enc, x^ = a @ W_dec + b_dec
+    (+ x @ W_skip, the skip path of a skip transcoder). b_enc is None only for gated SAEs (see ActivationFunction)."""
+
+    W_enc: Float[Tensor, "d_in feature"]
+    W_dec: Float[Tensor, "feature d_out"]
+    b_dec: Float[Tensor, "d_out"]
+    b_enc: Float[Tensor, "feature"] | None = None
+    W_skip: Float[Tensor, "d_in d_out"] | None = None
+
+
+@dataclass(frozen=True)
+class ActivationFunction:
+    """Which features fire, and how much (see the module docstring): `kind` with what it needs, the JumpReLU
+    thresholds, TopK's k, or the gated SAE's gate bias and magnitude path (b_gate, b_mag, r_mag)."""
+
+    kind: Activation = "relu"
+    threshold: Float[Tensor, "feature"] | None = None
+    k: int | None = None
+    b_gate: Float[Tensor, "feature"] | None = None
+    b_mag: Float[Tensor, "feature"] | None = None
+    r_mag: Float[Tensor, "feature"] | None = None
+
+
+@dataclass(frozen=True)
+class InputNormalization:
+    """What is done to the input before it is encoded, and undone on the reconstruction: SAELens's
+    normalize_activations (`kind`), and apply_b_dec_to_input (x' = normalize(x) - b_dec)."""
+
+    kind: Normalization = "none"
+    apply_b_dec_to_input: bool = False
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where a dictionary reads and writes. hook_in / hook_out: the hooks as its file names them (hook_out None:
+    hook_in, an SAE). point_in / point_out: those hooks as HookPoints of a model (resid Sites), set by
+    resid.dictionaries.check, which also records in `checked` the model (name, config) they were checked against.
+    transcoder: whether it predicts another tensor than it reads (None: when the hooks differ, it has a skip path
+    or the widths differ)."""
+
+    hook_in: str | None = None
+    hook_out: str | None = None
+    point_in: HookPoint | None = None
+    point_out: HookPoint | None = None
+    transcoder: bool | None = None
+    checked: tuple | None = None  # (model name, ModelConfig) of the check that set the points
+
+
+def shared(value: Tensor | None) -> Tensor | None:
+    """`value`'s storage as a plain tensor (None for None), which a constructor wraps in a new Parameter: a
+    dictionary made from another one (a checked dictionary, resid.dictionaries.check) shares its weights, never
+    copies them, and moving or replacing its Parameters leaves the other's alone."""
+    return None if value is None else value.detach()
+
+
 class Dictionary(nn.Module):
     """A sparse autoencoder (hook_out == hook_in) or transcoder (it reads hook_in and predicts hook_out).
 
-    Build one with a format reader or `resid.dictionaries.load`; the constructor checks every shape."""
+    Build one with a format reader or `resid.dictionaries.load`; the constructor checks every shape. The four
+    values it is made of (Weights, ActivationFunction, InputNormalization, Binding) are kept as the module's flat
+    fields (W_enc, threshold, k, normalize_activations, hook_in, point_in, ...), which every reader reads;
+    `activation` is the ActivationFunction's kind."""
 
     def __init__(
         self,
+        weights: Weights,
+        activation: ActivationFunction = ActivationFunction(),
         *,
-        W_enc: Float[Tensor, "d_in feature"],
-        W_dec: Float[Tensor, "feature d_out"],
-        b_dec: Float[Tensor, "d_out"],
-        activation: Activation,
-        b_enc: Float[Tensor, "feature"] | None = None,
-        threshold: Float[Tensor, "feature"] | None = None,
-        k: int | None = None,
-        b_gate: Float[Tensor, "feature"] | None = None,
-        b_mag: Float[Tensor, "feature"] | None = None,
-        r_mag: Float[Tensor, "feature"] | None = None,
-        W_skip: Float[Tensor, "d_in d_out"] | None = None,
-        apply_b_dec_to_input: bool = False,
-        normalize_activations: Normalization = "none",
+        normalization: InputNormalization = InputNormalization(),
+        binding: Binding = Binding(),
         name: str = "dictionary",
         format: str = "custom",
-        hook_in: str | None = None,
-        hook_out: str | None = None,
         model_name: str | None = None,
-        point_in: HookPoint | None = None,
-        point_out: HookPoint | None = None,
         metadata: dict | None = None,
-        transcoder: bool | None = None,
     ):
         super().__init__()
-        d_in, d_sae = W_enc.shape
-        d_out = W_dec.shape[-1]
+        d_in, d_sae = weights.W_enc.shape
+        d_out = weights.W_dec.shape[-1]
         self.d_in, self.d_out, self.d_sae = int(d_in), int(d_out), int(d_sae)
-        self.activation = activation
-        self.k = k
-        self.apply_b_dec_to_input = apply_b_dec_to_input
-        self.normalize_activations = normalize_activations
+        self.activation = activation.kind
+        self.k = activation.k
+        self.apply_b_dec_to_input = normalization.apply_b_dec_to_input
+        self.normalize_activations = normalization.kind
         self.name, self.format = name, format  # what was loaded, and the format it was read as
-        self.hook_in, self.hook_out = hook_in, hook_out if hook_out is not None else hook_in  # as the file says
+        self.binding = dataclasses.replace(binding, hook_out=binding.hook_out if binding.hook_out is not None
+                                           else binding.hook_in)
         self.model_name = model_name  # the model the file says it was trained on (None if it does not say)
-        self.point_in, self.point_out = point_in, point_out  # the hooks mapped onto resid sites (HookPoint)
         self.metadata = dict(metadata or {})  # what else the file records (provenance, training settings)
-        # a transcoder reads one tensor and predicts another; by default: the file names two hooks, has a skip
-        # path, or the widths differ
-        self._transcoder = transcoder
-        self.W_enc = nn.Parameter(W_enc)
-        self.W_dec = nn.Parameter(W_dec)
-        self.b_dec = nn.Parameter(b_dec)
-        for field, value in (("b_enc", b_enc), ("threshold", threshold), ("b_gate", b_gate), ("b_mag", b_mag),
-                             ("r_mag", r_mag), ("W_skip", W_skip)):
+        for field in ("W_enc", "W_dec", "b_dec", "b_enc", "W_skip"):
+            value = getattr(weights, field)
+            setattr(self, field, nn.Parameter(value) if value is not None else None)
+        for field in ("threshold", "b_gate", "b_mag", "r_mag"):
+            value = getattr(activation, field)
             setattr(self, field, nn.Parameter(value) if value is not None else None)
         self._validate()
+
+    @property
+    def weights(self) -> Weights:
+        return Weights(self.W_enc, self.W_dec, self.b_dec, self.b_enc, self.W_skip)
+
+    @property
+    def activation_function(self) -> ActivationFunction:
+        return ActivationFunction(self.activation, self.threshold, self.k, self.b_gate, self.b_mag, self.r_mag)
+
+    @property
+    def normalization(self) -> InputNormalization:
+        return InputNormalization(self.normalize_activations, self.apply_b_dec_to_input)
+
+    def bound(self, binding: Binding) -> "Dictionary":
+        """A new Dictionary with `binding`, sharing this one's weights (see `shared`); this one is unchanged."""
+        weights = Weights(*(shared(w) for w in (self.W_enc, self.W_dec, self.b_dec, self.b_enc, self.W_skip)))
+        function = self.activation_function
+        activation = dataclasses.replace(function, **{f: shared(getattr(function, f)) for f in
+                                                      ("threshold", "b_gate", "b_mag", "r_mag")})
+        return Dictionary(weights, activation, normalization=self.normalization, binding=binding, name=self.name,
+                          format=self.format, model_name=self.model_name, metadata=self.metadata)
+
+    @property
+    def hook_in(self) -> str | None:
+        return self.binding.hook_in
+
+    @property
+    def hook_out(self) -> str | None:
+        return self.binding.hook_out
+
+    @property
+    def point_in(self) -> HookPoint | None:
+        """The hook it reads mapped onto a resid Site (None until checked against a model)."""
+        return self.binding.point_in
+
+    @property
+    def point_out(self) -> HookPoint | None:
+        return self.binding.point_out
 
     def _validate(self) -> None:
         where = f"Dictionary {self.name!r}"
@@ -161,8 +244,8 @@ class Dictionary(nn.Module):
     @property
     def is_transcoder(self) -> bool:
         """It predicts another tensor than the one it reads."""
-        if self._transcoder is not None:
-            return self._transcoder
+        if self.binding.transcoder is not None:
+            return self.binding.transcoder
         return self.hook_out != self.hook_in or self.W_skip is not None or self.d_out != self.d_in
 
     @property

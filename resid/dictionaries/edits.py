@@ -62,7 +62,7 @@ def find(model, dictionaries: Sequence, site: Site) -> Dictionary:
         if not isinstance(d, Dictionary) or site.dictionary not in (None, d.name):
             continue
         if d.point_in is None:
-            check(d, model)
+            d = check(d, model)
         at = d.point_out.site
         if (at.layer, at.part) == (site.layer, site.part):
             found.append(d)
@@ -83,7 +83,7 @@ def named(d: Dictionary, dictionaries: Sequence) -> str | None:
     reconstructs the same site (so that their labels never collide), else None (the label names the site alone)."""
     others = [item.dictionary if isinstance(item, (Observe, Splice)) else item for item in dictionaries]
     at = d.point_out.site.reconstructed
-    clash = any(o is not d and isinstance(o, Dictionary) and o.point_out is not None
+    clash = any(isinstance(o, Dictionary) and o.name != d.name and o.point_out is not None
                 and o.point_out.site.reconstructed == at for o in others)
     return d.name if clash else None
 

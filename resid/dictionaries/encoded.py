@@ -65,6 +65,17 @@ def _sparse(acts: Tensor, count: int) -> Tensor:
 
 
 @dataclass(frozen=True)
+class LayerRecord:
+    """What one layer's transcoder computed in a run, whatever the kind of transcoders (the transcoder protocol,
+    resid.dictionaries.transcoders): its activations, reconstruction, error and input, [batch pos ...]."""
+
+    acts: Float[Tensor, "batch pos feature"]
+    reconstruction: Float[Tensor, "batch pos d_out"]
+    error: Float[Tensor, "batch pos d_out"]
+    input: Float[Tensor, "batch pos d_in"]
+
+
+@dataclass(frozen=True)
 class Encoded:
     """One dictionary's record of a run. reconstruction + error is the tensor the dictionary reconstructs (its
     hook_out), exactly up to the float rounding of one subtraction; reconstruction is

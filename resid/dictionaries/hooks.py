@@ -223,8 +223,7 @@ def read(run, model, point: HookPoint) -> Tensor:
                          "records the write after the post-norm).")
     if point.standardized:
         stream = run.stream
-        first = site.part == "attn" or model.config.block == "parallel"  # the norm reads resid_pre
-        reads = stream.resid_pre(site.layer) if first else stream.resid_mid(site.layer)
+        reads = stream.read(model.blocks[site.layer].reads(site.part))
         record = getattr(stream.layers[site.layer], site.part)
         return point.norm(model).standardized(reads, record.norm_scale)
     value = run.read(site)

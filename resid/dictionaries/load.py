@@ -23,6 +23,7 @@ SAE.from_pretrained(release, sae_id) takes) is resolved to its Hub repo and fold
 then downloaded and read the same way.
 """
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -125,14 +126,12 @@ def load(path: str | Path, model=None, *, sae_id: str | None = None, hook: str |
         if len(dictionaries) != 1 or isinstance(found, CrossLayerTranscoder):
             raise ResidError(f"hook= names the hook of one dictionary; {folder} holds several (their files name "
                              "their hooks).")
-        _override_hooks(dictionaries[0], hook, hook_out)
-    for dictionary in dictionaries:
-        if model is not None:
-            check(dictionary, model)
-            dictionary.to(model.device)
-        elif isinstance(dictionary, Dictionary):
-            _map_without_model(dictionary)
-    return found
+        dictionaries = [_override_hooks(dictionaries[0], hook, hook_out)]
+    if model is not None:
+        dictionaries = [check(dictionary, model).to(model.device) for dictionary in dictionaries]
+    else:
+        dictionaries = [_map_without_model(d) if isinstance(d, Dictionary) else d for d in dictionaries]
+    return dictionaries if isinstance(found, list) else dictionaries[0]
 
 
 def _release(release: str, sae_id: str, hook: str | None,
@@ -165,27 +164,30 @@ def _load_many(folder: Path, model, hook: str | None, hook_out: str | None,
     return found
 
 
-def _override_hooks(dictionary: Dictionary, hook: str | None, hook_out: str | None) -> None:
+def _override_hooks(dictionary: Dictionary, hook: str | None, hook_out: str | None) -> Dictionary:
     said = [name for name, value in (("hook", dictionary.hook_in), ("hook_out", dictionary.hook_out))
             if value is not None and (hook if name == "hook" else hook_out) not in (None, value)]
     if said:
         raise ResidError(f"Dictionary {dictionary.name!r} already names its hooks ({dictionary.hook_in!r} -> "
                          f"{dictionary.hook_out!r}); {said[0]}= may only fill in a hook the file does not say.")
     transcoder = dictionary.is_transcoder or (hook_out is not None and hook_out != (hook or dictionary.hook_in))
-    dictionary.hook_in = hook or dictionary.hook_in
-    dictionary.hook_out = hook_out or dictionary.hook_out or dictionary.hook_in
-    dictionary._transcoder = transcoder
+    hook_in = hook or dictionary.hook_in
+    return dictionary.bound(dataclasses.replace(dictionary.binding, hook_in=hook_in,
+                                                hook_out=hook_out or dictionary.hook_out or hook_in,
+                                                transcoder=transcoder))
 
 
-def _map_without_model(dictionary: Dictionary) -> None:
-    """Sites of hooks that map without a model's config; left None otherwise (load with a model to map and check
-    every hook)."""
+def _map_without_model(dictionary: Dictionary) -> Dictionary:
+    """The dictionary with the sites of hooks that map without a model's config; left None otherwise (load with a
+    model to map and check every hook)."""
     head = dictionary.metadata.get("hook_head_index")
+    points = {}
     for attribute, hook in (("point_in", dictionary.hook_in), ("point_out", dictionary.hook_out)):
         try:
-            setattr(dictionary, attribute, hook_point(hook, None, head) if hook is not None else None)
+            points[attribute] = hook_point(hook, None, head) if hook is not None else None
         except ResidError:
-            setattr(dictionary, attribute, None)
+            points[attribute] = None
+    return dictionary.bound(dataclasses.replace(dictionary.binding, **points))
 
 
 def _local(path: str | Path) -> Path:

@@ -16,6 +16,7 @@ import resid
 import resid.dictionaries
 from resid.analyses import graphs
 from resid.analyses.cli.main import main
+from resid.dictionaries import Binding, Weights
 from resid.dictionaries.formats import saelens
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dictionaries" / "circuit_tracer"
@@ -55,10 +56,10 @@ def test_graph_reads_a_folder_of_saelens_transcoders(folder, tmp_path, capsys) -
     g = torch.Generator().manual_seed(0)
     loaded = []
     for layer in range(model.config.n_layers):
+        W_enc, b_enc = torch.randn(d, 32, generator=g) / d**0.5, -0.3 * torch.rand(32, generator=g)
         transcoder = resid.dictionaries.Dictionary(
-            W_enc=torch.randn(d, 32, generator=g) / d**0.5, b_enc=-0.3 * torch.rand(32, generator=g),
-            W_dec=torch.randn(32, d, generator=g) / 32**0.5, b_dec=torch.zeros(d), activation="relu",
-            hook_in=f"blocks.{layer}.ln2.hook_normalized", hook_out=f"blocks.{layer}.hook_mlp_out", name=f"t{layer}")
+            Weights(W_enc, torch.randn(32, d, generator=g) / 32**0.5, torch.zeros(d), b_enc),
+            binding=Binding(f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out"), name=f"t{layer}")
         saelens.write(transcoder, tmp_path / "set" / f"layer_{layer}")
         loaded.append(resid.dictionaries.check(transcoder, model))
     assert main(["graph", PROMPT, "--model", str(folder), "--transcoders", str(tmp_path / "set")]) == 0

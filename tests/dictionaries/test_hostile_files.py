@@ -215,7 +215,8 @@ def test_the_undamaged_fixtures_load(tmp_path: Path) -> None:
 
 def test_a_dictionary_loaded_without_a_model_is_checked_when_a_run_attaches_it(monkeypatch) -> None:
     """Loaded without a model, the 48-wide SAE is refused by a 32-wide model's run with the width error (it was a
-    raw size-mismatch RuntimeError from inside the pass); a fitting dictionary is checked once per model."""
+    raw size-mismatch RuntimeError from inside the pass). Checking returns a value and leaves the dictionary given
+    unchecked, so each run checks it again; a dictionary checked for this model is never checked again."""
     sae = resid.dictionaries.load(DATA / "saelens" / "standard")
     narrow = make_random_model("llama_gqa")
     with pytest.raises(ResidError, match=r"Dictionary 'standard' \(saelens\) has d_in=48, but its hook "
@@ -229,7 +230,11 @@ def test_a_dictionary_loaded_without_a_model_is_checked_when_a_run_attaches_it(m
     monkeypatch.setattr(checking, "check", lambda d, m: calls.append(m) or real(d, m))
     for _ in range(2):
         assert wide.run(IDS, dictionaries=[sae]).dictionaries["standard"].acts.shape[-1] == 16
-    assert calls == [wide], "checked once for this (dictionary, model)"
+    assert calls == [wide, wide], "the dictionary given stays unchecked: each run checks a value of it"
+    checked, calls[:] = real(sae, wide), []
+    for _ in range(2):
+        assert wide.run(IDS, dictionaries=[checked]).dictionaries["standard"].acts.shape[-1] == 16
+    assert calls == [], "checked for this model already"
     with pytest.raises(ResidError, match="which is 32 wide"):
         narrow.run(IDS, dictionaries=[sae])
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import resid.dictionaries
 from resid.dictionaries import dictionary as dictionary_module
-from resid.dictionaries.dictionary import product_dtype
+from resid.dictionaries.dictionary import ActivationFunction, Weights, product_dtype
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dictionaries"
 HALF = dict(rtol=1e-2, atol=1e-2)  # the bf16 tolerance of test_reference's bf16 test
@@ -53,11 +53,15 @@ def test_a_bfloat16_dictionary_keeps_the_bfloat16_tolerance(accelerator_rule, ac
     d = random_dictionary(model, "blocks.0.hook_resid_post", d_sae=40, activation="relu", seed=3, skip=False)
     if activation != "relu":
         g = torch.Generator().manual_seed(4)
-        extra = dict(threshold=0.2 * torch.rand(40, generator=g), k=5 if activation == "topk" else None) \
-            if activation != "gated" else dict(b_gate=-0.3 * torch.rand(40, generator=g), b_mag=0.1 * torch.randn(
-                40, generator=g), r_mag=0.1 * torch.randn(40, generator=g), b_enc=None)
-        d = resid.dictionaries.Dictionary(**{**dict(W_enc=d.W_enc.data, b_enc=d.b_enc.data, W_dec=d.W_dec.data,
-                                                    b_dec=d.b_dec.data, activation=activation), **extra})
+        if activation != "gated":
+            function = ActivationFunction(activation, 0.2 * torch.rand(40, generator=g),
+                                          5 if activation == "topk" else None)
+        else:
+            function = ActivationFunction("gated", b_gate=-0.3 * torch.rand(40, generator=g),
+                                          b_mag=0.1 * torch.randn(40, generator=g),
+                                          r_mag=0.1 * torch.randn(40, generator=g))
+        b_enc = None if activation == "gated" else d.b_enc.data
+        d = resid.dictionaries.Dictionary(Weights(d.W_enc.data, d.W_dec.data, d.b_dec.data, b_enc), function)
     half, full = copy.deepcopy(d).to(torch.bfloat16), copy.deepcopy(d).to(torch.bfloat16).float()
     x = torch.randn(20, 8, model.config.d_model, generator=torch.Generator().manual_seed(0)).bfloat16()
     (acts, out), (acts_full, out_full) = half(x), full(x.float())

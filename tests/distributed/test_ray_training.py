@@ -42,7 +42,7 @@ def one_thread():
 
 
 def _specs():
-    return [Spec(Site(0, "resid_post")), Spec(Site(1, "mlp", field="normalized"), Site(1, "mlp"), standardized=True)]
+    return [Spec(Site(0, "resid_post")), Spec("blocks.1.ln2.hook_normalized", Site(1, "mlp"))]
 
 
 def test_blocks_made_on_two_workers_train_the_in_process_weights(saved_llama, executor, one_thread, tmp_path):

@@ -18,7 +18,7 @@ import torch
 from resid.analyses import Execution
 import resid
 from resid.analyses import graphs
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import Binding, Dictionary, Weights, check
 
 bias = float(sys.argv[1])
 config = resid.ModelConfig(architecture="llama_gqa", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8,
@@ -29,10 +29,12 @@ g = torch.Generator().manual_seed(0)
 with torch.no_grad():
     for p in model.parameters():
         p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
-transcoders = [check(Dictionary(W_enc=torch.randn(32, 256, generator=g) / 32**0.5, b_enc=torch.full((256,), bias),
-                                W_dec=torch.randn(256, 32, generator=g) / 16, b_dec=torch.zeros(32), activation="relu",
-                                hook_in=f"blocks.{l}.ln2.hook_normalized", hook_out=f"blocks.{l}.hook_mlp_out",
-                                name=f"t{l}"), model) for l in range(2)]
+def transcoder(l):
+    W_enc = torch.randn(32, 256, generator=g) / 32**0.5
+    weights = Weights(W_enc, torch.randn(256, 32, generator=g) / 16, torch.zeros(32), torch.full((256,), bias))
+    return check(Dictionary(weights, binding=Binding(f"blocks.{l}.ln2.hook_normalized", f"blocks.{l}.hook_mlp_out"),
+                            name=f"t{l}"), model)
+transcoders = [transcoder(l) for l in range(2)]
 ids = torch.randint(0, 97, (2048,), generator=g)
 graph = graphs.attribute(model, ids, transcoders, max_feature_nodes=64, execution=Execution(batch_size=32))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

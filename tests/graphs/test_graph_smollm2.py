@@ -5,17 +5,18 @@ import torch
 from graph_checks import check_sums
 from numerics import REAL
 
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import Binding, Dictionary, Weights, check
 
 
 def test_a_smollm2_graph_is_exact(smollm2) -> None:
     model = smollm2
     g = torch.Generator().manual_seed(0)
-    transcoders = [check(Dictionary(W_enc=torch.randn(576, 48, generator=g) / 24, b_enc=-torch.ones(48),
-                                    W_dec=torch.randn(48, 576, generator=g) / 8, b_dec=torch.zeros(576),
-                                    activation="relu", hook_in=f"blocks.{layer}.ln2.hook_normalized",
-                                    hook_out=f"blocks.{layer}.hook_mlp_out", name=f"t{layer}"), model)
-                   for layer in range(model.config.n_layers)]
+    transcoders = []
+    for layer in range(model.config.n_layers):
+        W_enc = torch.randn(576, 48, generator=g) / 24
+        weights = Weights(W_enc, torch.randn(48, 576, generator=g) / 8, torch.zeros(576), -torch.ones(48))
+        binding = Binding(f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")
+        transcoders.append(check(Dictionary(weights, binding=binding, name=f"t{layer}"), model))
     ids = model.to_tokens("The Eiffel Tower is located in the city of").ids[0].tolist()
     graph = check_sums(model, transcoders, ids, REAL)
     logits = model.run(torch.tensor([ids])).logits[0, -1]

@@ -10,7 +10,7 @@ from resid.analyses.distributed.execution import Execution
 from resid.analyses.training.evaluation import evaluate
 from resid.analyses.training.loop import train
 from resid.analyses.training.recipe import Recipe
-from resid.dictionaries import Dictionary, check
+from resid.dictionaries import Binding, Dictionary, Weights, check
 from resid.errors import ResidError
 from resid.sites import Site
 
@@ -20,8 +20,8 @@ HOOK = "blocks.1.hook_resid_post"
 def _exact(model) -> Dictionary:
     d = model.config.d_model
     eye = torch.eye(d)
-    return check(Dictionary(W_enc=torch.cat([eye, -eye], 1), b_enc=torch.zeros(2 * d), W_dec=torch.cat([eye, -eye]),
-                            b_dec=torch.zeros(d), activation="relu", hook_in=HOOK, name="exact"), model)
+    return check(Dictionary(Weights(torch.cat([eye, -eye], 1), torch.cat([eye, -eye]), torch.zeros(d),
+                                    torch.zeros(2 * d)), binding=Binding(HOOK), name="exact"), model)
 
 
 @pytest.mark.parametrize("splice_bos", [False, True])

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 
 from resid.dictionaries import hub
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, Weights
 from resid.dictionaries.formats import (
     as_str,
     check_fields,
@@ -152,11 +152,12 @@ def _layer(path: Path, layer: int, cfg: dict, folder: Path) -> Dictionary:
             W_enc, threshold = found["W_enc"].T.contiguous(), found.get("activation_function.threshold")
             skip = found["W_skip"].T.contiguous() if "W_skip" in found else None
     return Dictionary(
-        W_enc=W_enc, W_dec=found["W_dec"], b_enc=found["b_enc"], b_dec=found["b_dec"], threshold=threshold,
-        W_skip=skip, activation="jumprelu" if threshold is not None else "relu", name=f"{folder.name}/layer_{layer}",
-        format="circuit_tracer", hook_in=at_layer(layer, cfg["feature_input_hook"]),
-        hook_out=at_layer(layer, cfg["feature_output_hook"]), model_name=cfg.get("model_name"),
-        metadata={"layer": layer, "scan": cfg.get("scan")}, transcoder=True,
+        Weights(W_enc, found["W_dec"], found["b_dec"], found["b_enc"], skip),
+        ActivationFunction("jumprelu" if threshold is not None else "relu", threshold),
+        binding=Binding(at_layer(layer, cfg["feature_input_hook"]), at_layer(layer, cfg["feature_output_hook"]),
+                        transcoder=True),
+        name=f"{folder.name}/layer_{layer}", format="circuit_tracer", model_name=cfg.get("model_name"),
+        metadata={"layer": layer, "scan": cfg.get("scan")},
     )
 
 

@@ -17,7 +17,7 @@ import math
 import numbers
 from pathlib import Path
 
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, Weights
 from resid.dictionaries.formats import (
     as_bool,
     as_choice,
@@ -88,8 +88,8 @@ def _dictionary(found: dict, folder: Path, fmt: str, hook_in: str | None, hook_o
                 model_name: str | None, metadata: dict, transcoder: bool | None = None) -> Dictionary:
     skip = found.get("affine_skip_connection")
     return Dictionary(
-        W_enc=found["w_enc"], W_dec=found["w_dec"], b_enc=found["b_enc"], b_dec=found["b_dec"],
-        threshold=clamp_threshold(found["threshold"]), W_skip=skip, activation="jumprelu", name=folder.name,
-        format=fmt, hook_in=hook_in, hook_out=hook_out, model_name=model_name, metadata=metadata,
-        transcoder=transcoder,
+        Weights(found["w_enc"], found["w_dec"], found["b_dec"], found["b_enc"], skip),
+        ActivationFunction("jumprelu", clamp_threshold(found["threshold"])),
+        binding=Binding(hook_in, hook_out, transcoder=transcoder), name=folder.name, format=fmt,
+        model_name=model_name, metadata=metadata,
     )

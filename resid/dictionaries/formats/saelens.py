@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from resid.dictionaries.crosslayer import CrossLayerTranscoder
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, InputNormalization, Weights
 from resid.dictionaries.formats import (
     as_bool,
     as_choice,
@@ -110,14 +110,15 @@ def read(folder: Path, norm_scaling_factor: float | None = None) -> Dictionary:
     hook_in = get("hf_hook_name") or get("hook_name") or get("hook_point")
     hook_out = (get("hf_hook_name_out") or get("hook_name_out")) if transcoder else None
     return Dictionary(
-        W_enc=found["W_enc"], W_dec=found["W_dec"], b_dec=found["b_dec"], b_enc=found.get("b_enc"),
-        threshold=clamp_threshold(found["threshold"]) if "threshold" in found else None,
-        k=cfg.get("k") if activation == "topk" else None, b_gate=found.get("b_gate"), b_mag=found.get("b_mag"),
-        r_mag=found.get("r_mag"), W_skip=found["W_skip"].T.contiguous() if skip else None, activation=activation,
-        apply_b_dec_to_input=cfg.get("apply_b_dec_to_input", True) and not transcoder,
-        normalize_activations=normalize, name=folder.name, format="saelens", hook_in=hook_in,
-        hook_out=hook_out or (None if transcoder else hook_in), model_name=get("model_name"),
-        metadata={**metadata, "architecture": architecture, "hook_head_index": head}, transcoder=transcoder,
+        Weights(found["W_enc"], found["W_dec"], found["b_dec"], found.get("b_enc"),
+                found["W_skip"].T.contiguous() if skip else None),
+        ActivationFunction(activation, clamp_threshold(found["threshold"]) if "threshold" in found else None,
+                           cfg.get("k") if activation == "topk" else None, found.get("b_gate"), found.get("b_mag"),
+                           found.get("r_mag")),
+        normalization=InputNormalization(normalize, cfg.get("apply_b_dec_to_input", True) and not transcoder),
+        binding=Binding(hook_in, hook_out or (None if transcoder else hook_in), transcoder=transcoder),
+        name=folder.name, format="saelens", model_name=get("model_name"),
+        metadata={**metadata, "architecture": architecture, "hook_head_index": head},
     )
 
 

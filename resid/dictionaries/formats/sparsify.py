@@ -17,7 +17,7 @@ skip_connection, d_in, and the training-only normalize_decoder and multi_topk.
 
 from pathlib import Path
 
-from resid.dictionaries.dictionary import Dictionary
+from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, InputNormalization, Weights
 from resid.dictionaries.formats import as_bool, as_choice, as_int, check_fields, read_json, read_safetensors, take
 from resid.errors import ResidError
 
@@ -65,9 +65,10 @@ def _read_one(folder: Path) -> Dictionary:
                          f"{CONFIG} says d_in={d_in} and {expected} latents.")
     hookpoint = folder.name  # sparsify names each dictionary's folder after its hookpoint
     return Dictionary(
-        W_enc=found["encoder.weight"].T.contiguous(), b_enc=found["encoder.bias"], W_dec=found["W_dec"],
-        b_dec=found["b_dec"], W_skip=found["W_skip"].T.contiguous() if skip else None, activation="topk", k=k,
-        apply_b_dec_to_input=not transcode, name=hookpoint, format="sparsify",
-        hook_in=f"{hookpoint}.input" if transcode else f"{hookpoint}.output", hook_out=f"{hookpoint}.output",
-        metadata={"hookpoint": hookpoint}, transcoder=transcode,
+        Weights(found["encoder.weight"].T.contiguous(), found["W_dec"], found["b_dec"], found["encoder.bias"],
+                found["W_skip"].T.contiguous() if skip else None),
+        ActivationFunction("topk", k=k), normalization=InputNormalization(apply_b_dec_to_input=not transcode),
+        binding=Binding(f"{hookpoint}.input" if transcode else f"{hookpoint}.output", f"{hookpoint}.output",
+                        transcoder=transcode),
+        name=hookpoint, format="sparsify", metadata={"hookpoint": hookpoint},
     )
