@@ -125,6 +125,38 @@ class Binding:
     checked: tuple | None = None  # (model name, ModelConfig) of the check that set the points
 
 
+_FLAT = {"weights": ("W_enc", "W_dec", "b_dec", "b_enc", "W_skip"),
+         "activation": ("threshold", "k", "b_gate", "b_mag", "r_mag"),
+         "normalization": ("normalize_activations", "apply_b_dec_to_input"),
+         "binding": ("hook_in", "hook_out", "point_in", "point_out", "transcoder")}
+
+
+def _grouped(activation: ActivationFunction | str, flat: dict, normalization: InputNormalization,
+             binding: Binding) -> tuple[Weights, ActivationFunction, InputNormalization, Binding]:
+    """The four values from the separate keywords Dictionary took before it took them (W_enc=..., activation="relu",
+    hook_in=...), with a DeprecationWarning: those calls keep working for one release."""
+    import warnings
+
+    unknown = sorted(set(flat) - {field for fields in _FLAT.values() for field in fields})
+    if unknown:
+        raise TypeError(f"Dictionary() got unexpected keyword arguments {unknown}")
+    missing = [field for field in ("W_enc", "W_dec", "b_dec") if field not in flat]
+    if missing:
+        raise ResidError(f"Dictionary needs its weights: pass Weights(W_enc, W_dec, b_dec, ...) (or the keywords "
+                         f"{', '.join(missing)}).")
+    warnings.warn("Dictionary(W_enc=..., activation=..., hook_in=..., ...) is deprecated and will be removed in the "
+                  "next release: pass Dictionary(Weights(W_enc, W_dec, b_dec, b_enc), ActivationFunction(kind, "
+                  "threshold=..., k=...), normalization=InputNormalization(...), binding=Binding(hook_in, hook_out)).",
+                  DeprecationWarning, stacklevel=3)
+    kind = activation if isinstance(activation, str) else activation.kind
+    pick = lambda group: {f: flat[f] for f in _FLAT[group] if f in flat}  # noqa: E731
+    normal = pick("normalization")
+    return (Weights(**pick("weights")), ActivationFunction(kind, **pick("activation")),
+            InputNormalization(normal.get("normalize_activations", normalization.kind),
+                               normal.get("apply_b_dec_to_input", normalization.apply_b_dec_to_input)),
+            dataclasses.replace(binding, **pick("binding")))
+
+
 def shared(value: Tensor | None) -> Tensor | None:
     """`value`'s storage as a plain tensor (None for None), which a constructor wraps in a new Parameter: a
     dictionary made from another one (a checked dictionary, resid.dictionaries.check) shares its weights, never
@@ -142,8 +174,8 @@ class Dictionary(nn.Module):
 
     def __init__(
         self,
-        weights: Weights,
-        activation: ActivationFunction = ActivationFunction(),
+        weights: Weights | None = None,
+        activation: ActivationFunction | Activation = ActivationFunction(),
         *,
         normalization: InputNormalization = InputNormalization(),
         binding: Binding = Binding(),
@@ -151,7 +183,10 @@ class Dictionary(nn.Module):
         format: str = "custom",
         model_name: str | None = None,
         metadata: dict | None = None,
+        **flat: object,
     ):
+        if weights is None or isinstance(activation, str) or flat:  # the separate keywords of resid <= 0.x
+            weights, activation, normalization, binding = _grouped(activation, flat, normalization, binding)
         super().__init__()
         d_in, d_sae = weights.W_enc.shape
         d_out = weights.W_dec.shape[-1]

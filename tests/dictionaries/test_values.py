@@ -11,7 +11,15 @@ from random_models import make_random_model
 from random_transcoders import cross_layer, per_layer
 
 import resid
-from resid.dictionaries import ActivationFunction, Binding, CrossLayerTranscoder, Dictionary, Weights, check
+from resid.dictionaries import (
+    ActivationFunction,
+    Binding,
+    CrossLayerTranscoder,
+    Dictionary,
+    InputNormalization,
+    Weights,
+    check,
+)
 from resid.dictionaries.check import ensure
 from resid.dictionaries.transcoders import TranscoderSet, replacing_mlps
 from resid.errors import ResidError
@@ -114,3 +122,22 @@ def test_a_transcoder_set_needs_every_layer_once(model) -> None:
         replacing_mlps(model, [items[0], *items[2:]])
     with pytest.raises(ResidError, match="Two transcoders replace layer 0"):
         replacing_mlps(model, [items[0], *items])
+
+
+def test_the_separate_keywords_of_the_old_constructor_still_build_the_same_dictionary() -> None:
+    g = torch.Generator().manual_seed(3)
+    W_enc, W_dec = torch.randn(8, 16, generator=g), torch.randn(16, 8, generator=g)
+    b_enc, b_dec, threshold = torch.randn(16, generator=g), torch.randn(8, generator=g), torch.rand(16, generator=g)
+    new = Dictionary(Weights(W_enc, W_dec, b_dec, b_enc), ActivationFunction("jumprelu", threshold=threshold),
+                     normalization=InputNormalization(apply_b_dec_to_input=True),
+                     binding=Binding("blocks.1.hook_resid_post"), name="sae")
+    with pytest.warns(DeprecationWarning, match=r"pass Dictionary\(Weights"):
+        old = Dictionary(W_enc=W_enc, W_dec=W_dec, b_enc=b_enc, b_dec=b_dec, activation="jumprelu",
+                         threshold=threshold, apply_b_dec_to_input=True, hook_in="blocks.1.hook_resid_post",
+                         name="sae")
+    x = torch.randn(5, 8, generator=g)
+    for a, b in zip(old(x), new(x)):
+        assert torch.equal(a, b)
+    assert (old.binding, old.activation, old.apply_b_dec_to_input) == (new.binding, "jumprelu", True)
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['W_encoder'\\]"):
+        Dictionary(W_encoder=W_enc, W_dec=W_dec, b_dec=b_dec, activation="relu")
