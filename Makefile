@@ -1,6 +1,7 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   -- venv + install + decompose a prediction of the embedded default model (SmolLM2-135M, GGUF)
-#   make test   -- venv + install with test extras + the linter (ruff) + the test suite but its `slow` tests
+#   make test   -- venv + install with test extras + the linter (ruff) + the test suite but its `slow` tests, one
+#                  pytest-xdist worker per core
 #   make test-slow -- the `slow` tests: the real SmolLM2 end to end (CI runs both)
 #   make dist   -- the sdist and wheel of the distribution resid-stream in dist/, checked by twine
 # TORCH pins the CPU wheel these machines carry; on a GPU box use e.g. `make test TORCH=torch`.
@@ -31,7 +32,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(PY) -m ruff check resid analyses tests benchmarks
-	$(PY) -m pytest -q -m "not slow" --durations=15
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadgroup --durations=15
 
 test-slow: $(VENV)/.test
 	$(PY) -m pytest -q -m slow

@@ -19,16 +19,26 @@ DATA = Path(__file__).resolve().parent / "data"
 # Tests never reach the network: a Hub id must fail fast and clearly.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# `make test` runs the suite in one pytest-xdist worker per core: each takes its share of the cores' threads, so
+# that two workers on two cores do not fight over four.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of the real SmolLM2 is `slow` (`make test` skips them; `make test-slow` runs them). Tests
     that reach it another way (the command line's default model, the notebook) say so themselves. Every test of
-    the `gpu` fixture is `cuda` (`pytest -m cuda` runs them alone)."""
+    the `gpu` fixture is `cuda` (`pytest -m cuda` runs them alone). Under pytest-xdist (`--dist loadgroup`, as
+    `make test` runs it) a test file stays on one worker, so its module fixtures are built once, and every test of
+    the local Ray cluster on one worker, so one cluster serves them all."""
     for item in items:
-        if "smollm2" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "smollm2" in fixtures:
             item.add_marker(pytest.mark.slow)
-        if "gpu" in getattr(item, "fixturenames", ()):
+        if "gpu" in fixtures:
             item.add_marker(pytest.mark.cuda)
+        if item.config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group("ray" if "ray_cluster" in fixtures else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture
