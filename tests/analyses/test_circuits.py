@@ -211,3 +211,84 @@ def test_unequal_lengths_are_refused():
     model = make_random_model("llama_gqa")
     with pytest.raises(ResidError, match="same token length|equal token lengths"):
         circuits.eap(model, Tokens.pad([[1, 2, 3]], 0), Tokens.pad([[1, 2]], 0), [4], [5])
+
+
+LLAMA_GQA = pytest.mark.parametrize("tiny", ["llama_gqa_tied"], indirect=True)
+
+
+def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader: Site) -> float:
+    """metric(clean run with one edge patched) - metric(clean run), patched by hand in a transformers Llama: the
+    writer's corrupt - clean output added to what the reader's projection (or norm) reads."""
+    base, cfg = hf.model, hf.config
+    d_head = cfg.hidden_size // cfg.num_attention_heads
+
+    def writes(ids):
+        found, hooks = {}, [base.embed_tokens.register_forward_hook(lambda m, i, o: found.__setitem__(EMBED, o))]
+        for layer, block in enumerate(base.layers):
+            hooks.append(block.self_attn.o_proj.register_forward_pre_hook(
+                lambda m, i, layer=layer: found.__setitem__(("z", layer), i[0])))
+            hooks.append(block.mlp.register_forward_hook(
+                lambda m, i, o, layer=layer: found.__setitem__(Site(layer, "mlp"), o)))
+        with torch.no_grad():
+            logits = hf(ids).logits[:, -1]
+        for hook in hooks:
+            hook.remove()
+        return found, logits
+
+    def write(found, site):
+        if site == EMBED or site.part == "mlp":
+            return found[site]
+        o_proj = base.layers[site.layer].self_attn.o_proj.weight
+        cols = slice(site.head * d_head, (site.head + 1) * d_head)
+        return found[("z", site.layer)][..., cols] @ o_proj[:, cols].T
+
+    clean_found, clean_logits = writes(clean)
+    corrupt_found, _ = writes(corrupt)
+    delta = write(corrupt_found, writer) - write(clean_found, writer)
+    hooks = []
+    if reader == LOGITS:
+        norm = base.norm
+        hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
+    elif reader.part == "mlp":
+        norm = base.layers[reader.layer].post_attention_layernorm
+        hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
+    else:
+        block = base.layers[reader.layer]
+        seen = {}
+        hooks.append(block.register_forward_pre_hook(
+            lambda m, a, k: seen.__setitem__("resid", k["hidden_states"] if "hidden_states" in k else a[0]),
+            with_kwargs=True))
+        unit = reader.head if reader.field == "q" else reader.kv_head
+        cols = slice(unit * d_head, (unit + 1) * d_head)
+        projection = getattr(block.self_attn, f"{reader.field}_proj")
+
+        def put(m, i, o):
+            o = o.clone()
+            o[..., cols] = m.forward(block.input_layernorm(seen["resid"] + delta))[..., cols]
+            return o
+        hooks.append(projection.register_forward_hook(put))
+    with torch.no_grad():
+        logits = hf(clean).logits[:, -1]
+    for hook in hooks:
+        hook.remove()
+    rows = torch.arange(len(targets))
+    metric = lambda x: x[rows, targets] - x[rows, baselines]  # noqa: E731
+    return float((metric(logits) - metric(clean_logits)).mean())
+
+
+@LLAMA_GQA
+def test_exact_equals_patching_by_hand_with_transformers_hooks(tiny):
+    g = torch.Generator().manual_seed(6)
+    clean = torch.randint(0, 50257, (2, 7), generator=g)
+    corrupt = clean.clone()
+    corrupt[:, 2] = torch.randint(0, 50257, (2,), generator=g)
+    targets, baselines = torch.tensor([11, 22]), torch.tensor([33, 44])
+    edges = [(EMBED, Site(0, "attn", head=3, field="q")), (EMBED, Site(1, "attn", kv_head=1, field="k")),
+             (Site(0, "attn", head=2), Site(1, "attn", kv_head=0, field="v")), (Site(0, "mlp"), Site(1, "mlp")),
+             (Site(1, "attn", head=1), Site(1, "mlp")), (Site(1, "mlp"), LOGITS)]
+    df = circuits.exact(tiny.model, clean, corrupt, targets.tolist(), baselines.tolist(), edges=edges)
+    for writer, reader in edges:
+        got = df[(df["writer"] == writer.label) & (df["reader"] == reader.label)]["score"].item()
+        expected = _hf_edge_effect(tiny.hf, clean, corrupt, targets, baselines, writer, reader)
+        assert abs(expected) > 1e-4, (writer.label, reader.label)  # the edge matters, so the check can fail
+        assert got == pytest.approx(expected, abs=1e-4, rel=1e-4), (writer.label, reader.label)
