@@ -76,7 +76,9 @@ class EdgePass:
         self.model, self.graph, self.reference, self.probe, self.embed = model, graph, reference, probe, embed
         self.patched = None if keep is None else (1 - keep.to(model.dtype))  # the weight of each term swapped
         self.circuits = 1 if keep is None else keep.shape[0]
-        self.diffs: list[tuple[slice, Tensor]] = []  # (writer columns, reference - write [b pos w d_model])
+        # what the swapped terms add to each reader's input so far, [b pos reader d_model]: each writer group's
+        # (reference - write) is spread over every reader after it as soon as it is written, one einsum per group
+        self.pending: Tensor | None = None
         self.resid: dict[str, Tensor] = {}
 
     def interventions(self) -> list[Hook]:
@@ -100,7 +102,7 @@ class EdgePass:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
         if self.patched is not None:
-            self.diffs.append((slice(0, 1), self._reference_minus(resid, self.reference.embed)[:, :, None]))
+            self._spread(slice(0, 1), self._reference_minus(resid, self.reference.embed)[:, :, None])
         return resid
 
     def _keep(self, part: str):
@@ -116,7 +118,7 @@ class EdgePass:
             if self.patched is not None:
                 w_o = self.model.blocks[layer].attn.W_O
                 diff = torch.einsum("nphe,hed->nphd", self._reference_minus(z, self.reference.z[layer]), w_o)
-                self.diffs.append((self.graph.writer_slice(layer, "attn"), diff))
+                self._spread(self.graph.writer_slice(layer, "attn"), diff)
             return z
         return seen
 
@@ -124,7 +126,7 @@ class EdgePass:
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             if self.patched is not None:
                 diff = self._reference_minus(out, self.reference.mlp[layer])[:, :, None]
-                self.diffs.append((self.graph.writer_slice(layer, "mlp"), diff))
+                self._spread(self.graph.writer_slice(layer, "mlp"), diff)
             return out
         return seen
 
@@ -134,22 +136,41 @@ class EdgePass:
         return (reference.to(write.dtype)[None] - blocks).view(write.shape)
 
     # --- what the pass puts in -------------------------------------------------------------------------------------
+    def _spread(self, writers: slice, diff: Float[Tensor, "b pos w d_model"]) -> None:
+        """Add a writer group's swapped terms to the pending input of every reader that reads it (the readers from
+        the first one after the group: the weights of earlier ones are those of non-edges, ignored)."""
+        first = self._first_reader(writers.start)
+        weight = self.patched[:, writers, first:]  # [C w r]
+        blocks = diff.view(self.circuits, -1, *diff.shape[1:])
+        term = torch.einsum("cnpwd,cwr->cnprd", blocks, weight).reshape(diff.shape[0], diff.shape[1], -1,
+                                                                        diff.shape[-1])
+        if self.pending is None:
+            shape = (diff.shape[0], diff.shape[1], len(self.graph.readers), diff.shape[-1])
+            self.pending = torch.zeros(shape, dtype=diff.dtype, device=diff.device)
+        if torch.is_grad_enabled():  # out of place: autograd keeps what the earlier readers read
+            self.pending = torch.cat([self.pending[:, :, :first], self.pending[:, :, first:] + term], dim=2)
+        else:
+            self.pending[:, :, first:] += term
+
+    def _first_reader(self, writer: int) -> int:
+        """The first reader that reads writer column `writer`."""
+        if writer == 0:
+            return 0
+        layer, offset = divmod(writer - 1, self.graph.per_layer_writers)
+        if offset < self.graph.n_heads and not self.graph.parallel:  # a head: its own layer's MLP reads it
+            return self.graph.reader_slice(layer, "mlp").start
+        return self.graph.reader_slice(layer + 1, "q").start if layer + 1 < self.graph.n_layers else (
+            len(self.graph.readers) - 1)
+
     def inputs(self, layer: int | None, field: str, resid: Float[Tensor, "b pos d_model"]) -> Tensor:
         """The inputs [b pos r d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None)."""
         columns = self.graph.reader_slice(layer, field)
-        out = resid[:, :, None].expand(-1, -1, columns.stop - columns.start, -1)
-        seen = self.graph.writers_before(layer, field)
-        if self.patched is not None:
-            for writers, diff in self.diffs:
-                if writers.start >= seen:
-                    break
-                weight = self.patched[:, writers, columns]  # [C w r]
-                blocks = diff.view(self.circuits, -1, *diff.shape[1:])
-                term = torch.einsum("cnpwd,cwr->cnprd", blocks, weight)
-                out = out + term.reshape(*out.shape)
+        out = resid[:, :, None]
+        if self.pending is not None:
+            out = out + self.pending[:, :, columns].to(out.dtype)
         if self.probe is not None:
             out = out + self.probe[:, :, columns].to(out.dtype)
-        return out
+        return out.expand(-1, -1, columns.stop - columns.start, -1)
 
     def _projection(self, layer: int, name: str):
         attention, norm = self.model.blocks[layer].attn, self.model.blocks[layer].ln_attn

@@ -292,3 +292,25 @@ def test_exact_equals_patching_by_hand_with_transformers_hooks(tiny):
         expected = _hf_edge_effect(tiny.hf, clean, corrupt, targets, baselines, writer, reader)
         assert abs(expected) > 1e-4, (writer.label, reader.label)  # the edge matters, so the check can fail
         assert got == pytest.approx(expected, abs=1e-4, rel=1e-4), (writer.label, reader.label)
+
+
+def test_no_host_sync_grows_with_layers_or_circuits():
+    """The patched pass and EAP's batch ask the host for nothing per layer, per circuit or per reader."""
+    from host_syncs import HostSyncs
+
+    from resid.analyses.circuits.eap import gradient_scores
+
+    counts = []
+    for n_layers, n_circuits in ((2, 1), (4, 3)):
+        model = make_random_model("llama_gqa", n_layers=n_layers)
+        graph = EdgeGraph.of(model.config)
+        clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=7))
+        reference = Writes.of(model, corrupt)
+        keep = graph.full().float().expand(n_circuits, -1, -1).clone()
+        t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+        with HostSyncs() as syncs:
+            patched_logits(model, graph, clean, reference, keep)
+            gradient_scores(model, graph, clean, corrupt, t, b, "logit_diff", (0.5, 1.0), "inputs")
+        counts.append(syncs)
+    few, many = counts
+    assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
