@@ -8,8 +8,9 @@ MIB measures them (faithfulness curves, CPR, CMD), necessity and sufficiency, fo
     mask = circuits.top_k(graph, circuits.matrix(graph, scores), k=200)       # graph = circuits.EdgeGraph.of(config)
 
 Modules: graph (the edge graph), patched (the edge-patched forward pass every method runs), inputs (pairs and
-metric), scores (the table and the driver job), eap, eap_ig, exact, selection (top-k, threshold, pruning),
-evaluation (circuits measured), tables (exports), figure (a circuit drawn), page (a circuit as an HTML page).
+metric: the one place the patching package is read), scores (the edge table and its driver job), eap, eap_ig,
+exact, selection (top-k, threshold, pruning), evaluation (circuits measured), figure (a circuit drawn, and as an
+HTML page). Every table (edges: writer and reader Site labels; curves) exports as any other, resid.analyses.tables.
 """
 
 from resid.analyses.circuits.eap import eap
