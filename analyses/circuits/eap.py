@@ -70,18 +70,19 @@ def gradient_scores(
     `alphas` of d metric / d input_r at the point alpha of the way from the corrupt run to the clean one (alpha 1:
     the clean run, EAP). on="inputs": the embeddings interpolated (EAP-IG); "activations": every edge's term
     interpolated (keep = alpha)."""
-    clean_writes, corrupt_writes = Writes.of(model, clean), Writes.of(model, corrupt)
+    corrupt_writes = Writes.of(model, corrupt)
     clean_logits = None
     if metric == KL:
         with torch.no_grad():
             clean_logits = model.run(clean, capture=Capture.none(), logits_at="last").logits[:, 0]
-    n, n_pos, d_model = clean_writes.embed.shape
+    n, n_pos, d_model = corrupt_writes.embed.shape
     exact = torch.promote_types(model.dtype, torch.float32)  # sums in float32 at least (float64 models: float64)
     gradient = torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=exact, device=model.device)
-    for alpha in alphas:
+    clean_writes = None
+    for alpha in sorted(alphas, reverse=True):  # alpha 1 first: the clean run, whose writes are the clean ones
         probe = torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=model.dtype, device=model.device,
                             requires_grad=True)
-        if on == "inputs":
+        if on == "inputs" and alpha != 1.0:
             embed = corrupt_writes.embed + alpha * (clean_writes.embed - corrupt_writes.embed)
             edge_pass = EdgePass(model, graph, None, None, probe, embed)
         else:
@@ -90,6 +91,7 @@ def gradient_scores(
             edge_pass = EdgePass(model, graph, corrupt_writes if keep is not None else None, keep, probe)
         run = model.run(clean, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
                         grad=True)
+        clean_writes = edge_pass.writes() if alpha == 1.0 else clean_writes
         value = measure(metric, run.logits[:, 0], targets, baselines, clean_logits)
         (g,) = torch.autograd.grad(value.sum(), probe)
         gradient += g.to(exact)

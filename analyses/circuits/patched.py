@@ -80,6 +80,12 @@ class EdgePass:
         # (reference - write) is spread over every reader after it as soon as it is written, one einsum per group
         self.pending: Tensor | None = None
         self.resid: dict[str, Tensor] = {}
+        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": []}  # this pass's writes (`writes()`)
+
+    def writes(self) -> Writes:
+        """The writes this pass computed (detached), once it has run: with nothing patched and no embeddings given,
+        the run's own (EAP's clean writes, without a forward pass of their own)."""
+        return Writes(self.seen["embed"][0], tuple(self.seen["z"]), tuple(self.seen["mlp"]))
 
     def interventions(self) -> list[Hook]:
         hooks = [Hook(Site(0, "resid_pre"), self._embeddings)]
@@ -101,6 +107,7 @@ class EdgePass:
     def _embeddings(self, resid: Tensor, tokens: Tokens) -> Tensor:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
+        self.seen["embed"].append(resid.detach())
         if self.patched is not None:
             self._spread(slice(0, 1), self._reference_minus(resid, self.reference.embed)[:, :, None])
         return resid
@@ -115,6 +122,7 @@ class EdgePass:
 
     def _heads(self, layer: int):
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
+            self.seen["z"].append(z.detach())
             if self.patched is not None:
                 w_o = self.model.blocks[layer].attn.W_O
                 diff = torch.einsum("nphe,hed->nphd", self._reference_minus(z, self.reference.z[layer]), w_o)
@@ -124,6 +132,7 @@ class EdgePass:
 
     def _mlp_write(self, layer: int):
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
+            self.seen["mlp"].append(out.detach())
             if self.patched is not None:
                 diff = self._reference_minus(out, self.reference.mlp[layer])[:, :, None]
                 self._spread(self.graph.writer_slice(layer, "mlp"), diff)
