@@ -55,7 +55,7 @@ DEFAULT_MODEL = "smollm2-135m"
 COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
             "neurons", "features")
 # `resid train-sae`, `train-transcoder` and `train-clt` (analyses/cli/train.py); `resid eval-dictionaries`
-COMMANDS += ("train", "eval_dictionaries", "graph", "qk")
+COMMANDS += ("train", "eval_dictionaries", "graph", "qk", "circuit")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,119 @@
+"""Edge attribution patching (EAP; Syed et al. 2023): every edge's patching effect estimated at once, from one clean
+and one corrupt forward pass and one backward pass per batch of pairs,
+
+    score(w, r) = sum over positions of (reference_w - clean_w) . d metric / d input_r      (at the clean run)
+
+the first-order change of the metric when reader r reads writer w's reference (corrupt) output instead of its
+clean one. d metric / d input_r comes from a zero probe added to every reader's input (resid.analyses.circuits.
+patched), one backward pass for every reader at once; a head's write is z[h] @ W_O[h], whose constant b_O cancels in
+the difference. EAP-IG (resid.analyses.circuits.eap_ig) averages the same gradient over points between the corrupt
+and the clean run (`gradient_scores`'s `alphas`).
+"""
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from resid.analyses.circuits.graph import EdgeGraph
+from resid.analyses.circuits.inputs import KL, measure, pairs_of
+from resid.analyses.circuits.patched import EdgePass, Writes
+from resid.analyses.circuits.scores import batch_tensors, edge_scores
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.capture import Capture
+from resid.errors import ResidError, param
+from resid.model import Inputs, Transformer
+from resid.tokenizer import Tokens
+
+
+def eap(
+    model: Transformer,
+    clean: Inputs,
+    corrupt: Inputs,
+    targets: Sequence[str | int] | str | int,
+    baselines: Sequence[str | int] | str | int | None = None,
+    metric: str | Callable | None = None,
+    execution: Execution | None = None,
+) -> pd.DataFrame:
+    """EAP scores of every edge of the model's edge graph (resid.analyses.circuits.graph), the mean over the pairs:
+    one row per edge (resid.analyses.circuits.scores' table). metric: "logit_diff" with baselines (the default
+    then), "target_prob" (the default without), "logit", "loss", "kl" (whose gradient vanishes at the clean run:
+    EAP of "kl" is zero, use eap_ig), or a function of the logits."""
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    if pairs.metric == KL:
+        raise ResidError(f"EAP of {param('metric', KL)} is zero: the KL divergence from the clean run has no "
+                         "gradient at the clean run. Use circuits.eap_ig, or another metric.")
+    return edge_scores(model, pairs, "eap", gradient_batches((1.0,), "activations"), {}, as_execution(execution))
+
+
+def gradient_batches(alphas: Sequence[float], on: str):
+    def batch_scores(model: Transformer, graph: EdgeGraph, pairs, rows: list[int], job) -> Tensor:
+        clean, corrupt, t, b = batch_tensors(model, pairs, rows, job)
+        return gradient_scores(model, graph, clean, corrupt, t, b, job.metric, alphas, on)
+    return batch_scores
+
+
+def gradient_scores(
+    model: Transformer,
+    graph: EdgeGraph,
+    clean: Tokens,
+    corrupt: Tokens,
+    targets: Int[Tensor, "n"],
+    baselines: Int[Tensor, "n"] | None,
+    metric: str | Callable,
+    alphas: Sequence[float],
+    on: str,
+) -> Float[Tensor, "writer reader"]:
+    """The [writer reader] scores of a batch, summed over its pairs: (corrupt - clean writes) . the mean over
+    `alphas` of d metric / d input_r at the point alpha of the way from the corrupt run to the clean one (alpha 1:
+    the clean run, EAP). on="inputs": the embeddings interpolated (EAP-IG); "activations": every edge's term
+    interpolated (keep = alpha)."""
+    corrupt_writes = Writes.of(model, corrupt)
+    clean_logits = None
+    if metric == KL:
+        with torch.no_grad():
+            clean_logits = model.run(clean, capture=Capture.none(), logits_at="last").logits[:, 0]
+    n, n_pos, d_model = corrupt_writes.embed.shape
+    exact = torch.promote_types(model.dtype, torch.float32)  # sums in float32 at least (float64 models: float64)
+    gradient = torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=exact, device=model.device)
+    clean_writes = None
+    for alpha in sorted(alphas, reverse=True):  # alpha 1 first: the clean run, whose writes are the clean ones
+        probe = torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=model.dtype, device=model.device,
+                            requires_grad=True)
+        if on == "inputs" and alpha != 1.0:
+            embed = corrupt_writes.embed + alpha * (clean_writes.embed - corrupt_writes.embed)
+            edge_pass = EdgePass(model, graph, None, None, probe, embed)
+        else:
+            keep = None if alpha == 1.0 else torch.full((1, len(graph.writers), len(graph.readers)), alpha,
+                                                        device=model.device)
+            edge_pass = EdgePass(model, graph, corrupt_writes if keep is not None else None, keep, probe)
+        run = model.run(clean, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
+                        grad=True)
+        clean_writes = edge_pass.writes() if alpha == 1.0 else clean_writes
+        value = measure(metric, run.logits[:, 0], targets, baselines, clean_logits)
+        (g,) = torch.autograd.grad(value.sum(), probe)
+        gradient += g.to(exact)
+    gradient /= len(alphas)
+    with torch.no_grad():
+        return _scores(model, graph, clean_writes, corrupt_writes, gradient)
+
+
+def _scores(model: Transformer, graph: EdgeGraph, clean: Writes, corrupt: Writes,
+            gradient: Float[Tensor, "n pos reader d_model"]) -> Float[Tensor, "writer reader"]:
+    """(corrupt - clean write) . gradient for every writer and every reader after it, summed over pairs and
+    positions; 0 off the edges."""
+    dtype = gradient.dtype
+    scores = torch.zeros(len(graph.writers), len(graph.readers), dtype=dtype, device=gradient.device)
+    scores[0] = torch.einsum("npd,nprd->r", (corrupt.embed - clean.embed).to(dtype), gradient)
+    for layer in range(graph.n_layers):
+        heads, mlp = graph.writer_slice(layer, "attn"), graph.writer_slice(layer, "mlp")
+        first = graph.reader_slice(layer, "mlp").start  # no reader before its own layer's MLP reads these heads
+        w_o = model.blocks[layer].attn.W_O.to(dtype)
+        diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
+        scores[heads, first:] = torch.einsum("nphd,nprd->hr", diff, gradient[:, :, first:])
+        after = graph.reader_slice(layer + 1, "q").start if layer + 1 < graph.n_layers else len(graph.readers) - 1
+        scores[mlp, after:] = torch.einsum("npd,nprd->r", (corrupt.mlp[layer] - clean.mlp[layer]).to(dtype),
+                                           gradient[:, :, after:])[None]
+    return scores * graph.valid.to(scores.device)

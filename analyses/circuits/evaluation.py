@@ -1,0 +1,223 @@
+"""Circuits measured in the real model: every edge outside the circuit patched to its reference (each pair's corrupt
+run, or the mean), exactly, several circuits in one batched forward pass (resid.analyses.circuits.patched).
+
+MIB's circuit-localization metrics (Mueller et al. 2025), over a list of circuit sizes (fractions of the edges,
+by default MIB's 0.1% .. 100%):
+
+    faithfulness f(C) = (m(C) - m(empty)) / (m(model) - m(empty))     the metric m averaged over the pairs first
+    CPR = area under f over the edge fraction (trapezoids; higher is better)
+    CMD = area under |1 - f| (lower is better)
+
+where m(model) keeps every edge (the clean model) and m(empty) none (the corrupt one). Necessity patches the
+circuit's own edges instead (the rest of the model clean): necessity = 1 - f(model without C). A set of nodes
+(heads and MLPs) is the circuit of every edge out of them (EdgeGraph.node_mask).
+"""
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from resid.analyses.checks import check_choice
+from resid.analyses.circuits import selection
+from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
+from resid.analyses.circuits.graph import EdgeGraph
+from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
+from resid.analyses.circuits.patched import Writes, patched_logits
+from resid.analyses.circuits.scores import batch_tensors, matrix
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.analyses.inputs import batch_size_for
+from resid.capture import Capture
+from resid.errors import ResidError
+from resid.model import Inputs, Transformer
+from resid.sites import Site
+
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+COLUMNS = ["circuit", "edges", "metric_value", "faithfulness", "model_metric", "empty_metric", "metric"]
+
+
+@dataclass
+class CircuitsJob(PairsJob):
+    """Each pair's metric under each circuit (plus the model and the empty circuit, last), rows (pair, circuit)."""
+
+    circuits: list = field(default_factory=list)  # each circuit's edge numbers (EdgeGraph.edges order)
+    reference: str = "corrupt"
+
+    name = "circuit evaluation"
+    key = ("prompt_idx", "circuit")
+
+    def signature(self) -> dict:
+        digest = hashlib.sha256(b"".join(np.asarray(c, dtype=np.int64).tobytes() + b"|" for c in self.circuits))
+        return {"analysis": "circuits.evaluate", "circuits": digest.hexdigest(), "reference": self.reference,
+                **super().signature()}
+
+    def rows(self, model: Transformer, pairs, indices: list[int]) -> pd.DataFrame:
+        graph = EdgeGraph.of(model.config)
+        clean, corrupt, t, b = batch_tensors(model, pairs, indices, self)
+        values = circuit_values(model, graph, clean, corrupt, t, b, self.metric,
+                                [_mask(graph, c) for c in self.circuits], self.reference)  # [circuit n]
+        n_circuits = values.shape[0]
+        flat = values.double().cpu().numpy()
+        return pd.DataFrame({"prompt_idx": np.tile(np.asarray(indices), n_circuits),
+                             "circuit": np.repeat(np.arange(n_circuits), len(indices)), "value": flat.ravel()})
+
+
+def _mask(graph: EdgeGraph, numbers: np.ndarray) -> Bool[Tensor, "writer reader"]:
+    writers, readers = graph.edges
+    mask = graph.empty()
+    mask[torch.as_tensor(writers[numbers]), torch.as_tensor(readers[numbers])] = True
+    return mask
+
+
+def _numbers(graph: EdgeGraph, mask: Tensor) -> np.ndarray:
+    writers, readers = graph.edges
+    return np.flatnonzero(mask.cpu().numpy()[writers, readers]).astype(np.int64)
+
+
+def circuit_values(model: Transformer, graph: EdgeGraph, clean, corrupt, targets, baselines, metric,
+                   masks: Sequence[Tensor], reference: str = "corrupt") -> Float[Tensor, "circuit n"]:
+    """Each pair's metric with only the edges of each mask kept (the rest patched to the reference), then with
+    every edge kept (the model) and none (the empty circuit): [len(masks) + 2, n], as many circuits per forward
+    pass as ROWS_PER_FORWARD rows allow."""
+    writes = Writes.of(model, corrupt)
+    if reference == "mean":
+        writes = writes.mean(corrupt.attention_mask)
+    clean_logits = None
+    if metric == "kl":
+        with torch.no_grad():
+            clean_logits = model.run(clean, capture=Capture.none(), logits_at="last").logits[:, 0]
+    n = clean.ids.shape[0]
+    every = [*masks, graph.full(), graph.empty()]
+    per_forward = max(1, ROWS_PER_FORWARD // n)
+    values = []
+    for start in range(0, len(every), per_forward):
+        keep = torch.stack([m.float() for m in every[start:start + per_forward]]).to(model.device)
+        logits = patched_logits(model, graph, clean, writes, keep)
+        c = keep.shape[0]
+        repeated = lambda x: None if x is None else x.repeat(c)  # noqa: E731
+        values.append(measure(metric, logits.flatten(0, 1), repeated(targets), repeated(baselines),
+                              None if clean_logits is None else clean_logits.repeat(c, 1)).view(c, n))
+    return torch.cat(values)
+
+
+def evaluate(
+    model: Transformer,
+    clean: Inputs,
+    corrupt: Inputs,
+    targets: Sequence[str | int] | str | int,
+    circuits: Sequence[Tensor] | Tensor,
+    baselines: Sequence[str | int] | str | int | None = None,
+    metric: str | Callable | None = None,
+    reference: str = "corrupt",
+    execution: Execution | None = None,
+) -> pd.DataFrame:
+    """Each circuit ([writer reader] bool masks, or a [circuit writer reader] tensor) measured over the pairs: one
+    row per circuit with its edge count, the mean metric, its faithfulness, the model's and the empty circuit's
+    mean metric."""
+    check_choice(reference, "reference", REFERENCES)
+    graph = EdgeGraph.of(model.config)
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    masks = list(circuits)
+    for mask in masks:
+        if tuple(mask.shape) != tuple(graph.valid.shape):
+            raise ResidError(f"A circuit is a [writer reader] mask of shape {tuple(graph.valid.shape)} (EdgeGraph); "
+                             f"got {tuple(mask.shape)}.")
+    return _evaluate(model, graph, pairs, [m.bool().cpu() & graph.valid for m in masks], reference,
+                     as_execution(execution))
+
+
+def _evaluate(model: Transformer, graph: EdgeGraph, pairs: CircuitPairs, masks: list[Tensor], reference: str,
+              execution: Execution) -> pd.DataFrame:
+    size = batch_size_for(model, pairs.pairs.clean.tokens, execution.batch_size)
+    job = CircuitsJob.of(pairs.pairs, "clean", pairs.targets, pairs.baselines, pairs.metric, size.value,
+                         dict(metric=pairs.label), circuits=[_numbers(graph, m) for m in masks], reference=reference)
+    rows = drive(model, job, execution)
+    means = rows.groupby("circuit")["value"].mean().sort_index().to_numpy()
+    model_value, empty_value = means[-2], means[-1]
+    span = model_value - empty_value
+    values = means[:-2]
+    return pd.DataFrame({
+        "circuit": np.arange(len(masks)), "edges": [int(m.sum()) for m in masks], "metric_value": values,
+        "faithfulness": (values - empty_value) / span if span != 0 else np.full(len(values), np.nan),
+        "model_metric": model_value, "empty_metric": empty_value, "metric": pairs.label,
+    })[COLUMNS]
+
+
+def faithfulness_curve(
+    model: Transformer,
+    clean: Inputs,
+    corrupt: Inputs,
+    targets: Sequence[str | int] | str | int,
+    scores: pd.DataFrame,
+    baselines: Sequence[str | int] | str | int | None = None,
+    metric: str | Callable | None = None,
+    fractions: Sequence[float] = MIB_FRACTIONS,
+    absolute: bool = True,
+    prune: bool = True,
+    reference: str = "corrupt",
+    execution: Execution | None = None,
+) -> pd.DataFrame:
+    """The faithfulness of the top-k circuits of an edge table (eap, eap_ig, exact), k = each fraction of the
+    edges (rounded down, as MIB does), pruned: one row per fraction (`fraction`, `k`, and evaluate's columns);
+    cpr(curve) and cmd(curve) summarize it."""
+    check_choice(reference, "reference", REFERENCES)
+    graph = EdgeGraph.of(model.config)
+    fractions = [float(f) for f in fractions]
+    if not fractions or any(not 0 < f <= 1 for f in fractions) or sorted(fractions) != fractions:
+        raise ResidError(f"fractions must be increasing fractions of the edges in (0, 1], got {fractions!r}.")
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    s = matrix(graph, scores)
+    ks = [int(f * graph.n_edges) for f in fractions]
+    masks = [selection.top_k(graph, s, k, absolute, prune) for k in ks]
+    df = _evaluate(model, graph, pairs, masks, reference, as_execution(execution))
+    df.insert(1, "fraction", fractions)
+    df.insert(2, "k", ks)
+    df["method"] = scores["method"].iloc[0] if "method" in scores and len(scores) else "custom"
+    return df
+
+
+def cpr(curve: pd.DataFrame) -> float:
+    """MIB's CPR: the area under the faithfulness curve over the edge fraction (trapezoids)."""
+    return _area(curve, lambda f: f)
+
+
+def cmd(curve: pd.DataFrame) -> float:
+    """MIB's CMD: the area between the faithfulness curve and 1 over the edge fraction (trapezoids)."""
+    return _area(curve, lambda f: np.abs(1.0 - f))
+
+
+def _area(curve: pd.DataFrame, of: Callable[[np.ndarray], np.ndarray]) -> float:
+    x = curve["fraction"].to_numpy(dtype=float)
+    y = of(curve["faithfulness"].to_numpy(dtype=float))
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
+
+
+def necessity_sufficiency(
+    model: Transformer,
+    clean: Inputs,
+    corrupt: Inputs,
+    targets: Sequence[str | int] | str | int,
+    circuit: Tensor | Sequence[Site],
+    baselines: Sequence[str | int] | str | int | None = None,
+    metric: str | Callable | None = None,
+    reference: str = "corrupt",
+    execution: Execution | None = None,
+) -> pd.DataFrame:
+    """One row: the circuit's sufficiency (its faithfulness, everything else patched) and necessity (1 - the
+    faithfulness of the model with the circuit's own edges patched). `circuit`: a [writer reader] mask, or a set
+    of nodes (head and MLP Sites: every edge out of them)."""
+    graph = EdgeGraph.of(model.config)
+    mask = circuit if isinstance(circuit, Tensor) else graph.node_mask(circuit)
+    mask = mask.bool().cpu() & graph.valid
+    df = evaluate(model, clean, corrupt, targets, [mask, graph.valid & ~mask], baselines, metric, reference,
+                  execution)
+    return pd.DataFrame({"edges": [int(mask.sum())], "sufficiency": [df["faithfulness"].iloc[0]],
+                         "necessity": [1.0 - df["faithfulness"].iloc[1]],
+                         "model_metric": [df["model_metric"].iloc[0]], "empty_metric": [df["empty_metric"].iloc[0]],
+                         "metric": [df["metric"].iloc[0]]})

@@ -1,0 +1,99 @@
+"""Exact edge patching: each edge patched alone to its reference (corrupt, or mean) value, the rest of the model
+clean, the ground truth EAP and EAP-IG estimate,
+
+    score(w, r) = metric(clean run with reader r reading writer w's reference output) - metric(clean run)
+
+batched: one forward pass runs `batch` rows, each a (edge, pair) (resid.analyses.circuits.patched: keep is 1 on
+every edge but one). It costs a forward pass per edge and pair: affordable on small models, or on the edges
+`edges` names (e.g. EAP's top few hundred).
+"""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from resid.analyses.checks import check_choice
+from resid.analyses.circuits.graph import EdgeGraph
+from resid.analyses.circuits.inputs import measure, pairs_of
+from resid.analyses.circuits.patched import Writes, patched_logits
+from resid.analyses.circuits.scores import batch_tensors, edge_scores
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.capture import Capture
+from resid.model import Inputs, Transformer
+from resid.sites import Site
+
+REFERENCES = ("corrupt", "mean")
+ROWS_PER_FORWARD = 256  # (edge, pair) rows of one patched forward pass
+
+
+def exact(
+    model: Transformer,
+    clean: Inputs,
+    corrupt: Inputs,
+    targets: Sequence[str | int] | str | int,
+    baselines: Sequence[str | int] | str | int | None = None,
+    metric: str | Callable | None = None,
+    edges: Sequence[tuple[Site | str, Site | str]] | None = None,
+    reference: str = "corrupt",
+    execution: Execution | None = None,
+) -> pd.DataFrame:
+    """The exact patching effect of every edge (or of `edges`, (writer, reader) Sites or labels), the mean over
+    the pairs: the table of resid.analyses.circuits.eap.eap (edges not measured have score NaN). reference:
+    "corrupt" (each pair's corrupt run) or "mean" (every write averaged over the corrupt prompts' positions of
+    the batch)."""
+    check_choice(reference, "reference", REFERENCES)
+    graph = EdgeGraph.of(model.config)
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    chosen = np.arange(graph.n_edges) if edges is None else _edge_numbers(graph, edges)
+    options = {"reference": reference, "edges": chosen}
+    df = edge_scores(model, pairs, "exact", _batch_scores(chosen, reference), options, as_execution(execution),
+                     backward=False)
+    if edges is not None:
+        measured = np.zeros(graph.n_edges, dtype=bool)
+        measured[chosen] = True
+        df.loc[~measured, ["score", "abs_score"]] = np.nan
+    return df
+
+
+def _edge_numbers(graph: EdgeGraph, edges) -> np.ndarray:
+    number = {(int(w), int(r)): i for i, (w, r) in enumerate(zip(*graph.edges))}
+    as_site = lambda s: s if isinstance(s, Site) else Site.parse(s)  # noqa: E731
+    return np.array(sorted({number[graph.edge_index(as_site(w), as_site(r))] for w, r in edges}), dtype=np.int64)
+
+
+def _batch_scores(chosen: np.ndarray, reference: str):
+    def batch_scores(model: Transformer, graph: EdgeGraph, pairs, rows: list[int], job) -> Tensor:
+        clean, corrupt, t, b = batch_tensors(model, pairs, rows, job)
+        return edge_effects(model, graph, clean, corrupt, t, b, job.metric, chosen, reference)
+    return batch_scores
+
+
+def edge_effects(model: Transformer, graph: EdgeGraph, clean, corrupt, targets, baselines, metric,
+                 chosen: np.ndarray, reference: str = "corrupt") -> Tensor:
+    """The [writer reader] sums over this batch's pairs of metric(edge patched alone) - metric(clean), for the
+    edges numbered `chosen` (0 elsewhere)."""
+    writes = Writes.of(model, corrupt)
+    if reference == "mean":
+        writes = writes.mean(corrupt.attention_mask)
+    with torch.no_grad():
+        clean_logits = model.run(clean, capture=Capture.none(), logits_at="last").logits[:, 0]
+    clean_value = measure(metric, clean_logits, targets, baselines, clean_logits)
+    n = clean.ids.shape[0]
+    per_forward = max(1, ROWS_PER_FORWARD // n)
+    writers, readers = graph.edges
+    scores = torch.zeros(len(graph.writers), len(graph.readers), device=model.device)
+    full = graph.valid.float().to(model.device)
+    for start in range(0, len(chosen), per_forward):
+        block = torch.as_tensor(chosen[start:start + per_forward])
+        w, r = torch.as_tensor(writers[block]), torch.as_tensor(readers[block])
+        keep = full.expand(len(block), -1, -1).clone()
+        keep[torch.arange(len(block)), w, r] = 0.0
+        logits = patched_logits(model, graph, clean, writes, keep)  # [edges n d_vocab]
+        repeated = lambda x: None if x is None else x.repeat(len(block))  # noqa: E731
+        values = measure(metric, logits.flatten(0, 1), repeated(targets), repeated(baselines),
+                         clean_logits.repeat(len(block), 1)).view(len(block), n)
+        scores[w.to(model.device), r.to(model.device)] = (values - clean_value).sum(1)
+    return scores
