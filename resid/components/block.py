@@ -77,6 +77,18 @@ class Block(nn.Module):
         self.ln_cross_resid = Norm(config) if cross and config.post_ln else None
         self.parts = ("attn", "cross", "mlp") if cross else ("attn", "mlp")
 
+    def reads(self, part: str) -> Site:
+        """The residual sublayer `part` ("attn" | "cross" | "mlp") reads, a Site of this layer (through its pre-norm,
+        where it has one): attention reads resid_pre, cross-attention resid_mid; the MLP reads resid_pre in parallel
+        blocks (GPT-NeoX, GPT-J), resid_cross in decoders with cross-attention, resid_mid otherwise."""
+        if part == "attn" or (part == "mlp" and self.parallel):
+            return Site(self.layer, "resid_pre")
+        if part == "cross" and self.cross is not None:
+            return Site(self.layer, "resid_mid")
+        if part == "mlp":
+            return Site(self.layer, "resid_mid" if self.cross is None else "resid_cross")
+        raise ResidError(f"Layer {self.layer}'s sublayers are {', '.join(map(repr, self.parts))}, got {part!r}.")
+
     def forward(
         self,
         resid_pre: Float[Tensor, "batch pos d_model"],
