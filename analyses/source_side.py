@@ -129,12 +129,8 @@ def _memory_pieces(model: EncoderDecoder, encoded, pieces, sites: list[Site]):
     """The memory's components [c batch src d_model] (float32): the encoder stream's, through its final norm with
     the scale frozen (plus the norm's bias as a piece of its own), with the labels of their encoder sites."""
     labels = [dataclasses.replace(site, stack="encoder").label for site in sites]
-    norm = model.encoder.ln_final
-    if norm is None:
-        return pieces, labels
     scale = encoded.stream.final_norm_scale.float()  # [batch src 1]
-    pieces = norm.frozen(pieces, scale, constants=False)  # each piece through the norm's linear part
-    constant = norm.constant()
+    pieces, constant = model.encoder.readout.frozen_pieces(pieces, scale)
     if constant is not None:
         bias = Site(None, "final_bias", stack="encoder").label
         pieces, labels = torch.cat([pieces, constant.expand_as(pieces[0])[None]]), [*labels, bias]
@@ -144,8 +140,8 @@ def _memory_pieces(model: EncoderDecoder, encoded, pieces, sites: list[Site]):
 def _split_heads(attn, layer: int, written, into: Direction, memory_pieces, labels) -> list[Contributions]:
     """One row per (cross head, memory component), and one per head for its value bias."""
     w = into.through(attn.W_O)  # [batch pos head d_head]: what z[h] is read with
-    repeat = attn.n_heads // attn.n_kv_heads
-    w_v = attn.W_V.float().repeat_interleave(repeat, dim=0)  # [head d_model d_head]
+    rule = attn.score_rule
+    w_v = rule.repeat_kv(attn.W_V.float(), dim=0)  # [head d_model d_head]
     r = torch.einsum("bthe,hde->bthd", w, w_v)  # what memory W_V[h] is read with, per query position
     pattern = written.pattern.float()  # [batch head pos src]
     reads = torch.einsum("bhts,bthd->bhsd", pattern, r)
@@ -156,7 +152,7 @@ def _split_heads(attn, layer: int, written, into: Direction, memory_pieces, labe
         site = Site(layer, "cross", head=head)
         groups.append(Contributions([site] * n_pieces, values[:, head], sources=labels))
     if attn.b_V is not None:
-        b_v = attn.b_V.float().repeat_interleave(repeat, dim=0)  # [head d_head]
+        b_v = rule.repeat_kv(attn.b_V.float(), dim=0)  # [head d_head]
         biases = torch.einsum("bhts,bthe,he->bh", pattern, w, b_v)
         groups += [Contributions([Site(layer, "cross", head=h)], biases[:, h : h + 1], sources=["b_V"])
                    for h in range(n_heads)]

@@ -51,12 +51,10 @@ def context(model, tokens: Tokens, memory: Memory | None = None, cache: KVCache 
     position ids of those keys (relative position bias), by default those of `tokens`."""
     cfg = model.config
     kinds = cfg.layer_types_used
-    rotary = {}
-    if model.rotary is not None:
-        angles = model.rotary.cos_sin(tokens.position_ids, model.dtype)
-        rotary = {kind: angles for kind in kinds}
-        if model.rotary_local is not None and "sliding" in kinds:
-            rotary["sliding"] = model.rotary_local.cos_sin(tokens.position_ids, model.dtype)
+    rotaries = {kind: model.rotary_of(kind) for kind in kinds}
+    distinct = {id(rotary): rotary for rotary in rotaries.values() if rotary is not None}
+    angles = {key: rotary.cos_sin(tokens.position_ids, model.dtype) for key, rotary in distinct.items()}  # once each
+    rotary = {kind: angles[id(found)] for kind, found in rotaries.items() if found is not None}
     if allowed is None:
         n_pos, padded = tokens.ids.shape[1], not bool(tokens.attention_mask.all())
 

@@ -24,7 +24,7 @@ from resid.components.head import MLMHead
 from resid.components.norm import Norm
 from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
-from resid.config import ModelConfig
+from resid.config import LayerType, ModelConfig
 from resid.errors import ResidError
 from resid.generate import Generation, generate
 from resid.interventions import Intervention, group_edits
@@ -76,6 +76,14 @@ class Transformer(TokenInputs, nn.Module):
     def readout(self) -> Readout:
         """Final norm + head: logits of residual vectors and directions on the stream (resid.readout)."""
         return Readout(self.ln_final, self.unembed, self.mlm_head, self.name)
+
+    def rotary_of(self, layer_type: LayerType) -> Rotary | None:
+        """The rotary that turns the queries and keys of the self-attention layers of `layer_type` ("full" |
+        "sliding": Attention.layer_type); None without rotary positions. Gemma 3's sliding layers turn with their
+        own (local, unscaled) base. Its cos_sin(position_ids, dtype) gives the angles, Rotary.apply turns by them."""
+        if layer_type == "sliding" and self.rotary_local is not None:
+            return self.rotary_local
+        return self.rotary
 
     def forward(self, inputs: Inputs) -> Float[Tensor, "batch pos out"]:
         """Logits [batch pos d_vocab] of texts (left-padded), Tokens, or ids [batch pos] / [pos], recording

@@ -4,7 +4,8 @@ residual stream. Every analysis goes through it; none touches a norm's internals
     readout = model.readout
     readout.logits(resid)                    final norm (recomputed) + unembedding: the logit lens
     readout.logits(resid, scale)             the same with the final norm's scale frozen from a run
-    readout.frozen(resid, scale)             that final norm alone, float32 (constants on or off), and
+    readout.frozen(resid, scale)             that final norm alone, float32 (constants on or off); of a
+                                             residual given as pieces: frozen_pieces(pieces, scale); and
     readout.frozen_adjoint(u, scale)         its adjoint: u read after the final norm as a read-out before it
     readout.unembed.frozen(normalized)       the logits before any final soft cap, float32 (and frozen_adjoint)
     d = readout.logit_direction(targets, scale, baselines)
@@ -125,6 +126,17 @@ class Readout:
         if self.norm is None:
             return resid.float()
         return self.norm.frozen(resid, scale, constants)
+
+    def frozen_pieces(
+        self, pieces: Float[Tensor, "piece *batch d_model"], scale: Float[Tensor, "*batch 1"]
+    ) -> tuple[Float[Tensor, "piece *batch d_model"], Float[Tensor, "d_model"] | None]:
+        """`frozen` of a residual given as pieces that sum to it (a stream's components): each piece through the
+        final norm's linear part (scale frozen, float32), and the constant the norm adds once (its bias; None
+        where it adds none). They sum to frozen(sum of the pieces, scale): e.g. an encoder's memory, what a
+        decoder's cross-attention reads, split by the encoder's components."""
+        if self.norm is None:
+            return pieces.float(), None
+        return self.norm.frozen(pieces, scale, constants=False), self.norm.constant()
 
     def frozen_adjoint(
         self, u: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch 1"]

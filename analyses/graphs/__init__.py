@@ -8,7 +8,7 @@ direct effect.
     graphs.write_json(graph, "graph.json")     # the pruned graph, as circuit-tracer's and Neuronpedia's viewers read it
     graphs.write_html(graph, "graph.html")     # resid's own viewer of it: one self-contained page
     split = graphs.split_heads(model, graph.pruned(), transcoders)   # edges by the head of their last attention hop
-    qk = graphs.QK(model, prompt, transcoders)  # why a head attended: its score split into pairs of terms (qk.py)
+    qk = graphs.QK(model, prompt, transcoders)  # why a head attended: its score split into pairs of terms (qk/)
 """
 
 from resid.analyses.graphs.attribute import attribute

@@ -81,7 +81,6 @@ class Effects:
         self.model, self.sites, self.fix_qk = model, set(sites), fix_qk
         self.base, self.donor, self.at = base, donor, at
         self.mask = tokens.attention_mask.to(model.device)[..., None].to(model.dtype)  # [batch pos 1]
-        self.group = model.config.n_heads // model.config.n_kv_heads
         # a layer's whole pattern / q / k site -> the patched pattern minus the base run's; deltas: each site's
         # patched minus base value; both computed once, reused by every backward pass of GradDrop
         self.moved: dict[Site, Tensor] = {}
@@ -139,11 +138,12 @@ class Effects:
                 per_head[name] = (delta * grads[site] * mask[..., None]).sum((1, 3))
         pattern_sites = [s for s in ("q", "k", "pattern") if s in self.sites and (s == "pattern" or self.fix_qk)]
         if pattern_sites:
-            v = attn.v.detach().repeat_interleave(self.group, dim=2)  # [batch key head d_head]
+            rule = self.model.blocks[l].attn.score_rule  # query head h reads key/value head rule.kv_head(h)
+            v = rule.repeat_kv(attn.v.detach(), dim=2)  # [batch key head d_head]
             grad = torch.einsum("bihd,bjhd->bhij", grads[z], v) * mask[:, None]  # [batch head pos key]
             for name in pattern_sites:
                 effect = (self.moved[Site(l, "attn", field=name)] * grad).sum((2, 3))
-                per_head[name] = effect.view(len(effect), -1, self.group).sum(-1) if name == "k" else effect
+                per_head[name] = effect.view(len(effect), -1, rule.group).sum(-1) if name == "k" else effect
         for name, effect in per_head.items():
             for h, column in enumerate(effect.unbind(1)):
                 found[head_site(l, name, h)] = column

@@ -22,6 +22,11 @@ per-head view, W_Q [head d_model d_head], W_O [head d_head d_model], ... (writin
 Query head h reads key/value head h // (n_heads / n_kv_heads), as in Hugging Face's `repeat_kv`. Edited scores
 or an edited pattern (Site(..., field="scores" | "pattern")) take the explicit path: z = softmax(scores) @ v.
 
+What turns a head's query and key into its score is one frozen value, `Attention.score_rule` (a ScoreRule: the
+scale, the soft cap and the query-to-key/value head map); the forward forms its scores with it, and so does any
+reader that recomputes scores from queries and keys (an attribution graph's QK attribution). The rotary a layer's
+queries and keys are turned by is the model's, Transformer.rotary_of(layer type).
+
 With its pattern P frozen (an attribution graph's replacement model), attention is affine in what it reads; its
 value path is the map `frozen`, and `frozen_adjoint` its linear part's adjoint (float32):
 
@@ -47,6 +52,48 @@ from resid.components.rotary import Rotary
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
 from resid.records import OnRead, same_fields
+
+
+@dataclass(frozen=True)
+class ScoreRule:
+    """What turns one head's query q and key k into its score, frozen: raw = q . k * scale, then the soft cap,
+    score = cap * tanh(raw / cap) (Gemma 2; none elsewhere); query head h reads key/value head h // group. The
+    masks and T5's relative position bias are the pass's (AttnContext), not the layer's."""
+
+    scale: float  # d_head^-0.5 unless the config sets attn_scale (score_scale)
+    softcap: float | None  # None: no cap
+    group: int  # query heads per key/value head: 1 (MHA), n_heads / n_kv_heads (GQA), n_heads (MQA)
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head query head `head` reads."""
+        return head // self.group
+
+    def repeat_kv(self, x: Float[Tensor, "..."], dim: int) -> Float[Tensor, "..."]:
+        """x with its key/value-head axis `dim` repeated to one entry per query head (Hugging Face's repeat_kv)."""
+        return x.repeat_interleave(self.group, dim=dim)
+
+    def raw(self, q: Float[Tensor, "*batch pos d_head"], k: Float[Tensor, "*batch key_pos d_head"]
+            ) -> Float[Tensor, "*batch pos key_pos"]:
+        """q k^T * scale, before any soft cap: queries and keys of the same heads (repeat_kv the keys first)."""
+        # in place on the fresh product: the same numbers, one pass fewer over the [... pos key_pos] scores
+        return (q @ k.transpose(-1, -2)).mul_(self.scale)
+
+    def capped(self, raw: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        """The scores of raw scores: cap * tanh(raw / cap) with a soft cap, raw itself without one."""
+        return raw if self.softcap is None else torch.tanh(raw / self.softcap) * self.softcap
+
+    def uncapped(self, scores: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        """The raw scores of scores (capped's inverse, cap * atanh(score / cap)), in float64: a capped score within
+        float rounding of the cap is read as just below it."""
+        if self.softcap is None:
+            return scores.double()
+        return self.softcap * torch.atanh((scores.double() / self.softcap).clamp(-1 + 1e-15, 1 - 1e-15))
+
+
+def score_scale(config: ModelConfig) -> float:
+    """What q . k is multiplied by: config.attn_scale where the loader sets one (Gemma's query_pre_attn_scalar,
+    DeepSeek's yarn mscale), else 1 / sqrt(d_head)."""
+    return config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
 
 
 @dataclass
@@ -147,8 +194,7 @@ class ScoreInputs:
 
     q_h: Float[Tensor, "batch head pos d_head"]
     k_h: Float[Tensor, "batch kv_head key_pos d_head"]
-    scale: float
-    softcap: float | None
+    rule: ScoreRule
     bias: Tensor | None  # T5's relative position bias, which carries the mask [#batch head pos key_pos]
     blocked: Tensor | None  # True at the keys a query may not read [#batch 1 pos|1 key_pos]; None: see causal
     causal: CausalMask | None  # plain causal (nothing padded, no window reaching back): the pass's shared mask
@@ -170,17 +216,12 @@ class ScoreInputs:
         else:
             blocked = ctx.blocked[attention.layer_type]
             causal = ctx.causal_mask if blocked is None and ctx.causal else None
-        return cls(q_h, k_h, attention.scale, attention.softcap, bias, blocked, causal, rows)
+        return cls(q_h, k_h, attention.score_rule, bias, blocked, causal, rows)
 
     def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
         """q k^T * scale, soft-capped if the model caps them, plus the relative position bias of models with one,
         -inf at the keys a query may not read (the module docstring's `scores`)."""
-        k_r = self.k_h.repeat_interleave(self.q_h.shape[1] // self.k_h.shape[1], dim=1)
-        # in place where a fresh tensor would only be thrown away: the same numbers, two fewer passes over the
-        # [batch head pos key_pos] scores
-        scores = (self.q_h @ k_r.transpose(-1, -2)).mul_(self.scale)
-        if self.softcap is not None:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = self.rule.capped(self.rule.raw(self.q_h, self.rule.repeat_kv(self.k_h, dim=1)))
         if self.bias is not None:
             return scores + self._rows(self.bias)
         blocked = self.blocked if self.causal is None else self.causal(self.k_h.shape[2], scores.device)
@@ -243,8 +284,7 @@ class Attention(nn.Module):
         self.layer_type: LayerType = "full" if cross else config.layer_type(layer)
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
         d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
-        self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
-        self.softcap = config.attn_softcap
+        self.scale, self.softcap = score_scale(config), config.attn_softcap  # score_rule's pieces
         # q/k RMSNorm before rotary: over each head's d_head dims, or over the whole projection (OLMo 2)
         self.qk_norm = config.qk_norm
         per_head = config.qk_norm == "head"
@@ -261,6 +301,11 @@ class Attention(nn.Module):
         self.b_O = nn.Parameter(torch.zeros(d_model)) if config.attn_out_bias else None
         # q_proj -> q, k_proj -> k where nothing transforms the projection: recorded as q and k, not twice
         self.same = same_fields(config, cross)
+
+    @property
+    def score_rule(self) -> ScoreRule:
+        """What turns this attention's queries and keys into its scores (the scale, the soft cap, the head map)."""
+        return ScoreRule(self.scale, self.softcap, self.n_heads // self.n_kv_heads)
 
     @property
     def W_Q(self) -> Float[Tensor, "head d_model d_head"]:
@@ -321,7 +366,8 @@ class Attention(nn.Module):
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         scores = pattern = None
         edited = {iv.site.what for iv, _ in edits} & {"scores", "pattern"} if edits else ()
-        if self.softcap is not None or edited:
+        rule = self.score_rule
+        if rule.softcap is not None or edited:
             # SDPA cannot soft-cap scores, nor take edited scores or an edited pattern: the explicit path, as
             # Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
             # every head edit uses.
@@ -331,7 +377,7 @@ class Attention(nn.Module):
             pattern = softmax(scores, q_h.dtype)
             if "pattern" in edited:
                 pattern = apply_edits(pattern.transpose(1, 2), edits, "pattern").transpose(1, 2)
-            z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            z_h = pattern @ rule.repeat_kv(v_h, dim=1)
         else:
             # z comes from SDPA, so capturing the scores or the pattern (formed on read from q and k, ScoreInputs)
             # cannot change the numbers, and costs nothing until they are read.
@@ -340,8 +386,7 @@ class Attention(nn.Module):
                 ctx.position_bias(self.layer, q_h.dtype) if relative else ctx.allowed[self.layer_type])
             causal = mask is None and ctx.causal and not self.cross
             z_h = F.scaled_dot_product_attention(
-                q_h, k_h, v_h, attn_mask=mask, is_causal=causal, scale=self.scale,
-                enable_gqa=self.n_kv_heads != self.n_heads,
+                q_h, k_h, v_h, attn_mask=mask, is_causal=causal, scale=rule.scale, enable_gqa=rule.group != 1,
             )
             if ctx.cache is not None and want & {"scores", "pattern"}:  # a cached pass: its keys are the cache's
                 scores = self.scores_of(q_h, k_h, ctx)
@@ -365,7 +410,7 @@ class Attention(nn.Module):
         v = torch.einsum("kd,gde->gke", normalized.float(), self.W_V.float())
         if constants and self.b_V is not None:
             v = v + self.b_V.float()[:, None, :]
-        v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)  # [head key_pos d_head]
+        v = self.score_rule.repeat_kv(v, dim=0)  # [head key_pos d_head]
         z = pattern.float() @ v  # [head pos d_head]
         out = torch.einsum("hqe,hed->qd", z, self.W_O.float())
         return out + self.b_O.float() if constants and self.b_O is not None else out
@@ -377,8 +422,8 @@ class Attention(nn.Module):
         prompt's frozen pattern), float32: frozen(x, P, constants=False) . g == x . frozen_adjoint(g, P)."""
         gz = torch.einsum("bqd,hed->bhqe", g.float(), self.W_O.float())
         gv = torch.einsum("hqk,bhqe->bhke", pattern.float(), gz)
-        batch, heads, keys, d_head = gv.shape
-        gv = gv.view(batch, self.n_kv_heads, heads // self.n_kv_heads, keys, d_head).sum(2)  # GQA: a group's sum
+        batch, _, keys, d_head = gv.shape
+        gv = gv.view(batch, self.n_kv_heads, self.score_rule.group, keys, d_head).sum(2)  # GQA: a group's sum
         return torch.einsum("bgke,gde->bkd", gv, self.W_V.float())
 
     def frozen_adjoint_heads(
@@ -388,7 +433,7 @@ class Attention(nn.Module):
         heads sum to frozen_adjoint(g, P); under GQA, heads sharing a value head stay apart."""
         gz = torch.einsum("bqd,hed->bhqe", g.float(), self.W_O.float())
         gv = torch.einsum("hqk,bhqe->bhke", pattern.float(), gz)
-        w_v = self.W_V.float().repeat_interleave(self.n_heads // self.n_kv_heads, dim=0)  # [head d_model d_head]
+        w_v = self.score_rule.repeat_kv(self.W_V.float(), dim=0)  # [head d_model d_head]
         return torch.einsum("bhke,hde->bhkd", gv, w_v)
 
     def _qkv(
@@ -470,6 +515,18 @@ class Attention(nn.Module):
             out = Rotary.apply(out[None], cos.float()[None], sin.float()[None])[0]  # the rows as one batch
         return out
 
+    def qk_norm_scale(
+        self, name: str, projected: Float[Tensor, "n heads d_head"]
+    ) -> Float[Tensor, "n qk_heads 1"] | None:
+        """The q/k norm's scale (name "q": of queries, "k": of keys) of projected rows (q_proj or k_proj) as frozen_qk
+        takes it: per head [n head 1], or over the whole projection [n 1 1] (OLMo 2); None without q/k norms."""
+        norm = self.q_norm if name == "q" else self.k_norm
+        if norm is None:
+            return None
+        if self.qk_norm == "all":
+            return norm(projected.flatten(-2))[1][:, None]
+        return norm(projected)[1]
+
     def pattern_of(
         self,
         q_h: Float[Tensor, "batch head pos d_head"],
@@ -490,8 +547,6 @@ class Attention(nn.Module):
         return ScoreInputs.of(self, q_h, k_h, ctx).scores()
 
 
-def softmax(
-    scores: Float[Tensor, "batch head pos key_pos"], dtype: torch.dtype
-) -> Float[Tensor, "batch head pos key_pos"]:
+def softmax(scores: Float[Tensor, "*batch key_pos"], dtype: torch.dtype) -> Float[Tensor, "*batch key_pos"]:
     """The pattern of scores: softmax over the keys in float32 (as the eager Hugging Face attention), in `dtype`."""
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from resid.components.attention import Attention, AttnContext
+from resid.components.attention import Attention, AttnContext, score_scale
 from resid.components.norm import Norm
 from resid.components.rotary import Rotary
 from resid.config import ModelConfig
@@ -55,7 +55,7 @@ class LatentAttention(Attention):
         self.rot, self.kv_rank, self.q_rank = config.rotary_dims, config.kv_rank, config.q_rank
         self.nope = self.d_head - self.rot
         self.interleaved = config.rotary_pairs == "interleaved"
-        self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
+        self.scale = score_scale(config)
         self.softcap, self.qk_norm, self.q_norm, self.k_norm = None, "none", None, None
         self.same: dict[str, str] = {}  # q_proj and k_proj are rotated into q and k: never the same tensor
         d_model, d_q = config.d_model, config.n_heads * config.d_head

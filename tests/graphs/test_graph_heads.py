@@ -267,7 +267,7 @@ def test_resid_graph_heads_writes_the_split_beside_the_json(tmp_path, capsys) ->
     assert list(written_json["qk"]) == [f"{site.label}->{key}" for site, key in carriers]
     name, entry = next(iter(written_json["qk"].items()))
     site, key = carriers[0]
-    result = QK(model, prompt, transcoders).score(site.layer, site.head, query=site.positions[0], key=key)
+    result = QK(model, prompt, transcoders).score(site, key=key)  # the carrier's head Site, at its query
     assert entry["raw"] == pytest.approx(result.raw, rel=1e-4, abs=1e-5) and "function showQK" in \
         (tmp_path / "g.html").read_text()
     assert main(["graph", prompt, "--model", str(folder), "--transcoders", str(data / "circuit_tracer" / "plt"),

@@ -110,18 +110,36 @@ def test_the_prediction_of_removing_a_term_is_the_frozen_form() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(layer=1, head=0, query=2, key=5), "cannot read position 5"),
-    (dict(layer=1, head=0, query=-1, key=2, versus=2), "the key itself"),
-    (dict(layer=1, head=4, query=-1, key=2), "has 4 heads"),
-    (dict(layer=1, head=0, query=9, key=2), "outside the prompt's 7 positions"),
-    (dict(layer=3, head=0, query=-1, key=2), "layer"),
-    (dict(layer=1, head=0, query=-1, key=2, versus="median"), "'mean'"),
+    (dict(site=1, head=0, query=2, key=5), "cannot read position 5"),
+    (dict(site=1, head=0, query=-1, key=2, versus=2), "the key itself"),
+    (dict(site=1, head=4, query=-1, key=2), "has 4 heads"),
+    (dict(site=1, head=0, query=9, key=2), "outside the prompt's 7 positions"),
+    (dict(site=3, head=0, query=-1, key=2), "layer"),
+    (dict(site=1, head=0, query=-1, key=2, versus="median"), "'mean'"),
+    (dict(site=1, key=2), r"score\(1\) needs the head: score\(Site\(1, 'attn', head=H\)\) or score\(1, H\)"),
+    (dict(site=Site(1, "attn", head=4), key=2), "head 4 is out of range; the model has 4 heads"),
+    (dict(site=Site(1, "mlp", neuron=3), key=2), "is not an attention head"),
+    (dict(site=Site(1, "attn"), key=2), "is not an attention head"),
+    (dict(site=Site(1, "attn", head=0), head=0, key=2), "names the head already"),
+    (dict(site=Site(1, "attn", head=0, positions=(6,)), query=6, key=2), "one query position"),
+    (dict(site=Site(1, "attn", head=0, positions=(5, 6)), key=2), "one query position"),
 ])
 def test_bad_positions_heads_and_layers_get_one_clear_error(kwargs, match) -> None:
     model = make_random_model("llama_gqa")
     qk = QK(model, IDS, per_layer(model))
     with pytest.raises(resid.ResidError, match=match):
         qk.score(**kwargs)
+
+
+def test_a_head_site_is_the_layer_and_head_and_its_position_the_query() -> None:
+    model = make_random_model("llama_gqa")
+    qk = QK(model, IDS, per_layer(model))
+    by_ints = qk.score(2, 1, query=5, key=3, versus=1)
+    for site, query in ((Site(2, "attn", head=1, positions=(5,)), None), (Site(2, "attn", head=1), 5),
+                        (Site(-1, "attn", head=-3, field="pattern", positions=(-2,)), None)):
+        result = qk.score(site, query=query, key=3, versus=1)
+        assert (result.layer, result.head, result.query, result.weights) == (2, 1, 5, by_ints.weights)
+        assert result.raw == by_ints.raw and result.head_site == Site(2, "attn", head=1, positions=(5,))
 
 
 def test_a_key_outside_a_sliding_window_is_refused() -> None:

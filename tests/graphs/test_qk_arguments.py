@@ -18,12 +18,13 @@ IDS = [11, 5, 7, 2, 9, 31, 3]
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(key=True), "key"), (dict(key=2, versus=False), "versus"),
-                                          (dict(query=True, key=0), "query"), (dict(head=True, key=2), "head")])
+                                          (dict(query=True, key=0), "query"), (dict(head=True, key=2), "head"),
+                                          (dict(site=True, head=None, key=2), "layer")])
 def test_bools_are_refused_as_positions_and_heads(kwargs, name) -> None:
     model = make_random_model("llama_gqa")
     qk = QK(model, IDS, per_layer(model))
     with pytest.raises(resid.ResidError, match=f"{name}=(True|False).* must be a whole number .an int"):
-        qk.score(**{"layer": 1, "head": 0, **kwargs})
+        qk.score(**{"site": 1, "head": 0, **kwargs})
 
 
 UNCHECKED = """
