@@ -17,12 +17,15 @@ names, types and defaults (None: Execution(), every default).
 The values are checked when the value is made, the executor and workers when the job starts (Execution.runner).
 """
 
+import dataclasses
 import os
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from resid.analyses.distributed.executor import Executor, InProcess
+from resid.analyses.distributed.progress import shows
 from resid.analyses.distributed.ray_executor import RayExecutor
 from resid.errors import ResidError
 
@@ -50,10 +53,7 @@ class Execution:
     @property
     def shows_progress(self) -> bool:
         """Whether to draw a progress bar: as asked, or, by default, when stderr is a terminal."""
-        if self.progress is not None:
-            return self.progress
-        stream = sys.stderr
-        return bool(getattr(stream, "isatty", None) and stream.isatty())
+        return shows(self.progress)
 
     @property
     def path(self) -> Path | None:
@@ -80,6 +80,23 @@ class Execution:
             f"Unknown executor {executor!r}: use None (in process), 'ray' (with workers=N), or an executor object "
             "such as resid.analyses.distributed.RayExecutor(workers=2, address=...)."
         )
+
+    @contextmanager
+    def started(self) -> Iterator["Execution"]:
+        """This Execution with its executor started: an Executor object, made here once (and closed at the end) where
+        `executor` names one, so that every drive of a job of several maps (an attribution graph's rounds, a sweep
+        and its reference means) runs on the same workers; the other settings as they are."""
+        runner, owned = self.runner()
+        try:
+            yield dataclasses.replace(self, executor=runner, workers=None)
+        finally:
+            if owned:
+                runner.close()
+
+    def inner(self) -> "Execution":
+        """The Execution of a job run within this one's drive (the reference means of a mean-ablation sweep): the
+        same executor, batch size and progress; the store at `out` is the outer job's."""
+        return dataclasses.replace(self, out=None)
 
 
 def as_execution(execution: "Execution | None") -> Execution:

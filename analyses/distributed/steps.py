@@ -108,7 +108,7 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
                     raise store.damaged(str(error)) from None
         remote = not isinstance(runner, InProcess)
         job.shows_progress = execution.shows_progress
-        with meter(execution, job.steps * job.step_size, job.name, job.unit, initial=job.step * job.step_size,
+        with meter(execution.progress, job.steps * job.step_size, job.name, job.unit, initial=job.step * job.step_size,
                    unit_scale=True) as bar:
             if job.step < job.steps:
                 # in process nothing runs ahead; on Ray every worker works on a chunk while the steps run
