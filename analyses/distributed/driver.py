@@ -104,6 +104,7 @@ def drive(model, job: Job, execution: Execution, take: Callable[[object, object]
         raise ResidError(f"{job.name} computes a reduction, not table rows: it takes no out= file.")
     if take is not None and job.key is not None:
         raise ResidError(f"{job.name} computes table rows: the driver keeps them (take= is for reductions).")
+    execution.check_chunked(job.name)
     store = None
     with execution.started() as execution:
         runner = execution.executor
