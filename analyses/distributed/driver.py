@@ -1,7 +1,8 @@
 """The one driver of chunked work: every long job (ablation sweeps, every kind of patching, corpus scans, the
-reference means of mean ablation) runs through `drive`, so each gets batching (in its job), out-of-memory
-back-off (in its job), a resumable `out=` store, progress (a bar, or a line every half minute where no bar is drawn:
-resid.analyses.distributed.progress) and Ray workers from this one loop.
+reference means of mean ablation and the means of encoder-decoder sweeps, an attribution graph's backward sweeps and
+its head split) runs through `drive`, the one loop over an executor's map, so each gets batching (in its job),
+out-of-memory back-off (in its job), a resumable `out=` store, progress (a bar, or a line every half minute where no
+bar is drawn: resid.analyses.distributed.progress) and Ray workers from this one loop.
 
     result = drive(model, job, Execution(out="results.parquet", executor="ray", workers=2))
 
