@@ -100,8 +100,7 @@ def sweep(
     reference_texts = values.read_reference(reference) if method == "mean" else None
     job = SweepJob(given.sequences(range(n)), given.pad_token_id, target_ids, baseline_ids, donors, chosen, method,
                    metric, {}, mean_positions == "per_position", read_at, execution.batch_size, size.value,
-                   model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries,
-                   progress=execution.progress)
+                   model.config.n_layers, settings, reference=reference_texts, dictionaries=dictionaries)
     return _ordered(drive(model, job, execution), chosen)
 
 

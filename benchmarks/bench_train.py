@@ -182,8 +182,9 @@ def main() -> None:
         return
 
     start = time.perf_counter()
-    sae, = train(model, texts, [site], recipe, Execution(batch_size=args.forward_batch, progress=False),
-                 window=args.window, buffer_tokens=buffer_tokens, device=args.device, autocast=args.autocast)
+    sae, = train(model, texts, [site], recipe, Execution(batch_size=args.forward_batch, progress=False,
+                                                         device=args.device),
+                 window=args.window, buffer_tokens=buffer_tokens, autocast=args.autocast)
     _sync(args.device)
     ours = {"seconds": time.perf_counter() - start, **_held_out(sae, held_out)}
     ours["tokens_per_s"] = tokens / ours["seconds"]
@@ -262,8 +263,8 @@ def _stream(texts, args) -> None:
         model = resid.load("smollm2-135m", device=args.device, dtype=dtype)
         specs = [Spec.transcoder(model, layer) for layer in range(args.stream)]
         start = time.perf_counter()
-        train(model, texts, specs, recipe, Execution(batch_size=args.forward_batch, progress=False),
-              window=args.window, buffer_tokens=buffer_tokens, device=args.device)
+        train(model, texts, specs, recipe, Execution(batch_size=args.forward_batch, progress=False, device=args.device),
+              window=args.window, buffer_tokens=buffer_tokens)
         _sync(args.device)
         seconds = time.perf_counter() - start
         source = Activations(model, texts, [p for s in specs for p in s.points(model) if p is not None],

@@ -116,7 +116,7 @@ def side_by_side(model, texts: list[str], kinds: list[str], recipe: Recipe, wind
     job = SideBySide(model, texts, specs, recipe, window, forward_batch, buffer_tokens, False, None, False, 10.0,
                      TANH_SCALE, None, kinds=kinds)
     started = time.perf_counter()
-    clt = drive_steps(model, job, Execution(progress=progress), checkpoint_every=recipe.steps + 1)
+    clt = drive_steps(model, job, Execution(progress=progress, checkpoint_every=recipe.steps + 1))
     return job, clt if "clt" in kinds else None, time.perf_counter() - started
 
 

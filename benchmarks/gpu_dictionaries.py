@@ -70,8 +70,8 @@ def train_transcoders(model, steps: int, batch_size: int, forward_batch: int, bu
     def run(steps: int, buffer_tokens: int) -> list:
         recipe = Recipe(activation="batchtopk", k=16, expansion=2, steps=steps, batch_size=batch_size,
                         warmup_steps=max(1, steps // 6), threshold_start_step=max(1, steps // 3))
-        return train(model, texts, specs, recipe, Execution(batch_size=forward_batch, progress=False),
-                     buffer_tokens=buffer_tokens, device=model.device)
+        return train(model, texts, specs, recipe, Execution(batch_size=forward_batch, progress=False,
+                                                            device=model.device), buffer_tokens=buffer_tokens)
 
     with Peak(model.device) as peak:
         start = time.perf_counter()

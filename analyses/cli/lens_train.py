@@ -44,7 +44,8 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--seed", type=int, default=42, help="of the data order (default 42)")
     parser.add_argument("--layout", default="resid", choices=["resid", "tuned-lens"],
                         help="resid's translators.safetensors (default) or tuned-lens's config.json + params.pt")
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
+    parser.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (default: "
+                        "every 4%% of the steps, at most 100 apart: every 10 of the default 250)")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 2048 "
                         "tokens' worth)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -54,8 +55,10 @@ def check(args) -> None:
     from resid.analyses.lenses.training import Recipe
 
     arguments.out_folder(args.out)
-    for flag in ("steps", "tokens_per_step", "seq_len", "checkpoint_every"):
+    for flag in ("steps", "tokens_per_step", "seq_len"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+    if args.checkpoint_every is not None:
+        arguments.at_least(args.checkpoint_every, 1, "--checkpoint-every")
     if args.batch_size is not None:
         arguments.at_least(args.batch_size, 1, "--batch-size")
     with param_style(_render):
@@ -70,9 +73,9 @@ def run(model, args) -> str:
 
     training, _ = args.split(model)
     execution = Execution(batch_size=args.batch_size or "auto", progress=False if args.quiet else None,
-                          out=args.out)
+                          out=args.out, checkpoint_every=args.checkpoint_every)
     with param_style(_render):
-        lens = tuned_lens.train(model, training, args.recipe, execution, checkpoint_every=args.checkpoint_every)
+        lens = tuned_lens.train(model, training, args.recipe, execution)
     folder = tuned_lens.write(lens, args.out, layout=args.layout)
     losses = lens.translators.info["losses"]
     return (f"trained a tuned lens of {model.name}: {len(lens.translators.sites)} translators (every {args.every}), "

@@ -79,13 +79,14 @@ def run(model, args) -> str:
     baselines = [r["baseline"] for r in found] if found[0].get("baseline") is not None else None
     # --out is the table written below, not a result store: the rows are exported once, in the table's columns
     execution = arguments.execution(args.batch_size, args.quiet, args.executor)
-    options = dict(sites=args.sites, direction=args.direction, metric=args.metric, align=args.align,
-                   source=args.source_texts, corrupt_source=args.corrupt_texts, execution=execution)
+    pairs = patching.Pairs(clean, corrupt, targets, baselines, metric=args.metric, align=args.align)
+    options = dict(sites=args.sites, direction=args.direction, source=args.source_texts,
+                   corrupt_source=args.corrupt_texts, execution=execution)
     try:
         if args.method == "exact":
-            df = patching.activation(model, clean, corrupt, targets, baselines, **options)
+            df = patching.activation(model, pairs, **options)
         else:
-            df = patching.atp(model, clean, corrupt, targets, baselines, method=args.method, **options)
+            df = patching.atp(model, pairs, method=args.method, **options)
     finally:
         if args.executor is not None:
             args.executor.close()

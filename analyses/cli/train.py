@@ -105,8 +105,8 @@ def add_parser(commands, common) -> None:
                             help="tokens without firing after which a feature counts as dead (and AuxK revives it; "
                                  "default: a tenth of --tokens, at most sparsify's 10M)")
         parser.add_argument("--seed", type=int, default=0, help="of the initialisation and data order (default 0)")
-        parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints "
-                            "(default 100)")
+        parser.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints "
+                            "(default: every 4%% of the steps, at most 100 apart)")
         parser.add_argument("--resume", action="store_true", help="continue the run checkpointed in --out")
         parser.add_argument("--eval-windows", type=int, default=32, help="held-out windows evaluated (default 32; "
                             "0: none)")
@@ -115,9 +115,9 @@ def add_parser(commands, common) -> None:
 
 
 def check(args) -> None:
-    for flag in ("tokens", "batch_size", "window", "forward_batch", "checkpoint_every", "k", "expansion"):
+    for flag in ("tokens", "batch_size", "window", "forward_batch", "k", "expansion"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
-    for flag in ("buffer_tokens", "d_sae"):
+    for flag in ("buffer_tokens", "d_sae", "checkpoint_every"):
         if getattr(args, flag) is not None:
             arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     arguments.at_least(args.eval_windows, 0, "--eval-windows")
@@ -231,10 +231,11 @@ def run(model, args) -> str:
         _note(f"a shuffling buffer of {buffer_tokens:,} tokens (at most a quarter of the free memory, or the resumed "
               "checkpoint's; --buffer-tokens sets it)")
     progress = False if args.quiet else None
-    execution = Execution(args.executor, batch_size=args.forward_batch, progress=progress, out=args.out)
+    execution = Execution(args.executor, batch_size=args.forward_batch, progress=progress, out=args.out,
+                          checkpoint_every=args.checkpoint_every)
     try:
-        options = dict(checkpoint_every=args.checkpoint_every, window=args.window, buffer_tokens=buffer_tokens,
-                       keep_bos=args.keep_bos, autocast=args.autocast, max_norm_ratio=ratio)
+        options = dict(window=args.window, buffer_tokens=buffer_tokens, keep_bos=args.keep_bos,
+                       autocast=args.autocast, max_norm_ratio=ratio)
         with param_style(_render):
             if args.crosslayer:
                 dictionaries = [train_crosslayer(model, training, args.recipe, execution, tanh_scale=args.tanh_scale,

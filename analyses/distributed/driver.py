@@ -1,7 +1,8 @@
 """The one driver of chunked work: every long job (ablation sweeps, every kind of patching, corpus scans, the
-reference means of mean ablation) runs through `drive`, so each gets batching (in its job), out-of-memory
-back-off (in its job), a resumable `out=` store, progress (a bar, or a line every half minute where no bar is drawn:
-resid.analyses.distributed.progress) and Ray workers from this one loop.
+reference means of mean ablation and the means of encoder-decoder sweeps, an attribution graph's backward sweeps and
+its head split) runs through `drive`, the one loop over an executor's map, so each gets batching (in its job),
+out-of-memory back-off (in its job), a resumable `out=` store, progress (a bar, or a line every half minute where no
+bar is drawn: resid.analyses.distributed.progress) and Ray workers from this one loop.
 
     result = drive(model, job, Execution(out="results.parquet", executor="ray", workers=2))
 
@@ -14,6 +15,7 @@ the end. Reductions (top-k lists, sums) take no store: their results come back i
 the workers finished in, so they do not depend on the number of workers.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +70,8 @@ class Progress:
         self.job, self.chunks, self.pieces = job, chunks, pieces
         self.sized = job.key is None or type(job).size is not Job.size
         total = sum(job.size(chunk) for chunk in chunks) if self.sized else len(chunks)
-        self.bar = meter(execution, total, f"{job.name} ({len(chunks)} chunks)", job.unit if self.sized else "chunk")
+        self.bar = meter(execution.progress, total, f"{job.name} ({len(chunks)} chunks)",
+                         job.unit if self.sized else "chunk")
         self.current: int | None = None  # the chunk whose pieces are arriving (in process)
 
     def arrived(self, index: int, result: object) -> None:
@@ -91,46 +94,54 @@ class Progress:
         self.bar.close()
 
 
-def drive(model, job: Job, execution: Execution) -> object:
+def drive(model, job: Job, execution: Execution, take: Callable[[object, object], None] | None = None) -> object:
     """Run `job` on `model` (see the module docstring) as `execution` says: the chunks not yet in the store at its
     `out` (a .parquet or .csv file, table jobs only), on its executor, with a bar if it shows progress (the job's
-    batch size is the job's own business: it was cut into chunks with it)."""
+    batch size is the job's own business: it was cut into chunks with it). take: a reduction's results handed over
+    as they arrive, take(chunk, result), instead of kept for `finish` (an attribution graph writes each batch's
+    rows into its one buffer, so no second copy is held); drive then returns None."""
     out = execution.out
     if out is not None and job.key is None:
         raise ResidError(f"{job.name} computes a reduction, not table rows: it takes no out= file.")
-    runner, owned = execution.runner()
+    if take is not None and job.key is not None:
+        raise ResidError(f"{job.name} computes table rows: the driver keeps them (take= is for reductions).")
+    execution.check_chunked(job.name)
     store = None
-    try:
-        if out is not None:
-            store = ResultStore(Path(out), job.key, {**job.signature(), "model": identity(model).as_dict()})
-        done = store.done() if store is not None else set()
-        if done:
-            _check_stored(store, job)
-        remote = None if isinstance(runner, InProcess) else runner.workers
-        chunks = job.plan(done, remote, runner.chunks_per_worker)
-        job.prepare(model, runner, chunks)
-        results: list = [None] * len(chunks) if job.key is None else []
-        with Progress(job, chunks, isinstance(runner, InProcess), execution) as bar:
-            for index, result in runner.map(model, job, chunks):
-                bar.arrived(index, result)
-                if job.key is None:  # a reduction: each chunk's one result, kept in chunk order
-                    results[index] = result
-                    continue
-                if store is not None:
-                    problem = _not_finite(job, result)
-                    if problem is not None:
-                        raise ResidError(f"{job.name}: {problem}, so it is not stored: the model's output is not a "
-                                         "finite number there (an overflow in float16 or bfloat16? try --dtype "
-                                         "float32).")
-                    store.write(result)  # persisted before the next result is awaited
-                results.append(result)
-    except BaseException:
-        if store is not None:
-            store.close()  # the finished chunks stay for a rerun to resume from; the lock goes now, not at exit
-        raise
-    finally:
-        if owned:
-            runner.close()
+    with execution.started() as execution:
+        runner = execution.executor
+        try:
+            if out is not None:
+                store = ResultStore(Path(out), job.key, {**job.signature(), "model": identity(model).as_dict()})
+            done = store.done() if store is not None else set()
+            if done:
+                _check_stored(store, job)
+            remote = None if isinstance(runner, InProcess) else runner.workers
+            chunks = job.plan(done, remote, runner.chunks_per_worker)
+            job.prepare(model, execution.inner(), chunks)
+            results: list = [None] * len(chunks) if job.key is None else []
+            with Progress(job, chunks, isinstance(runner, InProcess), execution) as bar:
+                for index, result in runner.map(model, job, chunks):
+                    bar.arrived(index, result)
+                    if take is not None:
+                        take(chunks[index], result)
+                        continue
+                    if job.key is None:  # a reduction: each chunk's one result, kept in chunk order
+                        results[index] = result
+                        continue
+                    if store is not None:
+                        problem = _not_finite(job, result)
+                        if problem is not None:
+                            raise ResidError(f"{job.name}: {problem}, so it is not stored: the model's output is not "
+                                             "a finite number there (an overflow in float16 or bfloat16? try --dtype "
+                                             "float32).")
+                        store.write(result)  # persisted before the next result is awaited
+                    results.append(result)
+        except BaseException:
+            if store is not None:
+                store.close()  # the finished chunks stay for a rerun to resume from; the lock goes now, not at exit
+            raise
+    if take is not None:
+        return None
     if job.key is None:
         return job.finish(results)
     if store is not None:

@@ -53,9 +53,11 @@ class Job(abc.ABC):
         a step job take their chunks from it instead (Executor.stream) and have no plan of their own."""
         raise NotImplementedError(f"{type(self).__name__} is fed chunks by a step job; it has no plan of its own")
 
-    def prepare(self, model: Model, executor: "Executor", chunks: list) -> None:
-        """Called once the chunks are planned, before any runs: e.g. statistics the chunks need (the means of
-        mean ablation), computed on the same executor, and only if there is work left."""
+    def prepare(self, model: Model, execution, chunks: list) -> None:
+        """Called once the chunks are planned, before any runs, with the drive's Execution, its executor started
+        (Execution.inner: no out, which is the drive's):
+        e.g. statistics the chunks need (the means of mean ablation), computed by a drive of their own on the same
+        workers with the same progress, and only if there is work left."""
 
     def size(self, chunk: object) -> int:
         """How much of the progress bar a chunk is, in `unit`s; a table job that does not size its chunks has a bar

@@ -4,7 +4,7 @@ line on stderr every LINE_EVERY seconds with the share done, the time so far and
 that a job writing to a log file or a captured stream says it is working. A job shorter than LINE_EVERY prints
 nothing; one that printed a line says when it is done.
 
-    with meter(execution, total=1200, desc="patching", unit="row") as bar:
+    with meter(execution.progress, total=1200, desc="patching", unit="row") as bar:
         bar.update(16)
         bar.set_postfix({"loss": 0.31})        # shown on the bar, or at the end of the next line
 """
@@ -17,12 +17,22 @@ from tqdm.auto import tqdm
 LINE_EVERY = 30.0  # seconds between two lines where no bar is drawn
 
 
-def meter(execution, total: int | float, desc: str, unit: str = "it", initial: int | float = 0,
+def shows(progress: bool | None) -> bool:
+    """Whether a bar is drawn for the setting `progress` (Execution.progress): as asked, or, for None, when stderr
+    is a terminal."""
+    if progress is not None:
+        return progress
+    stream = sys.stderr
+    return bool(getattr(stream, "isatty", None) and stream.isatty())
+
+
+def meter(progress: bool | None, total: int | float, desc: str, unit: str = "it", initial: int | float = 0,
           unit_scale: bool = False, leave: bool = True):
-    """A tqdm bar where `execution` draws one, else Lines (or nothing at all with progress=False)."""
-    if execution.shows_progress or execution.progress is False:
+    """A tqdm bar where the setting `progress` (Execution.progress) draws one, else Lines (or nothing at all with
+    progress=False)."""
+    if shows(progress) or progress is False:
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale, leave=leave,
-                    disable=not execution.shows_progress)
+                    disable=not shows(progress))
     return Lines(total, desc, unit, initial)
 
 

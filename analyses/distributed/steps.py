@@ -2,7 +2,7 @@
 or a tuned lens changes one state (weights, optimizer moments) step after step, so the work cannot be cut into
 independent chunks; its input can. A `StepJob` says how: plan -> steps fed by chunks -> checkpoint -> finish.
 
-    dictionaries = drive_steps(model, job, Execution(out="runs/sae", executor="ray", workers=2), checkpoint_every=100)
+    dictionaries = drive_steps(model, job, Execution(out="runs/sae", executor="ray", workers=2, checkpoint_every=100))
 
 1. resume   with `out`, a StateStore (resid.analyses.io.checkpoints) locks the folder and hands the job the state
             saved there (written with the same settings, or refused); the job restores it, and so knows where its
@@ -13,7 +13,7 @@ independent chunks; its input can. A `StepJob` says how: plan -> steps fed by ch
 3. steps    `consume` takes each chunk's result in the driver, where the state lives, and yields after every step
             with that step's statistics, which the progress shows (the driver's one idiom,
             resid.analyses.distributed.progress: a bar, or a line every half minute); the driver writes the state
-            every `checkpoint_every` steps and at the last one, then tells the job (`stepped`: where a caller's
+            every Execution.checkpoint_every steps and at the last one, then tells the job (`stepped`: where a caller's
             on_step runs, after the save).
 4. finish   the job's answer, and its files in `out`, written while the lock is still held.
 
@@ -22,6 +22,8 @@ function of the job's settings and its position alone.
 """
 
 import abc
+import dataclasses
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -89,12 +91,11 @@ class StepJob(abc.ABC):
         """The answer, and its files in `out` (None: none)."""
 
 
-def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_every: int) -> object:
+def drive_steps(model: Model, job: StepJob, execution: Execution) -> object:
     """Run `job` on `model` as `execution` says (see the module docstring): its chunks on the executor, a checkpoint
-    in `execution.out` every `checkpoint_every` steps and at the end (resumed from when there), a bar if it shows
-    progress. Its batch size is the job's own business: its chunks were cut with it."""
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise ResidError(f"checkpoint_every must be a positive number of steps, got {checkpoint_every!r}.")
+    in `execution.out` every execution.checkpoint_steps(job.steps) steps and at the end (resumed from when there), a
+    bar if it shows progress. Its batch size and device are the job's own business: it was made with them."""
+    checkpoint_every = execution.checkpoint_steps(job.steps)
     runner, owned = execution.runner()
     store = None
     try:
@@ -108,7 +109,7 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
                     raise store.damaged(str(error)) from None
         remote = not isinstance(runner, InProcess)
         job.shows_progress = execution.shows_progress
-        with meter(execution, job.steps * job.step_size, job.name, job.unit, initial=job.step * job.step_size,
+        with meter(execution.progress, job.steps * job.step_size, job.name, job.unit, initial=job.step * job.step_size,
                    unit_scale=True) as bar:
             if job.step < job.steps:
                 # in process nothing runs ahead; on Ray every worker works on a chunk while the steps run
@@ -132,3 +133,20 @@ def drive_steps(model: Model, job: StepJob, execution: Execution, checkpoint_eve
             store.close()
         if owned:
             runner.close()
+
+
+def older_arguments(execution: Execution, what: str, **given: object) -> Execution:
+    """`execution` with the settings a training function took as its own arguments before they moved into
+    Execution (`given`: checkpoint_every, device as the call gave them; None: not given): taken for one release,
+    with a DeprecationWarning; a setting given in both places is refused."""
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return execution
+    twice = [name for name in given if getattr(execution, name) is not None]
+    if twice:
+        raise ResidError(f"{what} was given {twice[0]}= and an Execution with {twice[0]}: give it once, in the "
+                         "Execution.")
+    settings = ", ".join(f"{name}=..." for name in given)
+    warnings.warn(f"{what}(..., {settings}) is deprecated and goes in the next release: pass "
+                  f"execution=Execution(..., {settings}) instead.", DeprecationWarning, stacklevel=3)
+    return dataclasses.replace(execution, **given)

@@ -24,7 +24,6 @@ import time
 import torch
 
 from resid.analyses.distributed.execution import Execution, as_execution
-from resid.analyses.distributed.executor import InProcess
 from resid.analyses.graphs.edges import Sweeper
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.replacement import Replacement, replace
@@ -67,15 +66,13 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
     if isinstance(prompt, str) and not prompt:
         raise ResidError("The prompt is empty: an attribution graph traces the prediction that follows a prompt, so "
                          "it needs at least one token. Give a prompt such as 'The capital of France is'.")
-    executor, owned = execution.runner()  # before the replacement run: a bad executor is refused at once
-    try:
+    with execution.started() as execution:  # before the replacement run: a bad executor is refused at once
         started = time.perf_counter()
         rep = replace(model, prompt, transcoders, skip_bos=skip_bos)
         tokens, probs, vectors = salient_logits(model, rep, max_n_logits, desired_logit_prob)
         tokens, probs = tokens.cpu(), probs.cpu()  # bookkeeping on the CPU; the sweeps run on the model's device
         sweeper = Sweeper(rep)
-        # in process, the driver's own replacement and Sweeper serve every batch (InProcess would set up again)
-        sweeps = RowSweeps(model, rep, sweeper, None if isinstance(executor, InProcess) else executor)
+        sweeps = RowSweeps(model, rep, sweeper, execution)  # in process, its own replacement serves every batch
         logits = [Batch(logits=chunk.cpu()) for chunk in vectors.split(batch_size)]
         n_features = sweeper.n_features
         limit = n_features if max_feature_nodes is None else min(max_feature_nodes, n_features)
@@ -85,9 +82,6 @@ def attribute(model, prompt, transcoders, *, max_n_logits: int = 10, desired_log
         else:  # the ranking starts from the logit rows
             rows, selected = most_influential_rows(sweeps, torch.cat(sweeps.all(logits)), probs, limit, batch_size,
                                                    update_interval)
-    finally:
-        if owned:
-            executor.close()
     layers, uncapped = rep.n_layers, rep.uncapped
     # the check that the frozen linear model is the model here: its logits from the node writes
     replay_error = float((replay(rep)[1][-1] - uncapped).abs().max())
@@ -121,12 +115,12 @@ def rows_fit(n_logits: int, n_rows: int, n_sources: int, max_n_logits: int, desi
 
 
 def sweep_batch_size(execution: Execution | None, auto: int) -> int:
-    """Targets per backward sweep from `execution` (`auto` for "auto"), for the sweeps that run in this process
-    only (resid.analyses.graphs.heads): an executor, workers or an out are refused."""
+    """Targets per backward sweep from `execution` (`auto` for "auto") for a head split (resid.analyses.graphs.heads),
+    which is assembled in this process and returned: an out is refused."""
     execution = as_execution(execution)
-    if execution.executor not in (None, "inprocess") or execution.workers is not None or execution.out is not None:
+    if execution.out is not None:
         raise ResidError("A head split is built in this process and returned: its Execution takes batch_size "
-                         "(targets per backward sweep) and progress; drop executor, workers and out.")
+                         "(targets per backward sweep), executor, workers and progress; drop out.")
     return auto if execution.batch_size == "auto" else execution.batch_size
 
 

@@ -30,7 +30,7 @@ parts against the frozen model run forward with only some heads' patterns kept.
 """
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,11 +39,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.distributed.execution import Execution
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution, as_execution
+from resid.analyses.distributed.executor import Job
 from resid.analyses.graphs.attribute import logit_vectors, sweep_batch_size
 from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.replacement import Replacement, replace
+from resid.analyses.graphs.rows import plain_transcoders
+from resid.dictionaries.check import on_device
 from resid.errors import ResidError, param, python_only
 from resid.sites import Site
 
@@ -167,7 +171,9 @@ def split_heads(model, graph: Graph, transcoders, *, edges: Iterable | pd.DataFr
     labels, or a frame with source and target columns such as graph.edges()) split by the head of its last
     attention hop. `model` and `transcoders` are the ones the graph was built with; the prompt is run again.
     execution (resid.analyses.Execution): batch_size is the targets per backward sweep ("auto": as many as fit
-    SWEEP_FLOATS)."""
+    SWEEP_FLOATS); the sweeps run on the one driver, with its progress, in this process or on executor / workers
+    (each runs the prompt again with the transcoders once); the split is assembled here and returned, so it takes
+    no out."""
     config = model.config
     if graph.model_name != model.name or graph.n_layers != config.n_layers:
         raise ResidError(f"The graph was built with {graph.model_name} ({graph.n_layers} layers), not {model.name} "
@@ -184,17 +190,63 @@ def split_heads(model, graph: Graph, transcoders, *, edges: Iterable | pd.DataFr
     n_sources = graph.n_nodes - graph.n_logits
     per_target = n_parts * (graph.n_pos * config.d_model + 2 * n_sources)  # rows, their contractions, the parts
     batch_size = sweep_batch_size(execution, max(1, SWEEP_FLOATS // per_target))
-    sweeper = HeadSweeper(_replacement(model, graph, transcoders))
-    rep = sweeper.rep
-    parts = torch.zeros(len(sources), n_parts)
-    order = _sweep_order(graph, targets.unique())
-    for chunk in order.split(batch_size):
-        found = sweeper.sweep_heads(_targets(model, graph, rep, chunk))  # [b n_parts n_sources]
-        slot = torch.full((graph.n_nodes,), -1)
-        slot[chunk] = torch.arange(len(chunk))
-        here = (slot[targets] >= 0).nonzero().flatten()
-        parts[here] = found[slot[targets[here]].to(found.device), :, sources[here].to(found.device)].cpu()
+    with as_execution(execution).started() as execution:
+        sweeper = HeadSweeper(_replacement(model, graph, transcoders))
+        job = HeadJob(graph, plain_transcoders(sweeper.rep), sources, targets,
+                      list(_sweep_order(graph, targets.unique()).split(batch_size)), local=(model, sweeper))
+        parts = torch.zeros(len(sources), n_parts)
+
+        def write(chunk, found: tuple[Tensor, Tensor]) -> None:
+            here, values = found
+            parts[here] = values.cpu()
+
+        drive(model, job, execution, take=write)
     return HeadSplit(graph.model_name, graph.token_ids, sites, sources, targets, parts, config.n_heads)
+
+
+@dataclass
+class HeadJob(Job):
+    """split_heads's sweeps as a Job of the one driver: chunks are batches of target nodes, a chunk's result (the
+    edges whose targets they are [e], their parts [e n_parts]), on the CPU from a worker. A worker runs the graph's
+    prompt again with the transcoders (plain data, as resid.analyses.graphs.rows.RowJob's); in process the state
+    is the driver's own (`local`, never sent to a worker)."""
+
+    graph: Graph
+    transcoders: tuple  # the checked transcoders (resid.analyses.graphs.rows.plain_transcoders)
+    sources: Tensor  # [e]: each edge's source node
+    targets: Tensor  # [e]: its target node
+    batches: list = field(default_factory=list, repr=False)  # target nodes per sweep (they travel with their chunks)
+    local: tuple | None = field(default=None, repr=False, compare=False)  # (model, HeadSweeper) in process
+
+    name = "head split"
+    unit = "target"
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "local": None}
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[Tensor]:
+        planned, self.batches = self.batches, []
+        return planned
+
+    def size(self, nodes: Tensor) -> int:
+        return len(nodes)
+
+    def setup(self, model) -> tuple:
+        if self.local is not None:
+            return self.local
+        return model, HeadSweeper(_replacement(model, self.graph, list(on_device(self.transcoders, model))))
+
+    def run(self, state: tuple, nodes: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        model, sweeper = state
+        with torch.no_grad():
+            found = sweeper.sweep_heads(_targets(model, self.graph, sweeper.rep, nodes))  # [b n_parts n_sources]
+        slot = torch.full((self.graph.n_nodes,), -1)
+        slot[nodes] = torch.arange(len(nodes))
+        here = (slot[self.targets] >= 0).nonzero().flatten()
+        yield here, found[slot[self.targets[here]].to(found.device), :, self.sources[here].to(found.device)]
+
+    def combine(self, pieces: list) -> tuple[Tensor, Tensor]:
+        return pieces[0]
 
 
 class HeadSweeper(Sweeper):

@@ -1,31 +1,35 @@
-"""Where an attribution graph's rows are computed: in this process, or on an executor's workers (Ray actors, one
-model each), batch by batch, with the same results.
+"""Where an attribution graph's rows are computed: a Job of the one driver (resid.analyses.distributed.driver), in
+this process or on an executor's workers (Ray actors, one model each), batch by batch, with the same results.
 
-    batch      the targets of one backward sweep (a chunk of the driver, resid.analyses.distributed): logit nodes
-               (their read-out vectors) or active features (their indices in Replacement.features)
+    batch      the targets of one backward sweep (a chunk of the driver): logit nodes (their read-out vectors) or
+               active features (their indices in Replacement.features)
     RowJob     the graph's sweeps as a Job: a worker's state is the prompt's Replacement and Sweeper, built once
                from its own model (`replace` run again there on the job's token ids and transcoders: the same
                numbers as the driver's to float32 rounding, and the same active features, which it checks), and
-               a chunk's result is that batch's rows [b n_sources]
-    RowSweeps  the driver's side: batches of rows, computed with its own Sweeper in process (the loop of one
-               sweep per batch, nothing set up twice), or mapped over the executor, results by batch index
+               a chunk's result is that batch's rows [b n_sources]; in process the state is the driver's own
+               (`local`: nothing set up twice, and never sent to a worker)
+    RowSweeps  the driver's side: each round of batches is one drive of the job on the graph's started Execution
+               (its executor, its progress), each batch's rows handed over as they arrive
 
 The batches are cut on the driver, the same whoever computes them, so a graph built on workers equals the one built
 in process to float32 rounding (a worker's BLAS may sum in another order). The job carries plain data: token ids,
 the checked transcoders (a dictionary's weights travel as job data) and the driver's active features; never the
 model's weights. It keeps its `session` for the whole graph, so a worker sets up once and keeps its state through
-every round of max_feature_nodes (each round one map over the executor).
+every round of max_feature_nodes (each round one drive).
 """
 
+import dataclasses
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from resid.analyses.distributed.executor import Executor, Job
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
+from resid.analyses.distributed.executor import Job
 from resid.analyses.graphs.edges import Sweeper, Targets
 from resid.analyses.graphs.replacement import Replacement, replace
 from resid.dictionaries.check import on_device
@@ -64,8 +68,8 @@ def sweep(rep: Replacement, sweeper: Sweeper, batch: Batch) -> Float[Tensor, "b 
 
 @dataclass
 class RowJob(Job):
-    """An attribution graph's backward sweeps as a Job (see the module docstring): chunks are Batches, results
-    their rows on the CPU."""
+    """An attribution graph's backward sweeps as a Job (see the module docstring): chunks are (index, Batch) pairs,
+    results their rows on the CPU (in process: on the model's device)."""
 
     token_ids: Tensor  # [pos]: the prompt as the driver's replace tokenized it
     transcoders: tuple  # the checked per-layer transcoders in layer order, or (the cross-layer transcoder,)
@@ -73,27 +77,49 @@ class RowJob(Job):
     features: Tensor  # [n 3]: the driver's active features (layer, position, feature), which a worker must find
     model_name: str
     session: str = field(default_factory=lambda: uuid.uuid4().hex)  # one graph: a worker's state serves it whole
+    batches: list = field(default_factory=list, repr=False)  # this drive's Batches (they travel with their chunks)
+    # the driver's own (Replacement, Sweeper): the state in process, never pickled for a worker
+    local: tuple | None = field(default=None, repr=False, compare=False)
 
     name = "graph rows"
     unit = "target"
 
     @classmethod
-    def of(cls, model, rep: Replacement) -> "RowJob":
-        return cls(rep.token_ids.cpu(), rep.transcoders.dictionaries, rep.skip_bos, rep.features.cpu(), model.name)
+    def of(cls, model, rep: Replacement, local: tuple | None = None) -> "RowJob":
+        return cls(rep.token_ids.cpu(), plain_transcoders(rep), rep.skip_bos, rep.features.cpu(), model.name,
+                   local=local)
 
-    def size(self, batch: Batch) -> int:
-        return len(batch)
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "local": None}  # a worker builds its own state from the plain data
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[tuple[int, Batch]]:
+        """The batches with their indices: in order in process (each computed when the driver asks for it, one
+        batch's rows held at a time); deepest first on workers, so that no long sweep starts last."""
+        planned, self.batches = list(enumerate(self.batches)), []  # the batches travel with their chunks
+        return planned if workers is None else sorted(planned, key=lambda chunk: -self.depth(chunk[1]))
+
+    def depth(self, batch: Batch) -> float:
+        """The highest layer a batch's sweep starts from (a sweep spans the layers below its highest target; a logit
+        node's is above every layer)."""
+        if batch.logits is not None or not len(batch):
+            return float("inf")
+        return float(self.features[batch.features, 0].max())
+
+    def size(self, chunk: tuple[int, Batch]) -> int:
+        return len(chunk[1])
 
     def setup(self, model) -> tuple[Replacement, Sweeper]:
+        if self.local is not None:
+            return self.local
         rep = replace(model, self.token_ids.to(model.device), list(on_device(self.transcoders, model)),
                       skip_bos=self.skip_bos)
         if not torch.equal(rep.features.cpu(), self.features):
             raise ResidError(self._different(rep.features.cpu()))
         return rep, Sweeper(rep)
 
-    def run(self, state: tuple[Replacement, Sweeper], batch: Batch) -> Iterator[Tensor]:
+    def run(self, state: tuple[Replacement, Sweeper], chunk: tuple[int, Batch]) -> Iterator[Tensor]:
         with torch.no_grad():
-            yield sweep(*state, batch)
+            yield sweep(*state, chunk[1])
 
     def combine(self, pieces: list) -> Tensor:
         return pieces[0]
@@ -112,34 +138,28 @@ class RowJob(Job):
 
 
 class RowSweeps:
-    """The driver's side (see the module docstring): `each(batches)` yields (batch index, rows [b n_sources]) as
-    they are computed; `all(batches)` returns them in batch order."""
+    """The driver's side (see the module docstring): `each(batches, take)` hands each batch's rows [b n_sources] to
+    take(batch index, rows) as they are computed; `all(batches)` returns them in batch order. `execution` is the
+    graph's, started (Execution.started: every round on the same workers)."""
 
-    def __init__(self, model, rep: Replacement, sweeper: Sweeper, executor: Executor | None):
-        self.model, self.rep, self.sweeper, self.executor = model, rep, sweeper, executor
-        self.job = RowJob.of(model, rep) if executor is not None else None
+    def __init__(self, model, rep: Replacement, sweeper: Sweeper, execution: Execution):
+        self.model, self.rep, self.sweeper, self.execution = model, rep, sweeper, execution
+        self.job = RowJob.of(model, rep, local=(rep, sweeper))
 
-    def each(self, batches: Sequence[Batch]) -> Iterator[tuple[int, Tensor]]:
-        if self.executor is None:  # in order, each computed only when asked for: one batch's rows held at a time
-            for index, batch in enumerate(batches):
-                yield index, sweep(self.rep, self.sweeper, batch)
-            return
-        # deepest first (a sweep spans the layers below its highest target), so that no long sweep starts last
-        order = sorted(range(len(batches)), key=lambda index: -self.depth(batches[index]))
-        for index, rows in self.executor.map(self.model, self.job, [batches[index] for index in order]):
-            yield order[index], rows
-
-    def depth(self, batch: Batch) -> int:
-        """The highest layer a batch's sweep starts from (a logit node's: n_layers)."""
-        if batch.logits is not None or not len(batch):
-            return self.rep.n_layers
-        return int(self.rep.features[batch.features, 0].max())
+    def each(self, batches: Sequence[Batch], take: Callable[[int, Tensor], None]) -> None:
+        job = dataclasses.replace(self.job, batches=list(batches))  # the same session: a worker keeps its state
+        drive(self.model, job, self.execution, take=lambda chunk, rows: take(chunk[0], rows))
 
     def all(self, batches: Sequence[Batch]) -> list[Tensor]:
         found: list = [None] * len(batches)
-        for index, rows in self.each(batches):
-            found[index] = rows
+        self.each(batches, found.__setitem__)
         return found
+
+
+def plain_transcoders(rep: Replacement) -> tuple:
+    """The replacement's checked transcoders as a job carries them to a worker: the per-layer ones in layer order,
+    or (the cross-layer transcoder,) (the transcoder protocol's dictionaries)."""
+    return tuple(rep.transcoders.dictionaries)
 
 
 def feature_batches(index: Int[Tensor, "n"], batch_size: int) -> list[Batch]:

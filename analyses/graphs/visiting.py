@@ -12,9 +12,9 @@ features, every error and token node, the logits; rows in that order, the logits
 holds the rows it computes once, [visited + logits, n_sources] (every active feature a column until the ranking
 ends), and ranks from them in place (influence_of_rows): its memory is that buffer, linear in the prompt.
 
-The batches are computed by resid.analyses.graphs.rows.RowSweeps, in process or on the executor's workers:
-every_row's, the logits' with them, in one map; most_influential_rows's logit rows first, then each round in one
-map (the ranking between rounds stays here, on the driver).
+The batches are computed by resid.analyses.graphs.rows.RowSweeps, through the driver, in process or on the
+executor's workers: every_row's, the logits' with them, in one drive; most_influential_rows's logit rows first, then
+each round in one drive (the ranking between rounds stays here, on the driver).
 """
 
 import torch
@@ -32,12 +32,15 @@ def every_row(sweeps: RowSweeps, logits: list[Batch], batch_size: int) -> Tensor
     order = torch.argsort(rep.features[:, 0] * rep.n_pos + rep.features[:, 1], stable=True)
     batches = feature_batches(order, batch_size)
     starts = torch.cumsum(torch.tensor([0] + [len(b) for b in logits]), 0).tolist()
-    for index, found in sweeps.each([*batches, *logits]):  # written as they arrive: no second copy of the rows
+
+    def write(index: int, found: Tensor) -> None:  # as they arrive: no second copy of the rows
         if index < len(batches):
             rows[batches[index].features, :n_sources] = found
         else:
             at = n_features + starts[index - len(batches)]
             rows[at:at + len(found), :n_sources] = found
+
+    sweeps.each([*batches, *logits], write)
     return rows
 
 
@@ -59,9 +62,12 @@ def most_influential_rows(sweeps: RowSweeps, logit_rows: Tensor, probs: Tensor, 
         pending = ranked[~visited[ranked]][:min(update_interval * batch_size, limit - count)]
         batches = feature_batches(pending, batch_size)
         starts = torch.cumsum(torch.tensor([0] + [len(b) for b in batches]), 0).tolist()
-        for index, rows in sweeps.each(batches):  # one round: its batches at once, written as they arrive
+
+        def write(index: int, rows: Tensor, count: int = count) -> None:  # one round: written as they arrive
             at = n_logits + count + starts[index]
             found[at:at + len(rows)] = rows
+
+        sweeps.each(batches, write)
         visits[count:count + len(pending)] = pending
         visited[pending] = True
         count += len(pending)

@@ -40,8 +40,8 @@ step), made in process or on Ray workers (ForwardJob: the model's logits and the
 whole, so only worth it where the model's forward outweighs that transfer), and every chunk's gradient is added
 in this process, where the translators live. With `execution.out` it writes a checkpoint (resid.analyses.io.
 checkpoints, format "resid.tuned_lens.checkpoint": the translators, SGD's momentum buffers, and in its metadata the
-steps done and the losses so far) every `checkpoint_every` steps and at the end; rerunning with the same arguments
-resumes from it with the same data order, to the run never stopped. The bar shows tokens/s and the step's KL.
+steps done and the losses so far) every `execution.checkpoint_every` steps and at the end; rerunning with the same
+arguments resumes from it with the same data order, to the run never stopped. The bar shows tokens/s and the step's KL.
 
 Nothing non-finite is trained on or kept: each step checks its losses and gradients before SGD touches the
 translators (one sum per tensor, one synchronisation), a checkpoint and the answer check the translators and
@@ -64,7 +64,7 @@ from torch import Tensor
 
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.executor import Job
-from resid.analyses.distributed.steps import StepJob, drive_steps
+from resid.analyses.distributed.steps import StepJob, drive_steps, older_arguments
 from resid.analyses.io.checkpoints import DamagedState, count, expect
 from resid.analyses.lenses import data
 from resid.analyses.lenses.formats import unembed_hash
@@ -147,7 +147,7 @@ def train(
     texts: Sequence[str] | Int[Tensor, "window seq_len"],
     recipe: Recipe = Recipe(),
     execution: Execution | None = None,
-    checkpoint_every: int = 10,
+    checkpoint_every: int | None = None,
     start: Translators | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> TunedLens:
@@ -155,10 +155,15 @@ def train(
     windows of token ids. execution: how the job runs (resid.analyses.Execution): `out` the checkpoint's folder (a
     checkpoint there of the same run is resumed), `batch_size` windows per forward pass ("auto": FORWARD_TOKENS
     tokens' worth), `executor` / `workers` where the forward passes run, `progress` the bar. start: translators to
-    fine-tune (default: zeros, the logit lens). on_step(step, mean KL) is called after each step."""
-    execution = as_execution(execution)
+    fine-tune (default: zeros, the logit lens). on_step(step, mean KL) is called after each step.
+    execution.checkpoint_every: steps between checkpoints (the argument checkpoint_every of before is taken for one
+    release, with a DeprecationWarning); a lens trains where the model runs, so it takes no execution.device."""
+    execution = older_arguments(as_execution(execution), "tuned_lens.train", checkpoint_every=checkpoint_every)
+    if execution.device is not None:
+        raise ResidError(f"A tuned lens trains where the model runs ({model.device}): drop Execution(device="
+                         f"{execution.device!r}), or move the model there.")
     job = LensJob(model, texts, recipe, execution.batch_size, start, on_step)
-    return drive_steps(model, job, execution, checkpoint_every)
+    return drive_steps(model, job, execution)
 
 
 @dataclass

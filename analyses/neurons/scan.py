@@ -15,7 +15,7 @@ in any order."""
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Int
@@ -231,18 +231,14 @@ def scan_with(
     for the execution's workers, so its executor is made here (and closed here if made here). A scan is a
     reduction: the driver refuses an Execution with `out`. skip_first: no window's first position is a trigger
     (nor tallied)."""
-    execution = as_execution(execution)
-    runner, owned = execution.runner()
-    try:
+    with as_execution(execution).started() as execution:
+        runner = execution.executor
         width = max(len(w) for w in pieces)
         size = _batch_size(model, execution.batch_size, width, reader)
         planned = shards(pieces, size.value, None if isinstance(runner, InProcess) else runner.workers)
         job = ScanJob(model.require_tokenizer().pad_token_id, reader, k, sign, execution.batch_size, width, planned,
                       skip_first)
-        return drive(model, job, replace(execution, executor=runner, workers=None))
-    finally:
-        if owned:
-            runner.close()
+        return drive(model, job, execution)
 
 
 def _flat_ids(start: int, rows: int, width: int, device: torch.device) -> Int[Tensor, "batch pos"]:

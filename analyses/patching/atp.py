@@ -36,7 +36,18 @@ from resid.analyses.patching import selection
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
 from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of, require
-from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, n_prompts, prepare, scored
+from resid.analyses.patching.pairs import (
+    Align,
+    Mapping,
+    Pairs,
+    PairsJob,
+    PatchDirection,
+    PromptPairs,
+    n_prompts,
+    pairs_of,
+    prepare,
+    scored,
+)
 from resid.analyses.patching.sources import PairSources, pair_sources
 from resid.analyses.sweeps import seq2seq
 from resid.analyses.sweeps.chunks import dictionaries_digest
@@ -53,9 +64,9 @@ Method = Literal["atp", "atp*"]
 
 def atp(
     model: Transformer | EncoderDecoder,
-    clean: Inputs,
-    corrupt: Inputs,
-    targets: Sequence[str | int] | str | int,
+    pairs: Pairs | Inputs,
+    corrupt: Inputs | None = None,
+    targets: Sequence[str | int] | str | int | None = None,
     baselines: Sequence[str | int] | str | int | None = None,
     sites: str | Sequence[Site | str] = "resid_pre",
     direction: PatchDirection = "denoise",
@@ -67,24 +78,25 @@ def atp(
     method: Method = "atp",
     execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """AtP (or AtP*) estimates for every site of `sites` (words, Sites and labels, as patching.activation takes
-    them: resid.analyses.patching.selection; ["resid_pre", "sublayer", "head"] estimates all three from the same
-    backward pass), one row per (pair, site) with the columns of resid.analyses.patching.COLUMNS plus `method` and
-    `magnitude`; patched_metric is the base run's metric plus the estimated effect (AtP*: with the query / key fix),
-    magnitude the estimated size of the effect (AtP: |effect|; AtP*: GradDrop's). execution: how it runs
-    (resid.analyses.Execution): chunks of pairs on the one driver, `out=` stores finished pairs (resumable), the
-    same rows on every executor. source, corrupt_source: encoder-decoder models only, each clean / corrupt prompt's
-    source (resid.analyses.patching.atp_seq2seq: AtP of the writes and heads of both stacks, sites "sublayer" and
-    "head")."""
+    """AtP (or AtP*) estimates, on every pair of `pairs` (a patching.Pairs; the old separate arguments still work
+    for one release, as patching.activation's), for every site of `sites` (words, Sites and labels, as
+    patching.activation takes them: resid.analyses.patching.selection; ["resid_pre", "sublayer", "head"]
+    estimates all three from the same backward pass), one row per (pair, site) with the columns of
+    resid.analyses.patching.COLUMNS plus `method` and `magnitude`; patched_metric is the base run's metric plus the
+    estimated effect (AtP*: with the query / key fix), magnitude the estimated size of the effect (AtP: |effect|;
+    AtP*: GradDrop's). execution: how it runs (resid.analyses.Execution): chunks of pairs on the one driver, `out=`
+    stores finished pairs (resumable), the same rows on every executor. source, corrupt_source: encoder-decoder
+    models only, each clean / corrupt prompt's source (resid.analyses.patching.atp_seq2seq: AtP of the writes and
+    heads of both stacks, sites "sublayer" and "head")."""
+    given = pairs_of(pairs, "patching.atp", corrupt=corrupt, targets=targets, baselines=baselines, metric=metric,
+                     align=align)
     execution = as_execution(execution)
-    full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(clean))
+    full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(given.clean))
     if sources is not None:
-        return _pairs_atp(full, sources, clean, corrupt, targets, baselines, sites, direction, metric, align,
-                          dictionaries, method, execution)
+        return _pairs_atp(full, sources, given, sites, direction, dictionaries, method, execution)
     dictionaries = dictionaries_of(dictionaries, sites)
     check_choice(method, "method", ("atp", "atp*"))
-    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
-                                                              direction, align)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, given, direction)
     width = int(pairs.clean.tokens.lengths.max())
     kinds, named, every = _selected(sites, model.config, width)
     require(named, dictionaries)
@@ -141,14 +153,13 @@ def _selected(sites, config, width: int) -> tuple[list[str], list[Site], set[str
     return kinds, selection.expand(sites, word, named), every
 
 
-def _pairs_atp(model: EncoderDecoder, sources: PairSources, clean, corrupt, targets, baselines, sites, direction,
-               metric, align, dictionaries, method, execution: Execution) -> pd.DataFrame:
+def _pairs_atp(model: EncoderDecoder, sources: PairSources, given: Pairs, sites, direction, dictionaries, method,
+               execution: Execution) -> pd.DataFrame:
     """AtP of an encoder-decoder model (resid.analyses.patching.atp_seq2seq)."""
     if dictionaries:
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
     seq2seq.in_process(execution.executor)
-    pairs, target_ids, baseline_ids, metric, label = prepare(model.decoder, clean, corrupt, targets, baselines, metric,
-                                                              direction, align)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model.decoder, given, direction)
     width, source_width = int(pairs.clean.tokens.lengths.max()), int(sources.clean.tokens.lengths.max())
     chosen = seq2seq_atp.chosen(model, sites, method, pairs, width, source_width)
     sources.check(chosen)
@@ -182,7 +193,7 @@ class AtPJob(PairsJob):
     def signature(self) -> dict:
         return {"analysis": "patching.atp", "sites": self.sites, "method": self.method, **super().signature()}
 
-    def rows(self, model: Transformer, pairs: Pairs, indices: list[int]) -> pd.DataFrame:
+    def rows(self, model: Transformer, pairs: PromptPairs, indices: list[int]) -> pd.DataFrame:
         kinds = [kind for kind in self.sites if kind != WORD]
         frames = [_chunk(model, pairs, self.base, indices, self.targets, self.baselines, self.metric, kinds,
                          self.method)] if kinds else []
@@ -192,7 +203,7 @@ class AtPJob(PairsJob):
         return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
-def _features(model, pairs: Pairs, base, chunk, targets, baselines, metric, dictionaries) -> pd.DataFrame:
+def _features(model, pairs: PromptPairs, base, chunk, targets, baselines, metric, dictionaries) -> pd.DataFrame:
     t = torch.tensor([targets[i] for i in chunk], device=model.device)
     b = None if baselines is None else torch.tensor([baselines[i] for i in chunk], device=model.device)
     frame, value, donor_value = atp_frame(model, pairs, base, list(chunk), dictionaries, metric, t, b)
@@ -202,7 +213,7 @@ def _features(model, pairs: Pairs, base, chunk, targets, baselines, metric, dict
     return frame
 
 
-def _chunk(model, pairs: Pairs, base, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:
+def _chunk(model, pairs: PromptPairs, base, chunk, targets, baselines, metric, sites, method) -> pd.DataFrame:
     star = method == "atp*"
     donor = "clean" if base == "corrupt" else "corrupt"
     capture = Capture(attn={"out"} | captured(sites), mlp={"out"}, final_norm_scale=False)

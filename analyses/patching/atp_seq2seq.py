@@ -20,7 +20,7 @@ import torch
 from resid.analyses import site_words
 from resid.analyses.metrics import metric_values
 from resid.analyses.patching import selection
-from resid.analyses.patching.pairs import Pairs, PairsJob
+from resid.analyses.patching.pairs import PairsJob, PromptPairs
 from resid.analyses.sweeps import seq2seq
 from resid.analyses.sweeps.seq2seq import plain
 from resid.capture import Capture
@@ -32,7 +32,7 @@ from resid.tokenizer import Tokens
 SITES = ("sublayer", "head")
 
 
-def chosen(model: EncoderDecoder, sites, method: str, pairs: Pairs, width: int, source_width: int) -> list[Site]:
+def chosen(model: EncoderDecoder, sites, method: str, pairs: PromptPairs, width: int, source_width: int) -> list[Site]:
     """The Sites of `sites` (resid.analyses.patching.selection) on both stacks, each a write or a head: the others
     and AtP* are refused, saying what to use."""
     found = {word: seq2seq.expand(model, word, width, source_width) for word in SITES}
@@ -75,7 +75,7 @@ class Seq2SeqAtPJob(PairsJob):
         return {"analysis": "patching.atp", "sites": [s.label for s in self.sites], "method": "atp",
                 "sources": self.sources[:2], **super().signature()}
 
-    def rows(self, model: EncoderDecoder, pairs: Pairs, indices: list[int]) -> pd.DataFrame:
+    def rows(self, model: EncoderDecoder, pairs: PromptPairs, indices: list[int]) -> pd.DataFrame:
         donor = "clean" if self.base == "corrupt" else "corrupt"
         clean_ids, corrupt_ids, pad = self.sources
         ids = {"clean": clean_ids, "corrupt": corrupt_ids}

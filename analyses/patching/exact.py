@@ -35,7 +35,16 @@ from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.patching import selection
 from resid.analyses.patching.features import WORD, active, dictionaries_of, require
-from resid.analyses.patching.pairs import Align, Pairs, PatchDirection, n_prompts, prepare, scored
+from resid.analyses.patching.pairs import (
+    Align,
+    Pairs,
+    PatchDirection,
+    PromptPairs,
+    n_prompts,
+    pairs_of,
+    prepare,
+    scored,
+)
 from resid.analyses.patching.sources import pair_sources
 from resid.analyses.sweeps import seq2seq
 from resid.analyses.sweeps.chunks import SweepJob, dictionaries_digest
@@ -52,9 +61,9 @@ COLUMNS = ("prompt_idx", "site", *site_words.COLUMNS, "position", "direction", "
 
 def activation(
     model: Transformer | EncoderDecoder,
-    clean: Inputs,
-    corrupt: Inputs,
-    targets: Sequence[str | int] | str | int,
+    pairs: Pairs | Inputs,
+    corrupt: Inputs | None = None,
+    targets: Sequence[str | int] | str | int | None = None,
     baselines: Sequence[str | int] | str | int | None = None,
     sites: str | Sequence[Site | str] = "resid_pre",
     direction: PatchDirection = "denoise",
@@ -65,21 +74,24 @@ def activation(
     corrupt_source: Inputs | None = None,
     execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """Exact activation patching of every site on every (clean, corrupt) pair; the columns of COLUMNS (the
-    parameters and their defaults: resid.analyses.patching). execution: how it runs (resid.analyses.Execution:
-    executor, workers, batch_size, progress, out); the same rows on every executor.
+    """Exact activation patching of every site on every (clean, corrupt) pair of `pairs` (a patching.Pairs: prompts,
+    targets, baselines, metric, alignment); the columns of COLUMNS (the parameters and their defaults:
+    resid.analyses.patching). The old separate arguments (clean prompts here, then corrupt, targets, baselines,
+    metric=, align=) still work for one release, with a DeprecationWarning. execution: how it runs
+    (resid.analyses.Execution: executor, workers, batch_size, progress, out); the same rows on every executor.
     dictionaries: learned dictionaries (resid.dictionaries) whose features the sites name.
     source, corrupt_source: encoder-decoder models only, each clean / corrupt prompt's source
     (resid.analyses.patching.sources); sites are then on both stacks (encoder sites "encoder.<label>")."""
+    given = pairs_of(pairs, "patching.activation", corrupt=corrupt, targets=targets, baselines=baselines, metric=metric,
+                     align=align)
     execution = as_execution(execution)
-    full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(clean))
+    full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(given.clean))
     if sources is not None and (dictionaries or WORD in selection.words(sites)):
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
     if sources is not None:
         seq2seq.in_process(execution.executor)
     dictionaries = dictionaries_of(dictionaries, sites)
-    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
-                                                              direction, align)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, given, direction)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
     width = int(pairs.clean.tokens.lengths.max())
@@ -127,7 +139,7 @@ def activation(
 
 
 
-def named_positions(pairs: Pairs, base: str) -> list[dict[int, tuple[int, int]]] | None:
+def named_positions(pairs: PromptPairs, base: str) -> list[dict[int, tuple[int, int]]] | None:
     """Per pair, {clean position: (base position, donor position)} (None for pairs patched position for
     position): tables name positions by the clean prompt, whichever prompt is the base."""
     if pairs.same_positions:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from resid.analyses import site_words
 from resid.analyses.metrics import metric_values
-from resid.analyses.patching.pairs import Pairs
+from resid.analyses.patching.pairs import PromptPairs
 from resid.capture import Capture
 from resid.dictionaries import Dictionary, Splice, feature_site
 from resid.errors import ResidError, param
@@ -61,7 +61,7 @@ def require(sites: Sequence[Site], dictionaries: Sequence[Dictionary]) -> None:
                          "dictionaries=[sae, ...].")
 
 
-def active(model: Transformer, pairs: Pairs, dictionaries: Sequence[Dictionary], batch: int) -> list[Site]:
+def active(model: Transformer, pairs: PromptPairs, dictionaries: Sequence[Dictionary], batch: int) -> list[Site]:
     """The feature sites of `sites="feature"`: those active at some real position of either prompt of some pair,
     in the order of `dictionaries`, then by feature id."""
     seen = {d.name: torch.zeros(d.d_sae, dtype=torch.bool) for d in dictionaries}
@@ -79,7 +79,7 @@ def active(model: Transformer, pairs: Pairs, dictionaries: Sequence[Dictionary],
             for d in dictionaries for i in seen[d.name].nonzero().flatten().tolist()]
 
 
-def atp_frame(model: Transformer, pairs: Pairs, base: str, chunk: Sequence[int], dictionaries, metric,
+def atp_frame(model: Transformer, pairs: PromptPairs, base: str, chunk: Sequence[int], dictionaries, metric,
               targets: Tensor, baselines: Tensor | None) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """(rows, base metric, donor metric) of one chunk of pairs: one row per (pair, feature whose activation differs
     between its prompts), with the columns of AtP's rows (patched_metric = base metric + estimate)."""

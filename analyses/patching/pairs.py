@@ -1,5 +1,8 @@
-"""(clean, corrupt) prompt pairs, which positions of one correspond to which of the other, and what every patching
-analysis checks first.
+"""(clean, corrupt) prompt pairs: what the three patching methods share, as one value (`Pairs`), which positions of
+one prompt correspond to which of the other, and what every patching analysis checks first.
+
+    pairs = patching.Pairs(clean, corrupt, targets, baselines=None, metric=None, align=None)
+    patching.activation(model, pairs, sites="head")      # patching.atp(model, pairs), patching.path(model, pairs, ...)
 
 Patching puts position p of one prompt into position p of the other, so by default a pair must have the same token
 length. Pairs of different lengths need an alignment, `align=`:
@@ -10,8 +13,12 @@ length. Pairs of different lengths need an alignment, `align=`:
                           real token); positions named nowhere are not patched
 
 Only the aligned positions are patched: a base position without a partner keeps its own activation.
+
+    Pairs        the caller's value: prompts, targets, baselines, metric, alignment (checked when a method runs)
+    PromptPairs  the pairs tokenized once, with each pair's aligned positions, as a method's chunks read them
 """
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -36,17 +43,57 @@ PatchDirection = Literal["denoise", "noise"]  # which prompt of a pair is run, w
 Align = Literal["end"] | Sequence[Sequence[tuple[int, int]]] | None
 
 
-def prepare(model: Transformer, clean, corrupt, targets, baselines, metric, direction: str,
-            align: Align = None) -> tuple:
-    """What every patching analysis checks first: (the pairs, target ids, baseline ids or None, the metric, its
-    name for the table)."""
+@dataclass(frozen=True)
+class Pairs:
+    """What the three patching methods (activation, atp, path) share, as one value (see the module docstring):
+    each clean prompt, its corrupt partner, its target token, its baseline token (None: the metric is
+    "target_prob"), the metric ("logit_diff" with baselines, else "target_prob"; or a function of the logits) and
+    the alignment of pairs of different token lengths. Prompts are texts (a string is one), resid.Tokens or token
+    ids; a target or baseline given once holds for every pair."""
+
+    clean: Inputs
+    corrupt: Inputs
+    targets: Sequence[str | int] | str | int
+    baselines: Sequence[str | int] | str | int | None = None
+    metric: str | Callable | None = None
+    align: Align = None
+
+
+# The separate arguments the patching methods took before Pairs, in their old order after the clean prompts.
+OLD_ARGUMENTS = ("corrupt", "targets", "baselines", "metric", "align")
+DEPRECATED = ("{what}(model, clean, corrupt, targets, baselines, metric=..., align=...) is deprecated and goes in the "
+              "next release: pass the pairs as one value, {what}(model, patching.Pairs(clean, corrupt, targets, "
+              "baselines, metric=..., align=...), ...).")
+
+
+def pairs_of(pairs, what: str, **old) -> Pairs:
+    """The Pairs value a patching method `what` was given, or, for one release (with a DeprecationWarning), made from
+    the old separate arguments (`old`: corrupt, targets, baselines, metric, align as the call gave them)."""
+    given = {name: value for name, value in old.items() if value is not None}
+    if isinstance(pairs, Pairs):
+        if given:
+            raise ResidError(f"{what} was given a patching.Pairs value and {', '.join(given)}: those belong to the "
+                             f"Pairs (patching.Pairs(clean, corrupt, targets, baselines, metric=..., align=...)); "
+                             "drop them here.")
+        return pairs
+    if "corrupt" not in given or "targets" not in given:
+        raise ResidError(f"{what} takes the pairs as one value: {what}(model, patching.Pairs(clean, corrupt, targets, "
+                         f"baselines=None, metric=None, align=None), ...); got {type(pairs).__name__} without "
+                         "corrupt prompts and targets.")
+    warnings.warn(DEPRECATED.format(what=what), DeprecationWarning, stacklevel=3)
+    return Pairs(pairs, **given)
+
+
+def prepare(model: Transformer, pairs: Pairs, direction: str) -> tuple:
+    """What every patching analysis checks first: (the pairs tokenized, target ids, baseline ids or None, the
+    metric, its name for the table)."""
     check_choice(direction, "direction", ("denoise", "noise"))
-    pairs = Pairs.of(model, clean, corrupt, align)
-    n = len(pairs.clean)
-    target_ids = token_ids(model, targets, n, "target")
-    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
-    metric = metric or ("logit_diff" if baseline_ids is not None else "target_prob")
-    return pairs, target_ids, baseline_ids, metric, check_metric(metric, baseline_ids is not None)
+    prompts = PromptPairs.of(model, pairs.clean, pairs.corrupt, pairs.align)
+    n = len(prompts.clean)
+    target_ids = token_ids(model, pairs.targets, n, "target")
+    baseline_ids = None if pairs.baselines is None else token_ids(model, pairs.baselines, n, "baseline")
+    metric = pairs.metric or ("logit_diff" if baseline_ids is not None else "target_prob")
+    return prompts, target_ids, baseline_ids, metric, check_metric(metric, baseline_ids is not None)
 
 
 def scored(df: pd.DataFrame, direction: str, label: str) -> pd.DataFrame:
@@ -66,7 +113,7 @@ def n_prompts(prompts: Inputs) -> int:
     return 1 if isinstance(prompts, str) else len(prompts)
 
 
-class Pairs:
+class PromptPairs:
     """(clean, corrupt) prompt pairs, tokenized once, with each pair's aligned positions (None: position p to p)."""
 
     def __init__(self, clean, corrupt, aligned: list[list[tuple[int, int]]] | None = None,
@@ -77,7 +124,7 @@ class Pairs:
         self.ids = ids if ids is not None else {"clean": _real_ids(clean.tokens), "corrupt": _real_ids(corrupt.tokens)}
 
     @classmethod
-    def of(cls, model: Transformer, clean: Inputs, corrupt: Inputs, align: Align = None) -> "Pairs":
+    def of(cls, model: Transformer, clean: Inputs, corrupt: Inputs, align: Align = None) -> "PromptPairs":
         """The pairs from texts (a string or a list), resid.Tokens or [batch pos] token ids, one corrupt prompt per
         clean one."""
         listed = [x if isinstance(x, Tensor | Tokens) else ([x] if isinstance(x, str) else list(x))
@@ -224,11 +271,11 @@ class PairsJob(Job):
         return {"pairs": [self.clean, self.corrupt, self.aligned], "base": self.base,
                 "targets": [self.targets, self.baselines], **self.settings}
 
-    def setup(self, model: Transformer | EncoderDecoder) -> tuple[Transformer | EncoderDecoder, "Pairs", BatchSize]:
+    def setup(self, model: Transformer | EncoderDecoder) -> tuple[Transformer | EncoderDecoder, PromptPairs, BatchSize]:
         prompts = [Prompts(Tokens.pad(ids, self.pad, "left").to(model.device), None, self.pad)
                    for ids in (self.clean, self.corrupt)]
         ids = {"clean": self.clean, "corrupt": self.corrupt}
-        return model, Pairs(*prompts, self.aligned, ids), BatchSize(self.batch)
+        return model, PromptPairs(*prompts, self.aligned, ids), BatchSize(self.batch)
 
     def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
         model, pairs, size = state
@@ -238,11 +285,11 @@ class PairsJob(Job):
     def combine(self, pieces: list) -> pd.DataFrame:
         return pd.concat(pieces, ignore_index=True)
 
-    def rows(self, model: Transformer, pairs: "Pairs", indices: list[int]) -> pd.DataFrame:
+    def rows(self, model: Transformer, pairs: "PromptPairs", indices: list[int]) -> pd.DataFrame:
         raise NotImplementedError
 
     @classmethod
-    def of(cls, pairs: "Pairs", base: str, targets, baselines, metric, batch: int, settings: dict, **fields):
+    def of(cls, pairs: "PromptPairs", base: str, targets, baselines, metric, batch: int, settings: dict, **fields):
         """The job over every pair of `pairs`."""
         return cls(pairs.ids["clean"], pairs.ids["corrupt"], pairs.clean.pad_token_id,
                    pairs.aligned, base, list(targets), None if baselines is None else list(baselines), metric,

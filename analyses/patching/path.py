@@ -33,7 +33,7 @@ from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.metrics import metric_values
-from resid.analyses.patching.pairs import Pairs, PairsJob, PatchDirection, prepare, scored
+from resid.analyses.patching.pairs import Pairs, PairsJob, PatchDirection, PromptPairs, pairs_of, prepare, scored
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Replace
@@ -53,9 +53,9 @@ DIRECTION_CHANGED = (
 
 def path(
     model: Transformer | EncoderDecoder,
-    clean: Inputs,
-    corrupt: Inputs,
-    targets: Sequence[str | int] | str | int,
+    pairs: Pairs | Inputs,
+    corrupt: Inputs | None = None,
+    targets: Sequence[str | int] | str | int | None = None,
     baselines: Sequence[str | int] | str | int | None = None,
     senders: Sequence[Site | str] | Sequence[Sequence[Site | str]] = (),
     receivers: str | Sequence[Site | str] = "logits",
@@ -63,9 +63,14 @@ def path(
     metric: str | Callable | None = None,
     execution: Execution | None = None,
 ) -> pd.DataFrame:
-    """Path patching from each sender set to `receivers` (see the module docstring); execution: how it runs
+    """Path patching from each sender set to `receivers` on every pair of `pairs` (a patching.Pairs, without align;
+    the old separate arguments still work for one release, as patching.activation's); execution: how it runs
     (resid.analyses.Execution). direction: "denoise" when not given, with a FutureWarning: path's default was
     "noise" (Wang et al.'s) before resid 0.1.0, and the two answer opposite questions."""
+    given = pairs_of(pairs, "patching.path", corrupt=corrupt, targets=targets, baselines=baselines, metric=metric)
+    if given.align is not None:
+        raise ResidError("Path patching takes pairs of equal token lengths, patched position for position: drop "
+                         "align= from its patching.Pairs.")
     if direction is None:
         warnings.warn(DIRECTION_CHANGED, FutureWarning, stacklevel=2)
         direction = "denoise"
@@ -80,8 +85,7 @@ def path(
                          "of lists of them.")
     if receivers != "logits":
         receivers = [_receiver(r, config) for r in ([receivers] if isinstance(receivers, (str, Site)) else receivers)]
-    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
-                                                              direction)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, given, direction)
     base = "clean" if direction == "noise" else "corrupt"
     size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)
     job = PathJob.of(pairs, base, target_ids, baseline_ids, metric, size.value, dict(direction=direction, metric=label),
@@ -137,7 +141,7 @@ class PathJob(PairsJob):
                 "receivers": None if self.receivers is None else [s.label for s in self.receivers],
                 **super().signature()}
 
-    def rows(self, model: Transformer, pairs: Pairs, rows: list[int]) -> pd.DataFrame:
+    def rows(self, model: Transformer, pairs: PromptPairs, rows: list[int]) -> pd.DataFrame:
         """The rows of these pairs for every sender set: two runs, then one (or two, with receivers) per set, every
         metric kept on the device until the last set and moved to the host at once."""
         config, donor = model.config, "corrupt" if self.base == "clean" else "clean"

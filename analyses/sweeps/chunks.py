@@ -115,7 +115,6 @@ class SweepJob(Job):
     dictionaries: tuple = ()  # learned dictionaries whose features are sites (they travel with the job)
     sources: SourceIds | None = None  # encoder-decoder models: each prompt's source (resid.analyses.sweeps.seq2seq)
     encoder_layers: int = 0  # encoder-decoder models: the encoder's layers
-    progress: bool | None = None  # the reference means' bar, as the sweep's Execution says (the driver draws the rows')
 
     name = "sites"
     key = ("prompt_idx", "site")
@@ -141,17 +140,17 @@ class SweepJob(Job):
         """The rows a chunk returns: one per (prompt, site) it computes (the progress bar counts rows of rows)."""
         return len(chunk.rows)
 
-    def prepare(self, model: Transformer | EncoderDecoder, executor, chunks: list) -> None:
-        """Mean ablation: the reference means of every edited site, on the same executor, if rows are left."""
+    def prepare(self, model: Transformer | EncoderDecoder, execution: Execution, chunks: list) -> None:
+        """Mean ablation: the reference means of every edited site, by the sweep's Execution (its started executor,
+        its progress), if rows are left."""
         if self.method != "mean" or not chunks or self.means:
             return
         whole = sorted({edit.whole for site in self.sites for edit in edited(site, model.config)}, key=str)
         if self.sources is not None:  # encoder-decoder models: means over the pairs themselves
             self.means = seq2seq.means(model, whole, self.sequences, self.pad, self.sources, self.per_position,
-                                       self.chunk_batch)
+                                       self.chunk_batch, execution)
             return
         width = max(len(ids) for ids in self.sequences)
-        execution = Execution(executor=executor, batch_size=self.batch_size, progress=self.progress)
         self.means = reference_means(model, whole, self.reference, width, self.per_position, self.chunk_batch,
                                      self.dictionaries, execution)
 

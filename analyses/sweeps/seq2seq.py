@@ -12,14 +12,16 @@ need reference sources; resample, from another pair whose prompt and source have
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from resid.analyses import site_words
-from resid.analyses.distributed.executor import Executor, InProcess
+from resid.analyses.distributed.driver import drive
+from resid.analyses.distributed.execution import Execution
+from resid.analyses.distributed.executor import Executor, InProcess, Job
 from resid.analyses.sweeps import values
 from resid.capture import Capture
 from resid.errors import ResidError, param
@@ -98,33 +100,79 @@ def in_process(executor: Executor | str | None) -> None:
 
 
 def means(model: EncoderDecoder, sites: list[Site], sequences: list[list[int]], pad: int, sources: SourceIds,
-          per_position: bool, batch: int) -> dict:
+          per_position: bool, batch: int, execution: Execution) -> dict:
     """{whole site: float64 array} over the sweep's own pairs: [dim...] agnostic, [n_positions dim...] per position
-    (each side's positions)."""
+    (each side's positions); a reduction of the one driver over chunks of `batch` pairs, with the sweep's progress
+    (`execution`: the sweep's, in process)."""
     patterns = [site for site in sites if site.what == "pattern"]
     if patterns:
         raise ResidError(f"Attention patterns have no mean (their key axis is each text's own length): "
                          f"{patterns[0].label}. Ablate patterns with {param('method', 'zero')} or "
                          f"{param('method', 'resample')}.")
-    by_stack = {None: [s for s in sites if s.stack is None], "encoder": [s for s in sites if s.stack is not None]}
-    width = {None: max(map(len, sequences)), "encoder": max(map(len, sources.sequences))}
-    counts = {stack: torch.zeros(width[stack] if per_position else 1, dtype=torch.float64) for stack in width}
-    sums: dict = {}
-    for start in range(0, len(sequences), batch):
-        rows = range(start, min(len(sequences), start + batch))
-        run = model.run(Tokens.pad([sources.sequences[i] for i in rows], sources.pad, "right"),
-                        Tokens.pad([sequences[i] for i in rows], pad, "right"), capture=Capture.of(by_stack[None]),
-                        encoder_capture=Capture.of(map(plain, by_stack["encoder"])))
+    return drive(model, MeansJob(sites, sequences, pad, sources, per_position, batch), execution)
+
+
+@dataclass
+class MeansJob(Job):
+    """The means over the pairs as a reduction: each chunk (a range of pairs, one forward) gives every site's sums
+    and each stack's token counts on the host; `finish` adds them up in chunk order and divides."""
+
+    sites: list[Site]  # whole sites on either stack
+    sequences: list[list[int]]  # the prompts' (target prefixes') token ids
+    pad: int
+    sources: SourceIds
+    per_position: bool
+    batch: int  # pairs per forward
+
+    name = "means over the pairs"
+    unit = "pair"
+
+    def plan(self, done: set, workers: int | None, per_worker: int) -> list[range]:
+        n = len(self.sequences)
+        return [range(start, min(n, start + self.batch)) for start in range(0, n, self.batch)]
+
+    def size(self, rows: range) -> int:
+        return len(rows)
+
+    def width(self) -> dict:
+        return {None: max(map(len, self.sequences)), "encoder": max(map(len, self.sources.sequences))}
+
+    def setup(self, model: EncoderDecoder) -> EncoderDecoder:
+        return model
+
+    def run(self, model: EncoderDecoder, rows: range) -> Iterator[tuple[dict, dict]]:
+        by_stack = {None: [s for s in self.sites if s.stack is None],
+                    "encoder": [s for s in self.sites if s.stack is not None]}
+        width = self.width()
+        counts = {stack: torch.zeros(width[stack] if self.per_position else 1, dtype=torch.float64) for stack in width}
+        sums: dict = {}
+        run = model.run(Tokens.pad([self.sources.sequences[i] for i in rows], self.sources.pad, "right"),
+                        Tokens.pad([self.sequences[i] for i in rows], self.pad, "right"),
+                        capture=Capture.of(by_stack[None]), encoder_capture=Capture.of(map(plain, by_stack["encoder"])))
         for stack, tokens in ((None, run.tokens), ("encoder", run.encoder.tokens)):
             mask = tokens.attention_mask
-            slot = (tokens.position_ids[mask] if per_position else torch.zeros(int(mask.sum()), dtype=torch.long)).cpu()
+            slot = (tokens.position_ids[mask] if self.per_position
+                    else torch.zeros(int(mask.sum()), dtype=torch.long)).cpu()
             counts[stack] += torch.bincount(slot, minlength=len(counts[stack]))[: len(counts[stack])].double()
             for site in by_stack[stack]:
                 found = run.read(site)[mask].double().cpu()
                 total = sums.setdefault(site, torch.zeros((len(counts[stack]), *found.shape[1:]), dtype=torch.float64))
                 total.index_add_(0, slot, found)
-    out = {}
-    for site, total in sums.items():
-        mean = (total / counts[site.stack].reshape(-1, *([1] * (total.ndim - 1)))).numpy()
-        out[site] = mean if per_position else mean[0, ...]
-    return out
+        yield counts, sums
+
+    def combine(self, pieces: list) -> tuple[dict, dict]:
+        return pieces[0]
+
+    def finish(self, results: list) -> dict:
+        counts: dict = {}
+        sums: dict = {}
+        for part_counts, part_sums in results:  # in chunk order
+            for stack, count in part_counts.items():
+                counts[stack] = counts[stack] + count if stack in counts else count
+            for site, total in part_sums.items():
+                sums[site] = sums[site] + total if site in sums else total
+        out = {}
+        for site, total in sums.items():
+            mean = (total / counts[site.stack].reshape(-1, *([1] * (total.ndim - 1)))).numpy()
+            out[site] = mean if self.per_position else mean[0, ...]
+        return out

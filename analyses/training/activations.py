@@ -43,11 +43,11 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from resid.analyses.corpus_windows import Window, batch_tokens
 from resid.analyses.corpus_windows import windows as cut_windows
 from resid.analyses.distributed.executor import Job
+from resid.analyses.distributed.progress import meter
 from resid.batching import available_bytes
 from resid.capture import Capture
 from resid.dictionaries.hooks import HookPoint, point_of, read, width
@@ -111,8 +111,8 @@ class BlockJob(Job):
         total = sum(len(w) - (not self.keep_bos) for w in chunk)
         found = {p: torch.empty(total, width(p, model.config), device=device) for p in self.points}
         filled = 0
-        bar = tqdm(total=sum(len(w) for w in chunk), unit="tok", unit_scale=True, leave=False,
-                   desc=f"filling the activation buffer ({block.index + 1})", disable=not self.progress)
+        bar = meter(self.progress, sum(len(w) for w in chunk), f"filling the activation buffer ({block.index + 1})",
+                    "tok", unit_scale=True, leave=False)
         for start, end in forward_batches([len(w) for w in chunk], self.forward_batch * self.window):
             part = chunk[start:end]
             bar.update(sum(len(w) for w in part))

@@ -53,7 +53,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from resid.analyses.distributed.execution import Execution, as_execution
-from resid.analyses.distributed.steps import drive_steps
+from resid.analyses.distributed.steps import drive_steps, older_arguments
 from resid.analyses.io import corpus as corpora
 from resid.analyses.training.activations import Activations, Position
 from resid.analyses.training.batchtopk import batch_top_k, starts, tracked
@@ -268,7 +268,7 @@ def train_crosslayer(
     corpus: corpora.Source,
     recipe: Recipe = Recipe(activation="batchtopk"),
     execution: Execution | None = None,
-    checkpoint_every: int = 100,
+    checkpoint_every: int | None = None,
     window: int = 256,
     buffer_tokens: int | str = "auto",
     keep_bos: bool = False,
@@ -279,17 +279,19 @@ def train_crosslayer(
     on_step: Callable[[int, list[Stats]], None] | None = None,
 ) -> CrossLayerTranscoder:
     """A CLT over every layer of `model`, trained on `corpus` as `recipe` says (see the module docstring). The
-    arguments are train()'s (resid.analyses.training.loop); with `execution.out` the run checkpoints and resumes
-    there, and the CLT is written to OUT/clt/ in circuit-tracer's CLT format. tanh_scale: c of the JumpReLU
-    sparsity term."""
-    execution = as_execution(execution)
+    arguments are train()'s (resid.analyses.training.loop: checkpoint_every and device belong in the Execution);
+    with `execution.out` the run checkpoints and resumes there, and the CLT is written to OUT/clt/ in
+    circuit-tracer's CLT format. tanh_scale: c of the JumpReLU sparsity term."""
+    execution = older_arguments(as_execution(execution), "train_crosslayer", checkpoint_every=checkpoint_every,
+                                device=device)
+    device = execution.device
     specs = [Spec.transcoder(model, layer) for layer in range(model.config.n_layers)]
     if buffer_tokens == "auto":
         buffer_tokens = buffer_size(model, specs, recipe.batch_size, execution.out, device)
     job = CrossLayerJob(model, corpora.load(corpus), specs, recipe, window,
                         FORWARD_BATCH if execution.batch_size == "auto" else execution.batch_size, buffer_tokens,
                         keep_bos, device, autocast, max_norm_ratio, tanh_scale, on_step)
-    return drive_steps(model, job, execution, checkpoint_every)
+    return drive_steps(model, job, execution)
 
 
 class CrossLayerJob(TrainingJob):

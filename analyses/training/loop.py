@@ -13,8 +13,8 @@ gives every dictionary the same tokens. The run is a step job of the step driver
 (resid.analyses.distributed.steps.drive_steps): the blocks of activations are its chunks, made in process or on
 Ray workers (one model each) and taken in block order by the trainers in this process, so the weights do not
 depend on who made them. With `execution.out`, a checkpoint (resid.analyses.io.checkpoints) is written every
-`checkpoint_every` steps and at the end, and rerunning the same call resumes from it: the stream restarts at the
-saved Position and every dictionary's weights, buffers and Adam state are restored, so the run ends with the
+`execution.checkpoint_every` steps and at the end, and rerunning the same call resumes from it: the stream restarts at
+the saved Position and every dictionary's weights, buffers and Adam state are restored, so the run ends with the
 weights of a run that was never stopped. At the end each dictionary is written to OUT/<name>/ in SAELens's format
 (resid.dictionaries.formats.saelens.write), under the TransformerLens hook names SAELens reads (the dictionary's
 HookPoint). The progress bar shows tokens/s and the L0, FVU and dead fraction of a recent step (read every
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from resid.analyses.distributed.execution import Execution, as_execution
-from resid.analyses.distributed.steps import StepJob, drive_steps
+from resid.analyses.distributed.steps import StepJob, drive_steps, older_arguments
 from resid.analyses.io import checkpoints
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.checkpoints import DamagedState, count
@@ -140,7 +140,7 @@ def train(
     specs: Sequence[Spec | Site | str],
     recipe: Recipe = Recipe(),
     execution: Execution | None = None,
-    checkpoint_every: int = 100,
+    checkpoint_every: int | None = None,
     window: int = 256,
     buffer_tokens: int | str = "auto",
     keep_bos: bool = False,
@@ -154,11 +154,13 @@ def train(
     (resid.analyses.Execution): `out` the folder of the checkpoint and the SAELens folders, `batch_size` windows per
     forward pass ("auto": FORWARD_BATCH), `executor` / `workers` where the activations are made, `progress` the bar.
     buffer_tokens: training tokens per shuffling buffer ("auto": buffer_size, sized from the free memory, or the
-    resumed checkpoint's). device: where the dictionaries train (default: the model's). autocast: the model's
-    forward under bf16 autocast;
+    resumed checkpoint's). execution.checkpoint_every: steps between checkpoints; execution.device: where the
+    dictionaries train (default: the model's); the arguments checkpoint_every and device of before are taken for one
+    release, with a DeprecationWarning. autocast: the model's forward under bf16 autocast;
     max_norm_ratio: outlier tokens left out (resid.analyses.training.activations). on_step(step, stats per
     dictionary: 0-d tensors on the device) after each step (and its checkpoint)."""
-    execution = as_execution(execution)
+    execution = older_arguments(as_execution(execution), "train", checkpoint_every=checkpoint_every, device=device)
+    device = execution.device
     specs = [s if isinstance(s, Spec) else Spec(s) for s in specs]
     if not specs:
         raise ResidError("Give at least one Site or Spec to train a dictionary at.")
@@ -170,7 +172,7 @@ def train(
     job = TrainingJob(model, corpora.load(corpus), specs, recipe, window,
                       FORWARD_BATCH if execution.batch_size == "auto" else execution.batch_size, buffer_tokens,
                       keep_bos, device, autocast, max_norm_ratio, on_step)
-    return drive_steps(model, job, execution, checkpoint_every)
+    return drive_steps(model, job, execution)
 
 
 def buffer_size(model: Transformer, specs: Sequence[Spec | Site | str], batch_size: int,

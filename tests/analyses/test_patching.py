@@ -235,7 +235,7 @@ def test_activation_atp_and_path_share_their_parameters():
     own (atp's method, path's senders and receivers) and `execution` close each list."""
     import inspect
 
-    common = ["model", "clean", "corrupt", "targets", "baselines"]
+    common = ["model", "pairs", "corrupt", "targets", "baselines"]  # corrupt...: the old arguments, for one release
     shared = ["sites", "direction", "metric", "align", "dictionaries", "source", "corrupt_source"]
     params = {f.__name__: inspect.signature(f).parameters for f in (patching.activation, patching.atp, patching.path)}
     assert list(params["activation"]) == [*common, *shared, "execution"]
@@ -310,3 +310,37 @@ def test_deepseek_head_and_expert_patching_equal_one_forward_per_site(gpt2_token
             assert df.loc[(i, site.label), "patched_metric"] == pytest.approx(expected, abs=1e-5)
     estimates = patching.atp(model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="head")
     assert len(estimates) == 2 * 3 * 4 and estimates["patched_metric"].notna().all()  # pairs x layers x heads
+
+
+def test_a_pairs_value_carries_what_the_three_methods_share(random_model):
+    """patching.Pairs (prompts, targets, baselines, metric, alignment) gives each method the table of its old
+    separate arguments, which still work for one release with a DeprecationWarning; a Pairs beside old arguments, and
+    an alignment for path patching, are refused with what to do."""
+    import warnings
+
+    pairs = patching.Pairs(CLEAN, CORRUPT, TARGETS, BASELINES, metric="logit_diff")
+    senders = [resid.Site(0, "attn"), resid.Site(1, "mlp")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the Pairs call is the current one
+        new = [patching.activation(random_model, pairs, sites="sublayer"),
+               patching.atp(random_model, pairs, sites="sublayer"),
+               patching.path(random_model, pairs, senders=senders, direction="denoise")]
+    with pytest.warns(DeprecationWarning, match=r"patching.activation\(model, clean, corrupt, targets, baselines, "
+                                                r"metric=..., align=...\) is deprecated.*patching.Pairs"):
+        old = [patching.activation(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, sites="sublayer",
+                                   metric="logit_diff")]
+    with pytest.warns(DeprecationWarning):
+        old += [patching.atp(random_model, CLEAN, CORRUPT, targets=TARGETS, baselines=BASELINES, sites="sublayer"),
+                patching.path(random_model, CLEAN, CORRUPT, TARGETS, BASELINES, senders=senders, direction="denoise")]
+    for a, b in zip(new, old, strict=True):
+        assert len(a) > 0 and list(a.columns) == list(b.columns)
+        assert a["patched_metric"].to_numpy() == pytest.approx(b["patched_metric"].to_numpy(), abs=TINY["atol"])
+    assert (new[0]["metric"] == "logit_diff").all()
+    with pytest.raises(ResidError, match=r"patching.atp was given a patching.Pairs value and baselines, align: those "
+                                         r"belong to the Pairs .*drop them here"):
+        patching.atp(random_model, pairs, baselines=BASELINES, align="end")
+    with pytest.raises(ResidError, match=r"patching.activation takes the pairs as one value: .*patching.Pairs\(clean"):
+        patching.activation(random_model, CLEAN)
+    with pytest.raises(ResidError, match=r"Path patching takes pairs of equal token lengths.*drop align="):
+        patching.path(random_model, patching.Pairs(CLEAN, CORRUPT, TARGETS, align="end"), senders=senders,
+                      direction="denoise")

@@ -47,3 +47,32 @@ def test_a_line_estimates_the_time_left_from_the_rate_so_far(monkeypatch, capsys
     assert err[0] == "patching: 20/100 rows (20%), 40 s so far, about 2 min 40 s left", err
     assert err[1] == "patching: 40/100 rows (40%), 80 s so far, about 2 min 00 s left; loss=0.3123", err
     assert err[2] == "patching: done, 40 rows in 90 s"
+
+
+def test_an_attribution_graph_and_its_head_split_report_their_sweeps(model, monkeypatch, capsys) -> None:
+    """graphs.attribute and split_heads run their backward sweeps on the driver, so their progress reaches the caller:
+    one line per batch of targets, counting every target (each feature and logit node; each target node of the
+    split), and progress=False silences both."""
+    from random_transcoders import per_layer
+
+    from resid.analyses import graphs
+
+    monkeypatch.setattr(progress, "LINE_EVERY", 0.0)
+    transcoders, ids = per_layer(model), [11, 5, 7, 2, 9, 31, 3]
+    graph = graphs.attribute(model, ids, transcoders, max_n_logits=3, execution=Execution(batch_size=16))
+    lines = capsys.readouterr().err.strip().splitlines()
+    n_targets = graph.n_features + graph.n_logits
+    chunks = -(-graph.n_features // 16) + 1  # the feature batches and one of the logits
+    assert re.fullmatch(rf"graph rows \({chunks} chunks\): done, {n_targets} targets in \d+ s", lines[-1]), lines
+    assert len(lines) == chunks + 1 and all(line.startswith(f"graph rows ({chunks} chunks): ") for line in lines)
+
+    pruned = graph.pruned(0.8, 0.98)
+    split = graphs.split_heads(model, pruned, transcoders, execution=Execution(batch_size=4))
+    lines = capsys.readouterr().err.strip().splitlines()
+    n_targets = len(split.targets.unique())
+    assert re.fullmatch(rf"head split \(\d+ chunks\): done, {n_targets} targets in \d+ s", lines[-1]), lines
+    assert len(lines) == -(-n_targets // 4) + 1, lines
+
+    graphs.attribute(model, ids, transcoders, max_n_logits=3, execution=Execution(batch_size=16, progress=False))
+    graphs.split_heads(model, pruned, transcoders, execution=Execution(batch_size=4, progress=False))
+    assert capsys.readouterr().err == ""

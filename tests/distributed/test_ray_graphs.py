@@ -43,3 +43,18 @@ def test_a_graph_on_two_workers_is_the_in_process_graph(saved_llama, executor, k
                            execution=Execution(executor=executor, batch_size=4, progress=False))
     assert expected.n_features == (12 if max_feature_nodes else len(expected.active_features)) > 8  # several chunks
     assert_same_graph(got, expected)
+
+
+def test_a_head_split_on_two_workers_is_the_in_process_split(saved_llama, executor):
+    """split_heads's sweeps are a driver job too: on workers (each runs the prompt again with the transcoders once)
+    the parts are the in-process ones."""
+    model = saved_llama
+    transcoders = per_layer(model)
+    pruned = graphs.attribute(model, IDS, transcoders).pruned(0.8, 0.98)
+    expected = graphs.split_heads(model, pruned, transcoders, execution=Execution(batch_size=2))
+    got = graphs.split_heads(model, pruned, transcoders,
+                             execution=Execution(executor=executor, batch_size=2, progress=False))
+    assert len(expected.targets.unique()) > 4  # several chunks, on both workers
+    assert torch.equal(got.sources, expected.sources) and torch.equal(got.targets, expected.targets)
+    scale = float(expected.parts.abs().max())
+    torch.testing.assert_close(got.parts, expected.parts, rtol=1e-5, atol=1e-5 * scale)

@@ -296,7 +296,7 @@ def test_resid_graph_heads_writes_the_split_beside_the_json(tmp_path, capsys) ->
      r"is no edge of this graph \(its weight is zero, or pruning removed it\): pass edges the graph has"),
     (lambda split, built: graphs.split_heads(built[0], built[2], built[1],
                                              execution=Execution(out="x.parquet")),
-     r"drop executor, workers and out"),
+     r"A head split is built in this process and returned: .*executor, workers and progress; drop out\."),
 ])
 def test_bad_input_is_refused_with_what_to_do(built, case, message) -> None:
     with pytest.raises(resid.ResidError, match=message):

@@ -1,8 +1,12 @@
 """The graph's backward sweeps as a Job (resid.analyses.graphs.rows), without Ray: the job's own path (setup from the
-model, then one sweep per chunk, what a Ray worker runs) gives the rows of the driver's in-process loop; a worker
+model, then one sweep per chunk, what a Ray worker runs) gives the rows of the driver's in-process drive (which
+sets nothing up: its state is the driver's own, and never pickled); a worker
 sets up once per graph, however many rounds of maps it serves; a worker that finds other active features than the
 driver is refused; an Execution with an out is refused, naming what to drop (tests/distributed/test_ray_graphs.py
 runs graphs on 2 Ray workers)."""
+
+import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -12,7 +16,9 @@ from random_transcoders import cross_layer, per_layer
 import resid
 from resid.analyses import Execution, graphs
 from resid.analyses.distributed import InProcess
+from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.worker import Worker
+from resid.analyses.graphs import rows as graph_rows
 from resid.analyses.graphs.attribute import logit_vectors
 from resid.analyses.graphs.edges import Sweeper
 from resid.analyses.graphs.replacement import replace
@@ -35,11 +41,18 @@ def _batches(model, rep) -> list[Batch]:
     return [logits, *feature_batches(some, 5)]
 
 
-def test_the_jobs_own_path_gives_the_in_process_rows(built) -> None:
+def test_the_jobs_own_path_gives_the_in_process_rows(built, monkeypatch) -> None:
     model, _, rep = built
     batches = _batches(model, rep)
-    direct = RowSweeps(model, rep, Sweeper(rep), None).all(batches)
-    through_job = RowSweeps(model, rep, Sweeper(rep), InProcess()).all(batches)
+    setups = []
+    monkeypatch.setattr(graph_rows, "replace", lambda *args, **kwargs: setups.append(1) or replace(*args, **kwargs))
+    direct = RowSweeps(model, rep, Sweeper(rep), Execution()).all(batches)  # the driver's own state serves them
+    assert setups == []
+    through_job: list = [None] * len(batches)  # set up from the model, as a worker does
+    job = dataclasses.replace(RowJob.of(model, rep), batches=batches)
+    drive(model, job, Execution(executor=InProcess()),
+          take=lambda chunk, found: through_job.__setitem__(chunk[0], found))
+    assert setups == [1] and pickle.loads(pickle.dumps(RowJob.of(model, rep, local=(rep, None)))).local is None
     assert len(batches) > 3 and [len(b) for b in batches] == [len(rows) for rows in direct]
     for a, b in zip(through_job, direct, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -58,11 +71,11 @@ def test_a_worker_sets_up_once_per_graph_however_many_maps(built, monkeypatch) -
     job = RowJob.of(model, rep)
     batches = _batches(model, rep)
     for key, batch in zip(["map1", "map2", "map3"], batches):  # each round is another map, the same session
-        worker.run(key, job, batch)
-        worker.run(key, None, batches[-1])
+        worker.run(key, job, (0, batch))
+        worker.run(key, None, (1, batches[-1]))
     assert setups == [job.session]
     other = RowJob.of(model, rep)  # the next graph
-    worker.run("map4", other, batches[0])
+    worker.run("map4", other, (0, batches[0]))
     assert setups == [job.session, other.session] and job.session != other.session
 
 

@@ -93,6 +93,22 @@ def _read(model, label: str, source, target) -> torch.Tensor:
     return run.read(site)
 
 
+def test_the_means_over_the_pairs_are_a_driver_job_with_its_progress(tiny_marian, monkeypatch, capsys):
+    """The means over the pairs run on the driver, so the sweep's progress shows them: a line per chunk of pairs
+    (batch_size pairs each), counting every pair; progress=False silences them with the rows."""
+    from resid.analyses.distributed import progress
+
+    monkeypatch.setattr(progress, "LINE_EVERY", 0.0)
+    sites = ["encoder.layers[0].mlp", "layers[1].mlp"]
+    ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=sites, source=SOURCES, method="mean",
+                   execution=Execution(batch_size=2))
+    means = [line for line in capsys.readouterr().err.splitlines() if line.startswith("means over the pairs")]
+    assert len(means) == 3 and means[-1].startswith("means over the pairs (2 chunks): done, 3 pairs in "), means
+    ablation.sweep(tiny_marian.model, TARGETS, TARGET, sites=sites, source=SOURCES, method="mean",
+                   execution=Execution(batch_size=2, progress=False))
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("per_position", [False, True])
 def test_mean_ablation_uses_the_mean_over_the_pairs_of_each_side(tiny_marian, per_position):
     model = tiny_marian.model

@@ -117,10 +117,12 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(bos_model, texts, tmp
 
     specs = [SITE, Spec("layers[0].resid_post", name="early")]
     with pytest.raises(Killed):
-        train(bos_model, texts, specs, RECIPE, _in(tmp_path), checkpoint_every=3, on_step=kill, **OPTIONS)
+        train(bos_model, texts, specs, RECIPE, dataclasses.replace(_in(tmp_path), checkpoint_every=3), on_step=kill,
+              **OPTIONS)
     resumed_from = []
-    resumed = train(bos_model, texts, specs, RECIPE, _in(tmp_path), checkpoint_every=3,
-                    on_step=lambda step, stats: resumed_from.append(step), **OPTIONS)
+    with pytest.warns(DeprecationWarning, match=r"train\(\.\.\., checkpoint_every=\.\.\.\) is deprecated"):
+        resumed = train(bos_model, texts, specs, RECIPE, _in(tmp_path), checkpoint_every=3,  # as before Execution's
+                        on_step=lambda step, stats: resumed_from.append(step), **OPTIONS)
     assert resumed_from[0] == 7  # it went on from the checkpoint of step 6, not from the start
     straight = train(bos_model, texts, specs, RECIPE, QUIET, **OPTIONS)
     for a, b in zip(_weights(resumed), _weights(straight)):
