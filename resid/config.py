@@ -79,6 +79,9 @@ class ModelConfig:
     rotary_base: float = 10000.0  # theta of the rotary frequencies (of "full" layers, when they differ)
     rope_scaling: RopeScaling | None = None  # scaling of the "full" layers' rotary frequencies
     rotary_base_local: float | None = None  # "sliding" layers' theta, unscaled (Gemma 3); None = as "full"
+    # layers whose attention has no position embedding at all (NoPE: SmolLM3 every 4th layer, Cohere 2 and
+    # EXAONE 4 their global layers): q and k are not rotated there
+    nope_layers: tuple[int, ...] = ()
     attn_qkv_bias: bool = False  # q, k and v projections have biases (GPT-2, Qwen2, GPT-NeoX)
     attn_out_bias: bool = False  # output projection has a bias (GPT-2, GPT-NeoX)
     attn_scale: float | None = None  # multiplies q.k; None = 1 / sqrt(d_head)
@@ -145,6 +148,7 @@ class ModelConfig:
             object.__setattr__(scaling, "factors", tuple(float(f) for f in scaling.factors))
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
         problems = []
         if self.layer_types is not None:
             if len(self.layer_types) != self.n_layers or not set(self.layer_types) <= {"full", "sliding"}:
@@ -160,6 +164,10 @@ class ModelConfig:
         elif scaling is not None and scaling.kind == "factors" and len(scaling.factors) * 2 != self.rotary_dims:
             problems.append(f"rope_scaling gives {len(scaling.factors)} factors "
                             f"for {self.rotary_dims // 2} frequencies")
+        if self.nope_layers and (self.positions != "rotary" or self.kv_rank
+                                 or not all(0 <= n < self.n_layers for n in self.nope_layers)):
+            problems.append(f"nope_layers={self.nope_layers} must be layers (0..{self.n_layers - 1}) of a model with "
+                            "rotary positions and standard attention")
         if not (self.pre_norms or self.post_norms or self.post_ln):
             problems.append("a model needs pre_norms, post_norms or post_ln")
         if self.post_ln and (self.pre_norms or self.post_norms or self.block == "parallel"):
@@ -261,6 +269,10 @@ class ModelConfig:
         if self.layer_types is not None:
             return self.layer_types[layer]
         return "sliding" if self.sliding_window is not None else "full"
+
+    def rotates(self, layer: int) -> bool:
+        """Whether `layer`'s attention rotates q and k (rotary positions, not a NoPE layer)."""
+        return self.positions == "rotary" and layer not in self.nope_layers
 
     def has_experts(self, layer: int) -> bool:
         """Whether `layer`'s MLP is a mixture of experts (DeepSeek's first n_dense_layers are dense)."""

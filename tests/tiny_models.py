@@ -38,6 +38,10 @@ VARIANTS: list[str] = [
     "olmo2",
     "mixtral",
     "deepseek_v3",
+    *(FAMILIES := [  # issue 58: one tiny model per added model_type (tests/conftest.py: the fast tests it runs)
+        "olmo3", "seed_oss", "smollm3", "exaone4", "granite", "cohere", "cohere2", "ernie4_5", "starcoder2",
+        "stablelm", "phi", "gptj", "opt",
+    ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
 # over VARIANTS: DeepSeek V2 shares V3's blocks and differs in routing and rotary layout, which those tests cover,
@@ -144,6 +148,8 @@ def _modern_config(variant: str) -> transformers.PretrainedConfig:
         return transformers.MixtralConfig(**gqa, num_local_experts=4, num_experts_per_tok=2)
     if variant.startswith("deepseek"):
         return deepseek_config(variant)
+    if variant in FAMILIES:
+        return family_config(variant)
     raise ValueError(f"unknown tiny variant {variant!r}; choose from {VARIANTS + ON_REQUEST}")
 
 
@@ -165,6 +171,49 @@ def deepseek_config(variant: str, **changes) -> transformers.PretrainedConfig:
     fields = dict(mla, q_lora_rank=24, n_shared_experts=1, first_k_dense_replace=0, norm_topk_prob=True,
                   routed_scaling_factor=2.5, rope_interleave=False)
     return transformers.DeepseekV3Config(**{**fields, **changes})
+
+
+def family_config(variant: str) -> transformers.PretrainedConfig:
+    """The model types of issue 58, each small and with what distinguishes it switched on: windows of 4 keys on
+    sliding layers (16-token tests), NoPE layers, multipliers far from 1, biases, partial and interleaved rotary."""
+    gqa = dict(_LLAMA, num_key_value_heads=2, tie_word_embeddings=False)
+    layernorm = {k: v for k, v in gqa.items() if k != "rms_norm_eps"}
+    hybrid = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    neox = dict(_COMMON, hidden_size=64, num_attention_heads=4)  # d_head 16: partial rotary of 4 or 8 dims
+    if variant == "olmo3":
+        return transformers.Olmo3Config(**gqa, **hybrid)
+    if variant == "seed_oss":
+        return transformers.SeedOssConfig(**gqa, head_dim=16, attention_bias=True, attention_out_bias=True)
+    if variant == "smollm3":
+        return transformers.SmolLM3Config(**gqa, no_rope_layers=[1, 0], pad_token_id=None, bos_token_id=None,
+                                          eos_token_id=None)
+    if variant == "exaone4":
+        return transformers.Exaone4Config(**gqa, **hybrid)
+    if variant == "granite":
+        return transformers.GraniteConfig(**gqa, embedding_multiplier=3.0, attention_multiplier=0.2,
+                                          residual_multiplier=0.5, logits_scaling=4.0)
+    if variant == "cohere":
+        return transformers.CohereConfig(**{**layernorm, "tie_word_embeddings": True}, logit_scale=0.5)
+    if variant == "cohere2":
+        return transformers.Cohere2Config(**{**layernorm, "tie_word_embeddings": True}, logit_scale=0.5, head_dim=16,
+                                          **hybrid)
+    if variant == "ernie4_5":
+        return transformers.Ernie4_5Config(**gqa, head_dim=16, use_bias=True)
+    if variant == "starcoder2":
+        return transformers.Starcoder2Config(**{**layernorm, "tie_word_embeddings": True}, sliding_window=4)
+    if variant == "stablelm":
+        return transformers.StableLmConfig(**neox, num_key_value_heads=2, use_qkv_bias=True,
+                                           use_parallel_residual=True, partial_rotary_factor=0.25)
+    if variant == "phi":
+        return transformers.PhiConfig(**neox, partial_rotary_factor=0.5)
+    if variant == "gptj":
+        return transformers.GPTJConfig(vocab_size=D_VOCAB, n_positions=N_CTX, n_embd=64, n_layer=2, n_head=4,
+                                       rotary_dim=8, n_inner=96)
+    if variant == "opt":
+        return transformers.OPTConfig(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, hidden_size=48,
+                                      num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
+                                      word_embed_proj_dim=48)
+    raise ValueError(f"unknown family variant {variant!r}")
 
 
 def _reinit(model: nn.Module, seed: int) -> None:
@@ -208,24 +257,28 @@ def build(variant: str, folder: Path) -> transformers.PreTrainedModel:
 
 def hf_layers(model: transformers.PreTrainedModel) -> nn.ModuleList:
     base = model.base_model
+    base = base.decoder if hasattr(base, "decoder") else base  # OPT
     return base.h if hasattr(base, "h") else base.layers
 
 
 def hf_attn(model: transformers.PreTrainedModel, layer: int) -> nn.Module:
     block = hf_layers(model)[layer]
-    for name in ("self_attn", "attn", "attention"):
+    for name in ("self_attn", "attn", "attention", "self_attention"):
         if hasattr(block, name):
             return getattr(block, name)
     raise AttributeError(f"no attention module in {type(block).__name__}")
 
 
 def hf_mlp(model: transformers.PreTrainedModel, layer: int) -> nn.Module:
-    return hf_layers(model)[layer].mlp
+    """The MLP module (OPT has none: its fc2, whose output is the MLP's whole write)."""
+    block = hf_layers(model)[layer]
+    return block.mlp if hasattr(block, "mlp") else block.fc2
 
 
 def hf_final_norm(model: transformers.PreTrainedModel) -> nn.Module:
     base = model.base_model
-    for name in ("norm", "ln_f", "final_layer_norm"):
+    base = base.decoder if hasattr(base, "decoder") else base  # OPT
+    for name in ("norm", "ln_f", "final_layer_norm", "final_layernorm"):
         if hasattr(base, name):
             return getattr(base, name)
     raise AttributeError(f"no final norm in {type(base).__name__}")

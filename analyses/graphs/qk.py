@@ -295,7 +295,7 @@ class QK:
     def _angles(self, layer: int, position: int) -> tuple[Tensor | None, Tensor | None]:
         """The rotary (cos, sin) [1 1 rot] of `position` at `layer` (its local rotary on sliding layers)."""
         model = self.model
-        if model.rotary is None:
+        if model.rotary is None or not model.blocks[layer].attn.rotates:  # NoPE layers rotate nothing
             return None, None
         local = model.rotary_local is not None and model.blocks[layer].attn.layer_type == "sliding"
         rotary = model.rotary_local if local else model.rotary

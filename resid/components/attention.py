@@ -241,6 +241,7 @@ class Attention(nn.Module):
         self.layer = layer
         self.cross = cross
         self.layer_type: LayerType = "full" if cross else config.layer_type(layer)
+        self.rotates = not cross and config.rotates(layer)  # False: cross-attention, learned positions, NoPE layers
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
         d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
         self.scale = config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
@@ -409,7 +410,7 @@ class Attention(nn.Module):
             k = self.k_norm.normalize(k.flatten(-2)).view(k.shape)
         if self.qk_norm == "head":
             q, k = self.q_norm.normalize(q), self.k_norm.normalize(k)
-        if ctx.rotary and not self.cross:
+        if ctx.rotary and self.rotates:
             q, k = Rotary.apply_qk(q, k, *ctx.rotary[self.layer_type])
         return q, k, v
 

@@ -47,7 +47,7 @@ def load_hf_folder(
             table = family.seq2seq_keys(configs[0], config, hf)
         else:
             model = Transformer(config)
-            table = family.keys(config)
+            table = family.keys(config) if family.hf_keys is None else family.hf_keys(config, hf)
     model = model.to(dtype)  # before the weights: a tensor already in this dtype is used as it lies in the file
     ignore = family.ignore + (tuple(k.replace(".", r"\.") for k in family.head_keys) if config.tie_embeddings else ())
     canonical = {_canonical(n, family): n for n in tensors.names}  # table name -> name in the file

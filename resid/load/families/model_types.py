@@ -6,23 +6,38 @@ from resid.errors import ResidError
 from resid.load.families import (
     Family,
     bert,
+    cohere,
     deepseek,
+    ernie4_5,
+    exaone4,
     gemma,
     gemma2,
     gpt2,
     gpt_neox,
+    gptj,
+    granite,
     llama,
     marian,
     mixtral,
     olmo2,
+    olmo3,
+    opt,
+    phi,
     phi3,
     qwen3,
+    seed_oss,
+    smollm3,
+    stablelm,
+    starcoder2,
     t5,
 )
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, gemma.FAMILY, qwen3.FAMILY, gemma2.FAMILY, phi3.FAMILY, olmo2.FAMILY,
     mixtral.FAMILY, deepseek.FAMILY, bert.FAMILY, marian.FAMILY, t5.FAMILY,
+    # issue 58: the decoder families researchers use
+    olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
+    starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY,
 )
 
 
