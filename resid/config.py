@@ -108,7 +108,8 @@ class ModelConfig:
     # Gemma 3) or over all heads together (OLMo 2)
     attn_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2)
-    act: Literal["gelu", "gelu_new", "relu", "silu"] = "silu"  # gelu_new is the tanh approximation
+    act: Literal["gelu", "gelu_new", "relu", "silu", "relu2"] = "silu"  # gelu_new: gelu's tanh approximation;
+    # relu2: relu(x)^2
     gated_mlp: bool = True  # post = act(x W_gate) * (x W_in): SwiGLU with silu, GeGLU with gelu(_new)
     mlp_bias: bool = False  # W_in, W_gate and W_out have biases
     tie_embeddings: bool = False  # W_U is W_E transposed (one tensor)

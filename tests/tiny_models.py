@@ -40,7 +40,8 @@ VARIANTS: list[str] = [
     "deepseek_v3",
     *(FAMILIES := [  # issue 58: one tiny model per added model_type (tests/conftest.py: the fast tests it runs)
         "olmo3", "seed_oss", "smollm3", "exaone4", "granite", "cohere", "cohere2", "ernie4_5", "starcoder2",
-        "stablelm", "phi", "gptj", "opt",
+        "stablelm", "phi", "gptj", "opt", "helium", "glm", "glm4", "arcee", "ministral", "olmo", "nemotron",
+        "gpt_bigcode", "gpt_neo",
     ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
@@ -213,6 +214,31 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
         return transformers.OPTConfig(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, hidden_size=48,
                                       num_hidden_layers=2, num_attention_heads=4, ffn_dim=96,
                                       word_embed_proj_dim=48)
+    if variant == "helium":
+        return transformers.HeliumConfig(**gqa, head_dim=12, attention_bias=True)
+    if variant in ("glm", "glm4"):
+        config = transformers.GlmConfig if variant == "glm" else transformers.Glm4Config
+        return config(**gqa, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None,
+                      eos_token_id=None)
+    if variant == "arcee":
+        return transformers.ArceeConfig(**gqa, head_dim=12)
+    if variant == "ministral":
+        return transformers.MinistralConfig(**gqa, head_dim=12, **hybrid)
+    if variant == "olmo":
+        return transformers.OlmoConfig(**{k: v for k, v in layernorm.items()}, pad_token_id=None, bos_token_id=None,
+                                       eos_token_id=None)
+    if variant == "nemotron":
+        # d_model 32: squared-ReLU activations grow fast, and the tests compare logits within 1e-5
+        return transformers.NemotronConfig(**{**neox, "hidden_size": 32}, num_key_value_heads=2, head_dim=8,
+                                           partial_rotary_factor=0.5, tie_word_embeddings=False, bos_token_id=None,
+                                           eos_token_id=None)
+    if variant == "gpt_bigcode":
+        return transformers.GPTBigCodeConfig(vocab_size=D_VOCAB, n_positions=N_CTX, n_embd=48, n_layer=2, n_head=4,
+                                             n_inner=96, multi_query=True)
+    if variant == "gpt_neo":
+        return transformers.GPTNeoConfig(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, hidden_size=48,
+                                         num_layers=2, num_heads=4, intermediate_size=96, window_size=4,
+                                         attention_types=[[["local", "global"], 1]])
     raise ValueError(f"unknown family variant {variant!r}")
 
 

@@ -24,6 +24,7 @@ ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
+    "relu2": lambda x: F.relu(x).square(),  # squared ReLU (So et al. 2021): Nemotron, Arcee
 }
 
 

@@ -196,7 +196,10 @@ def _tokenizer(folder: Path, hf: dict, family: Family) -> Tokenizer | None:
         if isinstance(token, dict):
             token = token.get("content")
         found = raw.token_to_id(token) if isinstance(token, str) else None
-        return found if found is not None else hf.get(config_field)
+        value = hf.get(config_field)
+        if isinstance(value, list):  # several (GLM-4's and Llama 3.1's eos_token_id): the first is the token's own
+            value = value[0] if value else None
+        return found if found is not None else value
 
     prepend_bos = tok_config.get("add_bos_token", family.prepend_bos)
     # Template tokenizers (BERT) open every text with [CLS], their "BOS"

@@ -50,6 +50,15 @@ EXPECTED_HEADS = {
     "phi": (4, 4, 16),
     "gptj": (4, 4, 16),
     "opt": (4, 4, 12),
+    "helium": (4, 2, 12),
+    "glm": (4, 2, 16),
+    "glm4": (4, 2, 16),
+    "arcee": (4, 2, 12),
+    "ministral": (4, 2, 12),
+    "olmo": (4, 2, 12),
+    "nemotron": (4, 2, 8),
+    "gpt_bigcode": (4, 1, 12),
+    "gpt_neo": (4, 4, 12),
 }
 
 
@@ -149,6 +158,15 @@ def test_config_is_read_correctly(tiny: Tiny):
         "phi": dict(block="parallel", rotary_dim=8, unembed_bias=True, gated_mlp=False),
         "gptj": dict(block="parallel", rotary_dim=8, unembed_bias=True, attn_qkv_bias=False),
         "opt": dict(positions="learned", act="relu", gated_mlp=False),
+        "helium": dict(attn_qkv_bias=True, attn_out_bias=False),
+        "glm": dict(rotary_dim=8, attn_qkv_bias=True, attn_out_bias=False, post_norms=False),
+        "glm4": dict(rotary_dim=8, post_norms=True, pre_norms=True),
+        "arcee": dict(act="relu2", gated_mlp=False),
+        "ministral": dict(sliding_window=4, layer_types=("sliding", "full")),
+        "olmo": dict(norm="layernorm", norm_eps=1e-5),
+        "nemotron": dict(norm="layernorm", norm_gain_offset=1.0, act="relu2", gated_mlp=False, rotary_dim=4),
+        "gpt_bigcode": dict(positions="learned", n_kv_heads=1, attn_qkv_bias=True),
+        "gpt_neo": dict(positions="learned", attn_scale=1.0, sliding_window=4, layer_types=("sliding", "full")),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

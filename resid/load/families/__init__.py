@@ -65,6 +65,7 @@ def activation(name: str) -> str:
         "gelu_pytorch_tanh": "gelu_new",
         "gelu_fast": "gelu_new",
         "relu": "relu",
+        "relu2": "relu2",
     }
     if name not in table:
         raise ResidError(f"Activation {name!r} is not supported; resid supports {sorted(table)}.")

@@ -5,6 +5,7 @@ from pathlib import Path
 from resid.errors import ResidError
 from resid.load.families import (
     Family,
+    arcee,
     bert,
     cohere,
     deepseek,
@@ -12,13 +13,20 @@ from resid.load.families import (
     exaone4,
     gemma,
     gemma2,
+    glm,
     gpt2,
+    gpt_bigcode,
+    gpt_neo,
     gpt_neox,
     gptj,
     granite,
+    helium,
     llama,
     marian,
+    ministral,
     mixtral,
+    nemotron,
+    olmo,
     olmo2,
     olmo3,
     opt,
@@ -37,7 +45,8 @@ FAMILIES: tuple[Family, ...] = (
     mixtral.FAMILY, deepseek.FAMILY, bert.FAMILY, marian.FAMILY, t5.FAMILY,
     # issue 58: the decoder families researchers use
     olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
-    starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY,
+    starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY, helium.FAMILY, glm.FAMILY, arcee.FAMILY,
+    ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY,
 )
 
 
