@@ -41,7 +41,7 @@ VARIANTS: list[str] = [
     *(FAMILIES := [  # issue 58: one tiny model per added model_type (tests/conftest.py: the fast tests it runs)
         "olmo3", "seed_oss", "smollm3", "exaone4", "granite", "cohere", "cohere2", "ernie4_5", "starcoder2",
         "stablelm", "phi", "gptj", "opt", "helium", "glm", "glm4", "arcee", "ministral", "olmo", "nemotron",
-        "gpt_bigcode", "gpt_neo",
+        "gpt_bigcode", "gpt_neo", "qwen3_moe", "olmoe", "glm4_moe",
     ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
@@ -239,6 +239,17 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
         return transformers.GPTNeoConfig(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, hidden_size=48,
                                          num_layers=2, num_heads=4, intermediate_size=96, window_size=4,
                                          attention_types=[[["local", "global"], 1]])
+    if variant == "qwen3_moe":  # a dense first layer (mlp_only_layers), experts narrower than it
+        return transformers.Qwen3MoeConfig(**gqa, head_dim=16, moe_intermediate_size=24, num_experts=4,
+                                           num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0])
+    if variant == "olmoe":
+        return transformers.OlmoeConfig(**gqa, num_experts=4, num_experts_per_tok=2, pad_token_id=None,
+                                        eos_token_id=None)
+    if variant == "glm4_moe":  # a dense first layer, a shared expert, 2 groups of 2 routed experts
+        return transformers.Glm4MoeConfig(**gqa, head_dim=16, moe_intermediate_size=24, n_routed_experts=4,
+                                          num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                          n_group=2, topk_group=1, routed_scaling_factor=1.5, use_qk_norm=True,
+                                          attention_bias=True, partial_rotary_factor=0.5, pad_token_id=None)
     raise ValueError(f"unknown family variant {variant!r}")
 
 

@@ -59,6 +59,9 @@ EXPECTED_HEADS = {
     "nemotron": (4, 2, 8),
     "gpt_bigcode": (4, 1, 12),
     "gpt_neo": (4, 4, 12),
+    "qwen3_moe": (4, 2, 16),
+    "olmoe": (4, 2, 12),
+    "glm4_moe": (4, 2, 16),
 }
 
 
@@ -167,6 +170,12 @@ def test_config_is_read_correctly(tiny: Tiny):
         "nemotron": dict(norm="layernorm", norm_gain_offset=1.0, act="relu2", gated_mlp=False, rotary_dim=4),
         "gpt_bigcode": dict(positions="learned", n_kv_heads=1, attn_qkv_bias=True),
         "gpt_neo": dict(positions="learned", attn_scale=1.0, sliding_window=4, layer_types=("sliding", "full")),
+        "qwen3_moe": dict(qk_norm="head", n_experts=4, experts_per_token=2, d_mlp=24, n_dense_layers=1,
+                          d_mlp_dense=96, router_renormalize=True),
+        "olmoe": dict(qk_norm="all", n_experts=4, n_dense_layers=0, router_renormalize=False),
+        "glm4_moe": dict(qk_norm="head", attn_qkv_bias=True, rotary_dim=8, n_experts=5, n_shared_experts=1,
+                         n_dense_layers=1, router="sigmoid", router_bias=True, router_groups=2,
+                         router_group_score="top2", router_scale=1.5),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

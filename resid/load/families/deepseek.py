@@ -199,11 +199,13 @@ def keys(config: ModelConfig) -> list[Key]:
         layer.append(Key("blocks.{layer}.attn.W_Q", f"{attn}.q_proj.weight", head))
     table += per_layer(layer, config.n_layers)
     for l in range(config.n_layers):
-        table += _mlp(config, l, mlp.format(layer=l), f"blocks.{l}.mlp")
+        table += mlp_keys(config, l, mlp.format(layer=l), f"blocks.{l}.mlp")
     return table
 
 
-def _mlp(config: ModelConfig, layer: int, mlp: str, at: str) -> list[Key]:
+def mlp_keys(config: ModelConfig, layer: int, mlp: str, at: str) -> list[Key]:
+    """Layer `layer`'s MLP keys: a dense SwiGLU, or the router, routed experts and fused shared experts under
+    DeepSeek's names (Qwen3 MoE, OLMoE and GLM-4.5 share them)."""
     if not config.has_experts(layer):
         return [Key(f"{at}.W_in", f"{mlp}.up_proj.weight", "d_mlp d_model -> d_model d_mlp"),
                 Key(f"{at}.W_gate", f"{mlp}.gate_proj.weight", "d_mlp d_model -> d_model d_mlp"),

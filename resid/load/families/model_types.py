@@ -14,6 +14,7 @@ from resid.load.families import (
     gemma,
     gemma2,
     glm,
+    glm4_moe,
     gpt2,
     gpt_bigcode,
     gpt_neo,
@@ -33,6 +34,7 @@ from resid.load.families import (
     phi,
     phi3,
     qwen3,
+    qwen3_moe,
     seed_oss,
     smollm3,
     stablelm,
@@ -46,7 +48,8 @@ FAMILIES: tuple[Family, ...] = (
     # issue 58: the decoder families researchers use
     olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
     starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY, helium.FAMILY, glm.FAMILY, arcee.FAMILY,
-    ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY,
+    ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY, qwen3_moe.FAMILY,
+    glm4_moe.FAMILY,
 )
 
 
