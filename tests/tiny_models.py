@@ -272,10 +272,12 @@ def _reinit(model: nn.Module, seed: int) -> None:
                     buffer.copy_(0.3 * torch.randn(buffer.shape, generator=generator))
 
 
-def build(variant: str, folder: Path) -> transformers.PreTrainedModel:
-    """Build the tiny `variant`, save it (safetensors + the GPT-2 tokenizer.json) into `folder`, and return
-    the Hugging Face model in eval mode, float32, with eager attention."""
-    config = hf_config(variant)
+def build(variant: str, folder: Path, config: transformers.PretrainedConfig | None = None
+          ) -> transformers.PreTrainedModel:
+    """Build the tiny `variant` (or `config`, another config of it: benchmarks/bench_families.py widens them),
+    save it (safetensors + the GPT-2 tokenizer.json) into `folder`, and return the Hugging Face model in eval
+    mode, float32, with eager attention."""
+    config = hf_config(variant) if config is None else config
     seed = (VARIANTS + ON_REQUEST).index(variant)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
