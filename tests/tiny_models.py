@@ -42,6 +42,7 @@ VARIANTS: list[str] = [
         "olmo3", "seed_oss", "smollm3", "exaone4", "granite", "cohere", "cohere2", "ernie4_5", "starcoder2",
         "stablelm", "phi", "gptj", "opt", "helium", "glm", "glm4", "arcee", "ministral", "olmo", "nemotron",
         "gpt_bigcode", "gpt_neo", "qwen3_moe", "olmoe", "glm4_moe",
+        "falcon", "falcon_7b",
     ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
@@ -250,6 +251,12 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
                                           num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
                                           n_group=2, topk_group=1, routed_scaling_factor=1.5, use_qk_norm=True,
                                           attention_bias=True, partial_rotary_factor=0.5, pad_token_id=None)
+    if variant in ("falcon", "falcon_7b"):  # the new decoder (GQA, two norms, biases), and Falcon-7B's multi-query
+        new = variant == "falcon"
+        return transformers.FalconConfig(vocab_size=D_VOCAB, max_position_embeddings=N_CTX, hidden_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4, ffn_hidden_size=96,
+                                         new_decoder_architecture=new, num_kv_heads=2 if new else None,
+                                         multi_query=not new, bias=new, parallel_attn=True)
     raise ValueError(f"unknown family variant {variant!r}")
 
 

@@ -37,7 +37,8 @@ class Key:
     # before rearranging, take rows [start, stop) of a tensor that must have exactly `total` rows (fused tensors)
     rows: tuple[int, int, int] | None = None  # (start, stop, total)
     # then take the rows in this order (interleaved rotary pairs (2i, 2i + 1) regathered into rotate_half's halves:
-    # the same scores, each head's q and k dims permuted alike; resid.load.families.rotary_halves)
+    # the same scores, each head's q and k dims permuted alike, resid.load.families.rotary_halves; with `rows`, a
+    # subset of them: Falcon's query rows, interleaved with its key and value rows per group)
     order: tuple[int, ...] | None = None
     scale: float = 1.0  # the tensor multiplied by this (a constant multiplier of the family folded into a weight)
 
@@ -254,8 +255,8 @@ def _rearrange(tensor: Tensor, key: Key, sizes: dict[str, int], where: str) -> T
                 f"{total}. The weights do not match config.json; re-export them."
             )
         tensor = tensor[start:stop]
-    if key.order is not None:
-        if tensor.shape[0] != len(key.order):
+    if key.order is not None:  # after `rows` (which checked the total), any subset of the rows; else all of them
+        if key.rows is None and tensor.shape[0] != len(key.order):
             raise ResidError(
                 f"{where}, tensor {key.checkpoint!r} has {tensor.shape[0]} rows, but this config needs "
                 f"{len(key.order)}. The weights do not match config.json; re-export them."

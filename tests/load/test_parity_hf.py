@@ -62,6 +62,8 @@ EXPECTED_HEADS = {
     "qwen3_moe": (4, 2, 16),
     "olmoe": (4, 2, 12),
     "glm4_moe": (4, 2, 16),
+    "falcon": (4, 2, 12),
+    "falcon_7b": (4, 1, 12),
 }
 
 
@@ -176,6 +178,8 @@ def test_config_is_read_correctly(tiny: Tiny):
         "glm4_moe": dict(qk_norm="head", attn_qkv_bias=True, rotary_dim=8, n_experts=5, n_shared_experts=1,
                          n_dense_layers=1, router="sigmoid", router_bias=True, router_groups=2,
                          router_group_score="top2", router_scale=1.5),
+        "falcon": dict(block="parallel", norm="layernorm", attn_qkv_bias=True, mlp_bias=True, gated_mlp=False),
+        "falcon_7b": dict(block="parallel", n_kv_heads=1, attn_qkv_bias=False, tie_embeddings=True),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

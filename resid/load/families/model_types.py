@@ -11,6 +11,7 @@ from resid.load.families import (
     deepseek,
     ernie4_5,
     exaone4,
+    falcon,
     gemma,
     gemma2,
     glm,
@@ -49,7 +50,7 @@ FAMILIES: tuple[Family, ...] = (
     olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
     starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY, helium.FAMILY, glm.FAMILY, arcee.FAMILY,
     ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY, qwen3_moe.FAMILY,
-    glm4_moe.FAMILY,
+    glm4_moe.FAMILY, falcon.FAMILY,
 )
 
 
@@ -71,7 +72,6 @@ UNSUPPORTED = {
                "biased router",
     "bloom": "ALiBi position biases (a per-head linear penalty on distance, no position embedding)",
     "mpt": "ALiBi position biases",
-    "falcon": "Falcon's fused query_key_value layouts and ALiBi variant",
     "qwen2_moe": "a shared expert scaled by its own sigmoid gate",
     "hunyuan_v1_dense": "q/k RMSNorm applied after the rotary embedding (resid's q/k norms come before it)",
     "apertus": "the xIELU activation (learned per-layer alpha and beta parameters)",
