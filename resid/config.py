@@ -106,10 +106,11 @@ class ModelConfig:
     # before a biased decoder; "none": an embedding model, whose output is the final hidden state
     qk_norm: Literal["none", "head", "all"] = "none"  # RMSNorm of q and k before rotary: per head (Qwen3,
     # Gemma 3) or over all heads together (OLMo 2)
+    qk_norm_after_rotary: bool = False  # the q/k norms act on the rotated q and k (Hunyuan), not before rotary
     attn_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2)
-    act: Literal["gelu", "gelu_new", "relu", "silu", "relu2"] = "silu"  # gelu_new: gelu's tanh approximation;
-    # relu2: relu(x)^2
+    act: Literal["gelu", "gelu_new", "relu", "silu", "relu2", "xielu"] = "silu"  # gelu_new: gelu's tanh
+    # approximation; relu2: relu(x)^2; xielu: Apertus' activation with learned scalars (resid.components.xielu)
     gated_mlp: bool = True  # post = act(x W_gate) * (x W_in): SwiGLU with silu, GeGLU with gelu(_new)
     mlp_bias: bool = False  # W_in, W_gate and W_out have biases
     tie_embeddings: bool = False  # W_U is W_E transposed (one tensor)
@@ -169,6 +170,11 @@ class ModelConfig:
                                  or not all(0 <= n < self.n_layers for n in self.nope_layers)):
             problems.append(f"nope_layers={self.nope_layers} must be layers (0..{self.n_layers - 1}) of a model with "
                             "rotary positions and standard attention")
+        if self.act == "xielu" and (self.n_experts or self.head == "mlm"):
+            problems.append("the xielu activation (learned per layer) is for dense MLPs only, not experts or MLM "
+                            "heads")
+        if self.qk_norm_after_rotary and (self.qk_norm != "head" or self.positions != "rotary"):
+            problems.append("qk_norm_after_rotary needs per-head q/k norms (qk_norm 'head') and rotary positions")
         if not (self.pre_norms or self.post_norms or self.post_ln):
             problems.append("a model needs pre_norms, post_norms or post_ln")
         if self.post_ln and (self.pre_norms or self.post_norms or self.block == "parallel"):

@@ -42,7 +42,7 @@ VARIANTS: list[str] = [
         "olmo3", "seed_oss", "smollm3", "exaone4", "granite", "cohere", "cohere2", "ernie4_5", "starcoder2",
         "stablelm", "phi", "gptj", "opt", "helium", "glm", "glm4", "arcee", "ministral", "olmo", "nemotron",
         "gpt_bigcode", "gpt_neo", "qwen3_moe", "olmoe", "glm4_moe",
-        "falcon", "falcon_7b",
+        "falcon", "falcon_7b", "hunyuan_v1_dense", "apertus",
     ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
@@ -257,6 +257,14 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
                                          num_hidden_layers=2, num_attention_heads=4, ffn_hidden_size=96,
                                          new_decoder_architecture=new, num_kv_heads=2 if new else None,
                                          multi_query=not new, bias=new, parallel_attn=True)
+    if variant == "hunyuan_v1_dense":
+        return transformers.HunYuanDenseV1Config(**gqa, head_dim=12, pad_token_id=None, eos_token_id=None,
+                                                 bos_token_id=None)
+    if variant == "apertus":
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+        return transformers.ApertusConfig(**gqa, rope_parameters=rope, pad_token_id=None, eos_token_id=None,
+                                          bos_token_id=None, dtype=torch.float32)
     raise ValueError(f"unknown family variant {variant!r}")
 
 

@@ -248,6 +248,7 @@ class Attention(nn.Module):
         self.softcap = config.attn_softcap
         # q/k RMSNorm before rotary: over each head's d_head dims, or over the whole projection (OLMo 2)
         self.qk_norm = config.qk_norm
+        self.norm_after_rotary = config.qk_norm_after_rotary  # Hunyuan: rotate q and k, then norm them
         per_head = config.qk_norm == "head"
         self.q_norm = Norm(config, config.d_head if per_head else d_q, rms=True) if config.qk_norm != "none" else None
         self.k_norm = Norm(config, config.d_head if per_head else d_kv, rms=True) if config.qk_norm != "none" else None
@@ -405,12 +406,15 @@ class Attention(nn.Module):
         q = self._projected("q", rows, normalized.shape[:-1], edits, want, projected)
         k = self._projected("k", source_rows, source.shape[:-1], edits, want, projected)
         v = self._heads(source_rows, source.shape[:-1], self._w_v, self._b_v, self.n_kv_heads)
+        rotate = bool(ctx.rotary) and self.rotates
+        if rotate and self.norm_after_rotary:
+            q, k = Rotary.apply_qk(q, k, *ctx.rotary[self.layer_type])
         if self.qk_norm == "all":  # over the whole projection (OLMo 2)
             q = self.q_norm.normalize(q.flatten(-2)).view(q.shape)
             k = self.k_norm.normalize(k.flatten(-2)).view(k.shape)
         if self.qk_norm == "head":
             q, k = self.q_norm.normalize(q), self.k_norm.normalize(k)
-        if ctx.rotary and self.rotates:
+        if rotate and not self.norm_after_rotary:
             q, k = Rotary.apply_qk(q, k, *ctx.rotary[self.layer_type])
         return q, k, v
 
@@ -463,11 +467,13 @@ class Attention(nn.Module):
         out = torch.einsum("nd,hde->nhe", normalized.float(), weight.float())
         if constants and bias is not None:
             out = out + bias.float()
+        if cos is not None and self.norm_after_rotary:  # the rotation keeps each head's RMS, so the scale holds
+            out = Rotary.apply(out[None], cos.float()[None], sin.float()[None])[0]
         if norm is not None:  # RMSNorm: no bias, so frozen it is linear: x * gain * scale
             flat = out.flatten(-2) if self.qk_norm == "all" else out
             scale = norm_scale.flatten(-2) if self.qk_norm == "all" else norm_scale
             out = norm.frozen(flat, scale, constants=False).view(out.shape)
-        if cos is not None:
+        if cos is not None and not self.norm_after_rotary:
             out = Rotary.apply(out[None], cos.float()[None], sin.float()[None])[0]  # the rows as one batch
         return out
 

@@ -64,6 +64,8 @@ EXPECTED_HEADS = {
     "glm4_moe": (4, 2, 16),
     "falcon": (4, 2, 12),
     "falcon_7b": (4, 1, 12),
+    "hunyuan_v1_dense": (4, 2, 12),
+    "apertus": (4, 2, 12),
 }
 
 
@@ -180,6 +182,8 @@ def test_config_is_read_correctly(tiny: Tiny):
                          router_group_score="top2", router_scale=1.5),
         "falcon": dict(block="parallel", norm="layernorm", attn_qkv_bias=True, mlp_bias=True, gated_mlp=False),
         "falcon_7b": dict(block="parallel", n_kv_heads=1, attn_qkv_bias=False, tie_embeddings=True),
+        "hunyuan_v1_dense": dict(qk_norm="head", qk_norm_after_rotary=True),
+        "apertus": dict(act="xielu", gated_mlp=False, qk_norm="head"),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

@@ -66,6 +66,7 @@ def activation(name: str) -> str:
         "gelu_fast": "gelu_new",
         "relu": "relu",
         "relu2": "relu2",
+        "xielu": "xielu",
     }
     if name not in table:
         raise ResidError(f"Activation {name!r} is not supported; resid supports {sorted(table)}.")

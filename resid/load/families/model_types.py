@@ -5,6 +5,7 @@ from pathlib import Path
 from resid.errors import ResidError
 from resid.load.families import (
     Family,
+    apertus,
     arcee,
     bert,
     cohere,
@@ -23,6 +24,7 @@ from resid.load.families import (
     gptj,
     granite,
     helium,
+    hunyuan,
     llama,
     marian,
     ministral,
@@ -50,7 +52,7 @@ FAMILIES: tuple[Family, ...] = (
     olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
     starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY, helium.FAMILY, glm.FAMILY, arcee.FAMILY,
     ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY, qwen3_moe.FAMILY,
-    glm4_moe.FAMILY, falcon.FAMILY,
+    glm4_moe.FAMILY, falcon.FAMILY, hunyuan.FAMILY, apertus.FAMILY,
 )
 
 
@@ -73,8 +75,6 @@ UNSUPPORTED = {
     "bloom": "ALiBi position biases (a per-head linear penalty on distance, no position embedding)",
     "mpt": "ALiBi position biases",
     "qwen2_moe": "a shared expert scaled by its own sigmoid gate",
-    "hunyuan_v1_dense": "q/k RMSNorm applied after the rotary embedding (resid's q/k norms come before it)",
-    "apertus": "the xIELU activation (learned per-layer alpha and beta parameters)",
     "phimoe": "sparsemixer routing",
     "mamba": "state-space (selective scan) layers instead of attention",
     "mamba2": "state-space (selective scan) layers instead of attention",
