@@ -133,6 +133,7 @@ class ModelConfig:
     router_topk_groups: int = 1
     router_group_score: Literal["max", "top2"] = "max"
     router_bias: bool = False  # a learned bias added to the scores to choose experts, not to weigh them (V3)
+    shared_expert_gate: bool = False  # the shared experts weighted by sigmoid(x W_shared_gate) per token (Qwen2 MoE)
     # multi-head latent attention (DeepSeek V2/V3, resid.components.latent): each head's keys and values read a
     # compressed latent of width kv_rank (> 0), the last rotary_dim dims of its keys one rotary key shared by all
     # heads; queries read a latent of width q_rank (> 0; 0: projected directly); values and z have d_head_v dims
@@ -170,6 +171,8 @@ class ModelConfig:
                                  or not all(0 <= n < self.n_layers for n in self.nope_layers)):
             problems.append(f"nope_layers={self.nope_layers} must be layers (0..{self.n_layers - 1}) of a model with "
                             "rotary positions and standard attention")
+        if self.shared_expert_gate and not self.n_shared_experts:
+            problems.append("shared_expert_gate needs shared experts (n_shared_experts > 0)")
         if self.act == "xielu" and (self.n_experts or self.head == "mlm"):
             problems.append("the xielu activation (learned per layer) is for dense MLPs only, not experts or MLM "
                             "heads")

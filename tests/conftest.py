@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # The model types of issue 58 (tiny_models.FAMILIES) run these through `make test`: parity with transformers, the
 # exactness invariants and the config allow-list; every other test of the `tiny` fixture runs them under
 # `make test-slow` (the suite would double otherwise).
-FAST_FOR_FAMILIES = frozenset({"test_parity_hf.py", "test_exactness.py", "test_config_fields.py"})
+FAST_FOR_FAMILIES = frozenset({"test_parity_hf.py", "test_exactness.py", "test_config_fields.py", "test_moe.py"})
 
 
 def _family_beyond_the_fast_tests(item: pytest.Item) -> bool:

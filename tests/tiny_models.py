@@ -42,7 +42,7 @@ VARIANTS: list[str] = [
         "olmo3", "seed_oss", "smollm3", "exaone4", "granite", "cohere", "cohere2", "ernie4_5", "starcoder2",
         "stablelm", "phi", "gptj", "opt", "helium", "glm", "glm4", "arcee", "ministral", "olmo", "nemotron",
         "gpt_bigcode", "gpt_neo", "qwen3_moe", "olmoe", "glm4_moe",
-        "falcon", "falcon_7b", "hunyuan_v1_dense", "apertus",
+        "falcon", "falcon_7b", "hunyuan_v1_dense", "apertus", "qwen2_moe",
     ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
@@ -260,6 +260,10 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
     if variant == "hunyuan_v1_dense":
         return transformers.HunYuanDenseV1Config(**gqa, head_dim=12, pad_token_id=None, eos_token_id=None,
                                                  bos_token_id=None)
+    if variant == "qwen2_moe":  # a shared MLP twice the routed width: two shared experts under one gate
+        return transformers.Qwen2MoeConfig(**gqa, moe_intermediate_size=24, shared_expert_intermediate_size=48,
+                                           num_experts=4, num_experts_per_tok=2, pad_token_id=None, eos_token_id=None,
+                                           bos_token_id=None)
     if variant == "apertus":
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}

@@ -11,7 +11,8 @@ n_shared_experts * d_mlp neurons, which is their sum, split by neurons).
     groups         (router_groups > 1) the routed experts in equal groups, each scored by its best choice ("max",
                    V2) or the sum of its two best ("top2", V3); a token chooses among its router_topk_groups best
     top-k of choice; their scores, renormalized to sum to 1 (router_renormalize), times router_scale, are the
-                   `expert_weights` (0 for the other routed experts, 1 for the shared ones), cast to the model
+                   `expert_weights` (0 for the other routed experts, 1 for the shared ones, or with
+                   shared_expert_gate sigmoid(x W_shared_gate) for every shared one: Qwen2 MoE), cast to the model
                    dtype (as transformers does before weighting the experts)
     post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up)
     out            = sum over e of expert_weights[e] * (post_e W_out[e])   (w2 = down)
@@ -57,6 +58,8 @@ class MoE(nn.Module):
         n, d_mlp, d_model = config.n_experts, config.d_mlp, config.d_model
         self._w_router = nn.Parameter(torch.zeros(self.n_routed, d_model))
         self.router_bias = nn.Parameter(torch.zeros(self.n_routed)) if config.router_bias else None
+        # Qwen2 MoE: the shared experts' weight, one sigmoid gate per token (1 without it)
+        self._w_shared_gate = nn.Parameter(torch.zeros(1, d_model)) if config.shared_expert_gate else None
         self._w_in = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_gate = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_out = nn.Parameter(torch.zeros(n, d_model, d_mlp))
@@ -64,6 +67,10 @@ class MoE(nn.Module):
     @property
     def W_router(self) -> Float[Tensor, "d_model routed"]:
         return self._w_router.T
+
+    @property
+    def W_shared_gate(self) -> Float[Tensor, "d_model 1"] | None:
+        return None if self._w_shared_gate is None else self._w_shared_gate.T
 
     @property
     def W_in(self) -> Float[Tensor, "expert d_model d_mlp"]:
@@ -81,7 +88,7 @@ class MoE(nn.Module):
         self, normalized: Float[Tensor, "batch pos d_model"]
     ) -> tuple[Float[Tensor, "batch pos routed"], Float[Tensor, "batch pos expert"]]:
         """(router logits, expert weights): the chosen experts' scores (renormalized, scaled), zero for the other
-        routed experts, one for the shared ones, in the model dtype."""
+        routed experts, one for the shared ones (or their sigmoid gate), in the model dtype."""
         logits = F.linear(normalized, self._w_router)
         # float32, as transformers
         scores = torch.softmax(logits.float(), dim=-1) if self.scores == "softmax" else logits.float().sigmoid()
@@ -97,7 +104,12 @@ class MoE(nn.Module):
             top = top / (top.sum(-1, keepdim=True) + 1e-20)
         top = top * self.scale if self.scale != 1.0 else top
         weights = torch.zeros_like(scores).scatter(-1, chosen, top)
-        shared = weights.new_ones(*weights.shape[:-1], self.n_experts - self.n_routed)
+        n_shared = self.n_experts - self.n_routed
+        if self._w_shared_gate is None:
+            shared = weights.new_ones(*weights.shape[:-1], n_shared)
+        else:
+            gate = torch.sigmoid(F.linear(normalized, self._w_shared_gate)).float()
+            shared = gate.expand(*gate.shape[:-1], n_shared)
         return logits, torch.cat((weights, shared), dim=-1).to(normalized.dtype)
 
     def forward(

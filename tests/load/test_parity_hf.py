@@ -66,6 +66,7 @@ EXPECTED_HEADS = {
     "falcon_7b": (4, 1, 12),
     "hunyuan_v1_dense": (4, 2, 12),
     "apertus": (4, 2, 12),
+    "qwen2_moe": (4, 2, 12),
 }
 
 
@@ -184,6 +185,7 @@ def test_config_is_read_correctly(tiny: Tiny):
         "falcon_7b": dict(block="parallel", n_kv_heads=1, attn_qkv_bias=False, tie_embeddings=True),
         "hunyuan_v1_dense": dict(qk_norm="head", qk_norm_after_rotary=True),
         "apertus": dict(act="xielu", gated_mlp=False, qk_norm="head"),
+        "qwen2_moe": dict(attn_qkv_bias=True, n_experts=6, n_shared_experts=2, shared_expert_gate=True, d_mlp=24),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

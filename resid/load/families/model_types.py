@@ -36,6 +36,7 @@ from resid.load.families import (
     opt,
     phi,
     phi3,
+    qwen2_moe,
     qwen3,
     qwen3_moe,
     seed_oss,
@@ -52,7 +53,7 @@ FAMILIES: tuple[Family, ...] = (
     olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
     starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY, helium.FAMILY, glm.FAMILY, arcee.FAMILY,
     ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY, qwen3_moe.FAMILY,
-    glm4_moe.FAMILY, falcon.FAMILY, hunyuan.FAMILY, apertus.FAMILY,
+    glm4_moe.FAMILY, falcon.FAMILY, hunyuan.FAMILY, apertus.FAMILY, qwen2_moe.FAMILY,
 )
 
 
@@ -74,7 +75,6 @@ UNSUPPORTED = {
                "biased router",
     "bloom": "ALiBi position biases (a per-head linear penalty on distance, no position embedding)",
     "mpt": "ALiBi position biases",
-    "qwen2_moe": "a shared expert scaled by its own sigmoid gate",
     "phimoe": "sparsemixer routing",
     "mamba": "state-space (selective scan) layers instead of attention",
     "mamba2": "state-space (selective scan) layers instead of attention",

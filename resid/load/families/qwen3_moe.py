@@ -16,7 +16,7 @@ from resid.load.weights import Key, per_layer
 DENSE_MLP = ("blocks.{layer}.mlp.W_in", "blocks.{layer}.mlp.W_gate", "blocks.{layer}.mlp.W_out")
 
 
-def _dense_layers(hf: dict, n_layers: int) -> int:
+def dense_layers(hf: dict, n_layers: int) -> int:
     """How many leading layers are dense (transformers: a layer is sparse unless listed in mlp_only_layers or off
     the decoder_sparse_step grid); refused unless they are exactly the first ones."""
     only, step = set(hf.get("mlp_only_layers") or ()), hf.get("decoder_sparse_step") or 1
@@ -34,7 +34,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         raise ResidError(f"config.json has clip_qkv={hf['clip_qkv']!r} (q, k and v clamped), which resid does not "
                          "compute. Use a model without it.")
     qwen = model_type == "qwen3_moe"
-    dense = _dense_layers(hf, n_layers) if qwen else 0
+    dense = dense_layers(hf, n_layers) if qwen else 0
     return llama.config_from_hf(
         hf, architecture=model_type, qk_norm="head" if qwen else "all",
         d_mlp=hf["moe_intermediate_size"] if qwen else hf["intermediate_size"],
