@@ -43,6 +43,7 @@ VARIANTS: list[str] = [
         "stablelm", "phi", "gptj", "opt", "helium", "glm", "glm4", "arcee", "ministral", "olmo", "nemotron",
         "gpt_bigcode", "gpt_neo", "qwen3_moe", "olmoe", "glm4_moe",
         "falcon", "falcon_7b", "hunyuan_v1_dense", "apertus", "qwen2_moe",
+        "gpt_oss",
     ]),
 ]
 # Built on request only (tests/load/test_deepseek.py: parity, routing, latent KV), not by every test parametrized
@@ -264,6 +265,12 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
         return transformers.Qwen2MoeConfig(**gqa, moe_intermediate_size=24, shared_expert_intermediate_size=48,
                                            num_experts=4, num_experts_per_tok=2, pad_token_id=None, eos_token_id=None,
                                            bos_token_id=None)
+    if variant == "gpt_oss":  # sinks, a sliding layer of 4 keys, yarn, clamped SwiGLU experts (a low clamp: it acts)
+        rope = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+        return transformers.GptOssConfig(**{**gqa, "intermediate_size": 24}, head_dim=12, num_local_experts=4,
+                                         num_experts_per_tok=2, sliding_window=4, rope_parameters=rope,
+                                         swiglu_limit=0.5, layer_types=["sliding_attention", "full_attention"])
     if variant == "apertus":
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}

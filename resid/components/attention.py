@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from resid.components.norm import Norm
 from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
+from resid.components.sinks import softmax_with_sinks
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
 from resid.records import OnRead, same_fields
@@ -154,6 +155,7 @@ class ScoreInputs:
     causal: CausalMask | None  # plain causal (nothing padded, no window reaching back): the pass's shared mask
     # Capture(positions=...): q_h holds the kept query positions, and rows(mask, axis=2) keeps the masks' rows
     rows: Callable[..., Tensor] | None = None
+    sinks: Tensor | None = None  # one sink logit per head (gpt-oss; resid.components.sinks): in the pattern's softmax
 
     @classmethod
     def of(
@@ -170,7 +172,7 @@ class ScoreInputs:
         else:
             blocked = ctx.blocked[attention.layer_type]
             causal = ctx.causal_mask if blocked is None and ctx.causal else None
-        return cls(q_h, k_h, attention.scale, attention.softcap, bias, blocked, causal, rows)
+        return cls(q_h, k_h, attention.scale, attention.softcap, bias, blocked, causal, rows, attention.sinks)
 
     def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
         """q k^T * scale, soft-capped if the model caps them, plus the relative position bias of models with one,
@@ -187,8 +189,12 @@ class ScoreInputs:
         return scores if blocked is None else scores.masked_fill_(self._rows(blocked), float("-inf"))
 
     def pattern(self) -> Float[Tensor, "batch head pos key_pos"]:
-        """softmax(scores) over the allowed keys, in float32, cast to the queries' dtype."""
-        return softmax(self.scores(), self.q_h.dtype)
+        """softmax(scores) over the allowed keys (and the head's sink), in float32, cast to the queries' dtype."""
+        return self._softmax(self.scores())
+
+    def _softmax(self, scores: Tensor) -> Tensor:
+        return softmax(scores, self.q_h.dtype) if self.sinks is None else softmax_with_sinks(scores, self.sinks,
+                                                                                            self.q_h.dtype)
 
     def on_read(self, names: Collection[str]) -> dict[str, OnRead]:
         """The fields `names` ("scores", "pattern") given on read. The pattern is the softmax of the scores' own
@@ -200,7 +206,7 @@ class ScoreInputs:
             scores = given.get("scores")
 
             def pattern() -> Tensor:
-                return self.pattern() if scores is None or not scores.formed else softmax(scores.value, self.q_h.dtype)
+                return self.pattern() if scores is None or not scores.formed else self._softmax(scores.value)
 
             given["pattern"] = OnRead(pattern, shape)
         return given
@@ -261,6 +267,7 @@ class Attention(nn.Module):
         self._b_k = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self._b_v = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self.b_O = nn.Parameter(torch.zeros(d_model)) if config.attn_out_bias else None
+        self.sinks = nn.Parameter(torch.zeros(config.n_heads)) if config.attn_sinks and not cross else None
         # q_proj -> q, k_proj -> k where nothing transforms the projection: recorded as q and k, not twice
         self.same = same_fields(config, cross)
 
@@ -323,14 +330,15 @@ class Attention(nn.Module):
             k_h, v_h = ctx.cache.extend(self.layer, k_h, v_h)
         scores = pattern = None
         edited = {iv.site.what for iv, _ in edits} & {"scores", "pattern"} if edits else ()
-        if self.softcap is not None or edited:
-            # SDPA cannot soft-cap scores, nor take edited scores or an edited pattern: the explicit path, as
-            # Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
+        if self.softcap is not None or edited or self.sinks is not None:
+            # SDPA cannot soft-cap scores, add sinks, nor take edited scores or an edited pattern: the explicit path,
+            # as Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
             # every head edit uses.
             scores = self.scores_of(q_h, k_h, ctx)
             if "scores" in edited:
                 scores = apply_edits(scores.transpose(1, 2), edits, "scores").transpose(1, 2)
-            pattern = softmax(scores, q_h.dtype)
+            pattern = softmax(scores, q_h.dtype) if self.sinks is None else softmax_with_sinks(scores, self.sinks,
+                                                                                               q_h.dtype)
             if "pattern" in edited:
                 pattern = apply_edits(pattern.transpose(1, 2), edits, "pattern").transpose(1, 2)
             z_h = pattern @ v_h.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
@@ -347,7 +355,8 @@ class Attention(nn.Module):
             )
             if ctx.cache is not None and want & {"scores", "pattern"}:  # a cached pass: its keys are the cache's
                 scores = self.scores_of(q_h, k_h, ctx)
-                pattern = softmax(scores, q_h.dtype) if "pattern" in want else None
+                pattern = softmax(scores, q_h.dtype) if "pattern" in want else None  # (no sinks: they take the
+                # explicit path above)
         z = apply_edits(z_h.transpose(1, 2), edits, "z")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "scores": scores, "pattern": pattern, "z": z, **projected}

@@ -5,7 +5,7 @@ keys, values and coefficients (resid.components.mlp). The first n_experts - n_sh
 last n_shared_experts are *shared*: every token reads them with weight 1 (DeepSeek keeps them as one MLP of
 n_shared_experts * d_mlp neurons, which is their sum, split by neurons).
 
-    router_logits  = x W_router                          [routed expert], no bias
+    router_logits  = x W_router (+ b_router: gpt-oss)    [routed expert]
     scores         = softmax(router_logits) (Mixtral, DeepSeek V2) or sigmoid (V3), in float32
     choice         = scores + router_bias (V3's e_score_correction_bias: it chooses, it does not weigh)
     groups         (router_groups > 1) the routed experts in equal groups, each scored by its best choice ("max",
@@ -14,8 +14,9 @@ n_shared_experts * d_mlp neurons, which is their sum, split by neurons).
                    `expert_weights` (0 for the other routed experts, 1 for the shared ones, or with
                    shared_expert_gate sigmoid(x W_shared_gate) for every shared one: Qwen2 MoE), cast to the model
                    dtype (as transformers does before weighting the experts)
-    post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up)
-    out            = sum over e of expert_weights[e] * (post_e W_out[e])   (w2 = down)
+    post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up); gpt-oss: its
+                   clamped SwiGLU of the two, with biases b_gate[e], b_in[e] (resid.components.clamped_glu)
+    out            = sum over e of expert_weights[e] * (post_e W_out[e] (+ b_out[e]))   (w2 = down)
 
 So the experts' writes (shared ones included) sum to the MLP's write.
 
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from resid.components.clamped_glu import clamped_swiglu
 from resid.components.mlp import ACTIVATIONS
 from resid.config import ModelConfig
 from resid.interventions import Edit, apply_edits
@@ -47,7 +49,9 @@ class MoE(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.act = ACTIVATIONS[config.act]
+        clamped = config.act == "clamped_swiglu"  # gpt-oss: both branches clamped, a shifted linear branch
+        self.act = None if clamped else ACTIVATIONS[config.act]
+        self.glu = (config.glu_limit, config.glu_alpha) if clamped else None
         self.n_experts = config.n_experts
         self.n_routed = config.n_experts - config.n_shared_experts
         self.top_k = config.experts_per_token
@@ -63,6 +67,11 @@ class MoE(nn.Module):
         self._w_in = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_gate = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_out = nn.Parameter(torch.zeros(n, d_model, d_mlp))
+        bias = config.expert_bias  # gpt-oss: biases on every expert's three projections, and on the router's logits
+        self.b_in = nn.Parameter(torch.zeros(n, d_mlp)) if bias else None
+        self.b_gate = nn.Parameter(torch.zeros(n, d_mlp)) if bias else None
+        self.b_out = nn.Parameter(torch.zeros(n, d_model)) if bias else None
+        self.b_router = nn.Parameter(torch.zeros(self.n_routed)) if config.router_logit_bias else None
 
     @property
     def W_router(self) -> Float[Tensor, "d_model routed"]:
@@ -89,7 +98,7 @@ class MoE(nn.Module):
     ) -> tuple[Float[Tensor, "batch pos routed"], Float[Tensor, "batch pos expert"]]:
         """(router logits, expert weights): the chosen experts' scores (renormalized, scaled), zero for the other
         routed experts, one for the shared ones (or their sigmoid gate), in the model dtype."""
-        logits = F.linear(normalized, self._w_router)
+        logits = F.linear(normalized, self._w_router, self.b_router)
         # float32, as transformers
         scores = torch.softmax(logits.float(), dim=-1) if self.scores == "softmax" else logits.float().sigmoid()
         choice = scores if self.router_bias is None else scores + self.router_bias.float()
@@ -129,11 +138,12 @@ class MoE(nn.Module):
             if tokens.numel() == 0 and not mine:
                 continue
             x_e = x[tokens]
-            post = self.act(F.linear(x_e, self._w_gate[e])) * F.linear(x_e, self._w_in[e])
+            post = self._post(x_e, e)
             if any(edit[0].site.what == "post" for edit in mine):
                 full = _scatter(post, tokens, x.shape[0]).view(batch, n_pos, -1)
                 post = apply_edits(full, mine, "post").reshape(x.shape[0], -1)[tokens]
-            write = F.linear(post, self._w_out[e]) * weight[tokens, e, None]
+            write = F.linear(post, self._w_out[e], None if self.b_out is None else self.b_out[e]) * weight[tokens, e,
+                                                                                                          None]
             if post_all is not None:
                 post_all[tokens, e] = post.to(post_all.dtype)  # bf16 under autocast, into the model's dtype
             if any(edit[0].site.what == "expert_out" for edit in mine):
@@ -153,6 +163,14 @@ class MoE(nn.Module):
             "expert_out": None if expert_out is None else expert_out.view(batch, n_pos, self.n_experts, d_model),
         }
         return out.view(batch, n_pos, d_model), {name: values[name] for name in want if values.get(name) is not None}
+
+
+    def _post(self, x: Float[Tensor, "token d_model"], e: int) -> Float[Tensor, "token d_mlp"]:
+        """Expert e's coefficients of the tokens `x`: act(x W_gate + b_gate) * (x W_in + b_in), or gpt-oss's
+        clamped SwiGLU of the two."""
+        gate = F.linear(x, self._w_gate[e], None if self.b_gate is None else self.b_gate[e])
+        up = F.linear(x, self._w_in[e], None if self.b_in is None else self.b_in[e])
+        return self.act(gate) * up if self.glu is None else clamped_swiglu(gate, up, *self.glu)
 
 
 def _scatter(rows: Tensor, tokens: Tensor, n_tokens: int) -> Tensor:

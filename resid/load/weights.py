@@ -131,7 +131,7 @@ def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: s
 
 def axis_sizes(config: ModelConfig) -> dict[str, int]:
     # shared: DeepSeek's shared experts, fused in one MLP the key table splits
-    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3,
+    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3, "two": 2,
             "shared": config.n_shared_experts}
 
 

@@ -67,6 +67,7 @@ EXPECTED_HEADS = {
     "hunyuan_v1_dense": (4, 2, 12),
     "apertus": (4, 2, 12),
     "qwen2_moe": (4, 2, 12),
+    "gpt_oss": (4, 2, 12),
 }
 
 
@@ -186,6 +187,8 @@ def test_config_is_read_correctly(tiny: Tiny):
         "hunyuan_v1_dense": dict(qk_norm="head", qk_norm_after_rotary=True),
         "apertus": dict(act="xielu", gated_mlp=False, qk_norm="head"),
         "qwen2_moe": dict(attn_qkv_bias=True, n_experts=6, n_shared_experts=2, shared_expert_gate=True, d_mlp=24),
+        "gpt_oss": dict(attn_sinks=True, act="clamped_swiglu", glu_limit=0.5, expert_bias=True, router_logit_bias=True,
+                        layer_types=("sliding", "full"), attn_out_bias=True),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

@@ -21,6 +21,7 @@ from resid.load.families import (
     gpt_bigcode,
     gpt_neo,
     gpt_neox,
+    gpt_oss,
     gptj,
     granite,
     helium,
@@ -53,7 +54,7 @@ FAMILIES: tuple[Family, ...] = (
     olmo3.FAMILY, seed_oss.FAMILY, smollm3.FAMILY, exaone4.FAMILY, granite.FAMILY, cohere.FAMILY, ernie4_5.FAMILY,
     starcoder2.FAMILY, stablelm.FAMILY, phi.FAMILY, gptj.FAMILY, opt.FAMILY, helium.FAMILY, glm.FAMILY, arcee.FAMILY,
     ministral.FAMILY, olmo.FAMILY, nemotron.FAMILY, gpt_bigcode.FAMILY, gpt_neo.FAMILY, qwen3_moe.FAMILY,
-    glm4_moe.FAMILY, falcon.FAMILY, hunyuan.FAMILY, apertus.FAMILY, qwen2_moe.FAMILY,
+    glm4_moe.FAMILY, falcon.FAMILY, hunyuan.FAMILY, apertus.FAMILY, qwen2_moe.FAMILY, gpt_oss.FAMILY,
 )
 
 
@@ -71,8 +72,6 @@ UNSUPPORTED = {
     "qwen3_next": "gated DeltaNet linear-attention layers (a recurrent state, not a softmax pattern) and gated "
                   "attention outputs",
     "qwen3_5_text": "gated DeltaNet linear-attention layers and gated attention outputs",
-    "gpt_oss": "attention sinks (a learned per-head logit in every softmax), clamped SwiGLU experts with biases and a "
-               "biased router",
     "bloom": "ALiBi position biases (a per-head linear penalty on distance, no position embedding)",
     "mpt": "ALiBi position biases",
     "phimoe": "sparsemixer routing",
