@@ -221,7 +221,7 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
     if variant in ("glm", "glm4"):
         config = transformers.GlmConfig if variant == "glm" else transformers.Glm4Config
         return config(**gqa, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None,
-                      eos_token_id=None)
+                      eos_token_id=50256)  # GLM's default is a list of ids past the GPT-2 vocabulary
     if variant == "arcee":
         return transformers.ArceeConfig(**gqa, head_dim=12)
     if variant == "ministral":
