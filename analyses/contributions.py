@@ -194,6 +194,9 @@ def _mlp(model: Transformer, record, direction: Direction, layer: int, level: st
     into = through_post_norm(model.blocks[layer].ln_mlp_post, record.mlp, direction, layer, "mlp", groups)
     if moe:
         groups.append(_experts(layer, record.mlp.post, record.mlp.expert_weights, mlp.W_out, into, level))
+        if mlp.b_out is not None:  # gpt-oss: the experts' output biases, each weighted as its expert's write
+            biases = (record.mlp.expert_weights.float() * into.through(mlp.b_out)).sum(-1).sum(1)
+            groups.append(_bias(Site(layer, "mlp", field="b_out"), biases))
         return groups
     # post[i] * (W_out[i] . u')
     neurons = (record.mlp.post.float() * into.through(mlp.W_out)).sum(1)

@@ -79,6 +79,9 @@ class ModelConfig:
     rotary_base: float = 10000.0  # theta of the rotary frequencies (of "full" layers, when they differ)
     rope_scaling: RopeScaling | None = None  # scaling of the "full" layers' rotary frequencies
     rotary_base_local: float | None = None  # "sliding" layers' theta, unscaled (Gemma 3); None = as "full"
+    # layers whose attention has no position embedding at all (NoPE: SmolLM3 every 4th layer, Cohere 2 and
+    # EXAONE 4 their global layers): q and k are not rotated there
+    nope_layers: tuple[int, ...] = ()
     attn_qkv_bias: bool = False  # q, k and v projections have biases (GPT-2, Qwen2, GPT-NeoX)
     attn_out_bias: bool = False  # output projection has a bias (GPT-2, GPT-NeoX)
     attn_scale: float | None = None  # multiplies q.k; None = 1 / sqrt(d_head)
@@ -103,9 +106,14 @@ class ModelConfig:
     # before a biased decoder; "none": an embedding model, whose output is the final hidden state
     qk_norm: Literal["none", "head", "all"] = "none"  # RMSNorm of q and k before rotary: per head (Qwen3,
     # Gemma 3) or over all heads together (OLMo 2)
+    qk_norm_after_rotary: bool = False  # the q/k norms act on the rotated q and k (Hunyuan), not before rotary
     attn_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2)
-    act: Literal["gelu", "gelu_new", "relu", "silu"] = "silu"  # gelu_new is the tanh approximation
+    act: Literal["gelu", "gelu_new", "relu", "silu", "relu2", "xielu", "clamped_swiglu"] = "silu"  # gelu_new:
+    # gelu's tanh approximation; relu2: relu(x)^2; xielu: Apertus' activation with learned scalars
+    # (resid.components.xielu); clamped_swiglu: gpt-oss's experts (resid.components.clamped_glu, glu_limit, glu_alpha)
+    glu_limit: float = 7.0  # clamped_swiglu: the clamp of both branches
+    glu_alpha: float = 1.702  # clamped_swiglu: the gate's sigmoid slope
     gated_mlp: bool = True  # post = act(x W_gate) * (x W_in): SwiGLU with silu, GeGLU with gelu(_new)
     mlp_bias: bool = False  # W_in, W_gate and W_out have biases
     tie_embeddings: bool = False  # W_U is W_E transposed (one tensor)
@@ -128,6 +136,10 @@ class ModelConfig:
     router_topk_groups: int = 1
     router_group_score: Literal["max", "top2"] = "max"
     router_bias: bool = False  # a learned bias added to the scores to choose experts, not to weigh them (V3)
+    shared_expert_gate: bool = False  # the shared experts weighted by sigmoid(x W_shared_gate) per token (Qwen2 MoE)
+    router_logit_bias: bool = False  # a learned bias added to the router's logits, choosing and weighing (gpt-oss)
+    expert_bias: bool = False  # every expert's W_in, W_gate and W_out have biases (gpt-oss)
+    attn_sinks: bool = False  # one learned sink logit per head joins every softmax (gpt-oss; resid.components.sinks)
     # multi-head latent attention (DeepSeek V2/V3, resid.components.latent): each head's keys and values read a
     # compressed latent of width kv_rank (> 0), the last rotary_dim dims of its keys one rotary key shared by all
     # heads; queries read a latent of width q_rank (> 0; 0: projected directly); values and z have d_head_v dims
@@ -145,6 +157,7 @@ class ModelConfig:
             object.__setattr__(scaling, "factors", tuple(float(f) for f in scaling.factors))
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
         problems = []
         if self.layer_types is not None:
             if len(self.layer_types) != self.n_layers or not set(self.layer_types) <= {"full", "sliding"}:
@@ -160,6 +173,23 @@ class ModelConfig:
         elif scaling is not None and scaling.kind == "factors" and len(scaling.factors) * 2 != self.rotary_dims:
             problems.append(f"rope_scaling gives {len(scaling.factors)} factors "
                             f"for {self.rotary_dims // 2} frequencies")
+        if self.nope_layers and (self.positions != "rotary" or self.kv_rank
+                                 or not all(0 <= n < self.n_layers for n in self.nope_layers)):
+            problems.append(f"nope_layers={self.nope_layers} must be layers (0..{self.n_layers - 1}) of a model with "
+                            "rotary positions and standard attention")
+        if self.act == "clamped_swiglu" and not self.n_experts:
+            problems.append("the clamped_swiglu activation is for experts only (n_experts > 0)")
+        if (self.router_logit_bias or self.expert_bias) and not self.n_experts:
+            problems.append("router_logit_bias and expert_bias need experts (n_experts > 0)")
+        if self.attn_sinks and (self.kv_rank or self.cross_attention):
+            problems.append("attn_sinks are for standard self-attention (no latent attention, no cross-attention)")
+        if self.shared_expert_gate and not self.n_shared_experts:
+            problems.append("shared_expert_gate needs shared experts (n_shared_experts > 0)")
+        if self.act == "xielu" and (self.n_experts or self.head == "mlm"):
+            problems.append("the xielu activation (learned per layer) is for dense MLPs only, not experts or MLM "
+                            "heads")
+        if self.qk_norm_after_rotary and (self.qk_norm != "head" or self.positions != "rotary"):
+            problems.append("qk_norm_after_rotary needs per-head q/k norms (qk_norm 'head') and rotary positions")
         if not (self.pre_norms or self.post_norms or self.post_ln):
             problems.append("a model needs pre_norms, post_norms or post_ln")
         if self.post_ln and (self.pre_norms or self.post_norms or self.block == "parallel"):
@@ -233,7 +263,8 @@ class ModelConfig:
         positive = {"rotary_base": self.rotary_base, "embed_scale": self.embed_scale,
                     "final_norm_multiplier": self.final_norm_multiplier, "rotary_base_local": self.rotary_base_local,
                     "attn_scale": self.attn_scale, "attn_softcap": self.attn_softcap,
-                    "final_softcap": self.final_softcap, "router_scale": self.router_scale}
+                    "final_softcap": self.final_softcap, "router_scale": self.router_scale,
+                    "glu_limit": self.glu_limit, "glu_alpha": self.glu_alpha}
         # norm_eps 0 is a real (if fragile) choice, and mscale 0 is DeepSeek's "none"
         non_negative = {"norm_eps": self.norm_eps}
         finite = {"norm_gain_offset": self.norm_gain_offset}
@@ -261,6 +292,10 @@ class ModelConfig:
         if self.layer_types is not None:
             return self.layer_types[layer]
         return "sliding" if self.sliding_window is not None else "full"
+
+    def rotates(self, layer: int) -> bool:
+        """Whether `layer`'s attention rotates q and k (rotary positions, not a NoPE layer)."""
+        return self.positions == "rotary" and layer not in self.nope_layers
 
     def has_experts(self, layer: int) -> bool:
         """Whether `layer`'s MLP is a mixture of experts (DeepSeek's first n_dense_layers are dense)."""

@@ -84,7 +84,7 @@ def _hash(model: nn.Module) -> Identity:
         for name, parameter in model.named_parameters():
             data = parameter.detach().contiguous().cpu()
             digest.update(f"{name} {tuple(data.shape)} {data.dtype};".encode())
-            digest.update(data.view(torch.uint8).reshape(-1).numpy().data)
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().data)  # reshape first: 0-d scalars (xIELU)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return Identity(getattr(model, "name", "custom"), digest.hexdigest(), dtype, config_digest(model))
 

@@ -10,7 +10,7 @@ import tokenizers
 import torch
 from random_models import RANDOM_CONFIGS, make_random_model
 from tiny_fixtures import Tiny, build_tiny
-from tiny_models import VARIANTS
+from tiny_models import FAMILIES, VARIANTS
 
 import resid
 
@@ -37,8 +37,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if "gpu" in fixtures:
             item.add_marker(pytest.mark.cuda)
+        if _family_beyond_the_fast_tests(item):
+            item.add_marker(pytest.mark.slow)
         if item.config.pluginmanager.hasplugin("xdist"):
             item.add_marker(pytest.mark.xdist_group("ray" if "ray_cluster" in fixtures else item.nodeid.split("::")[0]))
+
+
+# The model types of issue 58 (tiny_models.FAMILIES) run these through `make test`: parity with transformers, the
+# exactness invariants and the config allow-list; every other test of the `tiny` fixture runs them under
+# `make test-slow` (the suite would double otherwise).
+FAST_FOR_FAMILIES = frozenset({"test_parity_hf.py", "test_exactness.py", "test_config_fields.py", "test_moe.py"})
+
+
+def _family_beyond_the_fast_tests(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    variant = callspec.params.get("tiny") if callspec is not None else None
+    return variant in FAMILIES and item.path.name not in FAST_FOR_FAMILIES
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ Glossary:
 CSV floats: float32 / float16 are widened to float64 (exact) and written as the shortest repr that parses
 back to the same double; pandas < 3.1 needs `float_precision="round_trip"` for that parse (its default parser
 is one ulp off for about 40% of doubles, pandas 3.0 included), pandas 3.1 parses exactly by default and deprecates
-the option. nan, inf, -0.0 and subnormals survive. Parquet stores dtypes itself; the schema then only restores what pyarrow merges (None vs NaN in an
-object column, the storage of a `string` column). The index is never stored.
+the option. nan, inf, -0.0 and subnormals survive. Parquet stores dtypes itself; the schema then only restores
+what pyarrow merges (None vs NaN in an object column, the storage of a `string` column). The index is never
+stored.
 """
 
 import csv

@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from resid.components.norm import Norm
 from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
+from resid.components.sinks import softmax_with_sinks
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
 from resid.records import OnRead, same_fields
@@ -200,6 +201,7 @@ class ScoreInputs:
     causal: CausalMask | None  # plain causal (nothing padded, no window reaching back): the pass's shared mask
     # Capture(positions=...): q_h holds the kept query positions, and rows(mask, axis=2) keeps the masks' rows
     rows: Callable[..., Tensor] | None = None
+    sinks: Tensor | None = None  # one sink logit per head (gpt-oss; resid.components.sinks): in the pattern's softmax
 
     @classmethod
     def of(
@@ -216,7 +218,7 @@ class ScoreInputs:
         else:
             blocked = ctx.blocked[attention.layer_type]
             causal = ctx.causal_mask if blocked is None and ctx.causal else None
-        return cls(q_h, k_h, attention.score_rule, bias, blocked, causal, rows)
+        return cls(q_h, k_h, attention.score_rule, bias, blocked, causal, rows, attention.sinks)
 
     def scores(self) -> Float[Tensor, "batch head pos key_pos"]:
         """q k^T * scale, soft-capped if the model caps them, plus the relative position bias of models with one,
@@ -228,8 +230,12 @@ class ScoreInputs:
         return scores if blocked is None else scores.masked_fill_(self._rows(blocked), float("-inf"))
 
     def pattern(self) -> Float[Tensor, "batch head pos key_pos"]:
-        """softmax(scores) over the allowed keys, in float32, cast to the queries' dtype."""
-        return softmax(self.scores(), self.q_h.dtype)
+        """softmax(scores) over the allowed keys (and the head's sink), in float32, cast to the queries' dtype."""
+        return self._softmax(self.scores())
+
+    def _softmax(self, scores: Tensor) -> Tensor:
+        return softmax(scores, self.q_h.dtype) if self.sinks is None else softmax_with_sinks(scores, self.sinks,
+                                                                                            self.q_h.dtype)
 
     def on_read(self, names: Collection[str]) -> dict[str, OnRead]:
         """The fields `names` ("scores", "pattern") given on read. The pattern is the softmax of the scores' own
@@ -241,7 +247,7 @@ class ScoreInputs:
             scores = given.get("scores")
 
             def pattern() -> Tensor:
-                return self.pattern() if scores is None or not scores.formed else softmax(scores.value, self.q_h.dtype)
+                return self.pattern() if scores is None or not scores.formed else self._softmax(scores.value)
 
             given["pattern"] = OnRead(pattern, shape)
         return given
@@ -282,11 +288,13 @@ class Attention(nn.Module):
         self.layer = layer
         self.cross = cross
         self.layer_type: LayerType = "full" if cross else config.layer_type(layer)
+        self.rotates = not cross and config.rotates(layer)  # False: cross-attention, learned positions, NoPE layers
         self.n_heads, self.n_kv_heads, self.d_head = config.n_heads, config.n_kv_heads, config.d_head
         d_model, d_q, d_kv = config.d_model, config.n_heads * config.d_head, config.n_kv_heads * config.d_head
         self.scale, self.softcap = score_scale(config), config.attn_softcap  # score_rule's pieces
         # q/k RMSNorm before rotary: over each head's d_head dims, or over the whole projection (OLMo 2)
         self.qk_norm = config.qk_norm
+        self.norm_after_rotary = config.qk_norm_after_rotary  # Hunyuan: rotate q and k, then norm them
         per_head = config.qk_norm == "head"
         self.q_norm = Norm(config, config.d_head if per_head else d_q, rms=True) if config.qk_norm != "none" else None
         self.k_norm = Norm(config, config.d_head if per_head else d_kv, rms=True) if config.qk_norm != "none" else None
@@ -299,6 +307,7 @@ class Attention(nn.Module):
         self._b_k = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self._b_v = nn.Parameter(torch.zeros(d_kv)) if qkv_bias else None
         self.b_O = nn.Parameter(torch.zeros(d_model)) if config.attn_out_bias else None
+        self.sinks = nn.Parameter(torch.zeros(config.n_heads)) if config.attn_sinks and not cross else None
         # q_proj -> q, k_proj -> k where nothing transforms the projection: recorded as q and k, not twice
         self.same = same_fields(config, cross)
 
@@ -367,14 +376,15 @@ class Attention(nn.Module):
         scores = pattern = None
         edited = {iv.site.what for iv, _ in edits} & {"scores", "pattern"} if edits else ()
         rule = self.score_rule
-        if rule.softcap is not None or edited:
-            # SDPA cannot soft-cap scores, nor take edited scores or an edited pattern: the explicit path, as
-            # Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
+        if rule.softcap is not None or edited or self.sinks is not None:
+            # SDPA cannot soft-cap scores, add sinks, nor take edited scores or an edited pattern: the explicit path,
+            # as Hugging Face's eager attention computes it. Both are edited as [batch pos head key_pos], the layout
             # every head edit uses.
             scores = self.scores_of(q_h, k_h, ctx)
             if "scores" in edited:
                 scores = apply_edits(scores.transpose(1, 2), edits, "scores").transpose(1, 2)
-            pattern = softmax(scores, q_h.dtype)
+            pattern = softmax(scores, q_h.dtype) if self.sinks is None else softmax_with_sinks(scores, self.sinks,
+                                                                                               q_h.dtype)
             if "pattern" in edited:
                 pattern = apply_edits(pattern.transpose(1, 2), edits, "pattern").transpose(1, 2)
             z_h = pattern @ rule.repeat_kv(v_h, dim=1)
@@ -390,7 +400,8 @@ class Attention(nn.Module):
             )
             if ctx.cache is not None and want & {"scores", "pattern"}:  # a cached pass: its keys are the cache's
                 scores = self.scores_of(q_h, k_h, ctx)
-                pattern = softmax(scores, q_h.dtype) if "pattern" in want else None
+                pattern = softmax(scores, q_h.dtype) if "pattern" in want else None  # (no sinks: they take the
+                # explicit path above)
         z = apply_edits(z_h.transpose(1, 2), edits, "z")
         out = F.linear(z.reshape(batch, n_pos, -1), self._w_o, self.b_O)
         values = {"q": q, "k": k, "v": v, "scores": scores, "pattern": pattern, "z": z, **projected}
@@ -449,12 +460,15 @@ class Attention(nn.Module):
         q = self._projected("q", rows, normalized.shape[:-1], edits, want, projected)
         k = self._projected("k", source_rows, source.shape[:-1], edits, want, projected)
         v = self._heads(source_rows, source.shape[:-1], self._w_v, self._b_v, self.n_kv_heads)
+        rotate = bool(ctx.rotary) and self.rotates
+        if rotate and self.norm_after_rotary:
+            q, k = Rotary.apply_qk(q, k, *ctx.rotary[self.layer_type])
         if self.qk_norm == "all":  # over the whole projection (OLMo 2)
             q = self.q_norm.normalize(q.flatten(-2)).view(q.shape)
             k = self.k_norm.normalize(k.flatten(-2)).view(k.shape)
         if self.qk_norm == "head":
             q, k = self.q_norm.normalize(q), self.k_norm.normalize(k)
-        if ctx.rotary and not self.cross:
+        if rotate and not self.norm_after_rotary:
             q, k = Rotary.apply_qk(q, k, *ctx.rotary[self.layer_type])
         return q, k, v
 
@@ -507,11 +521,13 @@ class Attention(nn.Module):
         out = torch.einsum("nd,hde->nhe", normalized.float(), weight.float())
         if constants and bias is not None:
             out = out + bias.float()
+        if cos is not None and self.norm_after_rotary:  # the rotation keeps each head's RMS, so the scale holds
+            out = Rotary.apply(out[None], cos.float()[None], sin.float()[None])[0]
         if norm is not None:  # RMSNorm: no bias, so frozen it is linear: x * gain * scale
             flat = out.flatten(-2) if self.qk_norm == "all" else out
             scale = norm_scale.flatten(-2) if self.qk_norm == "all" else norm_scale
             out = norm.frozen(flat, scale, constants=False).view(out.shape)
-        if cos is not None:
+        if cos is not None and not self.norm_after_rotary:
             out = Rotary.apply(out[None], cos.float()[None], sin.float()[None])[0]  # the rows as one batch
         return out
 

@@ -18,7 +18,7 @@ from resid.components.norm import Norm
 from resid.config import ModelConfig
 
 # act'(0): the limit of act(h) / h at h = 0
-_SLOPE_AT_ZERO = {"gelu": 0.5, "gelu_new": 0.5, "relu": 0.0, "silu": 0.5}
+_SLOPE_AT_ZERO = {"gelu": 0.5, "gelu_new": 0.5, "relu": 0.0, "silu": 0.5, "relu2": 0.0}
 
 
 class MLMHead(nn.Module):

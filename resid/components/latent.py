@@ -50,6 +50,8 @@ class LatentAttention(Attention):
     def __init__(self, config: ModelConfig, layer: int):
         nn.Module.__init__(self)  # Attention's fields that the shared forward reads, not its weights
         self.layer, self.cross, self.layer_type = layer, False, config.layer_type(layer)
+        self.rotates = True  # its shared rotary key always rotates (no NoPE layers)
+        self.sinks = None  # no attention sinks
         self.n_heads = self.n_kv_heads = config.n_heads
         self.d_head, self.d_head_v = config.d_head, config.v_width
         self.rot, self.kv_rank, self.q_rank = config.rotary_dims, config.kv_rank, config.q_rank

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from resid.components.xielu import XIELU
 from resid.config import ModelConfig
 from resid.interventions import Edit, apply_edits
 
@@ -24,6 +25,7 @@ ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
+    "relu2": lambda x: F.relu(x).square(),  # squared ReLU (So et al. 2021): Nemotron, Arcee
 }
 
 
@@ -31,7 +33,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.act = ACTIVATIONS[config.act]
+        # xIELU has learned scalars per layer: a module of its own (its parameters are this MLP's act.*)
+        self.act = XIELU() if config.act == "xielu" else ACTIVATIONS[config.act]
         d_mlp = config.mlp_width(layer)  # d_mlp, or DeepSeek's dense first layers' d_mlp_dense
         self._w_in = nn.Parameter(torch.zeros(d_mlp, config.d_model))
         self._w_gate = nn.Parameter(torch.zeros(d_mlp, config.d_model)) if config.gated_mlp else None

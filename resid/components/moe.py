@@ -5,16 +5,18 @@ keys, values and coefficients (resid.components.mlp). The first n_experts - n_sh
 last n_shared_experts are *shared*: every token reads them with weight 1 (DeepSeek keeps them as one MLP of
 n_shared_experts * d_mlp neurons, which is their sum, split by neurons).
 
-    router_logits  = x W_router                          [routed expert], no bias
+    router_logits  = x W_router (+ b_router: gpt-oss)    [routed expert]
     scores         = softmax(router_logits) (Mixtral, DeepSeek V2) or sigmoid (V3), in float32
     choice         = scores + router_bias (V3's e_score_correction_bias: it chooses, it does not weigh)
     groups         (router_groups > 1) the routed experts in equal groups, each scored by its best choice ("max",
                    V2) or the sum of its two best ("top2", V3); a token chooses among its router_topk_groups best
     top-k of choice; their scores, renormalized to sum to 1 (router_renormalize), times router_scale, are the
-                   `expert_weights` (0 for the other routed experts, 1 for the shared ones), cast to the model
+                   `expert_weights` (0 for the other routed experts, 1 for the shared ones, or with
+                   shared_expert_gate sigmoid(x W_shared_gate) for every shared one: Qwen2 MoE), cast to the model
                    dtype (as transformers does before weighting the experts)
-    post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up)
-    out            = sum over e of expert_weights[e] * (post_e W_out[e])   (w2 = down)
+    post_e         = act(x W_gate[e]) * (x W_in[e])      expert e's coefficients (w1 = gate, w3 = up); gpt-oss: its
+                   clamped SwiGLU of the two, with biases b_gate[e], b_in[e] (resid.components.clamped_glu)
+    out            = sum over e of expert_weights[e] * (post_e W_out[e] (+ b_out[e]))   (w2 = down)
 
 So the experts' writes (shared ones included) sum to the MLP's write.
 
@@ -37,6 +39,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from resid.components.clamped_glu import clamped_swiglu
 from resid.components.mlp import ACTIVATIONS
 from resid.config import ModelConfig
 from resid.interventions import Edit, apply_edits
@@ -46,7 +49,9 @@ class MoE(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.act = ACTIVATIONS[config.act]
+        clamped = config.act == "clamped_swiglu"  # gpt-oss: both branches clamped, a shifted linear branch
+        self.act = None if clamped else ACTIVATIONS[config.act]
+        self.glu = (config.glu_limit, config.glu_alpha) if clamped else None
         self.n_experts = config.n_experts
         self.n_routed = config.n_experts - config.n_shared_experts
         self.top_k = config.experts_per_token
@@ -57,13 +62,24 @@ class MoE(nn.Module):
         n, d_mlp, d_model = config.n_experts, config.d_mlp, config.d_model
         self._w_router = nn.Parameter(torch.zeros(self.n_routed, d_model))
         self.router_bias = nn.Parameter(torch.zeros(self.n_routed)) if config.router_bias else None
+        # Qwen2 MoE: the shared experts' weight, one sigmoid gate per token (1 without it)
+        self._w_shared_gate = nn.Parameter(torch.zeros(1, d_model)) if config.shared_expert_gate else None
         self._w_in = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_gate = nn.Parameter(torch.zeros(n, d_mlp, d_model))
         self._w_out = nn.Parameter(torch.zeros(n, d_model, d_mlp))
+        bias = config.expert_bias  # gpt-oss: biases on every expert's three projections, and on the router's logits
+        self.b_in = nn.Parameter(torch.zeros(n, d_mlp)) if bias else None
+        self.b_gate = nn.Parameter(torch.zeros(n, d_mlp)) if bias else None
+        self.b_out = nn.Parameter(torch.zeros(n, d_model)) if bias else None
+        self.b_router = nn.Parameter(torch.zeros(self.n_routed)) if config.router_logit_bias else None
 
     @property
     def W_router(self) -> Float[Tensor, "d_model routed"]:
         return self._w_router.T
+
+    @property
+    def W_shared_gate(self) -> Float[Tensor, "d_model 1"] | None:
+        return None if self._w_shared_gate is None else self._w_shared_gate.T
 
     @property
     def W_in(self) -> Float[Tensor, "expert d_model d_mlp"]:
@@ -81,8 +97,8 @@ class MoE(nn.Module):
         self, normalized: Float[Tensor, "batch pos d_model"]
     ) -> tuple[Float[Tensor, "batch pos routed"], Float[Tensor, "batch pos expert"]]:
         """(router logits, expert weights): the chosen experts' scores (renormalized, scaled), zero for the other
-        routed experts, one for the shared ones, in the model dtype."""
-        logits = F.linear(normalized, self._w_router)
+        routed experts, one for the shared ones (or their sigmoid gate), in the model dtype."""
+        logits = F.linear(normalized, self._w_router, self.b_router)
         # float32, as transformers
         scores = torch.softmax(logits.float(), dim=-1) if self.scores == "softmax" else logits.float().sigmoid()
         choice = scores if self.router_bias is None else scores + self.router_bias.float()
@@ -97,7 +113,12 @@ class MoE(nn.Module):
             top = top / (top.sum(-1, keepdim=True) + 1e-20)
         top = top * self.scale if self.scale != 1.0 else top
         weights = torch.zeros_like(scores).scatter(-1, chosen, top)
-        shared = weights.new_ones(*weights.shape[:-1], self.n_experts - self.n_routed)
+        n_shared = self.n_experts - self.n_routed
+        if self._w_shared_gate is None:
+            shared = weights.new_ones(*weights.shape[:-1], n_shared)
+        else:
+            gate = torch.sigmoid(F.linear(normalized, self._w_shared_gate)).float()
+            shared = gate.expand(*gate.shape[:-1], n_shared)
         return logits, torch.cat((weights, shared), dim=-1).to(normalized.dtype)
 
     def forward(
@@ -117,11 +138,12 @@ class MoE(nn.Module):
             if tokens.numel() == 0 and not mine:
                 continue
             x_e = x[tokens]
-            post = self.act(F.linear(x_e, self._w_gate[e])) * F.linear(x_e, self._w_in[e])
+            post = self._post(x_e, e)
             if any(edit[0].site.what == "post" for edit in mine):
                 full = _scatter(post, tokens, x.shape[0]).view(batch, n_pos, -1)
                 post = apply_edits(full, mine, "post").reshape(x.shape[0], -1)[tokens]
-            write = F.linear(post, self._w_out[e]) * weight[tokens, e, None]
+            write = F.linear(post, self._w_out[e], None if self.b_out is None else self.b_out[e]) * weight[tokens, e,
+                                                                                                          None]
             if post_all is not None:
                 post_all[tokens, e] = post.to(post_all.dtype)  # bf16 under autocast, into the model's dtype
             if any(edit[0].site.what == "expert_out" for edit in mine):
@@ -141,6 +163,14 @@ class MoE(nn.Module):
             "expert_out": None if expert_out is None else expert_out.view(batch, n_pos, self.n_experts, d_model),
         }
         return out.view(batch, n_pos, d_model), {name: values[name] for name in want if values.get(name) is not None}
+
+
+    def _post(self, x: Float[Tensor, "token d_model"], e: int) -> Float[Tensor, "token d_mlp"]:
+        """Expert e's coefficients of the tokens `x`: act(x W_gate + b_gate) * (x W_in + b_in), or gpt-oss's
+        clamped SwiGLU of the two."""
+        gate = F.linear(x, self._w_gate[e], None if self.b_gate is None else self.b_gate[e])
+        up = F.linear(x, self._w_in[e], None if self.b_in is None else self.b_in[e])
+        return self.act(gate) * up if self.glu is None else clamped_swiglu(gate, up, *self.glu)
 
 
 def _scatter(rows: Tensor, tokens: Tensor, n_tokens: int) -> Tensor:

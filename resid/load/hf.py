@@ -47,7 +47,7 @@ def load_hf_folder(
             table = family.seq2seq_keys(configs[0], config, hf)
         else:
             model = Transformer(config)
-            table = family.keys(config)
+            table = family.keys(config) if family.hf_keys is None else family.hf_keys(config, hf)
     model = model.to(dtype)  # before the weights: a tensor already in this dtype is used as it lies in the file
     ignore = family.ignore + (tuple(k.replace(".", r"\.") for k in family.head_keys) if config.tie_embeddings else ())
     canonical = {_canonical(n, family): n for n in tensors.names}  # table name -> name in the file
@@ -196,7 +196,10 @@ def _tokenizer(folder: Path, hf: dict, family: Family) -> Tokenizer | None:
         if isinstance(token, dict):
             token = token.get("content")
         found = raw.token_to_id(token) if isinstance(token, str) else None
-        return found if found is not None else hf.get(config_field)
+        value = hf.get(config_field)
+        if isinstance(value, list):  # several (GLM-4's and Llama 3.1's eos_token_id): the first is the token's own
+            value = value[0] if value else None
+        return found if found is not None else value
 
     prepend_bos = tok_config.get("add_bos_token", family.prepend_bos)
     # Template tokenizers (BERT) open every text with [CLS], their "BOS"

@@ -14,6 +14,7 @@ the weights' size); any other is copied into memory of the parameter's own; a pa
 a model built on a real device starts.
 """
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ class Key:
     pick: int | None = None  # after rearranging, take this index of the leading axis (fused q/k/v)
     # before rearranging, take rows [start, stop) of a tensor that must have exactly `total` rows (fused tensors)
     rows: tuple[int, int, int] | None = None  # (start, stop, total)
+    # then take the rows in this order (interleaved rotary pairs (2i, 2i + 1) regathered into rotate_half's halves:
+    # the same scores, each head's q and k dims permuted alike, resid.load.families.rotary_halves; with `rows`, a
+    # subset of them: Falcon's query rows, interleaved with its key and value rows per group)
+    order: tuple[int, ...] | None = None
+    scale: float = 1.0  # the tensor multiplied by this (a constant multiplier of the family folded into a weight)
 
 
 def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
@@ -43,7 +49,8 @@ def per_layer(keys: Iterable[Key], n_layers: int) -> list[Key]:
     for key in keys:
         if "{layer}" in key.attribute:
             out += [
-                Key(key.attribute.format(layer=l), key.checkpoint.format(layer=l), key.pattern, key.pick, key.rows)
+                dataclasses.replace(key, attribute=key.attribute.format(layer=l),
+                                    checkpoint=key.checkpoint.format(layer=l))
                 for l in range(n_layers)
             ]
         else:
@@ -124,7 +131,7 @@ def check_fits(in_files: int, dtype: torch.dtype, device: torch.device, where: s
 
 def axis_sizes(config: ModelConfig) -> dict[str, int]:
     # shared: DeepSeek's shared experts, fused in one MLP the key table splits
-    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3,
+    return {"head": config.n_heads, "kv_head": config.n_kv_heads, "d_head": config.d_head, "three": 3, "two": 2,
             "shared": config.n_shared_experts}
 
 
@@ -248,6 +255,15 @@ def _rearrange(tensor: Tensor, key: Key, sizes: dict[str, int], where: str) -> T
                 f"{total}. The weights do not match config.json; re-export them."
             )
         tensor = tensor[start:stop]
+    if key.order is not None:  # after `rows` (which checked the total), any subset of the rows; else all of them
+        if key.rows is None and tensor.shape[0] != len(key.order):
+            raise ResidError(
+                f"{where}, tensor {key.checkpoint!r} has {tensor.shape[0]} rows, but this config needs "
+                f"{len(key.order)}. The weights do not match config.json; re-export them."
+            )
+        tensor = tensor[torch.tensor(key.order, device=tensor.device)]
+    if key.scale != 1.0:
+        tensor = tensor * key.scale
     if key.pattern is None:
         value = tensor
     else:

@@ -28,7 +28,22 @@ def _post_ln_model() -> resid.Transformer:
                              embed_norm=True)
 
 
+def _issue_58_moe() -> resid.Transformer:
+    """gpt-oss's parts (sinks, clamped SwiGLU experts with biases, a biased router) with Qwen2 MoE's gated shared
+    expert and Hunyuan's q/k norms after a rotary that SmolLM3's NoPE layer skips."""
+    from random_models import randomize
+    config = resid.ModelConfig(
+        architecture="issue58_random", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=24,
+        d_vocab=97, n_ctx=64, norm="rmsnorm", norm_eps=1e-5, attn_sinks=True, attn_qkv_bias=True, qk_norm="head",
+        qk_norm_after_rotary=True, nope_layers=(1,), n_experts=5, n_shared_experts=1, shared_expert_gate=True,
+        experts_per_token=2, act="clamped_swiglu", glu_limit=0.5, expert_bias=True, router_logit_bias=True,
+    )
+    return randomize(resid.Transformer(config, name="random-issue58"), 0)
+
+
 def _model(kind: str) -> resid.Transformer:
+    if kind == "issue58":
+        return _issue_58_moe()
     if kind == "moe":
         from moe_models import make_moe_model
         return make_moe_model(post_norms=True)
@@ -70,7 +85,7 @@ def _assert_adjoint(forward: torch.Tensor, g: torch.Tensor, x: torch.Tensor, pul
     assert abs(float(left - right)) <= 1e-5 * float(size), (float(left), float(right))
 
 
-@pytest.mark.parametrize("kind", [*FAMILIES, "moe", "deepseek", "post_ln"])
+@pytest.mark.parametrize("kind", [*FAMILIES, "moe", "deepseek", "post_ln", "issue58"])
 def test_the_frozen_block_is_the_block(kind) -> None:
     """Each block's frozen forward with the real MLP gives resid_post, its frozen attention the attention's write,
     and the frozen readout (final norm, unembedding before any soft cap) the uncapped logits."""

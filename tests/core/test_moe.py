@@ -69,6 +69,18 @@ def test_expert_writes_sum_to_the_write_and_are_zero_where_not_routed(tiny: Tiny
     torch.testing.assert_close(record.expert_out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tiny", ["qwen2_moe"], indirect=True)
+def test_gated_shared_experts_weigh_by_their_sigmoid_and_sum_to_the_write(tiny: Tiny):
+    """Qwen2 MoE: the shared MLP (two shared experts here) is read by every token, weighted by one sigmoid gate."""
+    run = tiny.model.run(random_ids(), capture=resid.Capture(mlp={*ALL_MOE.mlp, "normalized"}))
+    mlp, record = tiny.model.blocks[1].mlp, run.stream.layers[1].mlp
+    gate = torch.sigmoid(record.normalized @ mlp.W_shared_gate.detach())
+    shared = record.expert_weights[..., mlp.n_routed:]
+    assert shared.shape[-1] == 2 and (shared < 1).all()
+    torch.testing.assert_close(shared, gate.expand_as(shared), atol=1e-6, rtol=0)
+    torch.testing.assert_close(record.expert_out.sum(2), record.out, atol=1e-6, rtol=0)
+
+
 @MIXTRAL
 def test_capture_positions_keep_the_expert_axis(tiny: Tiny):
     capture = resid.Capture(positions=[-1, 0], mlp={"router_logits", "expert_weights", "post", "expert_out"})

@@ -46,6 +46,16 @@ def test_pairs_sum_to_every_score_of_every_family(random_model) -> None:
     _check_exact(QK(random_model, IDS, per_layer(random_model)))
 
 
+@pytest.mark.parametrize("changes", [dict(nope_layers=(1,)), dict(qk_norm="head", qk_norm_after_rotary=True),
+                                     dict(attn_sinks=True)],
+                         ids=["nope_layers", "qk_norm_after_rotary", "attn_sinks"])
+def test_pairs_sum_to_the_scores_of_the_issue_58_attention_options(changes) -> None:
+    """SmolLM3's NoPE layers (no rotation there), Hunyuan's q/k norms after the rotary (rotate, then norm) and
+    gpt-oss's sinks (the scores are as without them; only the pattern's softmax has the sink)."""
+    model = make_random_model("llama_gqa", **changes)
+    _check_exact(QK(model, IDS, per_layer(model)))
+
+
 @pytest.mark.parametrize("kind", ["llama_gqa", "gemma3_like", "neox_parallel"])
 def test_pairs_sum_to_the_scores_through_a_cross_layer_transcoder(kind) -> None:
     model = make_random_model(kind)

@@ -72,6 +72,8 @@ def test_empty_interventions_change_nothing(tiny: Tiny):
 
 
 def _zero_output(module, args, output):
+    if isinstance(output, tuple):  # gpt-oss's MLP returns (output, router scores)
+        return (torch.zeros_like(output[0]), *output[1:])
     return torch.zeros_like(output)
 
 

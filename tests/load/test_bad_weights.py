@@ -87,6 +87,19 @@ def test_unsupported_model_type_lists_the_supported_ones(llama_folder: Path, tmp
     assert {"gemma2", "gemma3_text", "olmo2", "phi3", "qwen3"} <= set(supported_model_types())
 
 
+@pytest.mark.parametrize(("model_type", "part"), [("gpt_oss", "attention sinks"), ("bloom", "ALiBi"),
+                                                  ("llama4_text", "chunked local attention"),
+                                                  ("qwen3_next", "DeltaNet")])
+def test_a_known_unsupported_model_type_names_the_missing_part(llama_folder: Path, tmp_path: Path, model_type: str,
+                                                                part: str):
+    folder = tmp_path / model_type
+    shutil.copytree(llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, model_type=model_type)))
+    message = _load_error(folder)
+    assert f"{model_type!r}" in message and part in message and "Supported model types" in message
+
+
 def test_pickled_weights_are_never_loaded(llama_folder: Path, tmp_path: Path):
     folder = tmp_path / "pickled"
     folder.mkdir()

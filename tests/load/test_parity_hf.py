@@ -37,6 +37,37 @@ EXPECTED_HEADS = {
     "mixtral": (4, 2, 12),
     "deepseek_v2": (4, 4, 20),  # latent attention: qk_nope 12 + qk_rope 8 per head, every head its own keys
     "deepseek_v3": (4, 4, 20),
+    "olmo3": (4, 2, 12),
+    "seed_oss": (4, 2, 16),
+    "smollm3": (4, 2, 12),
+    "exaone4": (4, 2, 12),
+    "granite": (4, 2, 12),
+    "cohere": (4, 2, 12),
+    "cohere2": (4, 2, 16),
+    "ernie4_5": (4, 2, 16),
+    "starcoder2": (4, 2, 12),
+    "stablelm": (4, 2, 16),
+    "phi": (4, 4, 16),
+    "gptj": (4, 4, 16),
+    "opt": (4, 4, 12),
+    "helium": (4, 2, 12),
+    "glm": (4, 2, 16),
+    "glm4": (4, 2, 16),
+    "arcee": (4, 2, 12),
+    "ministral": (4, 2, 12),
+    "olmo": (4, 2, 12),
+    "nemotron": (4, 2, 8),
+    "gpt_bigcode": (4, 1, 12),
+    "gpt_neo": (4, 4, 12),
+    "qwen3_moe": (4, 2, 16),
+    "olmoe": (4, 2, 12),
+    "glm4_moe": (4, 2, 16),
+    "falcon": (4, 2, 12),
+    "falcon_7b": (4, 1, 12),
+    "hunyuan_v1_dense": (4, 2, 12),
+    "apertus": (4, 2, 12),
+    "qwen2_moe": (4, 2, 12),
+    "gpt_oss": (4, 2, 12),
 }
 
 
@@ -54,8 +85,10 @@ def test_logits_and_residual_stream_match_hf(tiny: Tiny):
     assert len(out.hidden_states) == n_layers + 1
     for layer in range(n_layers):
         torch.testing.assert_close(run.stream.resid_pre(layer), out.hidden_states[layer], atol=ATOL, rtol=0)
-    # Hugging Face's last entry is taken after the final norm, so compare it with the normalized final().
+    # Hugging Face's last entry is taken after the final norm, so compare it with the normalized final() (without
+    # the constant the logits are scaled by, which resid folds into that norm: Granite, Cohere).
     normalized, _ = tiny.model.ln_final(run.stream.final())
+    normalized = normalized / tiny.model.config.final_norm_multiplier
     torch.testing.assert_close(normalized, out.hidden_states[n_layers], atol=ATOL, rtol=0)
 
 
@@ -119,6 +152,43 @@ def test_config_is_read_correctly(tiny: Tiny):
         "deepseek_v3": dict(kv_rank=16, q_rank=24, rotary_pairs="halves", n_experts=5, n_shared_experts=1,
                             n_dense_layers=0, router="sigmoid", router_group_score="top2", router_renormalize=True,
                             router_scale=2.5, router_bias=True, attn_scale=20**-0.5),
+        "olmo3": dict(pre_norms=False, post_norms=True, qk_norm="all", layer_types=("sliding", "full"),
+                      sliding_window=4),
+        "seed_oss": dict(attn_qkv_bias=True, attn_out_bias=True),
+        "smollm3": dict(nope_layers=(1,)),
+        "exaone4": dict(pre_norms=False, post_norms=True, qk_norm="head", layer_types=("sliding", "full"),
+                        nope_layers=(1,)),
+        "granite": dict(embed_scale=3.0, attn_scale=0.2, final_norm_multiplier=0.25),
+        "cohere": dict(block="parallel", norm="layernorm", final_norm_multiplier=0.5, nope_layers=()),
+        "cohere2": dict(block="parallel", layer_types=("sliding", "full"), nope_layers=(1,)),
+        "ernie4_5": dict(attn_qkv_bias=True, attn_out_bias=True, mlp_bias=True),
+        "starcoder2": dict(norm="layernorm", gated_mlp=False, mlp_bias=True, sliding_window=4),
+        "stablelm": dict(block="parallel", rotary_dim=4, attn_qkv_bias=True, attn_out_bias=False),
+        "phi": dict(block="parallel", rotary_dim=8, unembed_bias=True, gated_mlp=False),
+        "gptj": dict(block="parallel", rotary_dim=8, unembed_bias=True, attn_qkv_bias=False),
+        "opt": dict(positions="learned", act="relu", gated_mlp=False),
+        "helium": dict(attn_qkv_bias=True, attn_out_bias=False),
+        "glm": dict(rotary_dim=8, attn_qkv_bias=True, attn_out_bias=False, post_norms=False),
+        "glm4": dict(rotary_dim=8, post_norms=True, pre_norms=True),
+        "arcee": dict(act="relu2", gated_mlp=False),
+        "ministral": dict(sliding_window=4, layer_types=("sliding", "full")),
+        "olmo": dict(norm="layernorm", norm_eps=1e-5),
+        "nemotron": dict(norm="layernorm", norm_gain_offset=1.0, act="relu2", gated_mlp=False, rotary_dim=4),
+        "gpt_bigcode": dict(positions="learned", n_kv_heads=1, attn_qkv_bias=True),
+        "gpt_neo": dict(positions="learned", attn_scale=1.0, sliding_window=4, layer_types=("sliding", "full")),
+        "qwen3_moe": dict(qk_norm="head", n_experts=4, experts_per_token=2, d_mlp=24, n_dense_layers=1,
+                          d_mlp_dense=96, router_renormalize=True),
+        "olmoe": dict(qk_norm="all", n_experts=4, n_dense_layers=0, router_renormalize=False),
+        "glm4_moe": dict(qk_norm="head", attn_qkv_bias=True, rotary_dim=8, n_experts=5, n_shared_experts=1,
+                         n_dense_layers=1, router="sigmoid", router_bias=True, router_groups=2,
+                         router_group_score="top2", router_scale=1.5),
+        "falcon": dict(block="parallel", norm="layernorm", attn_qkv_bias=True, mlp_bias=True, gated_mlp=False),
+        "falcon_7b": dict(block="parallel", n_kv_heads=1, attn_qkv_bias=False, tie_embeddings=True),
+        "hunyuan_v1_dense": dict(qk_norm="head", qk_norm_after_rotary=True),
+        "apertus": dict(act="xielu", gated_mlp=False, qk_norm="head"),
+        "qwen2_moe": dict(attn_qkv_bias=True, n_experts=6, n_shared_experts=2, shared_expert_gate=True, d_mlp=24),
+        "gpt_oss": dict(attn_sinks=True, act="clamped_swiglu", glu_limit=0.5, expert_bias=True, router_logit_bias=True,
+                        layer_types=("sliding", "full"), attn_out_bias=True),
     }.get(tiny.variant, {})
     assert {name: getattr(config, name) for name in expected} == expected
 

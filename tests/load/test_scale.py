@@ -1,6 +1,7 @@
 """benchmarks/bench_scale.py at Llama-3.2-1B's shape (the 8B benchmark's code, a tenth of its size): a random
 bf16 checkpoint sharded as transformers writes it loads memory-mapped (the load itself reads almost nothing), runs
-every workload, and gives transformers' logits (from transformers' own process). Slow: 2.5 GB written, then every workload on 1.2B parameters."""
+every workload, and gives transformers' logits (from transformers' own process). Slow: 2.5 GB written, then every
+workload on 1.2B parameters."""
 
 import json
 import subprocess

@@ -183,9 +183,11 @@ class QK:
         return self.model.blocks[layer].attn.qk_norm_scale(side, projected)
 
     def _angles(self, layer: int, position: int) -> tuple[Tensor | None, Tensor | None]:
-        """The rotary (cos, sin) [1 1 rot] of `position` at `layer` (the model's rotary for the layer's type)."""
-        rotary = self.model.rotary_of(self.model.blocks[layer].attn.layer_type)
-        if rotary is None:
+        """The rotary (cos, sin) [1 1 rot] of `position` at `layer` (the model's rotary for the layer's type; none
+        on a layer that does not rotate, e.g. SmolLM3's NoPE layers)."""
+        attn = self.model.blocks[layer].attn
+        rotary = self.model.rotary_of(attn.layer_type)
+        if rotary is None or not attn.rotates:
             return None, None
         cos, sin = rotary.cos_sin(torch.tensor([[position]], device=self.rep.embed.device), torch.float32)
         return cos[0], sin[0]

@@ -1,6 +1,7 @@
 """One module per architecture family: how its config.json maps to a ModelConfig and where each of its
 checkpoint tensors goes (an explicit key table). Adding a family never touches the forward pass."""
 
+import dataclasses
 import numbers
 import re
 from collections.abc import Callable
@@ -29,6 +30,9 @@ class Family:
     # `seq2seq_keys(encoder, decoder, config.json)` the key table of both (targets under encoder. / decoder.)
     encoder: Callable[[dict], ModelConfig] | None = None
     seq2seq_keys: Callable[[ModelConfig, ModelConfig, dict], list[Key]] | None = None
+    # a key table that also reads config.json, for constants folded into weights (Granite's residual_multiplier);
+    # the Hugging Face loader takes it over `keys`
+    hf_keys: Callable[[ModelConfig, dict], list[Key]] | None = None
 
     def read(self, hf: dict, where: str = "config.json") -> ModelConfig:
         """config.json -> ModelConfig, refusing fields this family does not know (check_fields), sizes that are
@@ -61,6 +65,8 @@ def activation(name: str) -> str:
         "gelu_pytorch_tanh": "gelu_new",
         "gelu_fast": "gelu_new",
         "relu": "relu",
+        "relu2": "relu2",
+        "xielu": "xielu",
     }
     if name not in table:
         raise ResidError(f"Activation {name!r} is not supported; resid supports {sorted(table)}.")
@@ -132,6 +138,7 @@ POSITIVE = frozenset({
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "rotary_emb_base",
     "partial_rotary_factor", "rotary_pct", "attn_logit_softcapping", "final_logit_softcapping",
     "query_pre_attn_scalar", "routed_scaling_factor",
+    "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling", "logit_scale",
 })
 # Of those, the fractions of each head's dims that rotate: at most 1.
 FRACTIONS = frozenset({"partial_rotary_factor", "rotary_pct"})
@@ -165,6 +172,8 @@ def check_values(hf: dict, where: str) -> None:
     for name, value in hf.items():
         if value is None:
             continue
+        if name == "sliding_window" and value == 0 and hf.get("use_sliding_window") is False:
+            continue  # no window: transformers writes 0 there for Qwen2 MoE (use_sliding_window false)
         if name in COUNTS:
             _check_count(name, value, COUNTS[name], where)
         elif name in POSITIVE:
@@ -325,3 +334,33 @@ def rope_base(hf: dict) -> float:
     if found.scaling is not None:
         raise ResidError(f"Rotary scaling {found.scaling.kind!r} is not supported for this family yet.")
     return found.base
+
+
+def rotary_halves(n_heads: int, d_head: int, rotary_dims: int) -> tuple[int, ...]:
+    """The row order that turns a projection whose rotary pairs are interleaved, (2i, 2i + 1) as GPT-J, Cohere and
+    ERNIE 4.5 rotate them, into rotate_half's layout, (i, i + rotary_dims / 2): each head's even rotary dims first,
+    then its odd ones, then the dims that do not rotate. Applied alike to the queries and the keys, it permutes the
+    dims of every head's q . k sum, so the scores are the same numbers (captured q and k are in resid's order)."""
+    half = rotary_dims // 2
+    per_head = [2 * i for i in range(half)] + [2 * i + 1 for i in range(half)] + list(range(rotary_dims, d_head))
+    return tuple(head * d_head + dim for head in range(n_heads) for dim in per_head)
+
+
+def interleaved_rotary(keys: list[Key], config: ModelConfig) -> list[Key]:
+    """`keys` with the query and key projections (weights and biases) read in rotary_halves order."""
+    orders = {"W_Q": rotary_halves(config.n_heads, config.d_head, config.rotary_dims),
+              "b_Q": rotary_halves(config.n_heads, config.d_head, config.rotary_dims),
+              "W_K": rotary_halves(config.n_kv_heads, config.d_head, config.rotary_dims),
+              "b_K": rotary_halves(config.n_kv_heads, config.d_head, config.rotary_dims)}
+    out = []
+    for key in keys:
+        name = key.attribute.rsplit(".", 1)[-1]
+        out.append(dataclasses.replace(key, order=orders[name]) if ".attn." in key.attribute and name in orders
+                   else key)
+    return out
+
+
+def scaled(keys: list[Key], attributes: tuple[str, ...], factor: float) -> list[Key]:
+    """`keys` with the tensors of `attributes` (ending so: "attn.W_O", "mlp.b_out", ...) multiplied by `factor`: a
+    constant multiplier of a sublayer's write folded into its weights (Granite's residual_multiplier)."""
+    return [dataclasses.replace(key, scale=factor) if key.attribute.endswith(attributes) else key for key in keys]

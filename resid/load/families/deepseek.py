@@ -199,11 +199,14 @@ def keys(config: ModelConfig) -> list[Key]:
         layer.append(Key("blocks.{layer}.attn.W_Q", f"{attn}.q_proj.weight", head))
     table += per_layer(layer, config.n_layers)
     for l in range(config.n_layers):
-        table += _mlp(config, l, mlp.format(layer=l), f"blocks.{l}.mlp")
+        table += mlp_keys(config, l, mlp.format(layer=l), f"blocks.{l}.mlp")
     return table
 
 
-def _mlp(config: ModelConfig, layer: int, mlp: str, at: str) -> list[Key]:
+def mlp_keys(config: ModelConfig, layer: int, mlp: str, at: str, shared_name: str = "shared_experts") -> list[Key]:
+    """Layer `layer`'s MLP keys: a dense SwiGLU, or the router, routed experts and fused shared experts under
+    DeepSeek's names (Qwen3 MoE, OLMoE and GLM-4.5 share them; Qwen2 MoE calls its shared MLP shared_expert and
+    gates it, shared_expert_gate)."""
     if not config.has_experts(layer):
         return [Key(f"{at}.W_in", f"{mlp}.up_proj.weight", "d_mlp d_model -> d_model d_mlp"),
                 Key(f"{at}.W_gate", f"{mlp}.gate_proj.weight", "d_mlp d_model -> d_model d_mlp"),
@@ -219,7 +222,7 @@ def _mlp(config: ModelConfig, layer: int, mlp: str, at: str) -> list[Key]:
             Key(f"{at}.W_out.{e}", f"{mlp}.experts.{e}.down_proj.weight", "d_model d_mlp -> d_mlp d_model"),
         ]
     for s in range(config.n_shared_experts):  # shared expert s: neurons s * d_mlp ... of the fused shared MLP
-        e, shared = routed + s, f"{mlp}.shared_experts"
+        e, shared = routed + s, f"{mlp}.{shared_name}"
         table += [
             Key(f"{at}.W_gate.{e}", f"{shared}.gate_proj.weight", "(shared d_mlp) d_model -> shared d_model d_mlp",
                 pick=s),
@@ -227,6 +230,8 @@ def _mlp(config: ModelConfig, layer: int, mlp: str, at: str) -> list[Key]:
             Key(f"{at}.W_out.{e}", f"{shared}.down_proj.weight", "d_model (shared d_mlp) -> shared d_mlp d_model",
                 pick=s),
         ]
+    if config.shared_expert_gate:
+        table.append(Key(f"{at}._w_shared_gate", f"{mlp}.shared_expert_gate.weight"))
     return table
 
 
