@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from resid.analyses.graphs import influence as inf
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.subgraph import subgraph_scores
 from resid.errors import ResidError
@@ -109,7 +110,11 @@ def circuit(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0
     by_key = dict(zip(table["key"], table["label"], strict=True)) if table is not None else dict(labels or {})
     influence = graph.influence()
     supernodes = _supernodes(graph, nodes, pruned.node_mask, influence, max_supernodes, table)
-    scores = {"graph": graph.scores(), "pruned": graph.pruned(node_threshold, edge_threshold).scores(),
+    sizes = (graph.n_features, graph.n_errors, graph.n_pos)
+    # the pruned graph's scores: its rows with the dropped edges zeroed (Graph.pruned's nodes without edges, left
+    # in, change no score), from the pruning already done
+    scores = {"graph": inf.scores(graph.rows, graph.row_nodes, graph.logit_probabilities, *sizes, influence=influence),
+              "pruned": inf.scores(graph.rows * pruned.edge_mask, graph.row_nodes, graph.logit_probabilities, *sizes),
               "circuit": subgraph_scores(graph, nodes)}
     kept = {f"{l}_{f}" for l, _, f in graph.features[nodes].tolist()}
     return Circuit(graph, nodes, supernodes, scores, node_threshold, edge_threshold,

@@ -1,9 +1,9 @@
 """The viewer's layout on a 3,000-feature graph in headless Chromium: every feature node of a (layer, position) cell
 drawn apart from the others (no two centres closer than the node gap), the most influential first along each
-line, supernodes drawn as boxes around their members with their names, and the circuit's features pinned as the
-page opens. The graph is synthetic (a random DAG of 12 layers x 16 positions x 17 features, each feature reading
-three earlier ones and its token, every feature writing into the logits; 3,264 features, about 3,200 drawn), so the page's size is what a real
-3,000-feature graph gives without computing one."""
+line, and supernodes drawn as boxes around their members with their names. The graph is synthetic (a random DAG of
+12 layers x 16 positions x 17 features, each reading three earlier ones and its token, each writing into the
+logits: 3,264 features, about 3,250 kept), so the page is as large as a real 3,000-feature graph's without
+computing one."""
 
 import json
 import re
