@@ -79,6 +79,7 @@ def test_the_wheel_installs_and_runs_in_an_empty_environment(tmp_path):
         metadata = archive.read(f"resid_stream-{resid.__version__}.dist-info/METADATA").decode()
     assert "resid/py.typed" in names and "resid/analyses/py.typed" in names and "resid/analyses/cli/main.py" in names
     assert "resid/analyses/attention_view.js" in names  # package data the attention view inlines
+    assert "resid/analyses/graphs/viewer.js" in names  # package data the graph viewer inlines
     assert not [n for n in names if n.startswith(("tests/", "notebooks/", "benchmarks/", "analyses/"))]
     assert f"resid_stream-{resid.__version__}.dist-info/licenses/LICENSE" in names
     assert "Name: resid-stream" in metadata and f"Version: {resid.__version__}" in metadata

@@ -9,13 +9,21 @@ direct effect.
     graphs.write_html(graph, "graph.html")     # resid's own viewer of it: one self-contained page
     split = graphs.split_heads(model, graph.pruned(), transcoders)   # edges by the head of their last attention hop
     qk = graphs.QK(model, prompt, transcoders)  # why a head attended: its score split into pairs of terms (qk/)
+    table = graphs.labels(model, graph, transcoders)    # short feature labels without an LM (labels.py)
+    circuit = graphs.circuit(graph, labels=table)       # pruned features in supernodes, subgraph scores (circuit.py)
+    measured = graphs.measure(model, circuit, transcoders)   # necessity, sufficiency, per supernode (measure.py)
 """
 
 from resid.analyses.graphs.attribute import attribute
+from resid.analyses.graphs.circuit import Circuit, Supernode, circuit
 from resid.analyses.graphs.export import write_json
 from resid.analyses.graphs.graph import Graph
 from resid.analyses.graphs.heads import HeadSplit, split_heads
+from resid.analyses.graphs.labels import labels
+from resid.analyses.graphs.measure import measure
 from resid.analyses.graphs.qk import QK
+from resid.analyses.graphs.subgraph import subgraph_scores
 from resid.analyses.graphs.viewer import write_html
 
-__all__ = ["QK", "Graph", "HeadSplit", "attribute", "split_heads", "write_html", "write_json"]
+__all__ = ["QK", "Circuit", "Graph", "HeadSplit", "Supernode", "attribute", "circuit", "labels", "measure",
+           "split_heads", "subgraph_scores", "write_html", "write_json"]

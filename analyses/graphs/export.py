@@ -24,9 +24,10 @@ link's target position to its source position, keyed "<head site>-><key position
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from resid.analyses.graphs.graph import Graph
@@ -52,12 +53,22 @@ Supernodes = Sequence[tuple[str, Sequence[str | int]]]
 
 def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, edge_threshold: float = 0.98,
                decode=None, heads: HeadSplit | None = None, qk: dict | None = None,
-               supernodes: Supernodes = ()) -> dict:
+               supernodes: Supernodes = (), labels: Mapping[str, str] | None = None, circuit=None,
+               measured: pd.DataFrame | None = None) -> dict:
     """The viewer's JSON object of `graph` pruned at the thresholds. `decode(id) -> str` names the logit tokens
     (default: the graph's own token strings for prompt tokens, the id otherwise). `heads`: a split of this graph's
     edges (split_heads of graph.pruned() at the same thresholds covers every link), its parts put on the links.
     `supernodes`: named groups of the pruned graph's node ids, written as qParams.supernodes ([name, id, ...]),
-    which the viewer draws and Neuronpedia reads."""
+    which the viewer draws and Neuronpedia reads. `labels`: {"L_F": label} (graphs.labels.by_key), each feature
+    node's `clerp`. `circuit` (graphs.circuit of this graph): its supernodes (unless `supernodes` are given) and its
+    features as qParams.pinnedIds, its scores and reasons under metadata.resid.circuit, with `measured`
+    (graphs.measure's table) there too."""
+    if circuit is not None:
+        if circuit.graph is not graph:
+            raise ResidError("The circuit is of another graph than the one written: pass the graph it was made from "
+                             "(circuit.graph).")
+        supernodes = supernodes or circuit.groups()
+        labels = {**circuit.labels, **(labels or {})}
     pruned = graph.prune(node_threshold, edge_threshold)
     scores = pruned.cumulative_scores
     n_f, n_e, n_p, layers = graph.n_features, graph.n_errors, graph.n_pos, graph.n_layers
@@ -70,7 +81,8 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
             layer, pos, feature = graph.features[index].tolist()
             nodes[index] = _node(ids[index], _cantor(layer, feature), str(layer), pos,
                                  "cross layer transcoder", f"{layer}_{feature}-0", influence=influence,
-                                 activation=float(graph.activations[index]))
+                                 activation=float(graph.activations[index]),
+                                 clerp=(labels or {}).get(f"{layer}_{feature}", ""))
         elif index < n_f + n_e:
             layer, pos = divmod(index - n_f, n_p)
             nodes[index] = _node(ids[index], -1, str(layer), pos, "mlp reconstruction error",
@@ -104,19 +116,31 @@ def graph_json(graph: Graph, slug: str = "graph", node_threshold: float = 0.8, e
         "slug": slug, "scan": graph.transcoders, "transcoder_list": [], "node_threshold": node_threshold,
         "prompt_tokens": [_token(t) for t in graph.token_strs], "prompt": "".join(graph.token_strs),
         "schema_version": 1,
-        "resid": {"model": graph.model_name, "edge_threshold": edge_threshold, "replacement_score": replacement,
+        "resid": {"model": graph.model_name, "edge_threshold": edge_threshold, "skip_bos": graph.skip_bos,
+                  "replacement_score": replacement,
                   "completeness_score": completeness, "n_active_features": len(graph.active_features),
                   **{k: v for k, v in graph.metadata.items() if isinstance(v, (int, float, str, bool, type(None)))}},
     }
     if "validation" in graph.metadata:
         metadata["resid"]["validation"] = graph.metadata["validation"]
-    qparams = {"pinnedIds": [], "supernodes": _supernodes(supernodes, {n["node_id"] for n in used}, ids,
+    if circuit is not None:
+        metadata["resid"]["circuit"] = {**circuit.summary(), **_measured(measured)}
+    pinned = [] if circuit is None else [i for i in circuit.node_ids() if i in {n["node_id"] for n in used}]
+    qparams = {"pinnedIds": pinned, "supernodes": _supernodes(supernodes, {n["node_id"] for n in used}, ids,
                                                           node_threshold, edge_threshold),
                "linkType": "both", "clickedId": "", "sg_pos": ""}
     data = {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
     if qk:
         data["qk"] = qk
     return data
+
+
+def _measured(measured: pd.DataFrame | None) -> dict:
+    """graphs.measure's table as plain values: its rows, necessity and sufficiency."""
+    if measured is None:
+        return {}
+    return {"necessity": measured.attrs.get("necessity"), "sufficiency": measured.attrs.get("sufficiency"),
+            "interventions": measured.to_dict(orient="records")}
 
 
 def _supernodes(groups: Supernodes, kept: set[str], all_ids: list[str], node_threshold: float,
@@ -139,19 +163,21 @@ def _supernodes(groups: Supernodes, kept: set[str], all_ids: list[str], node_thr
 
 def write_json(graph: Graph, path: str | Path, slug: str | None = None, node_threshold: float = 0.8,
                edge_threshold: float = 0.98, decode=None, heads: HeadSplit | None = None,
-               qk: dict | None = None, supernodes: Supernodes = ()) -> Path:
+               qk: dict | None = None, supernodes: Supernodes = (), labels: Mapping[str, str] | None = None,
+               circuit=None, measured: pd.DataFrame | None = None) -> Path:
     """Write the viewer's JSON file of the pruned graph to `path` (a .json file) and list it in graph-metadata.json
     beside it, the index circuit-tracer's local server reads; returns the path. `decode(id) -> str` names the logit
     tokens (default: the graph's own strings of its logit tokens). `heads` (graphs.split_heads of graph.pruned() at
     the same thresholds): each link's parts by head, under its "heads" key; `qk` (QK.summaries of the heads that
     carry the links, e.g. of split.carriers()): why they attended, under a top-level "qk" key; `supernodes`: named
-    groups of node ids (qParams.supernodes)."""
+    groups of node ids (qParams.supernodes); `labels`, `circuit`, `measured`: as graph_json."""
     path = Path(path)
     if decode is None:
         strs = dict(zip(graph.logit_tokens.tolist(), graph.logit_strs, strict=True))
         decode = lambda i: strs.get(i, str(i))  # noqa: E731
     slug = slug or path.stem
-    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads, qk, supernodes)
+    data = graph_json(graph, slug, node_threshold, edge_threshold, decode, heads, qk, supernodes, labels, circuit,
+                      measured)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write(path, json.dumps(data, indent=1))
     index = path.parent / "graph-metadata.json"
@@ -201,3 +227,62 @@ def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: st
     return {"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx_idx, "feature_type": feature_type,
             "token_prob": token_prob, "is_target_logit": is_target_logit, "run_idx": 0, "reverse_ctx_idx": 0,
             "jsNodeId": js_id, "clerp": clerp, "influence": influence, "activation": activation}
+
+
+def read_json(path: str | Path) -> Graph:
+    """The graph of a viewer JSON file (write_json's, or circuit-tracer's of the same format): the pruned graph it
+    holds, as a Graph. Its feature nodes are the JSON's, its rows the links' weights (the edges pruning dropped are
+    zero), its errors every layer's at every position (those the JSON lacks have no edges), its token ids read from
+    the embedding nodes' ids "E_T_P". The JSON keeps no logit values (logit - mean logit): they are NaN, and a
+    feature's pre-activation is its activation. Recompute the graph from its tokens (graphs.attribute(model,
+    graph.token_ids, transcoders)) for the full graph's edges."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        nodes, links, meta = data["nodes"], data["links"], data["metadata"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ResidError(f"{path} is not a graph's viewer JSON ({type(err).__name__}: {err}): give a file resid graph "
+                         "--out or graphs.write_json wrote (nodes, links, metadata).") from err
+    kinds = {n["node_id"]: n["feature_type"] for n in nodes}
+    logits = [n for n in nodes if n["feature_type"] == "logit"]
+    if not logits:
+        raise ResidError(f"{path} has no logit node: a graph's JSON names the logits it explains.")
+    n_layers = int(logits[0]["layer"]) - 1
+    tokens = {int(n["ctx_idx"]): int(n["node_id"].split("_")[1]) for n in nodes if n["feature_type"] == "embedding"}
+    n_pos = len(meta.get("prompt_tokens", [])) or max(tokens) + 1
+    if sorted(tokens) != list(range(n_pos)):
+        raise ResidError(f"{path} lacks the token nodes of positions {sorted(set(range(n_pos)) - set(tokens))}: the "
+                         "graph's JSON keeps every token node.")
+    features = sorted((int(n["node_id"].split("_")[0]), int(n["ctx_idx"]), int(n["node_id"].split("_")[1]))
+                      for n in nodes if n["feature_type"] == "cross layer transcoder")
+    activation = {n["node_id"]: n.get("activation") or 0.0 for n in nodes}
+    logits.sort(key=lambda n: (not n["is_target_logit"], -n["token_prob"]))
+    n_f, n_e, n_l = len(features), n_layers * n_pos, len(logits)
+    index = {f"{l}_{f}_{p}": i for i, (l, p, f) in enumerate(features)}
+    index.update({f"0_{l}_{p}": n_f + l * n_pos + p for l in range(n_layers) for p in range(n_pos)
+                  if kinds.get(f"0_{l}_{p}") == "mlp reconstruction error"})
+    index.update({f"E_{t}_{p}": n_f + n_e + p for p, t in tokens.items()})
+    index.update({n["node_id"]: n_f + n_e + n_pos + k for k, n in enumerate(logits)})
+    rows = torch.zeros(n_f + n_l, n_f + n_e + n_pos + n_l)
+    for link in links:
+        source, target = index.get(link["source"]), index.get(link["target"])
+        if source is None or target is None or not (target < n_f or target >= n_f + n_e + n_pos):
+            raise ResidError(f"{path}: the link {link['source']} -> {link['target']} joins nodes the JSON does not "
+                             "list, or ends at an error or token node (nothing writes into those).")
+        rows[target if target < n_f else target - n_e - n_pos, source] = float(link["weight"])
+    acts = torch.tensor([float(activation[f"{l}_{f}_{p}"]) for l, p, f in features])
+    clerps = [n.get("clerp", "") for n in logits]
+    strs = [c[len('Output "'):c.rindex('" (p=')] if c.startswith('Output "') and '" (p=' in c else
+            n["node_id"].split("_")[1] for c, n in zip(clerps, logits, strict=True)]
+    resid_meta = meta.get("resid", {})
+    return Graph(model_name=str(resid_meta.get("model", meta.get("scan", ""))),
+                 token_ids=torch.tensor([tokens[p] for p in range(n_pos)]),
+                 token_strs=list(meta.get("prompt_tokens", [str(tokens[p]) for p in range(n_pos)])),
+                 n_layers=n_layers, features=torch.tensor(features, dtype=torch.long).reshape(-1, 3),
+                 activations=acts, pre_activations=acts.clone(),
+                 active_features=torch.tensor(features, dtype=torch.long).reshape(-1, 3),
+                 logit_tokens=torch.tensor([int(n["node_id"].split("_")[1]) for n in logits]),
+                 logit_probabilities=torch.tensor([float(n["token_prob"]) for n in logits]),
+                 logit_values=torch.full((n_l,), float("nan")), logit_strs=strs, rows=rows,
+                 transcoders=str(meta.get("scan", "")), skip_bos=bool(resid_meta.get("skip_bos", False)),
+                 metadata={"from_json": str(path)})

@@ -109,11 +109,11 @@ def _need_edges(nodes: Tensor, edges: Tensor, row_nodes: Tensor, fixed: int, n_f
 
 
 def scores(rows: Tensor, row_nodes: Tensor, probs: Tensor, n_features: int, n_errors: int,
-           n_tokens: int) -> tuple[float, float]:
-    """(replacement score, completeness score)."""
+           n_tokens: int, influence: Tensor | None = None) -> tuple[float, float]:
+    """(replacement score, completeness score); `influence`: node_influence of these rows, when already known."""
     weights = logit_weights(rows.shape[1], probs)
     matrix = normalized(rows)
-    influence = series(matrix, row_nodes, weights)
+    influence = series(matrix, row_nodes, weights) if influence is None else influence
     errors = slice(n_features, n_features + n_errors)
     tokens = slice(n_features + n_errors, n_features + n_errors + n_tokens)
     from_tokens, from_errors = influence[tokens].sum(), influence[errors].sum()

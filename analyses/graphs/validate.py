@@ -73,7 +73,13 @@ def validate(model, graph: Graph, transcoders, top: int = 10, factor: float = 0.
     return report
 
 
-def _values(run, graph: Graph) -> torch.Tensor:
+def logit_values(run, graph: Graph) -> torch.Tensor:
+    """[batch n_logits]: each prompt's logit-node values at the last position (logit - mean logit, before a final
+    soft cap), as the graph defines them."""
     logits = run.uncapped_logits if run.uncapped_logits is not None else run.logits
-    last = logits[0, -1].float()
-    return last[graph.logit_tokens] - last.mean()
+    last = logits[:, -1].float()
+    return last[:, graph.logit_tokens.to(last.device)] - last.mean(-1, keepdim=True)
+
+
+def _values(run, graph: Graph) -> torch.Tensor:
+    return logit_values(run, graph)[0]

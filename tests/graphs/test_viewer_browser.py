@@ -156,7 +156,7 @@ def test_find_group_and_export_a_pinned_subgraph(browser, graph, tmp_path) -> No
                "document.getElementById('export').dispatchEvent(new MouseEvent('click'));"
                "document.getElementById('export-svg').dispatchEvent(new MouseEvent('click'));")
     dom = dump_dom(browser, write_html(graph, tmp_path / "g.html"), actions)
-    assert f"{len(at)} found" in dom and "my concept: " + ", ".join(at) in dom
+    assert f"{len(at)} found" in dom and f'title="{", ".join(at)}">my concept ({len(at)})' in dom
     assert len(re.findall(r'class="node[^"]*grouped', dom)) == len(at)
     href = html.unescape(re.search(r'id="download"[^>]*href="([^"]+)"', dom).group(1))
     sub = json.loads(urllib.parse.unquote(href.split(",", 1)[1]))
@@ -164,11 +164,12 @@ def test_find_group_and_export_a_pinned_subgraph(browser, graph, tmp_path) -> No
     assert sub["links"] and all(l["source"] in at or l["target"] in at for l in sub["links"])
     svg = urllib.parse.unquote(html.unescape(re.search(r'id="download-svg"[^>]*href="([^"]+)"', dom).group(1))
                                .split(",", 1)[1])
-    assert svg.startswith("<svg") and svg.count("<circle") + svg.count("<rect") == len(data["nodes"])
+    assert svg.count('class="supernode-box"') == 1  # the group's box
+    assert svg.startswith("<svg") and svg.count("<circle") + svg.count("<rect") - 1 == len(data["nodes"])
     assert 'opacity="0.08"' in svg  # the view as shown: what the pins faded, faded
     # supernodes already in the JSON (Neuronpedia's qParams) are read back
     dom = dump_dom(browser, write_html(graph, tmp_path / "read.html", supernodes=[("kept", [at[0]])]), "")
-    assert f"kept: {at[0]}" in dom and len(re.findall(r'class="node[^"]*grouped', dom)) == 1
+    assert f'title="{at[0]}">kept (1)' in dom and len(re.findall(r'class="node[^"]*grouped', dom)) == 1
 
 
 def test_logits_spread_a_png_export_and_the_panel_lists_shown_edges(browser, graph, tmp_path) -> None:
