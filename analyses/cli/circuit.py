@@ -8,11 +8,14 @@ Where the pairs come from (one source):
 
 Outputs: --out (the edge table: .parquet .csv .tex .md), --curve (the faithfulness curve's table, default
 OUT-curve.csv), --figure (the circuit as an HTML page, default OUT.html).
+
+Or an attribution graph's circuit of features in supernodes: `resid circuit --graph g.json [--transcoders DIR]` or
+`--prompt TEXT --transcoders DIR`, --out a folder (resid.analyses.cli.circuit_graph, where those options are).
 """
 
 from pathlib import Path
 
-from resid.analyses.cli import arguments
+from resid.analyses.cli import arguments, circuit_graph
 from resid.analyses.io import suffixes
 from resid.errors import ResidError
 
@@ -46,15 +49,31 @@ def add_parser(commands, common) -> None:
     circuit.add_argument("--fractions", default=None,
                          help="comma-separated edge fractions of the curve (default MIB's 0.001,...,1)")
     circuit.add_argument("--batch-size", default="auto", help="pairs per forward pass, or auto")
-    circuit.add_argument("--out", required=True, help="the edge table (.parquet .csv .tex .md)")
+    circuit.add_argument("--out", default=None, help="edges: the edge table (.parquet .csv .tex .md), required; "
+                         "--graph / --prompt: a folder for the circuit's JSON, pages and tables")
     circuit.add_argument("--curve", default=None, help="the curve's table (default: OUT-curve.csv)")
     circuit.add_argument("--figure", default=None, help="the circuit's page (.html; default: OUT.html)")
     arguments.executor_options(circuit)
     arguments.quiet(circuit)
+    circuit_graph.add_arguments(circuit.add_argument_group("or an attribution graph's circuit (instead of pairs)"))
+
+
+def from_graph(args) -> bool:
+    """Whether the command asks for an attribution graph's circuit (--graph or --prompt) rather than edges."""
+    return args.graph is not None or args.prompt is not None
 
 
 def check(args) -> None:
     """Reads the pairs (a bad line is reported before the model loads) into `args.pairs_read`."""
+    if from_graph(args):
+        given = [flag for flag, value in (("--pairs", args.pairs), ("--clean", args.clean),
+                                          ("--corrupt", args.corrupt), ("--target", args.target)) if value]
+        if given:
+            raise ResidError(f"resid circuit takes pairs ({', '.join(given)}: edge circuits) or an attribution "
+                             "graph (--graph / --prompt: a circuit of features), not both.")
+        return circuit_graph.check(args)
+    if args.out is None:
+        raise ResidError("resid circuit needs --out: the edge table (.parquet, .csv, .tex or .md).")
     args.batch_size = arguments.batch_size(args.batch_size)
     arguments.out_path(args.out, (*suffixes.STORE, ".tex", ".md"))
     arguments.out_path(args.curve, (*suffixes.STORE, ".tex", ".md"), "--curve")
@@ -105,6 +124,8 @@ def _pairs(args) -> list[dict]:
 
 
 def run(model, args) -> str:
+    if from_graph(args):
+        return circuit_graph.run(model, args)
     from resid.analyses import circuits, tables
 
     found = args.pairs_read

@@ -13,8 +13,8 @@ page: diagram, scores, measurements, features), circuit.csv (its features) and i
 report.png (headless Chromium). --examples TABLE (features.top_activating's table, .csv or .parquet) adds each
 feature's top context to its label.
 
-This module gives `add_arguments(parser)`, `check(args)` and `run(model, args)`; `resid circuit` dispatches here
-when --graph or --transcoders is given.
+This module gives `add_arguments(parser)` (all but --out, which is the command's), `check(args)` and
+`run(model, args)`; `resid circuit` (resid.analyses.cli.circuit) dispatches here when --graph or --prompt is given.
 """
 
 from pathlib import Path
@@ -39,8 +39,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--examples", default=None, help="features.top_activating's table (.csv, .parquet): each "
                         "feature's top context in its label")
     parser.add_argument("--no-measure", action="store_true", help="skip the interventions in the model")
-    parser.add_argument("--out", default=None, help="a folder: circuit.json, circuit.html, report.html, "
-                        "circuit.csv, interventions.csv")
     parser.add_argument("--png", action="store_true", help="also report.png (needs headless Chromium)")
 
 

@@ -97,11 +97,11 @@ def _encoder_on_residual(model, found: Transcoders, layer: int, features: Tensor
     if found.per_layer is not None:
         return encoder_directions(model, found.per_layer[layer], features.tolist())
     columns = found.encoder(layer, features.cpu())
-    how = found.read(layer)
-    if how == "residual":
+    point = found.points_in[layer]
+    if point.site.what != "normalized":  # the residual itself
         return columns
-    norm = model.blocks[layer].ln_mlp
-    return norm.centred(columns) if how == "standardized" else norm.fold(columns)
+    norm = point.norm(model)
+    return norm.centred(columns) if point.standardized else norm.fold(columns)
 
 
 def _contexts(examples: pd.DataFrame | None, found: Transcoders) -> dict[tuple[int, int], str]:
@@ -113,7 +113,7 @@ def _contexts(examples: pd.DataFrame | None, found: Transcoders) -> dict[tuple[i
     if missing:
         raise ResidError(f"examples= takes features.top_activating's table (columns layer, feature, rank, context); "
                          f"this one lacks {missing}.")
-    names = ({found.clt.name} if found.clt is not None else {d.name for d in found.per_layer})
+    names = {d.name for d in found.dictionaries}
     rows = examples
     if "dictionary" in examples.columns:
         rows = examples[examples["dictionary"].isin(names)]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from resid.dictionaries import Splice
-from resid.dictionaries.transcoders import MLPTranscoders, replacing_mlps
+from resid.dictionaries.transcoders import MLPTranscoders, TranscoderSet, replacing_mlps
 from resid.errors import ResidError
 
 
@@ -48,6 +48,13 @@ class Transcoders:
     def dictionaries(self) -> tuple:
         """The checked dictionaries a run attaches (and a worker is sent)."""
         return tuple(self.replacing.dictionaries)
+
+    @property
+    def per_layer(self) -> tuple | None:
+        """The per-layer transcoders in layer order (a splice edits their features one dictionary per layer), or
+        None where one cross-layer transcoder replaces every MLP: the one question the protocol leaves to this
+        view, for the feature edits of graphs.measure and the encoder views of graphs.labels."""
+        return self.dictionaries if isinstance(self.replacing, TranscoderSet) else None
 
     def splices(self) -> list[Splice]:
         return [Splice(d) for d in self.replacing.dictionaries]

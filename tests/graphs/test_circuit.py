@@ -15,6 +15,7 @@ from random_transcoders import cross_layer, per_layer
 from test_circuit_tracer_reference import REFERENCE, _graph, loaded  # noqa: F401 (the fixture)
 
 from resid.analyses import graphs
+from resid.analyses.cli import circuit as circuit_command
 from resid.analyses.cli import circuit_graph
 from resid.analyses.features.views import decoder_top_tokens, encoder_top_tokens
 from resid.analyses.graphs import circuit_report
@@ -261,18 +262,21 @@ def test_the_report_and_the_command(built, tmp_path) -> None:
     for d in transcoders:
         saelens.write(d, folder / d.name)
     json_path = graphs.write_json(graph, tmp_path / "g.json")
-    parser = argparse.ArgumentParser()
-    circuit_graph.add_arguments(parser)
-    args = parser.parse_args(["--graph", str(json_path), "--transcoders", str(folder), "--max-supernodes", "3",
-                              "--out", str(tmp_path / "out")])
-    circuit_graph.check(args)
-    said = circuit_graph.run(model, args)
+    parser = argparse.ArgumentParser()  # `resid circuit`'s own parser (edges by default, a graph's with --graph)
+    circuit_command.add_parser(parser.add_subparsers(dest="command"), argparse.ArgumentParser(add_help=False))
+    parse = lambda *words: parser.parse_args(["circuit", *words])  # noqa: E731
+    args = parse("--graph", str(json_path), "--transcoders", str(folder), "--max-supernodes", "3",
+                 "--out", str(tmp_path / "out"))
+    circuit_command.check(args)
+    said = circuit_command.run(model, args)
     assert "necessity" in said and "supernode" in said
     written = json.loads((tmp_path / "out" / "circuit.json").read_text())
     assert len(written["qParams"]["supernodes"]) == 3
     assert (tmp_path / "out" / "circuit.html").is_file() and (tmp_path / "out" / "report.html").is_file()
     with pytest.raises(ResidError, match="--graph g.json"):
-        circuit_graph.check(parser.parse_args([]))
+        circuit_graph.check(parse())
     with pytest.raises(ResidError, match="--transcoders"):
-        circuit_graph.check(parser.parse_args(["--prompt", "hi"]))
+        circuit_command.check(parse("--prompt", "hi"))
+    with pytest.raises(ResidError, match="not both"):
+        circuit_command.check(parse("--prompt", "hi", "--pairs", "p.jsonl"))
 
