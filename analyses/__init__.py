@@ -2,9 +2,10 @@
 
     attribution    direct logit attribution to embeddings, heads / sublayers, neurons (exact, projected)
     similarity     sentence embeddings (mean pooling) and the exact attribution of their similarity
-    logit_lens     the logit lens (recomputed or frozen final norm), with target rank, entropy and KL; or a tuned lens
-    tuned_lens     the tuned lens: train (tuned-lens's recipe), read / write (tuned-lens's files too), evaluate
-    lenses/        lens classes over the readout, translators, their files, training, evaluation
+    lenses/        every lens in one home: the logit lens, the tuned lens (train, tuned-lens's files), the J-lens
+                   (the expected Jacobian: fit, TransformerLens's files), per-site predictions, evaluation, figures,
+                   interventions in a lens's coordinates. `logit_lens` (lenses.predictions: `logit_lens.run`) and
+                   `tuned_lens` (the lenses package) are reachable by those names too
     neurons/       FFN key-value memories (Geva et al.): values, top-activating contexts, sub-updates, edits
     ablation       layer / sublayer / head / neuron ablation sweeps (zero, mean, resample), crash-safe
     patching/      activation, path and attribution patching (exact, AtP, AtP*), compared with each other
@@ -33,15 +34,19 @@ import importlib
 # RESID_TYPECHECK=1: resid/__init__.py installs the runtime type checks for every resid.* module, these included
 # (the parent package is imported first).
 _IO = ("corpus", "provenance", "tables")  # io modules also reachable as `from resid.analyses import tables`
+# The names the lenses had before they had one home, kept for the scripts and notebooks that use them.
+_LENSES = {"logit_lens": "resid.analyses.lenses.predictions", "tuned_lens": "resid.analyses.lenses"}
 
 
 def __getattr__(name: str):
     # Lazy, so that importing one small module (e.g. resid.analyses.io.store in a worker) does not load them all.
     if name in _IO:
         return importlib.import_module(f"resid.analyses.io.{name}")
+    if name in _LENSES:
+        return importlib.import_module(_LENSES[name])
     if name == "Execution":
         return importlib.import_module("resid.analyses.distributed.execution").Execution
     raise AttributeError(f"module 'resid.analyses' has no attribute {name!r}")
 
 
-__all__ = [*_IO, "Execution"]
+__all__ = [*_IO, *_LENSES, "Execution"]

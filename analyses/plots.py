@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from resid.analyses.attribution import metric_name
-from resid.analyses.logit_lens import short_label
+from resid.analyses.lenses.lens import short_label
 from resid.errors import ResidError
 from resid.sites import Site
 

@@ -36,4 +36,7 @@ def test_the_lazy_public_names_resolve():
 
     assert Execution is defined and Execution().batch_size == "auto" and Execution().progress is None
     assert corpus.__name__ == "resid.analyses.io.corpus" and tables.__name__ == "resid.analyses.io.tables"
-    assert set(resid.analyses.__all__) == {"Execution", "corpus", "provenance", "tables"}
+    assert set(resid.analyses.__all__) == {"Execution", "corpus", "provenance", "tables", "logit_lens", "tuned_lens"}
+    from resid.analyses import logit_lens, tuned_lens  # the lenses' names from before they had one home
+
+    assert logit_lens.__name__ == "resid.analyses.lenses.predictions" and tuned_lens.__name__ == "resid.analyses.lenses"

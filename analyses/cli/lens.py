@@ -4,6 +4,7 @@ heatmap.
     resid lens "The Eiffel Tower is located in the city of" --target " Paris" --norm frozen
     resid lens "..." --positions all --out lens.csv   # + lens.csv.json, lens.html (a page: heatmap and top rows)
     resid lens "..." --lens tuned --translators DIR   # a tuned lens from `resid lens train` (or tuned-lens's files)
+    resid lens "..." --jlens DIR                      # a J-lens from `resid lens fit-jacobian` (or the reference's .pt)
 
 Training and evaluating tuned lenses: `resid lens train` and `resid lens eval` (lens_train.py, lens_eval.py).
 """
@@ -23,8 +24,10 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--norm", default="recompute", choices=["recompute", "frozen"],
                         help="final norm: recomputed on each partial residual (default), or its scale frozen "
                              "from the full run")
-    parser.add_argument("--lens", default=None, choices=["logit", "tuned"],
-                        help="logit lens (default), or tuned lens (needs --translators)")
+    parser.add_argument("--lens", default=None, choices=["logit", "tuned", "jacobian"],
+                        help="logit lens (default), tuned lens (needs --translators) or J-lens (needs --jlens)")
+    parser.add_argument("--jlens", default=None, help="a J-lens's folder (`resid lens fit-jacobian`) or the "
+                        "reference's .pt file; implies --lens jacobian")
     parser.add_argument("--translators", default=None, help="the tuned lens's folder (resid's translators.safetensors "
                         "or tuned-lens's config.json + params.pt); implies --lens tuned")
     parser.add_argument("--skip-unembedding-check", action="store_true",
@@ -42,21 +45,34 @@ def check(args) -> None:
     args.positions = arguments.positions(args.positions)  # 'all' or a list of ints from here on
     arguments.at_least(args.k, 1, "--k")
     arguments.out_path(args.out, suffixes.TABLE)
-    args.loaded = arguments.translators(args.lens, args.translators)  # read before the model loads
+    from resid.errors import ResidError
+
+    if args.lens == "jacobian" and not args.jlens:
+        raise ResidError("--lens jacobian needs --jlens: the folder `resid lens fit-jacobian` wrote (or the "
+                         "reference's .pt file).")
+    if args.jlens and (args.lens in ("logit", "tuned") or args.translators):
+        raise ResidError("--jlens is the J-lens: drop --lens logit / tuned and --translators (one lens at a time).")
+    args.loaded = arguments.translators(None if args.jlens else args.lens, args.translators)  # before the model
 
 
 def run(model, args) -> str:
     from resid.analyses import logit_lens, report, tables
+    from resid.analyses.lenses import LogitLens, formats
+    from resid.seq2seq import EncoderDecoder
     from resid.sites import Site
 
-    lens = None
-    if args.loaded is not None:
-        from resid.analyses.lenses import formats
-
-        lens = formats.lens_for(model, args.loaded, not args.skip_unembedding_check, args.translators)
+    frozen = args.norm == "frozen"
+    read = model.decoder if isinstance(model, EncoderDecoder) else model  # the model whose prediction is lensed
+    if args.jlens:
+        lens = formats.read_jacobian(read, args.jlens).with_frozen_norm(frozen)
+    elif args.loaded is not None:
+        lens = formats.lens_for(read, args.loaded, not args.skip_unembedding_check, args.translators)
+        lens = lens.with_frozen_norm(frozen)
+    else:
+        lens = LogitLens(read, frozen_norm=frozen)
     prompt, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
     df = logit_lens.run(model, prompt, target=args.target, positions=args.positions, every=args.every,
-                        norm=args.norm, k=args.k, lens=lens, source=source)
+                        k=args.k, lens=lens, source=source)
     top = df[df["rank"] == 1]
     name = f"{df['lens'].iloc[0]} lens"
     if args.target is not None:

@@ -1,7 +1,9 @@
-"""`resid lens eval --translators DIR`: the logit lens and a tuned lens site by site on held-out text
-(resid.analyses.lenses.evaluation): KL to the final distribution, cross-entropy, entropy, top-1 agreement.
+"""`resid lens eval --translators DIR --jlens DIR`: the logit lens, a tuned lens and a J-lens site by site on
+held-out text (resid.analyses.lenses.evaluation): KL to the final distribution, cross-entropy, entropy, top-1
+agreement.
 
     resid lens eval --translators smollm2-lens --tokens 4096 --out eval.md     # + eval.md.json, eval.html
+    resid lens eval --lens jacobian --jlens smollm2-jlens                      # the logit lens and the J-lens
 
 Held-out text: the paragraphs `resid lens train` left out with the same --corpus, --max-docs and --held-out.
 """
@@ -14,9 +16,15 @@ from resid.analyses.cli.lens_data import corpus_options, held_out_split
 
 
 def add_parser(commands, common) -> None:
-    parser = commands.add_parser("lens eval", parents=[common], help="tuned vs logit lens per layer on held-out text")
+    parser = commands.add_parser("lens eval", parents=[common],
+                                 help="logit vs tuned vs Jacobian lens per layer on held-out text")
     parser.add_argument("--translators", default=None, help="a tuned lens's folder (resid's or tuned-lens's "
-                        "layout); without it only the logit lens is evaluated")
+                        "layout); without it or --jlens only the logit lens is evaluated")
+    parser.add_argument("--jlens", default=None, help="a J-lens: the folder `resid lens fit-jacobian` wrote, or the "
+                        "reference's .pt file (TransformerLens 4.3, Neuronpedia)")
+    parser.add_argument("--lens", default=None, choices=["tuned", "jacobian"], action="append",
+                        help="which lenses beside the logit lens (default: those whose files are given); "
+                        "--lens jacobian needs --jlens, --lens tuned needs --translators")
     corpus_options(parser)
     parser.add_argument("--tokens", type=int, default=4096, help="held-out tokens evaluated (default 4096)")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
@@ -41,20 +49,37 @@ def check(args) -> None:
         print(f"resid: evaluating {windows * args.seq_len:,} tokens: {count} "
               f"of --seq-len {args.seq_len} (--tokens {args.tokens} is not a multiple of it; a shorter window would "
               "change what every position sees)", file=sys.stderr)
+    from resid.errors import ResidError
+
+    wanted = set(args.lens or [])
+    for kind, flag, given in (("tuned", "--translators", args.translators), ("jacobian", "--jlens", args.jlens)):
+        if kind in wanted and not given:
+            raise ResidError(f"--lens {kind} needs {flag}: the folder the lens was written to.")
+        if args.lens and given and kind not in wanted:
+            raise ResidError(f"{flag} is given but --lens does not name {kind}: add --lens {kind}, or drop {flag}.")
     args.loaded = None
     if args.translators:
         from resid.analyses.lenses import formats
 
         args.loaded = formats.read_translators(args.translators)  # before the model loads: a bad folder costs nothing
+    if args.jlens:
+        from resid.analyses.lenses import formats
+
+        if not formats.is_jacobian(Path(args.jlens)):
+            raise ResidError(f"--jlens {args.jlens}: no J-lens there (a folder with {formats.JLENS_FILE}, or the "
+                             "reference's .pt file). Fit one with `resid lens fit-jacobian --out DIR`.")
     held_out_split(args)
 
 
 def run(model, args) -> str:
     from resid.analyses import plots, tables, tuned_lens
     from resid.analyses.distributed.execution import Execution
+    from resid.analyses.lenses import formats
 
     _, held_out = args.split(model)
     lenses = [] if args.loaded is None else [tuned_lens.TunedLens(model, args.loaded)]
+    if args.jlens:
+        lenses.append(formats.read_jacobian(model, args.jlens))
     every = args.every or (args.loaded.every if args.loaded is not None else "layer")
     execution = Execution(batch_size=args.batch_size or "auto", progress=False if args.quiet else None)
     df = tuned_lens.evaluate(model, held_out, lenses, every=every, seq_len=args.seq_len, max_tokens=args.tokens,

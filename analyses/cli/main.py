@@ -5,7 +5,8 @@
     resid lens "prompt" [--target T] [--positions all] [--every sublayer] [--norm frozen] [--out lens.csv]
                         [--lens tuned --translators DIR]
     resid lens train --out DIR [--corpus FILE] [--steps N --tokens-per-step N --seq-len N]
-    resid lens eval --translators DIR [--tokens N] [--out eval.md]
+    resid lens fit-jacobian --out DIR [--corpus FILE] [--tokens N --seq-len N] [--layout transformer-lens]
+    resid lens eval [--translators DIR] [--jlens DIR] [--tokens N] [--out eval.md]
     resid predict "The Eiffel Tower is located in the city of" [--model M] [--top K]
     resid info [--model M]
     resid ablate --prompts prompts.jsonl [--sites sublayer] [--method mean --reference corpus.txt]
@@ -51,9 +52,10 @@ from resid.errors import ResidError, param_style
 
 DEFAULT_MODEL = "smollm2-135m"
 # Commands in the order --help lists them; each is the module of resid.analyses.cli named like it ("lens train":
-# lens_train.py). A two-word command is typed as two words (`resid lens train`): _route joins them.
-COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens eval", "predict", "info", "ablate", "patch",
-            "neurons", "features")
+# lens_train.py; "lens fit-jacobian": lens_fit_jacobian.py). A two-word command is typed as two words
+# (`resid lens train`): _route joins them.
+COMMANDS = ("decompose", "attribute", "lens", "lens train", "lens fit-jacobian", "lens eval", "predict", "info",
+            "ablate", "patch", "neurons", "features")
 # `resid train-sae`, `train-transcoder` and `train-clt` (analyses/cli/train.py); `resid eval-dictionaries`
 COMMANDS += ("train", "eval_dictionaries", "graph", "qk", "circuit")
 
@@ -73,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(name: str):
-    return importlib.import_module(f"resid.analyses.cli.{name.replace(' ', '_')}")
+    return importlib.import_module(f"resid.analyses.cli.{name.replace(' ', '_').replace('-', '_')}")
 
 
 def _route(argv: Sequence[str]) -> list[str]:

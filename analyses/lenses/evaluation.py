@@ -32,9 +32,7 @@ from resid.analyses.distributed.executor import Job
 from resid.analyses.io import provenance
 from resid.analyses.lenses import data
 from resid.analyses.lenses.kl import final_distribution, statistics
-from resid.analyses.lenses.lens import Lens, LogitLens, TunedLens
-from resid.analyses.lenses.translators import Translators
-from resid.analyses.logit_lens import short_label, site_list
+from resid.analyses.lenses.lens import Lens, LogitLens, short_label, site_list
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -65,10 +63,10 @@ def evaluate(
     names = [reader.name for reader in readers]
     if len(set(names)) != len(names):
         raise ResidError(f"The lenses have names {names}: evaluate one lens of each kind at a time.")
-    unknown = [type(lens).__name__ for lens in lenses if not isinstance(lens, TunedLens)]
+    unknown = [type(lens).__name__ for lens in lenses if not isinstance(lens, Lens) or isinstance(lens, LogitLens)]
     if unknown:
-        raise ResidError(f"evaluate compares tuned lenses with the logit lens, which it always reads; got "
-                         f"{', '.join(unknown)}: pass TunedLens objects (or none).")
+        raise ResidError(f"evaluate compares lenses with the logit lens, which it always reads; got "
+                         f"{', '.join(unknown)}: pass TunedLens or JacobianLens objects (or none).")
     max_windows = None if max_tokens is None else max(1, max_tokens // seq_len)
     windows = texts if isinstance(texts, Tensor) else data.pack(model, texts, seq_len, max_windows)
     if max_windows is not None:
@@ -77,7 +75,7 @@ def evaluate(
         raise ResidError("There are no windows to evaluate the lenses on: give some text or windows of token ids.")
     size = max(1, FORWARD_TOKENS // windows.shape[1]) if execution.batch_size == "auto" else execution.batch_size
     batches = [windows[first:first + size] for first in range(0, len(windows), size)]
-    sums = drive(model, LensEvaluation(tuple(lens.translators for lens in lenses), every, batches), execution)
+    sums = drive(model, LensEvaluation(tuple(lens.remake() for lens in lenses), every, batches), execution)
     sites = site_list(model, every)
     rows = []
     for r, reader in enumerate(readers):
@@ -97,10 +95,10 @@ def evaluate(
 @dataclass
 class LensEvaluation(Job):
     """Per forward batch of windows (a chunk: [window seq] token ids), the float64 sums of every metric, the tokens
-    and the tokens with a next-token label, per reader (the logit lens, then a tuned lens per translators) and site:
-    [reader site metric+2]; `finish` adds them up in chunk order."""
+    and the tokens with a next-token label, per reader (the logit lens, then each lens, made again on the worker's
+    model by Lens.remake) and site: [reader site metric+2]; `finish` adds them up in chunk order."""
 
-    translators: tuple[Translators, ...]
+    lenses: tuple  # Lens.remake() of each lens: model -> the lens
     every: str
     batches: list  # the windows in forward batches, planned on the driver (they travel with their chunks)
 
@@ -115,7 +113,7 @@ class LensEvaluation(Job):
         return ids.numel()
 
     def setup(self, model: Transformer) -> tuple:
-        readers = [LogitLens(model), *(TunedLens(model, t) for t in self.translators)]
+        readers = [LogitLens(model), *(remake(model) for remake in self.lenses)]
         return model, readers, site_list(model, self.every), max(1, CHUNK_ELEMENTS // model.config.d_vocab)
 
     @torch.no_grad()
@@ -123,8 +121,10 @@ class LensEvaluation(Job):
         model, readers, sites, chunk = state
         sums = torch.zeros(len(readers), len(sites), len(METRICS) + 2, dtype=torch.float64)  # metrics, tokens, labels
         ids = ids.to(model.device)
-        run = model.run(ids, capture=Capture(final_norm_scale=False))
+        frozen = any(reader.frozen_norm for reader in readers)
+        run = model.run(ids, capture=Capture(final_norm_scale=frozen))
         final = run.logits.flatten(0, 1)
+        scale = run.stream.final_norm_scale.flatten(0, 1) if frozen else None
         resids = [resid.flatten(0, 1) for _, resid in run.stream.running(self.every)]
         labels = torch.roll(ids, -1, dims=1).flatten()  # the next token; a window's last position has none
         has_label = (torch.arange(ids.shape[1], device=ids.device) < ids.shape[1] - 1).expand_as(ids).flatten()
@@ -137,7 +137,7 @@ class LensEvaluation(Job):
                     if r > 0 and reader.is_final(site):  # every lens is the model there: read it once
                         sums[r, s] = sums[0, s]
                         continue
-                    logits = reader.logits(resids[s][piece], site)
+                    logits = reader.logits(resids[s][piece], site, None if scale is None else scale[piece])
                     stats = statistics(logits, p, neg_entropy, top, labels[piece], has_label[piece], overwrite=True)
                     for m, metric in enumerate(METRICS):
                         sums[r, s, m] += stats[metric].nansum().double().cpu()

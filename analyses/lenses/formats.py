@@ -1,4 +1,17 @@
-"""Tuned lenses on disk, in two layouts; `read` takes either, `write` writes either.
+"""Lenses on disk: tuned lenses in two layouts, J-lenses in two; `read` takes any of them, `write` writes any.
+
+J-lenses (resid.analyses.lenses.JacobianLens):
+    resid's (`layout="resid"`): FOLDER/jacobians.safetensors, the tensor `jacobians` [site d_model d_model] float32
+    (J_s[i, j] = E d h_final[i] / d h_s[j]) and in its metadata: format "resid.jacobian_lens", version "1", sites (a
+    JSON list of resid.Site labels), info (JSON: the model, the windows, skip_first, ...).
+    the reference's (`layout="transformer-lens"`): one .pt file as Anthropic's reference implementation and
+    TransformerLens 4.3's JacobianLens.save write it, and as Neuronpedia publishes the fitted lenses:
+    {"J": {layer: [d_model d_model]} (fp16 in published files), "n_prompts", "source_layers", "d_model", optional
+    "metadata"}, layer l being the output of block l (resid_post); the reference's fit checkpoints ({"jacobian_sum":
+    {layer: sum over prompts}, "n_done", ...}) are read too, as TransformerLens reads them (sum / n_done). A .pt is a
+    pickle: resid reads it with torch.load(weights_only=True), which builds tensors and plain containers only.
+
+Tuned lenses:
 
 resid's own (`layout="resid"`): one file, FOLDER/translators.safetensors, holding
     weight  [site d_model d_model] float32     (T(h) = h + h @ weight[s].T + bias[s], as torch.nn.Linear)
@@ -39,15 +52,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from resid.analyses.io import atomic
-from resid.analyses.lenses.lens import TunedLens
+from resid.analyses.lenses.lens import JacobianLens, Lens, TunedLens
 from resid.analyses.lenses.translators import Translators, translator_site, tuned_lens_sites
 from resid.errors import ResidError, param
 from resid.finite import all_finite
 from resid.model import Transformer
+from resid.sites import Site
 
-Layout = Literal["resid", "tuned-lens"]
+Layout = Literal["resid", "tuned-lens", "transformer-lens"]
 RESID_FILE = "translators.safetensors"
 FORMAT, VERSION = "resid.tuned_lens", "1"
+JLENS_FILE, JLENS_FORMAT = "jacobians.safetensors", "resid.jacobian_lens"
+JLENS_PT = "jacobian_lens.pt"  # the name `write(layout="transformer-lens")` gives the reference's file
 TUNED_LENS_CONFIG, TUNED_LENS_PARAMS = "config.json", "params.pt"
 TUNED_LENS_KEYS = ("base_model_name_or_path", "d_model", "num_hidden_layers", "bias", "base_model_revision",
                    "unembed_hash", "lens_type")
@@ -63,9 +79,40 @@ def unembed_hash(model: Transformer) -> str:
         return hashlib.sha256(str.encode(np.array_str(weight))).hexdigest()
 
 
-def read(model: Transformer, path: str | Path, check_unembedding: bool = True) -> TunedLens:
-    """The tuned lens in `path` (a folder in either layout, or a .safetensors file) for `model`."""
+def read(model: Transformer, path: str | Path, check_unembedding: bool = True) -> TunedLens | JacobianLens:
+    """The lens in `path` for `model`: a J-lens (a folder with jacobians.safetensors, or the reference's .pt file) or
+    a tuned lens (a folder in either layout, or a .safetensors file)."""
+    path = Path(path)
+    if is_jacobian(path):
+        return read_jacobian(model, path)
     return lens_for(model, read_translators(path), check_unembedding, str(path))
+
+
+def is_jacobian(path: Path) -> bool:
+    """Whether `path` holds a J-lens (by its file names and, for a lone .safetensors file, its format tag)."""
+    if path.is_file() and path.suffix == ".pt" or (path / JLENS_FILE).is_file():
+        return True
+    if path.is_file() and path.suffix == ".safetensors":
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                return (handle.metadata() or {}).get("format") == JLENS_FORMAT
+        except (SafetensorError, OSError):
+            return False
+    return False
+
+
+def read_jacobian(model: Transformer, path: str | Path) -> JacobianLens:
+    """The J-lens in `path` (resid's folder or .safetensors file, or the reference's .pt) for `model`."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".pt":
+        sites, jacobians, info = _read_reference_jlens(path)
+    else:
+        sites, jacobians, info = _read_resid_jlens(path if path.is_file() else path / JLENS_FILE)
+    d = model.config.d_model
+    if jacobians.shape[1:] != (d, d):
+        raise ResidError(f"The J-lens in {path} is {jacobians.shape[1]} wide but {model.name} has d_model={d}: it was "
+                         "fitted for another model.")
+    return JacobianLens(model, sites, jacobians, info)
 
 
 def lens_for(
@@ -98,8 +145,15 @@ def read_translators(path: str | Path) -> Translators:
     )
 
 
-def write(lens: TunedLens | Translators, folder: str | Path, layout: Layout = "resid") -> Path:
-    """Writes the lens into `folder` (created if needed), each file atomically; returns the folder."""
+def write(lens: Lens | Translators, folder: str | Path, layout: Layout = "resid") -> Path:
+    """Writes the lens into `folder` (created if needed), each file atomically; returns the folder. A J-lens in
+    resid's layout or the reference's (layout="transformer-lens": FOLDER/jacobian_lens.pt), a tuned lens in resid's
+    or tuned-lens's (layout="tuned-lens")."""
+    if isinstance(lens, JacobianLens):
+        return _write_jacobian(lens, Path(folder), layout)
+    if not isinstance(lens, TunedLens | Translators):
+        raise ResidError(f"write takes a TunedLens, its Translators or a JacobianLens, not a {type(lens).__name__} "
+                         "(the logit lens has nothing to write).")
     translators = lens.translators if isinstance(lens, TunedLens) else lens
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -114,7 +168,7 @@ def write(lens: TunedLens | Translators, folder: str | Path, layout: Layout = "r
         atomic.write(folder / RESID_FILE, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
         return folder
     if layout != "tuned-lens":
-        raise ResidError(f"{param('layout', layout)} is not a layout: use 'resid' or 'tuned-lens'.")
+        raise ResidError(f"{param('layout', layout)} is not a layout of a tuned lens: use 'resid' or 'tuned-lens'.")
     n_layers = len(translators.sites)
     if translators.sites != tuned_lens_sites(n_layers):
         raise ResidError(f"tuned-lens's layout holds one translator per layer input ({param('every', 'layer')}); "
@@ -270,3 +324,102 @@ def _check_config(config: dict, path: Path) -> None:
             problems.append(f"{name} must be a string or null, but it is {config[name]!r}")
     if problems:
         raise ResidError(f"{path}: " + "; ".join(problems) + ". Fix the file (tuned-lens writes these types).")
+
+
+def _write_jacobian(lens: JacobianLens, folder: Path, layout: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    jacobians = lens.jacobians.detach().float().cpu().contiguous()
+    if layout == "resid":
+        metadata = {"format": JLENS_FORMAT, "version": VERSION, "sites": json.dumps([s.label for s in lens.sites]),
+                    "info": json.dumps(lens.info)}
+        atomic.write(folder / JLENS_FILE, lambda tmp: save_file({"jacobians": jacobians}, str(tmp), metadata=metadata))
+        return folder
+    if layout != "transformer-lens":
+        raise ResidError(f"{param('layout', layout)} is not a layout of a J-lens: use 'resid' or 'transformer-lens' "
+                         "(the reference implementation's .pt file).")
+    blocks = [s for s in lens.sites if s.part == "resid_post"]
+    if len(blocks) != len(lens.sites):
+        others = [s.label for s in lens.sites if s.part != "resid_post"]
+        raise ResidError(f"The reference's J-lens file holds block outputs (resid_post) only; this lens also has "
+                         f"{others}. Write it with {param('layout', 'resid')}, or fit it at resid_post sites.")
+    layers = [s.layer for s in lens.sites]
+    payload = {"J": {layer: jacobians[i].clone() for i, layer in enumerate(layers)},
+               "n_prompts": int(lens.info.get("windows", 0)), "source_layers": sorted(layers),
+               "d_model": int(jacobians.shape[1]),
+               "metadata": {k: v for k, v in lens.info.items() if isinstance(v, str | int | float | bool)}}
+    atomic.write(folder / JLENS_PT, lambda tmp: torch.save(payload, tmp))
+    return folder
+
+
+def _read_resid_jlens(file: Path) -> tuple[tuple[Site, ...], torch.Tensor, dict]:
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("format") != JLENS_FORMAT or metadata.get("version") != VERSION:
+                raise ResidError(f"{file} is not a resid J-lens (format {metadata.get('format')!r} version "
+                                 f"{metadata.get('version')!r}; expected {JLENS_FORMAT!r} version {VERSION}).")
+            if set(handle.keys()) != {"jacobians"} or handle.get_slice("jacobians").get_dtype() != "F32":
+                raise ResidError(f"{file} should hold one float32 tensor 'jacobians'; it holds {sorted(handle.keys())}."
+                                 " The file is damaged or was not written by resid.")
+            jacobians = handle.get_tensor("jacobians")
+    except (SafetensorError, OSError) as err:
+        raise ResidError(f"{file} is not a readable safetensors file ({err}); it may be truncated: re-fit or "
+                         "re-copy it.") from None
+    labels = _json_field(metadata.get("sites", ""), "sites", file, list)
+    if not all(isinstance(label, str) for label in labels):
+        raise ResidError(f"{file}: metadata sites must be a list of site labels, got {labels!r}.")
+    sites = tuple(Site.parse(label) for label in labels)
+    if jacobians.ndim != 3 or len(jacobians) != len(sites) or jacobians.shape[1] != jacobians.shape[2]:
+        raise ResidError(f"{file}: jacobians has shape {list(jacobians.shape)} for {len(sites)} sites; a J-lens holds "
+                         "[site d_model d_model]. The file is damaged; re-fit it.")
+    _finite({"jacobians": jacobians}, file, sites)
+    return sites, jacobians, _json_field(metadata.get("info", "{}"), "info", file, dict)
+
+
+def _read_reference_jlens(file: Path) -> tuple[tuple[Site, ...], torch.Tensor, dict]:
+    """The reference implementation's artifact (or fit checkpoint), as TransformerLens 4.3's JacobianLens.load reads
+    it: {"J": {layer: matrix}, "n_prompts", "d_model", ...}, or {"jacobian_sum": {layer: sum}, "n_done", ...}."""
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ResidError(f"{file} holds objects other than tensors and plain containers, which resid never unpickles "
+                         "(it reads .pt files with torch.load(weights_only=True)): it is not a J-lens file, or it was "
+                         "tampered with.") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise ResidError(f"{file} is not a readable torch file ({error}).") from None
+    if not isinstance(payload, dict) or not ({"J", "jacobian_sum"} & set(payload)):
+        found = sorted(map(str, payload))[:8] if isinstance(payload, dict) else type(payload).__name__
+        raise ResidError(f"{file} is not a J-lens: the reference's files hold 'J' (a lens) or 'jacobian_sum' (a fit "
+                         f"checkpoint), found {found}.")
+    checkpoint = "J" not in payload
+    matrices = payload["jacobian_sum" if checkpoint else "J"]
+    if not isinstance(matrices, dict) or not matrices:
+        raise ResidError(f"{file}: {'jacobian_sum' if checkpoint else 'J'} should map layers to matrices, found "
+                         f"{type(matrices).__name__}.")
+    layers = sorted(matrices)
+    if not all(isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0 for layer in layers):
+        raise ResidError(f"{file}: the layers of its matrices should be whole numbers, found {layers[:8]}.")
+    first = matrices[layers[0]]
+    square = (first.shape[0],) * 2 if isinstance(first, torch.Tensor) and first.ndim == 2 else None
+    bad = [layer for layer in layers if not isinstance(matrices[layer], torch.Tensor)
+           or not matrices[layer].is_floating_point() or tuple(matrices[layer].shape) != square]
+    if bad:
+        raise ResidError(f"{file}: the matrices of layers {bad[:8]} are not float [d_model d_model] like the others.")
+    jacobians = torch.stack([matrices[layer].float() for layer in layers])
+    info = {k: v for k, v in (payload.get("metadata") or {}).items() if isinstance(v, str | int | float | bool)}
+    if checkpoint:
+        done = payload.get("n_done")
+        if isinstance(done, bool) or not isinstance(done, int) or done < 1:
+            raise ResidError(f"{file} is a J-lens fit checkpoint whose n_done is {done!r}, not a positive count of "
+                             "prompts: it cannot be averaged.")
+        jacobians, info["windows"] = jacobians / done, done
+    else:
+        d_model = payload.get("d_model")
+        if d_model is not None and d_model != jacobians.shape[1]:
+            raise ResidError(f"{file}: d_model is {d_model} but its matrices are {jacobians.shape[1]} wide: the file "
+                             "is damaged.")
+        if isinstance(payload.get("n_prompts"), int):
+            info["windows"] = payload["n_prompts"]
+    sites = tuple(Site(layer, "resid_post") for layer in layers)
+    _finite({"J": jacobians}, file, sites)
+    return sites, jacobians, {**info, "source": "reference J-lens file", "file": file.name}

@@ -69,9 +69,8 @@ from resid.analyses.io.checkpoints import DamagedState, count, expect
 from resid.analyses.lenses import data
 from resid.analyses.lenses.formats import unembed_hash
 from resid.analyses.lenses.kl import Scratch, final_distribution, kl_and_input_grad, kl_from_final
-from resid.analyses.lenses.lens import TunedLens
+from resid.analyses.lenses.lens import TunedLens, site_list
 from resid.analyses.lenses.translators import Translators
-from resid.analyses.logit_lens import site_list
 from resid.capture import Capture
 from resid.config import finite_number
 from resid.errors import ResidError, param

@@ -4,7 +4,7 @@ Transformers with the Tuned Lens", arXiv:2303.08112).
     T_s(h) = h + h @ weight[s].T + bias[s]          one translator per site s, weight [d_model d_model]
 
 Glossary: a *site* is a resid.Site of the residual stream as `ResidualStream.running(every)` walks it and
-`resid.analyses.logit_lens.site_list` lists it: `layers[0].resid_pre` is the embeddings, `layers[l].resid_mid` is
+`resid.analyses.lenses.lens.site_list` lists it: `layers[0].resid_pre` is the embeddings, `layers[l].resid_mid` is
 after layer l's attention, `layers[l].resid_post` is after layer l. The last site, the final residual, has no
 translator: the lens there is the model itself. `weight` is stored as torch.nn.Linear stores it, [out in], as
 tuned-lens does, so that a weight and bias of zero is the logit lens exactly (h + 0 + 0 == h) and weight decay pulls

@@ -11,6 +11,7 @@ from tiny_fixtures import Tiny
 
 import resid
 from resid.analyses import attribution, logit_lens
+from resid.analyses.lenses import LogitLens
 
 # Probabilities here run from 1e-4 to 1: an absolute tolerance would pass a small one that is off by 10x. A
 # probability's relative error is the absolute error of its log-probability, which float32 reduction noise in the
@@ -27,7 +28,7 @@ def _top1(df):
 @pytest.mark.parametrize("norm", ["recompute", "frozen"])
 def test_last_site_is_the_models_distribution(tiny: Tiny, norm):
     model = tiny.model
-    df = logit_lens.run(model, PROMPTS, positions="all", norm=norm, k=3)
+    df = logit_lens.run(model, PROMPTS, positions="all", k=3, lens=LogitLens(model, frozen_norm=norm == "frozen"))
     last = df[df.site == f"layers[{model.config.n_layers - 1}].resid_post"]
     for (prompt, pos), rows in last.groupby(["prompt_idx", "pos"]):
         probs = torch.softmax(model.run(PROMPTS[prompt]).logits[0, pos].double(), -1)
@@ -70,7 +71,7 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
     """With the final scale frozen, the lens's target logit at resid_post(l) is the embedding, every write
     up to layer l and the bias term: the partial sums of attribution.direct."""
     text = PROMPTS[2]
-    lens = _top1(logit_lens.run(random_model, text, target=" the", norm="frozen"))
+    lens = _top1(logit_lens.run(random_model, text, target=" the", lens=LogitLens(random_model, frozen_norm=True)))
     attr = attribution.direct(random_model, text, " the", level="sublayer")
     bias = attr.loc[attr.site == "final_bias", "value"].item()
     embeds = attr.loc[attr.part.isin(["embed", "pos_embed", "type_embed"]), "value"].sum()
@@ -117,7 +118,7 @@ def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
         logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, option", [(dict(norm="tuned"), "norm"), (dict(every="head"), "every")])
+@pytest.mark.parametrize("kwargs, option", [(dict(lens="tuned"), "lens"), (dict(every="head"), "every")])
 def test_bad_option_names_it(smollm2, kwargs, option):
     with pytest.raises(BAD_OPTION, match=option):
         logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", **kwargs)

@@ -11,7 +11,7 @@ from random_models import make_random_model
 
 import resid
 from resid.analyses import logit_lens, tuned_lens
-from resid.analyses.lenses import Translators, TunedLens
+from resid.analyses.lenses import LogitLens, Translators, TunedLens
 from resid.sites import Site
 
 PROMPTS = ["The quick brown fox jumps over the lazy", "A short one"]
@@ -28,9 +28,12 @@ def random_lens(model: resid.Transformer, every: str = "layer", seed: int = 0, s
 
 @pytest.mark.parametrize("every, norm", [("sublayer", "recompute"), ("layer", "frozen")])
 def test_zero_translators_are_the_logit_lens_exactly(random_model, every, norm):
-    plain = logit_lens.run(random_model, PROMPTS, positions="all", every=every, norm=norm, k=3)
-    tuned = logit_lens.run(random_model, PROMPTS, positions="all", every=every, norm=norm, k=3,
-                           lens=tuned_lens.zeros(random_model, every))
+    frozen = norm == "frozen"
+    plain = logit_lens.run(random_model, PROMPTS, positions="all", every=every, k=3,
+                           lens=LogitLens(random_model, frozen_norm=frozen))
+    tuned = logit_lens.run(random_model, PROMPTS, positions="all", every=every, k=3,
+                           lens=tuned_lens.zeros(random_model, every).with_frozen_norm(frozen))
+    assert set(plain["norm"]) == set(tuned["norm"]) == {norm}
     assert set(plain["lens"]) == {"logit"} and set(tuned["lens"]) == {"tuned"}
     columns = [c for c in plain.columns if c != "lens"]
     assert plain[columns].equals(tuned[columns])  # h + h @ 0 + 0 == h: not close, equal
@@ -57,7 +60,7 @@ def test_an_intermediate_site_is_the_translator_applied_by_hand(random_model):
 def test_frozen_tuned_lens_is_a_sum_of_writes_through_the_pulled_back_direction(random_model):
     """logit = T(h) . v + c = sum over writes before the site of write . (v + v @ A), plus b . v, plus c."""
     lens, text, target = random_lens(random_model, seed=1), PROMPTS[0], " the"
-    df = logit_lens.run(random_model, text, target=target, every="layer", norm="frozen", lens=lens)
+    df = logit_lens.run(random_model, text, target=target, every="layer", lens=lens.with_frozen_norm(True))
     run = random_model.run(text, capture=resid.Capture.all())
     direction = random_model.readout.logit_direction([int(df["target_id"].iloc[0])], run.stream.final_norm_scale[:, -1])
     sites, writes = run.stream.components()

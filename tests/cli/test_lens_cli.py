@@ -109,6 +109,21 @@ def test_a_lens_of_other_weights_names_the_flag_that_reads_it_anyway(setup, caps
     assert run([*argv, "--skip-unembedding-check"], capsys).startswith("tuned lens")
 
 
+def test_fit_a_jlens_evaluate_it_and_read_through_it(setup, capsys):
+    out = Path(setup["root"]) / "jlens"
+    fit = ["lens", "fit-jacobian", "--model", setup["model"], "--corpus", setup["corpus"], "--out", str(out),
+           "--tokens", "32", "--seq-len", "16", "--skip-first", "2", "--block", "8", "--quiet"]
+    printed = run(fit, capsys)
+    assert "fitted a J-lens" in printed and "2 windows of 16 tokens" in printed
+    assert (out / "jacobians.safetensors").is_file() and (out / "checkpoint.safetensors").is_file()
+    printed = run(["lens", "eval", "--model", setup["model"], "--corpus", setup["corpus"], "--lens", "jacobian",
+                   "--jlens", str(out), "--tokens", "32", "--seq-len", "16", "--quiet"], capsys)
+    assert "logit KL" in printed and "jacobian KL" in printed and "tuned KL" not in printed
+    printed = run(["lens", "The nation and the people", "--model", setup["model"], "--jlens", str(out), "--every",
+                   "layer", "--norm", "frozen"], capsys)
+    assert printed.startswith("jacobian lens (frozen final norm)")
+
+
 NO_MODEL = ["--model", "no-such-model"]
 BAD = [
     (["lens", "hi", "--lens", "tuned"], "--lens tuned needs --translators DIR"),
@@ -121,6 +136,10 @@ BAD = [
     (["lens", "train", "--out", "o", "--corpus", "missing.txt"], "missing.txt"),
     (["lens", "eval", "--translators", "no-such-folder"], "No tuned lens in no-such-folder"),
     (["lens", "eval", "--out", "eval.png"], "--out 'eval.png' must end in one of"),
+    (["lens", "eval", "--lens", "jacobian"], "--lens jacobian needs --jlens"),
+    (["lens", "eval", "--jlens", "no-such-folder"], "no J-lens there"),
+    (["lens", "hi", "--lens", "jacobian"], "--lens jacobian needs --jlens"),
+    (["lens", "fit-jacobian", "--out", "o", "--tokens", "0"], "--tokens must be at least 1"),
 ]
 
 

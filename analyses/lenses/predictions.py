@@ -1,23 +1,12 @@
-"""The logit lens (nostalgebraist, 2020): decode the partial residual stream at every layer as if it were the
-final one, to see when the prediction forms.
+"""A lens's per-site predictions at prompts (`resid.analyses.logit_lens` is this module): decode the partial
+residual stream at every layer as if it were the final one, to see when the prediction forms (the logit lens,
+nostalgebraist 2020), or through a tuned or Jacobian lens.
 
-Sites, in stream order (resid.stream's names):
-
-    resid_pre  (layer 0)   the embeddings
-    resid_mid  (layer l)   after layer l's attention (every="sublayer" only; absent for parallel blocks)
-    resid_cross (layer l)  after a decoder's cross-attention (encoder-decoder models, every="sublayer")
-    resid_post (layer l)   after layer l; resid_post of the last layer is the final residual
-
-(the sites of ResidualStream.running, summed once per call).
-
-norm="recompute" applies the final norm to each partial residual, with its own scale (the usual logit lens);
-norm="frozen" uses the scale the final norm had in the full forward pass, which keeps the lens linear in the
-writes (the decomposition resid.analyses.attribution sums). Both equal the model's output at the last site.
-KL is KL(final || lens): the model's own distribution against the lens's, in nats, as tuned-lens reports it.
-
-lens=None reads each site as it is (the logit lens); a resid.analyses.lenses.TunedLens (resid.analyses.tuned_lens:
-train, read) first carries each site's residual through its translator (Belrose et al. 2023). Either lens takes
-either norm; the frozen tuned lens stays linear in the writes (resid.analyses.lenses.lens says how).
+The sites are those of ResidualStream.running (resid.analyses.lenses.lens.site_list), summed once per call.
+lens=None is the logit lens with the final norm recomputed; any resid.analyses.lenses.Lens is read as it is,
+including how it treats the final norm (LogitLens(model, frozen_norm=True): the scale of the full forward pass,
+which keeps the lens linear in the writes, the decomposition resid.analyses.attribution sums). KL is
+KL(final || lens): the model's own distribution against the lens's, in nats, as tuned-lens reports it.
 """
 
 from collections.abc import Sequence
@@ -32,7 +21,7 @@ from resid.analyses.checks import check_choice, check_k
 from resid.analyses.inputs import batch_size_for, check_sources, decoder_of
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance
-from resid.analyses.lenses.lens import Lens, LogitLens
+from resid.analyses.lenses.lens import Lens, LogitLens, short_label, site_list
 from resid.analyses.vocab import Token, as_list, decode_ids, spacing_notes, token_ids
 from resid.batching import run_batched
 from resid.capture import Capture
@@ -43,8 +32,7 @@ from resid.sites import Site
 from resid.stream import EVERY, Every
 from resid.tokenizer import Tokens
 
-Norm = Literal["recompute", "frozen"]
-NORMS: tuple[str, ...] = ("recompute", "frozen")
+__all__ = ["COLUMNS", "run", "short_label", "site_list"]
 # One row per (prompt, position, site, rank): the lens's top-k tokens (token_id token prob logit), then per
 # (prompt, position, site) the target's prob, logit and rank (1 = top), the entropy and KL(final || lens).
 COLUMNS = ("prompt_idx", "pos", "input", "layer", "site", "norm", "lens", "rank", "token_id", "token", "prob", "logit",
@@ -58,7 +46,6 @@ def run(
     target: Token | Sequence[Token] | None = None,
     positions: int | Sequence[int] | Literal["all"] = -1,
     every: Every = "sublayer",
-    norm: Norm = "recompute",
     k: int = 5,
     batch_size: int | str = "auto",
     source: Inputs | None = None,
@@ -70,10 +57,14 @@ def run(
     prompts: texts, resid.Tokens or token ids. One row per (prompt, position, site, rank), the columns of
     COLUMNS. target=None follows the model's own top prediction at each position. `df.attrs["notes"]`: hints
     on the targets as given (resid.analyses.vocab.spacing_hint, read at each prompt's last position asked for).
-    lens: None for the logit lens, or a lens of `model` (e.g. resid.analyses.tuned_lens.read(model, folder)); its
-    name is the `lens` column."""
+    lens: None for the logit lens (final norm recomputed), or a lens of `model` (LogitLens(model, frozen_norm=True),
+    resid.analyses.tuned_lens.read(model, folder), a JacobianLens); its name is the `lens` column, how it treats
+    the final norm the `norm` column."""
     check_choice(every, "every", EVERY)
-    check_choice(norm, "norm", NORMS)
+    if lens is not None and not isinstance(lens, Lens):
+        raise ResidError(f"lens is a resid.analyses.lenses.Lens (LogitLens, TunedLens, JacobianLens) or None, not "
+                         f"{type(lens).__name__}; the final norm's treatment is the lens's: "
+                         "LogitLens(model, frozen_norm=True).")
     model, sources = decoder_of(model, source)  # encoder-decoder models: the decoder, reading `source`
     model.readout.unembed  # noqa: B018 -- raises for embedding models, which have no token logits to lens
     k = check_k(k, "k", model.config.d_vocab)
@@ -93,34 +84,15 @@ def run(
     as_given = as_list(target, len(given))
     chunks = list(run_batched(
         list(range(len(given))),
-        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, every, norm, k,
+        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, every, k,
                             None if sources is None else sources.memory(chunk), reader),
         batch_size_for(model, given.tokens, batch_size),
     ))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
-    parameters = {"positions": positions, "every": every, "norm": norm, "k": k, "lens": reader.name}
+    parameters = {"positions": positions, "every": every, "norm": reader.norm, "k": k, "lens": reader.name}
     df.attrs["provenance"] = provenance.describe(model, "logit_lens.run", parameters, given.record(), target)
     df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
-
-
-def short_label(site: Site) -> str:
-    """A short name for a residual site (plots): "embed" for layer 0's resid_pre, else e.g. "L3 mid"."""
-    if site.part == "resid_pre" and site.layer == 0:
-        return "embed"
-    return f"L{site.layer} {site.part.removeprefix('resid_')}"
-
-
-def site_list(model: Transformer, every: str) -> list[Site]:
-    """The residual sites in stream order, as ResidualStream.running(every) yields them (without interventions)."""
-    result = [Site(0, "resid_pre")]
-    for layer in range(model.config.n_layers):
-        if every == "sublayer" and model.config.block != "parallel":
-            result.append(Site(layer, "resid_mid"))
-            if model.config.cross_attention:
-                result.append(Site(layer, "resid_cross"))
-        result.append(Site(layer, "resid_post"))
-    return result
 
 
 def _lens(
@@ -131,10 +103,9 @@ def _lens(
     as_given: list[Token] | None,
     wanted: list[int] | None,
     every: str,
-    norm: str,
     k: int,
-    memory: Memory | None = None,
-    lens: Lens | None = None,
+    memory: Memory | None,
+    lens: Lens,
 ) -> tuple[pd.DataFrame, list[str]]:
     lengths = tokens.lengths.tolist()
     # Every (prompt, position) pair: batch row, prompt-relative position, and its column in the captured stream.
@@ -156,9 +127,8 @@ def _lens(
         target_t = final_logits.argmax(-1)
     else:
         target_t = torch.tensor([targets[prompt_idx[b]] for b in rows], device=model.device)
-    scale = run.stream.final_norm_scale[row_t, col_t] if norm == "frozen" else None
+    scale = run.stream.final_norm_scale[row_t, col_t] if lens.frozen_norm else None
     stats = []
-    lens = LogitLens(model) if lens is None else lens
     for site, resid in run.stream.running(every):
         lens_logits = lens.logits(resid[row_t, col_t], site, scale).float()
         stats.append(_statistics(lens_logits, final_logp, target_t, k))
@@ -168,7 +138,7 @@ def _lens(
     last_of_row = dict(zip(rows, range(len(rows))))  # batch row -> index of its last pair
     last_pair = [last_of_row[b] for b in range(len(prompt_idx))]
     notes = spacing_notes(model, as_given, final_logits[last_pair], prompt_idx)
-    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, every), stats, target_t, norm,
+    frame = _frame(model, input_ids, rows, rel_pos, prompt_idx, site_list(model, every), stats, target_t, lens.norm,
                    lens.name)
     return frame, notes
 
@@ -200,7 +170,7 @@ def _frame(
     stats: list[dict[str, Tensor]],
     target: Tensor,
     norm: str,
-    lens: str = "logit",
+    lens: str,
 ) -> pd.DataFrame:
     """Rows ordered by (pair, site, rank), the columns of COLUMNS."""
     n_pairs, n_sites, k = len(rows), len(sites), stats[0]["token_id"].shape[1]
