@@ -68,7 +68,7 @@ def test_top_activating_equals_brute_force(random_model, sign, bos):
 def test_top_activating_columns_and_context(random_model):
     df = neurons.top_activating(random_model, TEXTS, layers=[0, -1], neurons=[3, 5], k=2, context=3, after=2,
                                 sign="negative")
-    assert list(df.columns) == ["layer", "neuron", "rank", "coefficient", "token_id", "token", "doc", "pos",
+    assert list(df.columns) == ["site", "layer", "neuron", "rank", "coefficient", "token_id", "token", "doc", "pos",
                                 "context"]
     assert df["layer"].unique().tolist() == [0, 2] and df["neuron"].unique().tolist() == [3, 5]
     assert (df.groupby(["layer", "neuron"])["coefficient"].apply(lambda c: c.is_monotonic_increasing)).all()
