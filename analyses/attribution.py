@@ -144,7 +144,7 @@ def direct(
     as_given = as_list(target, n)
     run_chunk = lambda chunk: _attribute(  # noqa: E731
         model, given.batch(chunk), chunk, targets, as_given, baselines, level, [positions[i] for i in chunk],
-        memory(chunk), features.dictionaries_of(model, dictionaries),
+        memory(chunk), features.attributed_dictionaries(model, dictionaries),
     )
     shown = ("[MASK]" if model.config.head == "mlm" else -1) if pos is None else pos
     return _collect(model, given, run_chunk, batch_size, level, shown, target, baseline)

@@ -20,7 +20,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses.features.attribution import capture_with, dictionaries_of, dictionary_values, z_dictionary_values
+from resid.analyses.features.attribution import (
+    attributed_dictionaries,
+    capture_with,
+    dictionary_values,
+    z_dictionary_values,
+)
 from resid.analyses.inputs import prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.vocab import Token, token_ids
@@ -45,7 +50,7 @@ def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
     top prediction) at prompt position `pos` (default: the last token), all prompts in one pass."""
     given = as_prompts(model, prompts)
     n = len(given)
-    found = dictionaries_of(model, dictionaries)
+    found = attributed_dictionaries(model, dictionaries)
     if not found:
         raise ResidError("by_dictionary needs at least one dictionary.")
     positions = prediction_positions(model, given, pos, mask=False)

@@ -35,7 +35,7 @@ from resid.analyses.patching import atp_seq2seq as seq2seq_atp
 from resid.analyses.patching import selection
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
-from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of, require
+from resid.analyses.patching.features import WORD, atp_frame, patched_dictionaries, require
 from resid.analyses.patching.pairs import Align, Mapping, Pairs, PairsJob, PatchDirection, n_prompts, prepare, scored
 from resid.analyses.patching.sources import PairSources, pair_sources
 from resid.analyses.sweeps import seq2seq
@@ -81,7 +81,7 @@ def atp(
     if sources is not None:
         return _pairs_atp(full, sources, clean, corrupt, targets, baselines, sites, direction, metric, align,
                           dictionaries, method, execution)
-    dictionaries = dictionaries_of(dictionaries, sites)
+    dictionaries = patched_dictionaries(dictionaries, sites)
     check_choice(method, "method", ("atp", "atp*"))
     pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines, metric,
                                                               direction, align)
