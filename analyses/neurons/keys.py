@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from resid.analyses.checks import check_choice, check_k
-from resid.analyses.corpus_windows import windows
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
@@ -83,7 +83,7 @@ def top_activating(
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
-    pieces = windows(model, texts, window)
+    pieces = cut_windows(model, texts, window)
     best = scan(model, pieces, layer_list, neuron_list, k, sign, expert_list, execution)
     df = examples_frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
     expert_column = df["expert"].to_numpy() if expert_list is not None else None

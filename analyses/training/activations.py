@@ -45,8 +45,7 @@ from jaxtyping import Bool
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from resid.analyses.corpus_windows import Window, batch_tokens
-from resid.analyses.corpus_windows import windows as cut_windows
+from resid.analyses.corpus_windows import Window, batch_tokens, cut_windows
 from resid.analyses.distributed.executor import Job
 from resid.batching import available_bytes
 from resid.capture import Capture

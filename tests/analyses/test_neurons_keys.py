@@ -10,7 +10,7 @@ from bad_option import BAD_OPTION
 import resid
 from resid.analyses import Execution, corpus, neurons, plots
 from resid.analyses.cli.main import main
-from resid.analyses.corpus_windows import windows
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.neurons import plots as neuron_plots
 from resid.errors import ResidError
 
@@ -31,7 +31,7 @@ def _with_bos(model: resid.Transformer) -> resid.Transformer:
 def _brute_force(model, texts, layer, window, sign):
     """Every token's coefficient, window by window, each window run alone (no padding)."""
     rows = []
-    for w in windows(model, texts, window):
+    for w in cut_windows(model, texts, window):
         post = model.run(torch.tensor(w.ids)[None], capture=resid.Capture(mlp={"post"})).stream.layers[layer]
         post = post.mlp.post[0]
         for p in range(int(w.bos), len(w.ids)):
