@@ -80,13 +80,13 @@ def check_choice(value: object, name: str, choices: Sequence[str]) -> None:
         raise ResidError(f"{param(name)} must be one of {tuple(choices)}, got {value!r}.")
 
 
-def renamed(new: str, value: T, old: str, old_value: object, unset: object = None) -> T:
+def renamed(new: str, value: T, old: str, old_value: object, default: object = None) -> T:
     """The value of a parameter renamed from `old` to `new`, which still takes the old keyword for one release:
-    `old_value` (the old keyword's, `unset` when not given) with a DeprecationWarning naming the new keyword, else
-    `value`. Both given is an error."""
-    if old_value is unset:
+    `old_value` (the old keyword's; None when not given) with a DeprecationWarning naming the new keyword, else
+    `value`. `default`: the new parameter's default; the new keyword given too is an error."""
+    if old_value is None:
         return value
-    if value is not unset:
+    if value is not default:
         raise ResidError(f"{param(old)} is the old name of {param(new)}: give {param(new)} only.")
     warnings.warn(f"{param(old)} is deprecated and will be removed in the next release: use {param(new)}.",
                   DeprecationWarning, stacklevel=3)

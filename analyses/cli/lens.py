@@ -55,7 +55,7 @@ def run(model, args) -> str:
 
         lens = formats.lens_for(model, args.loaded, not args.skip_unembedding_check, args.translators)
     prompt, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
-    df = logit_lens.run(model, prompt, target=args.target, positions=args.positions, every=args.every,
+    df = logit_lens.run(model, prompt, targets=args.target, positions=args.positions, every=args.every,
                         norm=args.norm, k=args.k, lens=lens, source=source)
     top = df[df["rank"] == 1]
     name = f"{df['lens'].iloc[0]} lens"

@@ -54,7 +54,7 @@ def sub_updates(
     target. With post-norms, value_norm is ||linear_post(v_i)|| (the gain, not the frozen scale s, which
     magnitude includes); with experts, an `expert` column follows `layer`, coefficient is m_{e,i} and
     magnitude includes the router weight w_e."""
-    position = renamed("position", position, "pos", pos)
+    position = renamed("position", position, "pos", pos, default=-1)
     layer_list = select_layers(model, layers)
     experts = model.config.n_experts if has_experts(model, layer_list) else 0  # one kind of MLP (DeepSeek's mix)
     k = check_k(k, "k", model.config.mlp_width(layer_list[0]) * max(1, experts))

@@ -70,7 +70,7 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
     """With the final scale frozen, the lens's target logit at resid_post(l) is the embedding, every write
     up to layer l and the bias term: the partial sums of attribution.direct."""
     text = PROMPTS[2]
-    lens = _top1(logit_lens.run(random_model, text, target=" the", norm="frozen"))
+    lens = _top1(logit_lens.run(random_model, text, targets=" the", norm="frozen"))
     attr = attribution.direct(random_model, text, " the", level="sublayer")
     bias = attr.loc[attr.site == "final_bias", "value"].item()
     embeds = attr.loc[attr.part.isin(["embed", "pos_embed", "type_embed"]), "value"].sum()
@@ -85,7 +85,7 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
 
 
 def test_smollm2_forms_paris_late(smollm2):
-    df = _top1(logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", target=" Paris"))
+    df = _top1(logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", targets=" Paris"))
     final = df.iloc[-1]
     assert final["token"] == " Paris" and final["prob"] == pytest.approx(0.70, abs=0.01)
     assert df.iloc[0]["target_rank"] > 100  # the embeddings alone do not predict it
