@@ -2,12 +2,14 @@
 does (so they join with ablation on neuron sites), and take neurons as resid.Sites or labels: the rows of the sites
 named, equal to the rows the index shorthand gives for them."""
 
+import numpy as np
 import pandas as pd
 import pytest
 from random_models import make_random_model
 from tiny_fixtures import Tiny
 
 from resid.analyses import ablation, neurons
+from resid.analyses.neurons.selection import site_column
 from resid.errors import ResidError
 from resid.sites import Site
 
@@ -83,3 +85,11 @@ def test_experts_are_named_in_the_site(tiny: Tiny):
 def test_bad_neuron_sites_say_what_to_pass(model, neurons_, layers, message):
     with pytest.raises(ResidError, match=message):
         neurons.value_top_tokens(model, layers=layers, neurons=neurons_, k=2)
+
+
+def test_the_site_column_holds_each_rows_site_label():
+    layer, neuron, expert = np.array([2, 0, 0, 2]), np.array([999, 3, 10, 0]), np.array([1, 0, 0, 1])
+    expected = [Site(int(l), "mlp", neuron=int(i)).label for l, i in zip(layer, neuron) for _ in range(2)]
+    assert list(site_column(layer, neuron, repeat=2)) == expected
+    with_experts = [Site(int(l), "mlp", expert=int(e), neuron=int(i)).label for l, e, i in zip(layer, expert, neuron)]
+    assert list(site_column(layer, neuron, expert)) == with_experts
