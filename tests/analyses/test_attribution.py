@@ -163,10 +163,10 @@ def test_learned_positions_and_biases_have_their_rows(gpt2_tokenizer):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(target=" Parisian"), "is 2 tokens"),
-        (dict(target=10**6), "is not a token"),
-        (dict(target=" Paris", baseline=" Eiffel Tower"), "baseline ' Eiffel Tower' is"),
-        (dict(target=" Paris", pos=50), "out of range for prompt 0"),
+        (dict(targets=" Parisian"), "is 2 tokens"),
+        (dict(targets=10**6), "is not a token"),
+        (dict(targets=" Paris", baselines=" Eiffel Tower"), "baseline ' Eiffel Tower' is"),
+        (dict(targets=" Paris", position=50), "out of range for prompt 0"),
     ],
 )
 def test_bad_input_is_one_clear_error(smollm2, kwargs, message):

@@ -106,7 +106,7 @@ def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(target=" Parisian"), "is 2 tokens"),
+        (dict(targets=" Parisian"), "is 2 tokens"),
         (dict(positions=[0, 40]), r"Position\(s\) \[40\] are out of range"),
         (dict(positions=[]), "positions is empty"),
         (dict(k=0), "k must be a positive integer"),
