@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from resid.analyses import site_words
-from resid.analyses.checks import check_choice
+from resid.analyses.checks import check_choice, renamed
 from resid.analyses.contributions import Contributions, check_probe, contributions, frame, probe_frame, read_out
 from resid.analyses.features import attribution as features
 from resid.analyses.inputs import (
@@ -102,52 +102,61 @@ COLUMNS = ("prompt_idx", "pos", "token", "target", "target_id", "baseline", "bas
 def direct(
     model: Transformer | EncoderDecoder,
     prompts: Inputs,
-    target: Token | Sequence[Token | None] | Probe | None = None,
-    baseline: Token | Sequence[Token] | None = None,
+    targets: Token | Sequence[Token | None] | Probe | None = None,
+    baselines: Token | Sequence[Token] | None = None,
     level: Level = "sublayer",
-    pos: int | None = None,
+    position: int | None = None,
     batch_size: int | str = "auto",
     source: Inputs | None = None,
     dictionaries: Sequence = (),
+    *,
+    target: Token | Sequence[Token | None] | Probe | None = None,
+    baseline: Token | Sequence[Token] | None = None,
+    pos: int | None = None,
 ) -> pd.DataFrame:
-    """Direct attribution of the logit of `target` (minus `baseline`) at prompt position `pos` (default: the
+    """Direct attribution of the logit of `targets` (minus `baselines`) at prompt-relative `position` (default: the
     last token; for masked-LM models, each prompt's [MASK]). Encoder-decoder models (resid.EncoderDecoder):
     the prompts are the decoder's target prefixes and `source` their sources, one per prompt; the rows are the
     decoder stream's components, cross-attention heads included (`layers[l].cross.head[h]`).
 
-    prompts: texts, resid.Tokens or token ids. target / baseline: one token (string or id) for all prompts,
-    or one per prompt; target=None takes the model's top prediction at `pos` (for every prompt, or, in a
+    prompts: texts, resid.Tokens or token ids. targets / baselines: one token (string or id) for all prompts,
+    or one per prompt; targets=None takes the model's top prediction at `position` (for every prompt, or, in a
     list, for the prompts whose entry is None); a `Probe` attributes its read-out instead (embedding models
     take only Probes). One row per (prompt, component), in logit units, with the columns of COLUMNS.
     `df.attrs["notes"]`: hints on the targets as given (resid.analyses.vocab.spacing_hint). dictionaries: learned
     dictionaries (resid.dictionaries) whose reconstructed writes are split into one row per active feature plus
-    b_dec / skip / error rows, with `feature` and `activation` columns (resid.analyses.features.attribution)."""
+    b_dec / skip / error rows, with `feature` and `activation` columns (resid.analyses.features.attribution).
+    target, baseline, pos: the old names of targets, baselines, position (deprecated)."""
+    targets = renamed("targets", targets, "target", target)
+    baselines = renamed("baselines", baselines, "baseline", baseline)
+    position = renamed("position", position, "pos", pos)
     check_choice(level, "level", LEVELS)
     model, sources = decoder_of(model, source)
     given = as_prompts(model, prompts)
     n = len(given)
     check_sources(sources, n)
     memory = (lambda chunk: None) if sources is None else sources.memory  # noqa: E731
-    if isinstance(target, Probe):
-        check_probe(model, target, baseline, n, dictionaries)
-        positions = None if target.pool else prediction_positions(model, given, pos, mask=False)
+    if isinstance(targets, Probe):
+        check_probe(model, targets, baselines, n, dictionaries)
+        positions = None if targets.pool else prediction_positions(model, given, position, mask=False)
         run_chunk = lambda chunk: _attribute_probe(  # noqa: E731
-            model, given.batch(chunk), chunk, target, level, positions and [positions[i] for i in chunk], memory(chunk)
+            model, given.batch(chunk), chunk, targets, level, positions and [positions[i] for i in chunk],
+            memory(chunk)
         )
-        shown = ("mean" if target.pool else -1) if pos is None else pos
-        return _collect(model, given, run_chunk, batch_size, level, shown, target.name, None)
+        shown = ("mean" if targets.pool else -1) if position is None else position
+        return _collect(model, given, run_chunk, batch_size, level, shown, targets.name, None)
     if model.config.head == "none":
         model.readout.unembed  # noqa: B018 -- raises: an embedding model has no token logits; it says what to pass
-    positions = prediction_positions(model, given, pos, mask=model.config.head == "mlm")
-    targets = None if target is None else token_ids(model, target, n, "target", optional=True)
-    baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
-    as_given = as_list(target, n)
+    positions = prediction_positions(model, given, position, mask=model.config.head == "mlm")
+    target_ids = None if targets is None else token_ids(model, targets, n, "target", optional=True)
+    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
+    as_given = as_list(targets, n)
     run_chunk = lambda chunk: _attribute(  # noqa: E731
-        model, given.batch(chunk), chunk, targets, as_given, baselines, level, [positions[i] for i in chunk],
-        memory(chunk), features.dictionaries_of(model, dictionaries),
+        model, given.batch(chunk), chunk, target_ids, as_given, baseline_ids, level, [positions[i] for i in chunk],
+        memory(chunk), features.attributed_dictionaries(model, dictionaries),
     )
-    shown = ("[MASK]" if model.config.head == "mlm" else -1) if pos is None else pos
-    return _collect(model, given, run_chunk, batch_size, level, shown, target, baseline)
+    shown = ("[MASK]" if model.config.head == "mlm" else -1) if position is None else position
+    return _collect(model, given, run_chunk, batch_size, level, shown, targets, baselines)
 
 
 def _collect(model, given, run_chunk, batch_size, level: str, pos, target, baseline) -> pd.DataFrame:
@@ -155,7 +164,7 @@ def _collect(model, given, run_chunk, batch_size, level: str, pos, target, basel
     chunks = list(run_batched(list(range(len(given))), run_chunk, batch_size_for(model, given.tokens, batch_size)))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
-        model, "attribution.direct", {"level": level, "pos": pos}, given.record(), target, baseline
+        model, "attribution.direct", {"level": level, "position": pos}, given.record(), target, baseline
     )
     df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df

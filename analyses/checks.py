@@ -1,9 +1,14 @@
-"""Argument checks shared by the analyses: layers, neurons and counts, each with an error that says what to pass."""
+"""Argument checks shared by the analyses: layers, neurons and counts, each with an error that says what to pass;
+renamed parameters (the old keyword kept for one release, with a DeprecationWarning)."""
 
+import warnings
 from collections.abc import Sequence
+from typing import TypeVar
 
 from resid.errors import ResidError, param
 from resid.model import Transformer
+
+T = TypeVar("T")
 
 
 def select_layers(model: Transformer, layers: int | Sequence[int] | None) -> list[int]:
@@ -73,3 +78,16 @@ def check_choice(value: object, name: str, choices: Sequence[str]) -> None:
     """`value` is one of `choices` (an option typed as a Literal), or an error listing them."""
     if value not in choices:
         raise ResidError(f"{param(name)} must be one of {tuple(choices)}, got {value!r}.")
+
+
+def renamed(new: str, value: T, old: str, old_value: object, default: object = None) -> T:
+    """The value of a parameter renamed from `old` to `new`, which still takes the old keyword for one release:
+    `old_value` (the old keyword's; None when not given) with a DeprecationWarning naming the new keyword, else
+    `value`. `default`: the new parameter's default; the new keyword given too is an error."""
+    if old_value is None:
+        return value
+    if value is not default:
+        raise ResidError(f"{param(old)} is the old name of {param(new)}: give {param(new)} only.")
+    warnings.warn(f"{param(old)} is deprecated and will be removed in the next release: use {param(new)}.",
+                  DeprecationWarning, stacklevel=3)
+    return old_value  # type: ignore[return-value]

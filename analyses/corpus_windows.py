@@ -7,6 +7,10 @@ window is a separate forward pass, so nothing in one attends to the previous win
 (ties in corpus order), so that padded batches of consecutive windows waste little. A batch is right-padded; its
 *valid* positions are the real tokens that are not an added BOS (a BOS token's activations are attention-sink
 outliers, never an example or a training token).
+
+`cut_windows` is the windowing of scans and dictionaries: one document per window, BOS first. Lens training packs
+instead (resid.analyses.lenses.data.pack: every document after a separator in one stream, cut into full windows of
+seq_len tokens, as tuned-lens does), so its windows cross documents and need no padding; the two are named apart.
 """
 
 from collections.abc import Iterator, Sequence
@@ -33,7 +37,7 @@ class Window:
         return len(self.ids)
 
 
-def windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list[Window]:
+def cut_windows(model: Transformer, texts: Sequence[str], window: int = 256) -> list[Window]:
     """Every document's tokens cut into windows of at most `window` tokens (BOS included), longest first."""
     tokenizer = model.require_tokenizer()
     limit = min(window, model.config.n_ctx) if isinstance(window, int) and not isinstance(window, bool) else 0
@@ -68,6 +72,6 @@ def batch_tokens(
 
 def iter_batches(model: Transformer, texts: Sequence[str], window: int, rows: int) -> Iterator[Tokens]:
     """The padded batches of `rows` windows a scan runs (for benchmarks that time a plain forward on the same ones)."""
-    pieces = windows(model, texts, window)
+    pieces = cut_windows(model, texts, window)
     for start in range(0, len(pieces), rows):
         yield batch_tokens(pieces[start : start + rows], model.require_tokenizer().pad_token_id, model.device)[0]

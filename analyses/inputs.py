@@ -14,7 +14,7 @@ from torch import Tensor
 
 from resid.analyses.vocab import decode_ids
 from resid.batching import BatchSize, model_batch_size
-from resid.errors import ResidError
+from resid.errors import ResidError, param
 from resid.model import Inputs, Memory, Transformer
 from resid.seq2seq import EncoderDecoder
 from resid.tokenizer import Tokens
@@ -104,24 +104,26 @@ def check_sources(sources: Sources | None, n_prompts: int) -> None:
         )
 
 
-def prediction_positions(model: Transformer, given: Prompts, pos: int | None, mask: bool) -> list[int]:
-    """Each prompt's analysed position (prompt-relative): `pos`; else, with `mask` (masked-LM models), each
+def prediction_positions(model: Transformer, given: Prompts, position: int | None, mask: bool) -> list[int]:
+    """Each prompt's analysed position (prompt-relative): `position`; else, with `mask` (masked-LM models), each
     prompt's one [MASK]; else the last token. Checked here, before any forward pass."""
     n = len(given)
-    if pos is not None or not mask:
-        pos = -1 if pos is None else pos
-        given.tokens.padded_index([pos])  # an out-of-range position fails here
-        return [pos] * n
+    if position is not None or not mask:
+        position = -1 if position is None else position
+        given.tokens.padded_index([position])  # an out-of-range position fails here
+        return [position] * n
     mask_id = None if model.tokenizer is None else model.tokenizer.mask_token_id
     if mask_id is None:
-        raise ResidError(f"{model.name} is a masked-LM model but has no [MASK] token id: pass pos= explicitly.")
+        raise ResidError(f"{model.name} is a masked-LM model but has no [MASK] token id: pass {param('position')} "
+                         "explicitly.")
     found = []
     for i, ids in enumerate(given.sequences(range(n))):
         at = [p for p, token in enumerate(ids) if token == mask_id]
         if len(at) != 1:
             raise ResidError(
                 f"Prompt {i} has {len(at)} [MASK] tokens, but a masked-LM prediction is read at exactly one: "
-                "put one [MASK] where the word to predict goes (e.g. 'Paris is the [MASK] of France.'), or pass pos=."
+                "put one [MASK] where the word to predict goes (e.g. 'Paris is the [MASK] of France.'), or pass "
+                f"{param('position')}."
             )
         found.append(at[0])
     return found

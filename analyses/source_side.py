@@ -16,7 +16,7 @@ so each decoder cross head gets one row per encoder component (`source` column: 
 ("b_V") and one for the encoder final norm's bias ("encoder.final_bias", LayerNorm only). The rows of a
 head sum to its row in attribution.direct, and all rows to the logit, exactly (up to float rounding).
 
-    df = source_side.direct(model, target_prefixes, source=sources, target=" Haus")
+    df = source_side.direct(model, target_prefixes, source=sources, targets=" Haus")
     df.groupby("source")["value"].sum()       # what each encoder component adds, through every cross head
 
 The decoder side is as in attribution.direct at `level` ("sublayer" or "head"); the source side is per encoder
@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from resid.analyses.attribution import capture_for, meta_columns
-from resid.analyses.checks import check_choice
+from resid.analyses.checks import check_choice, renamed
 from resid.analyses.contributions import Contributions, contributions, frame
 from resid.analyses.inputs import batch_size_for, check_sources, decoder_of, prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
@@ -54,16 +54,24 @@ def direct(
     model: Transformer | EncoderDecoder,
     prompts: Inputs,
     source: Inputs,
+    targets: Token | Sequence[Token | None] | None = None,
+    baselines: Token | Sequence[Token] | None = None,
+    level: str = "sublayer",
+    position: int | None = None,
+    batch_size: int | str = "auto",
+    *,
     target: Token | Sequence[Token | None] | None = None,
     baseline: Token | Sequence[Token] | None = None,
-    level: str = "sublayer",
     pos: int | None = None,
-    batch_size: int | str = "auto",
 ) -> pd.DataFrame:
-    """Direct attribution of the decoder's logit of `target` (minus `baseline`) at target position `pos` (default
-    the last), with every cross-attention head split by source-side component. prompts: the decoder's target
-    prefixes; source: one per prompt. The columns of attribution.direct plus `source` (the encoder component a
-    cross head's row reads, <NA> for decoder-side rows)."""
+    """Direct attribution of the decoder's logit of `targets` (minus `baselines`) at prompt-relative `position`
+    (default the last), with every cross-attention head split by source-side component. prompts: the decoder's
+    target prefixes; source: one per prompt. The columns of attribution.direct plus `source` (the encoder component
+    a cross head's row reads, <NA> for decoder-side rows). target, baseline, pos: the old names of targets,
+    baselines, position (deprecated)."""
+    targets = renamed("targets", targets, "target", target)
+    baselines = renamed("baselines", baselines, "baseline", baseline)
+    position = renamed("position", position, "pos", pos)
     if not isinstance(model, EncoderDecoder):
         raise ResidError(f"source_side.direct splits cross-attention by source; {model.name} has none: use "
                          "attribution.direct.")
@@ -72,18 +80,18 @@ def direct(
     given = as_prompts(decoder, prompts)
     n = len(given)
     check_sources(sources, n)
-    positions = prediction_positions(decoder, given, pos, mask=False)
-    targets = None if target is None else token_ids(decoder, target, n, "target", optional=True)
-    baselines = None if baseline is None else token_ids(decoder, baseline, n, "baseline")
+    positions = prediction_positions(decoder, given, position, mask=False)
+    target_ids = None if targets is None else token_ids(decoder, targets, n, "target", optional=True)
+    baseline_ids = None if baselines is None else token_ids(decoder, baselines, n, "baseline")
 
     def run_chunk(chunk):
-        return _attribute(model, given, sources.prompts, chunk, targets, baselines, level, positions)
+        return _attribute(model, given, sources.prompts, chunk, target_ids, baseline_ids, level, positions)
 
     chunks = run_batched(list(range(n)), run_chunk, batch_size_for(decoder, given.tokens, batch_size))
     df = pd.concat([table for _, table in chunks], ignore_index=True)
     df.attrs["provenance"] = provenance.describe(
-        decoder, "source_side.direct", {"level": level, "pos": -1 if pos is None else pos}, given.record(), target,
-        baseline)
+        decoder, "source_side.direct", {"level": level, "position": -1 if position is None else position},
+        given.record(), targets, baselines)
     return df
 
 

@@ -25,7 +25,7 @@ import torch
 
 import resid
 from resid.analyses import Execution, corpus, neurons
-from resid.analyses.corpus_windows import batch_tokens, windows
+from resid.analyses.corpus_windows import batch_tokens, cut_windows
 from resid.analyses.neurons.scan import scan
 from resid.analyses.neurons.values import CHUNK_BYTES
 
@@ -79,7 +79,7 @@ def bench_values(model) -> None:
 
 
 def bench_scan(model, texts, window: int, repeats: int) -> None:
-    pieces = windows(model, texts, window)
+    pieces = cut_windows(model, texts, window)
     width = len(pieces[0])
     rows = max(1, 4096 // width)  # what batch_size="auto" picks on a CPU; passed explicitly to every side
     batches = [batch_tokens(pieces[i : i + rows], model.tokenizer.pad_token_id, model.device)[0]

@@ -7,25 +7,13 @@ positions to keep a large sweep in memory. A field that was not captured raises 
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from resid.errors import ResidError
-from resid.sites import Site
+from resid.sites import Site, vocabulary
 
-# resid_norm_scale: post-LN models only, and always kept there (the stream needs it to be read). q_proj / k_proj
-# (before q/k norms and rotary) are q / k in models with neither, and kept once; scores are the softmax's input.
-# kv_latent, kv_norm_scale: latent attention (DeepSeek) only.
-AttnField = Literal[
-    "normalized", "norm_scale", "q_proj", "k_proj", "q", "k", "v", "scores", "pattern", "z", "post_norm_scale",
-    "resid_norm_scale", "out", "kv_latent", "kv_norm_scale",
-]
-# router_logits, expert_weights, expert_out: mixture-of-experts MLPs only (pre and gate: dense MLPs only)
-MLPField = Literal[
-    "normalized", "norm_scale", "pre", "gate", "post", "router_logits", "expert_weights", "expert_out",
-    "post_norm_scale", "resid_norm_scale", "out",
-]
-ATTN_FIELDS: frozenset[str] = frozenset(get_args(AttnField))
-MLP_FIELDS: frozenset[str] = frozenset(get_args(MLPField))
+# The fields a Capture may keep of each sublayer (resid.sites.vocabulary, which says which models have which)
+ATTN_FIELDS: frozenset[str] = frozenset(vocabulary.ATTN_FIELDS)
+MLP_FIELDS: frozenset[str] = frozenset(vocabulary.MLP_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -35,9 +23,9 @@ class Capture:
     # prompt-relative positions kept (-1: each prompt's last), the same for every prompt or one list per prompt
     # (each of the same length); None = all
     positions: Sequence[int] | Sequence[Sequence[int]] | None = None
-    attn: Collection[str] = frozenset({"out"})  # subset of AttnField
-    mlp: Collection[str] = frozenset({"out"})  # subset of MLPField
-    cross: Collection[str] = frozenset({"out"})  # subset of AttnField: decoders' cross-attention (enc-dec models)
+    attn: Collection[str] = frozenset({"out"})  # subset of ATTN_FIELDS
+    mlp: Collection[str] = frozenset({"out"})  # subset of MLP_FIELDS
+    cross: Collection[str] = frozenset({"out"})  # subset of ATTN_FIELDS: decoders' cross-attention (enc-dec models)
     embed: bool = True  # the embedding write(s): embed and pos_embed
     final_norm_scale: bool = True  # the final norm's 1/sigma (or 1/rms), frozen for attribution
 
@@ -77,7 +65,7 @@ class Capture:
         """The default capture (the residual writes, so every residual site can be read) plus each sublayer
         field the sites read (a head's z, a neuron's post, q / k / v / pattern, ...); `options` as for Capture
         (layers, positions, embed, ...)."""
-        fields: dict[str, set[str]] = {"attn": {"out"}, "mlp": {"out"}, "cross": {"out"}}
+        fields: dict[str, set[str]] = {part: {"out"} for part in vocabulary.SUBLAYERS}
         for site in sites:
             if site.part in fields and not site.is_term and not site.of_dictionary:
                 fields[site.part].add(site.what)

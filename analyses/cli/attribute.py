@@ -53,7 +53,7 @@ def run(model, args) -> str:
     elif hasattr(model, "decoder"):
         raise ResidError(f"{model.name} is an encoder-decoder model: attribute one target prefix with --source TEXT "
                          "(--prompts files carry no sources yet).")
-    df = attribution.direct(model, prompts, target, baseline, level=args.level, pos=args.pos, source=source)
+    df = attribution.direct(model, prompts, target, baseline, level=args.level, position=args.pos, source=source)
     lines = []
     for prompt_idx, rows in df.groupby("prompt_idx", sort=True):
         lines.append(f"prompt {prompt_idx}: {attribution.metric_name(rows)} = {rows['logit'].iloc[0]:.4f} "

@@ -36,11 +36,12 @@ def run(model, args) -> str:
     from resid.seq2seq import EncoderDecoder
 
     text, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
-    attr = attribution.direct(model, text, target=args.target, baseline=args.baseline, level=args.level, source=source)
+    attr = attribution.direct(model, text, targets=args.target, baselines=args.baseline, level=args.level,
+                              source=source)
     at = int(attr["pos"].iloc[0])  # the last token, or the [MASK] of a masked-LM model
     # Every position for the heatmap; the table reads the attributed one.
     read = LogitLens(model.decoder if isinstance(model, EncoderDecoder) else model, frozen_norm=args.norm == "frozen")
-    lens = logit_lens.run(model, text, target=args.target, positions="all", every="layer", k=args.top, lens=read,
+    lens = logit_lens.run(model, text, targets=args.target, positions="all", every="layer", k=args.top, lens=read,
                           source=source)
     lines = _predictions(model, text, lens, at)
     lines[0] += sources.shown(model, source)

@@ -71,7 +71,7 @@ def run(model, args) -> str:
     else:
         lens = LogitLens(read, frozen_norm=frozen)
     prompt, source = sources.split(model, args.text, args.source)  # encoder-decoder: the target prefix's ids
-    df = logit_lens.run(model, prompt, target=args.target, positions=args.positions, every=args.every,
+    df = logit_lens.run(model, prompt, targets=args.target, positions=args.positions, every=args.every,
                         k=args.k, lens=lens, source=source)
     top = df[df["rank"] == 1]
     name = f"{df['lens'].iloc[0]} lens"

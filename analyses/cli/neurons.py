@@ -149,7 +149,7 @@ def _explain(model, args) -> str:
     from resid.analyses import neurons
 
     target = args.target_id if args.target_id is not None else args.target
-    df = neurons.sub_updates(model, args.prompt, pos=args.pos, layers=args.layers, k=args.k, target=target)
+    df = neurons.sub_updates(model, args.prompt, position=args.pos, layers=args.layers, k=args.k, target=target)
     first = df.iloc[0]
     # 30 layers x 2 rankings x k rows is hundreds of lines; the layers that move the target most tell the story.
     layer_target = df.groupby("layer", sort=False)["layer_target"].first()

@@ -10,11 +10,12 @@ held-out paragraphs.
     resid train-sae --layers 15 --out sae --ray --workers 2    # the activations made by 2 Ray workers, one model each
 
 All layers given train from one forward pass per batch; --site picks the resid Site an SAE reads at each layer
-(attn_out and mlp_out: the sublayer's write). DIR gets checkpoint.safetensors every --checkpoint-every steps (after
-a kill, rerun the same command with --resume; a second command training into DIR meanwhile is refused), then one
-SAELens folder per dictionary (cfg.json + sae_weights.safetensors, named by its TransformerLens hook) and
-evaluation.md (FVU, L0, dead and dense fractions, CE loss recovered, KL) over --eval-windows windows of the held-out
-paragraphs (--held-out, split as `resid lens train`); the terminal gets the same table as plain text.
+(resid_pre, resid_mid, resid_post, or attn and mlp: the sublayer's write). DIR gets checkpoint.safetensors every
+--checkpoint-every steps (after a kill, rerun the same command with --resume; a second command training into DIR
+meanwhile is refused), then one SAELens folder per dictionary (cfg.json + sae_weights.safetensors, named by its
+TransformerLens hook) and evaluation.md (FVU, L0, dead and dense fractions, CE loss recovered, KL) over
+--eval-windows windows of the held-out paragraphs (--held-out, split as `resid lens train`); the terminal gets the
+same table as plain text.
 
 What will be done is said on stderr before it starts, where it differs from what was asked: --tokens rounded down
 to whole batches, and the shuffling buffer's size when --buffer-tokens is not given (sized from the free memory).
@@ -29,9 +30,10 @@ from resid.analyses.cli.errors import render
 from resid.analyses.cli.lens_data import corpus_options, held_out_split
 from resid.errors import ResidError, param_style
 
-# --site -> the part of resid.Site(layer, part) an SAE reads
-SITES = {"resid_pre": "resid_pre", "resid_mid": "resid_mid", "resid_post": "resid_post", "attn_out": "attn",
-         "mlp_out": "mlp"}
+# --site: the part of resid.Site(layer, part) an SAE reads, a Site word (attn, mlp: the sublayer's write)
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn", "mlp")
+# TransformerLens's names of the sublayer writes, once taken here -> the Site word to give instead
+RETIRED = {"attn_out": "attn", "mlp_out": "mlp"}
 # Recipe parameters -> flags, beside those resid.analyses.cli.errors already maps (k, batch_size, steps)
 FLAGS = {"activation": "--activation", "expansion": "--expansion", "d_sae": "--d-sae", "lr": "--lr",
          "warmup_steps": "--warmup-steps", "decay_steps": "--decay-steps", "l1_coefficient": "--l1-coefficient",
@@ -57,8 +59,8 @@ def add_parser(commands, common) -> None:
         if not crosslayer:
             parser.add_argument("--layers", required=True, help="layer indices, e.g. '15' or '3,9,15', or 'all'")
         if not transcoder:
-            parser.add_argument("--site", default="resid_post", choices=list(SITES), help="the tensor an SAE "
-                                "reads (default resid_post)")
+            parser.add_argument("--site", default="resid_post", help="the Site part an SAE reads: "
+                                f"{', '.join(SITES)} (default resid_post)")
             parser.add_argument("--transcoder", action="store_true", help="train transcoders instead "
                                 "(= resid train-transcoder)")
         if not crosslayer:
@@ -130,6 +132,7 @@ def check(args) -> None:
         raise ResidError(f"--seed must be a whole number from 0 to 2^63 - 1 ({2**63 - 1}), got {args.seed}.")
     arguments.out_folder(args.out)
     args.layer_list = arguments.layers(args.layers)
+    _check_site(args)
     if args.tokens < args.batch_size:
         raise ResidError(f"--tokens {args.tokens} is less than one batch (--batch-size {args.batch_size}).")
     if (Path(args.out) / "checkpoint.safetensors").exists() and not args.resume:
@@ -156,6 +159,15 @@ def check(args) -> None:
         args.buffer_tokens = steps * args.batch_size
     held_out_split(args)
     args.executor = arguments.executor(args.ray, args.workers)  # last: nothing to close if a check above fails
+
+
+def _check_site(args) -> None:
+    site = getattr(args, "site", "resid_post")  # train-transcoder and train-clt read the MLP's input
+    if site in RETIRED:
+        raise ResidError(f"--site {site} is TransformerLens's name; the command line takes resid's Site words: "
+                         f"--site {RETIRED[site]} (Site(layer, {RETIRED[site]!r}), the sublayer's write).")
+    if site not in SITES:
+        raise ResidError(f"--site {site!r} is not a site an SAE reads: choose one of {', '.join(SITES)}.")
 
 
 def _tanh_scale(args, activation: str) -> float | None:
@@ -222,7 +234,7 @@ def run(model, args) -> str:
     elif args.transcoder:
         specs = [Spec.transcoder(model, l, skip=args.skip) for l in layers]
     else:
-        specs = [Spec(Site(l, SITES[args.site])) for l in layers]
+        specs = [Spec(Site(l, args.site)) for l in layers]
     training, held_out = args.split(model)
     ratio = args.max_norm_ratio or None  # 0: keep every token
     buffer_tokens = args.buffer_tokens

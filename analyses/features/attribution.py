@@ -29,7 +29,8 @@ from torch import Tensor
 
 from resid.analyses.contributions import Contributions, through_post_norm
 from resid.capture import Capture
-from resid.dictionaries import Dictionary, Observe, Splice
+from resid.dictionaries import Dictionary
+from resid.dictionaries.modes import unwrapped
 from resid.errors import ResidError
 from resid.readout import Direction
 from resid.sites import RESID_PARTS, SUBLAYERS, Site
@@ -39,9 +40,9 @@ _ORDER = {"attn": 0, "cross": 1, "mlp": 2}
 _BOUNDARY = {"resid_pre": 0, "resid_mid": 1, "resid_cross": 2, "resid_post": 3}
 
 
-def dictionaries_of(model, dictionaries) -> list[Dictionary]:
+def attributed_dictionaries(model, dictionaries) -> list[Dictionary]:
     """The dictionaries to attribute to (Observe / Splice unwrapped: attribution reads an unchanged run)."""
-    found = [d.dictionary if isinstance(d, (Observe, Splice)) else d for d in dictionaries]
+    found = unwrapped(dictionaries)
     if found and model.config.post_ln:
         raise ResidError(f"{model.name} is post-LN: its residual is normed after every write, which attribution to "
                          "dictionary features does not carry features through yet.")

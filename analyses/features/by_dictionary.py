@@ -20,7 +20,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from resid.analyses.features.attribution import capture_with, dictionaries_of, dictionary_values, z_dictionary_values
+from resid.analyses.checks import renamed
+from resid.analyses.features.attribution import (
+    attributed_dictionaries,
+    capture_with,
+    dictionary_values,
+    z_dictionary_values,
+)
 from resid.analyses.inputs import prediction_positions
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.vocab import Token, token_ids
@@ -39,16 +45,22 @@ COLUMNS = ("prompt_idx", "pos", "target_id", "dictionary", "site", "layer", "fea
 
 @torch.no_grad()
 def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
+                  targets: Token | Sequence[Token | None] | None = None,
+                  baselines: Token | Sequence[Token] | None = None, position: int | None = None, *,
                   target: Token | Sequence[Token | None] | None = None,
                   baseline: Token | Sequence[Token] | None = None, pos: int | None = None) -> pd.DataFrame:
-    """Every dictionary's feature and term rows for the logit of `target` (minus `baseline`; None: each prompt's
-    top prediction) at prompt position `pos` (default: the last token), all prompts in one pass."""
+    """Every dictionary's feature and term rows for the logit of `targets` (minus `baselines`; None: each prompt's
+    top prediction) at prompt-relative `position` (default: the last token), all prompts in one pass. target,
+    baseline, pos: the old names of targets, baselines, position (deprecated)."""
+    targets = renamed("targets", targets, "target", target)
+    baselines = renamed("baselines", baselines, "baseline", baseline)
+    position = renamed("position", position, "pos", pos)
     given = as_prompts(model, prompts)
     n = len(given)
-    found = dictionaries_of(model, dictionaries)
+    found = attributed_dictionaries(model, dictionaries)
     if not found:
         raise ResidError("by_dictionary needs at least one dictionary.")
-    positions = prediction_positions(model, given, pos, mask=False)
+    positions = prediction_positions(model, given, position, mask=False)
     tokens = given.tokens
     index = tokens.padded_index([[p] for p in positions])
     # a z dictionary's rows go through the attention's post-norm (Gemma 2/3, OLMo 2), which reads its scale
@@ -56,11 +68,11 @@ def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
     run = model.run(tokens, capture=capture, logits_at=Padded(index),
                     dictionaries=[Observe(d, storage="dense") for d in found])  # read back dense right away
     logits = (run.uncapped_logits if run.uncapped_logits is not None else run.logits)[:, 0].float()
-    wanted = [None] * n if target is None else token_ids(model, target, n, "target", optional=True)
+    wanted = [None] * n if targets is None else token_ids(model, targets, n, "target", optional=True)
     top = logits.argmax(-1).tolist() if None in wanted else []
-    targets = [top[b] if t is None else t for b, t in enumerate(wanted)]
-    baselines = None if baseline is None else token_ids(model, baseline, n, "baseline")
-    at = model.readout.logit_direction(targets, run.stream.final_norm_scale[:, 0], baselines, run.hidden[:, 0])
+    target_ids = [top[b] if t is None else t for b, t in enumerate(wanted)]
+    baseline_ids = None if baselines is None else token_ids(model, baselines, n, "baseline")
+    at = model.readout.logit_direction(target_ids, run.stream.final_norm_scale[:, 0], baseline_ids, run.hidden[:, 0])
     direction = Direction(at.vector[:, None], at.bias)
     read = []
     for encoded in run.dictionaries.values():
@@ -73,7 +85,7 @@ def by_dictionary(model: Transformer, prompts: Inputs, dictionaries: Sequence,
             raise ResidError(f"Dictionary {encoded.name!r} reconstructs {site.label}, which is not a write into the "
                              "residual stream (see resid.analyses.features.attribution).")
         read.append((encoded, Site(site.layer, site.part), values))
-    return _table(read, found, positions, targets)
+    return _table(read, found, positions, target_ids)
 
 
 def _table(read: list, found: list, positions: list[int], targets: list[int]) -> pd.DataFrame:

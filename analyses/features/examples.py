@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from resid.analyses.checks import check_choice, check_k
-from resid.analyses.corpus_windows import windows
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.features import histogram
 from resid.analyses.io import corpus as corpora
@@ -153,7 +153,7 @@ def top_activating(
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ResidError(f"{param(name)} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
-    pieces = windows(model, texts, window)
+    pieces = cut_windows(model, texts, window)
     reader = FeatureReader(found, chosen)
     if not isinstance(skip_first, bool):
         raise ResidError(f"{param('skip_first')} must be True or False, got {skip_first!r}.")

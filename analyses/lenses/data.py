@@ -77,6 +77,6 @@ def window_order(n_windows: int, seed: int) -> Int[Tensor, "window"]:
     return torch.randperm(n_windows, generator=torch.Generator().manual_seed(seed))
 
 
-def fingerprint(windows: Int[Tensor, "window seq_len"]) -> str:
+def packed_fingerprint(windows: Int[Tensor, "window seq_len"]) -> str:
     """sha256 of the windows' ids: a checkpoint resumes only on the data it was trained on."""
     return hashlib.sha256(windows.cpu().contiguous().numpy().tobytes()).hexdigest()

@@ -87,7 +87,7 @@ def evaluate(
                          "tokens": int(total[-2]), **means})
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     parameters = {"lenses": names, "every": every, "seq_len": int(windows.shape[1]), "windows": len(windows),
-                  "data": data.fingerprint(windows)}
+                  "data": data.packed_fingerprint(windows)}
     df.attrs["provenance"] = provenance.describe(model, "tuned_lens.evaluate", parameters)
     return df
 

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses.checks import check_choice, check_k
+from resid.analyses.checks import check_choice, check_k, renamed
 from resid.analyses.inputs import batch_size_for, check_sources, decoder_of
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io import provenance
@@ -39,27 +39,50 @@ COLUMNS = ("prompt_idx", "pos", "input", "layer", "site", "norm", "lens", "rank"
            "target", "target_id", "target_prob", "target_logit", "target_rank", "entropy", "kl_to_final")
 
 
+def _norm_as_lens(model, lens: Lens | None, norm: str | None) -> Lens | None:
+    """The lens an old call's `norm=` meant (deprecated: the final norm's treatment is the lens's), with a
+    DeprecationWarning; `lens` as given when there is no `norm`."""
+    if norm is None:
+        return lens
+    import warnings
+
+    check_choice(norm, "norm", ("recompute", "frozen"))
+    warnings.warn(f"logit_lens.run(norm={norm!r}) is deprecated and goes in the next release: the final norm's "
+                  "treatment is the lens's, lens=LogitLens(model, frozen_norm=True) (any lens: "
+                  ".with_frozen_norm(True)).", DeprecationWarning, stacklevel=3)
+    frozen = norm == "frozen"
+    if lens is not None:
+        return lens.with_frozen_norm(frozen)
+    return LogitLens(model.decoder if isinstance(model, EncoderDecoder) else model, frozen_norm=frozen)
+
+
 @torch.no_grad()
 def run(
     model: Transformer | EncoderDecoder,
     prompts: Inputs,
-    target: Token | Sequence[Token] | None = None,
+    targets: Token | Sequence[Token] | None = None,
     positions: int | Sequence[int] | Literal["all"] = -1,
     every: Every = "sublayer",
     k: int = 5,
     batch_size: int | str = "auto",
     source: Inputs | None = None,
     lens: Lens | None = None,
+    *,
+    target: Token | Sequence[Token] | None = None,
+    norm: str | None = None,
 ) -> pd.DataFrame:
     """Logit lens at the given prompt-relative `positions` (an index, a list, or "all") of every prompt, read
     after every sublayer (every="sublayer") or every layer (every="layer").
 
     prompts: texts, resid.Tokens or token ids. One row per (prompt, position, site, rank), the columns of
-    COLUMNS. target=None follows the model's own top prediction at each position. `df.attrs["notes"]`: hints
+    COLUMNS. targets: one token for all prompts or one per prompt; None follows the model's own top prediction at
+    each position (`target`: the old name of `targets`, deprecated). `df.attrs["notes"]`: hints
     on the targets as given (resid.analyses.vocab.spacing_hint, read at each prompt's last position asked for).
     lens: None for the logit lens (final norm recomputed), or a lens of `model` (LogitLens(model, frozen_norm=True),
     resid.analyses.tuned_lens.read(model, folder), a JacobianLens); its name is the `lens` column, how it treats
-    the final norm the `norm` column."""
+    the final norm the `norm` column. norm: deprecated ("frozen": lens=LogitLens(model, frozen_norm=True))."""
+    targets = renamed("targets", targets, "target", target)
+    lens = _norm_as_lens(model, lens, norm)
     check_choice(every, "every", EVERY)
     if lens is not None and not isinstance(lens, Lens):
         raise ResidError(f"lens is a resid.analyses.lenses.Lens (LogitLens, TunedLens, JacobianLens) or None, not "
@@ -72,7 +95,7 @@ def run(
     reader.check(model, every)  # a lens of another model, or without translators at these sites, fails here
     given = as_prompts(model, prompts)
     check_sources(sources, len(given))
-    targets = None if target is None else token_ids(model, target, len(given), "target")
+    target_ids = None if targets is None else token_ids(model, targets, len(given), "target")
     if isinstance(positions, str):
         check_choice(positions, "positions", ("all",))
         wanted = None
@@ -81,16 +104,16 @@ def run(
         if not wanted:
             raise ResidError("positions is empty: give an index, a list of indices, or 'all'.")
         given.tokens.padded_index(wanted)  # out-of-range positions fail before any forward pass
-    as_given = as_list(target, len(given))
+    as_given = as_list(targets, len(given))
     chunks = list(run_batched(
         list(range(len(given))),
-        lambda chunk: _lens(model, given.batch(chunk), list(chunk), targets, as_given, wanted, every, k,
+        lambda chunk: _lens(model, given.batch(chunk), list(chunk), target_ids, as_given, wanted, every, k,
                             None if sources is None else sources.memory(chunk), reader),
         batch_size_for(model, given.tokens, batch_size),
     ))
     df = pd.concat([frame for _, (frame, _) in chunks], ignore_index=True)
     parameters = {"positions": positions, "every": every, "norm": reader.norm, "k": k, "lens": reader.name}
-    df.attrs["provenance"] = provenance.describe(model, "logit_lens.run", parameters, given.record(), target)
+    df.attrs["provenance"] = provenance.describe(model, "logit_lens.run", parameters, given.record(), targets)
     df.attrs["notes"] = [note for _, (_, notes) in chunks for note in notes]
     return df
 

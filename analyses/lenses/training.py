@@ -228,7 +228,7 @@ class LensJob(StepJob):
         self.batch_size = max(1, FORWARD_TOKENS // recipe.seq_len) if batch_size == "auto" else batch_size
         self._settings = {"model": model.name, "unembed_hash": unembed_hash(model),
                           "sites": [s.label for s in self.sites], "recipe": asdict(recipe),
-                          "data": data.fingerprint(windows), "start": None if start is None else _digest(start)}
+                          "data": data.packed_fingerprint(windows), "start": None if start is None else _digest(start)}
         self.steps, self.step_size = recipe.steps, recipe.tokens_per_step
         self._load(0, initial.weight, initial.bias, None, None, [])
 

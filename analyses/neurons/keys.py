@@ -35,13 +35,13 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from resid.analyses.checks import check_choice, check_k, select_layers, select_neurons
-from resid.analyses.corpus_windows import windows
+from resid.analyses.checks import check_choice, check_k
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.io import corpus as corpora
 from resid.analyses.io.provenance import describe
 from resid.analyses.neurons.scan import scan
-from resid.analyses.neurons.values import select_experts
+from resid.analyses.neurons.selection import Neurons, select, site_column
 from resid.analyses.vocab import decode_ids
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -54,8 +54,8 @@ MARK = ("⟦", "⟧")
 def top_activating(
     model: Transformer,
     corpus: corpora.Source,
-    layers: int | Sequence[int] | None,
-    neurons: int | Sequence[int] | None = None,
+    layers: int | Sequence[int] | None = None,
+    neurons: Neurons = None,
     k: int = 20,
     context: int = 12,
     after: int = 4,
@@ -68,27 +68,29 @@ def top_activating(
     experts (mixture-of-experts models only): None for all, an index or a list; the neurons of each.
 
     corpus: a list of strings or a .txt / .jsonl path (resid.analyses.corpus.load). layers: an index, a list, or
-    None for all; neurons: the same neurons in each layer (None: all). One row per (layer, neuron, rank):
-    layer neuron rank coefficient token_id token doc pos (token index in the document, BOS excluded)
-    context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after it).
+    None for all; neurons: resid.Sites of neurons or their labels, or None / "neuron" for all, or indices, the same
+    neurons in each layer (resid.analyses.neurons.selection). One row per (layer, neuron, rank):
+    site (the neuron's Site.label) layer neuron rank coefficient token_id token doc pos (token index in the
+    document, BOS excluded) context (`context` tokens before the trigger, the trigger in ⟦ ⟧, `after` tokens after
+    it).
     execution: how the scan runs (resid.analyses.Execution: executor, workers, batch_size windows per forward pass,
     progress); the same table on every executor. A scan is a reduction: it keeps no `out` store."""
     check_choice(sign, "sign", SIGNS)
-    layer_list = select_layers(model, layers)
-    neuron_list = select_neurons(model, neurons, layer_list)
-    expert_list = select_experts(model, experts, layer_list)
+    selection = select(model, layers, neurons, experts)
+    layer_list, neuron_list, expert_list = selection.layers, selection.neurons, selection.experts
     k = check_k(k, "k")
     for name, value in (("context", context), ("after", after)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ResidError(f"{name} must be a non-negative number of tokens, got {value!r}.")
     texts = corpora.load(corpus)
-    pieces = windows(model, texts, window)
+    pieces = cut_windows(model, texts, window)
     best = scan(model, pieces, layer_list, neuron_list, k, sign, expert_list, execution)
     df = examples_frame(model, pieces, best, layer_list, neuron_list, context, after, expert_list)
-    parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "context": context, "after": after,
-                  "sign": sign, "window": window, "documents": len(texts), "windows": len(pieces)}
-    if expert_list is not None:
-        parameters["experts"] = expert_list
+    expert_column = df["expert"].to_numpy() if expert_list is not None else None
+    df.insert(0, "site", site_column(df["layer"].to_numpy(), df["neuron"].to_numpy(), expert_column))
+    df = selection.keep(df)
+    parameters = {**selection.parameters(), "k": k, "context": context, "after": after, "sign": sign,
+                  "window": window, "documents": len(texts), "windows": len(pieces)}
     df.attrs["provenance"] = describe(model, "neurons.top_activating", parameters)
     return df
 

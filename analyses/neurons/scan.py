@@ -210,7 +210,7 @@ def scan(
     experts: list[int] | None = None,
     execution: Execution | None = None,
 ) -> dict[int, TopK]:
-    """Run `pieces` (from resid.analyses.corpus_windows.windows) shard by shard on the one driver as `execution`
+    """Run `pieces` (from resid.analyses.corpus_windows.cut_windows) shard by shard on the one driver as `execution`
     says (in process by default) and merge each layer's top-k (checked layers, neurons and experts, as from
     select_layers / select_neurons / select_experts). With experts, the neuron axis of each TopK is (expert, neuron)
     flattened. The lists come back on the CPU."""

@@ -19,9 +19,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.checks import check_k, has_experts, select_layers
+from resid.analyses.checks import check_k, has_experts, renamed, select_layers
 from resid.analyses.inputs import prompts as as_prompts
 from resid.analyses.io.provenance import describe
+from resid.analyses.neurons.selection import site_column
 from resid.analyses.vocab import decode_ids, single_token_id
 from resid.capture import Capture
 from resid.errors import ResidError
@@ -33,23 +34,27 @@ RANKINGS = ("magnitude", "target")
 def sub_updates(
     model: Transformer,
     prompt: Inputs,
-    pos: int = -1,
+    position: int = -1,
     layers: int | Sequence[int] | None = None,
     k: int = 10,
     target: str | int | None = None,
     value_k: int = 5,
+    *,
+    pos: int | None = None,
 ) -> pd.DataFrame:
-    """The top-k sub-updates m_i * v_i of each layer's MLP at token `pos` of one prompt (a text, or a
-    one-row Tokens or id tensor; see the module docstring).
-    target: a single token or id; default the model's top prediction at `pos`.
+    """The top-k sub-updates m_i * v_i of each layer's MLP at prompt-relative `position` of one prompt (a text, or
+    a one-row Tokens or id tensor; see the module docstring). `pos`: the old name of `position` (deprecated).
+    target: a single token or id; default the model's top prediction at `position`.
 
     One row per (layer, ranking, rank), ranking "magnitude" (by |m_i| ||v_i||) or "target" (by the
-    contribution to the target's logit, largest first): layer ranking rank neuron coefficient value_norm
+    contribution to the target's logit, largest first): site (the neuron's Site.label) layer ranking rank neuron
+    coefficient value_norm
     magnitude target_contribution promotes (the `value_k` tokens whose logits m_i v_i raises most, through
     the final norm) explained_norm explained_target layer_norm (||U||) layer_target (U . u') pos target_id
     target. With post-norms, value_norm is ||linear_post(v_i)|| (the gain, not the frozen scale s, which
     magnitude includes); with experts, an `expert` column follows `layer`, coefficient is m_{e,i} and
     magnitude includes the router weight w_e."""
+    position = renamed("position", position, "pos", pos, default=-1)
     layer_list = select_layers(model, layers)
     experts = model.config.n_experts if has_experts(model, layer_list) else 0  # one kind of MLP (DeepSeek's mix)
     k = check_k(k, "k", model.config.mlp_width(layer_list[0]) * max(1, experts))
@@ -57,7 +62,7 @@ def sub_updates(
     given = as_prompts(model, prompt)
     if len(given) != 1:
         raise ResidError(f"sub_updates takes one prompt, got {len(given)}: call it once per prompt.")
-    pos = int(given.tokens.relative(given.tokens.padded_index([pos]))[0, 0])  # made non-negative
+    pos = int(given.tokens.relative(given.tokens.padded_index([position]))[0, 0])  # made non-negative
     wanted = {"post"} | ({"post_norm_scale"} if model.config.post_norms else set())
     wanted |= {"expert_weights"} if experts else set()
     capture = Capture(layers=layer_list, positions=[pos], attn=frozenset(), mlp=wanted, embed=False)
@@ -73,10 +78,12 @@ def sub_updates(
             updates = sub_update_vectors(model, layer, record.post[0, 0], weights, scale)
             frames += _rank_layer(model, layer, record.post[0, 0].float(), updates, direction, k, value_k)
     df = pd.concat(frames, ignore_index=True)
+    expert_column = df["expert"].to_numpy() if "expert" in df else None
+    df.insert(0, "site", site_column(df["layer"].to_numpy(), df["neuron"].to_numpy(), expert_column))
     df["pos"] = np.int64(pos)
     df["target_id"] = np.int64(target_id)
     df["target"] = str(decode_ids(model, np.array([target_id]))[0])
-    parameters = {"pos": pos, "layers": layer_list, "k": k, "value_k": value_k}
+    parameters = {"position": pos, "layers": layer_list, "k": k, "value_k": value_k}
     df.attrs["provenance"] = describe(model, "neurons.sub_updates", parameters, given.record(), target_id)
     return df
 

@@ -37,22 +37,22 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.checks import check_k, has_experts, select_layers, select_neurons
+from resid.analyses.checks import check_k
 from resid.analyses.io.provenance import describe
+from resid.analyses.neurons.selection import Neurons, select, site_column
 from resid.analyses.vocab import decode_ids
-from resid.errors import ResidError
 from resid.model import Transformer
 
 CHUNK_BYTES = 256 * 2**20
-# direction: "top" | "bottom"; rank: 1 = the extreme; value: the logit that v_i adds to token_id. Mixture of
-# experts: "expert" after "layer".
-COLUMNS = ("layer", "neuron", "direction", "rank", "token_id", "token", "value")
+# site: the neuron's Site.label (resid.analyses.neurons.selection); direction: "top" | "bottom"; rank: 1 = the
+# extreme; value: the logit that v_i adds to token_id. Mixture of experts: "expert" after "layer".
+COLUMNS = ("site", "layer", "neuron", "direction", "rank", "token_id", "token", "value")
 
 
 def value_top_tokens(
     model: Transformer,
     layers: int | Sequence[int] | None = None,
-    neurons: int | Sequence[int] | None = None,
+    neurons: Neurons = None,
     k: int = 20,
     through_final_norm: bool = True,
     chunk_bytes: int = CHUNK_BYTES,
@@ -60,13 +60,13 @@ def value_top_tokens(
 ) -> pd.DataFrame:
     """Each neuron's value read in vocabulary space: its k highest and k lowest token logits.
 
-    layers / neurons: None for all, an index or a list (the same neurons in every chosen layer). experts
-    (mixture-of-experts models only): the same way, the experts whose neurons are read. One row per (layer,
-    neuron, direction, rank), the columns of COLUMNS, in that order (per (layer, expert, neuron, ...) with an
-    `expert` column for a mixture of experts)."""
-    layer_list = select_layers(model, layers)
-    neuron_list = select_neurons(model, neurons, layer_list)
-    expert_list = select_experts(model, experts, layer_list)
+    layers: None for all, an index or a list. neurons: resid.Sites of neurons or their labels, or None / "neuron"
+    for all, or an index or a list of indices, the same neurons in every chosen layer (resid.analyses.neurons.
+    selection). experts (mixture-of-experts models only): the same way, the experts whose neurons are read. One
+    row per (layer, neuron, direction, rank), the columns of COLUMNS, in that order (per (layer, expert, neuron,
+    ...) with an `expert` column for a mixture of experts)."""
+    selection = select(model, layers, neurons, experts)
+    layer_list, neuron_list, expert_list = selection.layers, selection.neurons, selection.experts
     k = check_k(k, "k", model.config.d_vocab)
     unembed = model.readout.unembedding(through_final_norm)
     index = None if neuron_list is None else torch.tensor(neuron_list, device=model.device)
@@ -88,35 +88,10 @@ def value_top_tokens(
     values = torch.stack([torch.cat(top_values), torch.cat(bottom_values)], dim=1)  # [n 2 k]
     ids = torch.stack([torch.cat(top_ids), torch.cat(bottom_ids)], dim=1)
     neuron_ids = np.arange(n_neurons) if neuron_list is None else np.asarray(neuron_list)
-    df = _frame(model, layer_list, neuron_ids, values.numpy(), ids.numpy(), expert_list)
-    parameters = {"layers": layer_list, "neurons": neuron_list, "k": k, "through_final_norm": through_final_norm}
-    if expert_list is not None:
-        parameters["experts"] = expert_list
+    df = selection.keep(_frame(model, layer_list, neuron_ids, values.numpy(), ids.numpy(), expert_list))
+    parameters = {**selection.parameters(), "k": k, "through_final_norm": through_final_norm}
     df.attrs["provenance"] = describe(model, "neurons.value_top_tokens", parameters)
     return df
-
-
-def select_experts(
-    model: Transformer, experts: int | Sequence[int] | None, layers: Sequence[int] | None = None
-) -> list[int] | None:
-    """Expert indices, checked and sorted, for a mixture-of-experts model (every expert when None); None for a
-    dense model, which must not be given experts. `layers` (checked indices): the MLPs these are for, all of one
-    kind (DeepSeek's first layers are dense); None: the model's."""
-    n = model.config.n_experts if layers is None or has_experts(model, layers) else 0
-    if not n:
-        if experts is not None:
-            which = f"{model.name}'s MLPs are" if layers is None else f"the MLPs of layers {list(layers)} are"
-            raise ResidError(f"experts={experts!r}: {which} dense, not mixtures of experts. Leave "
-                             "experts=None.")
-        return None
-    if experts is None:
-        return list(range(n))
-    chosen = [experts] if isinstance(experts, int) else list(experts)
-    bad = [e for e in chosen if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < n]
-    if bad or not chosen:
-        raise ResidError(f"Experts {bad or chosen} are not valid: each MLP has {n} experts (0..{n - 1}); pass None "
-                         "for all, an index or a non-empty list.")
-    return sorted(set(chosen))
 
 
 def _value_matrices(model: Transformer, layers: list[int], experts: list[int] | None):
@@ -165,4 +140,7 @@ def _frame(
     if experts is not None:
         columns = {"layer": columns.pop("layer"),
                    "expert": np.tile(np.repeat(expert_ids, per_neuron), len(layers)), **columns}
-    return pd.DataFrame(columns)
+    # one label per (layer, [expert,] neuron) row of `values`, repeated over its 2k rows
+    site = site_column(np.repeat(np.asarray(layers, dtype=np.int64), len(neurons)), np.tile(neurons, len(layers)),
+                       None if experts is None else np.tile(expert_ids, len(layers)), repeat=per_neuron)
+    return pd.DataFrame({"site": site, **columns})

@@ -35,7 +35,7 @@ from resid.analyses.patching import atp_seq2seq as seq2seq_atp
 from resid.analyses.patching import selection
 from resid.analyses.patching.effects import Effects, captured, gates, nodes
 from resid.analyses.patching.exact import COLUMNS
-from resid.analyses.patching.features import WORD, atp_frame, dictionaries_of, require
+from resid.analyses.patching.features import WORD, atp_frame, patched_dictionaries, require
 from resid.analyses.patching.pairs import (
     Align,
     Mapping,
@@ -94,7 +94,7 @@ def atp(
     full, (model, sources) = model, pair_sources(model, source, corrupt_source, n_prompts(given.clean))
     if sources is not None:
         return _pairs_atp(full, sources, given, sites, direction, dictionaries, method, execution)
-    dictionaries = dictionaries_of(dictionaries, sites)
+    dictionaries = patched_dictionaries(dictionaries, sites)
     check_choice(method, "method", ("atp", "atp*"))
     pairs, target_ids, baseline_ids, metric, label = prepare(model, given, direction)
     width = int(pairs.clean.tokens.lengths.max())

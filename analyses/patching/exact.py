@@ -34,7 +34,7 @@ from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
 from resid.analyses.patching import selection
-from resid.analyses.patching.features import WORD, active, dictionaries_of, require
+from resid.analyses.patching.features import WORD, active, patched_dictionaries, require
 from resid.analyses.patching.pairs import (
     Align,
     Pairs,
@@ -90,7 +90,7 @@ def activation(
         raise ResidError(f"{param('dictionaries')} are not taken with encoder-decoder models yet.")
     if sources is not None:
         seq2seq.in_process(execution.executor)
-    dictionaries = dictionaries_of(dictionaries, sites)
+    dictionaries = patched_dictionaries(dictionaries, sites)
     pairs, target_ids, baseline_ids, metric, label = prepare(model, given, direction)
     base, donor = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     size = batch_size_for(model, pairs.clean.tokens, execution.batch_size)

@@ -31,6 +31,7 @@ from resid.analyses.metrics import metric_values
 from resid.analyses.patching.pairs import PromptPairs
 from resid.capture import Capture
 from resid.dictionaries import Dictionary, Splice, feature_site
+from resid.dictionaries.modes import unwrapped
 from resid.errors import ResidError, param
 from resid.model import Transformer
 from resid.sites import Site
@@ -38,10 +39,10 @@ from resid.sites import Site
 WORD = "feature"
 
 
-def dictionaries_of(items: Sequence, sites) -> tuple[Dictionary, ...]:
+def patched_dictionaries(items: Sequence, sites) -> tuple[Dictionary, ...]:
     """The Dictionary values of `dictionaries=` (an Observe / Splice gives its dictionary: patching splices them
     itself); refuses the word "feature" in `sites` without any."""
-    found = tuple(getattr(item, "dictionary", item) for item in items)
+    found = tuple(unwrapped(items))
     bad = [d for d in found if not isinstance(d, Dictionary)]
     if bad:
         raise ResidError(f"{param('dictionaries')} takes resid.dictionaries.Dictionary values (a cross-layer "

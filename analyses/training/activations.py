@@ -44,8 +44,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from resid.analyses.corpus_windows import Window, batch_tokens
-from resid.analyses.corpus_windows import windows as cut_windows
+from resid.analyses.corpus_windows import Window, batch_tokens, cut_windows
 from resid.analyses.distributed.executor import Job
 from resid.analyses.distributed.progress import meter
 from resid.batching import available_bytes

@@ -59,7 +59,7 @@ from resid.analyses.training.activations import Activations, Position
 from resid.analyses.training.batchtopk import batch_top_k, starts, tracked
 from resid.analyses.training.coder import Coder, geometric_median
 from resid.analyses.training.jumprelu import JumpReLU
-from resid.analyses.training.loop import FORWARD_BATCH, Spec, TrainingJob, buffer_size, fingerprint
+from resid.analyses.training.loop import FORWARD_BATCH, Spec, TrainingJob, buffer_size, source_fingerprint
 from resid.analyses.training.recipe import Recipe
 from resid.analyses.training.trainer import Stats, Trainer
 from resid.batching import available_bytes
@@ -320,7 +320,7 @@ class CrossLayerJob(TrainingJob):
         self.names = ["clt"]
         self._settings = {"model": model.name, "crosslayer": {"hook_in": self.hook_in, "hook_out": self.hook_out,
                                                               "tanh_scale": tanh_scale},
-                          "recipe": asdict(recipe), "data": fingerprint(self.source), "window": window,
+                          "recipe": asdict(recipe), "data": source_fingerprint(self.source), "window": window,
                           "forward_batch": forward_batch, "buffer_tokens": buffer_tokens, "keep_bos": keep_bos,
                           "autocast": autocast, "max_norm_ratio": max_norm_ratio}
         self.steps, self.step, self.step_size = recipe.steps, 0, recipe.batch_size

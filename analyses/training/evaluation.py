@@ -42,8 +42,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from resid.analyses.corpus_windows import Window, batch_tokens
-from resid.analyses.corpus_windows import windows as cut_windows
+from resid.analyses.corpus_windows import Window, batch_tokens, cut_windows
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.distributed.executor import Job

@@ -222,7 +222,7 @@ class TrainingJob(StepJob):
         for trainer, label in zip(self.trainers, labels):
             trainer.label = label
         self._settings = {"model": model.name, "specs": [s.settings() for s in specs], "recipe": asdict(recipe),
-                          "data": fingerprint(self.source), "window": window, "forward_batch": forward_batch,
+                          "data": source_fingerprint(self.source), "window": window, "forward_batch": forward_batch,
                           "buffer_tokens": buffer_tokens, "keep_bos": keep_bos, "autocast": autocast,
                           "max_norm_ratio": max_norm_ratio}
         self.steps, self.step, self.step_size = recipe.steps, 0, recipe.batch_size
@@ -343,7 +343,7 @@ def _check_sizes(model: Transformer, recipe: Recipe, pairs: list, labels: list[s
             "here; lower the width, the batch, or train fewer dictionaries per run.")
 
 
-def fingerprint(source: Activations) -> str:
+def source_fingerprint(source: Activations) -> str:
     """sha256 of the windows' token ids: a checkpoint resumes only on the corpus it was trained on."""
     digest = hashlib.sha256()
     for w in source.windows:

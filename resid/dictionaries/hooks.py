@@ -170,13 +170,13 @@ def _huggingface(name: str, config: ModelConfig | None) -> HookPoint | None:
         if config is None:
             return None
         # Gemma 2/3 name their attention post-norm so; Llama-like models their MLP input norm
-        kind = "attn_out" if config.post_norms else "mlp_normalized"
+        kind = "attn" if config.post_norms else "mlp_normalized"
     table = {
         "resid_pre": HookPoint(name, Site(layer, "resid_pre")),
         "resid_post": HookPoint(name, Site(layer, "resid_post")),
         "attn_raw": HookPoint(name, Site(layer, "attn"), before_post_norm=True),
         "mlp_raw": HookPoint(name, Site(layer, "mlp"), before_post_norm=True),
-        "attn_out": HookPoint(name, Site(layer, "attn")),
+        "attn": HookPoint(name, Site(layer, "attn")),
         "mlp_post_norm": HookPoint(name, Site(layer, "mlp")),
         "mlp_normalized": HookPoint(name, Site(layer, "mlp", field="normalized")),
         "attn_normalized": HookPoint(name, Site(layer, "attn", field="normalized")),

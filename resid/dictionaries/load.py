@@ -34,9 +34,9 @@ from resid.dictionaries.dictionary import Dictionary
 from resid.dictionaries.formats import circuit_tracer, gemma_scope, saelens, sparsify
 from resid.dictionaries.hooks import hook_point
 from resid.errors import ResidError
+from resid.load.hub import FOLDER_ID
 
 Loaded = Dictionary | list[Dictionary] | CrossLayerTranscoder
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(/[\w.\-/]+)?$")
 
 
 def detect(folder: Path) -> str:
@@ -197,7 +197,7 @@ def _local(path: str | Path) -> Path:
     if folder.exists():
         raise ResidError(f"{folder} is a file; resid.dictionaries.load takes the folder that holds a dictionary.")
     name = str(path)
-    if isinstance(path, Path) or name.startswith((".", "~", "/")) or not HUB_ID.match(name):
+    if isinstance(path, Path) or name.startswith((".", "~", "/")) or not FOLDER_ID.fullmatch(name):
         raise ResidError(f"No dictionary folder at {folder}: pass a local folder or a Hugging Face Hub id "
                          "('owner/repo' or 'owner/repo/sub/folder').")
     owner, repo, *sub = name.split("/")

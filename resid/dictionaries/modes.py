@@ -32,3 +32,9 @@ class Splice:
     error: bool = True
     storage: Storage = "auto"
     edit: Callable[[Tensor, object], Tensor] | None = None
+
+
+def unwrapped(items) -> list:
+    """The dictionaries of a `dictionaries=` list: an Observe or a Splice gives its dictionary, a bare one itself
+    (what analyses read when they take the dictionaries apart, and run them their own way)."""
+    return [item.dictionary if isinstance(item, (Observe, Splice)) else item for item in items]

@@ -28,12 +28,17 @@ from pathlib import Path
 import yaml
 
 from resid.errors import ResidError
+from resid.sites import Site
 
 TABLE = Path(__file__).with_name("releases.json")
 # SAELens's conversion_func (the loader it runs on the Hub folder) -> the format resid reads that folder as
 FORMATS = {None: "saelens", "gemma_2": "gemma_scope", "gemma_3": "gemma_scope", "llama_scope": "llama_scope",
            "llama_scope_r1_distill": "llama_scope"}
 READABLE = ("saelens", "gemma_scope")  # the formats above that resid.dictionaries.load reads
+# Gemma Scope 1's kinds of site (from its repos' names: gemma-scope-2b-pt-res, -mlp, -att) -> the Site of a layer
+# they read, whose TransformerLens hook name (resid.sites.transformerlens) SAELens's loader gives the folder
+GEMMA_SCOPE_SITES = {"res": lambda layer: Site(layer, "resid_post"), "mlp": lambda layer: Site(layer, "mlp"),
+                     "att": lambda layer: Site(layer, "attn", field="z")}
 
 
 @dataclass(frozen=True)
@@ -122,12 +127,11 @@ def _gemma_scope_1_hook(repo_id: str, path: str) -> str:
     layer = re.search(r"layer_(\d+)", path)
     kind = re.search(r"-(res|mlp|att)(?:-|$)", repo_id)
     if "embedding" in path and kind and kind.group(1) == "res":
-        return "hook_embed"
+        return Site(None, "embed").hook_name
     if layer is None or kind is None:
         raise ResidError(f"The Gemma Scope folder {repo_id}/{path} names no layer_N or no res / mlp / att site; "
                          "load it by its Hub id with hook= naming the hook it reads.")
-    return {"res": "blocks.{}.hook_resid_post", "mlp": "blocks.{}.hook_mlp_out",
-            "att": "blocks.{}.attn.hook_z"}[kind.group(1)].format(layer.group(1))
+    return GEMMA_SCOPE_SITES[kind.group(1)](int(layer.group(1))).hook_name
 
 
 def _close(name: str, known) -> str:

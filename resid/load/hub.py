@@ -1,9 +1,18 @@
 """Fetching a Hugging Face Hub id into the Hub cache (only what resid reads: configs, safetensors,
-tokenizer files), then loading it as a local folder. Offline or unknown ids give one clear error."""
+tokenizer files), then loading it as a local folder. Offline or unknown ids give one clear error.
 
+What a Hub id is, once for models and dictionaries: `REPO_ID` a repository ("gpt2", "EleutherAI/pythia-70m");
+`FOLDER_ID` a folder of an owner's repository ("owner/repo" or "owner/repo/sub/folder": resid.dictionaries.load).
+"""
+
+import re
 from pathlib import Path
 
 from resid.errors import ResidError
+
+_NAME = r"[A-Za-z0-9][\w.\-]*"  # an owner or a repository name: no leading '.', '-' or '_'
+REPO_ID = re.compile(rf"{_NAME}(?:/[\w.\-]+)?")
+FOLDER_ID = re.compile(rf"{_NAME}/[\w.\-]+(?:/[\w.\-/]+)?")
 
 WANTED = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
 

@@ -10,7 +10,6 @@
 
 import difflib
 import importlib.metadata
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from resid.errors import ResidError, param
 from resid.load.gguf import load_gguf
 from resid.load.gguf_packages import gemma3_270m_path
 from resid.load.hf import load_hf_folder
-from resid.load.hub import fetch
+from resid.load.hub import REPO_ID, fetch
 from resid.load.zip_packages import minilm_folder
 from resid.model import Transformer
 from resid.seq2seq import EncoderDecoder
@@ -38,7 +37,6 @@ DTYPES = {
     torch.float16: torch.float16,
     torch.bfloat16: torch.bfloat16,
 }
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 TYPO = 0.85  # difflib similarity above which a bare name is taken for a typo of a resid name (smollm2-135n: 0.92)
 
 
@@ -115,7 +113,7 @@ def load(
                          f"{', '.join(repr(n) for n in KNOWN)}) nor an existing folder or .gguf file; the Hugging Face "
                          f"Hub was not asked, as the name is a near-typo of a resid name (for a Hub repository of "
                          f"that name, pass 'owner/{name}').")
-    if HUB_ID.match(name):
+    if REPO_ID.fullmatch(name):
         # "org/model" is a Hub id or a relative path; nothing is there locally, so the Hub is asked.
         missing = f"Nothing exists at the local path {name!r} ({path.absolute()}). " if "/" in name else ""
         return load_hf_folder(fetch(name, missing + _unknown_message(name)), name, device, torch_dtype)

@@ -57,35 +57,21 @@ import numpy as np
 
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.sites import transformerlens
-
-GLOBAL_PARTS = ("embed", "pos_embed", "type_embed", "embed_norm_bias", "final_bias", "logits")
-RESID_PARTS = ("resid_pre", "resid_mid", "resid_cross", "resid_post")
-SUBLAYERS = ("attn", "cross", "mlp")
-LAYER_PARTS = (*RESID_PARTS, "layer", *SUBLAYERS)
-PARTS = (*GLOBAL_PARTS, *LAYER_PARTS)
-# Fields of the sublayer records (resid.records), readable and capturable; the first is the default
-ATTN_FIELDS = ("out", "z", "q", "k", "v", "pattern", "scores", "q_proj", "k_proj", "normalized", "norm_scale",
-               "post_norm_scale", "resid_norm_scale", "kv_latent", "kv_norm_scale")
-MLP_FIELDS = ("out", "post", "pre", "gate", "expert_out", "expert_weights", "router_logits", "normalized",
-              "norm_scale", "post_norm_scale", "resid_norm_scale")
-# Terms of an attribution: constants the decomposition has rows for, not tensors of the run
-# (b_Q / b_K: the constant of a head's query / key, the pre-norm's bias carried through W_Q / W_K plus b_Q / b_K: a
-# term of QK attribution, resid.analyses.graphs.qk)
-TERMS = {"attn": ("b_O", "post_norm_bias", "resid_norm_bias", "b_Q", "b_K"),
-         "mlp": ("b_out", "post_norm_bias", "resid_norm_bias")}
-TERMS["cross"] = TERMS["attn"]
-# Which fields an index selects in, and the field it means by default
-UNIT_FIELDS = {"head": ("z", "q", "pattern", "scores", "q_proj"), "kv_head": ("k", "v", "k_proj"),
-               "neuron": ("post", "pre", "gate"),
-               "expert": ("expert_out", "expert_weights", "router_logits", "post")}
-DEFAULT_FIELD = {"head": "z", "neuron": "post", "expert": "expert_out", "feature": "acts"}
-# A learned dictionary at a residual site or a sublayer: the terms of what it reconstructs there
-DICTIONARY_FIELDS = ("reconstruction", "error", "skip", "b_dec")
+from resid.sites import transformerlens, vocabulary
+from resid.sites.vocabulary import (
+    DEFAULT_FIELD,
+    DICTIONARY_FIELDS,
+    GLOBAL_PARTS,
+    PARTS,
+    RESID_PARTS,
+    SUBLAYERS,
+    TERMS,
+    UNIT_FIELDS,
+)
 
 
 def _fields(part: str) -> tuple[str, ...]:
-    return (*(MLP_FIELDS if part == "mlp" else ATTN_FIELDS), *TERMS[part], *DICTIONARY_FIELDS)
+    return (*vocabulary.of_part(part), *TERMS[part], *DICTIONARY_FIELDS)
 
 
 @dataclass(frozen=True)

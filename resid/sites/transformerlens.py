@@ -5,13 +5,15 @@ layer's), the Site part and field it reads, how TransformerLens's tensor is made
 models have it (`HAS`) and what it is to resid (`ROLES`). Everything that speaks TransformerLens derives from it:
 `Site.hook_name` / `Site.from_hook_name` (resid.sites.site), the read-only view of a run by hook names
 (resid.hook_names), the hook points of dictionary files (resid.dictionaries.hooks). `BLOCK` is the one pattern of a
-layer's name. This module knows no Site (it gives parts and fields), so resid.sites.site can import it.
+layer's name. This module knows no Site (it gives parts and fields, of resid.sites.vocabulary), so resid.sites.site
+can import it.
 """
 
 import re
 from dataclasses import dataclass
 
 from resid.config import ModelConfig
+from resid.sites.vocabulary import UNIT_OF
 
 BLOCK = re.compile(r"blocks\.(-?\d+)\.(.+)")  # a layer's name: blocks.{layer}.{name}
 
@@ -55,9 +57,7 @@ class Name:
     @property
     def unit(self) -> str | None:
         """The axis an index picks within the tensor (SAELens's hook_head_index, Site.from_hook_name's index)."""
-        return {"z": "head", "q": "head", "q_proj": "head", "scores": "head", "pattern": "head", "k": "kv_head",
-                "k_proj": "kv_head", "v": "kv_head", "post": "neuron",
-                "pre": "neuron", "gate": "neuron"}.get(self.field)
+        return UNIT_OF.get(self.field)
 
 
 _POST_NORM = ("post_norms",)

@@ -24,13 +24,13 @@ def _assert_complete(df, rel=1e-5):
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_rows_sum_to_the_logit_on_every_family(tiny: Tiny, level):
-    _assert_complete(attribution.direct(tiny.model, PROMPTS, target=" the", level=level))
-    _assert_complete(attribution.direct(tiny.model, PROMPTS, target=" the", baseline=" a", level=level, pos=2))
+    _assert_complete(attribution.direct(tiny.model, PROMPTS, targets=" the", level=level))
+    _assert_complete(attribution.direct(tiny.model, PROMPTS, targets=" the", baselines=" a", level=level, position=2))
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_rows_sum_to_the_logit_on_random_architectures(random_model, level):
-    df = attribution.direct(random_model, PROMPTS, target=None, baseline=" a", level=level)
+    df = attribution.direct(random_model, PROMPTS, targets=None, baselines=" a", level=level)
     _assert_complete(df)
     # The actual logit difference is the model's own (before its final soft cap, if it has one).
     run = random_model.run(PROMPTS[1], logits_at="last")
@@ -51,8 +51,8 @@ def test_rows_sum_to_the_logit_on_smollm2(smollm2):
     prompts = ["The Eiffel Tower is located in the city of",
                "When Mary and John went to the store, John gave a drink to"]
     for level in LEVELS:
-        _assert_complete(attribution.direct(smollm2, prompts, target=None, level=level))
-    df = attribution.direct(smollm2, prompts[1], target=" Mary", baseline=" John", level="head")
+        _assert_complete(attribution.direct(smollm2, prompts, targets=None, level=level))
+    df = attribution.direct(smollm2, prompts[1], targets=" Mary", baselines=" John", level="head")
     _assert_complete(df)
     assert df["logit"].iloc[0] > 0  # the model prefers the indirect object
 
@@ -122,9 +122,9 @@ def test_head_values_on_smollm2_equal_brute_force(smollm2):
 
 
 def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
-    batch = attribution.direct(random_model, PROMPTS, " the", level="head", pos=1)
+    batch = attribution.direct(random_model, PROMPTS, " the", level="head", position=1)
     for i, text in enumerate(PROMPTS):
-        alone = attribution.direct(random_model, text, " the", level="head", pos=1)
+        alone = attribution.direct(random_model, text, " the", level="head", position=1)
         mine = batch[batch.prompt_idx == i].reset_index(drop=True)
         assert list(mine["site"]) == list(alone["site"])
         torch.testing.assert_close(torch.tensor(mine["value"].values), torch.tensor(alone["value"].values),
@@ -147,7 +147,7 @@ def test_components_and_columns(smollm2):
     assert df["target"].iloc[0] == " Paris" and df["token"].iloc[0] == " of"
     assert df["baseline"].isna().all() and df["final_bias" == df.site]["value"].eq(0).all()
     assert df.attrs["provenance"]["analysis"] == "attribution.direct"
-    assert df.attrs["provenance"]["parameters"] == {"level": "head", "pos": -1}
+    assert df.attrs["provenance"]["parameters"] == {"level": "head", "position": -1}
 
 
 def test_learned_positions_and_biases_have_their_rows(gpt2_tokenizer):
@@ -163,10 +163,10 @@ def test_learned_positions_and_biases_have_their_rows(gpt2_tokenizer):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(target=" Parisian"), "is 2 tokens"),
-        (dict(target=10**6), "is not a token"),
-        (dict(target=" Paris", baseline=" Eiffel Tower"), "baseline ' Eiffel Tower' is"),
-        (dict(target=" Paris", pos=50), "out of range for prompt 0"),
+        (dict(targets=" Parisian"), "is 2 tokens"),
+        (dict(targets=10**6), "is not a token"),
+        (dict(targets=" Paris", baselines=" Eiffel Tower"), "baseline ' Eiffel Tower' is"),
+        (dict(targets=" Paris", position=50), "out of range for prompt 0"),
     ],
 )
 def test_bad_input_is_one_clear_error(smollm2, kwargs, message):
@@ -187,10 +187,10 @@ def test_empty_prompt_is_a_clear_error(smollm2):
 
 def test_per_prompt_targets_may_leave_some_to_the_top_prediction(gpt2_tokenizer):
     model = make_random_model("gpt2_like", gpt2_tokenizer)
-    df = attribution.direct(model, PROMPTS, target=[" the", None, 11], baseline=" a", level="head")
+    df = attribution.direct(model, PROMPTS, targets=[" the", None, 11], baselines=" a", level="head")
     _assert_complete(df)
     for i, target in enumerate([" the", None, 11]):
-        alone = attribution.direct(model, PROMPTS[i], target=target, baseline=" a", level="head")
+        alone = attribution.direct(model, PROMPTS[i], targets=target, baselines=" a", level="head")
         rows = df[df.prompt_idx == i].reset_index(drop=True)
         assert rows["target_id"].iloc[0] == alone["target_id"].iloc[0]
         assert rows["value"].to_numpy() == pytest.approx(alone["value"].to_numpy(), abs=1e-5)
@@ -212,20 +212,20 @@ def _spaced_paris_model(gpt2_tokenizer, boost: float) -> resid.Transformer:
 def test_an_unspaced_target_gets_a_note_when_the_spaced_form_is_far_likelier(gpt2_tokenizer):
     model = _spaced_paris_model(gpt2_tokenizer, boost=30.0)
     prompt = "The Eiffel Tower is in"
-    df = attribution.direct(model, prompt, target="Paris")
+    df = attribution.direct(model, prompt, targets="Paris")
     assert df["target"].iloc[0] == "Paris"  # accepted as given
     [note] = df.attrs["notes"]
     assert "'Paris' (id 40313)" in note and "' Paris' (id 6342, with a leading space)" in note
-    lens = logit_lens.run(model, [prompt, prompt], target="Paris", k=1)
+    lens = logit_lens.run(model, [prompt, prompt], targets="Paris", k=1)
     assert [n.split(":")[0] for n in lens.attrs["notes"]] == ["prompt 0", "prompt 1"]
     # No note for the spaced target, an id, the top prediction, or when the spaced form is not far likelier.
-    assert attribution.direct(model, prompt, target=" Paris").attrs["notes"] == []
-    assert attribution.direct(model, prompt, target=40313).attrs["notes"] == []
+    assert attribution.direct(model, prompt, targets=" Paris").attrs["notes"] == []
+    assert attribution.direct(model, prompt, targets=40313).attrs["notes"] == []
     assert logit_lens.run(model, prompt, k=1).attrs["notes"] == []
     plain = _spaced_paris_model(gpt2_tokenizer, boost=0.0)
     logits = plain.run(prompt, logits_at="last").logits[0, 0]
     assert logits.softmax(-1)[6342] < 10 * logits.softmax(-1)[40313]  # this random model has no preference
-    assert attribution.direct(plain, prompt, target="Paris").attrs["notes"] == []
+    assert attribution.direct(plain, prompt, targets="Paris").attrs["notes"] == []
 
 
 def test_spacing_hint_threshold(gpt2_tokenizer):

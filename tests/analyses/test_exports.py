@@ -18,9 +18,9 @@ def model(gpt2_tokenizer):
 
 FRAMES = {
     **{f"attribution.direct[{level}]": (lambda m, level=level: attribution.direct(
-        m, PROMPTS, target=[" Mary", " Paris"], baseline=" John", level=level)) for level in attribution.LEVELS},
+        m, PROMPTS, targets=[" Mary", " Paris"], baselines=" John", level=level)) for level in attribution.LEVELS},
     "attribution.direct[top prediction]": lambda m: attribution.direct(m, PROMPTS, level="head"),
-    "logit_lens.run": lambda m: logit_lens.run(m, PROMPTS, target=" Paris", positions="all", k=2),
+    "logit_lens.run": lambda m: logit_lens.run(m, PROMPTS, targets=" Paris", positions="all", k=2),
     "logit_lens.run[own top]": lambda m: logit_lens.run(m, PROMPTS, every="layer", k=2),
     "neurons.value_top_tokens": lambda m: neurons.value_top_tokens(m, layers=[0], k=3),
     "neurons.top_activating": lambda m: neurons.top_activating(m, PROMPTS, layers=[0], neurons=[1, 2], k=2),

@@ -19,10 +19,10 @@ def test_texts_tokens_and_ids_give_the_same_tables(gpt2_tokenizer):
     model = make_random_model("llama_gqa", gpt2_tokenizer)
     tokens = model.to_tokens(TEXTS, padding_side="right")
     one_ids = tokens.ids[1:, : int(tokens.lengths[1])]  # an unpadded [1 pos] tensor of the second prompt
-    by_text = attribution.direct(model, TEXTS, target=" the", level="head")
-    by_tokens = attribution.direct(model, tokens, target=" the", level="head")
+    by_text = attribution.direct(model, TEXTS, targets=" the", level="head")
+    by_tokens = attribution.direct(model, tokens, targets=" the", level="head")
     _same(by_text, by_tokens, ["prompt_idx", "pos", "token", "site", "value", "logit"])
-    by_ids = attribution.direct(model, one_ids, target=" the", level="head")
+    by_ids = attribution.direct(model, one_ids, targets=" the", level="head")
     _same(by_text[by_text["prompt_idx"] == 1], by_ids.assign(prompt_idx=1), ["pos", "site", "value", "logit"])
     assert by_ids.attrs["provenance"]["prompts"] == [one_ids[0].tolist()]
 
@@ -41,7 +41,7 @@ def test_texts_tokens_and_ids_give_the_same_tables(gpt2_tokenizer):
 def test_a_model_without_a_tokenizer_runs_every_analysis_from_ids():
     model = make_random_model("gpt2_like")  # no tokenizer: tokens shown as <id>
     ids = torch.randint(0, model.config.d_vocab, (3, 6), generator=torch.Generator().manual_seed(0))
-    df = attribution.direct(model, ids, target=5, level="neuron")
+    df = attribution.direct(model, ids, targets=5, level="neuron")
     sums = df.groupby("prompt_idx")["value"].sum()
     torch.testing.assert_close(torch.tensor(sums.values),
                                torch.tensor(df.groupby("prompt_idx")["logit"].first().values),

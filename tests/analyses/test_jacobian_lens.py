@@ -131,7 +131,7 @@ def test_frozen_jlens_is_a_sum_of_writes_through_j_transposed(random_model):
     lens = fit_jacobian(random_model, ids, skip_first=1, block=random_model.config.d_model,
                         execution=QUIET).with_frozen_norm(True)
     text = "Residual streams are sums of writes into"
-    df = logit_lens.run(random_model, text, target=" the", every="layer", lens=lens)
+    df = logit_lens.run(random_model, text, targets=" the", every="layer", lens=lens)
     run = random_model.run(text, capture=resid.Capture.all())
     direction = random_model.readout.logit_direction([int(df["target_id"].iloc[0])], run.stream.final_norm_scale[:, -1])
     sites, writes = run.stream.components()

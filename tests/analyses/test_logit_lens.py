@@ -71,7 +71,7 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
     """With the final scale frozen, the lens's target logit at resid_post(l) is the embedding, every write
     up to layer l and the bias term: the partial sums of attribution.direct."""
     text = PROMPTS[2]
-    lens = _top1(logit_lens.run(random_model, text, target=" the", lens=LogitLens(random_model, frozen_norm=True)))
+    lens = _top1(logit_lens.run(random_model, text, targets=" the", lens=LogitLens(random_model, frozen_norm=True)))
     attr = attribution.direct(random_model, text, " the", level="sublayer")
     bias = attr.loc[attr.site == "final_bias", "value"].item()
     embeds = attr.loc[attr.part.isin(["embed", "pos_embed", "type_embed"]), "value"].sum()
@@ -86,7 +86,7 @@ def test_frozen_lens_is_the_running_sum_of_direct_attributions(random_model):
 
 
 def test_smollm2_forms_paris_late(smollm2):
-    df = _top1(logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", target=" Paris"))
+    df = _top1(logit_lens.run(smollm2, "The Eiffel Tower is located in the city of", targets=" Paris"))
     final = df.iloc[-1]
     assert final["token"] == " Paris" and final["prob"] == pytest.approx(0.70, abs=0.01)
     assert df.iloc[0]["target_rank"] > 100  # the embeddings alone do not predict it
@@ -107,7 +107,7 @@ def test_a_prompt_in_a_padded_batch_equals_the_prompt_alone(random_model):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(target=" Parisian"), "is 2 tokens"),
+        (dict(targets=" Parisian"), "is 2 tokens"),
         (dict(positions=[0, 40]), r"Position\(s\) \[40\] are out of range"),
         (dict(positions=[]), "positions is empty"),
         (dict(k=0), "k must be a positive integer"),

@@ -24,20 +24,20 @@ def _assert_complete(df, rel=1e-5):
 @MIXTRAL
 @pytest.mark.parametrize("level", attribution.LEVELS)
 def test_rows_sum_to_the_logit(tiny: Tiny, level):
-    _assert_complete(attribution.direct(tiny.model, PROMPTS, target=" the", level=level))
-    _assert_complete(attribution.direct(tiny.model, PROMPTS, target=" the", baseline=" a", level=level, pos=2))
+    _assert_complete(attribution.direct(tiny.model, PROMPTS, targets=" the", level=level))
+    _assert_complete(attribution.direct(tiny.model, PROMPTS, targets=" the", baselines=" a", level=level, position=2))
 
 
 @pytest.mark.parametrize("post_norms", [False, True])
 @pytest.mark.parametrize("level", attribution.LEVELS)
 def test_rows_sum_to_the_logit_on_a_random_moe(post_norms, level):
-    _assert_complete(attribution.direct(make_moe_model(post_norms), IDS, target=5, level=level))
+    _assert_complete(attribution.direct(make_moe_model(post_norms), IDS, targets=5, level=level))
 
 
 @MIXTRAL
 def test_expert_rows_are_weighted_expert_writes_along_the_direction(tiny: Tiny):
     model, target = tiny.model, " the"
-    df = attribution.direct(model, PROMPTS, target=target, level="head")
+    df = attribution.direct(model, PROMPTS, targets=target, level="head")
     config = model.config
     mlp_rows = df[(df["part"] == "mlp") & (df["prompt_idx"] == 0)]
     assert len(mlp_rows) == config.n_layers * config.n_experts
@@ -63,8 +63,8 @@ def test_expert_rows_are_weighted_expert_writes_along_the_direction(tiny: Tiny):
 @MIXTRAL
 def test_neuron_rows_sum_to_their_expert_row(tiny: Tiny):
     model = tiny.model
-    head = attribution.direct(model, PROMPTS, target=" the", level="head")
-    neuron = attribution.direct(model, PROMPTS, target=" the", level="neuron")
+    head = attribution.direct(model, PROMPTS, targets=" the", level="head")
+    neuron = attribution.direct(model, PROMPTS, targets=" the", level="neuron")
     mlp = neuron[neuron["part"] == "mlp"]
     assert len(mlp) == 2 * model.config.n_layers * model.config.n_experts * model.config.d_mlp
     assert mlp["site"].iloc[model.config.d_mlp + 1] == "layers[0].mlp.expert[1].neuron[1]"

@@ -36,7 +36,7 @@ def test_value_top_tokens_equal_brute_force(random_model, through_final_norm):
                                   chunk_bytes=4 * random_model.config.d_vocab * 7)
     d_mlp, n_layers = random_model.config.d_mlp, random_model.config.n_layers
     assert len(df) == n_layers * d_mlp * 2 * k
-    assert list(df.columns) == ["layer", "neuron", "direction", "rank", "token_id", "token", "value"]
+    assert list(df.columns) == ["site", "layer", "neuron", "direction", "rank", "token_id", "token", "value"]
     for layer, logits in enumerate(_brute_value_logits(random_model, through_final_norm)):
         for direction, largest in (("top", True), ("bottom", False)):
             expected = logits.topk(k, dim=-1, largest=largest)
@@ -207,7 +207,7 @@ def test_bad_input_is_explained(random_model):
     with pytest.raises(ResidError, match="No layers given"):
         neurons.value_top_tokens(random_model, layers=[])
     with pytest.raises(ResidError, match=r"Position\(s\) \[9\] are out of range for prompt 0, which has 2 tokens"):
-        neurons.sub_updates(random_model, "Hello there", pos=9)
+        neurons.sub_updates(random_model, "Hello there", position=9)
     with pytest.raises(ResidError, match="must be one token"):
         neurons.sub_updates(random_model, "Hello there", target=" Eiffel Tower")
     with pytest.raises(ResidError, match=r"Position\(s\) \[5\] are out of range for prompt 1, which has 2 tokens"):

@@ -69,7 +69,7 @@ def test_sub_update_vectors_refuse_a_scale_without_post_norms(gpt2_tokenizer):
 def test_values_of_experts(tiny: Tiny):
     model = tiny.model
     df = neurons.value_top_tokens(model, layers=[1], experts=[0, 3], neurons=[5, 2], k=2)
-    assert list(df.columns) == ["layer", "expert", *neurons.values.COLUMNS[1:]]
+    assert list(df.columns) == ["site", "layer", "expert", *neurons.values.COLUMNS[2:]]
     unembed = model.readout.unembedding()
     top = df[df["direction"] == "top"]
     assert top["expert"].unique().tolist() == [0, 3] and top["neuron"].unique().tolist() == [2, 5]
@@ -99,7 +99,7 @@ def test_sub_updates_of_experts_are_exact(tiny: Tiny):
         neurons.sub_update_vectors(model, 0, record.post[0, -1])
 
     df = neurons.sub_updates(model, PROMPTS[1], k=4 * 96)
-    assert df.columns[:2].tolist() == ["layer", "expert"]
+    assert df.columns[:3].tolist() == ["site", "layer", "expert"]
     for layer in range(2):
         rows = df[(df["layer"] == layer) & (df["ranking"] == "target")]
         assert len(set(zip(rows["expert"], rows["neuron"]))) == 4 * 96
@@ -115,7 +115,7 @@ def test_top_activating_experts_counts_routed_tokens_only(tiny: Tiny):
     model = tiny.model
     texts = ["The quick brown fox jumps over the lazy dog.", "Hello there, general Kenobi."]
     df = neurons.top_activating(model, texts, layers=[1], neurons=[3], k=2)
-    assert df.columns[:5].tolist() == ["layer", "expert", "neuron", "rank", "coefficient"]
+    assert df.columns[:6].tolist() == ["site", "layer", "expert", "neuron", "rank", "coefficient"]
     run = model.run(texts, capture=resid.Capture(mlp={"post", "expert_weights"}))
     record = run.stream.layers[1].mlp
     real = run.tokens.attention_mask.clone()

@@ -10,7 +10,7 @@ from bad_option import BAD_OPTION
 import resid
 from resid.analyses import Execution, corpus, neurons, plots
 from resid.analyses.cli.main import main
-from resid.analyses.corpus_windows import windows
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.neurons import plots as neuron_plots
 from resid.errors import ResidError
 
@@ -31,7 +31,7 @@ def _with_bos(model: resid.Transformer) -> resid.Transformer:
 def _brute_force(model, texts, layer, window, sign):
     """Every token's coefficient, window by window, each window run alone (no padding)."""
     rows = []
-    for w in windows(model, texts, window):
+    for w in cut_windows(model, texts, window):
         post = model.run(torch.tensor(w.ids)[None], capture=resid.Capture(mlp={"post"})).stream.layers[layer]
         post = post.mlp.post[0]
         for p in range(int(w.bos), len(w.ids)):
@@ -68,7 +68,7 @@ def test_top_activating_equals_brute_force(random_model, sign, bos):
 def test_top_activating_columns_and_context(random_model):
     df = neurons.top_activating(random_model, TEXTS, layers=[0, -1], neurons=[3, 5], k=2, context=3, after=2,
                                 sign="negative")
-    assert list(df.columns) == ["layer", "neuron", "rank", "coefficient", "token_id", "token", "doc", "pos",
+    assert list(df.columns) == ["site", "layer", "neuron", "rank", "coefficient", "token_id", "token", "doc", "pos",
                                 "context"]
     assert df["layer"].unique().tolist() == [0, 2] and df["neuron"].unique().tolist() == [3, 5]
     assert (df.groupby(["layer", "neuron"])["coefficient"].apply(lambda c: c.is_monotonic_increasing)).all()

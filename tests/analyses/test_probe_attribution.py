@@ -23,7 +23,7 @@ def _hidden(model, text: str) -> torch.Tensor:
 def test_probe_rows_sum_to_the_read_out_on_every_family(tiny: Tiny, level):
     model = tiny.model
     vector = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(3))
-    df = attribution.direct(model, PROMPTS, target=Probe(vector, bias=0.5, name="random"), level=level)
+    df = attribution.direct(model, PROMPTS, targets=Probe(vector, bias=0.5, name="random"), level=level)
     for i, text in enumerate(PROMPTS):
         rows = df[df.prompt_idx == i]
         expected = float(_hidden(model, text) @ vector) + 0.5
@@ -37,8 +37,8 @@ def test_an_unembedding_column_probe_equals_the_logit_attribution(random_model):
     target = single_token_id(random_model, " the")
     column = random_model.unembed.W_U[:, target].detach()
     bias = 0.0 if random_model.unembed.b_U is None else float(random_model.unembed.b_U[target].detach())
-    probe = attribution.direct(random_model, PROMPTS, target=Probe(column, bias), level="head")
-    logit = attribution.direct(random_model, PROMPTS, target=" the", level="head")
+    probe = attribution.direct(random_model, PROMPTS, targets=Probe(column, bias), level="head")
+    logit = attribution.direct(random_model, PROMPTS, targets=" the", level="head")
     torch.testing.assert_close(torch.tensor(probe["value"].values), torch.tensor(logit["value"].values),
                                atol=1e-5, rtol=1e-5)
     assert list(probe["site"]) == list(logit["site"])
@@ -46,9 +46,9 @@ def test_an_unembedding_column_probe_equals_the_logit_attribution(random_model):
 
 def test_one_vector_per_prompt(random_model):
     vectors = torch.randn(2, random_model.config.d_model, generator=torch.Generator().manual_seed(4))
-    both = attribution.direct(random_model, PROMPTS, target=Probe(vectors))
+    both = attribution.direct(random_model, PROMPTS, targets=Probe(vectors))
     for i, text in enumerate(PROMPTS):
-        alone = attribution.direct(random_model, text, target=Probe(vectors[i]))
+        alone = attribution.direct(random_model, text, targets=Probe(vectors[i]))
         torch.testing.assert_close(torch.tensor(both[both.prompt_idx == i]["value"].values),
                                    torch.tensor(alone["value"].values), atol=1e-5, rtol=1e-5)
 
@@ -60,4 +60,4 @@ def test_one_vector_per_prompt(random_model):
 def test_bad_probes_are_explained(random_model, probe, baseline, message):
     probe = probe if probe is not None else Probe(torch.zeros(random_model.config.d_model))
     with pytest.raises(resid.ResidError, match=message):
-        attribution.direct(random_model, PROMPTS, target=probe, baseline=baseline)
+        attribution.direct(random_model, PROMPTS, targets=probe, baselines=baseline)

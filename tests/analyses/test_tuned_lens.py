@@ -60,7 +60,7 @@ def test_an_intermediate_site_is_the_translator_applied_by_hand(random_model):
 def test_frozen_tuned_lens_is_a_sum_of_writes_through_the_pulled_back_direction(random_model):
     """logit = T(h) . v + c = sum over writes before the site of write . (v + v @ A), plus b . v, plus c."""
     lens, text, target = random_lens(random_model, seed=1), PROMPTS[0], " the"
-    df = logit_lens.run(random_model, text, target=target, every="layer", lens=lens.with_frozen_norm(True))
+    df = logit_lens.run(random_model, text, targets=target, every="layer", lens=lens.with_frozen_norm(True))
     run = random_model.run(text, capture=resid.Capture.all())
     direction = random_model.readout.logit_direction([int(df["target_id"].iloc[0])], run.stream.final_norm_scale[:, -1])
     sites, writes = run.stream.components()

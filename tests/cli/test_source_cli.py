@@ -83,7 +83,7 @@ def test_attribute_table_equals_attribution_direct(folder, model, tmp_path, caps
     args = ["attribute", PREFIX, "--source", SOURCE, "--model", str(folder), "--target", "w7", "--level", "sublayer"]
     assert main([*args, "--out", str(out)]) == 0
     written = tables.read(out)
-    expected = attribution.direct(model, _ids(PREFIX_IDS), target=7, source=_ids(SOURCE_IDS), level="sublayer")
+    expected = attribution.direct(model, _ids(PREFIX_IDS), targets=7, source=_ids(SOURCE_IDS), level="sublayer")
     assert list(written["site"]) == list(expected["site"]) and "layers[0].cross" in set(written["site"])
     pd.testing.assert_series_equal(written["value"], expected["value"], check_exact=False, rtol=0, atol=1e-5)
     assert abs(written["value"].sum() - written["logit"].iloc[0]) < 1e-4

@@ -152,6 +152,11 @@ def test_a_second_command_training_into_the_same_folder_is_refused(setup, capsys
      "--tanh-scale must be a positive finite number"),
     (["train-clt", "--out", "x", "--activation", "jumprelu", "--tanh-scale", "-2"],
      "--tanh-scale must be a positive finite number"),
+    (["train-sae", "--layers", "1", "--out", "x", "--site", "mlp_out"], "--site mlp_out is TransformerLens's name; "
+     "the command line takes resid's Site words: --site mlp"),
+    (["train-sae", "--layers", "1", "--out", "x", "--site", "attn_out"], "--site attn"),
+    (["train-sae", "--layers", "1", "--out", "x", "--site", "mlp.out"], "choose one of resid_pre, resid_mid, "
+     "resid_post, attn, mlp"),
     (["train-clt", "--out", "x", "--tanh-scale", "2"], "--tanh-scale 2.0 sets the JumpReLU sparsity term, which "
      "--activation batchtopk does not have: drop --tanh-scale, or use --activation jumprelu"),
 ])

@@ -16,7 +16,7 @@ from random_models import make_random_model
 import resid
 import resid.dictionaries
 from resid.analyses import Execution, features
-from resid.analyses.corpus_windows import windows
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.features import histogram
 from resid.dictionaries import CrossLayerTranscoder
 from resid.errors import ResidError
@@ -41,7 +41,7 @@ def _brute_force(model, dictionaries, texts, window):
     """[(doc, pos)] of every scanned token and, per dictionary, its activations [tokens feature], each window run
     alone (no padding) with the dictionaries observed."""
     where, acts = [], {d.name: [] for d in dictionaries}
-    for w in windows(model, texts, window):
+    for w in cut_windows(model, texts, window):
         run = model.run(torch.tensor(w.ids)[None], dictionaries=dictionaries)
         first = int(w.bos)
         where += [(w.doc, w.start + p - first) for p in range(first, len(w.ids))]
@@ -57,7 +57,7 @@ def test_skip_first_leaves_each_windows_first_position_out(gpt2_tokenizer):
     [sae] = standard_set(model)[:1]
     df = features.top_activating(model, sae, TEXTS, k=K, window=WINDOW, skip_first=True)
     every = features.top_activating(model, sae, TEXTS, k=K, window=WINDOW)
-    starts = {(w.doc, w.start) for w in windows(model, TEXTS, WINDOW)}
+    starts = {(w.doc, w.start) for w in cut_windows(model, TEXTS, WINDOW)}
     assert not set(zip(df["doc"], df["pos"], strict=True)) & starts
     assert set(zip(every["doc"], every["pos"], strict=True)) & starts  # without it, first positions rank here
     where, acts = _brute_force(model, [sae], TEXTS, WINDOW)

@@ -119,6 +119,19 @@ def test_load_by_release_gives_gemma_scope_1_its_hook(table, fetched) -> None:
     assert (loaded.hook_in, loaded.hook_out) == ("blocks.12.hook_resid_post", "blocks.12.hook_resid_post")
 
 
+@pytest.mark.parametrize("repo, path, site, expected", [
+    ("google/gemma-scope-2b-pt-res", "layer_3/width_16k/average_l0_82", "layers[3].resid_post",
+     "blocks.3.hook_resid_post"),
+    ("google/gemma-scope-2b-pt-mlp", "layer_5/width_16k/average_l0_82", "layers[5].mlp", "blocks.5.hook_mlp_out"),
+    ("google/gemma-scope-2b-pt-att", "layer_7/width_16k/average_l0_82", "layers[7].attn.z", "blocks.7.attn.hook_z"),
+    ("google/gemma-scope-2b-pt-res", "embedding/width_4k/average_l0_6", "embed", "hook_embed"),
+])
+def test_gemma_scope_1_hooks_are_the_hook_names_of_their_sites(repo, path, site, expected) -> None:
+    # the names SAELens's loader gives these folders, derived from the Sites they read
+    hook = releases._gemma_scope_1_hook(repo, path)
+    assert hook == expected and resid.Site.from_hook_name(hook) == resid.Site.parse(site)
+
+
 def test_load_by_release_refuses_formats_resid_does_not_read_before_downloading(table, fetched) -> None:
     with pytest.raises(resid.ResidError, match=r"fnlp/Llama3_1-8B-Base-LXR-8x, a llama_scope folder"):
         resid.dictionaries.load("llama_scope_lxr_8x", sae_id="l0r_8x")

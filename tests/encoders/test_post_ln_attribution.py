@@ -42,14 +42,14 @@ def test_mlm_attribution_sums_to_the_logit_at_the_mask(bert_mlm, level):
     assert (df["token"] == "[MASK]").all() and sorted(df["pos"].unique()) == [2, 4, 5]
     logits = model.run(TEXTS[0], logits_at=[4]).logits[0, 0]
     assert df[df.prompt_idx == 0]["logit"].iloc[0] == pytest.approx(logits.max().item(), abs=1e-5)
-    with_baseline = attribution.direct(model, TEXTS, target="cat", baseline="dog", level=level)
+    with_baseline = attribution.direct(model, TEXTS, targets="cat", baselines="dog", level=level)
     _sums(with_baseline)
 
 
 def test_heads_and_neurons_sum_to_their_sublayer(bert_mlm):
     model = bert_mlm.model
-    sub = attribution.direct(model, TEXTS, target="paris", level="sublayer").set_index(["prompt_idx", "site"])
-    fine = attribution.direct(model, TEXTS, target="paris", level="neuron")
+    sub = attribution.direct(model, TEXTS, targets="paris", level="sublayer").set_index(["prompt_idx", "site"])
+    fine = attribution.direct(model, TEXTS, targets="paris", level="neuron")
     for (prompt, layer, part), rows in fine[fine.layer.notna()].groupby(["prompt_idx", "layer", "part"]):
         parts = rows[~rows.site.str.endswith("resid_norm_bias")]
         expected = sub.loc[(prompt, f"layers[{layer}].{part}"), "value"]
@@ -61,7 +61,7 @@ def test_a_component_equals_the_frozen_norm_chain_by_hand(bert_mlm):
     scale frozen (LN(x) = g * (x - mean x) * s), the MLM transform's GELU frozen as act(h) / h, and the tied
     decoder row."""
     model = bert_mlm.model
-    df = attribution.direct(model, TEXTS[0], target="paris", level="sublayer").set_index("site")
+    df = attribution.direct(model, TEXTS[0], targets="paris", level="sublayer").set_index("site")
     run = model.run(TEXTS[0], capture=resid.Capture.all())
     mask, layers = 4, run.stream.layers
     x = layers[0].attn.out[0, mask].double()
@@ -86,7 +86,7 @@ def test_probe_and_pooled_probe_sum_exactly(bert_base, pool, level):
     model = bert_base.model
     vector = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(0))
     texts = [t.replace("[MASK]", "cat") for t in TEXTS]
-    df = attribution.direct(model, texts, target=Probe(vector, bias=0.25, pool=pool), level=level)
+    df = attribution.direct(model, texts, targets=Probe(vector, bias=0.25, pool=pool), level=level)
     _sums(df)
     hidden = model.run(texts[1]).hidden[0]
     expected = (hidden.mean(0) if pool else hidden[-1]) @ vector + 0.25
@@ -112,7 +112,7 @@ def test_bad_input_says_what_to_do(bert_mlm, bert_base):
     with pytest.raises(ResidError, match=r"2 \[MASK\] tokens"):
         attribution.direct(bert_mlm.model, "[MASK] is the [MASK] of france")
     with pytest.raises(ResidError, match="embedding model.*no unembedding.*Probe"):
-        attribution.direct(bert_base.model, "the cat", target="cat")
+        attribution.direct(bert_base.model, "the cat", targets="cat")
     with pytest.raises(ResidError, match="embedding model"):
         bert_base.model.readout.logits(torch.zeros(1, bert_base.model.config.d_model))
     with pytest.raises(ResidError, match="one partner per text"):

@@ -32,10 +32,10 @@ def test_every_tables_site_column_parses_back(gpt2_tokenizer) -> None:
     transcoder = random_dictionary(model, "blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out", seed=3)
     texts = [[int(i) for i in row] for row in IDS]
     frames = {
-        "attribution (head)": attribution.direct(model, IDS, target=3, level="head"),
-        "attribution (neuron)": attribution.direct(model, IDS, target=3, level="neuron"),
-        "attribution (features)": attribution.direct(model, IDS, target=3, dictionaries=[sae, transcoder]),
-        "logit lens": logit_lens.run(model, IDS, target=3),
+        "attribution (head)": attribution.direct(model, IDS, targets=3, level="head"),
+        "attribution (neuron)": attribution.direct(model, IDS, targets=3, level="neuron"),
+        "attribution (features)": attribution.direct(model, IDS, targets=3, dictionaries=[sae, transcoder]),
+        "logit lens": logit_lens.run(model, IDS, targets=3),
         "ablation": ablation.sweep(model, IDS, targets=3, sites="head"),
         "patching": patching.activation(model, CLEAN, CORRUPT, targets=" mat", sites="head"),
         "patching (features)": patching.activation(model, CLEAN, CORRUPT, targets=" mat", sites="feature",

@@ -22,7 +22,7 @@ def _folder_with(tmp_path: Path, variant: str, **changes) -> Path:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_field_transformers_writes_is_known(tmp_path: Path, variant: str):
-    """Reading the config needs no weights: check_fields runs before any tensor is read, so a missing-weights
+    """Reading the config needs no weights: check_model_fields runs before any tensor is read, so a missing-weights
     error (not a config error) shows the config was accepted."""
     folder = _folder_with(tmp_path, variant)
     with pytest.raises(resid.ResidError, match="no model.safetensors"):

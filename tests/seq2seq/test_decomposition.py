@@ -50,8 +50,8 @@ def test_attribution_to_the_next_token_sums_exactly(tiny_marian, level):
 
 def test_cross_heads_sum_to_their_sublayer(tiny_marian):
     model = tiny_marian.model
-    sub = attribution.direct(model, TARGETS, source=SOURCES, target=3, level="sublayer")
-    heads = attribution.direct(model, TARGETS, source=SOURCES, target=3, level="head")
+    sub = attribution.direct(model, TARGETS, source=SOURCES, targets=3, level="sublayer")
+    heads = attribution.direct(model, TARGETS, source=SOURCES, targets=3, level="head")
     sub = sub.set_index(["prompt_idx", "site"])["value"]
     for (prompt, layer), rows in heads[heads.part == "cross"].groupby(["prompt_idx", "layer"]):
         parts = rows[~rows.site.str.endswith("resid_norm_bias")]["value"].sum()
@@ -62,7 +62,7 @@ def test_a_cross_head_equals_its_write_through_the_frozen_norms_by_hand(tiny_mar
     """layers[1].cross.head[1]: z[1] @ W_O[1] at the last position, then LN_cross(1), LN_mlp(1) and the
     last layer's three norms with their scales frozen (g * (x - mean x) * s), read by W_U[target]."""
     model = tiny_marian.model
-    df = attribution.direct(model, TARGETS[:1], source=SOURCES[:1], target=7, level="head").set_index("site")
+    df = attribution.direct(model, TARGETS[:1], source=SOURCES[:1], targets=7, level="head").set_index("site")
     run = model.run(SOURCES[:1], TARGETS[:1], capture=resid.Capture.all())
     decoder, layers = model.decoder, run.stream.layers
     x = (layers[1].cross.z[0, -1, 1].double() @ decoder.blocks[1].cross.W_O[1].double())

@@ -35,7 +35,7 @@ def model(request, t5_v10):
 @pytest.mark.parametrize("level", ["sublayer", "head"])
 def test_rows_sum_to_the_logit_and_heads_to_their_direct_rows(model, level):
     source = SOURCES
-    df = source_side.direct(model, TARGETS, source=source, level=level, target=4)
+    df = source_side.direct(model, TARGETS, source=source, level=level, targets=4)
     by_prompt = df.groupby("prompt_idx")
     error = (by_prompt["value"].sum() - by_prompt["logit"].first()).abs()
     assert (error <= 1e-5 * (1 + by_prompt["logit"].first().abs())).all(), error
@@ -44,7 +44,7 @@ def test_rows_sum_to_the_logit_and_heads_to_their_direct_rows(model, level):
     assert split.groupby("prompt_idx").site.nunique().eq(n_cross).all()
     assert {"encoder.embed", "encoder.layers[0].attn", "encoder.layers[1].mlp"} <= set(split.source)
     assert not df[df.source.isna()].site.str.contains(r"\.cross\.head").any()  # every cross head was split
-    direct = attribution.direct(model, TARGETS, source=source, level="head", target=4).set_index(
+    direct = attribution.direct(model, TARGETS, source=source, level="head", targets=4).set_index(
         ["prompt_idx", "site"])["value"]
     heads = split.groupby(["prompt_idx", "site"])["value"].sum()
     assert (heads - direct.loc[heads.index]).abs().max() < 1e-5
@@ -55,7 +55,7 @@ def test_a_row_equals_its_product_by_hand(t5_v10):
     write through the encoder's final norm (scale frozen), W_V[2], the run's pattern, W_O[2], then the decoder's
     final norm (scale frozen; v1.0's d_model^-0.5 in its gain) and W_U[:, 4]."""
     model = t5_v10
-    df = source_side.direct(model, TARGETS, source=SOURCES, target=4)
+    df = source_side.direct(model, TARGETS, source=SOURCES, targets=4)
     row = df[(df.prompt_idx == 1) & (df.site == "layers[1].cross.head[2]") & (df.source == "encoder.layers[0].mlp")]
     encoded = model.encode(SOURCES, capture=resid.Capture())
     run = model.run(SOURCES, TARGETS, capture=resid.Capture(cross={"pattern"}))

@@ -5,7 +5,7 @@ definitions computed here from plain runs."""
 import pytest
 import torch
 
-from resid.analyses.corpus_windows import windows as cut_windows
+from resid.analyses.corpus_windows import cut_windows
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.training.evaluation import evaluate
 from resid.analyses.training.loop import train

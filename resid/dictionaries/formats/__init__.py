@@ -1,7 +1,7 @@
 """One module per dictionary format, each with `read(folder)` and an explicit table of the config fields it reads
 and the tensors it expects (names, layouts, transposes). What every reader shares is here: reading JSON,
 safetensors and .npz (never pickle), refusing config fields and tensors it does not know, by name, as resid's model
-loaders do (resid.load.families.check_fields): a new field may change the maths, so it is never skipped silently.
+loaders do (resid.load.families.check_model_fields): a new field may change the maths, so it is never skipped silently.
 
 Hostile or damaged files are refused before they can compute a wrong number or exhaust memory:
 
@@ -166,7 +166,7 @@ _SHOWN.maxstring = _SHOWN.maxother = 80
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple, _SHOWN.maxset = 3, 6, 6, 6, 6
 
 
-def check_fields(config: dict, known: frozenset[str], where: str, what: str) -> None:
+def check_dictionary_fields(config: dict, known: frozenset[str], where: str, what: str) -> None:
     """Refuse config fields that are not in `known` (read by the reader or known to be provenance)."""
     unknown = sorted(set(config) - known, key=str)
     if unknown:

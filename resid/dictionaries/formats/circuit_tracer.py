@@ -37,7 +37,7 @@ from resid.dictionaries.crosslayer import CrossLayerTranscoder
 from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, Weights
 from resid.dictionaries.formats import (
     as_str,
-    check_fields,
+    check_dictionary_fields,
     finite_to_write,
     folder_to_write,
     read_npz,
@@ -77,7 +77,7 @@ def read(folder: Path) -> list[Dictionary] | CrossLayerTranscoder:
                          "expand a small file into billions of values; write the value out in full.") from None
     if not isinstance(cfg, dict):
         raise ResidError(f"{where} holds no mapping of fields.")
-    check_fields(cfg, READ | PROVENANCE, where, "a circuit-tracer transcoder set")
+    check_dictionary_fields(cfg, READ | PROVENANCE, where, "a circuit-tracer transcoder set")
     for field in ("model_kind", "feature_input_hook", "feature_output_hook"):
         if not isinstance(cfg.get(field), str):
             raise ResidError(f"{where} needs {field} (a string); got {shown(cfg.get(field))}.")

@@ -23,7 +23,7 @@ from resid.dictionaries.formats import (
     as_choice,
     as_int,
     as_str,
-    check_fields,
+    check_dictionary_fields,
     clamp_threshold,
     read_json,
     read_npz,
@@ -50,7 +50,7 @@ def read(folder: Path) -> Dictionary:
 def _read_v2(folder: Path) -> Dictionary:
     where = str(folder / CONFIG)
     cfg = read_json(folder / CONFIG)
-    check_fields(cfg, READ | PROVENANCE, where, "a Gemma Scope 2 dictionary")
+    check_dictionary_fields(cfg, READ | PROVENANCE, where, "a Gemma Scope 2 dictionary")
     as_choice(cfg.get("architecture", "jump_relu"), ("jump_relu",), "architecture", where)
     kind = cfg.get("type", "sae")
     if kind not in ("sae", "transcoder"):

@@ -35,7 +35,7 @@ from resid.dictionaries.formats import (
     as_index,
     as_int,
     as_str,
-    check_fields,
+    check_dictionary_fields,
     clamp_threshold,
     finite_to_write,
     folder_to_write,
@@ -82,7 +82,7 @@ def read(folder: Path, norm_scaling_factor: float | None = None) -> Dictionary:
     weights exactly as SAELens's from_pretrained folds it."""
     where = f"{folder / CONFIG}"
     cfg = read_json(folder / CONFIG)
-    check_fields(cfg, READ | PROVENANCE, where, "a SAELens dictionary")
+    check_dictionary_fields(cfg, READ | PROVENANCE, where, "a SAELens dictionary")
     metadata = dict(as_dict(cfg.get("metadata"), "metadata", where))
     _check_values(cfg, where)
     _check_values(metadata, f"{where} (metadata)")

@@ -18,7 +18,15 @@ skip_connection, d_in, and the training-only normalize_decoder and multi_topk.
 from pathlib import Path
 
 from resid.dictionaries.dictionary import ActivationFunction, Binding, Dictionary, InputNormalization, Weights
-from resid.dictionaries.formats import as_bool, as_choice, as_int, check_fields, read_json, read_safetensors, take
+from resid.dictionaries.formats import (
+    as_bool,
+    as_choice,
+    as_int,
+    check_dictionary_fields,
+    read_json,
+    read_safetensors,
+    take,
+)
 from resid.errors import ResidError
 
 CONFIG, WEIGHTS = "cfg.json", "sae.safetensors"
@@ -43,7 +51,7 @@ def _natural(path: Path) -> list:
 def _read_one(folder: Path) -> Dictionary:
     where = str(folder / CONFIG)
     cfg = read_json(folder / CONFIG)
-    check_fields(cfg, READ | TRAINING, where, "a sparsify dictionary")
+    check_dictionary_fields(cfg, READ | TRAINING, where, "a sparsify dictionary")
     if cfg.get("activation", "topk") == "groupmax":
         raise ResidError(f"{where}: activation 'groupmax'; resid computes sparsify's 'topk' ('groupmax' is not "
                          "supported yet).")

@@ -25,7 +25,7 @@ class Family:
     # tensors that are not weights (cached masks, buffers)
     prepend_bos: bool = False  # BOS policy when tokenizer_config.json does not say (add_bos_token)
     template: bool = False  # the tokenizer's own template adds the special tokens ([CLS] text [SEP]) instead
-    fields: frozenset[str] = frozenset()  # config.json fields `config` reads or checks (see check_fields)
+    fields: frozenset[str] = frozenset()  # config.json fields `config` reads or checks (see check_model_fields)
     # encoder-decoder families (a resid.EncoderDecoder): `config` gives the decoder, `encoder` the encoder, and
     # `seq2seq_keys(encoder, decoder, config.json)` the key table of both (targets under encoder. / decoder.)
     encoder: Callable[[dict], ModelConfig] | None = None
@@ -35,9 +35,9 @@ class Family:
     hf_keys: Callable[[ModelConfig, dict], list[Key]] | None = None
 
     def read(self, hf: dict, where: str = "config.json") -> ModelConfig:
-        """config.json -> ModelConfig, refusing fields this family does not know (check_fields), sizes that are
+        """config.json -> ModelConfig, refusing fields this family does not know (check_model_fields), sizes that are
         not whole numbers of the right range and other malformed values (check_values), and missing fields."""
-        check_fields(hf, self.fields, where)
+        check_model_fields(hf, self.fields, where)
         check_values(hf, where)
         try:
             return self.config(hf)
@@ -224,7 +224,7 @@ def _check_rope(params: object, path: str, where: str, nested: bool = True) -> N
                              f"{value!r} ({_kind(value)}). Fix that field of config.json.")
 
 
-def check_fields(hf: dict, fields: frozenset[str], where: str) -> None:
+def check_model_fields(hf: dict, fields: frozenset[str], where: str) -> None:
     """Refuse a config.json field that is neither read by the family (`fields`) nor known to be harmless:
     a new rope type, norm placement or attention variant must never load as a silently wrong model."""
     unknown = sorted(
