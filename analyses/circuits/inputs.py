@@ -15,11 +15,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from resid.analyses.metrics import metric_values
-from resid.analyses.patching.pairs import Pairs, PairsJob, prepare
+from resid.analyses.patching.pairs import Pairs, PairsJob, PromptPairs, prepare
 from resid.errors import ResidError, param
 from resid.model import Inputs, Transformer
 
-__all__ = ["CircuitPairs", "Pairs", "PairsJob", "measure", "pairs_of"]
+__all__ = ["CircuitPairs", "PairsJob", "PromptPairs", "measure", "pairs_of"]
 
 KL = "kl"
 
@@ -28,7 +28,7 @@ KL = "kl"
 class CircuitPairs:
     """Tokenized pairs with each pair's target (and baseline) token id and the metric."""
 
-    pairs: Pairs
+    pairs: PromptPairs
     targets: list[int]
     baselines: list[int] | None
     metric: str | Callable
@@ -43,8 +43,8 @@ def pairs_of(model: Transformer, clean: Inputs, corrupt: Inputs, targets: Sequen
     """The pairs, checked: one corrupt prompt per clean one, of the same token length, targets (and baselines) one
     per pair."""
     kl = metric == KL
-    pairs, target_ids, baseline_ids, metric, label = prepare(model, clean, corrupt, targets, baselines,
-                                                              None if kl else metric, "denoise")
+    given = Pairs(clean, corrupt, targets, baselines, None if kl else metric)
+    pairs, target_ids, baseline_ids, metric, label = prepare(model, given, "denoise")
     pairs.require_same_positions("An edge circuit")
     if kl:
         metric = label = KL

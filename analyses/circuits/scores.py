@@ -19,7 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from resid.analyses.circuits.graph import EdgeGraph
-from resid.analyses.circuits.inputs import CircuitPairs, Pairs, PairsJob
+from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, PromptPairs
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.inputs import batch_size_for
@@ -108,7 +108,7 @@ def matrix(graph: EdgeGraph, df: pd.DataFrame) -> Float[Tensor, "writer reader"]
     return out
 
 
-def batch_tensors(model: Transformer, pairs: Pairs, rows: list[int], job: PairsJob) -> tuple:
+def batch_tensors(model: Transformer, pairs: PromptPairs, rows: list[int], job: PairsJob) -> tuple:
     """(clean tokens, corrupt tokens, targets, baselines or None) of these pairs, on the model's device."""
     clean, corrupt = pairs.batch("clean", rows).to(model.device), pairs.batch("corrupt", rows).to(model.device)
     t = torch.tensor([job.targets[i] for i in rows], device=model.device)

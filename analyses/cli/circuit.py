@@ -49,8 +49,8 @@ def add_parser(commands, common) -> None:
     circuit.add_argument("--fractions", default=None,
                          help="comma-separated edge fractions of the curve (default MIB's 0.001,...,1)")
     circuit.add_argument("--batch-size", default="auto", help="pairs per forward pass, or auto")
-    circuit.add_argument("--out", default=None, help="edges: the edge table (.parquet .csv .tex .md), required; "
-                         "--graph / --prompt: a folder for the circuit's JSON, pages and tables")
+    circuit.add_argument("--out", default=None, help="a file (.parquet .csv .tex .md): the edge table, required for "
+                         "edges; with --graph / --prompt a folder for the circuit's JSON, pages and tables")
     circuit.add_argument("--curve", default=None, help="the curve's table (default: OUT-curve.csv)")
     circuit.add_argument("--figure", default=None, help="the circuit's page (.html; default: OUT.html)")
     arguments.executor_options(circuit)

@@ -28,7 +28,8 @@ def add_parser(commands, common) -> None:
     parser.add_argument("--block", type=int, default=1, help="output dimensions per backward pass (default 1)")
     parser.add_argument("--layout", default="resid", choices=["resid", "transformer-lens"],
                         help="resid's jacobians.safetensors (default) or the reference's jacobian_lens.pt")
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="batches between checkpoints (default 10)")
+    parser.add_argument("--checkpoint-every", type=int, default=None, help="batches between checkpoints (default: "
+                        "Execution's, every 4%% of the batches, at most 100)")
     parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 2048 "
                         "tokens' worth)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -36,8 +37,10 @@ def add_parser(commands, common) -> None:
 
 def check(args) -> None:
     arguments.out_folder(args.out)
-    for flag in ("tokens", "seq_len", "block", "checkpoint_every"):
+    for flag in ("tokens", "seq_len", "block"):
         arguments.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+    if args.checkpoint_every is not None:
+        arguments.at_least(args.checkpoint_every, 1, "--checkpoint-every")
     arguments.at_least(args.skip_first, 0, "--skip-first")
     if args.batch_size is not None:
         arguments.at_least(args.batch_size, 1, "--batch-size")
@@ -50,10 +53,10 @@ def run(model, args) -> str:
 
     training, _ = args.split(model)
     execution = Execution(batch_size=args.batch_size or "auto", progress=False if args.quiet else None,
-                          out=args.out)
+                          out=args.out, checkpoint_every=args.checkpoint_every)
     lens = lenses.fit_jacobian(model, training, every=args.every, seq_len=args.seq_len,
                                max_windows=max(1, args.tokens // args.seq_len), skip_first=args.skip_first,
-                               block=args.block, execution=execution, checkpoint_every=args.checkpoint_every)
+                               block=args.block, execution=execution)
     folder = lenses.write(lens, args.out, layout=args.layout)
     return (f"fitted a J-lens of {model.name}: {len(lens.sites)} sites (every {args.every}) on "
             f"{lens.info['windows']} windows of {args.seq_len} tokens\nwrote {folder} ({args.layout} layout)")

@@ -26,8 +26,8 @@ one pass per site and input dimension, L/2 times the work on an L-layer model, s
 
 The fit is a step job of resid's step driver (resid.analyses.distributed.steps): each step adds one batch's float32
 sums into the running sum; with Execution(out=DIR) a checkpoint (the sum and the windows done) is written every
-`checkpoint_every` steps and a rerun resumes it; the batches can run on Ray workers. The model runs in its own dtype
-(gradients included); every sum is float32.
+Execution.checkpoint_every steps and a rerun resumes it; the batches can run on Ray workers. The model runs in its
+own dtype (gradients included); every sum is float32.
 """
 
 from collections.abc import Iterator, Sequence
@@ -64,7 +64,6 @@ def fit_jacobian(
     skip_first: int = SKIP_FIRST,
     block: int = 1,
     execution: Execution | None = None,
-    checkpoint_every: int = 10,
 ) -> JacobianLens:
     """The J-lens of `model` fitted on `texts` (documents, packed into windows of seq_len tokens as for the tuned
     lens, resid.analyses.lenses.data.pack; at most max_windows) or on ready windows of token ids [window seq_len].
@@ -73,10 +72,10 @@ def fit_jacobian(
     skip_first: leading positions of a window left out of the source average (and of the targets).
     block: output dimensions per backward pass (the batch is replicated `block` times in the forward).
     execution: `batch_size` windows per forward pass ("auto": FORWARD_TOKENS tokens' worth), `out` a folder for the
-    checkpoint (resumed when there), `executor` / `workers`, `progress`."""
+    checkpoint (resumed when there) every `checkpoint_every` steps, `executor` / `workers`, `progress`."""
     execution = as_execution(execution)
     job = JacobianJob(model, texts, sites, every, seq_len, max_windows, skip_first, block, execution.batch_size)
-    return drive_steps(model, job, execution, checkpoint_every)
+    return drive_steps(model, job, execution)
 
 
 def window_sums(
@@ -173,7 +172,7 @@ class JacobianJob(StepJob):
         self.batches = [(first, min(first + size, len(windows))) for first in range(0, len(windows), size)]
         self.steps, self.step_size = len(self.batches), size * windows.shape[1]
         self._settings = {"model": model.name, "sites": [s.label for s in self.sites], "skip_first": skip_first,
-                          "batch_size": size, "data": data.fingerprint(windows)}
+                          "batch_size": size, "data": data.packed_fingerprint(windows)}
         self._load(0, torch.zeros(len(self.sites), model.config.d_model, model.config.d_model), 0)
 
     def _load(self, step: int, total: Tensor, windows_done: int) -> None:

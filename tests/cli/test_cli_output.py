@@ -116,7 +116,7 @@ def test_every_out_says_folder_or_file():
                      "neurons top": "folder", "neurons explain": "folder", "neurons edit": "folder",
                      "features values": "folder", "features top": "folder", "train-sae": "folder",
                      "train-transcoder": "folder", "train-clt": "folder", "eval-dictionaries": "folder",
-                     "graph": "file", "qk": "file"}
+                     "graph": "file", "qk": "file", "circuit": "file", "lens fit-jacobian": "folder"}
     assert "--out is a folder" in cli_main.__doc__
 
 

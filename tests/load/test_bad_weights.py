@@ -87,7 +87,7 @@ def test_unsupported_model_type_lists_the_supported_ones(llama_folder: Path, tmp
     assert {"gemma2", "gemma3_text", "olmo2", "phi3", "qwen3"} <= set(supported_model_types())
 
 
-@pytest.mark.parametrize(("model_type", "part"), [("gpt_oss", "attention sinks"), ("bloom", "ALiBi"),
+@pytest.mark.parametrize(("model_type", "part"), [("gemma4_text", "per-layer input embeddings"), ("bloom", "ALiBi"),
                                                   ("llama4_text", "chunked local attention"),
                                                   ("qwen3_next", "DeltaNet")])
 def test_a_known_unsupported_model_type_names_the_missing_part(llama_folder: Path, tmp_path: Path, model_type: str,
