@@ -22,7 +22,7 @@ What a user calls is reachable from here (`from resid.analyses import tuned_lens
     from resid.analyses import corpus, lenses
     training, held_out = lenses.split(corpus.demo())
     tuned = lenses.train(model, training, lenses.Recipe(steps=48, tokens_per_step=1024, seq_len=512))
-    jlens = lenses.fit_jacobian(model, training, tokens=8192)          # resumable with Execution(out=...)
+    jlens = lenses.fit_jacobian(model, training, max_windows=64)      # resumable with Execution(out=...)
     lenses.write(jlens, "jlens"); jlens = lenses.read(model, "jlens")   # any lens's folder, any layout
     df = lenses.evaluate(model, held_out, [tuned, jlens])                # ce, kl, entropy, top1 per lens and site
     lenses.figure(df)
