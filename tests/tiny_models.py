@@ -223,7 +223,8 @@ def family_config(variant: str) -> transformers.PretrainedConfig:
         return config(**gqa, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=None,
                       eos_token_id=50256)  # GLM's default is a list of ids past the GPT-2 vocabulary
     if variant == "arcee":
-        return transformers.ArceeConfig(**gqa, head_dim=12)
+        # bos and eos default to 128000 and 128001, past a tiny vocabulary
+        return transformers.ArceeConfig(**gqa, head_dim=12, bos_token_id=None, eos_token_id=None)
     if variant == "ministral":
         return transformers.MinistralConfig(**gqa, head_dim=12, **hybrid)
     if variant == "olmo":
