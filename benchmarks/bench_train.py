@@ -157,6 +157,9 @@ def main() -> None:
         _sync(args.device)
         generate = time.perf_counter() - start
         print(f"generate   {len(block):>8} tokens in {generate:7.2f} s: {len(block) / generate:9.0f} tokens/s")
+    if len(block) < tokens + args.held_out:
+        sys.exit(f"the corpus gave {len(block)} tokens, fewer than --steps x --batch-size + --held-out = "
+                 f"{tokens + args.held_out}: read more documents (--documents 0: all) or train fewer steps")
     train_rows, held_out = block[:tokens], block[tokens:tokens + args.held_out]
 
     trainer = Trainer.new(recipe, model.config.d_model, device=args.device)
