@@ -45,7 +45,9 @@ tokens/s, SAELens 6,052 (1.86x); end to end resid 2,014, SAELens 1,442 (1.40x; w
 1.03x); held-out FVU after 48 steps resid 0.513, SAELens 1.642 (unconverged at its learning rate). At equal FVU
 (--steps 256 --batch-size 2048 --held-out 4096 --forward-batch 32 --fvu-every 16 --documents 0 --trainer-only):
 resid 10,639 tokens/s, SAELens 5,717; SAELens's final FVU 0.364 is reached by resid after 294,912 tokens (27.7 s)
-and by SAELens after 524,288 (91.7 s), 3.31x. Generation is most of the end-to-end time (resid's alone: 2,550
+and by SAELens after 524,288 (91.7 s), 3.31x, against SAELens's default learning rate; at the best of the sweep
+(3e-3; --steps 56 --documents 2000) SAELens reaches resid's FVU in 0.39x the tokens, and resid is 0.80x at equal
+FVU (README). Generation is most of the end-to-end time (resid's alone: 2,550
 tokens/s in fp32, 5,228 in bf16 autocast). --transcoders --batch-size 4096 --steps 3 (measured earlier, on a 165
 GFLOP/s machine): 30 BatchTopK transcoders (8x, k=32), 8,192 tokens each: generation 15.1 s from one forward against
 196.5 s from 30 runs (13x); with the training steps, 125 against 33 tokens/s (3.8x).
