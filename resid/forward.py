@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from resid.capture import Capture
-from resid.components.attention import AttnContext, KVCache, ScoreInputs, allowed_keys
+from resid.components.attention import AttnContext, ScoreInputs, allowed_keys
+from resid.components.kv_cache import KVCache
 from resid.errors import ResidError, param, python_only
 from resid.finite import all_finite
 from resid.interventions import apply_edits, edit_residual

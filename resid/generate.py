@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from resid import forward
 from resid.capture import Capture
-from resid.components.attention import KVCache
+from resid.components.kv_cache import KVCache
 from resid.errors import ResidError
 from resid.interventions import HookCall, Intervention, group_edits
 from resid.run import Memory

@@ -46,89 +46,15 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from resid.components.kv_cache import KVCache
 from resid.components.norm import Norm
 from resid.components.relative import RelativeBias
 from resid.components.rotary import Rotary
+from resid.components.score_rule import ScoreRule, score_scale, softmax
 from resid.components.sinks import softmax_with_sinks
 from resid.config import LayerType, ModelConfig
 from resid.interventions import Edit, apply_edits
 from resid.records import OnRead, same_fields
-
-
-@dataclass(frozen=True)
-class ScoreRule:
-    """What turns one head's query q and key k into its score, frozen: raw = q . k * scale, then the soft cap,
-    score = cap * tanh(raw / cap) (Gemma 2; none elsewhere); query head h reads key/value head h // group. The
-    masks and T5's relative position bias are the pass's (AttnContext), not the layer's."""
-
-    scale: float  # d_head^-0.5 unless the config sets attn_scale (score_scale)
-    softcap: float | None  # None: no cap
-    group: int  # query heads per key/value head: 1 (MHA), n_heads / n_kv_heads (GQA), n_heads (MQA)
-
-    def kv_head(self, head: int) -> int:
-        """The key/value head query head `head` reads."""
-        return head // self.group
-
-    def repeat_kv(self, x: Float[Tensor, "..."], dim: int) -> Float[Tensor, "..."]:
-        """x with its key/value-head axis `dim` repeated to one entry per query head (Hugging Face's repeat_kv)."""
-        return x.repeat_interleave(self.group, dim=dim)
-
-    def raw(self, q: Float[Tensor, "*batch pos d_head"], k: Float[Tensor, "*batch key_pos d_head"]
-            ) -> Float[Tensor, "*batch pos key_pos"]:
-        """q k^T * scale, before any soft cap: queries and keys of the same heads (repeat_kv the keys first)."""
-        # in place on the fresh product: the same numbers, one pass fewer over the [... pos key_pos] scores
-        return (q @ k.transpose(-1, -2)).mul_(self.scale)
-
-    def capped(self, raw: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
-        """The scores of raw scores: cap * tanh(raw / cap) with a soft cap, raw itself without one."""
-        return raw if self.softcap is None else torch.tanh(raw / self.softcap) * self.softcap
-
-    def uncapped(self, scores: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
-        """The raw scores of scores (capped's inverse, cap * atanh(score / cap)), in float64: a capped score within
-        float rounding of the cap is read as just below it."""
-        if self.softcap is None:
-            return scores.double()
-        return self.softcap * torch.atanh((scores.double() / self.softcap).clamp(-1 + 1e-15, 1 - 1e-15))
-
-
-def score_scale(config: ModelConfig) -> float:
-    """What q . k is multiplied by: config.attn_scale where the loader sets one (Gemma's query_pre_attn_scalar,
-    DeepSeek's yarn mscale), else 1 / sqrt(d_head)."""
-    return config.attn_scale if config.attn_scale is not None else config.d_head**-0.5
-
-
-@dataclass
-class KVCache:
-    """Keys (after rotary) and values of every layer for the positions run so far (resid.generate). Storage for
-    the whole generation is allocated once, so a step writes one position instead of copying the past."""
-
-    keys: list[Float[Tensor, "batch kv_head max_pos d_head"]]  # one per layer
-    values: list[Float[Tensor, "batch kv_head max_pos d_head_v"]]
-    filled: list[int]  # positions written so far, per layer
-    # decoders of encoder-decoder models: each layer's cross-attention keys and values of the source, computed
-    # (and edited) once, on the first pass, and read by every later step
-    cross: dict[int, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def empty(
-        cls, config: ModelConfig, batch: int, max_pos: int, dtype: torch.dtype, device: torch.device
-    ) -> "KVCache":
-        shape = (batch, config.n_kv_heads, max_pos, config.d_head)
-        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
-        shape = (*shape[:-1], config.v_width)  # latent attention's values are narrower than its keys
-        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
-        return cls(keys, values, [0] * config.n_layers)
-
-    def extend(
-        self, layer: int, k_h: Float[Tensor, "batch kv_head pos d_head"],
-        v_h: Float[Tensor, "batch kv_head pos d_head_v"],
-    ) -> tuple[Float[Tensor, "batch kv_head key_pos d_head"], Float[Tensor, "batch kv_head key_pos d_head_v"]]:
-        """Append this pass's keys/values to the layer's cache; return every cached position's."""
-        start, end = self.filled[layer], self.filled[layer] + k_h.shape[2]
-        self.keys[layer][:, :, start:end] = k_h
-        self.values[layer][:, :, start:end] = v_h
-        self.filled[layer] = end
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
 class CausalMask:
@@ -562,7 +488,3 @@ class Attention(nn.Module):
         -inf at the keys a query may not read (the module docstring's `scores`; ScoreInputs)."""
         return ScoreInputs.of(self, q_h, k_h, ctx).scores()
 
-
-def softmax(scores: Float[Tensor, "*batch key_pos"], dtype: torch.dtype) -> Float[Tensor, "*batch key_pos"]:
-    """The pattern of scores: softmax over the keys in float32 (as the eager Hugging Face attention), in `dtype`."""
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from resid.components.attention import Attention, AttnContext, score_scale
+from resid.components.attention import Attention, AttnContext
 from resid.components.norm import Norm
 from resid.components.rotary import Rotary
+from resid.components.score_rule import score_scale
 from resid.config import ModelConfig
 from resid.errors import ResidError
 from resid.interventions import Edit, apply_edits

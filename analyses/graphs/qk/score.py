@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.components.attention import ScoreRule
+from resid.components.score_rule import ScoreRule
 from resid.errors import ResidError, param
 from resid.sites import Site
 

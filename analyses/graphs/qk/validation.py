@@ -15,7 +15,7 @@ from torch import Tensor
 
 from resid.analyses.graphs.qk.score import ScoreAttribution
 from resid.capture import Capture
-from resid.components.attention import softmax
+from resid.components.score_rule import softmax
 from resid.interventions import Add
 from resid.sites import Site
 
