@@ -28,9 +28,7 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of the real SmolLM2 is `slow` (`make test` skips them; `make test-slow` runs them). Tests
     that reach it another way (the command line's default model, the notebook) say so themselves. Every test of
-    the `gpu` fixture is `cuda` (`pytest -m cuda` runs them alone). Under pytest-xdist (`--dist loadgroup`, as
-    `make test` runs it) a test file stays on one worker, so its module fixtures are built once, and every test of
-    the local Ray cluster on one worker, so one cluster serves them all."""
+    the `gpu` fixture is `cuda` (`pytest -m cuda` runs them alone)."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "smollm2" in fixtures:
@@ -39,20 +37,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cuda)
         if _family_beyond_the_fast_tests(item):
             item.add_marker(pytest.mark.slow)
-        if item.config.pluginmanager.hasplugin("xdist"):
-            item.add_marker(pytest.mark.xdist_group("ray" if "ray_cluster" in fixtures else item.nodeid.split("::")[0]))
 
 
-# The model types of issue 58 (tiny_models.FAMILIES) run these through `make test`: parity with transformers, the
-# exactness invariants and the config allow-list; every other test of the `tiny` fixture runs them under
-# `make test-slow` (the suite would double otherwise).
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under pytest-xdist's `--dist loadfile` (as `make test` runs it): a test file stays on one worker, so its module
+    fixtures are built once, and every tests/distributed/test_ray_*.py file on one worker, so one local Ray cluster
+    serves them all. (A scheduler of our own: `--dist loadgroup` with marks set at collection no longer groups
+    anything under pytest 9.2, pytest-xdist issue 1386.) Any other --dist keeps xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if "/test_ray_" in path else path
+
+    return FilesAndRay(config, log)
+
+
+# The model types of issue 58 (tiny_models.FAMILIES), and the Llamas that differ from `llama` only in their rotary's
+# scaling, run these through `make test`: parity with transformers, the exactness invariants and the config
+# allow-list; every other test of the `tiny` fixture runs them under `make test-slow` (the suite would double
+# otherwise).
 FAST_FOR_FAMILIES = frozenset({"test_parity_hf.py", "test_exactness.py", "test_config_fields.py", "test_moe.py"})
+ROTARY_SCALING_ONLY = frozenset({"llama3_scaled", "llama_linear", "llama_dynamic"})
 
 
 def _family_beyond_the_fast_tests(item: pytest.Item) -> bool:
     callspec = getattr(item, "callspec", None)
     variant = callspec.params.get("tiny") if callspec is not None else None
-    return variant in FAMILIES and item.path.name not in FAST_FOR_FAMILIES
+    return (variant in FAMILIES or variant in ROTARY_SCALING_ONLY) and item.path.name not in FAST_FOR_FAMILIES
 
 
 @pytest.fixture
