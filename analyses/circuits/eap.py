@@ -110,8 +110,11 @@ def _scores(model: Transformer, graph: EdgeGraph, clean: Writes, corrupt: Writes
     for layer in range(graph.n_layers):
         heads, mlp = graph.writer_slice(layer, "attn"), graph.writer_slice(layer, "mlp")
         first = graph.reader_slice(layer, "mlp").start  # no reader before its own layer's MLP reads these heads
-        w_o = model.blocks[layer].attn.W_O.to(dtype)
-        diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
+        if graph.heads_write:
+            w_o = model.blocks[layer].attn.W_O.to(dtype)
+            diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
+        else:  # post-norms: the layer's attention writes as one
+            diff = (corrupt.attn[layer] - clean.attn[layer]).to(dtype)[:, :, None]
         scores[heads, first:] = torch.einsum("nphd,nprd->hr", diff, gradient[:, :, first:])
         after = graph.reader_slice(layer + 1, "q").start if layer + 1 < graph.n_layers else len(graph.readers) - 1
         scores[mlp, after:] = torch.einsum("npd,nprd->r", (corrupt.mlp[layer] - clean.mlp[layer]).to(dtype),

@@ -3,7 +3,9 @@ lies on a path from the embeddings to the logits (MIB's pruning: an edge whose w
 embeddings, or whose reader reaches the logits by no kept path, cannot change the logits; Mueller et al. 2025).
 
 A circuit is a [writer reader] bool mask over the edge graph (resid.analyses.circuits.graph). Reader -> node: a
-head's q feeds that head; a key/value head's k and v feed every query head of its group; an MLP's input its MLP.
+head's q feeds that head; a key/value head's k and v feed every query head of its group; an MLP's input its MLP
+(EdgeGraph.fed: latent readers feed every head of their layer, and under post-norms every attention reader feeds
+the layer's attention node).
 """
 
 import torch
@@ -43,7 +45,7 @@ def pruned(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"]) -> Bool[Tensor
     reached = torch.zeros(len(graph.writers), dtype=torch.bool)
     reached[graph.writers.index(EMBED)] = True
     for layer in range(graph.n_layers):  # forward, in stream order: a node is reached if one of its inputs is
-        for part, fields in (("attn", ("q", "k", "v")), ("mlp", ("mlp",))):
+        for part, fields in (("attn", graph.attn_fields), ("mlp", ("mlp",))):
             columns = [c for f in fields for c in range(*_range(graph.reader_slice(layer, f)))]
             read = (mask[:, columns] & reached[:, None]).any(0)  # [readers of this node group]
             writers = graph.writer_slice(layer, part)
@@ -55,7 +57,7 @@ def pruned(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"]) -> Bool[Tensor
         for part in ("mlp", "attn"):
             writers = graph.writer_slice(layer, part)
             useful[writers] = (mask[writers] & alive[None, :]).any(1)
-            fields = ("mlp",) if part == "mlp" else ("q", "k", "v")
+            fields = ("mlp",) if part == "mlp" else graph.attn_fields
             columns = [c for f in fields for c in range(*_range(graph.reader_slice(layer, f)))]
             alive[columns] = (feeds[columns][:, writers] & useful[None, writers]).any(1)
     return mask & reached[:, None] & alive[None, :]
@@ -67,16 +69,6 @@ def _range(s: slice) -> tuple[int, int]:
 
 def _feeds(graph: EdgeGraph) -> Bool[Tensor, "reader writer"]:
     feeds = torch.zeros(len(graph.readers), len(graph.writers), dtype=torch.bool)
-    group = graph.n_heads // graph.n_kv_heads
-    index = {site: i for i, site in enumerate(graph.writers)}
     for r, site in enumerate(graph.readers):
-        if site == LOGITS:
-            continue
-        if site.part == "mlp":
-            feeds[r, index[site]] = True
-        elif site.field == "q":
-            feeds[r, graph.writer_slice(site.layer, "attn").start + site.head] = True
-        else:
-            start = graph.writer_slice(site.layer, "attn").start + site.kv_head * group
-            feeds[r, start:start + group] = True
+        feeds[r, graph.fed(site)] = True
     return feeds

@@ -2,6 +2,8 @@
 corrupt one with none; exact edge patching equals patching by hand with plain transformers hooks; EAP is the
 derivative of the patched metric; pruning keeps only paths from the embeddings to the logits; MIB's CPR and CMD."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -32,9 +34,29 @@ def last_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model.run(ids, capture=Capture.none(), logits_at="last").logits[:, 0]
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+FAMILIES_MORE = ["gemma3_like", "olmo2_like", "deepseek", "deepseek_q"]  # post-norms; latent attention
+
+
+def model_of(kind: str):
+    """A random model of `kind`: random_models' kinds, or DeepSeek-like latent attention with a query latent
+    ("deepseek") or per-head query projections ("deepseek_q")."""
+    if not kind.startswith("deepseek"):
+        return make_random_model(kind)
+    from moe_models import make_deepseek_model
+    from random_models import randomize
+
+    import resid
+
+    model = make_deepseek_model()
+    if kind == "deepseek_q":
+        config = dataclasses.replace(model.config, q_rank=0)
+        model = randomize(resid.Transformer(config, name="random-deepseek-q"), 0)
+    return model
+
+
+@pytest.mark.parametrize("kind", FAMILIES + FAMILIES_MORE)
 def test_every_edge_is_the_clean_model_and_none_the_corrupt_one(kind):
-    model = make_random_model(kind)
+    model = model_of(kind)
     graph = EdgeGraph.of(model.config)
     clean, corrupt = pairs()
     tokens = Tokens.from_ids(clean)
@@ -64,16 +86,39 @@ def test_parallel_block_mlp_does_not_read_its_own_heads():
 
 
 @pytest.mark.parametrize("kind", ["gemma3_like", "olmo2_like"])
-def test_models_whose_writes_are_normed_together_are_refused(kind):
+def test_post_norms_make_each_attention_one_writer(kind):
+    graph = EdgeGraph.of(make_random_model(kind).config)  # 3 layers, 4 query heads
+    assert [s.label for s in graph.writers[:3]] == ["embed", "layers[0].attn", "layers[0].mlp"]
+    assert len(graph.writers) == 1 + 3 * 2
+    assert sum(1 for s in graph.layer_readers(0) if s.field == "q") == 4  # heads still read apart
+    w, r = graph.edge_index(Site(0, "attn"), Site(0, "mlp"))
+    assert bool(graph.valid[w, r])
     with pytest.raises(ResidError, match="post-norms"):
-        EdgeGraph.of(make_random_model(kind).config)
+        graph.node_mask([Site(0, "attn", head=1)])
+    mask = graph.node_mask([Site(1, "attn")])
+    assert int(mask.sum()) == int(graph.valid[graph.writers.index(Site(1, "attn"))].sum()) + int(graph.valid[0].sum())
 
 
-def test_latent_attention_is_refused():
-    from moe_models import make_deepseek_model
+@pytest.mark.parametrize("kind", ["deepseek", "deepseek_q"])
+def test_latent_attention_has_one_key_value_reader_per_layer(kind):
+    graph = EdgeGraph.of(model_of(kind).config)  # 3 layers, 4 heads
+    labels = [s.label for s in graph.layer_readers(1)]
+    q = ["layers[1].attn.q"] if kind == "deepseek" else [f"layers[1].attn.head[{h}].q" for h in range(4)]
+    assert labels == [*q, "layers[1].attn.kv_latent", "layers[1].mlp"]
+    assert graph.writers[1:5] == tuple(Site(0, "attn", head=h) for h in range(4))  # o_proj is per head
+    assert graph.fed(Site(1, "attn", field="kv_latent")) == graph.writer_slice(1, "attn")
+    with pytest.raises(ResidError, match="kv_latent"):
+        graph.edge_index(EMBED, Site(1, "attn", kv_head=0, field="k"))
 
-    with pytest.raises(ResidError, match="latent attention"):
-        EdgeGraph.of(make_deepseek_model().config)
+
+def test_what_is_not_a_sum_of_writes_is_refused():
+    config = make_random_model("gpt2_like").config
+    with pytest.raises(ResidError, match="post-LN"):
+        EdgeGraph.of(dataclasses.replace(config, post_ln=True, pre_norms=False))
+    with pytest.raises(ResidError, match="no logits"):
+        EdgeGraph.of(dataclasses.replace(config, head="none"))
+    with pytest.raises(ResidError, match="cross-attention"):
+        EdgeGraph.of(dataclasses.replace(config, cross_attention=True))
 
 
 def test_mixture_of_experts_reproduces_both_runs():
