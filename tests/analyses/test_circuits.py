@@ -160,6 +160,37 @@ def test_eap_is_the_derivative_of_the_patched_metric(kind):
         assert float(s[w, r]) == pytest.approx(float(derivative), rel=3e-3, abs=2e-5), (writer.label, reader.label)
 
 
+@pytest.mark.parametrize("kind", FAMILIES_MORE)
+def test_eap_is_the_derivative_of_the_patched_metric_on_post_norms_and_latents(kind):
+    """As above on the graphs whose attention is one writer (post-norms) or whose keys and values (and queries)
+    are read through a latent: an edge into each kind of reader, from each kind of writer (a query of layer 1: the
+    last layer's queries matter only at the last position, where the pairs agree)."""
+    model = model_of(kind).double()
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = pairs(seed=1)
+    targets, baselines = [5, 7, 11], [13, 17, 19]
+    s = circuits.matrix(graph, circuits.eap(model, clean, corrupt, targets, baselines))
+    writes = Writes.of(model, Tokens.from_ids(corrupt))
+    eps = 1e-2
+    attn0 = graph.writers[graph.writer_slice(0, "attn").stop - 1]
+    attn1 = graph.writers[graph.writer_slice(1, "attn").start]
+    picked = [(EMBED, graph.readers[graph.reader_slice(1, "q").start]), (Site(1, "mlp"), LOGITS),
+              *((attn0, graph.readers[graph.reader_slice(2, field).stop - 1]) for field in graph.attn_fields[1:]),
+              (attn1, Site(1, "mlp")), (attn1, LOGITS)]
+    t, b = torch.tensor(targets), torch.tensor(baselines)
+    keep = graph.full().double().expand(2 * len(picked), -1, -1).clone()
+    for i, (writer, reader) in enumerate(picked):
+        w, r = graph.edge_index(writer, reader)
+        keep[2 * i, w, r], keep[2 * i + 1, w, r] = 1 - eps, 1 + eps
+    logits = patched_logits(model, graph, Tokens.from_ids(clean), writes, keep)
+    diff = (logits[:, torch.arange(3), t] - logits[:, torch.arange(3), b]).view(len(picked), 2, 3)
+    for i, (writer, reader) in enumerate(picked):
+        derivative = ((diff[i, 0] - diff[i, 1]) / (2 * eps)).mean()
+        w, r = graph.edge_index(writer, reader)
+        assert abs(float(derivative)) > 1e-4, (writer.label, reader.label)  # the edge matters: the check can fail
+        assert float(s[w, r]) == pytest.approx(float(derivative), rel=3e-3, abs=2e-5), (writer.label, reader.label)
+
+
 def test_exact_equals_patching_each_edge_alone():
     model = make_random_model("llama_gqa")
     graph = EdgeGraph.of(model.config)
