@@ -293,17 +293,25 @@ LLAMA_GQA = pytest.mark.parametrize("tiny", ["llama_gqa_tied"], indirect=True)
 
 
 def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader: Site) -> float:
-    """metric(clean run with one edge patched) - metric(clean run), patched by hand in a transformers Llama: the
-    writer's corrupt - clean output added to what the reader's projection (or norm) reads."""
+    """metric(clean run with one edge patched) - metric(clean run), patched by hand in a transformers decoder
+    (Llama, Gemma 3, OLMo 2, DeepSeek V2/V3): the writer's corrupt - clean output added to what the reader's
+    projection (or latent, or norm) reads. A head writes z[h] @ W_O[h]; under post-norms the attention writes its
+    post-normed output as a whole; an MLP writes its (post-normed) output."""
     base, cfg = hf.model, hf.config
-    d_head = cfg.hidden_size // cfg.num_attention_heads
+    post_ffn = lambda block: getattr(block, "post_feedforward_layernorm", None) or block.mlp  # noqa: E731
+    post_norms = hasattr(base.layers[0], "post_feedforward_layernorm")
 
     def writes(ids):
-        found, hooks = {}, [base.embed_tokens.register_forward_hook(lambda m, i, o: found.__setitem__(EMBED, o))]
+        found, hooks = {}, [base.layers[0].register_forward_pre_hook(
+            lambda m, a, k: found.__setitem__(EMBED, k["hidden_states"] if "hidden_states" in k else a[0]),
+            with_kwargs=True)]
         for layer, block in enumerate(base.layers):
+            if post_norms:
+                hooks.append(block.post_attention_layernorm.register_forward_hook(
+                    lambda m, i, o, layer=layer: found.__setitem__(Site(layer, "attn"), o)))
             hooks.append(block.self_attn.o_proj.register_forward_pre_hook(
                 lambda m, i, layer=layer: found.__setitem__(("z", layer), i[0])))
-            hooks.append(block.mlp.register_forward_hook(
+            hooks.append(post_ffn(block).register_forward_hook(
                 lambda m, i, o, layer=layer: found.__setitem__(Site(layer, "mlp"), o)))
         with torch.no_grad():
             logits = hf(ids).logits[:, -1]
@@ -312,10 +320,11 @@ def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader
         return found, logits
 
     def write(found, site):
-        if site == EMBED or site.part == "mlp":
+        if site == EMBED or site.part == "mlp" or site.head is None:
             return found[site]
         o_proj = base.layers[site.layer].self_attn.o_proj.weight
-        cols = slice(site.head * d_head, (site.head + 1) * d_head)
+        d_v = o_proj.shape[1] // cfg.num_attention_heads
+        cols = slice(site.head * d_v, (site.head + 1) * d_v)
         return found[("z", site.layer)][..., cols] @ o_proj[:, cols].T
 
     clean_found, clean_logits = writes(clean)
@@ -323,24 +332,35 @@ def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader
     delta = write(corrupt_found, writer) - write(clean_found, writer)
     hooks = []
     if reader == LOGITS:
-        norm = base.norm
-        hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
+        hooks.append(base.norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
     elif reader.part == "mlp":
-        norm = base.layers[reader.layer].post_attention_layernorm
-        hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
+        block = base.layers[reader.layer]
+        norm = getattr(block, "pre_feedforward_layernorm", None) or (
+            None if post_norms else block.post_attention_layernorm)  # OLMo 2: the MLP reads resid_mid itself
+        if norm is None:
+            hooks.append(block.mlp.register_forward_pre_hook(lambda m, i: (i[0] + delta,)))
+        else:
+            hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
     else:
         block = base.layers[reader.layer]
+        pre = getattr(block, "input_layernorm", None) or (lambda x: x)  # OLMo 2: no pre-norm
         seen = {}
         hooks.append(block.register_forward_pre_hook(
             lambda m, a, k: seen.__setitem__("resid", k["hidden_states"] if "hidden_states" in k else a[0]),
             with_kwargs=True))
-        unit = reader.head if reader.field == "q" else reader.kv_head
-        cols = slice(unit * d_head, (unit + 1) * d_head)
-        projection = getattr(block.self_attn, f"{reader.field}_proj")
+        attn = block.self_attn
+        if reader.field in ("kv_latent", "q") and reader.head is None:  # a latent reads every head's input
+            projection, cols = attn.kv_a_proj_with_mqa if reader.field == "kv_latent" else attn.q_a_proj, slice(None)
+        else:
+            unit = reader.head if reader.field == "q" else reader.kv_head
+            projection = getattr(attn, f"{reader.field}_proj")
+            heads = cfg.num_attention_heads if reader.field == "q" else cfg.num_key_value_heads
+            width = projection.weight.shape[0] // heads
+            cols = slice(unit * width, (unit + 1) * width)
 
         def put(m, i, o):
             o = o.clone()
-            o[..., cols] = m.forward(block.input_layernorm(seen["resid"] + delta))[..., cols]
+            o[..., cols] = m.forward(pre(seen["resid"] + delta))[..., cols]
             return o
         hooks.append(projection.register_forward_hook(put))
     with torch.no_grad():
@@ -368,6 +388,29 @@ def test_exact_equals_patching_by_hand_with_transformers_hooks(tiny):
         expected = _hf_edge_effect(tiny.hf, clean, corrupt, targets, baselines, writer, reader)
         assert abs(expected) > 1e-4, (writer.label, reader.label)  # the edge matters, so the check can fail
         assert got == pytest.approx(expected, abs=1e-4, rel=1e-4), (writer.label, reader.label)
+
+
+@pytest.mark.parametrize("tiny", ["gemma3", "olmo2", "deepseek_v3", "deepseek_v2"], indirect=True)
+def test_exact_equals_patching_by_hand_on_post_norms_and_latents(tiny):
+    """Gemma 3 (sandwich norms) and OLMo 2 (post-norms only: its readers read the residual itself): a layer's
+    attention is one writer, its post-normed output; DeepSeek V3 (a query latent) and V2 (per-head queries): one
+    key/value reader per layer, the latent's input (its rotary key included)."""
+    g = torch.Generator().manual_seed(6)
+    clean = torch.randint(0, 50257, (2, 7), generator=g)
+    corrupt = clean.clone()
+    corrupt[:, 4] = torch.randint(0, 50257, (2,), generator=g)  # within Gemma 3's window of 4 of the last token
+    targets, baselines = torch.tensor([11, 22]), torch.tensor([33, 44])
+    graph = EdgeGraph.of(tiny.model.config)
+    attn0, attn1 = (graph.writers[graph.writer_slice(layer, "attn").stop - 1] for layer in (0, 1))
+    edges = [(EMBED, graph.readers[graph.reader_slice(0, "q").stop - 1]),
+             *((attn0, graph.readers[graph.reader_slice(1, field).start]) for field in graph.attn_fields),
+             (Site(0, "mlp"), Site(1, "mlp")), (attn1, Site(1, "mlp")), (Site(1, "mlp"), LOGITS), (attn1, LOGITS)]
+    df = circuits.exact(tiny.model, clean, corrupt, targets.tolist(), baselines.tolist(), edges=edges)
+    for writer, reader in edges:
+        got = df[(df["writer"] == writer.label) & (df["reader"] == reader.label)]["score"].item()
+        expected = _hf_edge_effect(tiny.hf, clean, corrupt, targets, baselines, writer, reader)
+        assert abs(expected) > 1e-4, (writer.label, reader.label)  # the edge matters, so the check can fail
+        assert got == pytest.approx(expected, abs=1e-4, rel=1e-3), (writer.label, reader.label)
 
 
 def test_no_host_sync_grows_with_layers_or_circuits():
