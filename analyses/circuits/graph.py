@@ -21,10 +21,12 @@ Glossary:
 
 A sequential block's heads read resid_pre and its MLP resid_mid (so the MLP reads the heads of its own layer);
 a parallel block's heads and MLP both read resid_pre. Without pre-norms (OLMo 2) a reader reads the residual itself.
-Models whose stream is not a sum of writes (post-LN: BERT norms the residual after each write), encoder-decoders
-(cross-attention reads the encoder's output) and models without logits are refused with the reason (`supported`).
+Models whose stream is not a sum of writes (post-LN: BERT norms the residual after each write) and models without
+logits are refused with the reason (`supported`). Encoder-decoders join two of these graphs by their cross-attention
+(resid.analyses.circuits.seq2seq).
 """
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -41,16 +43,18 @@ EMBED = Site(None, "embed")
 LOGITS = Site(None, "logits")
 
 
-def supported(config: ModelConfig) -> None:
-    """Refuse, by name, what the edge graph cannot split into a sum of writes."""
+def supported(config: ModelConfig, encoder_decoder: bool = False) -> None:
+    """Refuse, by name, what the edge graph cannot split into a sum of writes (`encoder_decoder`: a stack of a
+    resid.EncoderDecoder, whose encoder has no logits and whose decoder reads it by cross-attention)."""
     reasons = []
     if config.post_ln:
         reasons.append("post-LN blocks (BERT, the original Transformer) norm the residual after each write")
     if not config.pre_norms and config.block == "parallel":
         reasons.append("a parallel block without pre-norms has no input of its MLP apart from its attention's")
-    if config.cross_attention:
-        reasons.append("cross-attention reads the encoder's output (edges of encoder-decoders are not built)")
-    if config.head == "none":
+    if config.cross_attention and not encoder_decoder:
+        reasons.append("cross-attention reads an encoder's output (pass the whole resid.EncoderDecoder, with source= "
+                       "and corrupt_source=: resid.analyses.circuits.seq2seq)")
+    if config.head == "none" and not encoder_decoder:
         reasons.append("the model has no logits")
     if reasons:
         raise ResidError("Edge circuits need a residual stream that is a sum of writes; here "
@@ -72,6 +76,9 @@ class EdgeGraph:
     heads_write: bool = True
     kv_latent: bool = False
     q_latent: bool = False
+    cross: bool = False  # a decoder's cross-attention: its heads write, their queries read
+    stack: str | None = None  # the Sites' stack: "encoder" for an encoder-decoder model's encoder
+    final: tuple[Site, ...] = (LOGITS,)  # the readers after the last layer (an encoder's: every cross k and v)
 
     @classmethod
     def of(cls, config: ModelConfig) -> "EdgeGraph":
@@ -83,17 +90,22 @@ class EdgeGraph:
     # --- nodes, in stream order ------------------------------------------------------------------------------------
     @cached_property
     def writers(self) -> tuple[Site, ...]:
-        layers = [(*self._attn_writers(l), Site(l, "mlp")) for l in range(self.n_layers)]
-        return (EMBED, *(site for layer in layers for site in layer))
+        cross = lambda l: tuple(Site(l, "cross", head=h) for h in range(self.n_heads)) if self.cross else ()  # noqa: E731
+        layers = [(*self._attn_writers(l), *cross(l), Site(l, "mlp")) for l in range(self.n_layers)]
+        return self._on_stack((EMBED, *(site for layer in layers for site in layer)))
 
     def _attn_writers(self, layer: int) -> tuple[Site, ...]:
         if not self.heads_write:
             return (Site(layer, "attn"),)
         return tuple(Site(layer, "attn", head=h) for h in range(self.n_heads))
 
+    def _on_stack(self, sites: tuple[Site, ...]) -> tuple[Site, ...]:
+        return sites if self.stack is None else tuple(dataclasses.replace(s, stack=self.stack) for s in sites)
+
     @cached_property
     def readers(self) -> tuple[Site, ...]:
-        return (*(site for l in range(self.n_layers) for site in self.layer_readers(l)), LOGITS)
+        layers = self._on_stack(tuple(site for l in range(self.n_layers) for site in self.layer_readers(l)))
+        return (*layers, *self.final)
 
     @property
     def attn_fields(self) -> tuple[str, ...]:
@@ -105,7 +117,7 @@ class EdgeGraph:
         """Each reader group of a layer: (offset among the layer's readers, count)."""
         counts = {"q": 1 if self.q_latent else self.n_heads, **({"kv": 1} if self.kv_latent else
                                                                  {"k": self.n_kv_heads, "v": self.n_kv_heads}),
-                  "mlp": 1}
+                  **({"cross_q": self.n_heads} if self.cross else {}), "mlp": 1}
         offsets = np.cumsum([0, *counts.values()])
         return {field: (int(offset), count) for (field, count), offset in zip(counts.items(), offsets)}
 
@@ -114,7 +126,8 @@ class EdgeGraph:
             Site(layer, "attn", head=h, field="q") for h in range(self.n_heads))
         kv = (Site(layer, "attn", field="kv_latent"),) if self.kv_latent else tuple(
             Site(layer, "attn", kv_head=g, field=f) for f in ("k", "v") for g in range(self.n_kv_heads))
-        return (*q, *kv, Site(layer, "mlp"))
+        cross = tuple(Site(layer, "cross", head=h, field="q") for h in range(self.n_heads)) if self.cross else ()
+        return (*q, *kv, *cross, Site(layer, "mlp"))
 
     @property
     def attn_writers(self) -> int:
@@ -122,24 +135,31 @@ class EdgeGraph:
         return self.n_heads if self.heads_write else 1
 
     @property
+    def cross_writers(self) -> int:
+        """How many writers a layer's cross-attention is: its heads, or none."""
+        return self.n_heads if self.cross else 0
+
+    @property
     def per_layer_writers(self) -> int:
-        return self.attn_writers + 1
+        return self.attn_writers + self.cross_writers + 1
 
     @property
     def per_layer_readers(self) -> int:
         return sum(count for _, count in self._groups.values())
 
     def writer_slice(self, layer: int, part: str) -> slice:
-        """The columns of layer `layer`'s heads (or whole attention) ("attn") or MLP ("mlp") among the writers."""
+        """The columns of layer `layer`'s heads (or whole attention) ("attn"), cross-attention heads ("cross") or
+        MLP ("mlp") among the writers."""
         start = 1 + layer * self.per_layer_writers
-        a = self.attn_writers
-        return slice(start, start + a) if part == "attn" else slice(start + a, start + a + 1)
+        a, c = self.attn_writers, self.cross_writers
+        return {"attn": slice(start, start + a), "cross": slice(start + a, start + a + c),
+                "mlp": slice(start + a + c, start + a + c + 1)}[part]
 
     def reader_slice(self, layer: int | None, field: str) -> slice:
         """The columns of a layer's q, k, v (or latent kv) readers or its MLP ("mlp"), or the logits (layer
         None)."""
         if layer is None:
-            return slice(len(self.readers) - 1, len(self.readers))
+            return slice(len(self.readers) - len(self.final), len(self.readers))
         if field not in self._groups:
             raise ResidError(f"This model's readers of a layer are {', '.join(self._groups)}; got {field!r}.")
         offset, count = self._groups[field]
@@ -147,29 +167,38 @@ class EdgeGraph:
         return slice(start, start + count)
 
     def writers_before(self, layer: int | None, field: str) -> int:
-        """How many writers (a prefix of `writers`) the reader group reads: everything of earlier layers, and for
-        a sequential block's MLP its own layer's attention too; the logits read every writer."""
+        """How many writers (a prefix of `writers`) the reader group reads: everything of earlier layers, for a
+        sequential block's MLP its own layer's attention (and cross-attention) too, for a cross-attention's queries
+        its layer's self-attention; the logits read every writer."""
         if layer is None:
             return len(self.writers)
         seen = 1 + layer * self.per_layer_writers
-        return seen + self.attn_writers if field == "mlp" and not self.parallel else seen
+        if field == "cross_q":
+            return seen + self.attn_writers
+        return seen + self.attn_writers + self.cross_writers if field == "mlp" and not self.parallel else seen
 
     def first_reader(self, writer: int) -> int:
         """The first reader (column) that reads writer column `writer`."""
         if writer == 0:
             return 0
         layer, offset = divmod(writer - 1, self.per_layer_writers)
-        if offset < self.attn_writers and not self.parallel:  # the attention: its own layer's MLP reads it
+        if offset < self.attn_writers and self.cross:  # self-attention: its layer's cross-attention reads it
+            return self.reader_slice(layer, "cross_q").start
+        if offset < self.attn_writers + self.cross_writers and not self.parallel:  # its own layer's MLP reads it
             return self.reader_slice(layer, "mlp").start
-        return self.reader_slice(layer + 1, "q").start if layer + 1 < self.n_layers else len(self.readers) - 1
+        return self.reader_slice(layer + 1, "q").start if layer + 1 < self.n_layers else (
+            len(self.readers) - len(self.final))
 
     def fed(self, reader: Site) -> slice:
         """The writer columns whose node a reader's input feeds: its head (or every head its key/value head or
         latent serves, or the whole attention under post-norms), its MLP; the logits feed none."""
-        if reader == LOGITS:
+        if reader in self.final:
             return slice(0, 0)
         if reader.part == "mlp":
             return self.writer_slice(reader.layer, "mlp")
+        if reader.part == "cross":
+            start = self.writer_slice(reader.layer, "cross").start
+            return slice(start + reader.head, start + reader.head + 1)
         heads = self.writer_slice(reader.layer, "attn")
         if not self.heads_write or reader.field == "kv_latent" or (reader.field == "q" and reader.head is None):
             return heads
@@ -183,7 +212,7 @@ class EdgeGraph:
         """True where (writer, reader) is an edge."""
         valid = torch.zeros(len(self.writers), len(self.readers), dtype=torch.bool)
         for layer in (*range(self.n_layers), None):
-            for field in (*self.attn_fields, "mlp") if layer is not None else ("logits",):
+            for field in self._groups if layer is not None else ("final",):
                 valid[: self.writers_before(layer, field), self.reader_slice(layer, field)] = True
         return valid
 

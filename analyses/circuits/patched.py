@@ -16,7 +16,13 @@ put in at a head's q_proj, k_proj and v (each query head's and each key/value he
 and its projection) and at the MLP's normalized input. Latent attention's inputs are put in at its latents: the
 key/value reader's at kv_latent (and the shared rotary key's dims of k_proj), a latent query reader's at q_proj.
 Without pre-norms (OLMo 2) the MLP reads resid_mid itself: the pass puts the MLP's input there and takes the
-difference back out of the MLP's write, so the stream after the block is the model's own. The pass's
+difference back out of the MLP's write, so the stream after the block is the model's own.
+
+Encoder-decoders (resid.analyses.circuits.seq2seq) run two passes, the encoder's and the decoder's, one each side of
+the cross-attention: the encoder's final readers are every cross-attention's key/value heads, whose inputs it keeps
+(`final_inputs`) at its last resid_post; the decoder's pass (`source`: the encoder's) puts each through the encoder's
+final norm (`source_norm`) and the cross-attention's W_K / W_V at its k_proj and v, and its cross-attention heads
+write and their queries read as self-attention's do. The pass's
 rows are `circuits` blocks of the pairs' rows (circuit-major): keep is [circuit writer reader], the reference
 [pair ...] is shared by the blocks.
 
@@ -29,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.circuits.graph import EdgeGraph
+from resid.analyses.circuits.graph import LOGITS, EdgeGraph
 from resid.capture import Capture
 from resid.interventions import Hook
 from resid.model import Transformer
@@ -48,6 +54,7 @@ class Writes:
     z: tuple[Float[Tensor, "n pos head d_head"], ...]
     mlp: tuple[Float[Tensor, "n pos d_model"], ...]
     attn: tuple[Float[Tensor, "n pos d_model"], ...] = ()
+    cross: tuple[Float[Tensor, "n pos head d_head"], ...] = ()  # a decoder's cross-attention heads' z
 
     @classmethod
     def of(cls, model: Transformer, tokens: Tokens) -> "Writes":
@@ -71,7 +78,7 @@ class Writes:
             return ((t * w).sum((0, 1)) / total)[None, None]
 
         return Writes(average(self.embed), tuple(map(average, self.z)), tuple(map(average, self.mlp)),
-                      tuple(map(average, self.attn)))
+                      tuple(map(average, self.attn)), tuple(map(average, self.cross)))
 
 
 class EdgePass:
@@ -89,14 +96,18 @@ class EdgePass:
         # (reference - write) is spread over every reader after it as soon as it is written, one einsum per group
         self.pending: Tensor | None = None
         self.resid: dict[str, Tensor] = {}
-        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": []}  # `writes()`
+        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": [], "cross": []}  # writes()
         self.shift: Tensor | None = None  # without pre-norms: what the MLP's input adds to resid_mid (taken back)
         self.kv_read: Tensor | None = None  # latent attention: the key/value reader's normed input
+        self.final_inputs: Tensor | None = None  # an encoder's pass: its final readers' inputs [b pos reader d_model]
+        self.source: EdgePass | None = None  # a decoder's pass: the encoder's, and its final norm
+        self.source_norm = None
 
     def writes(self) -> Writes:
         """The writes this pass computed (detached), once it has run: with nothing patched and no embeddings given,
         the run's own (EAP's clean writes, without a forward pass of their own)."""
-        return Writes(self.seen["embed"][0], tuple(self.seen["z"]), tuple(self.seen["mlp"]), tuple(self.seen["attn"]))
+        return Writes(self.seen["embed"][0], tuple(self.seen["z"]), tuple(self.seen["mlp"]), tuple(self.seen["attn"]),
+                      tuple(self.seen["cross"]))
 
     def interventions(self) -> list[Hook]:
         hooks = [Hook(Site(0, "resid_pre"), self._embeddings)]
@@ -115,13 +126,24 @@ class EdgePass:
                 *keys,
                 Hook(Site(layer, "attn", field="z"), self._heads(layer)) if graph.heads_write else
                 Hook(Site(layer, "attn"), self._attn_write(layer)),
-                None if graph.parallel else Hook(Site(layer, "resid_mid"),
+                *(self._cross_hooks(layer) if graph.cross else ()),
+                None if graph.parallel else Hook(Site(layer, "resid_cross" if graph.cross else "resid_mid"),
                                                  self._keep("mlp") if pre_norms else self._mlp_resid(layer)),
                 Hook(Site(layer, "mlp", field="normalized"), self._mlp_input(layer)) if pre_norms else None,
                 Hook(Site(layer, "mlp", field="out"), self._mlp_write(layer)),
             ]
-        hooks.append(Hook(Site(self.graph.n_layers - 1, "resid_post"), self._logits))
+        last = Site(self.graph.n_layers - 1, "resid_post")
+        hooks.append(Hook(last, self._logits if graph.final == (LOGITS,) else self._final_inputs))
         return [hook for hook in hooks if hook is not None]
+
+    def _cross_hooks(self, layer: int) -> list[Hook]:
+        """A decoder layer's cross-attention: it reads resid_mid (its queries), the encoder's output (its keys and
+        values) and writes per head; the MLP then reads resid_cross."""
+        return [Hook(Site(layer, "resid_mid"), self._keep("cross")),
+                Hook(Site(layer, "cross", field="q_proj"), self._cross_query(layer)),
+                Hook(Site(layer, "cross", field="k_proj"), self._cross_memory(layer, "k")),
+                Hook(Site(layer, "cross", field="v"), self._cross_memory(layer, "v")),
+                Hook(Site(layer, "cross", field="z"), self._heads(layer, "cross"))]
 
     # --- what the pass reads ---------------------------------------------------------------------------------------
     def _embeddings(self, resid: Tensor, tokens: Tokens) -> Tensor:
@@ -140,13 +162,17 @@ class EdgePass:
             return resid
         return seen
 
-    def _heads(self, layer: int):
+    def _heads(self, layer: int, part: str = "attn"):
+        """A layer's self-attention ("attn") or cross-attention ("cross") heads, each a writer."""
+        field = "z" if part == "attn" else "cross"
+
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
-            self.seen["z"].append(z.detach())
+            self.seen[field].append(z.detach())
             if self.patched is not None:
-                w_o = self.model.blocks[layer].attn.W_O
-                diff = torch.einsum("nphe,hed->nphd", self._reference_minus(z, self.reference.z[layer]), w_o)
-                self._spread(self.graph.writer_slice(layer, "attn"), diff)
+                w_o = getattr(self.model.blocks[layer], part).W_O
+                reference = getattr(self.reference, field)[layer]
+                diff = torch.einsum("nphe,hed->nphd", self._reference_minus(z, reference), w_o)
+                self._spread(self.graph.writer_slice(layer, part), diff)
             return z
         return seen
 
@@ -269,6 +295,41 @@ class EdgePass:
             self.shift = read - resid
             return read
         return put
+
+    def _cross_query(self, layer: int):
+        """Each cross-attention head's q_proj from its own reader's input, through the cross pre-norm."""
+        attention, norm = self.model.blocks[layer].cross, _pre_norm(self.model.blocks[layer].ln_cross)
+
+        def put(projected: Tensor, tokens: Tokens) -> Tensor:
+            if self.patched is None and self.probe is None:
+                return projected
+            out = torch.einsum("bphd,hde->bphe", norm.normalize(self.inputs(layer, "cross_q", self.resid["cross"])),
+                               attention.W_Q)
+            return (out if attention.b_Q is None else out + attention.b_Q).to(projected.dtype)
+        return put
+
+    def _cross_memory(self, layer: int, name: str):
+        """Each cross-attention key/value head's k_proj or v from its own reader's input, which the encoder's pass
+        kept: the encoder's final residual plus its swapped terms, through the encoder's final norm."""
+        attention = self.model.blocks[layer].cross
+        weight, bias = (attention.W_K, attention.b_K) if name == "k" else (attention.W_V, attention.b_V)
+        g = self.graph.n_kv_heads
+        start = (2 * layer + (name == "v")) * g  # the encoder's final readers: each layer's k heads, then v heads
+
+        def put(projected: Tensor, tokens: Tokens) -> Tensor:
+            if self.source is None or self.source.final_inputs is None:
+                return projected
+            read = self.source_norm(self.source.final_inputs[:, :, start:start + g])
+            out = torch.einsum("bsgd,gde->bsge", read, weight)
+            return (out if bias is None else out + bias).to(projected.dtype)
+        return put
+
+    def _final_inputs(self, resid: Tensor, tokens: Tokens) -> Tensor:
+        """An encoder's last residual: kept as the inputs of its final readers (every cross-attention's keys and
+        values), and passed on unchanged."""
+        if self.patched is not None or self.probe is not None:
+            self.final_inputs = self.inputs(None, "final", resid)
+        return resid
 
     def _mlp_input(self, layer: int):
         norm = self.model.blocks[layer].ln_mlp

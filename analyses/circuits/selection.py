@@ -13,10 +13,11 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from resid.analyses.circuits.graph import EMBED, LOGITS, EdgeGraph
+from resid.analyses.circuits.seq2seq import Graph
 from resid.errors import ResidError, param
 
 
-def top_k(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], k: int, absolute: bool = True,
+def top_k(graph: Graph, scores: Float[Tensor, "writer reader"], k: int, absolute: bool = True,
           prune: bool = True) -> Bool[Tensor, "writer reader"]:
     """The k edges of highest |score| (absolute) or score, ties broken by edge order; pruned if `prune`."""
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= graph.n_edges:
@@ -30,7 +31,7 @@ def top_k(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], k: int, abso
     return pruned(graph, mask) if prune else mask
 
 
-def threshold(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], value: float, absolute: bool = True,
+def threshold(graph: Graph, scores: Float[Tensor, "writer reader"], value: float, absolute: bool = True,
               prune: bool = True) -> Bool[Tensor, "writer reader"]:
     """The edges whose |score| (absolute) or score is at least `value`; pruned if `prune`."""
     s = scores.double().abs() if absolute else scores.double()
