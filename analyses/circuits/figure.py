@@ -77,7 +77,9 @@ def circuit_figure(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"], scores
 def _short(site: Site) -> str:
     if site in (EMBED, LOGITS):
         return site.label
-    return f"MLP{site.layer}" if site.part == "mlp" else f"{site.layer}.{site.head}"
+    if site.part == "mlp":
+        return f"MLP{site.layer}"
+    return f"attn{site.layer}" if site.head is None else f"{site.layer}.{site.head}"  # a whole attention: post-norms
 
 
 def page(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"], scores: Float[Tensor, "writer reader"],

@@ -243,6 +243,31 @@ def test_pruning_keeps_only_paths_from_the_embeddings_to_the_logits():
     assert int(circuits.pruned(graph, mask).sum()) == 2
 
 
+@pytest.mark.parametrize("kind", FAMILIES_MORE)
+def test_curves_pruning_and_figures_on_post_norms_and_latents(kind):
+    """The whole pipeline on the graphs with whole-attention writers or latent readers: pruning keeps a path
+    through each kind of reader, the curve reaches the model at every edge, the figure draws every kept edge."""
+    from resid.analyses.circuits.figure import circuit_figure
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    mask = graph.empty()
+    into = graph.readers[graph.reader_slice(1, graph.attn_fields[-1]).start]  # a k / v / latent reader of layer 1
+    attn0 = graph.writers[graph.writer_slice(0, "attn").start]
+    path = [(EMBED, graph.readers[graph.reader_slice(0, "q").start]), (attn0, into),
+            (graph.writers[graph.fed(into).start], LOGITS)]
+    for writer, reader in [*path, (EMBED, Site(2, "mlp"))]:  # the last one writes nowhere kept
+        mask[graph.edge_index(writer, reader)] = True
+    kept = circuits.pruned(graph, mask)
+    assert int(kept.sum()) == len(path) and all(bool(kept[graph.edge_index(w, r)]) for w, r in path)
+    clean, corrupt = pairs(seed=4)
+    scores = circuits.eap(model, clean, corrupt, [1, 2, 3], [4, 5, 6])
+    curve = circuits.faithfulness_curve(model, clean, corrupt, [1, 2, 3], scores, [4, 5, 6], fractions=(0.1, 1.0))
+    assert curve["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
+    figure = circuit_figure(graph, kept, circuits.matrix(graph, scores))
+    assert len(figure.data) == len(path) + 1  # one line per edge, one trace of nodes
+
+
 def test_top_k_and_threshold():
     graph = EdgeGraph.of(make_random_model("gpt2_like").config)
     scores = torch.zeros(len(graph.writers), len(graph.readers))
@@ -413,15 +438,26 @@ def test_exact_equals_patching_by_hand_on_post_norms_and_latents(tiny):
         assert got == pytest.approx(expected, abs=1e-4, rel=1e-3), (writer.label, reader.label)
 
 
-def test_no_host_sync_grows_with_layers_or_circuits():
-    """The patched pass and EAP's batch ask the host for nothing per layer, per circuit or per reader."""
+@pytest.mark.parametrize("kind", ["llama_gqa", "olmo2_like", "deepseek"])
+def test_no_host_sync_grows_with_layers_or_circuits(kind):
+    """The patched pass and EAP's batch ask the host for nothing per layer, per circuit or per reader (post-norms
+    without pre-norms, latent attention too)."""
     from host_syncs import HostSyncs
+    from random_models import randomize
 
+    import resid
     from resid.analyses.circuits.eap import gradient_scores
+
+    def sized(n_layers: int):
+        if kind != "deepseek":
+            return make_random_model(kind, n_layers=n_layers)
+        # every layer dense: the experts' routing asks the host per MoE layer (resid.components.moe), not the pass
+        config = dataclasses.replace(model_of(kind).config, n_layers=n_layers, n_dense_layers=n_layers)
+        return randomize(resid.Transformer(config, name="random-deepseek"), 0)
 
     counts = []
     for n_layers, n_circuits in ((2, 1), (4, 3)):
-        model = make_random_model("llama_gqa", n_layers=n_layers)
+        model = sized(n_layers)
         graph = EdgeGraph.of(model.config)
         clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=7))
         reference = Writes.of(model, corrupt)

@@ -183,3 +183,24 @@ def test_circuits_are_evaluated_and_eap_refused(pair):
         circuits.eap(model, clean[1], corrupt[1], [11, 22], [33, 44])
     with pytest.raises(ResidError, match="encoder-decoder model: pass source="):
         circuits.exact(model, clean[1], corrupt[1], [11, 22], [33, 44])
+
+
+def test_no_host_sync_grows_with_layers_or_circuits(tmp_path):
+    """The two-pass patched run asks the host for nothing per layer of either stack or per circuit."""
+    from host_syncs import HostSyncs
+
+    counts = []
+    for layers, n_circuits in ((1, 1), (3, 3)):
+        folder = tmp_path / f"t5_{layers}"
+        t5(folder, "1.1", num_layers=layers, num_decoder_layers=layers)
+        model = resid.load(folder)
+        graph = Seq2SeqGraph.of(model)
+        (source, target), (corrupt_source, corrupt_target) = sides()
+        clean = (Tokens.from_ids(source), Tokens.from_ids(target))
+        reference = writes_of(model, (Tokens.from_ids(corrupt_source), Tokens.from_ids(corrupt_target)))
+        keep = graph.full().float().expand(n_circuits, -1, -1).clone()
+        with HostSyncs() as syncs:
+            logits_with(model, graph, clean, reference, keep)
+        counts.append(syncs)
+    few, many = counts
+    assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
