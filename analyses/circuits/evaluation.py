@@ -11,7 +11,7 @@ by default MIB's 0.1% .. 100%):
 where m(model) keeps every edge (the clean model) and m(empty) none (the corrupt one). Necessity patches the
 circuit's own edges instead (the rest of the model clean): necessity = 1 - f(model without C). A set of nodes
 (heads and MLPs) is the circuit of every edge out of them (EdgeGraph.node_mask). Encoder-decoder models take
-source= and corrupt_source= (resid.analyses.circuits.seq2seq), in process; their top-k circuits are not pruned.
+source= and corrupt_source= (resid.analyses.circuits.seq2seq), in process.
 """
 
 import hashlib
@@ -178,11 +178,9 @@ def faithfulness_curve(
 ) -> pd.DataFrame:
     """The faithfulness of the top-k circuits of an edge table (eap, eap_ig, exact), k = each fraction of the
     edges (rounded down, as MIB does), pruned: one row per fraction (`fraction`, `k`, and evaluate's columns);
-    cpr(curve) and cmd(curve) summarize it. An encoder-decoder's (source=, corrupt_source=) need prune=False."""
+    cpr(curve) and cmd(curve) summarize it. source, corrupt_source: an encoder-decoder model's."""
     check_choice(reference, "reference", REFERENCES)
     graph = graph_of(model)
-    if prune and isinstance(model, EncoderDecoder):
-        raise ResidError("Pruning is not built for encoder-decoder circuits yet: pass prune=False.")
     fractions = [float(f) for f in fractions]
     if not fractions or any(not 0 < f <= 1 for f in fractions) or sorted(fractions) != fractions:
         raise ResidError(f"fractions must be increasing fractions of the edges in (0, 1], got {fractions!r}.")

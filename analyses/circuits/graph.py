@@ -208,6 +208,28 @@ class EdgeGraph:
         return slice(heads.start + reader.kv_head * group, heads.start + (reader.kv_head + 1) * group)
 
     @cached_property
+    def feeds(self) -> Bool[Tensor, "reader writer"]:
+        """True where a reader's input feeds a writer node (`fed`)."""
+        feeds = torch.zeros(len(self.readers), len(self.writers), dtype=torch.bool)
+        for r, site in enumerate(self.readers):
+            feeds[r, self.fed(site)] = True
+        return feeds
+
+    def stages(self) -> list[tuple[slice, list[int]]]:
+        """The writer nodes in stream order, by groups: (their writer columns, the reader columns that feed them),
+        a layer's attention, cross-attention and MLP (what pruning walks, resid.analyses.circuits.selection)."""
+        def columns(layer: int, fields) -> list[int]:
+            return [c for f in fields for c in range(self.reader_slice(layer, f).start,
+                                                     self.reader_slice(layer, f).stop)]
+        out = []
+        for layer in range(self.n_layers):
+            out.append((self.writer_slice(layer, "attn"), columns(layer, self.attn_fields)))
+            if self.cross:
+                out.append((self.writer_slice(layer, "cross"), columns(layer, ("cross_q",))))
+            out.append((self.writer_slice(layer, "mlp"), columns(layer, ("mlp",))))
+        return out
+
+    @cached_property
     def valid(self) -> Bool[Tensor, "writer reader"]:
         """True where (writer, reader) is an edge."""
         valid = torch.zeros(len(self.writers), len(self.readers), dtype=torch.bool)

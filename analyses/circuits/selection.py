@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from resid.analyses.circuits.graph import EMBED, LOGITS, EdgeGraph
+from resid.analyses.circuits.graph import LOGITS
 from resid.analyses.circuits.seq2seq import Graph
 from resid.errors import ResidError, param
 
@@ -39,37 +39,19 @@ def threshold(graph: Graph, scores: Float[Tensor, "writer reader"], value: float
     return pruned(graph, mask) if prune else mask
 
 
-def pruned(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"]) -> Bool[Tensor, "writer reader"]:
-    """The edges of `mask` on a path from the embeddings to the logits."""
+def pruned(graph: Graph, mask: Bool[Tensor, "writer reader"]) -> Bool[Tensor, "writer reader"]:
+    """The edges of `mask` on a path from the embeddings (both stacks' in an encoder-decoder) to the logits."""
     mask = mask & graph.valid
-    feeds = _feeds(graph)  # [reader writer]: the writer node a reader's input feeds
-    reached = torch.zeros(len(graph.writers), dtype=torch.bool)
-    reached[graph.writers.index(EMBED)] = True
-    for layer in range(graph.n_layers):  # forward, in stream order: a node is reached if one of its inputs is
-        for part, fields in (("attn", graph.attn_fields), ("mlp", ("mlp",))):
-            columns = [c for f in fields for c in range(*_range(graph.reader_slice(layer, f)))]
-            read = (mask[:, columns] & reached[:, None]).any(0)  # [readers of this node group]
-            writers = graph.writer_slice(layer, part)
-            reached[writers] = (feeds[columns][:, writers] & read[:, None]).any(0)
+    feeds = graph.feeds  # [reader writer]: the writer node a reader's input feeds
+    stages = graph.stages()  # writer nodes in stream order, with the readers that feed them
+    reached = torch.tensor([site.part == "embed" for site in graph.writers])
+    for writers, columns in stages:  # forward, in stream order: a node is reached if one of its inputs is
+        read = (mask[:, columns] & reached[:, None]).any(0)  # [readers of this node group]
+        reached[writers] = (feeds[columns][:, writers] & read[:, None]).any(0)
     alive = torch.zeros(len(graph.readers), dtype=torch.bool)  # backward: a reader whose node reaches the logits
     alive[graph.readers.index(LOGITS)] = True
     useful = torch.zeros(len(graph.writers), dtype=torch.bool)
-    for layer in reversed(range(graph.n_layers)):
-        for part in ("mlp", "attn"):
-            writers = graph.writer_slice(layer, part)
-            useful[writers] = (mask[writers] & alive[None, :]).any(1)
-            fields = ("mlp",) if part == "mlp" else graph.attn_fields
-            columns = [c for f in fields for c in range(*_range(graph.reader_slice(layer, f)))]
-            alive[columns] = (feeds[columns][:, writers] & useful[None, writers]).any(1)
+    for writers, columns in reversed(stages):
+        useful[writers] = (mask[writers] & alive[None, :]).any(1)
+        alive[columns] = (feeds[columns][:, writers] & useful[None, writers]).any(1)
     return mask & reached[:, None] & alive[None, :]
-
-
-def _range(s: slice) -> tuple[int, int]:
-    return s.start, s.stop
-
-
-def _feeds(graph: EdgeGraph) -> Bool[Tensor, "reader writer"]:
-    feeds = torch.zeros(len(graph.readers), len(graph.writers), dtype=torch.bool)
-    for r, site in enumerate(graph.readers):
-        feeds[r, graph.fed(site)] = True
-    return feeds

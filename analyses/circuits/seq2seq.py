@@ -66,6 +66,32 @@ class Seq2SeqGraph:
         return torch.block_diag(self.encoder.valid, self.decoder.valid)
 
     @cached_property
+    def feeds(self) -> Bool[Tensor, "reader writer"]:
+        """EdgeGraph.feeds of both stacks; a cross-attention key/value head's k and v (the encoder's final readers)
+        feed the query heads of its group."""
+        feeds = torch.block_diag(self.encoder.feeds, self.decoder.feeds)
+        w, first = len(self.encoder.writers), len(self.encoder.readers) - len(self.encoder.final)
+        group = self.decoder.n_heads // self.decoder.n_kv_heads
+        for i, site in enumerate(self.encoder.final):
+            heads = self.decoder.writer_slice(site.layer, "cross")
+            start = w + heads.start + site.kv_head * group
+            feeds[first + i, start:start + group] = True
+        return feeds
+
+    def stages(self) -> list[tuple[slice, list[int]]]:
+        """EdgeGraph.stages of the encoder, then of the decoder, whose cross-attention heads are fed by their
+        queries and by their keys and values (the encoder's final readers)."""
+        w, r = len(self.encoder.writers), len(self.encoder.readers)
+        first = r - len(self.encoder.final)
+        out = list(self.encoder.stages())
+        for writers, columns in self.decoder.stages():
+            site = self.decoder.writers[writers.start]
+            extra = [first + i for i, s in enumerate(self.encoder.final) if s.layer == site.layer] if (
+                site.part == "cross") else []
+            out.append((slice(w + writers.start, w + writers.stop), [r + c for c in columns] + extra))
+        return out
+
+    @cached_property
     def edges(self) -> tuple[np.ndarray, np.ndarray]:
         readers, writers = np.nonzero(self.valid.T.numpy())
         return writers, readers

@@ -204,3 +204,27 @@ def test_no_host_sync_grows_with_layers_or_circuits(tmp_path):
         counts.append(syncs)
     few, many = counts
     assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
+
+
+def test_pruning_follows_the_cross_attention_and_curves_run(pair):
+    _, model = pair
+    graph = Seq2SeqGraph.of(model)
+    enc = lambda layer, part, **kw: Site(layer, part, stack="encoder", **kw)  # noqa: E731
+    path = [(ENCODER_EMBED, enc(0, "attn", head=1, field="q")),  # encoder head 0.1 -> its keys of decoder layer 1
+            (enc(0, "attn", head=1), Site(1, "cross", kv_head=2, field="k")),
+            (Site(1, "cross", head=2), LOGITS)]  # -> the query head its key/value head serves -> the logits
+    dangling = [(enc(0, "mlp"), enc(1, "mlp")),  # encoder MLP 1 writes nowhere kept
+                (EMBED, Site(2, "mlp"))]  # and decoder MLP 2 writes nowhere kept
+    mask = graph.empty()
+    for writer, reader in path + dangling:
+        mask[graph.edge_index(writer, reader)] = True
+    kept = circuits.pruned(graph, mask)
+    assert int(kept.sum()) == len(path) and all(bool(kept[graph.edge_index(w, r)]) for w, r in path)
+    clean, corrupt = sides(seed=3)
+    given = dict(source=clean[0], corrupt_source=corrupt[0])
+    chosen = [(w, r) for w, r in zip(*graph.edges)][:: max(1, graph.n_edges // 40)]
+    edges = [(graph.writers[w], graph.readers[r]) for w, r in chosen]
+    scores = circuits.exact(model, clean[1], corrupt[1], [11, 22], [33, 44], edges=edges, **given).fillna(0.0)
+    curve = circuits.faithfulness_curve(model, clean[1], corrupt[1], [11, 22], scores, [33, 44],
+                                        fractions=(0.05, 1.0), **given)
+    assert curve["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
