@@ -16,15 +16,15 @@ put in at a head's q_proj, k_proj and v (each query head's and each key/value he
 and its projection) and at the MLP's normalized input. Latent attention's inputs are put in at its latents: the
 key/value reader's at kv_latent (and the shared rotary key's dims of k_proj), a latent query reader's at q_proj.
 Without pre-norms (OLMo 2) the MLP reads resid_mid itself: the pass puts the MLP's input there and takes the
-difference back out of the MLP's write, so the stream after the block is the model's own.
+difference back out of the MLP's write, so the stream after the block is the model's own. The pass's rows are
+`circuits` blocks of the pairs' rows (circuit-major): keep is [circuit writer reader], the reference [pair ...] is
+shared by the blocks.
 
 Encoder-decoders (resid.analyses.circuits.seq2seq) run two passes, the encoder's and the decoder's, one each side of
 the cross-attention: the encoder's final readers are every cross-attention's key/value heads, whose inputs it keeps
 (`final_inputs`) at its last resid_post; the decoder's pass (`source`: the encoder's) puts each through the encoder's
 final norm (`source_norm`) and the cross-attention's W_K / W_V at its k_proj and v, and its cross-attention heads
-write and their queries read as self-attention's do. The pass's
-rows are `circuits` blocks of the pairs' rows (circuit-major): keep is [circuit writer reader], the reference
-[pair ...] is shared by the blocks.
+write and their queries read as self-attention's do.
 
 Glossary: n the pairs of a batch, C the circuits run together, b = C * n the rows of the pass, W writers, R readers.
 """
