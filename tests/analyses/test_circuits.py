@@ -38,8 +38,12 @@ FAMILIES_MORE = ["gemma3_like", "olmo2_like", "deepseek", "deepseek_q"]  # post-
 
 
 def model_of(kind: str):
-    """A random model of `kind`: random_models' kinds, or DeepSeek-like latent attention with a query latent
-    ("deepseek") or per-head query projections ("deepseek_q")."""
+    """A random model of `kind`: random_models' kinds, DeepSeek-like latent attention with a query latent
+    ("deepseek") or per-head query projections ("deepseek_q"), or a mixture of experts with post-norms."""
+    if kind == "moe_post_norms":  # experts and sandwich norms: the attention one writer, the MoE one node
+        from moe_models import make_moe_model
+
+        return make_moe_model(post_norms=True)
     if not kind.startswith("deepseek"):
         return make_random_model(kind)
     from moe_models import make_deepseek_model
@@ -54,7 +58,7 @@ def model_of(kind: str):
     return model
 
 
-@pytest.mark.parametrize("kind", FAMILIES + FAMILIES_MORE)
+@pytest.mark.parametrize("kind", [*FAMILIES, *FAMILIES_MORE, "moe_post_norms"])
 def test_every_edge_is_the_clean_model_and_none_the_corrupt_one(kind):
     model = model_of(kind)
     graph = EdgeGraph.of(model.config)
