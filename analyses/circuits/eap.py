@@ -21,6 +21,7 @@ from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import KL, measure, pairs_of
 from resid.analyses.circuits.patched import EdgePass, Writes
 from resid.analyses.circuits.scores import batch_tensors, edge_scores
+from resid.analyses.circuits.seq2seq import Model, decoder_only
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.capture import Capture
 from resid.errors import ResidError, param
@@ -29,7 +30,7 @@ from resid.tokenizer import Tokens
 
 
 def eap(
-    model: Transformer,
+    model: Model,
     clean: Inputs,
     corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
@@ -41,6 +42,7 @@ def eap(
     one row per edge (resid.analyses.circuits.scores' table). metric: "logit_diff" with baselines (the default
     then), "target_prob" (the default without), "logit", "loss", "kl" (whose gradient vanishes at the clean run:
     EAP of "kl" is zero, use eap_ig), or a function of the logits."""
+    decoder_only(model, "EAP")
     pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
     if pairs.metric == KL:
         raise ResidError(f"EAP of {param('metric', KL)} is zero: the KL divergence from the clean run has no "
@@ -110,8 +112,11 @@ def _scores(model: Transformer, graph: EdgeGraph, clean: Writes, corrupt: Writes
     for layer in range(graph.n_layers):
         heads, mlp = graph.writer_slice(layer, "attn"), graph.writer_slice(layer, "mlp")
         first = graph.reader_slice(layer, "mlp").start  # no reader before its own layer's MLP reads these heads
-        w_o = model.blocks[layer].attn.W_O.to(dtype)
-        diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
+        if graph.heads_write:
+            w_o = model.blocks[layer].attn.W_O.to(dtype)
+            diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
+        else:  # post-norms: the layer's attention writes as one
+            diff = (corrupt.attn[layer] - clean.attn[layer]).to(dtype)[:, :, None]
         scores[heads, first:] = torch.einsum("nphd,nprd->hr", diff, gradient[:, :, first:])
         after = graph.reader_slice(layer + 1, "q").start if layer + 1 < graph.n_layers else len(graph.readers) - 1
         scores[mlp, after:] = torch.einsum("npd,nprd->r", (corrupt.mlp[layer] - clean.mlp[layer]).to(dtype),

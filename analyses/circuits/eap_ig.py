@@ -17,15 +17,16 @@ from resid.analyses.checks import check_choice
 from resid.analyses.circuits.eap import gradient_batches
 from resid.analyses.circuits.inputs import pairs_of
 from resid.analyses.circuits.scores import edge_scores
+from resid.analyses.circuits.seq2seq import Model, decoder_only
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.errors import ResidError, param
-from resid.model import Inputs, Transformer
+from resid.model import Inputs
 
 ON = ("inputs", "activations")
 
 
 def eap_ig(
-    model: Transformer,
+    model: Model,
     clean: Inputs,
     corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
@@ -37,6 +38,7 @@ def eap_ig(
 ) -> pd.DataFrame:
     """EAP-IG scores of every edge (the table of resid.analyses.circuits.eap.eap), `steps` forward and backward
     passes per batch of pairs, interpolating the inputs or the activations (`on`)."""
+    decoder_only(model, "EAP-IG")
     check_choice(on, "on", ON)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ResidError(f"{param('steps')} must be a positive whole number of integration steps, got {steps!r}.")

@@ -10,7 +10,8 @@ by default MIB's 0.1% .. 100%):
 
 where m(model) keeps every edge (the clean model) and m(empty) none (the corrupt one). Necessity patches the
 circuit's own edges instead (the rest of the model clean): necessity = 1 - f(model without C). A set of nodes
-(heads and MLPs) is the circuit of every edge out of them (EdgeGraph.node_mask).
+(heads and MLPs) is the circuit of every edge out of them (EdgeGraph.node_mask). Encoder-decoder models take
+source= and corrupt_source= (resid.analyses.circuits.seq2seq), in process.
 """
 
 import hashlib
@@ -26,16 +27,25 @@ from torch import Tensor
 from resid.analyses.checks import check_choice
 from resid.analyses.circuits import selection
 from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
-from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
-from resid.analyses.circuits.patched import Writes, patched_logits
 from resid.analyses.circuits.scores import batch_tensors, matrix
+from resid.analyses.circuits.seq2seq import (
+    Graph,
+    Model,
+    decoder,
+    graph_of,
+    last_logits,
+    logits_with,
+    rows,
+    writes_of,
+)
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for
-from resid.capture import Capture
+from resid.analyses.sweeps.seq2seq import in_process
 from resid.errors import ResidError
-from resid.model import Inputs, Transformer
+from resid.model import Inputs
+from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -48,6 +58,7 @@ class CircuitsJob(PairsJob):
 
     circuits: list = field(default_factory=list)  # each circuit's edge numbers (EdgeGraph.edges order)
     reference: str = "corrupt"
+    sources: tuple = ()  # encoder-decoders: CircuitPairs.sources
 
     name = "circuit evaluation"
     key = ("prompt_idx", "circuit")
@@ -57,8 +68,8 @@ class CircuitsJob(PairsJob):
         return {"analysis": "circuits.evaluate", "circuits": digest.hexdigest(), "reference": self.reference,
                 **super().signature()}
 
-    def rows(self, model: Transformer, pairs, indices: list[int]) -> pd.DataFrame:
-        graph = EdgeGraph.of(model.config)
+    def rows(self, model: Model, pairs, indices: list[int]) -> pd.DataFrame:
+        graph = graph_of(model)
         clean, corrupt, t, b = batch_tensors(model, pairs, indices, self)
         values = circuit_values(model, graph, clean, corrupt, t, b, self.metric,
                                 [_mask(graph, c) for c in self.circuits], self.reference)  # [circuit n]
@@ -68,37 +79,32 @@ class CircuitsJob(PairsJob):
                              "circuit": np.repeat(np.arange(n_circuits), len(indices)), "value": flat.ravel()})
 
 
-def _mask(graph: EdgeGraph, numbers: np.ndarray) -> Bool[Tensor, "writer reader"]:
+def _mask(graph: Graph, numbers: np.ndarray) -> Bool[Tensor, "writer reader"]:
     writers, readers = graph.edges
     mask = graph.empty()
     mask[torch.as_tensor(writers[numbers]), torch.as_tensor(readers[numbers])] = True
     return mask
 
 
-def _numbers(graph: EdgeGraph, mask: Tensor) -> np.ndarray:
+def _numbers(graph: Graph, mask: Tensor) -> np.ndarray:
     writers, readers = graph.edges
     return np.flatnonzero(mask.cpu().numpy()[writers, readers]).astype(np.int64)
 
 
-def circuit_values(model: Transformer, graph: EdgeGraph, clean, corrupt, targets, baselines, metric,
+def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baselines, metric,
                    masks: Sequence[Tensor], reference: str = "corrupt") -> Float[Tensor, "circuit n"]:
     """Each pair's metric with only the edges of each mask kept (the rest patched to the reference), then with
     every edge kept (the model) and none (the empty circuit): [len(masks) + 2, n], as many circuits per forward
-    pass as ROWS_PER_FORWARD rows allow."""
-    writes = Writes.of(model, corrupt)
-    if reference == "mean":
-        writes = writes.mean(corrupt.attention_mask)
-    clean_logits = None
-    if metric == "kl":
-        with torch.no_grad():
-            clean_logits = model.run(clean, capture=Capture.none(), logits_at="last").logits[:, 0]
-    n = clean.ids.shape[0]
+    pass as ROWS_PER_FORWARD rows allow. clean, corrupt: Tokens, or an encoder-decoder's (source, target)."""
+    writes = writes_of(model, corrupt, reference)
+    clean_logits = last_logits(model, clean) if metric == "kl" else None
+    n = rows(clean)
     every = [*masks, graph.full(), graph.empty()]
     per_forward = max(1, ROWS_PER_FORWARD // n)
     values = []
     for start in range(0, len(every), per_forward):
         keep = torch.stack([m.float() for m in every[start:start + per_forward]]).to(model.device)
-        logits = patched_logits(model, graph, clean, writes, keep)
+        logits = logits_with(model, graph, clean, writes, keep)
         c = keep.shape[0]
         repeated = lambda x: None if x is None else x.repeat(c)  # noqa: E731
         values.append(measure(metric, logits.flatten(0, 1), repeated(targets), repeated(baselines),
@@ -107,7 +113,7 @@ def circuit_values(model: Transformer, graph: EdgeGraph, clean, corrupt, targets
 
 
 def evaluate(
-    model: Transformer,
+    model: Model,
     clean: Inputs,
     corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
@@ -116,13 +122,15 @@ def evaluate(
     metric: str | Callable | None = None,
     reference: str = "corrupt",
     execution: Execution | None = None,
+    source: Inputs | None = None,
+    corrupt_source: Inputs | None = None,
 ) -> pd.DataFrame:
     """Each circuit ([writer reader] bool masks, or a [circuit writer reader] tensor) measured over the pairs: one
     row per circuit with its edge count, the mean metric, its faithfulness, the model's and the empty circuit's
-    mean metric."""
+    mean metric. source, corrupt_source: an encoder-decoder model's (resid.analyses.circuits.exact)."""
     check_choice(reference, "reference", REFERENCES)
-    graph = EdgeGraph.of(model.config)
-    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    graph = graph_of(model)
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric, source, corrupt_source)
     masks = list(circuits)
     for mask in masks:
         if tuple(mask.shape) != tuple(graph.valid.shape):
@@ -132,11 +140,14 @@ def evaluate(
                      as_execution(execution))
 
 
-def _evaluate(model: Transformer, graph: EdgeGraph, pairs: CircuitPairs, masks: list[Tensor], reference: str,
+def _evaluate(model: Model, graph: Graph, pairs: CircuitPairs, masks: list[Tensor], reference: str,
               execution: Execution) -> pd.DataFrame:
-    size = batch_size_for(model, pairs.pairs.clean.tokens, execution.batch_size)
+    if isinstance(model, EncoderDecoder):
+        in_process(execution.executor)
+    size = batch_size_for(decoder(model), pairs.pairs.clean.tokens, execution.batch_size)
     job = CircuitsJob.of(pairs.pairs, "clean", pairs.targets, pairs.baselines, pairs.metric, size.value,
-                         dict(metric=pairs.label), circuits=[_numbers(graph, m) for m in masks], reference=reference)
+                         dict(metric=pairs.label), circuits=[_numbers(graph, m) for m in masks], reference=reference,
+                         sources=pairs.sources)
     rows = drive(model, job, execution)
     means = rows.groupby("circuit")["value"].mean().sort_index().to_numpy()
     model_value, empty_value = means[-2], means[-1]
@@ -150,7 +161,7 @@ def _evaluate(model: Transformer, graph: EdgeGraph, pairs: CircuitPairs, masks: 
 
 
 def faithfulness_curve(
-    model: Transformer,
+    model: Model,
     clean: Inputs,
     corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
@@ -162,16 +173,18 @@ def faithfulness_curve(
     prune: bool = True,
     reference: str = "corrupt",
     execution: Execution | None = None,
+    source: Inputs | None = None,
+    corrupt_source: Inputs | None = None,
 ) -> pd.DataFrame:
     """The faithfulness of the top-k circuits of an edge table (eap, eap_ig, exact), k = each fraction of the
     edges (rounded down, as MIB does), pruned: one row per fraction (`fraction`, `k`, and evaluate's columns);
-    cpr(curve) and cmd(curve) summarize it."""
+    cpr(curve) and cmd(curve) summarize it. source, corrupt_source: an encoder-decoder model's."""
     check_choice(reference, "reference", REFERENCES)
-    graph = EdgeGraph.of(model.config)
+    graph = graph_of(model)
     fractions = [float(f) for f in fractions]
     if not fractions or any(not 0 < f <= 1 for f in fractions) or sorted(fractions) != fractions:
         raise ResidError(f"fractions must be increasing fractions of the edges in (0, 1], got {fractions!r}.")
-    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric, source, corrupt_source)
     s = matrix(graph, scores)
     ks = [int(f * graph.n_edges) for f in fractions]
     masks = [selection.top_k(graph, s, k, absolute, prune) for k in ks]
@@ -199,7 +212,7 @@ def _area(curve: pd.DataFrame, of: Callable[[np.ndarray], np.ndarray]) -> float:
 
 
 def necessity_sufficiency(
-    model: Transformer,
+    model: Model,
     clean: Inputs,
     corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
@@ -208,15 +221,17 @@ def necessity_sufficiency(
     metric: str | Callable | None = None,
     reference: str = "corrupt",
     execution: Execution | None = None,
+    source: Inputs | None = None,
+    corrupt_source: Inputs | None = None,
 ) -> pd.DataFrame:
     """One row: the circuit's sufficiency (its faithfulness, everything else patched) and necessity (1 - the
     faithfulness of the model with the circuit's own edges patched). `circuit`: a [writer reader] mask, or a set
     of nodes (head and MLP Sites: every edge out of them)."""
-    graph = EdgeGraph.of(model.config)
+    graph = graph_of(model)
     mask = circuit if isinstance(circuit, Tensor) else graph.node_mask(circuit)
     mask = mask.bool().cpu() & graph.valid
     df = evaluate(model, clean, corrupt, targets, [mask, graph.valid & ~mask], baselines, metric, reference,
-                  execution)
+                  execution, source, corrupt_source)
     return pd.DataFrame({"edges": [int(mask.sum())], "sufficiency": [df["faithfulness"].iloc[0]],
                          "necessity": [1.0 - df["faithfulness"].iloc[1]],
                          "model_metric": [df["model_metric"].iloc[0]], "empty_metric": [df["empty_metric"].iloc[0]],

@@ -5,7 +5,8 @@ clean, the ground truth EAP and EAP-IG estimate,
 
 batched: one forward pass runs `batch` rows, each a (edge, pair) (resid.analyses.circuits.patched: keep is 1 on
 every edge but one). It costs a forward pass per edge and pair: affordable on small models, or on the edges
-`edges` names (e.g. EAP's top few hundred).
+`edges` names (e.g. EAP's top few hundred). Encoder-decoder models too (source=, corrupt_source=: resid.analyses.
+circuits.seq2seq), in process.
 """
 
 from collections.abc import Callable, Sequence
@@ -16,13 +17,21 @@ import torch
 from torch import Tensor
 
 from resid.analyses.checks import check_choice
-from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import measure, pairs_of
-from resid.analyses.circuits.patched import Writes, patched_logits
 from resid.analyses.circuits.scores import batch_tensors, edge_scores
+from resid.analyses.circuits.seq2seq import (
+    Graph,
+    Model,
+    graph_of,
+    last_logits,
+    logits_with,
+    rows,
+    writes_of,
+)
 from resid.analyses.distributed.execution import Execution, as_execution
-from resid.capture import Capture
-from resid.model import Inputs, Transformer
+from resid.analyses.sweeps.seq2seq import in_process
+from resid.model import Inputs
+from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 REFERENCES = ("corrupt", "mean")
@@ -30,7 +39,7 @@ ROWS_PER_FORWARD = 256  # (edge, pair) rows of one patched forward pass
 
 
 def exact(
-    model: Transformer,
+    model: Model,
     clean: Inputs,
     corrupt: Inputs,
     targets: Sequence[str | int] | str | int,
@@ -39,14 +48,19 @@ def exact(
     edges: Sequence[tuple[Site | str, Site | str]] | None = None,
     reference: str = "corrupt",
     execution: Execution | None = None,
+    source: Inputs | None = None,
+    corrupt_source: Inputs | None = None,
 ) -> pd.DataFrame:
     """The exact patching effect of every edge (or of `edges`, (writer, reader) Sites or labels), the mean over
     the pairs: the table of resid.analyses.circuits.eap.eap (edges not measured have score NaN). reference:
     "corrupt" (each pair's corrupt run) or "mean" (every write averaged over the corrupt prompts' positions of
-    the batch)."""
+    the batch). source, corrupt_source: an encoder-decoder model's sources of the clean and corrupt prompts (the
+    decoder's target prefixes)."""
     check_choice(reference, "reference", REFERENCES)
-    graph = EdgeGraph.of(model.config)
-    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric)
+    graph = graph_of(model)
+    if isinstance(model, EncoderDecoder):
+        in_process(as_execution(execution).executor)
+    pairs = pairs_of(model, clean, corrupt, targets, baselines, metric, source, corrupt_source)
     chosen = np.arange(graph.n_edges) if edges is None else _edge_numbers(graph, edges)
     options = {"reference": reference, "edges": chosen}
     df = edge_scores(model, pairs, "exact", _batch_scores(chosen, reference), options, as_execution(execution),
@@ -58,30 +72,27 @@ def exact(
     return df
 
 
-def _edge_numbers(graph: EdgeGraph, edges) -> np.ndarray:
+def _edge_numbers(graph: Graph, edges) -> np.ndarray:
     number = {(int(w), int(r)): i for i, (w, r) in enumerate(zip(*graph.edges))}
     as_site = lambda s: s if isinstance(s, Site) else Site.parse(s)  # noqa: E731
     return np.array(sorted({number[graph.edge_index(as_site(w), as_site(r))] for w, r in edges}), dtype=np.int64)
 
 
 def _batch_scores(chosen: np.ndarray, reference: str):
-    def batch_scores(model: Transformer, graph: EdgeGraph, pairs, rows: list[int], job) -> Tensor:
+    def batch_scores(model: Model, graph: Graph, pairs, rows: list[int], job) -> Tensor:
         clean, corrupt, t, b = batch_tensors(model, pairs, rows, job)
         return edge_effects(model, graph, clean, corrupt, t, b, job.metric, chosen, reference)
     return batch_scores
 
 
-def edge_effects(model: Transformer, graph: EdgeGraph, clean, corrupt, targets, baselines, metric,
+def edge_effects(model: Model, graph: Graph, clean, corrupt, targets, baselines, metric,
                  chosen: np.ndarray, reference: str = "corrupt") -> Tensor:
     """The [writer reader] sums over this batch's pairs of metric(edge patched alone) - metric(clean), for the
-    edges numbered `chosen` (0 elsewhere)."""
-    writes = Writes.of(model, corrupt)
-    if reference == "mean":
-        writes = writes.mean(corrupt.attention_mask)
-    with torch.no_grad():
-        clean_logits = model.run(clean, capture=Capture.none(), logits_at="last").logits[:, 0]
+    edges numbered `chosen` (0 elsewhere). clean, corrupt: Tokens, or an encoder-decoder's (source, target)."""
+    writes = writes_of(model, corrupt, reference)
+    clean_logits = last_logits(model, clean)
     clean_value = measure(metric, clean_logits, targets, baselines, clean_logits)
-    n = clean.ids.shape[0]
+    n = rows(clean)
     per_forward = max(1, ROWS_PER_FORWARD // n)
     writers, readers = graph.edges
     scores = torch.zeros(len(graph.writers), len(graph.readers), device=model.device)
@@ -91,7 +102,7 @@ def edge_effects(model: Transformer, graph: EdgeGraph, clean, corrupt, targets, 
         w, r = torch.as_tensor(writers[block]), torch.as_tensor(readers[block])
         keep = full.expand(len(block), -1, -1).clone()
         keep[torch.arange(len(block)), w, r] = 0.0
-        logits = patched_logits(model, graph, clean, writes, keep)  # [edges n d_vocab]
+        logits = logits_with(model, graph, clean, writes, keep)  # [edges n d_vocab]
         repeated = lambda x: None if x is None else x.repeat(len(block))  # noqa: E731
         values = measure(metric, logits.flatten(0, 1), repeated(targets), repeated(baselines),
                          clean_logits.repeat(len(block), 1)).view(len(block), n)

@@ -31,16 +31,15 @@ def _place(graph: EdgeGraph, site: Site) -> tuple[float, float]:
         return middle, float(graph.n_layers)
     if site.part == "mlp":
         return graph.n_heads + 1.0, site.layer + 0.5
-    return float(site.head), float(site.layer)
+    return (middle if site.head is None else float(site.head)), float(site.layer)  # a whole attention: centred
 
 
 def _target(graph: EdgeGraph, reader: Site) -> Site:
-    """The node a reader's input feeds (its head, the first head of a key/value group, its MLP, the logits)."""
+    """The node a reader's input feeds (its head, the first head of a key/value group or of a latent's layer, the
+    whole attention under post-norms, its MLP, the logits)."""
     if reader == LOGITS or reader.part == "mlp":
         return reader
-    if reader.field == "q":
-        return Site(reader.layer, "attn", head=reader.head)
-    return Site(reader.layer, "attn", head=reader.kv_head * (graph.n_heads // graph.n_kv_heads))
+    return graph.writers[graph.fed(reader).start]
 
 
 def circuit_figure(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"], scores: Float[Tensor, "writer reader"],
@@ -78,7 +77,9 @@ def circuit_figure(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"], scores
 def _short(site: Site) -> str:
     if site in (EMBED, LOGITS):
         return site.label
-    return f"MLP{site.layer}" if site.part == "mlp" else f"{site.layer}.{site.head}"
+    if site.part == "mlp":
+        return f"MLP{site.layer}"
+    return f"attn{site.layer}" if site.head is None else f"{site.layer}.{site.head}"  # a whole attention: post-norms
 
 
 def page(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"], scores: Float[Tensor, "writer reader"],

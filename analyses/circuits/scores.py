@@ -18,13 +18,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, PromptPairs
+from resid.analyses.circuits.seq2seq import Graph, Model, decoder, graph_of, source_tokens
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution
 from resid.analyses.inputs import batch_size_for
 from resid.batching import run_batched
-from resid.model import Transformer
 
 COLUMNS = ["writer", "reader", "score", "abs_score", "method", "metric", "pairs"]
 # One batch's [writer reader] scores summed over its pairs, from (model, graph, pairs, rows, job)
@@ -39,6 +38,7 @@ class ScoresJob(PairsJob):
     method: str = "eap"
     options: dict = field(default_factory=dict)  # the method's own settings (steps, on, reference, edges)
     batch_scores: BatchScores | None = None
+    sources: tuple = ()  # encoder-decoders: CircuitPairs.sources
 
     name = "edge scores"
     key = ("chunk", "edge")
@@ -59,7 +59,7 @@ class ScoresJob(PairsJob):
 
     def run(self, state, chunk: tuple[int, ...]) -> Iterator[pd.DataFrame]:
         model, pairs, size = state
-        graph = EdgeGraph.of(model.config)
+        graph = graph_of(model)
         total = None
         for _, summed in run_batched(list(chunk), lambda rows: self.batch_scores(model, graph, pairs, rows, self),
                                      size):
@@ -73,19 +73,20 @@ class ScoresJob(PairsJob):
         return results
 
 
-def edge_scores(model: Transformer, pairs: CircuitPairs, method: str, batch_scores: BatchScores, options: dict,
+def edge_scores(model: Model, pairs: CircuitPairs, method: str, batch_scores: BatchScores, options: dict,
                 execution: Execution, backward: bool = True) -> pd.DataFrame:
     """The edge table (see the module docstring) of `method` over every pair."""
-    graph = EdgeGraph.of(model.config)
-    size = batch_size_for(model, pairs.pairs.clean.tokens, execution.batch_size, backward=backward)
+    graph = graph_of(model)
+    size = batch_size_for(decoder(model), pairs.pairs.clean.tokens, execution.batch_size, backward=backward)
     job = ScoresJob.of(pairs.pairs, "clean", pairs.targets, pairs.baselines, pairs.metric, size.value,
-                       dict(metric=pairs.label), method=method, options=options, batch_scores=batch_scores)
+                       dict(metric=pairs.label), method=method, options=options, batch_scores=batch_scores,
+                       sources=pairs.sources)
     rows = drive(model, job, execution)
     summed = rows.groupby("edge")["score_sum"].sum().reindex(range(graph.n_edges)).to_numpy()
     return table(graph, summed / len(pairs), method, pairs.label, len(pairs))
 
 
-def table(graph: EdgeGraph, scores: np.ndarray, method: str, metric: str, n_pairs: int) -> pd.DataFrame:
+def table(graph: Graph, scores: np.ndarray, method: str, metric: str, n_pairs: int) -> pd.DataFrame:
     """One row per edge (in the graph's edge order) with its mean score."""
     writers, readers = graph.edges
     return pd.DataFrame({
@@ -97,7 +98,7 @@ def table(graph: EdgeGraph, scores: np.ndarray, method: str, metric: str, n_pair
     })[COLUMNS]
 
 
-def matrix(graph: EdgeGraph, df: pd.DataFrame) -> Float[Tensor, "writer reader"]:
+def matrix(graph: Graph, df: pd.DataFrame) -> Float[Tensor, "writer reader"]:
     """An edge table's scores as a dense [writer reader] matrix (0 off the edges); the table may hold a subset."""
     writer_index = {site.label: i for i, site in enumerate(graph.writers)}
     reader_index = {site.label: i for i, site in enumerate(graph.readers)}
@@ -108,11 +109,16 @@ def matrix(graph: EdgeGraph, df: pd.DataFrame) -> Float[Tensor, "writer reader"]
     return out
 
 
-def batch_tensors(model: Transformer, pairs: PromptPairs, rows: list[int], job: PairsJob) -> tuple:
-    """(clean tokens, corrupt tokens, targets, baselines or None) of these pairs, on the model's device."""
+def batch_tensors(model: Model, pairs: PromptPairs, rows: list[int], job: PairsJob) -> tuple:
+    """(clean tokens, corrupt tokens, targets, baselines or None) of these pairs, on the model's device; an
+    encoder-decoder's clean and corrupt sides are (source, target prefix) Tokens (`job.sources`)."""
     clean, corrupt = pairs.batch("clean", rows).to(model.device), pairs.batch("corrupt", rows).to(model.device)
     t = torch.tensor([job.targets[i] for i in rows], device=model.device)
     b = None if job.baselines is None else torch.tensor([job.baselines[i] for i in rows], device=model.device)
+    if getattr(job, "sources", ()):
+        clean_ids, corrupt_ids, pad = job.sources
+        clean = (source_tokens(clean_ids, rows, pad, model.device), clean)
+        corrupt = (source_tokens(corrupt_ids, rows, pad, model.device), corrupt)
     return clean, corrupt, t, b
 
 

@@ -3,18 +3,21 @@ lies on a path from the embeddings to the logits (MIB's pruning: an edge whose w
 embeddings, or whose reader reaches the logits by no kept path, cannot change the logits; Mueller et al. 2025).
 
 A circuit is a [writer reader] bool mask over the edge graph (resid.analyses.circuits.graph). Reader -> node: a
-head's q feeds that head; a key/value head's k and v feed every query head of its group; an MLP's input its MLP.
+head's q feeds that head; a key/value head's k and v feed every query head of its group; an MLP's input its MLP
+(EdgeGraph.fed: latent readers feed every head of their layer, and under post-norms every attention reader feeds
+the layer's attention node).
 """
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from resid.analyses.circuits.graph import EMBED, LOGITS, EdgeGraph
+from resid.analyses.circuits.graph import LOGITS
+from resid.analyses.circuits.seq2seq import Graph
 from resid.errors import ResidError, param
 
 
-def top_k(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], k: int, absolute: bool = True,
+def top_k(graph: Graph, scores: Float[Tensor, "writer reader"], k: int, absolute: bool = True,
           prune: bool = True) -> Bool[Tensor, "writer reader"]:
     """The k edges of highest |score| (absolute) or score, ties broken by edge order; pruned if `prune`."""
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= graph.n_edges:
@@ -28,7 +31,7 @@ def top_k(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], k: int, abso
     return pruned(graph, mask) if prune else mask
 
 
-def threshold(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], value: float, absolute: bool = True,
+def threshold(graph: Graph, scores: Float[Tensor, "writer reader"], value: float, absolute: bool = True,
               prune: bool = True) -> Bool[Tensor, "writer reader"]:
     """The edges whose |score| (absolute) or score is at least `value`; pruned if `prune`."""
     s = scores.double().abs() if absolute else scores.double()
@@ -36,47 +39,19 @@ def threshold(graph: EdgeGraph, scores: Float[Tensor, "writer reader"], value: f
     return pruned(graph, mask) if prune else mask
 
 
-def pruned(graph: EdgeGraph, mask: Bool[Tensor, "writer reader"]) -> Bool[Tensor, "writer reader"]:
-    """The edges of `mask` on a path from the embeddings to the logits."""
+def pruned(graph: Graph, mask: Bool[Tensor, "writer reader"]) -> Bool[Tensor, "writer reader"]:
+    """The edges of `mask` on a path from the embeddings (both stacks' in an encoder-decoder) to the logits."""
     mask = mask & graph.valid
-    feeds = _feeds(graph)  # [reader writer]: the writer node a reader's input feeds
-    reached = torch.zeros(len(graph.writers), dtype=torch.bool)
-    reached[graph.writers.index(EMBED)] = True
-    for layer in range(graph.n_layers):  # forward, in stream order: a node is reached if one of its inputs is
-        for part, fields in (("attn", ("q", "k", "v")), ("mlp", ("mlp",))):
-            columns = [c for f in fields for c in range(*_range(graph.reader_slice(layer, f)))]
-            read = (mask[:, columns] & reached[:, None]).any(0)  # [readers of this node group]
-            writers = graph.writer_slice(layer, part)
-            reached[writers] = (feeds[columns][:, writers] & read[:, None]).any(0)
+    feeds = graph.feeds  # [reader writer]: the writer node a reader's input feeds
+    stages = graph.stages()  # writer nodes in stream order, with the readers that feed them
+    reached = torch.tensor([site.part == "embed" for site in graph.writers])
+    for writers, columns in stages:  # forward, in stream order: a node is reached if one of its inputs is
+        read = (mask[:, columns] & reached[:, None]).any(0)  # [readers of this node group]
+        reached[writers] = (feeds[columns][:, writers] & read[:, None]).any(0)
     alive = torch.zeros(len(graph.readers), dtype=torch.bool)  # backward: a reader whose node reaches the logits
     alive[graph.readers.index(LOGITS)] = True
     useful = torch.zeros(len(graph.writers), dtype=torch.bool)
-    for layer in reversed(range(graph.n_layers)):
-        for part in ("mlp", "attn"):
-            writers = graph.writer_slice(layer, part)
-            useful[writers] = (mask[writers] & alive[None, :]).any(1)
-            fields = ("mlp",) if part == "mlp" else ("q", "k", "v")
-            columns = [c for f in fields for c in range(*_range(graph.reader_slice(layer, f)))]
-            alive[columns] = (feeds[columns][:, writers] & useful[None, writers]).any(1)
+    for writers, columns in reversed(stages):
+        useful[writers] = (mask[writers] & alive[None, :]).any(1)
+        alive[columns] = (feeds[columns][:, writers] & useful[None, writers]).any(1)
     return mask & reached[:, None] & alive[None, :]
-
-
-def _range(s: slice) -> tuple[int, int]:
-    return s.start, s.stop
-
-
-def _feeds(graph: EdgeGraph) -> Bool[Tensor, "reader writer"]:
-    feeds = torch.zeros(len(graph.readers), len(graph.writers), dtype=torch.bool)
-    group = graph.n_heads // graph.n_kv_heads
-    index = {site: i for i, site in enumerate(graph.writers)}
-    for r, site in enumerate(graph.readers):
-        if site == LOGITS:
-            continue
-        if site.part == "mlp":
-            feeds[r, index[site]] = True
-        elif site.field == "q":
-            feeds[r, graph.writer_slice(site.layer, "attn").start + site.head] = True
-        else:
-            start = graph.writer_slice(site.layer, "attn").start + site.kv_head * group
-            feeds[r, start:start + group] = True
-    return feeds

@@ -2,6 +2,8 @@
 corrupt one with none; exact edge patching equals patching by hand with plain transformers hooks; EAP is the
 derivative of the patched metric; pruning keeps only paths from the embeddings to the logits; MIB's CPR and CMD."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -32,9 +34,33 @@ def last_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model.run(ids, capture=Capture.none(), logits_at="last").logits[:, 0]
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+FAMILIES_MORE = ["gemma3_like", "olmo2_like", "deepseek", "deepseek_q"]  # post-norms; latent attention
+
+
+def model_of(kind: str):
+    """A random model of `kind`: random_models' kinds, DeepSeek-like latent attention with a query latent
+    ("deepseek") or per-head query projections ("deepseek_q"), or a mixture of experts with post-norms."""
+    if kind == "moe_post_norms":  # experts and sandwich norms: the attention one writer, the MoE one node
+        from moe_models import make_moe_model
+
+        return make_moe_model(post_norms=True)
+    if not kind.startswith("deepseek"):
+        return make_random_model(kind)
+    from moe_models import make_deepseek_model
+    from random_models import randomize
+
+    import resid
+
+    model = make_deepseek_model()
+    if kind == "deepseek_q":
+        config = dataclasses.replace(model.config, q_rank=0)
+        model = randomize(resid.Transformer(config, name="random-deepseek-q"), 0)
+    return model
+
+
+@pytest.mark.parametrize("kind", [*FAMILIES, *FAMILIES_MORE, "moe_post_norms"])
 def test_every_edge_is_the_clean_model_and_none_the_corrupt_one(kind):
-    model = make_random_model(kind)
+    model = model_of(kind)
     graph = EdgeGraph.of(model.config)
     clean, corrupt = pairs()
     tokens = Tokens.from_ids(clean)
@@ -64,16 +90,39 @@ def test_parallel_block_mlp_does_not_read_its_own_heads():
 
 
 @pytest.mark.parametrize("kind", ["gemma3_like", "olmo2_like"])
-def test_models_whose_writes_are_normed_together_are_refused(kind):
+def test_post_norms_make_each_attention_one_writer(kind):
+    graph = EdgeGraph.of(make_random_model(kind).config)  # 3 layers, 4 query heads
+    assert [s.label for s in graph.writers[:3]] == ["embed", "layers[0].attn", "layers[0].mlp"]
+    assert len(graph.writers) == 1 + 3 * 2
+    assert sum(1 for s in graph.layer_readers(0) if s.field == "q") == 4  # heads still read apart
+    w, r = graph.edge_index(Site(0, "attn"), Site(0, "mlp"))
+    assert bool(graph.valid[w, r])
     with pytest.raises(ResidError, match="post-norms"):
-        EdgeGraph.of(make_random_model(kind).config)
+        graph.node_mask([Site(0, "attn", head=1)])
+    mask = graph.node_mask([Site(1, "attn")])
+    assert int(mask.sum()) == int(graph.valid[graph.writers.index(Site(1, "attn"))].sum()) + int(graph.valid[0].sum())
 
 
-def test_latent_attention_is_refused():
-    from moe_models import make_deepseek_model
+@pytest.mark.parametrize("kind", ["deepseek", "deepseek_q"])
+def test_latent_attention_has_one_key_value_reader_per_layer(kind):
+    graph = EdgeGraph.of(model_of(kind).config)  # 3 layers, 4 heads
+    labels = [s.label for s in graph.layer_readers(1)]
+    q = ["layers[1].attn.q"] if kind == "deepseek" else [f"layers[1].attn.head[{h}].q" for h in range(4)]
+    assert labels == [*q, "layers[1].attn.kv_latent", "layers[1].mlp"]
+    assert graph.writers[1:5] == tuple(Site(0, "attn", head=h) for h in range(4))  # o_proj is per head
+    assert graph.fed(Site(1, "attn", field="kv_latent")) == graph.writer_slice(1, "attn")
+    with pytest.raises(ResidError, match="kv_latent"):
+        graph.edge_index(EMBED, Site(1, "attn", kv_head=0, field="k"))
 
-    with pytest.raises(ResidError, match="latent attention"):
-        EdgeGraph.of(make_deepseek_model().config)
+
+def test_what_is_not_a_sum_of_writes_is_refused():
+    config = make_random_model("gpt2_like").config
+    with pytest.raises(ResidError, match="post-LN"):
+        EdgeGraph.of(dataclasses.replace(config, post_ln=True, pre_norms=False))
+    with pytest.raises(ResidError, match="no logits"):
+        EdgeGraph.of(dataclasses.replace(config, head="none"))
+    with pytest.raises(ResidError, match="cross-attention"):
+        EdgeGraph.of(dataclasses.replace(config, cross_attention=True))
 
 
 def test_mixture_of_experts_reproduces_both_runs():
@@ -112,6 +161,37 @@ def test_eap_is_the_derivative_of_the_patched_metric(kind):
         logits = patched_logits(model, graph, Tokens.from_ids(clean), writes, keep)
         diff = logits[:, torch.arange(3), t] - logits[:, torch.arange(3), b]
         derivative = ((diff[0] - diff[1]) / (2 * eps)).mean()
+        assert float(s[w, r]) == pytest.approx(float(derivative), rel=3e-3, abs=2e-5), (writer.label, reader.label)
+
+
+@pytest.mark.parametrize("kind", FAMILIES_MORE)
+def test_eap_is_the_derivative_of_the_patched_metric_on_post_norms_and_latents(kind):
+    """As above on the graphs whose attention is one writer (post-norms) or whose keys and values (and queries)
+    are read through a latent: an edge into each kind of reader, from each kind of writer (a query of layer 1: the
+    last layer's queries matter only at the last position, where the pairs agree)."""
+    model = model_of(kind).double()
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = pairs(seed=1)
+    targets, baselines = [5, 7, 11], [13, 17, 19]
+    s = circuits.matrix(graph, circuits.eap(model, clean, corrupt, targets, baselines))
+    writes = Writes.of(model, Tokens.from_ids(corrupt))
+    eps = 1e-2
+    attn0 = graph.writers[graph.writer_slice(0, "attn").stop - 1]
+    attn1 = graph.writers[graph.writer_slice(1, "attn").start]
+    picked = [(EMBED, graph.readers[graph.reader_slice(1, "q").start]), (Site(1, "mlp"), LOGITS),
+              *((attn0, graph.readers[graph.reader_slice(2, field).stop - 1]) for field in graph.attn_fields[1:]),
+              (attn1, Site(1, "mlp")), (attn1, LOGITS)]
+    t, b = torch.tensor(targets), torch.tensor(baselines)
+    keep = graph.full().double().expand(2 * len(picked), -1, -1).clone()
+    for i, (writer, reader) in enumerate(picked):
+        w, r = graph.edge_index(writer, reader)
+        keep[2 * i, w, r], keep[2 * i + 1, w, r] = 1 - eps, 1 + eps
+    logits = patched_logits(model, graph, Tokens.from_ids(clean), writes, keep)
+    diff = (logits[:, torch.arange(3), t] - logits[:, torch.arange(3), b]).view(len(picked), 2, 3)
+    for i, (writer, reader) in enumerate(picked):
+        derivative = ((diff[i, 0] - diff[i, 1]) / (2 * eps)).mean()
+        w, r = graph.edge_index(writer, reader)
+        assert abs(float(derivative)) > 1e-4, (writer.label, reader.label)  # the edge matters: the check can fail
         assert float(s[w, r]) == pytest.approx(float(derivative), rel=3e-3, abs=2e-5), (writer.label, reader.label)
 
 
@@ -167,6 +247,31 @@ def test_pruning_keeps_only_paths_from_the_embeddings_to_the_logits():
     assert int(circuits.pruned(graph, mask).sum()) == 2
 
 
+@pytest.mark.parametrize("kind", FAMILIES_MORE)
+def test_curves_pruning_and_figures_on_post_norms_and_latents(kind):
+    """The whole pipeline on the graphs with whole-attention writers or latent readers: pruning keeps a path
+    through each kind of reader, the curve reaches the model at every edge, the figure draws every kept edge."""
+    from resid.analyses.circuits.figure import circuit_figure
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    mask = graph.empty()
+    into = graph.readers[graph.reader_slice(1, graph.attn_fields[-1]).start]  # a k / v / latent reader of layer 1
+    attn0 = graph.writers[graph.writer_slice(0, "attn").start]
+    path = [(EMBED, graph.readers[graph.reader_slice(0, "q").start]), (attn0, into),
+            (graph.writers[graph.fed(into).start], LOGITS)]
+    for writer, reader in [*path, (EMBED, Site(2, "mlp"))]:  # the last one writes nowhere kept
+        mask[graph.edge_index(writer, reader)] = True
+    kept = circuits.pruned(graph, mask)
+    assert int(kept.sum()) == len(path) and all(bool(kept[graph.edge_index(w, r)]) for w, r in path)
+    clean, corrupt = pairs(seed=4)
+    scores = circuits.eap(model, clean, corrupt, [1, 2, 3], [4, 5, 6])
+    curve = circuits.faithfulness_curve(model, clean, corrupt, [1, 2, 3], scores, [4, 5, 6], fractions=(0.1, 1.0))
+    assert curve["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
+    figure = circuit_figure(graph, kept, circuits.matrix(graph, scores))
+    assert len(figure.data) == len(path) + 1  # one line per edge, one trace of nodes
+
+
 def test_top_k_and_threshold():
     graph = EdgeGraph.of(make_random_model("gpt2_like").config)
     scores = torch.zeros(len(graph.writers), len(graph.readers))
@@ -217,17 +322,25 @@ LLAMA_GQA = pytest.mark.parametrize("tiny", ["llama_gqa_tied"], indirect=True)
 
 
 def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader: Site) -> float:
-    """metric(clean run with one edge patched) - metric(clean run), patched by hand in a transformers Llama: the
-    writer's corrupt - clean output added to what the reader's projection (or norm) reads."""
+    """metric(clean run with one edge patched) - metric(clean run), patched by hand in a transformers decoder
+    (Llama, Gemma 3, OLMo 2, DeepSeek V2/V3): the writer's corrupt - clean output added to what the reader's
+    projection (or latent, or norm) reads. A head writes z[h] @ W_O[h]; under post-norms the attention writes its
+    post-normed output as a whole; an MLP writes its (post-normed) output."""
     base, cfg = hf.model, hf.config
-    d_head = cfg.hidden_size // cfg.num_attention_heads
+    post_ffn = lambda block: getattr(block, "post_feedforward_layernorm", None) or block.mlp  # noqa: E731
+    post_norms = hasattr(base.layers[0], "post_feedforward_layernorm")
 
     def writes(ids):
-        found, hooks = {}, [base.embed_tokens.register_forward_hook(lambda m, i, o: found.__setitem__(EMBED, o))]
+        found, hooks = {}, [base.layers[0].register_forward_pre_hook(
+            lambda m, a, k: found.__setitem__(EMBED, k["hidden_states"] if "hidden_states" in k else a[0]),
+            with_kwargs=True)]
         for layer, block in enumerate(base.layers):
+            if post_norms:
+                hooks.append(block.post_attention_layernorm.register_forward_hook(
+                    lambda m, i, o, layer=layer: found.__setitem__(Site(layer, "attn"), o)))
             hooks.append(block.self_attn.o_proj.register_forward_pre_hook(
                 lambda m, i, layer=layer: found.__setitem__(("z", layer), i[0])))
-            hooks.append(block.mlp.register_forward_hook(
+            hooks.append(post_ffn(block).register_forward_hook(
                 lambda m, i, o, layer=layer: found.__setitem__(Site(layer, "mlp"), o)))
         with torch.no_grad():
             logits = hf(ids).logits[:, -1]
@@ -236,10 +349,11 @@ def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader
         return found, logits
 
     def write(found, site):
-        if site == EMBED or site.part == "mlp":
+        if site == EMBED or site.part == "mlp" or site.head is None:
             return found[site]
         o_proj = base.layers[site.layer].self_attn.o_proj.weight
-        cols = slice(site.head * d_head, (site.head + 1) * d_head)
+        d_v = o_proj.shape[1] // cfg.num_attention_heads
+        cols = slice(site.head * d_v, (site.head + 1) * d_v)
         return found[("z", site.layer)][..., cols] @ o_proj[:, cols].T
 
     clean_found, clean_logits = writes(clean)
@@ -247,24 +361,35 @@ def _hf_edge_effect(hf, clean, corrupt, targets, baselines, writer: Site, reader
     delta = write(corrupt_found, writer) - write(clean_found, writer)
     hooks = []
     if reader == LOGITS:
-        norm = base.norm
-        hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
+        hooks.append(base.norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
     elif reader.part == "mlp":
-        norm = base.layers[reader.layer].post_attention_layernorm
-        hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
+        block = base.layers[reader.layer]
+        norm = getattr(block, "pre_feedforward_layernorm", None) or (
+            None if post_norms else block.post_attention_layernorm)  # OLMo 2: the MLP reads resid_mid itself
+        if norm is None:
+            hooks.append(block.mlp.register_forward_pre_hook(lambda m, i: (i[0] + delta,)))
+        else:
+            hooks.append(norm.register_forward_hook(lambda m, i, o: m.forward(i[0] + delta)))
     else:
         block = base.layers[reader.layer]
+        pre = getattr(block, "input_layernorm", None) or (lambda x: x)  # OLMo 2: no pre-norm
         seen = {}
         hooks.append(block.register_forward_pre_hook(
             lambda m, a, k: seen.__setitem__("resid", k["hidden_states"] if "hidden_states" in k else a[0]),
             with_kwargs=True))
-        unit = reader.head if reader.field == "q" else reader.kv_head
-        cols = slice(unit * d_head, (unit + 1) * d_head)
-        projection = getattr(block.self_attn, f"{reader.field}_proj")
+        attn = block.self_attn
+        if reader.field in ("kv_latent", "q") and reader.head is None:  # a latent reads every head's input
+            projection, cols = attn.kv_a_proj_with_mqa if reader.field == "kv_latent" else attn.q_a_proj, slice(None)
+        else:
+            unit = reader.head if reader.field == "q" else reader.kv_head
+            projection = getattr(attn, f"{reader.field}_proj")
+            heads = cfg.num_attention_heads if reader.field == "q" else cfg.num_key_value_heads
+            width = projection.weight.shape[0] // heads
+            cols = slice(unit * width, (unit + 1) * width)
 
         def put(m, i, o):
             o = o.clone()
-            o[..., cols] = m.forward(block.input_layernorm(seen["resid"] + delta))[..., cols]
+            o[..., cols] = m.forward(pre(seen["resid"] + delta))[..., cols]
             return o
         hooks.append(projection.register_forward_hook(put))
     with torch.no_grad():
@@ -294,15 +419,49 @@ def test_exact_equals_patching_by_hand_with_transformers_hooks(tiny):
         assert got == pytest.approx(expected, abs=1e-4, rel=1e-4), (writer.label, reader.label)
 
 
-def test_no_host_sync_grows_with_layers_or_circuits():
-    """The patched pass and EAP's batch ask the host for nothing per layer, per circuit or per reader."""
-    from host_syncs import HostSyncs
+@pytest.mark.parametrize("tiny", ["gemma3", "olmo2", "deepseek_v3", "deepseek_v2"], indirect=True)
+def test_exact_equals_patching_by_hand_on_post_norms_and_latents(tiny):
+    """Gemma 3 (sandwich norms) and OLMo 2 (post-norms only: its readers read the residual itself): a layer's
+    attention is one writer, its post-normed output; DeepSeek V3 (a query latent) and V2 (per-head queries): one
+    key/value reader per layer, the latent's input (its rotary key included)."""
+    g = torch.Generator().manual_seed(6)
+    clean = torch.randint(0, 50257, (2, 7), generator=g)
+    corrupt = clean.clone()
+    corrupt[:, 4] = torch.randint(0, 50257, (2,), generator=g)  # within Gemma 3's window of 4 of the last token
+    targets, baselines = torch.tensor([11, 22]), torch.tensor([33, 44])
+    graph = EdgeGraph.of(tiny.model.config)
+    attn0, attn1 = (graph.writers[graph.writer_slice(layer, "attn").stop - 1] for layer in (0, 1))
+    edges = [(EMBED, graph.readers[graph.reader_slice(0, "q").stop - 1]),
+             *((attn0, graph.readers[graph.reader_slice(1, field).start]) for field in graph.attn_fields),
+             (Site(0, "mlp"), Site(1, "mlp")), (attn1, Site(1, "mlp")), (Site(1, "mlp"), LOGITS), (attn1, LOGITS)]
+    df = circuits.exact(tiny.model, clean, corrupt, targets.tolist(), baselines.tolist(), edges=edges)
+    for writer, reader in edges:
+        got = df[(df["writer"] == writer.label) & (df["reader"] == reader.label)]["score"].item()
+        expected = _hf_edge_effect(tiny.hf, clean, corrupt, targets, baselines, writer, reader)
+        assert abs(expected) > 1e-4, (writer.label, reader.label)  # the edge matters, so the check can fail
+        assert got == pytest.approx(expected, abs=1e-4, rel=1e-3), (writer.label, reader.label)
 
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "olmo2_like", "deepseek"])
+def test_no_host_sync_grows_with_layers_or_circuits(kind):
+    """The patched pass and EAP's batch ask the host for nothing per layer, per circuit or per reader (post-norms
+    without pre-norms, latent attention too)."""
+    from host_syncs import HostSyncs
+    from random_models import randomize
+
+    import resid
     from resid.analyses.circuits.eap import gradient_scores
+
+    def sized(n_layers: int):
+        if kind != "deepseek":
+            return make_random_model(kind, n_layers=n_layers)
+        # every layer dense: the experts' routing asks the host per MoE layer (resid.components.moe), not the pass
+        config = dataclasses.replace(model_of(kind).config, n_layers=n_layers, n_dense_layers=n_layers)
+        return randomize(resid.Transformer(config, name="random-deepseek"), 0)
 
     counts = []
     for n_layers, n_circuits in ((2, 1), (4, 3)):
-        model = make_random_model("llama_gqa", n_layers=n_layers)
+        model = sized(n_layers)
         graph = EdgeGraph.of(model.config)
         clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=7))
         reference = Writes.of(model, corrupt)
