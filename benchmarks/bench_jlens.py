@@ -2,19 +2,23 @@
 batch, then on SmolLM2 the KL to the final distribution per layer of the logit, tuned and J-lens.
 
     python benchmarks/bench_jlens.py [--d-model 128] [--layers 4] [--seq-len 64] [--prompts 4] [--block 8]
+                                     [--threads 1] [--rounds 3] [--folder DIR]
                                      [--smollm2-windows 2] [--smollm2-seq-len 32] [--tuned-steps 4]
-                                     [--eval-tokens 1024] [--figure jlens.html] [--reference none]
+                                     [--eval-tokens 1024] [--figure jlens.html] [--reference none] [--smollm2 no]
 
 Fitting (a random Llama of --d-model and --layers, float32, built and saved by transformers in TransformerLens's
-environment, which tests/data/make_jlens_reference.py builds; its word-level tokenizer; --prompts prompts of
---seq-len tokens, BOS first; skip_first 16):
+environment, which tests/data/make_jlens_reference.py builds; its word-level tokenizer; or --folder, a transformers
+Llama folder such as the SmolLM2 layers that script saves under build/; --prompts prompts of --seq-len tokens, BOS
+first; skip_first 16):
   transformer_lens  JacobianLens.fit(bridge, prompts, dim_batch=--block): one prompt per forward pass, replicated
                     --block times, one backward per --block output dimensions
   resid (same)      fit_jacobian(batch_size=1, block=--block): the same batching
   resid (batched)   fit_jacobian(batch_size=--prompts, block=1): every window in one forward pass, one backward per
                     output dimension for all of them
-Each is timed after a warm-up fit of one prompt, in the same process run one after the other (the machine's load
-changes minute to minute: compare only numbers of one run). Both fits are checked to agree (1e-4 relative).
+Each is timed after a warm-up fit of one prompt, with --threads torch threads for both (default 1: on a CPU that
+other jobs share, two threads over-subscribe it and every small kernel waits for a descheduled thread, which made
+single timings swing 3-10x), in --rounds interleaved rounds (a TransformerLens process, then resid's two fits):
+the median and fastest round of each. Both fits are checked to agree (1e-4 relative).
 
 SmolLM2-135M: a J-lens fitted (block --block) on --smollm2-windows training windows of --smollm2-seq-len tokens
 (skip_first 4: short windows on a CPU; the reference fits 100-1000 prompts of 128 tokens), a tuned lens trained for
@@ -30,6 +34,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import argparse
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -49,17 +54,19 @@ SKIP = 16
 
 TL_FIT = """
 import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[4]))
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.tools.analysis import JacobianLens
-folder, prompts, block = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+folder, prompts, block, seq_len = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[5])
 bridge = TransformerBridge.boot_transformers(folder, device="cpu", dtype=torch.float32)
 bridge.eval()
-torch.set_num_threads(int(sys.argv[4]))
-JacobianLens.fit(bridge, prompts[:1], corpus="warm-up", dim_batch=block, max_seq_len=4096, show_progress=False)
+fit = lambda texts, name: JacobianLens.fit(bridge, texts, corpus=name, dim_batch=block, max_seq_len=seq_len,
+                                           show_progress=False)
+fit(prompts[:1], "warm-up")
 start = time.perf_counter()
-lens = JacobianLens.fit(bridge, prompts, corpus="bench", dim_batch=block, max_seq_len=4096, show_progress=False)
+lens = fit(prompts, "bench")
 elapsed = time.perf_counter() - start
-ids = torch.cat([bridge.to_tokens(p) for p in prompts])
+ids = torch.cat([bridge.to_tokens(p)[:, :seq_len] for p in prompts])
 print(json.dumps({"seconds": elapsed, "ids": ids.tolist(),
                   "J": {str(k): v.tolist() for k, v in lens.jacobians.items()}}))
 """
@@ -101,31 +108,38 @@ def timed_fit(model, ids, batch_size: int, block: int) -> tuple[float, lenses.Ja
 
 def fitting(args) -> None:
     python, words = reference_python(args.venv)
-    folder = WORK / f"llama-d{args.d_model}-l{args.layers}"
+    folder = args.folder or WORK / f"llama-d{args.d_model}-l{args.layers}"
     if not (folder / "model.safetensors").is_file():
         subprocess.run([str(python), "-c", BUILD, str(args.d_model), str(args.layers), str(folder), str(MAKE.parent)],
                        check=True, capture_output=True)
     generator = torch.Generator().manual_seed(0)
     prompts = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (args.seq_len - 1,), generator=generator))
                for _ in range(args.prompts)]
-    threads = torch.get_num_threads()
-    done = subprocess.run([str(python), "-c", TL_FIT, str(folder), json.dumps(prompts), str(args.block), str(threads)],
-                          check=True, capture_output=True, text=True)
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    torch.set_num_threads(args.threads)
     model = resid.load(folder)
-    ids = torch.tensor(theirs["ids"])
-    tokens = ids.numel()
-    same, lens = timed_fit(model, ids, 1, args.block)
-    batched, _ = timed_fit(model, ids, args.prompts, 1)
+    names = (f"TransformerLens 4.3 (dim_batch={args.block}, one prompt per pass)",
+             f"resid (batch 1, block {args.block}: the same batching)", f"resid (batch {args.prompts}, block 1)")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(args.rounds):  # interleaved: each round times the three fits one after the other
+        done = subprocess.run([str(python), "-c", TL_FIT, str(folder), json.dumps(prompts), str(args.block),
+                               str(args.threads), str(args.seq_len)], check=True, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+        theirs = json.loads(done.stdout.strip().splitlines()[-1])
+        ids = torch.tensor(theirs["ids"])
+        same, lens = timed_fit(model, ids, 1, args.block)
+        batched, _ = timed_fit(model, ids, args.prompts, 1)
+        for name, seconds in zip(names, (theirs["seconds"], same, batched)):
+            times[name].append(seconds)
     worst = max(float((lens.jacobians[i].cpu().double() - torch.tensor(theirs["J"][str(i)]).double()).abs().max()
                       / torch.tensor(theirs["J"][str(i)]).abs().max()) for i in range(len(lens.sites)))
-    print(f"random Llama d_model={args.d_model}, {args.layers} layers, {args.prompts} prompts x {args.seq_len} tokens "
-          f"({tokens} tokens), skip_first {SKIP}, {threads} threads; largest relative difference of J: {worst:.1e}")
-    print("| fit | s per 1,000 tokens |\n| --- | ---: |")
-    for name, seconds in ((f"TransformerLens 4.3 (dim_batch={args.block}, one prompt per pass)", theirs["seconds"]),
-                          (f"resid (batch 1, block {args.block}: the same batching)", same),
-                          (f"resid (batch {args.prompts}, block 1)", batched)):
-        print(f"| {name} | {1000 * seconds / tokens:.2f} |")
+    tokens = ids.numel()
+    what = folder.name if args.folder else f"random Llama d_model={args.d_model}, {args.layers} layers"
+    print(f"{what}, {args.prompts} prompts x {args.seq_len} tokens ({tokens} tokens), skip_first {SKIP}, "
+          f"{args.threads} thread(s), {args.rounds} interleaved rounds; largest relative difference of J: {worst:.1e}")
+    print("| fit | s per 1,000 tokens: median | fastest | every round |\n| --- | ---: | ---: | --- |")
+    for name, seconds in times.items():
+        per = [1000 * t / tokens for t in seconds]
+        print(f"| {name} | {statistics.median(per):.2f} | {min(per):.2f} | {', '.join(f'{t:.2f}' for t in per)} |")
 
 
 def smollm2(args) -> None:
@@ -161,6 +175,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--block", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of both fits (the same for both)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median and fastest)")
+    parser.add_argument("--folder", type=Path, default=None,
+                        help="a transformers Llama folder to time instead of the random Llama (e.g. the SmolLM2 "
+                             "layers make_jlens_reference.py saves in build/)")
     parser.add_argument("--smollm2-windows", type=int, default=2)
     parser.add_argument("--smollm2-seq-len", type=int, default=32)
     parser.add_argument("--tuned-steps", type=int, default=4)

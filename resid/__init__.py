@@ -69,6 +69,7 @@ _LAZY = {
     "ResidualStream": "resid.stream",
     "Tokenizer": "resid.tokenizer",
     "Tokens": "resid.tokenizer",
+    "first_layers": "resid.load.first_layers",
 }
 
 
@@ -112,6 +113,7 @@ __all__ = [
     "Tokens",
     "Transformer",
     "ZeroAblate",
+    "first_layers",
     "identity",
     "keep_freed_memory",
     "known_models",

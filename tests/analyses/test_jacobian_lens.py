@@ -1,9 +1,10 @@
 """The Jacobian lens (J-lens): resid's fit equals TransformerLens 4.3's (tests/data/jlens, made by
 tests/data/make_jlens_reference.py in TransformerLens's own environment) on a tiny random Llama; the reference's file
-read by resid gives TransformerLens's readout; J = I is the logit lens exactly; the fit equals the brute-force
-expected Jacobian on soft-capped, post-norm and parallel families, whatever the batch and block; a checkpoint resumes;
-a frozen J-lens logit is a sum of writes through J^T v; the interventions act in lens coordinates as said; both
-layouts round-trip."""
+read by resid gives TransformerLens's readout; on SmolLM2's first three layers (from the GGUF resid reads, dequantized
+by transformers for TransformerLens) the fit and its readout equal TransformerLens's too; J = I is the logit lens
+exactly; the fit equals the brute-force expected Jacobian on soft-capped, post-norm and parallel families, whatever
+the batch and block; a checkpoint resumes; a frozen J-lens logit is a sum of writes through J^T v; the interventions
+act in lens coordinates as said; both layouts round-trip."""
 
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def test_fit_equals_transformerlens(model, reference):
     for i, layer in enumerate(layers):
         assert relative(lens.jacobians[i].cpu(), reference[f"fit.J.{layer}"]) < 1e-4, layer
     assert lens.info["windows"] == len(reference["ids"])
+
+
+def test_fit_on_smollm2s_first_layers_equals_transformerlens(smollm2):
+    reference = load_file(str(FIXTURE / "smollm2.safetensors"))  # make_jlens_reference.py: SMOLLM2_*
+    small = resid.first_layers(smollm2, 3)
+    sites = [Site(layer, "resid_post") for layer in range(2)]
+    lens = fit_jacobian(small, reference["ids"], sites=sites, skip_first=4, block=32,
+                        execution=Execution(batch_size=len(reference["ids"]), progress=False))
+    for i in range(2):
+        assert relative(lens.jacobians[i].cpu(), reference[f"fit.J.{i}"]) < 1e-4, i
+    with torch.no_grad():
+        run = small.run(reference["readout.ids"][None])
+        for i, site in enumerate(sites):
+            logits = lens.logits(run.stream.resid_post(i)[0, -1], site).float()
+            top = reference["readout.top_ids"][i]
+            torch.testing.assert_close(logits[top], reference["readout.top_logits"][i], atol=1e-4, rtol=1e-4)
+            assert int(logits.argmax()) == int(top[0])
 
 
 @torch.no_grad()
