@@ -77,6 +77,8 @@ def test_the_batching_changes_nothing(model, lens, windows):
 def test_the_figure_has_a_line_per_lens_and_metric(model, lens, windows):
     fig = tuned_lens.figure(tuned_lens.evaluate(model, windows, [lens], execution=QUIET))
     assert len(fig.data) == 8 and {trace.name for trace in fig.data} == {"logit lens", "tuned lens"}
+    colors = {(trace.name, trace.line.color) for trace in fig.data}  # a lens has one colour in every panel
+    assert len(colors) == 2 and len({color for _, color in colors}) == 2
 
 
 def test_two_lenses_of_one_kind_are_refused(model, lens, windows):
