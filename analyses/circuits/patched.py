@@ -7,7 +7,14 @@ block's MLP, the final residual for the logits), write_w a writer's output in th
 the reference run (the corrupt prompt, or a mean). With keep = 1 the pass is the model's own; with keep = 0 every
 reader reads the reference run's input, so every node computes the reference run's output; a circuit keeps its
 edges at 1. `probe` (zeros that require a gradient) gives d metric / d input_r of every reader from one backward pass
-(EAP and EAP-IG, resid.analyses.circuits.eap).
+(EAP-IG on the activations, resid.analyses.circuits.eap).
+
+With nothing patched (`keep` None: EAP, EAP-IG on the inputs) every reader's input is the residual its sublayer
+reads, so the pass is the model's own forward and `taps` gives the same gradients without a probe: the backward pass
+stops at each reader group's own tensor (a head's q_proj, a key/value head's k_proj and v, the MLP's normalized
+input, the final residual), and `input_gradients` pushes those back through W_Q[h], W_K[g] and W_V[g] and the
+pre-norm's Jacobian at the layer's residual, every head of a layer in one batched vector-Jacobian product of the
+norm's own forward.
 
 Everything goes through the model's own forward and resid.Hook interventions on whole fields (no second copy of
 the attention): the residual a sublayer reads is seen at resid_pre / resid_mid (and returned unchanged), writes at
@@ -72,8 +79,13 @@ class EdgePass:
 
     def __init__(self, model: Transformer, graph: EdgeGraph, reference: Writes | None,
                  keep: Float[Tensor, "circuit writer reader"] | None, probe: Tensor | None = None,
-                 embed: Tensor | None = None):
+                 embed: Tensor | None = None, taps: bool = False):
+        """`taps`: record what every reader group's input goes into, for input_gradients (only where nothing is
+        patched or probed: the readers then read the model's own residual)."""
         self.model, self.graph, self.reference, self.probe, self.embed = model, graph, reference, probe, embed
+        # with taps: what each reader group's input went into, in stream order ((layer, field, resid read, tensor);
+        # layer None: the logits), for input_gradients
+        self.taps: list[tuple[int | None, str, Tensor, Tensor]] | None = [] if taps else None
         self.patched = None if keep is None else (1 - keep.to(model.dtype))  # the weight of each term swapped
         self.circuits = 1 if keep is None else keep.shape[0]
         # what the swapped terms add to each reader's input so far, [b pos reader d_model]: each writer group's
@@ -187,6 +199,8 @@ class EdgePass:
                         "v": (attention.W_V, attention.b_V)}[name]
 
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
+            if self.taps is not None:
+                self.taps.append((layer, name, self.resid["attn"], projected))
             if self.patched is None and self.probe is None:
                 return projected
             normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
@@ -198,15 +212,48 @@ class EdgePass:
         norm = self.model.blocks[layer].ln_mlp
 
         def put(normalized: Tensor, tokens: Tokens) -> Tensor:
+            if self.taps is not None:
+                self.taps.append((layer, "mlp", self.resid["mlp"], normalized))
             if self.patched is None and self.probe is None:
                 return normalized
             return norm.normalize(self.inputs(layer, "mlp", self.resid["mlp"])[:, :, 0]).to(normalized.dtype)
         return put
 
     def _logits(self, resid: Tensor, tokens: Tokens) -> Tensor:
+        if self.taps is not None:
+            self.taps.append((None, "logits", resid, resid))
         if self.patched is None and self.probe is None:
             return resid
         return self.inputs(None, "logits", resid)[:, :, 0].to(resid.dtype)
+
+
+    # --- gradients without a probe ------------------------------------------------------------------------------------
+    def input_gradients(self, value: Float[Tensor, ""]) -> Float[Tensor, "b pos reader d_model"]:
+        """d value / d input_r of every reader (in float32 at least), from a pass run with taps: the same numbers a
+        zero probe on every reader's input gives, from one backward pass that stops at the taps."""
+        exact = torch.promote_types(self.model.dtype, torch.float32)
+        grads = torch.autograd.grad(value, [tensor for *_, tensor in self.taps])
+        by_group = {(layer, field): (resid, g) for (layer, field, resid, _), g in zip(self.taps, grads)}
+        columns = []
+        for layer in range(self.graph.n_layers):
+            attention, block = self.model.blocks[layer].attn, self.model.blocks[layer]
+            projected = [torch.einsum("bphe,hde->bphd", by_group[(layer, field)][1].to(exact), weight.to(exact))
+                         for field, weight in (("q", attention.W_Q), ("k", attention.W_K), ("v", attention.W_V))]
+            columns.append(_norm_adjoint(block.ln_attn, by_group[(layer, "q")][0], torch.cat(projected, 2)))
+            resid, g = by_group[(layer, "mlp")]
+            columns.append(_norm_adjoint(block.ln_mlp, resid, g.to(exact)[:, :, None]))
+        columns.append(by_group[(None, "logits")][1].to(exact)[:, :, None])
+        return torch.cat(columns, 2)
+
+
+def _norm_adjoint(norm, resid: Float[Tensor, "b pos d_model"],
+                  u: Float[Tensor, "b pos r d_model"]) -> Float[Tensor, "b pos r d_model"]:
+    """u[:, :, r] pulled back through the norm's Jacobian at `resid`, for every r at once: one vector-Jacobian
+    product of the norm's own forward, batched over r (in u's dtype)."""
+    with torch.enable_grad():
+        x = resid.detach().to(u.dtype).requires_grad_(True)
+        (g,) = torch.autograd.grad(norm.normalize(x), x, u.movedim(2, 0), is_grads_batched=True)
+    return g.movedim(0, 2)
 
 
 def repeat(tokens: Tokens, times: int) -> Tokens:

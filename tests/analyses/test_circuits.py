@@ -314,3 +314,30 @@ def test_no_host_sync_grows_with_layers_or_circuits():
         counts.append(syncs)
     few, many = counts
     assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
+    """Where nothing is patched, the gradients pushed back from the taps (q_proj, k_proj, v, the MLP's normalized
+    input, the final residual) through the projections and the pre-norms equal a zero probe's on every input."""
+    from resid.analyses.circuits.inputs import measure
+    from resid.analyses.circuits.patched import EdgePass
+
+    model = make_random_model(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, _ = pairs(seed=4)
+    tokens = Tokens.from_ids(clean)
+    t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    gradients = []
+    for taps in (True, False):
+        probe = None if taps else torch.zeros(*clean.shape, len(graph.readers), model.config.d_model,
+                                              requires_grad=True)
+        edge_pass = EdgePass(model, graph, None, None, probe, taps=taps)
+        run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
+                        grad=True)
+        value = measure("logit_diff", run.logits[:, 0], t, b).sum()
+        gradients.append(edge_pass.input_gradients(value) if taps else torch.autograd.grad(value, probe)[0])
+    tapped, probed = gradients
+    scale = float(probed.abs().max())
+    assert scale > 0
+    assert float((tapped - probed).abs().max()) <= 1e-5 * scale
