@@ -26,8 +26,10 @@ rows are `circuits` blocks of the pairs' rows (circuit-major): keep is [circuit 
 Glossary: n the pairs of a batch, C the circuits run together, b = C * n the rows of the pass, W writers, R readers.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -43,25 +45,35 @@ from resid.tokenizer import Tokens
 @dataclass(frozen=True)
 class Writes:
     """Every writer's output in one run, as the run computed it: the embeddings' sum [n pos d_model], each layer's
-    head mixes z [n pos head d_head] (a head writes z[h] @ W_O[h]) and MLP writes [n pos d_model]. A mean
-    reference holds [1 1 ...] tensors."""
+    head mixes z [n pos head d_head] (a head writes z[h] @ W_O[h]) and MLP writes [n pos d_model]; and what the
+    readers read in it: each layer's attention input (resid_pre) and MLP input (resid_mid, or resid_pre in a
+    parallel block), the final residual; the run's last-token logits where it computed them. A mean reference holds
+    [1 1 ...] tensors (and no logits)."""
 
     embed: Float[Tensor, "n pos d_model"]
     z: tuple[Float[Tensor, "n pos head d_head"], ...]
     mlp: tuple[Float[Tensor, "n pos d_model"], ...]
+    attn_read: tuple[Float[Tensor, "n pos d_model"], ...]
+    mlp_read: tuple[Float[Tensor, "n pos d_model"], ...]
+    final: Float[Tensor, "n pos d_model"] | None
+    logits: Float[Tensor, "n d_vocab"] | None = None
 
     @classmethod
     def of(cls, model: Transformer, tokens: Tokens) -> "Writes":
-        """The writes of a plain run of `tokens` (no gradient)."""
+        """The writes and reads of a plain run of `tokens` (no gradient)."""
+        edge_pass = EdgePass(model, EdgeGraph.of(model.config), None, None)
         with torch.no_grad():
-            run = model.run(tokens, capture=Capture(attn={"z"}, mlp={"out"}, final_norm_scale=False),
+            run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(),
                             logits_at="last")
-        stream = run.stream
-        return cls(stream.resid_pre(0), tuple(layer.attn.z for layer in stream.layers),
-                   tuple(layer.mlp.out for layer in stream.layers))
+        return dataclasses.replace(edge_pass.writes(), logits=run.logits[:, 0])
+
+    def read(self, layer: int | None, field: str) -> Float[Tensor, "n pos d_model"]:
+        """What a reader group (a layer's q, k, v or MLP; the logits, layer None) reads."""
+        return self.final if layer is None else self.mlp_read[layer] if field == "mlp" else self.attn_read[layer]
 
     def mean(self, mask: Float[Tensor, "n pos"]) -> "Writes":
-        """Mean ablation's reference: every write averaged over the real positions of every prompt."""
+        """Mean ablation's reference: every write (and read: their sum) averaged over the real positions of every
+        prompt."""
         weight = mask.to(self.embed.dtype)
         total = weight.sum()
 
@@ -69,13 +81,25 @@ class Writes:
             w = weight.view(*weight.shape, *([1] * (t.dim() - 2)))
             return ((t * w).sum((0, 1)) / total)[None, None]
 
-        return Writes(average(self.embed), tuple(map(average, self.z)), tuple(map(average, self.mlp)))
+        return Writes(average(self.embed), tuple(map(average, self.z)), tuple(map(average, self.mlp)),
+                      tuple(map(average, self.attn_read)), tuple(map(average, self.mlp_read)), average(self.final))
 
 
 class EdgePass:
     """The hooks of one edge-patched pass (see the module docstring). `keep` [circuit writer reader] or None (every
     edge kept: nothing is patched); `probe` [b pos reader d_model] or None; `embed` [b pos d_model] or None: what the
-    embeddings write in this pass instead of the tokens' own (EAP-IG on the inputs)."""
+    embeddings write in this pass instead of the tokens' own (EAP-IG on the inputs).
+
+    A patched pass sums whichever of the two equal forms has fewer terms, chosen once from keep before the forward
+    (the only time it asks the host for values):
+
+        input_r = resid_r + sum_w (1 - keep[w, r]) (reference_w - write_w)          (large circuits)
+                = reference_read_r + sum_w keep[w, r] (write_w - reference_w)       (small circuits)
+
+    (the residual is the sum of the writes plus constants, the same in both runs); a writer group with no term in
+    any circuit of the pass spreads nothing, and spreads only to the readers it has a term for; a reader group
+    without a term reads the pass's own residual (first form: the model's own projections) or the reference's
+    (second form: one norm and projection of n rows for all its readers and circuits)."""
 
     def __init__(self, model: Transformer, graph: EdgeGraph, reference: Writes | None,
                  keep: Float[Tensor, "circuit writer reader"] | None, probe: Tensor | None = None,
@@ -86,18 +110,43 @@ class EdgePass:
         # with taps: what each reader group's input went into, in stream order ((layer, field, resid read, tensor);
         # layer None: the logits), for input_gradients
         self.taps: list[tuple[int | None, str, Tensor, Tensor]] | None = [] if taps else None
-        self.patched = None if keep is None else (1 - keep.to(model.dtype))  # the weight of each term swapped
+        self.patched = keep is not None
         self.circuits = 1 if keep is None else keep.shape[0]
-        # what the swapped terms add to each reader's input so far, [b pos reader d_model]: each writer group's
-        # (reference - write) is spread over every reader after it as soon as it is written, one einsum per group
+        self.from_reference = False  # the second form (the module docstring)
+        if keep is not None:
+            self._plan(keep)
+        # what the terms add to each reader's input so far, [b pos reader d_model]: each writer group's difference
+        # is spread over the readers it has terms for as soon as it is written, one einsum per group
         self.pending: Tensor | None = None
         self.resid: dict[str, Tensor] = {}
-        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": []}  # this pass's writes (`writes()`)
+        # this pass's writes and (where nothing is patched) reads, for `writes()`
+        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn_read": [], "mlp_read": [],
+                                              "final": []}
+
+    def _plan(self, keep: Tensor) -> None:
+        """The form, each term's weight [circuit writer reader], the reader columns each writer group spreads to
+        and the reader columns that have a term (from one copy of keep on the host)."""
+        valid = self.graph.valid.numpy()
+        host = keep.detach().cpu().numpy()
+        kept, patched = int(((host != 0) & valid).sum()), int(((host != 1) & valid).sum())
+        self.from_reference = kept < patched and self.probe is None and self.reference is not None
+        keep = keep.to(self.model.device, self.model.dtype)
+        self.weight = keep if self.from_reference else 1 - keep
+        terms = ((host != 0) if self.from_reference else (host != 1)).any(0) & valid  # [writer reader]
+        self.has_term = terms.any(0)  # [reader]
+        groups = [slice(0, 1), *(self.graph.writer_slice(layer, part) for layer in range(self.graph.n_layers)
+                                 for part in ("attn", "mlp"))]
+        self.spread_to = {}  # writer group start -> its readers with a term (a device index), or None
+        for group in groups:
+            columns = np.flatnonzero(terms[group].any(0))
+            self.spread_to[group.start] = torch.as_tensor(columns, device=self.model.device) if len(columns) else None
 
     def writes(self) -> Writes:
-        """The writes this pass computed (detached), once it has run: with nothing patched and no embeddings given,
-        the run's own (EAP's clean writes, without a forward pass of their own)."""
-        return Writes(self.seen["embed"][0], tuple(self.seen["z"]), tuple(self.seen["mlp"]))
+        """The writes (and reads) this pass computed (detached), once it has run: with nothing patched and no
+        embeddings given, the run's own (EAP's clean writes, without a forward pass of their own)."""
+        seen = self.seen
+        return Writes(seen["embed"][0], tuple(seen["z"]), tuple(seen["mlp"]), tuple(seen["attn_read"]),
+                      tuple(seen["mlp_read"]), seen["final"][0] if seen["final"] else None)
 
     def interventions(self) -> list[Hook]:
         hooks = [Hook(Site(0, "resid_pre"), self._embeddings)]
@@ -120,8 +169,8 @@ class EdgePass:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
         self.seen["embed"].append(resid.detach())
-        if self.patched is not None:
-            self._spread(slice(0, 1), self._reference_minus(resid, self.reference.embed)[:, :, None])
+        if self.patched and self.spread_to[0] is not None:
+            self._spread(slice(0, 1), self._difference(resid, self.reference.embed)[:, :, None])
         return resid
 
     def _keep(self, part: str):
@@ -135,33 +184,42 @@ class EdgePass:
     def _heads(self, layer: int):
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
             self.seen["z"].append(z.detach())
-            if self.patched is not None:
+            heads = self.graph.writer_slice(layer, "attn")
+            if self.patched and self.spread_to[heads.start] is not None:
                 w_o = self.model.blocks[layer].attn.W_O
-                diff = torch.einsum("nphe,hed->nphd", self._reference_minus(z, self.reference.z[layer]), w_o)
-                self._spread(self.graph.writer_slice(layer, "attn"), diff)
+                diff = torch.einsum("nphe,hed->nphd", self._difference(z, self.reference.z[layer]), w_o)
+                self._spread(heads, diff)
             return z
         return seen
 
     def _mlp_write(self, layer: int):
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["mlp"].append(out.detach())
-            if self.patched is not None:
-                diff = self._reference_minus(out, self.reference.mlp[layer])[:, :, None]
-                self._spread(self.graph.writer_slice(layer, "mlp"), diff)
+            mlp = self.graph.writer_slice(layer, "mlp")
+            if self.patched and self.spread_to[mlp.start] is not None:
+                self._spread(mlp, self._difference(out, self.reference.mlp[layer])[:, :, None])
             return out
         return seen
 
-    def _reference_minus(self, write: Tensor, reference: Tensor) -> Tensor:
-        """reference - write, the reference [n ...] (or a mean [1 1 ...]) shared by the circuit blocks of `write`."""
+    def _difference(self, write: Tensor, reference: Tensor) -> Tensor:
+        """reference - write (first form) or write - reference (second form), the reference [n ...] (or a mean
+        [1 1 ...]) shared by the circuit blocks of `write`."""
         blocks = write.view(self.circuits, -1, *write.shape[1:])
-        return (reference.to(write.dtype)[None] - blocks).view(write.shape)
+        diff = reference.to(write.dtype)[None] - blocks
+        return (-diff if self.from_reference else diff).view(write.shape)
+
+    def _reference_read(self, layer: int | None, field: str, like: Tensor) -> Tensor:
+        """What the reader group reads in the reference run, as `like`'s rows [b pos d_model] (every circuit block
+        the reference's)."""
+        read = self.reference.read(layer, field).to(like.dtype)
+        blocks = like.view(self.circuits, -1, *like.shape[1:])
+        return read[None].expand_as(blocks).reshape(like.shape)
 
     # --- what the pass puts in -------------------------------------------------------------------------------------
     def _spread(self, writers: slice, diff: Float[Tensor, "b pos w d_model"]) -> None:
-        """Add a writer group's swapped terms to the pending input of every reader that reads it (the readers from
-        the first one after the group: the weights of earlier ones are those of non-edges, ignored)."""
-        first = self._first_reader(writers.start)
-        weight = self.patched[:, writers, first:]  # [C w r]
+        """Add a writer group's terms to the pending input of the readers it has terms for."""
+        columns = self.spread_to[writers.start]
+        weight = self.weight[:, writers][:, :, columns]  # [C w r]
         blocks = diff.view(self.circuits, -1, *diff.shape[1:])
         term = torch.einsum("cnpwd,cwr->cnprd", blocks, weight).reshape(diff.shape[0], diff.shape[1], -1,
                                                                         diff.shape[-1])
@@ -169,24 +227,26 @@ class EdgePass:
             shape = (diff.shape[0], diff.shape[1], len(self.graph.readers), diff.shape[-1])
             self.pending = torch.zeros(shape, dtype=diff.dtype, device=diff.device)
         if torch.is_grad_enabled():  # out of place: autograd keeps what the earlier readers read
-            self.pending = torch.cat([self.pending[:, :, :first], self.pending[:, :, first:] + term], dim=2)
+            self.pending = self.pending.index_add(2, columns, term)
         else:
-            self.pending[:, :, first:] += term
+            self.pending.index_add_(2, columns, term)
 
-    def _first_reader(self, writer: int) -> int:
-        """The first reader that reads writer column `writer`."""
-        if writer == 0:
-            return 0
-        layer, offset = divmod(writer - 1, self.graph.per_layer_writers)
-        if offset < self.graph.n_heads and not self.graph.parallel:  # a head: its own layer's MLP reads it
-            return self.graph.reader_slice(layer, "mlp").start
-        return self.graph.reader_slice(layer + 1, "q").start if layer + 1 < self.graph.n_layers else (
-            len(self.graph.readers) - 1)
+    def _base(self, layer: int | None, field: str, resid: Tensor) -> Tensor:
+        """What a reader group's input adds its terms to: the pass's residual (first form) or the reference's."""
+        return self._reference_read(layer, field, resid) if self.from_reference else resid
+
+    def _own(self, layer: int | None, field: str) -> bool:
+        """Whether every reader of the group reads the same base, unchanged (no term in any circuit, no probe)."""
+        if self.probe is not None:
+            return False
+        if not self.patched:
+            return True
+        return not self.has_term[self.graph.reader_slice(layer, field)].any()
 
     def inputs(self, layer: int | None, field: str, resid: Float[Tensor, "b pos d_model"]) -> Tensor:
         """The inputs [b pos r d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None)."""
         columns = self.graph.reader_slice(layer, field)
-        out = resid[:, :, None]
+        out = self._base(layer, field, resid)[:, :, None]
         if self.pending is not None:
             out = out + self.pending[:, :, columns].to(out.dtype)
         if self.probe is not None:
@@ -201,10 +261,17 @@ class EdgePass:
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
             if self.taps is not None:
                 self.taps.append((layer, name, self.resid["attn"], projected))
-            if self.patched is None and self.probe is None:
+            if name == "q" and not self.patched:
+                self.seen["attn_read"].append(self.resid["attn"].detach())
+            own = self._own(layer, name)
+            if own and not self.from_reference:
                 return projected
-            normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
-            out = torch.einsum("bphd,hde->bphe", normalized, weight)
+            if own:  # every reader reads the reference's input: one norm and projection of its rows
+                normalized = norm.normalize(self._base(layer, name, self.resid["attn"]))
+                out = torch.einsum("bpd,hde->bphe", normalized, weight)
+            else:
+                normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
+                out = torch.einsum("bphd,hde->bphe", normalized, weight)
             return (out if bias is None else out + bias).to(projected.dtype)
         return put
 
@@ -214,7 +281,10 @@ class EdgePass:
         def put(normalized: Tensor, tokens: Tokens) -> Tensor:
             if self.taps is not None:
                 self.taps.append((layer, "mlp", self.resid["mlp"], normalized))
-            if self.patched is None and self.probe is None:
+            if not self.patched:
+                self.seen["mlp_read"].append(self.resid["mlp"].detach())
+            own = self._own(layer, "mlp")
+            if own and not self.from_reference:
                 return normalized
             return norm.normalize(self.inputs(layer, "mlp", self.resid["mlp"])[:, :, 0]).to(normalized.dtype)
         return put
@@ -222,10 +292,11 @@ class EdgePass:
     def _logits(self, resid: Tensor, tokens: Tokens) -> Tensor:
         if self.taps is not None:
             self.taps.append((None, "logits", resid, resid))
-        if self.patched is None and self.probe is None:
+        if not self.patched:
+            self.seen["final"].append(resid.detach())
+        if self._own(None, "logits") and not self.from_reference:
             return resid
         return self.inputs(None, "logits", resid)[:, :, 0].to(resid.dtype)
-
 
     # --- gradients without a probe ------------------------------------------------------------------------------------
     def input_gradients(self, value: Float[Tensor, ""]) -> Float[Tensor, "b pos reader d_model"]:

@@ -341,3 +341,24 @@ def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
     scale = float(probed.abs().max())
     assert scale > 0
     assert float((tapped - probed).abs().max()) <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "neox_parallel"])
+@pytest.mark.parametrize("reference", ["corrupt", "mean"])
+def test_small_circuits_from_the_reference_equal_the_patched_form(kind, reference):
+    """A pass of small circuits adds the kept terms to the reference's reads; with full circuits beside them the
+    same pass swaps the patched terms into its own residual: both give the same logits."""
+    model = make_random_model(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=5))
+    writes = Writes.of(model, corrupt)
+    if reference == "mean":
+        writes = writes.mean(corrupt.attention_mask.float())
+    g = torch.Generator().manual_seed(0)
+    small = torch.stack([graph.valid & (torch.rand(graph.valid.shape, generator=g) < p) for p in (0.2, 0.4)])
+    assert small.any((1, 2)).all()
+    alone = patched_logits(model, graph, clean, writes, small.float())
+    full = graph.full()[None].expand(6, -1, -1)
+    beside = patched_logits(model, graph, clean, writes, torch.cat([small, full]).float())[:2]
+    assert float((alone - beside).abs().max()) <= 1e-4 * float(beside.abs().max())
+    assert float((alone[0] - alone[1]).abs().max()) > 1e-3  # the circuits differ
