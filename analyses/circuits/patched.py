@@ -29,7 +29,6 @@ Glossary: n the pairs of a batch, C the circuits run together, b = C * n the row
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -97,7 +96,8 @@ class EdgePass:
                 = reference_read_r + sum_w keep[w, r] (write_w - reference_w)       (small circuits)
 
     (the residual is the sum of the writes plus constants, the same in both runs); a writer group with no term in
-    any circuit of the pass spreads nothing, and spreads only to the readers it has a term for; a reader group
+    any circuit of the pass keeps no difference; a reader group with terms gathers them from the writers before it
+    in one batched matrix product over the writers; a reader group
     without a term reads the pass's own residual (first form: the model's own projections) or the reference's
     (second form: one norm and projection of n rows for all its readers and circuits)."""
 
@@ -115,17 +115,17 @@ class EdgePass:
         self.from_reference = False  # the second form (the module docstring)
         if keep is not None:
             self._plan(keep)
-        # what the terms add to each reader's input so far, [b pos reader d_model]: each writer group's difference
-        # is spread over the readers it has terms for as soon as it is written, one einsum per group
-        self.pending: Tensor | None = None
+        # each writer group's difference (reference - write, or write - reference), [b pos d_model writer], kept
+        # as it is written for the readers after it (_terms); with gradients a list of (writers, difference)
+        self.diffs: Tensor | list | None = None
         self.resid: dict[str, Tensor] = {}
         # this pass's writes and (where nothing is patched) reads, for `writes()`
         self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn_read": [], "mlp_read": [],
                                               "final": []}
 
     def _plan(self, keep: Tensor) -> None:
-        """The form, each term's weight [circuit writer reader], the reader columns each writer group spreads to
-        and the reader columns that have a term (from one copy of keep on the host)."""
+        """The form, each term's weight [circuit writer reader], the writer groups and the readers that have a
+        term in some circuit (from one copy of keep on the host)."""
         valid = self.graph.valid.numpy()
         host = keep.detach().cpu().numpy()
         kept, patched = int(((host != 0) & valid).sum()), int(((host != 1) & valid).sum())
@@ -136,10 +136,7 @@ class EdgePass:
         self.has_term = terms.any(0)  # [reader]
         groups = [slice(0, 1), *(self.graph.writer_slice(layer, part) for layer in range(self.graph.n_layers)
                                  for part in ("attn", "mlp"))]
-        self.spread_to = {}  # writer group start -> its readers with a term (a device index), or None
-        for group in groups:
-            columns = np.flatnonzero(terms[group].any(0))
-            self.spread_to[group.start] = torch.as_tensor(columns, device=self.model.device) if len(columns) else None
+        self.spreads = {group.start: bool(terms[group].any()) for group in groups}  # writer groups with a term
 
     def writes(self) -> Writes:
         """The writes (and reads) this pass computed (detached), once it has run: with nothing patched and no
@@ -169,7 +166,7 @@ class EdgePass:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
         self.seen["embed"].append(resid.detach())
-        if self.patched and self.spread_to[0] is not None:
+        if self.patched and self.spreads[0]:
             self._spread(slice(0, 1), self._difference(resid, self.reference.embed)[:, :, None])
         return resid
 
@@ -185,7 +182,7 @@ class EdgePass:
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
             self.seen["z"].append(z.detach())
             heads = self.graph.writer_slice(layer, "attn")
-            if self.patched and self.spread_to[heads.start] is not None:
+            if self.patched and self.spreads[heads.start]:
                 w_o = self.model.blocks[layer].attn.W_O
                 diff = torch.einsum("nphe,hed->nphd", self._difference(z, self.reference.z[layer]), w_o)
                 self._spread(heads, diff)
@@ -196,7 +193,7 @@ class EdgePass:
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["mlp"].append(out.detach())
             mlp = self.graph.writer_slice(layer, "mlp")
-            if self.patched and self.spread_to[mlp.start] is not None:
+            if self.patched and self.spreads[mlp.start]:
                 self._spread(mlp, self._difference(out, self.reference.mlp[layer])[:, :, None])
             return out
         return seen
@@ -217,19 +214,36 @@ class EdgePass:
 
     # --- what the pass puts in -------------------------------------------------------------------------------------
     def _spread(self, writers: slice, diff: Float[Tensor, "b pos w d_model"]) -> None:
-        """Add a writer group's terms to the pending input of the readers it has terms for."""
-        columns = self.spread_to[writers.start]
-        weight = self.weight[:, writers][:, :, columns]  # [C w r]
-        blocks = diff.view(self.circuits, -1, *diff.shape[1:])
-        term = torch.einsum("cnpwd,cwr->cnprd", blocks, weight).reshape(diff.shape[0], diff.shape[1], -1,
-                                                                        diff.shape[-1])
-        if self.pending is None:
-            shape = (diff.shape[0], diff.shape[1], len(self.graph.readers), diff.shape[-1])
-            self.pending = torch.zeros(shape, dtype=diff.dtype, device=diff.device)
-        if torch.is_grad_enabled():  # out of place: autograd keeps what the earlier readers read
-            self.pending = self.pending.index_add(2, columns, term)
+        """Keep a writer group's differences [b pos d_model w] (in writer columns) for the readers after it."""
+        diff = diff.movedim(2, 3)
+        if self.diffs is None:
+            shape = (*diff.shape[:3], len(self.graph.writers))
+            self.diffs = torch.zeros(shape, dtype=diff.dtype, device=diff.device) if not torch.is_grad_enabled() \
+                else []
+        if isinstance(self.diffs, list):  # with gradients: kept apart, concatenated where read
+            self.diffs.append((writers, diff))
         else:
-            self.pending.index_add_(2, columns, term)
+            self.diffs[..., writers] = diff
+
+    def _terms(self, layer: int | None, field: str) -> Tensor | None:
+        """sum_w weight[w, r] difference_w over the writers before a reader group, [b pos r d_model]: one batched
+        matrix product over the writers (None where the group has no term)."""
+        columns = self.graph.reader_slice(layer, field)
+        if self.diffs is None or not self.has_term[columns].any():
+            return None
+        before = self.graph.writers_before(layer, field)
+        if isinstance(self.diffs, list):
+            diffs = torch.zeros((*self.diffs[0][1].shape[:3], before), dtype=self.diffs[0][1].dtype,
+                                device=self.diffs[0][1].device)
+            for writers, diff in self.diffs:
+                if writers.start < before:
+                    diffs = diffs.index_copy(3, torch.arange(writers.start, writers.stop, device=diff.device), diff)
+        else:
+            diffs = self.diffs[..., :before]
+        b, n_pos, d_model, _ = diffs.shape
+        weight = self.weight[:, :before, columns].to(diffs.dtype)  # [C w r]
+        out = torch.bmm(diffs.reshape(self.circuits, -1, before), weight)  # [C (n pos d_model) r]
+        return out.view(b, n_pos, d_model, -1).movedim(3, 2)
 
     def _base(self, layer: int | None, field: str, resid: Tensor) -> Tensor:
         """What a reader group's input adds its terms to: the pass's residual (first form) or the reference's."""
@@ -247,8 +261,9 @@ class EdgePass:
         """The inputs [b pos r d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None)."""
         columns = self.graph.reader_slice(layer, field)
         out = self._base(layer, field, resid)[:, :, None]
-        if self.pending is not None:
-            out = out + self.pending[:, :, columns].to(out.dtype)
+        terms = self._terms(layer, field) if self.patched else None
+        if terms is not None:
+            out = out + terms.to(out.dtype)
         if self.probe is not None:
             out = out + self.probe[:, :, columns].to(out.dtype)
         return out.expand(-1, -1, columns.stop - columns.start, -1)
