@@ -473,3 +473,51 @@ def test_no_host_sync_grows_with_layers_or_circuits(kind):
         counts.append(syncs)
     few, many = counts
     assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
+    """Where nothing is patched, the gradients pushed back from the taps (q_proj, k_proj, v, the MLP's normalized
+    input, the final residual) through the projections and the pre-norms equal a zero probe's on every input."""
+    from resid.analyses.circuits.inputs import measure
+    from resid.analyses.circuits.patched import EdgePass
+
+    model = make_random_model(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, _ = pairs(seed=4)
+    tokens = Tokens.from_ids(clean)
+    t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    gradients = []
+    for taps in (True, False):
+        probe = None if taps else torch.zeros(*clean.shape, len(graph.readers), model.config.d_model,
+                                              requires_grad=True)
+        edge_pass = EdgePass(model, graph, None, None, probe, taps=taps)
+        run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
+                        grad=True)
+        value = measure("logit_diff", run.logits[:, 0], t, b).sum()
+        gradients.append(edge_pass.input_gradients(value) if taps else torch.autograd.grad(value, probe)[0])
+    tapped, probed = gradients
+    scale = float(probed.abs().max())
+    assert scale > 0
+    assert float((tapped - probed).abs().max()) <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "neox_parallel"])
+@pytest.mark.parametrize("reference", ["corrupt", "mean"])
+def test_small_circuits_from_the_reference_equal_the_patched_form(kind, reference):
+    """A pass of small circuits adds the kept terms to the reference's reads; with full circuits beside them the
+    same pass swaps the patched terms into its own residual: both give the same logits."""
+    model = make_random_model(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=5))
+    writes = Writes.of(model, corrupt)
+    if reference == "mean":
+        writes = writes.mean(corrupt.attention_mask.float())
+    g = torch.Generator().manual_seed(0)
+    small = torch.stack([graph.valid & (torch.rand(graph.valid.shape, generator=g) < p) for p in (0.2, 0.4)])
+    assert small.any((1, 2)).all()
+    alone = patched_logits(model, graph, clean, writes, small.float())
+    full = graph.full()[None].expand(6, -1, -1)
+    beside = patched_logits(model, graph, clean, writes, torch.cat([small, full]).float())[:2]
+    assert float((alone - beside).abs().max()) <= 1e-4 * float(beside.abs().max())
+    assert float((alone[0] - alone[1]).abs().max()) > 1e-3  # the circuits differ
