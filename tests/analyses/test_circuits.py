@@ -475,15 +475,17 @@ def test_no_host_sync_grows_with_layers_or_circuits(kind):
     assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", [*FAMILIES, "gemma3_like"])
 def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
     """Where nothing is patched, the gradients pushed back from the taps (q_proj, k_proj, v, the MLP's normalized
-    input, the final residual) through the projections and the pre-norms equal a zero probe's on every input."""
+    input, the final residual) through the projections and the pre-norms equal a zero probe's on every input
+    (post-norms with pre-norms too: the attention writes as one, its readers are still pre-norm projections)."""
     from resid.analyses.circuits.inputs import measure
-    from resid.analyses.circuits.patched import EdgePass
+    from resid.analyses.circuits.patched import EdgePass, tappable
 
-    model = make_random_model(kind)
+    model = model_of(kind)
     graph = EdgeGraph.of(model.config)
+    assert tappable(model, graph)
     clean, _ = pairs(seed=4)
     tokens = Tokens.from_ids(clean)
     t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
@@ -502,12 +504,26 @@ def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
     assert float((tapped - probed).abs().max()) <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("kind", ["llama_gqa", "neox_parallel"])
+@pytest.mark.parametrize("kind", ["olmo2_like", "deepseek", "deepseek_q"])
+def test_readers_that_are_not_pre_norm_projections_take_the_probe(kind):
+    """Without pre-norms or with latent attention taps are refused by name; EAP there runs on a probe (its
+    derivative tests: test_eap_is_the_derivative_of_the_patched_metric_on_post_norms_and_latents)."""
+    from resid.analyses.circuits.patched import EdgePass, tappable
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    assert not tappable(model, graph)
+    with pytest.raises(ResidError, match="probe"):
+        EdgePass(model, graph, None, None, taps=True)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "neox_parallel", *FAMILIES_MORE])
 @pytest.mark.parametrize("reference", ["corrupt", "mean"])
 def test_small_circuits_from_the_reference_equal_the_patched_form(kind, reference):
     """A pass of small circuits adds the kept terms to the reference's reads; with full circuits beside them the
-    same pass swaps the patched terms into its own residual: both give the same logits."""
-    model = make_random_model(kind)
+    same pass swaps the patched terms into its own residual: both give the same logits (post-norms, no pre-norms
+    and latent attention too)."""
+    model = model_of(kind)
     graph = EdgeGraph.of(model.config)
     clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=5))
     writes = Writes.of(model, corrupt)
