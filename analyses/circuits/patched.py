@@ -41,7 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from resid.analyses.circuits.graph import LOGITS, EdgeGraph
@@ -91,9 +91,9 @@ class Writes:
         """What a reader group (a layer's q, k, v, kv or MLP; the logits, layer None) reads."""
         return self.final if layer is None else self.mlp_read[layer] if field == "mlp" else self.attn_read[layer]
 
-    def mean(self, mask: Float[Tensor, "n pos"]) -> "Writes":
+    def mean(self, mask: Shaped[Tensor, "n pos"]) -> "Writes":
         """Mean ablation's reference: every write (and read: their sum) averaged over the real positions of every
-        prompt."""
+        prompt (`mask`: the attention mask, any dtype)."""
         weight = mask.to(self.embed.dtype)
         total = weight.sum()
 

@@ -537,3 +537,29 @@ def test_small_circuits_from_the_reference_equal_the_patched_form(kind, referenc
     beside = patched_logits(model, graph, clean, writes, torch.cat([small, full]).float())[:2]
     assert float((alone - beside).abs().max()) <= 1e-4 * float(beside.abs().max())
     assert float((alone[0] - alone[1]).abs().max()) > 1e-3  # the circuits differ
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "olmo2_like", "deepseek"])
+@pytest.mark.parametrize("reference", ["corrupt", "mean"])
+def test_circuit_values_equal_the_patched_runs_of_every_mask(kind, reference):
+    """circuit_values runs each distinct mask once (small ones from the reference's reads) and takes the model and
+    (corrupt reference) the empty circuit from the plain runs: its rows equal the patched pass of every mask."""
+    from resid.analyses.circuits.evaluation import circuit_values
+    from resid.analyses.circuits.inputs import measure
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=8))
+    g = torch.Generator().manual_seed(2)
+    some = graph.valid & (torch.rand(graph.valid.shape, generator=g) < 0.3)
+    masks = [some, graph.full(), some]
+    t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    got = circuit_values(model, graph, clean, corrupt, t, b, "logit_diff", masks, reference)
+    writes = Writes.of(model, corrupt)
+    writes = writes.mean(corrupt.attention_mask) if reference == "mean" else writes
+    every = torch.stack([*masks, graph.full(), graph.empty()]).float()
+    logits = torch.cat([patched_logits(model, graph, clean, writes, keep[None]) for keep in every])  # one form each
+    expected = measure("logit_diff", logits.flatten(0, 1), t.repeat(len(every)), b.repeat(len(every))).view(
+        len(every), -1)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert float((expected[0] - expected[4]).abs().max()) > 1e-3  # the circuit matters
