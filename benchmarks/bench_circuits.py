@@ -2,6 +2,7 @@
 
     python benchmarks/bench_circuits.py [--pairs 64] [--batch 16] [--steps 5] [--sizes 20] [--curve-pairs 32]
                                         [--exact-edges 200] [--exact-pairs 8] [--out-dir out/circuits]
+                                        [--stages eap,eap_ig,curve,exact,tables]
     python benchmarks/bench_circuits.py --circuitkit [--pairs 8]     # vs circuitkit 0.2.0 on a GPT-2-small shape
 
 Pairs: bench_ablation's IOI prompts (one token length), corrupt the same with the second mention of B replaced by A
@@ -15,8 +16,10 @@ Pairs: bench_ablation's IOI prompts (one token length), corrupt the same with th
                     circuit size)
   exact             resid.analyses.circuits.exact of the `--exact-edges` edges EAP-IG ranks highest, `--exact-pairs`
                     pairs: the ground truth of the exact top-k curve (the other edges scored 0)
-Then the faithfulness curves (MIB's 10 fractions) of EAP, EAP-IG and exact top-k, with CPR and CMD: a table (CSV and
-Markdown) and the EAP-IG circuit at the smallest size of faithfulness >= 0.8 drawn (HTML), under --out-dir.
+  tables            the faithfulness curves (MIB's 10 fractions) of EAP, EAP-IG and exact top-k, with CPR and CMD:
+                    a table (CSV and Markdown) and the EAP-IG circuit at the smallest size of faithfulness >= 0.8
+                    drawn (HTML), under --out-dir (needs the eap, eap_ig and exact stages)
+The curve and exact stages rank the edges by EAP-IG, or by EAP where eap_ig is not run.
 
 --circuitkit: circuitkit's get_scores_eap / get_scores_eap_ig (TransformerLens, in build/eap-reference-venv; see
 tests/data/make_eap_reference.py) vs resid's on one random GPT-2-small-shaped model (12 layers, 12 heads, d_model
@@ -42,6 +45,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "build" / "eap-reference-venv" / "bin" / "python"
+STAGES = ("eap", "eap_ig", "curve", "exact", "tables")
 
 
 def timed(fn, repeats: int = 1):
@@ -80,37 +84,54 @@ def smollm2(args) -> None:
         logits = model.run(ids, logits_at="last", grad=True).logits[:, 0]
         metric_values("logit_diff", logits, t, b).sum().backward()
 
-    fb_s, _ = timed(forward_backward, repeats=2)
-    model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        fwd_s, _ = timed(lambda: model.run(ids, logits_at="last"), repeats=2)
-    eap_s, eap = timed(lambda: circuits.eap(model, clean, corrupt, targets, baselines, execution=quiet))
-    ig_s, ig = timed(lambda: circuits.eap_ig(model, clean, corrupt, targets, baselines, steps=args.steps,
-                                             execution=quiet))
-    print(f"forward_backward (one batch)   {fb_s:8.2f} s   forward {fwd_s:.2f} s")
-    print(f"eap, per batch                 {eap_s / batches:8.2f} s   {eap_s / batches / fb_s:.2f}x forward_backward "
-          "(target <= 3)")
-    print(f"eap_ig {args.steps} steps, per batch step  {ig_s / batches / args.steps:8.2f} s   "
-          f"{ig_s / batches / args.steps / (eap_s / batches):.2f}x eap per batch (target <= 2)")
+    stages = set(args.stages.split(","))
+    unknown = stages - set(STAGES)
+    if unknown:
+        sys.exit(f"unknown stages {sorted(unknown)}; choose from {','.join(STAGES)}")
+    eap = ig = exact = None
+    if stages & {"eap", "eap_ig"}:
+        fb_s, _ = timed(forward_backward, repeats=2)
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            fwd_s, _ = timed(lambda: model.run(ids, logits_at="last"), repeats=2)
+        print(f"forward_backward (one batch)   {fb_s:8.2f} s   forward {fwd_s:.2f} s")
+    if "eap" in stages or "eap_ig" in stages:
+        eap_s, eap = timed(lambda: circuits.eap(model, clean, corrupt, targets, baselines, execution=quiet))
+        print(f"eap, per batch                 {eap_s / batches:8.2f} s   {eap_s / batches / fb_s:.2f}x "
+              "forward_backward (target <= 3)")
+    if "eap_ig" in stages:
+        ig_s, ig = timed(lambda: circuits.eap_ig(model, clean, corrupt, targets, baselines, steps=args.steps,
+                                                 execution=quiet))
+        print(f"eap_ig {args.steps} steps, per batch step  {ig_s / batches / args.steps:8.2f} s   "
+              f"{ig_s / batches / args.steps / (eap_s / batches):.2f}x eap per batch (target <= 2)")
+    ranking = ig if ig is not None else eap
+    if ranking is None and stages & {"curve", "exact", "tables"}:  # the circuits' ranking, untimed
+        ranking = circuits.eap(model, clean, corrupt, targets, baselines, execution=quiet)
 
     curve_pairs = slice(0, args.curve_pairs)
     c_args = (clean[curve_pairs], corrupt[curve_pairs], targets[curve_pairs])
-    fractions = np.geomspace(1 / graph.n_edges * 10, 1.0, args.sizes).tolist()
-    curve_ids = model.to_tokens(clean[curve_pairs])
-    with torch.no_grad():
-        curve_fwd_s, _ = timed(lambda: model.run(curve_ids, logits_at="last"), repeats=2)
-    curve_s, _ = timed(lambda: circuits.faithfulness_curve(model, *c_args, ig, baselines[curve_pairs],
-                                                           fractions=fractions, execution=quiet))
-    print(f"curve, {args.sizes} sizes x {args.curve_pairs} pairs {curve_s:8.2f} s   "
-          f"{curve_s / (args.sizes * curve_fwd_s):.2f}x {args.sizes} forwards of those pairs (target <= 1)")
+    if "curve" in stages:
+        fractions = np.geomspace(1 / graph.n_edges * 10, 1.0, args.sizes).tolist()
+        curve_ids = model.to_tokens(clean[curve_pairs])
+        with torch.no_grad():
+            curve_fwd_s, _ = timed(lambda: model.run(curve_ids, logits_at="last"), repeats=2)
+        curve_s, _ = timed(lambda: circuits.faithfulness_curve(model, *c_args, ranking, baselines[curve_pairs],
+                                                               fractions=fractions, execution=quiet))
+        print(f"curve, {args.sizes} sizes x {args.curve_pairs} pairs {curve_s:8.2f} s   "
+              f"{curve_s / (args.sizes * curve_fwd_s):.2f}x {args.sizes} forwards of those pairs (target <= 1)")
 
-    top = ig.sort_values("abs_score", ascending=False).head(args.exact_edges)
-    exact_pairs = slice(0, args.exact_pairs)
-    exact_s, exact = timed(lambda: circuits.exact(
-        model, clean[exact_pairs], corrupt[exact_pairs], targets[exact_pairs], baselines[exact_pairs],
-        edges=list(zip(top["writer"], top["reader"])), execution=quiet))
-    print(f"exact, {args.exact_edges} edges x {args.exact_pairs} pairs   {exact_s:8.2f} s")
-    exact = exact.fillna({"score": 0.0, "abs_score": 0.0})
+    if "exact" in stages:
+        top = ranking.sort_values("abs_score", ascending=False).head(args.exact_edges)
+        exact_pairs = slice(0, args.exact_pairs)
+        exact_s, exact = timed(lambda: circuits.exact(
+            model, clean[exact_pairs], corrupt[exact_pairs], targets[exact_pairs], baselines[exact_pairs],
+            edges=list(zip(top["writer"], top["reader"])), execution=quiet))
+        print(f"exact, {args.exact_edges} edges x {args.exact_pairs} pairs   {exact_s:8.2f} s")
+        exact = exact.fillna({"score": 0.0, "abs_score": 0.0})
+    if "tables" not in stages:
+        return
+    if eap is None or ig is None or exact is None:
+        sys.exit("the tables stage needs the eap, eap_ig and exact stages")
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,6 +259,7 @@ def main() -> None:
     parser.add_argument("--exact-edges", type=int, default=200)
     parser.add_argument("--exact-pairs", type=int, default=8)
     parser.add_argument("--out-dir", default="out/circuits")
+    parser.add_argument("--stages", default=",".join(STAGES), help="which stages to run (comma-separated)")
     parser.add_argument("--circuitkit", action="store_true")
     parser.add_argument("--circuitkit-side", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--resid-side", default=None, help=argparse.SUPPRESS)

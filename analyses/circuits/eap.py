@@ -4,10 +4,12 @@ and one corrupt forward pass and one backward pass per batch of pairs,
     score(w, r) = sum over positions of (reference_w - clean_w) . d metric / d input_r      (at the clean run)
 
 the first-order change of the metric when reader r reads writer w's reference (corrupt) output instead of its
-clean one. d metric / d input_r comes from a zero probe added to every reader's input (resid.analyses.circuits.
-patched), one backward pass for every reader at once; a head's write is z[h] @ W_O[h], whose constant b_O cancels in
-the difference. EAP-IG (resid.analyses.circuits.eap_ig) averages the same gradient over points between the corrupt
-and the clean run (`gradient_scores`'s `alphas`).
+clean one. d metric / d input_r comes from one backward pass for every reader at once (resid.analyses.circuits.
+patched: from the taps of the model's own forward where nothing is patched, EAP and EAP-IG on the inputs, and
+every reader is a pre-norm projection (`tappable`); from a zero probe on every reader's input elsewhere: EAP-IG on
+the activations, latent attention, models without pre-norms); a head's write is z[h] @ W_O[h], whose constant b_O
+cancels in the difference. EAP-IG (resid.analyses.circuits.eap_ig) averages the same gradient over points between
+the corrupt and the clean run (`gradient_scores`'s `alphas`).
 """
 
 from collections.abc import Callable, Sequence
@@ -19,7 +21,7 @@ from torch import Tensor
 
 from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import KL, measure, pairs_of
-from resid.analyses.circuits.patched import EdgePass, Writes
+from resid.analyses.circuits.patched import EdgePass, Writes, tappable
 from resid.analyses.circuits.scores import batch_tensors, edge_scores
 from resid.analyses.circuits.seq2seq import Model, decoder_only
 from resid.analyses.distributed.execution import Execution, as_execution
@@ -82,21 +84,26 @@ def gradient_scores(
     gradient = torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=exact, device=model.device)
     clean_writes = None
     for alpha in sorted(alphas, reverse=True):  # alpha 1 first: the clean run, whose writes are the clean ones
-        probe = torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=model.dtype, device=model.device,
-                            requires_grad=True)
-        if on == "inputs" and alpha != 1.0:
-            embed = corrupt_writes.embed + alpha * (clean_writes.embed - corrupt_writes.embed)
-            edge_pass = EdgePass(model, graph, None, None, probe, embed)
+        own = alpha == 1.0 or on == "inputs"  # the model's own forward (on its interpolated embeddings)
+        taps = own and tappable(model, graph)  # then taps, where every reader is a pre-norm projection
+        probe = None if taps else torch.zeros(n, n_pos, len(graph.readers), d_model, dtype=model.dtype,
+                                              device=model.device, requires_grad=True)
+        if own:
+            embed = None if alpha == 1.0 else corrupt_writes.embed + alpha * (clean_writes.embed -
+                                                                              corrupt_writes.embed)
+            edge_pass = EdgePass(model, graph, None, None, probe, embed=embed, taps=taps)
         else:
-            keep = None if alpha == 1.0 else torch.full((1, len(graph.writers), len(graph.readers)), alpha,
-                                                        device=model.device)
-            edge_pass = EdgePass(model, graph, corrupt_writes if keep is not None else None, keep, probe)
+            keep = torch.full((1, len(graph.writers), len(graph.readers)), alpha, device=model.device)
+            edge_pass = EdgePass(model, graph, corrupt_writes, keep, probe)
         run = model.run(clean, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
                         grad=True)
         clean_writes = edge_pass.writes() if alpha == 1.0 else clean_writes
-        value = measure(metric, run.logits[:, 0], targets, baselines, clean_logits)
-        (g,) = torch.autograd.grad(value.sum(), probe)
-        gradient += g.to(exact)
+        value = measure(metric, run.logits[:, 0], targets, baselines, clean_logits).sum()
+        if probe is None:
+            gradient += edge_pass.input_gradients(value)
+        else:
+            (g,) = torch.autograd.grad(value, probe)
+            gradient += g.to(exact)
     gradient /= len(alphas)
     with torch.no_grad():
         return _scores(model, graph, clean_writes, corrupt_writes, gradient)

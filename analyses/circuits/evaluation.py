@@ -36,6 +36,7 @@ from resid.analyses.circuits.seq2seq import (
     graph_of,
     last_logits,
     logits_with,
+    mean_writes,
     rows,
     writes_of,
 )
@@ -95,21 +96,36 @@ def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baseline
                    masks: Sequence[Tensor], reference: str = "corrupt") -> Float[Tensor, "circuit n"]:
     """Each pair's metric with only the edges of each mask kept (the rest patched to the reference), then with
     every edge kept (the model) and none (the empty circuit): [len(masks) + 2, n], as many circuits per forward
-    pass as ROWS_PER_FORWARD rows allow. clean, corrupt: Tokens, or an encoder-decoder's (source, target)."""
-    writes = writes_of(model, corrupt, reference)
-    clean_logits = last_logits(model, clean) if metric == "kl" else None
+    pass as ROWS_PER_FORWARD rows allow. clean, corrupt: Tokens, or an encoder-decoder's (source, target). Each
+    distinct mask is run once; the model (and every mask of every edge) is the clean run, and the empty circuit
+    with the corrupt reference the corrupt run (the patched pass equals them: tests/analyses/test_circuits.py,
+    test_circuits_seq2seq.py), which cost no patched rows."""
+    writes = writes_of(model, corrupt)
+    empty_logits = (writes[1] if isinstance(writes, tuple) else writes).logits if reference == "corrupt" else None
+    if reference == "mean":
+        writes = mean_writes(corrupt, writes)
+    clean_logits = last_logits(model, clean)
     n = rows(clean)
-    every = [*masks, graph.full(), graph.empty()]
-    per_forward = max(1, ROWS_PER_FORWARD // n)
-    values = []
-    for start in range(0, len(every), per_forward):
-        keep = torch.stack([m.float() for m in every[start:start + per_forward]]).to(model.device)
-        logits = logits_with(model, graph, clean, writes, keep)
-        c = keep.shape[0]
+
+    def values_of(logits: Tensor, c: int) -> Tensor:  # logits [c * n d_vocab] -> [c n]
         repeated = lambda x: None if x is None else x.repeat(c)  # noqa: E731
-        values.append(measure(metric, logits.flatten(0, 1), repeated(targets), repeated(baselines),
-                              None if clean_logits is None else clean_logits.repeat(c, 1)).view(c, n))
-    return torch.cat(values)
+        return measure(metric, logits, repeated(targets), repeated(baselines),
+                       clean_logits.repeat(c, 1) if metric == "kl" else None).view(c, n)
+
+    every = [*(m.cpu().bool() for m in masks), graph.full(), graph.empty()]
+    known = {graph.full().numpy().tobytes(): values_of(clean_logits, 1)[0]}
+    if empty_logits is not None:
+        known[graph.empty().numpy().tobytes()] = values_of(empty_logits, 1)[0]
+    keys = [m.numpy().tobytes() for m in every]
+    to_run = list(dict.fromkeys(key for key in keys if key not in known))  # distinct, in order
+    mask_of = dict(zip(keys, every))
+    per_forward = max(1, ROWS_PER_FORWARD // n)
+    for start in range(0, len(to_run), per_forward):
+        block = to_run[start:start + per_forward]
+        keep = torch.stack([mask_of[key].float() for key in block]).to(model.device)
+        logits = logits_with(model, graph, clean, writes, keep)
+        known.update(zip(block, values_of(logits.flatten(0, 1), len(block))))
+    return torch.stack([known[key] for key in keys])
 
 
 def evaluate(

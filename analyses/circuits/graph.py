@@ -177,18 +177,6 @@ class EdgeGraph:
             return seen + self.attn_writers
         return seen + self.attn_writers + self.cross_writers if field == "mlp" and not self.parallel else seen
 
-    def first_reader(self, writer: int) -> int:
-        """The first reader (column) that reads writer column `writer`."""
-        if writer == 0:
-            return 0
-        layer, offset = divmod(writer - 1, self.per_layer_writers)
-        if offset < self.attn_writers and self.cross:  # self-attention: its layer's cross-attention reads it
-            return self.reader_slice(layer, "cross_q").start
-        if offset < self.attn_writers + self.cross_writers and not self.parallel:  # its own layer's MLP reads it
-            return self.reader_slice(layer, "mlp").start
-        return self.reader_slice(layer + 1, "q").start if layer + 1 < self.n_layers else (
-            len(self.readers) - len(self.final))
-
     def fed(self, reader: Site) -> slice:
         """The writer columns whose node a reader's input feeds: its head (or every head its key/value head or
         latent serves, or the whole attention under post-norms), its MLP; the logits feed none."""

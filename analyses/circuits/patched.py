@@ -7,7 +7,15 @@ block's MLP, the final residual for the logits), write_w a writer's output in th
 the reference run (the corrupt prompt, or a mean). With keep = 1 the pass is the model's own; with keep = 0 every
 reader reads the reference run's input, so every node computes the reference run's output; a circuit keeps its
 edges at 1. `probe` (zeros that require a gradient) gives d metric / d input_r of every reader from one backward pass
-(EAP and EAP-IG, resid.analyses.circuits.eap).
+(EAP-IG on the activations, and EAP where taps do not apply: resid.analyses.circuits.eap).
+
+With nothing patched (`keep` None: EAP, EAP-IG on the inputs) every reader's input is the residual its sublayer
+reads, so the pass is the model's own forward and `taps` gives the same gradients without a probe: the backward pass
+stops at each reader group's own tensor (a head's q_proj, a key/value head's k_proj and v, the MLP's normalized
+input, the final residual), and `input_gradients` pushes those back through W_Q[h], W_K[g] and W_V[g] and the
+pre-norm's Jacobian at the layer's residual, every head of a layer in one batched vector-Jacobian product of the
+norm's own forward. Taps need every reader to be a plain pre-norm projection (`tappable`): latent attention, models
+without pre-norms and encoder-decoders take the probe.
 
 Everything goes through the model's own forward and resid.Hook interventions on whole fields (no second copy of
 the attention): the residual a sublayer reads is seen at resid_pre / resid_mid (and returned unchanged), writes at
@@ -29,14 +37,16 @@ write and their queries read as self-attention's do.
 Glossary: n the pairs of a batch, C the circuits run together, b = C * n the rows of the pass, W writers, R readers.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from resid.analyses.circuits.graph import LOGITS, EdgeGraph
 from resid.capture import Capture
+from resid.errors import ResidError
 from resid.interventions import Hook
 from resid.model import Transformer
 from resid.sites import Site
@@ -47,29 +57,43 @@ from resid.tokenizer import Tokens
 class Writes:
     """Every writer's output in one run, as the run computed it: the embeddings' sum [n pos d_model], each layer's
     head mixes z [n pos head d_head] (a head writes z[h] @ W_O[h]) and MLP writes [n pos d_model]; under
-    post-norms each layer's whole attention write `attn` [n pos d_model] instead of z (empty). A mean reference
-    holds [1 1 ...] tensors."""
+    post-norms each layer's whole attention write `attn` [n pos d_model] instead of z (empty); a decoder's
+    cross-attention heads' z `cross`. And what the readers read in it (`reads`; a decoder-only run's, from
+    Writes.of): each layer's attention input (resid_pre) and MLP input (resid_mid, or resid_pre in a parallel
+    block), the final residual; the run's last-token logits where it computed them. A mean reference holds
+    [1 1 ...] tensors (and no logits)."""
 
     embed: Float[Tensor, "n pos d_model"]
     z: tuple[Float[Tensor, "n pos head d_head"], ...]
     mlp: tuple[Float[Tensor, "n pos d_model"], ...]
     attn: tuple[Float[Tensor, "n pos d_model"], ...] = ()
     cross: tuple[Float[Tensor, "n pos head d_head"], ...] = ()  # a decoder's cross-attention heads' z
+    attn_read: tuple[Float[Tensor, "n pos d_model"], ...] = ()
+    mlp_read: tuple[Float[Tensor, "n pos d_model"], ...] = ()
+    final: Float[Tensor, "n pos d_model"] | None = None
+    logits: Float[Tensor, "n d_vocab"] | None = None
 
     @classmethod
     def of(cls, model: Transformer, tokens: Tokens) -> "Writes":
-        """The writes of a plain run of `tokens` (no gradient)."""
-        whole = model.config.post_norms  # the heads write together (resid.analyses.circuits.graph)
+        """The writes and reads of a plain run of `tokens` (no gradient)."""
+        edge_pass = EdgePass(model, EdgeGraph.of(model.config), None, None)
         with torch.no_grad():
-            run = model.run(tokens, capture=Capture(attn={"out" if whole else "z"}, mlp={"out"},
-                                                    final_norm_scale=False), logits_at="last")
-        stream = run.stream
-        attn = tuple(layer.attn.out if whole else layer.attn.z for layer in stream.layers)
-        return cls(stream.resid_pre(0), () if whole else attn, tuple(layer.mlp.out for layer in stream.layers),
-                   attn if whole else ())
+            run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(),
+                            logits_at="last")
+        return dataclasses.replace(edge_pass.writes(), logits=run.logits[:, 0])
 
-    def mean(self, mask: Float[Tensor, "n pos"]) -> "Writes":
-        """Mean ablation's reference: every write averaged over the real positions of every prompt."""
+    @property
+    def reads(self) -> bool:
+        """Whether it holds what every reader read (Writes.of's; an encoder-decoder's stacks' hold none)."""
+        return self.final is not None
+
+    def read(self, layer: int | None, field: str) -> Float[Tensor, "n pos d_model"]:
+        """What a reader group (a layer's q, k, v, kv or MLP; the logits, layer None) reads."""
+        return self.final if layer is None else self.mlp_read[layer] if field == "mlp" else self.attn_read[layer]
+
+    def mean(self, mask: Shaped[Tensor, "n pos"]) -> "Writes":
+        """Mean ablation's reference: every write (and read: their sum) averaged over the real positions of every
+        prompt (`mask`: the attention mask, any dtype)."""
         weight = mask.to(self.embed.dtype)
         total = weight.sum()
 
@@ -78,36 +102,83 @@ class Writes:
             return ((t * w).sum((0, 1)) / total)[None, None]
 
         return Writes(average(self.embed), tuple(map(average, self.z)), tuple(map(average, self.mlp)),
-                      tuple(map(average, self.attn)), tuple(map(average, self.cross)))
+                      tuple(map(average, self.attn)), tuple(map(average, self.cross)),
+                      tuple(map(average, self.attn_read)), tuple(map(average, self.mlp_read)),
+                      None if self.final is None else average(self.final))
 
 
 class EdgePass:
     """The hooks of one edge-patched pass (see the module docstring). `keep` [circuit writer reader] or None (every
     edge kept: nothing is patched); `probe` [b pos reader d_model] or None; `embed` [b pos d_model] or None: what the
-    embeddings write in this pass instead of the tokens' own (EAP-IG on the inputs)."""
+    embeddings write in this pass instead of the tokens' own (EAP-IG on the inputs).
+
+    A patched pass sums whichever of the two equal forms has fewer terms, chosen once from keep before the forward
+    (the only time it asks the host for values):
+
+        input_r = resid_r + sum_w (1 - keep[w, r]) (reference_w - write_w)          (large circuits)
+                = reference_read_r + sum_w keep[w, r] (write_w - reference_w)       (small circuits)
+
+    (the residual is the sum of the writes plus constants, the same in both runs; the second form only where the
+    reference holds its reads, Writes.reads, and there is no probe); a writer group with no term in any circuit of
+    the pass keeps no difference; a reader group with terms gathers them from the writers before it in one batched
+    matrix product over the writers; a reader group without a term reads the pass's own residual (first form: the
+    model's own projections) or the reference's (second form: for a pre-norm projection, one norm and projection of
+    n rows for all its readers and circuits)."""
 
     def __init__(self, model: Transformer, graph: EdgeGraph, reference: Writes | None,
                  keep: Float[Tensor, "circuit writer reader"] | None, probe: Tensor | None = None,
-                 embed: Tensor | None = None):
+                 embed: Tensor | None = None, taps: bool = False):
+        """`taps`: record what every reader group's input goes into, for input_gradients (only where nothing is
+        patched or probed, and the graph is `tappable`)."""
+        if taps and (keep is not None or probe is not None or not tappable(model, graph)):
+            raise ResidError("Taps need an unpatched pass without a probe of a model whose readers are all pre-norm "
+                             "projections (circuits.patched.tappable); pass a zero probe instead.")
         self.model, self.graph, self.reference, self.probe, self.embed = model, graph, reference, probe, embed
-        self.patched = None if keep is None else (1 - keep.to(model.dtype))  # the weight of each term swapped
+        # with taps: what each reader group's input went into, in stream order ((layer, field, resid read, tensor);
+        # layer None: the logits), for input_gradients
+        self.taps: list[tuple[int | None, str, Tensor, Tensor]] | None = [] if taps else None
+        self.patched = keep is not None
         self.circuits = 1 if keep is None else keep.shape[0]
-        # what the swapped terms add to each reader's input so far, [b pos reader d_model]: each writer group's
-        # (reference - write) is spread over every reader after it as soon as it is written, one einsum per group
-        self.pending: Tensor | None = None
+        self.from_reference = False  # the second form (the class docstring)
+        if keep is not None:
+            self._plan(keep)
+        # each writer group's difference (reference - write, or write - reference), [b pos d_model writer], kept
+        # as it is written for the readers after it (_terms); with gradients a list of (writers, difference)
+        self.diffs: Tensor | list | None = None
         self.resid: dict[str, Tensor] = {}
-        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": [], "cross": []}  # writes()
+        # this pass's writes and (where nothing is patched) reads, for `writes()`
+        self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": [], "cross": [],
+                                              "attn_read": [], "mlp_read": [], "final": []}
         self.shift: Tensor | None = None  # without pre-norms: what the MLP's input adds to resid_mid (taken back)
         self.kv_read: Tensor | None = None  # latent attention: the key/value reader's normed input
         self.final_inputs: Tensor | None = None  # an encoder's pass: its final readers' inputs [b pos reader d_model]
         self.source: EdgePass | None = None  # a decoder's pass: the encoder's, and its final norm
         self.source_norm = None
 
+    def _plan(self, keep: Tensor) -> None:
+        """The form, each term's weight [circuit writer reader], the writer groups and the readers that have a
+        term in some circuit (from one copy of keep on the host)."""
+        valid = self.graph.valid.numpy()
+        host = keep.detach().cpu().numpy()
+        kept, patched = int(((host != 0) & valid).sum()), int(((host != 1) & valid).sum())
+        self.from_reference = (kept < patched and self.probe is None and self.reference is not None
+                               and self.reference.reads)
+        keep = keep.to(self.model.device, self.model.dtype)
+        self.weight = keep if self.from_reference else 1 - keep
+        terms = ((host != 0) if self.from_reference else (host != 1)).any(0) & valid  # [writer reader]
+        self.has_term = terms.any(0)  # [reader]
+        parts = ("attn", "cross", "mlp") if self.graph.cross else ("attn", "mlp")
+        groups = [slice(0, 1), *(self.graph.writer_slice(layer, part) for layer in range(self.graph.n_layers)
+                                 for part in parts)]
+        self.spreads = {group.start: bool(terms[group].any()) for group in groups}  # writer groups with a term
+
     def writes(self) -> Writes:
-        """The writes this pass computed (detached), once it has run: with nothing patched and no embeddings given,
-        the run's own (EAP's clean writes, without a forward pass of their own)."""
-        return Writes(self.seen["embed"][0], tuple(self.seen["z"]), tuple(self.seen["mlp"]), tuple(self.seen["attn"]),
-                      tuple(self.seen["cross"]))
+        """The writes (and reads) this pass computed (detached), once it has run: with nothing patched and no
+        embeddings given, the run's own (EAP's clean writes, without a forward pass of their own)."""
+        seen = self.seen
+        return Writes(seen["embed"][0], tuple(seen["z"]), tuple(seen["mlp"]), tuple(seen["attn"]),
+                      tuple(seen["cross"]), tuple(seen["attn_read"]), tuple(seen["mlp_read"]),
+                      seen["final"][0] if seen["final"] else None)
 
     def interventions(self) -> list[Hook]:
         hooks = [Hook(Site(0, "resid_pre"), self._embeddings)]
@@ -150,8 +221,8 @@ class EdgePass:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
         self.seen["embed"].append(resid.detach())
-        if self.patched is not None:
-            self._spread(slice(0, 1), self._reference_minus(resid, self.reference.embed)[:, :, None])
+        if self.patched and self.spreads[0]:
+            self._spread(slice(0, 1), self._difference(resid, self.reference.embed)[:, :, None])
         return resid
 
     def _keep(self, part: str):
@@ -168,11 +239,12 @@ class EdgePass:
 
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
             self.seen[field].append(z.detach())
-            if self.patched is not None:
+            heads = self.graph.writer_slice(layer, part)
+            if self.patched and self.spreads[heads.start]:
                 w_o = getattr(self.model.blocks[layer], part).W_O
                 reference = getattr(self.reference, field)[layer]
-                diff = torch.einsum("nphe,hed->nphd", self._reference_minus(z, reference), w_o)
-                self._spread(self.graph.writer_slice(layer, part), diff)
+                diff = torch.einsum("nphe,hed->nphd", self._difference(z, reference), w_o)
+                self._spread(heads, diff)
             return z
         return seen
 
@@ -180,69 +252,122 @@ class EdgePass:
         """Under post-norms: the layer's whole attention write, one writer."""
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["attn"].append(out.detach())
-            if self.patched is not None:
-                diff = self._reference_minus(out, self.reference.attn[layer])[:, :, None]
-                self._spread(self.graph.writer_slice(layer, "attn"), diff)
+            whole = self.graph.writer_slice(layer, "attn")
+            if self.patched and self.spreads[whole.start]:
+                self._spread(whole, self._difference(out, self.reference.attn[layer])[:, :, None])
             return out
         return seen
 
     def _mlp_write(self, layer: int):
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["mlp"].append(out.detach())
-            if self.patched is not None:
-                diff = self._reference_minus(out, self.reference.mlp[layer])[:, :, None]
-                self._spread(self.graph.writer_slice(layer, "mlp"), diff)
+            mlp = self.graph.writer_slice(layer, "mlp")
+            if self.patched and self.spreads[mlp.start]:
+                self._spread(mlp, self._difference(out, self.reference.mlp[layer])[:, :, None])
             if self.shift is not None:  # without pre-norms: resid_mid held the MLP's input; the stream goes on
                 out, self.shift = out - self.shift.to(out.dtype), None  # from resid_mid + the write
             return out
         return seen
 
-    def _reference_minus(self, write: Tensor, reference: Tensor) -> Tensor:
-        """reference - write, the reference [n ...] (or a mean [1 1 ...]) shared by the circuit blocks of `write`."""
+    def _difference(self, write: Tensor, reference: Tensor) -> Tensor:
+        """reference - write (first form) or write - reference (second form), the reference [n ...] (or a mean
+        [1 1 ...]) shared by the circuit blocks of `write`."""
         blocks = write.view(self.circuits, -1, *write.shape[1:])
-        return (reference.to(write.dtype)[None] - blocks).view(write.shape)
+        diff = reference.to(write.dtype)[None] - blocks
+        return (-diff if self.from_reference else diff).view(write.shape)
+
+    def _reference_read(self, layer: int | None, field: str, like: Tensor) -> Tensor:
+        """What the reader group reads in the reference run, as `like`'s rows [b pos d_model] (every circuit block
+        the reference's)."""
+        read = self.reference.read(layer, field).to(like.dtype)
+        blocks = like.view(self.circuits, -1, *like.shape[1:])
+        return read[None].expand_as(blocks).reshape(like.shape)
 
     # --- what the pass puts in -------------------------------------------------------------------------------------
     def _spread(self, writers: slice, diff: Float[Tensor, "b pos w d_model"]) -> None:
-        """Add a writer group's swapped terms to the pending input of every reader that reads it (the readers from
-        the first one after the group: the weights of earlier ones are those of non-edges, ignored)."""
-        first = self._first_reader(writers.start)
-        weight = self.patched[:, writers, first:]  # [C w r]
-        blocks = diff.view(self.circuits, -1, *diff.shape[1:])
-        term = torch.einsum("cnpwd,cwr->cnprd", blocks, weight).reshape(diff.shape[0], diff.shape[1], -1,
-                                                                        diff.shape[-1])
-        if self.pending is None:
-            shape = (diff.shape[0], diff.shape[1], len(self.graph.readers), diff.shape[-1])
-            self.pending = torch.zeros(shape, dtype=diff.dtype, device=diff.device)
-        if torch.is_grad_enabled():  # out of place: autograd keeps what the earlier readers read
-            self.pending = torch.cat([self.pending[:, :, :first], self.pending[:, :, first:] + term], dim=2)
+        """Keep a writer group's differences [b pos d_model w] (in writer columns) for the readers after it."""
+        diff = diff.movedim(2, 3)
+        if self.diffs is None:
+            shape = (*diff.shape[:3], len(self.graph.writers))
+            self.diffs = torch.zeros(shape, dtype=diff.dtype, device=diff.device) if not torch.is_grad_enabled() \
+                else []
+        if isinstance(self.diffs, list):  # with gradients: kept apart, concatenated where read
+            self.diffs.append((writers, diff))
         else:
-            self.pending[:, :, first:] += term
+            self.diffs[..., writers] = diff
 
-    def _first_reader(self, writer: int) -> int:
-        """The first reader that reads writer column `writer`."""
-        return self.graph.first_reader(writer)
+    def _terms(self, layer: int | None, field: str) -> Tensor | None:
+        """sum_w weight[w, r] difference_w over the writers before a reader group, [b pos r d_model]: one batched
+        matrix product over the writers (None where the group has no term)."""
+        columns = self.graph.reader_slice(layer, field)
+        if self.diffs is None or not self.has_term[columns].any():
+            return None
+        before = self.graph.writers_before(layer, field)
+        if isinstance(self.diffs, list):
+            diffs = torch.zeros((*self.diffs[0][1].shape[:3], before), dtype=self.diffs[0][1].dtype,
+                                device=self.diffs[0][1].device)
+            for writers, diff in self.diffs:
+                if writers.start < before:
+                    diffs = diffs.index_copy(3, torch.arange(writers.start, writers.stop, device=diff.device), diff)
+        else:
+            diffs = self.diffs[..., :before]
+        b, n_pos, d_model, _ = diffs.shape
+        weight = self.weight[:, :before, columns].to(diffs.dtype)  # [C w r]
+        out = torch.bmm(diffs.reshape(self.circuits, -1, before), weight)  # [C (n pos d_model) r]
+        return out.view(b, n_pos, d_model, -1).movedim(3, 2)
+
+    def _base(self, layer: int | None, field: str, resid: Tensor) -> Tensor:
+        """What a reader group's input adds its terms to: the pass's residual (first form) or the reference's."""
+        return self._reference_read(layer, field, resid) if self.from_reference else resid
+
+    def _own(self, layer: int | None, field: str) -> bool:
+        """Whether every reader of the group reads the same base, unchanged (no term in any circuit, no probe)."""
+        if self.probe is not None:
+            return False
+        if not self.patched:
+            return True
+        return not self.has_term[self.graph.reader_slice(layer, field)].any()
 
     def inputs(self, layer: int | None, field: str, resid: Float[Tensor, "b pos d_model"]) -> Tensor:
         """The inputs [b pos r d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None)."""
         columns = self.graph.reader_slice(layer, field)
-        out = resid[:, :, None]
-        if self.pending is not None:
-            out = out + self.pending[:, :, columns].to(out.dtype)
+        out = self._base(layer, field, resid)[:, :, None]
+        terms = self._terms(layer, field) if self.patched else None
+        if terms is not None:
+            out = out + terms.to(out.dtype)
         if self.probe is not None:
             out = out + self.probe[:, :, columns].to(out.dtype)
         return out.expand(-1, -1, columns.stop - columns.start, -1)
 
+    def _unchanged(self, layer: int | None, field: str) -> bool:
+        """Whether the reader group reads this pass's own residual unchanged (first form, no term, no probe): its
+        hook returns the model's own tensor. The one rule every reader hook asks."""
+        return self._own(layer, field) and not self.from_reference
+
+    def _read(self, key: str, resid: Tensor) -> None:
+        """Keep what a reader group reads ("attn_read", "mlp_read", "final") where nothing is patched (Writes)."""
+        if not self.patched:
+            self.seen[key].append(resid.detach())
+
     def _projection(self, layer: int, name: str):
+        """A pre-norm projection's readers (each query head's q, each key/value head's k and v)."""
         attention, norm = self.model.blocks[layer].attn, _pre_norm(self.model.blocks[layer].ln_attn)
         weight, bias = {"q": (attention.W_Q, attention.b_Q), "k": (attention.W_K, attention.b_K),
                         "v": (attention.W_V, attention.b_V)}[name]
 
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
-            if self.patched is None and self.probe is None:
+            if self.taps is not None:
+                self.taps.append((layer, name, self.resid["attn"], projected))
+            if name == "q":
+                self._read("attn_read", self.resid["attn"])
+            if self._unchanged(layer, name):
                 return projected
-            normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
-            out = torch.einsum("bphd,hde->bphe", normalized, weight)
+            if self._own(layer, name):  # every reader reads the reference's input: one norm and projection of its rows
+                normalized = norm.normalize(self._base(layer, name, self.resid["attn"]))
+                out = torch.einsum("bpd,hde->bphe", normalized, weight)
+            else:
+                normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
+                out = torch.einsum("bphd,hde->bphe", normalized, weight)
             return (out if bias is None else out + bias).to(projected.dtype)
         return put
 
@@ -252,7 +377,8 @@ class EdgePass:
         attention, norm = self.model.blocks[layer].attn, _pre_norm(self.model.blocks[layer].ln_attn)
 
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
-            if self.patched is None and self.probe is None:
+            self._read("attn_read", self.resid["attn"])
+            if self._unchanged(layer, "q"):
                 return projected
             read = norm.normalize(self.inputs(layer, "q", self.resid["attn"]))
             if not attention.q_rank:
@@ -267,7 +393,7 @@ class EdgePass:
         attention, norm = self.model.blocks[layer].attn, _pre_norm(self.model.blocks[layer].ln_attn)
 
         def put(latent: Tensor, tokens: Tokens) -> Tensor:
-            if self.patched is None and self.probe is None:
+            if self._unchanged(layer, "kv"):
                 return latent
             self.kv_read = norm.normalize(self.inputs(layer, "kv", self.resid["attn"])[:, :, 0])
             return attention.kv_latent_norm.normalize(self.kv_read @ attention.W_DKV).to(latent.dtype)
@@ -278,7 +404,7 @@ class EdgePass:
         attention = self.model.blocks[layer].attn
 
         def put(k: Tensor, tokens: Tokens) -> Tensor:
-            if self.patched is None and self.probe is None:
+            if self._unchanged(layer, "kv"):
                 return k
             rotary = (self.kv_read @ attention.W_KR).to(k.dtype)[:, :, None].expand(-1, -1, k.shape[2], -1)
             return torch.cat((k[..., : attention.nope], rotary), dim=-1)
@@ -289,7 +415,8 @@ class EdgePass:
         resid_mid is taken back out of its write, `_mlp_write`)."""
         def put(resid: Tensor, tokens: Tokens) -> Tensor:
             self.resid["mlp"] = resid
-            if self.patched is None and self.probe is None:
+            self._read("mlp_read", resid)
+            if self._unchanged(layer, "mlp"):
                 return resid
             read = self.inputs(layer, "mlp", resid)[:, :, 0].to(resid.dtype)
             self.shift = read - resid
@@ -301,7 +428,7 @@ class EdgePass:
         attention, norm = self.model.blocks[layer].cross, _pre_norm(self.model.blocks[layer].ln_cross)
 
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
-            if self.patched is None and self.probe is None:
+            if self._unchanged(layer, "cross_q"):
                 return projected
             out = torch.einsum("bphd,hde->bphe", norm.normalize(self.inputs(layer, "cross_q", self.resid["cross"])),
                                attention.W_Q)
@@ -326,8 +453,9 @@ class EdgePass:
 
     def _final_inputs(self, resid: Tensor, tokens: Tokens) -> Tensor:
         """An encoder's last residual: kept as the inputs of its final readers (every cross-attention's keys and
-        values), and passed on unchanged."""
-        if self.patched is not None or self.probe is not None:
+        values; None where they read it unchanged), and passed on unchanged."""
+        self._read("final", resid)
+        if not self._unchanged(None, "final"):
             self.final_inputs = self.inputs(None, "final", resid)
         return resid
 
@@ -335,15 +463,49 @@ class EdgePass:
         norm = self.model.blocks[layer].ln_mlp
 
         def put(normalized: Tensor, tokens: Tokens) -> Tensor:
-            if self.patched is None and self.probe is None:
+            if self.taps is not None:
+                self.taps.append((layer, "mlp", self.resid["mlp"], normalized))
+            self._read("mlp_read", self.resid["mlp"])
+            if self._unchanged(layer, "mlp"):
                 return normalized
             return norm.normalize(self.inputs(layer, "mlp", self.resid["mlp"])[:, :, 0]).to(normalized.dtype)
         return put
 
     def _logits(self, resid: Tensor, tokens: Tokens) -> Tensor:
-        if self.patched is None and self.probe is None:
+        if self.taps is not None:
+            self.taps.append((None, "logits", resid, resid))
+        self._read("final", resid)
+        if self._unchanged(None, "logits"):
             return resid
         return self.inputs(None, "logits", resid)[:, :, 0].to(resid.dtype)
+
+    # --- gradients without a probe ------------------------------------------------------------------------------------
+    def input_gradients(self, value: Float[Tensor, ""]) -> Float[Tensor, "b pos reader d_model"]:
+        """d value / d input_r of every reader (in float32 at least), from a pass run with taps: the same numbers a
+        zero probe on every reader's input gives, from one backward pass that stops at the taps."""
+        exact = torch.promote_types(self.model.dtype, torch.float32)
+        grads = torch.autograd.grad(value, [tensor for *_, tensor in self.taps])
+        by_group = {(layer, field): (resid, g) for (layer, field, resid, _), g in zip(self.taps, grads)}
+        columns = []
+        for layer in range(self.graph.n_layers):
+            attention, block = self.model.blocks[layer].attn, self.model.blocks[layer]
+            projected = [torch.einsum("bphe,hde->bphd", by_group[(layer, field)][1].to(exact), weight.to(exact))
+                         for field, weight in (("q", attention.W_Q), ("k", attention.W_K), ("v", attention.W_V))]
+            columns.append(_norm_adjoint(block.ln_attn, by_group[(layer, "q")][0], torch.cat(projected, 2)))
+            resid, g = by_group[(layer, "mlp")]
+            columns.append(_norm_adjoint(block.ln_mlp, resid, g.to(exact)[:, :, None]))
+        columns.append(by_group[(None, "logits")][1].to(exact)[:, :, None])
+        return torch.cat(columns, 2)
+
+
+def _norm_adjoint(norm, resid: Float[Tensor, "b pos d_model"],
+                  u: Float[Tensor, "b pos r d_model"]) -> Float[Tensor, "b pos r d_model"]:
+    """u[:, :, r] pulled back through the norm's Jacobian at `resid`, for every r at once: one vector-Jacobian
+    product of the norm's own forward, batched over r (in u's dtype)."""
+    with torch.enable_grad():
+        x = resid.detach().to(u.dtype).requires_grad_(True)
+        (g,) = torch.autograd.grad(norm.normalize(x), x, u.movedim(2, 0), is_grads_batched=True)
+    return g.movedim(0, 2)
 
 
 class _Unnormed:
@@ -352,6 +514,13 @@ class _Unnormed:
     @staticmethod
     def normalize(x: Tensor) -> Tensor:
         return x
+
+
+def tappable(model: Transformer, graph: EdgeGraph) -> bool:
+    """Whether taps (EdgePass.input_gradients) give every reader's gradient: every reader a pre-norm projection
+    (q_proj, k_proj, v, the MLP's normalized input) or the logits; latent attention, models without pre-norms and
+    encoder-decoders take a zero probe on every reader's input instead."""
+    return model.config.pre_norms and not graph.kv_latent and not graph.cross and graph.final == (LOGITS,)
 
 
 def _pre_norm(norm):

@@ -164,24 +164,30 @@ def last_logits(model, side) -> Float[Tensor, "n d_vocab"]:
 
 
 def writes_of(model, side, reference: str = "corrupt"):
-    """The writes of a plain run of `side` (Writes; an encoder-decoder's: (encoder's, decoder's)), or with
-    reference "mean" their means over the real positions."""
+    """The writes of a plain run of `side` (Writes; an encoder-decoder's: (encoder's, decoder's), the decoder's with
+    the run's last-token logits), or with reference "mean" their means over the real positions."""
     if not isinstance(side, tuple):
         writes = Writes.of(model, side)
-        return writes.mean(side.attention_mask) if reference == "mean" else writes
-    source, target = side
-    plain = dict(attn={"z"}, mlp={"out"}, final_norm_scale=False)
-    with torch.no_grad():
-        run = model.run(source, target, capture=Capture(**plain, cross={"z"}), encoder_capture=Capture(**plain),
-                        logits_at="last")
-    encoder, decoder = run.encoder.stream, run.stream
-    ours = (Writes(encoder.resid_pre(0), tuple(l.attn.z for l in encoder.layers), tuple(l.mlp.out for l in
-                                                                                         encoder.layers)),
-            Writes(decoder.resid_pre(0), tuple(l.attn.z for l in decoder.layers),
-                   tuple(l.mlp.out for l in decoder.layers), cross=tuple(l.cross.z for l in decoder.layers)))
-    if reference == "mean":
-        return ours[0].mean(source.attention_mask), ours[1].mean(target.attention_mask)
-    return ours
+    else:
+        source, target = side
+        plain = dict(attn={"z"}, mlp={"out"}, final_norm_scale=False)
+        with torch.no_grad():
+            run = model.run(source, target, capture=Capture(**plain, cross={"z"}), encoder_capture=Capture(**plain),
+                            logits_at="last")
+        encoder, decoder = run.encoder.stream, run.stream
+        writes = (Writes(encoder.resid_pre(0), tuple(l.attn.z for l in encoder.layers),
+                         tuple(l.mlp.out for l in encoder.layers)),
+                  Writes(decoder.resid_pre(0), tuple(l.attn.z for l in decoder.layers),
+                         tuple(l.mlp.out for l in decoder.layers), cross=tuple(l.cross.z for l in decoder.layers),
+                         logits=run.logits[:, 0]))
+    return mean_writes(side, writes) if reference == "mean" else writes
+
+
+def mean_writes(side, writes):
+    """Mean ablation's reference from the writes of `side` (writes_of's): each stack's over its real positions."""
+    if not isinstance(side, tuple):
+        return writes.mean(side.attention_mask)
+    return writes[0].mean(side[0].attention_mask), writes[1].mean(side[1].attention_mask)
 
 
 def logits_with(model, graph, side, reference, keep: Float[Tensor, "circuit writer reader"]

@@ -473,3 +473,93 @@ def test_no_host_sync_grows_with_layers_or_circuits(kind):
         counts.append(syncs)
     few, many = counts
     assert many.count == few.count, f"few: {few.count} ({few.where()})\nmany: {many.count} ({many.where()})"
+
+
+@pytest.mark.parametrize("kind", [*FAMILIES, "gemma3_like"])
+def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
+    """Where nothing is patched, the gradients pushed back from the taps (q_proj, k_proj, v, the MLP's normalized
+    input, the final residual) through the projections and the pre-norms equal a zero probe's on every input
+    (post-norms with pre-norms too: the attention writes as one, its readers are still pre-norm projections)."""
+    from resid.analyses.circuits.inputs import measure
+    from resid.analyses.circuits.patched import EdgePass, tappable
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    assert tappable(model, graph)
+    clean, _ = pairs(seed=4)
+    tokens = Tokens.from_ids(clean)
+    t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    gradients = []
+    for taps in (True, False):
+        probe = None if taps else torch.zeros(*clean.shape, len(graph.readers), model.config.d_model,
+                                              requires_grad=True)
+        edge_pass = EdgePass(model, graph, None, None, probe, taps=taps)
+        run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
+                        grad=True)
+        value = measure("logit_diff", run.logits[:, 0], t, b).sum()
+        gradients.append(edge_pass.input_gradients(value) if taps else torch.autograd.grad(value, probe)[0])
+    tapped, probed = gradients
+    scale = float(probed.abs().max())
+    assert scale > 0
+    assert float((tapped - probed).abs().max()) <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("kind", ["olmo2_like", "deepseek", "deepseek_q"])
+def test_readers_that_are_not_pre_norm_projections_take_the_probe(kind):
+    """Without pre-norms or with latent attention taps are refused by name; EAP there runs on a probe (its
+    derivative tests: test_eap_is_the_derivative_of_the_patched_metric_on_post_norms_and_latents)."""
+    from resid.analyses.circuits.patched import EdgePass, tappable
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    assert not tappable(model, graph)
+    with pytest.raises(ResidError, match="probe"):
+        EdgePass(model, graph, None, None, taps=True)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "neox_parallel", *FAMILIES_MORE])
+@pytest.mark.parametrize("reference", ["corrupt", "mean"])
+def test_small_circuits_from_the_reference_equal_the_patched_form(kind, reference):
+    """A pass of small circuits adds the kept terms to the reference's reads; with full circuits beside them the
+    same pass swaps the patched terms into its own residual: both give the same logits (post-norms, no pre-norms
+    and latent attention too)."""
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=5))
+    writes = Writes.of(model, corrupt)
+    if reference == "mean":
+        writes = writes.mean(corrupt.attention_mask.float())
+    g = torch.Generator().manual_seed(0)
+    small = torch.stack([graph.valid & (torch.rand(graph.valid.shape, generator=g) < p) for p in (0.2, 0.4)])
+    assert small.any((1, 2)).all()
+    alone = patched_logits(model, graph, clean, writes, small.float())
+    full = graph.full()[None].expand(6, -1, -1)
+    beside = patched_logits(model, graph, clean, writes, torch.cat([small, full]).float())[:2]
+    assert float((alone - beside).abs().max()) <= 1e-4 * float(beside.abs().max())
+    assert float((alone[0] - alone[1]).abs().max()) > 1e-3  # the circuits differ
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "olmo2_like", "deepseek"])
+@pytest.mark.parametrize("reference", ["corrupt", "mean"])
+def test_circuit_values_equal_the_patched_runs_of_every_mask(kind, reference):
+    """circuit_values runs each distinct mask once (small ones from the reference's reads) and takes the model and
+    (corrupt reference) the empty circuit from the plain runs: its rows equal the patched pass of every mask."""
+    from resid.analyses.circuits.evaluation import circuit_values
+    from resid.analyses.circuits.inputs import measure
+
+    model = model_of(kind)
+    graph = EdgeGraph.of(model.config)
+    clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=8))
+    g = torch.Generator().manual_seed(2)
+    some = graph.valid & (torch.rand(graph.valid.shape, generator=g) < 0.3)
+    masks = [some, graph.full(), some]
+    t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
+    got = circuit_values(model, graph, clean, corrupt, t, b, "logit_diff", masks, reference)
+    writes = Writes.of(model, corrupt)
+    writes = writes.mean(corrupt.attention_mask) if reference == "mean" else writes
+    every = torch.stack([*masks, graph.full(), graph.empty()]).float()
+    logits = torch.cat([patched_logits(model, graph, clean, writes, keep[None]) for keep in every])  # one form each
+    expected = measure("logit_diff", logits.flatten(0, 1), t.repeat(len(every)), b.repeat(len(every))).view(
+        len(every), -1)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert float((expected[0] - expected[4]).abs().max()) > 1e-3  # the circuit matters

@@ -228,3 +228,30 @@ def test_pruning_follows_the_cross_attention_and_curves_run(pair):
     curve = circuits.faithfulness_curve(model, clean[1], corrupt[1], [11, 22], scores, [33, 44],
                                         fractions=(0.05, 1.0), **given)
     assert curve["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("reference", ["corrupt", "mean"])
+def test_circuit_values_equal_the_patched_runs_of_every_mask(pair, reference):
+    """circuit_values runs each distinct mask once and takes the model and (corrupt reference) the empty circuit
+    from the plain runs: its rows equal the patched pass of every mask, a repeated mask and the mean reference
+    (which no plain run gives) included."""
+    from resid.analyses.circuits.evaluation import circuit_values
+    from resid.analyses.circuits.inputs import measure
+
+    _, model = pair
+    graph = Seq2SeqGraph.of(model)
+    (source, target), (corrupt_source, corrupt_target) = sides(seed=3)
+    clean = (Tokens.from_ids(source), Tokens.from_ids(target))
+    corrupt = (Tokens.from_ids(corrupt_source), Tokens.from_ids(corrupt_target))
+    g = torch.Generator().manual_seed(1)
+    some = graph.valid & (torch.rand(graph.valid.shape, generator=g) < 0.3)
+    masks = [some, graph.full(), some]
+    t, b = torch.tensor([5, 6]), torch.tensor([7, 8])
+    got = circuit_values(model, graph, clean, corrupt, t, b, "logit_diff", masks, reference)
+    every = torch.stack([*masks, graph.full(), graph.empty()]).float()
+    logits = logits_with(model, graph, clean, writes_of(model, corrupt, reference), every)
+    expected = measure("logit_diff", logits.flatten(0, 1), t.repeat(len(every)), b.repeat(len(every))).view(
+        len(every), -1)
+    assert got.shape == expected.shape == (5, 2)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert float((expected[0] - expected[4]).abs().max()) > 1e-3  # the circuit matters
