@@ -32,7 +32,7 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(PY) -m ruff check resid analyses tests benchmarks
-	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile --durations=15
+	$(PY) -m pytest -q -m "not slow" -n auto --dist load --durations=15
 
 test-slow: $(VENV)/.test
 	$(PY) -m pytest -q -m slow

@@ -39,23 +39,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under pytest-xdist's `--dist loadfile` (as `make test` runs it): a test file stays on one worker, so its module
-    fixtures are built once, and every tests/distributed/test_ray_*.py file on one worker, so one local Ray cluster
-    serves them all. (A scheduler of our own: `--dist loadgroup` with marks set at collection no longer groups
-    anything under pytest 9.2, pytest-xdist issue 1386.) Any other --dist keeps xdist's own."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FilesAndRay(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "ray" if "/test_ray_" in path else path
-
-    return FilesAndRay(config, log)
-
-
 # The model types of issue 58 (tiny_models.FAMILIES), and the Llamas that differ from `llama` only in their rotary's
 # scaling, run these through `make test`: parity with transformers, the exactness invariants and the config
 # allow-list; every other test of the `tiny` fixture runs them under `make test-slow` (the suite would double
