@@ -115,7 +115,14 @@ def _scores(model: Transformer, graph: EdgeGraph, clean: Writes, corrupt: Writes
     positions; 0 off the edges."""
     dtype = gradient.dtype
     scores = torch.zeros(len(graph.writers), len(graph.readers), dtype=dtype, device=gradient.device)
-    scores[0] = torch.einsum("npd,nprd->r", (corrupt.embed - clean.embed).to(dtype), gradient)
+    # every reader's gradient as one row [reader (n pos d_model)], laid out once: each writer group's scores are then
+    # one matrix product with its rows (einsum over [n pos reader d_model] copied the gradient again for every group)
+    rows = gradient.permute(2, 0, 1, 3).reshape(gradient.shape[2], -1)
+
+    def flat(diff: Tensor) -> Tensor:  # [n pos w d_model] -> [w (n pos d_model)]
+        return diff.to(dtype).permute(2, 0, 1, 3).reshape(diff.shape[2], -1)
+
+    scores[0] = rows @ flat((corrupt.embed - clean.embed)[:, :, None])[0]
     for layer in range(graph.n_layers):
         heads, mlp = graph.writer_slice(layer, "attn"), graph.writer_slice(layer, "mlp")
         first = graph.reader_slice(layer, "mlp").start  # no reader before its own layer's MLP reads these heads
@@ -124,8 +131,7 @@ def _scores(model: Transformer, graph: EdgeGraph, clean: Writes, corrupt: Writes
             diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
         else:  # post-norms: the layer's attention writes as one
             diff = (corrupt.attn[layer] - clean.attn[layer]).to(dtype)[:, :, None]
-        scores[heads, first:] = torch.einsum("nphd,nprd->hr", diff, gradient[:, :, first:])
+        scores[heads, first:] = flat(diff) @ rows[first:].T
         after = graph.reader_slice(layer + 1, "q").start if layer + 1 < graph.n_layers else len(graph.readers) - 1
-        scores[mlp, after:] = torch.einsum("npd,nprd->r", (corrupt.mlp[layer] - clean.mlp[layer]).to(dtype),
-                                           gradient[:, :, after:])[None]
+        scores[mlp, after:] = (rows[after:] @ flat((corrupt.mlp[layer] - clean.mlp[layer])[:, :, None])[0])[None]
     return scores * graph.valid.to(scores.device)
