@@ -114,24 +114,23 @@ def _scores(model: Transformer, graph: EdgeGraph, clean: Writes, corrupt: Writes
     """(corrupt - clean write) . gradient for every writer and every reader after it, summed over pairs and
     positions; 0 off the edges."""
     dtype = gradient.dtype
-    scores = torch.zeros(len(graph.writers), len(graph.readers), dtype=dtype, device=gradient.device)
-    # every reader's gradient as one row [reader (n pos d_model)], laid out once: each writer group's scores are then
-    # one matrix product with its rows (einsum over [n pos reader d_model] copied the gradient again for every group)
+    # every reader's gradient as one row [reader (n pos d_model)] and every writer's difference as one row [writer
+    # (n pos d_model)], each laid out once: the scores are one matrix product (entries off the edges, computed too,
+    # are zeroed), which reads the gradient once (per writer group, einsums copied it and products re-read it)
     rows = gradient.permute(2, 0, 1, 3).reshape(gradient.shape[2], -1)
+    diffs = torch.empty(len(graph.writers), rows.shape[1], dtype=dtype, device=gradient.device)
 
     def flat(diff: Tensor) -> Tensor:  # [n pos w d_model] -> [w (n pos d_model)]
         return diff.to(dtype).permute(2, 0, 1, 3).reshape(diff.shape[2], -1)
 
-    scores[0] = rows @ flat((corrupt.embed - clean.embed)[:, :, None])[0]
+    diffs[0] = flat((corrupt.embed - clean.embed)[:, :, None])[0]
     for layer in range(graph.n_layers):
-        heads, mlp = graph.writer_slice(layer, "attn"), graph.writer_slice(layer, "mlp")
-        first = graph.reader_slice(layer, "mlp").start  # no reader before its own layer's MLP reads these heads
         if graph.heads_write:
             w_o = model.blocks[layer].attn.W_O.to(dtype)
             diff = torch.einsum("nphe,hed->nphd", (corrupt.z[layer] - clean.z[layer]).to(dtype), w_o)
         else:  # post-norms: the layer's attention writes as one
             diff = (corrupt.attn[layer] - clean.attn[layer]).to(dtype)[:, :, None]
-        scores[heads, first:] = flat(diff) @ rows[first:].T
-        after = graph.reader_slice(layer + 1, "q").start if layer + 1 < graph.n_layers else len(graph.readers) - 1
-        scores[mlp, after:] = (rows[after:] @ flat((corrupt.mlp[layer] - clean.mlp[layer])[:, :, None])[0])[None]
+        diffs[graph.writer_slice(layer, "attn")] = flat(diff)
+        diffs[graph.writer_slice(layer, "mlp")] = flat((corrupt.mlp[layer] - clean.mlp[layer])[:, :, None])
+    scores = diffs @ rows.T
     return scores * graph.valid.to(scores.device)
