@@ -21,9 +21,10 @@ from torch import Tensor
 
 from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import KL, measure, pairs_of
-from resid.analyses.circuits.patched import EdgePass, Writes, tappable
+from resid.analyses.circuits.patched import EdgePass, Writes
 from resid.analyses.circuits.scores import batch_tensors, edge_scores
 from resid.analyses.circuits.seq2seq import Model, decoder_only
+from resid.analyses.circuits.taps import input_gradients, tappable
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.capture import Capture
 from resid.errors import ResidError, param
@@ -100,7 +101,7 @@ def gradient_scores(
         clean_writes = edge_pass.writes() if alpha == 1.0 else clean_writes
         value = measure(metric, run.logits[:, 0], targets, baselines, clean_logits).sum()
         if probe is None:
-            gradient += edge_pass.input_gradients(value)
+            gradient += input_gradients(edge_pass, value)
         else:
             (g,) = torch.autograd.grad(value, probe)
             gradient += g.to(exact)

@@ -128,7 +128,7 @@ class EdgePass:
     def __init__(self, model: Transformer, graph: EdgeGraph, reference: Writes | None,
                  keep: Float[Tensor, "circuit writer reader"] | None, probe: Tensor | None = None,
                  embed: Tensor | None = None, taps: bool = False):
-        """`taps`: record what every reader group's input goes into, for input_gradients (only where nothing is
+        """`taps`: record what every reader group's input goes into, for taps.input_gradients (only where nothing is
         patched or probed, and the graph is `tappable`)."""
         if taps and (keep is not None or probe is not None or not tappable(model, graph)):
             raise ResidError("Taps need an unpatched pass without a probe of a model whose readers are all pre-norm "
@@ -479,34 +479,6 @@ class EdgePass:
             return resid
         return self.inputs(None, "logits", resid)[:, :, 0].to(resid.dtype)
 
-    # --- gradients without a probe ------------------------------------------------------------------------------------
-    def input_gradients(self, value: Float[Tensor, ""]) -> Float[Tensor, "b pos reader d_model"]:
-        """d value / d input_r of every reader (in float32 at least), from a pass run with taps: the same numbers a
-        zero probe on every reader's input gives, from one backward pass that stops at the taps."""
-        exact = torch.promote_types(self.model.dtype, torch.float32)
-        grads = torch.autograd.grad(value, [tensor for *_, tensor in self.taps])
-        by_group = {(layer, field): (resid, g) for (layer, field, resid, _), g in zip(self.taps, grads)}
-        columns = []
-        for layer in range(self.graph.n_layers):
-            attention, block = self.model.blocks[layer].attn, self.model.blocks[layer]
-            projected = [torch.einsum("bphe,hde->bphd", by_group[(layer, field)][1].to(exact), weight.to(exact))
-                         for field, weight in (("q", attention.W_Q), ("k", attention.W_K), ("v", attention.W_V))]
-            columns.append(_norm_adjoint(block.ln_attn, by_group[(layer, "q")][0], torch.cat(projected, 2)))
-            resid, g = by_group[(layer, "mlp")]
-            columns.append(_norm_adjoint(block.ln_mlp, resid, g.to(exact)[:, :, None]))
-        columns.append(by_group[(None, "logits")][1].to(exact)[:, :, None])
-        return torch.cat(columns, 2)
-
-
-def _norm_adjoint(norm, resid: Float[Tensor, "b pos d_model"],
-                  u: Float[Tensor, "b pos r d_model"]) -> Float[Tensor, "b pos r d_model"]:
-    """u[:, :, r] pulled back through the norm's Jacobian at `resid`, for every r at once: one vector-Jacobian
-    product of the norm's own forward, batched over r (in u's dtype)."""
-    with torch.enable_grad():
-        x = resid.detach().to(u.dtype).requires_grad_(True)
-        (g,) = torch.autograd.grad(norm.normalize(x), x, u.movedim(2, 0), is_grads_batched=True)
-    return g.movedim(0, 2)
-
 
 class _Unnormed:
     """The pre-norm of a model without pre-norms (OLMo 2): its readers read the residual itself."""
@@ -517,7 +489,7 @@ class _Unnormed:
 
 
 def tappable(model: Transformer, graph: EdgeGraph) -> bool:
-    """Whether taps (EdgePass.input_gradients) give every reader's gradient: every reader a pre-norm projection
+    """Whether taps (taps.input_gradients) give every reader's gradient: every reader a pre-norm projection
     (q_proj, k_proj, v, the MLP's normalized input) or the logits; latent attention, models without pre-norms and
     encoder-decoders take a zero probe on every reader's input instead."""
     return model.config.pre_norms and not graph.kv_latent and not graph.cross and graph.final == (LOGITS,)

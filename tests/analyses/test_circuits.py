@@ -481,7 +481,8 @@ def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
     input, the final residual) through the projections and the pre-norms equal a zero probe's on every input
     (post-norms with pre-norms too: the attention writes as one, its readers are still pre-norm projections)."""
     from resid.analyses.circuits.inputs import measure
-    from resid.analyses.circuits.patched import EdgePass, tappable
+    from resid.analyses.circuits.patched import EdgePass
+    from resid.analyses.circuits.taps import input_gradients, tappable
 
     model = model_of(kind)
     graph = EdgeGraph.of(model.config)
@@ -497,7 +498,7 @@ def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
         run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(), logits_at="last",
                         grad=True)
         value = measure("logit_diff", run.logits[:, 0], t, b).sum()
-        gradients.append(edge_pass.input_gradients(value) if taps else torch.autograd.grad(value, probe)[0])
+        gradients.append(input_gradients(edge_pass, value) if taps else torch.autograd.grad(value, probe)[0])
     tapped, probed = gradients
     scale = float(probed.abs().max())
     assert scale > 0
@@ -508,7 +509,8 @@ def test_taps_give_the_gradients_of_a_probe_on_every_reader(kind):
 def test_readers_that_are_not_pre_norm_projections_take_the_probe(kind):
     """Without pre-norms or with latent attention taps are refused by name; EAP there runs on a probe (its
     derivative tests: test_eap_is_the_derivative_of_the_patched_metric_on_post_norms_and_latents)."""
-    from resid.analyses.circuits.patched import EdgePass, tappable
+    from resid.analyses.circuits.patched import EdgePass
+    from resid.analyses.circuits.taps import tappable
 
     model = model_of(kind)
     graph = EdgeGraph.of(model.config)
