@@ -28,6 +28,7 @@ from resid.analyses.checks import check_choice
 from resid.analyses.circuits import selection
 from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
+from resid.analyses.circuits.prefix import SharedPrefix
 from resid.analyses.circuits.scores import batch_tensors, matrix
 from resid.analyses.circuits.seq2seq import (
     Graph,
@@ -50,6 +51,9 @@ from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# elements of the writers' differences one patched pass keeps (fp32: 64 MiB), which bounds how many circuits run
+# together (_forwards)
+DIFFERENCES_PER_FORWARD = 1 << 24
 COLUMNS = ["circuit", "edges", "metric_value", "faithfulness", "model_metric", "empty_metric", "metric"]
 
 
@@ -100,11 +104,12 @@ def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baseline
     distinct mask is run once; the model (and every mask of every edge) is the clean run, and the empty circuit
     with the corrupt reference the corrupt run (the patched pass equals them: tests/analyses/test_circuits.py,
     test_circuits_seq2seq.py), which cost no patched rows."""
-    writes = writes_of(model, corrupt)
+    prefix = SharedPrefix.of(model, clean, corrupt, reference)
+    writes = writes_of(model, corrupt, prefix=prefix)
     empty_logits = (writes[1] if isinstance(writes, tuple) else writes).logits if reference == "corrupt" else None
     if reference == "mean":
         writes = mean_writes(corrupt, writes)
-    clean_logits = last_logits(model, clean)
+    clean_logits = last_logits(model, clean, prefix)
     n = rows(clean)
 
     def values_of(logits: Tensor, c: int) -> Tensor:  # logits [c * n d_vocab] -> [c n]
@@ -119,13 +124,43 @@ def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baseline
     keys = [m.numpy().tobytes() for m in every]
     to_run = list(dict.fromkeys(key for key in keys if key not in known))  # distinct, in order
     mask_of = dict(zip(keys, every))
-    per_forward = max(1, ROWS_PER_FORWARD // n)
-    for start in range(0, len(to_run), per_forward):
-        block = to_run[start:start + per_forward]
+    side = clean[1] if isinstance(clean, tuple) else clean
+    positions = side.ids.shape[1] - (0 if prefix is None else prefix.start)
+    reads = not isinstance(writes, tuple) and writes.reads
+    for block in _forwards([mask_of[key] for key in to_run], graph, reads, n,
+                           n * positions * decoder(model).config.d_model):
+        block = [to_run[i] for i in block]
         keep = torch.stack([mask_of[key].float() for key in block]).to(model.device)
-        logits = logits_with(model, graph, clean, writes, keep)
+        logits = logits_with(model, graph, clean, writes, keep, prefix)
         known.update(zip(block, values_of(logits.flatten(0, 1), len(block))))
     return torch.stack([known[key] for key in keys])
+
+
+def _forwards(masks: list[Tensor], graph: Graph, reads: bool, n: int, elements: int) -> list[list[int]]:
+    """Consecutive circuits run together: of one form (patched.EdgePass: fewer kept edges than patched, where the
+    reference holds its reads, or not), as many as ROWS_PER_FORWARD rows and DIFFERENCES_PER_FORWARD elements of
+    the writers' differences allow. A pass keeps the difference of every writer with a term in some circuit, at
+    every row (`elements` per writer: a circuit's n pairs x positions x d_model), so small circuits go many to a pass and
+    large ones alone: it reads those differences for every reader, and a pass of many large circuits costs more
+    than its circuits one by one."""
+    valid = graph.valid.numpy()
+    forms, sizes = [], []
+    for mask in masks:
+        m = mask.numpy() & valid
+        small = reads and int(m.sum()) < int((valid & ~m).sum())
+        terms = m if small else valid & ~m
+        forms.append(small)
+        sizes.append(elements * max(1, int(terms.any(1).sum())))
+    per_forward = max(1, ROWS_PER_FORWARD // n)
+    blocks: list[list[int]] = []
+    for i, (form, size) in enumerate(zip(forms, sizes)):
+        last = blocks[-1] if blocks else None
+        if (last is None or forms[last[0]] != form or len(last) >= per_forward
+                or sum(sizes[j] for j in last) + size > DIFFERENCES_PER_FORWARD):
+            blocks.append([i])
+        else:
+            last.append(i)
+    return blocks
 
 
 def evaluate(

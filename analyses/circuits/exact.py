@@ -18,6 +18,7 @@ from torch import Tensor
 
 from resid.analyses.checks import check_choice
 from resid.analyses.circuits.inputs import measure, pairs_of
+from resid.analyses.circuits.prefix import SharedPrefix
 from resid.analyses.circuits.scores import batch_tensors, edge_scores
 from resid.analyses.circuits.seq2seq import (
     Graph,
@@ -89,8 +90,9 @@ def edge_effects(model: Model, graph: Graph, clean, corrupt, targets, baselines,
                  chosen: np.ndarray, reference: str = "corrupt") -> Tensor:
     """The [writer reader] sums over this batch's pairs of metric(edge patched alone) - metric(clean), for the
     edges numbered `chosen` (0 elsewhere). clean, corrupt: Tokens, or an encoder-decoder's (source, target)."""
-    writes = writes_of(model, corrupt, reference)
-    clean_logits = last_logits(model, clean)
+    prefix = SharedPrefix.of(model, clean, corrupt, reference)
+    writes = writes_of(model, corrupt, reference, prefix)
+    clean_logits = last_logits(model, clean, prefix)
     clean_value = measure(metric, clean_logits, targets, baselines, clean_logits)
     n = rows(clean)
     per_forward = max(1, ROWS_PER_FORWARD // n)
@@ -102,7 +104,7 @@ def edge_effects(model: Model, graph: Graph, clean, corrupt, targets, baselines,
         w, r = torch.as_tensor(writers[block]), torch.as_tensor(readers[block])
         keep = full.expand(len(block), -1, -1).clone()
         keep[torch.arange(len(block)), w, r] = 0.0
-        logits = logits_with(model, graph, clean, writes, keep)  # [edges n d_vocab]
+        logits = logits_with(model, graph, clean, writes, keep, prefix)  # [edges n d_vocab]
         repeated = lambda x: None if x is None else x.repeat(len(block))  # noqa: E731
         values = measure(metric, logits.flatten(0, 1), repeated(targets), repeated(baselines),
                          clean_logits.repeat(len(block), 1)).view(len(block), n)

@@ -40,11 +40,13 @@ Glossary: n the pairs of a batch, C the circuits run together, b = C * n the row
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from resid.analyses.circuits.graph import LOGITS, EdgeGraph
+from resid.analyses.circuits.prefix import SharedPrefix
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Hook
@@ -74,13 +76,12 @@ class Writes:
     logits: Float[Tensor, "n d_vocab"] | None = None
 
     @classmethod
-    def of(cls, model: Transformer, tokens: Tokens) -> "Writes":
-        """The writes and reads of a plain run of `tokens` (no gradient)."""
+    def of(cls, model: Transformer, tokens: Tokens, prefix: SharedPrefix | None = None) -> "Writes":
+        """The writes and reads of a plain run of `tokens` (no gradient); with a prefix (of `tokens`' pairs), at
+        the positions after it only."""
         edge_pass = EdgePass(model, EdgeGraph.of(model.config), None, None)
-        with torch.no_grad():
-            run = model.run(tokens, capture=Capture.none(), interventions=edge_pass.interventions(),
-                            logits_at="last")
-        return dataclasses.replace(edge_pass.writes(), logits=run.logits[:, 0])
+        logits = last_logits(model, tokens, edge_pass.interventions(), 1, prefix)
+        return dataclasses.replace(edge_pass.writes(), logits=logits)
 
     @property
     def reads(self) -> bool:
@@ -145,32 +146,33 @@ class EdgePass:
         # each writer group's difference (reference - write, or write - reference), [b pos d_model writer], kept
         # as it is written for the readers after it (_terms); with gradients a list of (writers, difference)
         self.diffs: Tensor | list | None = None
+        self.gathered: tuple[slice, Tensor] | None = None  # the last span's terms (_terms)
         self.resid: dict[str, Tensor] = {}
         # this pass's writes and (where nothing is patched) reads, for `writes()`
         self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": [], "cross": [],
                                               "attn_read": [], "mlp_read": [], "final": []}
         self.shift: Tensor | None = None  # without pre-norms: what the MLP's input adds to resid_mid (taken back)
         self.kv_read: Tensor | None = None  # latent attention: the key/value reader's normed input
-        self.final_inputs: Tensor | None = None  # an encoder's pass: its final readers' inputs [b pos reader d_model]
+        self.final_inputs: Tensor | None = None  # an encoder's pass: its final readers' inputs [reader b pos d_model]
         self.source: EdgePass | None = None  # a decoder's pass: the encoder's, and its final norm
         self.source_norm = None
 
     def _plan(self, keep: Tensor) -> None:
-        """The form, each term's weight [circuit writer reader], the writer groups and the readers that have a
-        term in some circuit (from one copy of keep on the host)."""
+        """The form, the writers with a term in some circuit (the difference's columns, in writer order), each
+        term's weight [circuit column reader] and the readers that have a term in some circuit (from one copy of
+        keep on the host)."""
         valid = self.graph.valid.numpy()
         host = keep.detach().cpu().numpy()
         kept, patched = int(((host != 0) & valid).sum()), int(((host != 1) & valid).sum())
         self.from_reference = (kept < patched and self.probe is None and self.reference is not None
                                and self.reference.reads)
-        keep = keep.to(self.model.device, self.model.dtype)
-        self.weight = keep if self.from_reference else 1 - keep
         terms = ((host != 0) if self.from_reference else (host != 1)).any(0) & valid  # [writer reader]
         self.has_term = terms.any(0)  # [reader]
-        parts = ("attn", "cross", "mlp") if self.graph.cross else ("attn", "mlp")
-        groups = [slice(0, 1), *(self.graph.writer_slice(layer, part) for layer in range(self.graph.n_layers)
-                                 for part in parts)]
-        self.spreads = {group.start: bool(terms[group].any()) for group in groups}  # writer groups with a term
+        self.used = terms.any(1)  # [writer]: kept as a column of the differences
+        self.before_column = np.concatenate([[0], np.cumsum(self.used)])  # columns of the writers before each
+        keep = keep.to(self.model.device, self.model.dtype)[:, torch.as_tensor(np.flatnonzero(self.used),
+                                                                                device=self.model.device)]
+        self.weight = keep if self.from_reference else 1 - keep
 
     def writes(self) -> Writes:
         """The writes (and reads) this pass computed (detached), once it has run: with nothing patched and no
@@ -221,7 +223,7 @@ class EdgePass:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
         self.seen["embed"].append(resid.detach())
-        if self.patched and self.spreads[0]:
+        if self._spreads(slice(0, 1)):
             self._spread(slice(0, 1), self._difference(resid, self.reference.embed)[:, :, None])
         return resid
 
@@ -240,7 +242,7 @@ class EdgePass:
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
             self.seen[field].append(z.detach())
             heads = self.graph.writer_slice(layer, part)
-            if self.patched and self.spreads[heads.start]:
+            if self._spreads(heads):
                 w_o = getattr(self.model.blocks[layer], part).W_O
                 reference = getattr(self.reference, field)[layer]
                 diff = torch.einsum("nphe,hed->nphd", self._difference(z, reference), w_o)
@@ -253,7 +255,7 @@ class EdgePass:
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["attn"].append(out.detach())
             whole = self.graph.writer_slice(layer, "attn")
-            if self.patched and self.spreads[whole.start]:
+            if self._spreads(whole):
                 self._spread(whole, self._difference(out, self.reference.attn[layer])[:, :, None])
             return out
         return seen
@@ -262,7 +264,7 @@ class EdgePass:
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["mlp"].append(out.detach())
             mlp = self.graph.writer_slice(layer, "mlp")
-            if self.patched and self.spreads[mlp.start]:
+            if self._spreads(mlp):
                 self._spread(mlp, self._difference(out, self.reference.mlp[layer])[:, :, None])
             if self.shift is not None:  # without pre-norms: resid_mid held the MLP's input; the stream goes on
                 out, self.shift = out - self.shift.to(out.dtype), None  # from resid_mid + the write
@@ -279,42 +281,70 @@ class EdgePass:
     def _reference_read(self, layer: int | None, field: str, like: Tensor) -> Tensor:
         """What the reader group reads in the reference run, as `like`'s rows [b pos d_model] (every circuit block
         the reference's)."""
-        read = self.reference.read(layer, field).to(like.dtype)
+        return self._over_circuits(self.reference.read(layer, field).to(like.dtype), like)
+
+    def _over_circuits(self, t: Tensor, like: Tensor) -> Tensor:
+        """`t` (the reference's rows [n ...], or a mean's [1 1 ...]) for every circuit block of `like` [b ...]."""
         blocks = like.view(self.circuits, -1, *like.shape[1:])
-        return read[None].expand_as(blocks).reshape(like.shape)
+        return t[None].expand_as(blocks).reshape(like.shape)
 
     # --- what the pass puts in -------------------------------------------------------------------------------------
+    def _spreads(self, writers: slice) -> bool:
+        """Whether a writer group has a term in some circuit of the pass (its differences are kept)."""
+        return self.patched and bool(self.used[writers].any())
+
     def _spread(self, writers: slice, diff: Float[Tensor, "b pos w d_model"]) -> None:
-        """Keep a writer group's differences [b pos d_model w] (in writer columns) for the readers after it."""
-        diff = diff.movedim(2, 3)
+        """Keep the differences of a writer group's writers that have a term (their columns: rows [w b pos d_model]
+        of `diffs`, each writer's contiguous) for the readers after it."""
+        used = self.used[writers]
+        if not used.all():
+            diff = diff[:, :, torch.as_tensor(np.flatnonzero(used), device=diff.device)]
+        diff = diff.permute(2, 0, 1, 3)
+        columns = slice(int(self.before_column[writers.start]), int(self.before_column[writers.stop]))
         if self.diffs is None:
-            shape = (*diff.shape[:3], len(self.graph.writers))
-            self.diffs = torch.zeros(shape, dtype=diff.dtype, device=diff.device) if not torch.is_grad_enabled() \
+            shape = (int(self.before_column[-1]), *diff.shape[1:])
+            # every column is written by its writer before a reader after it reads it
+            self.diffs = torch.empty(shape, dtype=diff.dtype, device=diff.device) if not torch.is_grad_enabled() \
                 else []
         if isinstance(self.diffs, list):  # with gradients: kept apart, concatenated where read
-            self.diffs.append((writers, diff))
+            self.diffs.append((columns, diff))
         else:
-            self.diffs[..., writers] = diff
+            self.diffs[columns] = diff
+
+    def _span(self, layer: int | None, field: str) -> tuple[slice, int]:
+        """The readers whose terms are gathered together with the group's (a layer's attention readers, which read
+        the same writers; in a parallel block its MLP too), and the group's offset among them."""
+        columns = self.graph.reader_slice(layer, field)
+        fields = self.graph.attn_fields + (("mlp",) if self.graph.parallel else ())
+        if layer is None or field not in fields:
+            return columns, 0
+        start = self.graph.reader_slice(layer, fields[0]).start
+        return slice(start, self.graph.reader_slice(layer, fields[-1]).stop), columns.start - start
 
     def _terms(self, layer: int | None, field: str) -> Tensor | None:
-        """sum_w weight[w, r] difference_w over the writers before a reader group, [b pos r d_model]: one batched
-        matrix product over the writers (None where the group has no term)."""
+        """sum_w weight[w, r] difference_w over the writers before a reader group, [r b pos d_model]: one batched
+        matrix product over the columns of those writers, shared by the readers of `_span` (None where the group
+        has no term)."""
         columns = self.graph.reader_slice(layer, field)
         if self.diffs is None or not self.has_term[columns].any():
             return None
-        before = self.graph.writers_before(layer, field)
-        if isinstance(self.diffs, list):
-            diffs = torch.zeros((*self.diffs[0][1].shape[:3], before), dtype=self.diffs[0][1].dtype,
-                                device=self.diffs[0][1].device)
-            for writers, diff in self.diffs:
-                if writers.start < before:
-                    diffs = diffs.index_copy(3, torch.arange(writers.start, writers.stop, device=diff.device), diff)
+        span, offset = self._span(layer, field)
+        if self.gathered is None or self.gathered[0] != span:
+            self.gathered = (span, self._gather(int(self.before_column[self.graph.writers_before(layer, field)]),
+                                                span))
+        return self.gathered[1][offset:offset + columns.stop - columns.start]
+
+    def _gather(self, before: int, readers: slice) -> Tensor:
+        """sum over the first `before` difference columns, weighted, for the readers `readers`: [r b pos d_model]."""
+        if isinstance(self.diffs, list):  # a writer group's columns are all before a reader group or all after it
+            diffs = torch.cat([diff for columns, diff in self.diffs if columns.start < before])
         else:
-            diffs = self.diffs[..., :before]
-        b, n_pos, d_model, _ = diffs.shape
-        weight = self.weight[:, :before, columns].to(diffs.dtype)  # [C w r]
-        out = torch.bmm(diffs.reshape(self.circuits, -1, before), weight)  # [C (n pos d_model) r]
-        return out.view(b, n_pos, d_model, -1).movedim(3, 2)
+            diffs = self.diffs[:before]
+        _, b, n_pos, d_model = diffs.shape
+        weight = self.weight[:, :before, readers].to(diffs.dtype).transpose(1, 2)  # [C r w]
+        out = torch.bmm(weight, diffs.view(before, self.circuits, -1).transpose(0, 1))  # [C r (n pos d_model)]
+        out = out.view(self.circuits, -1, b // self.circuits, n_pos, d_model).transpose(0, 1)
+        return out.reshape(-1, b, n_pos, d_model)
 
     def _base(self, layer: int | None, field: str, resid: Tensor) -> Tensor:
         """What a reader group's input adds its terms to: the pass's residual (first form) or the reference's."""
@@ -329,15 +359,16 @@ class EdgePass:
         return not self.has_term[self.graph.reader_slice(layer, field)].any()
 
     def inputs(self, layer: int | None, field: str, resid: Float[Tensor, "b pos d_model"]) -> Tensor:
-        """The inputs [b pos r d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None)."""
+        """The inputs [r b pos d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None),
+        reader-major: a head's projection is then one batched product over the heads."""
         columns = self.graph.reader_slice(layer, field)
-        out = self._base(layer, field, resid)[:, :, None]
+        out = self._base(layer, field, resid)[None]
         terms = self._terms(layer, field) if self.patched else None
         if terms is not None:
             out = out + terms.to(out.dtype)
         if self.probe is not None:
-            out = out + self.probe[:, :, columns].to(out.dtype)
-        return out.expand(-1, -1, columns.stop - columns.start, -1)
+            out = out + self.probe[:, :, columns].to(out.dtype).permute(2, 0, 1, 3)
+        return out.expand(columns.stop - columns.start, -1, -1, -1)
 
     def _unchanged(self, layer: int | None, field: str) -> bool:
         """Whether the reader group reads this pass's own residual unchanged (first form, no term, no probe): its
@@ -363,11 +394,11 @@ class EdgePass:
             if self._unchanged(layer, name):
                 return projected
             if self._own(layer, name):  # every reader reads the reference's input: one norm and projection of its rows
-                normalized = norm.normalize(self._base(layer, name, self.resid["attn"]))
-                out = torch.einsum("bpd,hde->bphe", normalized, weight)
-            else:
-                normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
-                out = torch.einsum("bphd,hde->bphe", normalized, weight)
+                normalized = norm.normalize(self.reference.read(layer, name).to(projected.dtype))
+                out = torch.einsum("npd,hde->nphe", normalized, weight)
+                return self._over_circuits((out if bias is None else out + bias).to(projected.dtype), projected)
+            normalized = norm.normalize(self.inputs(layer, name, self.resid["attn"]))
+            out = torch.einsum("hbpd,hde->bphe", normalized, weight)
             return (out if bias is None else out + bias).to(projected.dtype)
         return put
 
@@ -382,8 +413,8 @@ class EdgePass:
                 return projected
             read = norm.normalize(self.inputs(layer, "q", self.resid["attn"]))
             if not attention.q_rank:
-                return torch.einsum("bphd,hde->bphe", read, attention.W_Q).to(projected.dtype)
-            latent = attention.q_latent_norm.normalize(read[:, :, 0] @ attention.W_DQ)
+                return torch.einsum("hbpd,hde->bphe", read, attention.W_Q).to(projected.dtype)
+            latent = attention.q_latent_norm.normalize(read[0] @ attention.W_DQ)
             return torch.einsum("bpr,hre->bphe", latent, attention.W_UQ).to(projected.dtype)
         return put
 
@@ -395,7 +426,7 @@ class EdgePass:
         def put(latent: Tensor, tokens: Tokens) -> Tensor:
             if self._unchanged(layer, "kv"):
                 return latent
-            self.kv_read = norm.normalize(self.inputs(layer, "kv", self.resid["attn"])[:, :, 0])
+            self.kv_read = norm.normalize(self.inputs(layer, "kv", self.resid["attn"])[0])
             return attention.kv_latent_norm.normalize(self.kv_read @ attention.W_DKV).to(latent.dtype)
         return put
 
@@ -418,7 +449,7 @@ class EdgePass:
             self._read("mlp_read", resid)
             if self._unchanged(layer, "mlp"):
                 return resid
-            read = self.inputs(layer, "mlp", resid)[:, :, 0].to(resid.dtype)
+            read = self.inputs(layer, "mlp", resid)[0].to(resid.dtype)
             self.shift = read - resid
             return read
         return put
@@ -430,7 +461,7 @@ class EdgePass:
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
             if self._unchanged(layer, "cross_q"):
                 return projected
-            out = torch.einsum("bphd,hde->bphe", norm.normalize(self.inputs(layer, "cross_q", self.resid["cross"])),
+            out = torch.einsum("hbpd,hde->bphe", norm.normalize(self.inputs(layer, "cross_q", self.resid["cross"])),
                                attention.W_Q)
             return (out if attention.b_Q is None else out + attention.b_Q).to(projected.dtype)
         return put
@@ -446,8 +477,8 @@ class EdgePass:
         def put(projected: Tensor, tokens: Tokens) -> Tensor:
             if self.source is None or self.source.final_inputs is None:
                 return projected
-            read = self.source_norm(self.source.final_inputs[:, :, start:start + g])
-            out = torch.einsum("bsgd,gde->bsge", read, weight)
+            read = self.source_norm(self.source.final_inputs[start:start + g])
+            out = torch.einsum("gbsd,gde->bsge", read, weight)
             return (out if bias is None else out + bias).to(projected.dtype)
         return put
 
@@ -468,7 +499,7 @@ class EdgePass:
             self._read("mlp_read", self.resid["mlp"])
             if self._unchanged(layer, "mlp"):
                 return normalized
-            return norm.normalize(self.inputs(layer, "mlp", self.resid["mlp"])[:, :, 0]).to(normalized.dtype)
+            return norm.normalize(self.inputs(layer, "mlp", self.resid["mlp"])[0]).to(normalized.dtype)
         return put
 
     def _logits(self, resid: Tensor, tokens: Tokens) -> Tensor:
@@ -477,7 +508,7 @@ class EdgePass:
         self._read("final", resid)
         if self._unchanged(None, "logits"):
             return resid
-        return self.inputs(None, "logits", resid)[:, :, 0].to(resid.dtype)
+        return self.inputs(None, "logits", resid)[0].to(resid.dtype)
 
 
 class _Unnormed:
@@ -508,12 +539,23 @@ def repeat(tokens: Tokens, times: int) -> Tokens:
 
 
 def patched_logits(model: Transformer, graph: EdgeGraph, tokens: Tokens, reference: Writes,
-                   keep: Float[Tensor, "circuit writer reader"]) -> Float[Tensor, "circuit n d_vocab"]:
+                   keep: Float[Tensor, "circuit writer reader"], prefix: SharedPrefix | None = None
+                   ) -> Float[Tensor, "circuit n d_vocab"]:
     """The last-token logits of `tokens` (the clean prompts, n rows) with every edge weighted by keep[c]: one
-    forward of C * n rows."""
+    forward of C * n rows (with a prefix, over the positions after it, as `reference` was made)."""
     circuits = keep.shape[0]
     edge_pass = EdgePass(model, graph, reference, keep.to(model.device))
+    logits = last_logits(model, tokens, edge_pass.interventions(), circuits, prefix)
+    return logits.view(circuits, -1, logits.shape[-1])
+
+
+def last_logits(model: Transformer, tokens: Tokens, interventions: list[Hook], circuits: int = 1,
+                prefix: SharedPrefix | None = None) -> Float[Tensor, "b d_vocab"]:
+    """The last-token logits of `tokens` stacked `circuits` times with `interventions` (no gradient): a plain run,
+    or with a prefix the positions after it."""
+    if prefix is not None:
+        return prefix.last_logits(model, tokens, interventions, circuits)
     with torch.no_grad():
-        run = model.run(repeat(tokens, circuits), capture=Capture.none(), interventions=edge_pass.interventions(),
+        run = model.run(repeat(tokens, circuits), capture=Capture.none(), interventions=interventions,
                         logits_at="last")
-    return run.logits[:, 0].view(circuits, -1, run.logits.shape[-1])
+    return run.logits[:, 0]

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from resid.analyses.circuits.graph import EMBED, EdgeGraph, supported
 from resid.analyses.circuits.patched import EdgePass, Writes, patched_logits, repeat
+from resid.analyses.circuits.prefix import SharedPrefix
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -155,19 +156,22 @@ def rows(side) -> int:
     return (side[1] if isinstance(side, tuple) else side).ids.shape[0]
 
 
-def last_logits(model, side) -> Float[Tensor, "n d_vocab"]:
-    """The plain run's last-token logits (no gradient)."""
+def last_logits(model, side, prefix: SharedPrefix | None = None) -> Float[Tensor, "n d_vocab"]:
+    """The plain run's last-token logits (no gradient); with a prefix, over the positions after it."""
+    if prefix is not None:
+        return prefix.last_logits(model, side)
     with torch.no_grad():
         run = model.run(*side, capture=Capture.none(), logits_at="last") if isinstance(side, tuple) else (
             model.run(side, capture=Capture.none(), logits_at="last"))
     return run.logits[:, 0]
 
 
-def writes_of(model, side, reference: str = "corrupt"):
+def writes_of(model, side, reference: str = "corrupt", prefix: SharedPrefix | None = None):
     """The writes of a plain run of `side` (Writes; an encoder-decoder's: (encoder's, decoder's), the decoder's with
-    the run's last-token logits), or with reference "mean" their means over the real positions."""
+    the run's last-token logits), or with reference "mean" their means over the real positions; with a prefix (a
+    decoder's, corrupt reference), at the positions after it."""
     if not isinstance(side, tuple):
-        writes = Writes.of(model, side)
+        writes = Writes.of(model, side, prefix)
     else:
         source, target = side
         plain = dict(attn={"z"}, mlp={"out"}, final_norm_scale=False)
@@ -190,12 +194,12 @@ def mean_writes(side, writes):
     return writes[0].mean(side[0].attention_mask), writes[1].mean(side[1].attention_mask)
 
 
-def logits_with(model, graph, side, reference, keep: Float[Tensor, "circuit writer reader"]
-                ) -> Float[Tensor, "circuit n d_vocab"]:
+def logits_with(model, graph, side, reference, keep: Float[Tensor, "circuit writer reader"],
+                prefix: SharedPrefix | None = None) -> Float[Tensor, "circuit n d_vocab"]:
     """The last-token logits of `side` (the clean runs) with every edge weighted by keep[c]: one forward of C * n
-    rows (resid.analyses.circuits.patched)."""
+    rows (resid.analyses.circuits.patched; with a prefix, a decoder's, over the positions after it)."""
     if not isinstance(side, tuple):
-        return patched_logits(model, graph, side, reference, keep)
+        return patched_logits(model, graph, side, reference, keep, prefix)
     circuits = keep.shape[0]
     keep = keep.to(model.device)
     w, r = len(graph.encoder.writers), len(graph.encoder.readers)
