@@ -28,6 +28,8 @@ from resid.analyses.checks import check_choice
 from resid.analyses.circuits import selection
 from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
+from resid.analyses.circuits.graph import EdgeGraph
+from resid.analyses.circuits.patched import live
 from resid.analyses.circuits.prefix import SharedPrefix
 from resid.analyses.circuits.scores import batch_tensors, matrix
 from resid.analyses.circuits.seq2seq import (
@@ -126,8 +128,8 @@ def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baseline
     mask_of = dict(zip(keys, every))
     side = clean[1] if isinstance(clean, tuple) else clean
     positions = side.ids.shape[1] - (0 if prefix is None else prefix.start)
-    reads = not isinstance(writes, tuple) and writes.reads
-    for block in _forwards([mask_of[key] for key in to_run], graph, reads, n,
+    reads, computed = (False, False) if isinstance(writes, tuple) else (writes.reads, writes.computed)
+    for block in _forwards([mask_of[key] for key in to_run], graph, reads, computed, n,
                            n * positions * decoder(model).config.d_model):
         block = [to_run[i] for i in block]
         keep = torch.stack([mask_of[key].float() for key in block]).to(model.device)
@@ -136,31 +138,54 @@ def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baseline
     return torch.stack([known[key] for key in keys])
 
 
-def _forwards(masks: list[Tensor], graph: Graph, reads: bool, n: int, elements: int) -> list[list[int]]:
-    """Consecutive circuits run together: of one form (patched.EdgePass: fewer kept edges than patched, where the
-    reference holds its reads, or not), as many as ROWS_PER_FORWARD rows and DIFFERENCES_PER_FORWARD elements of
-    the writers' differences allow. A pass keeps the difference of every writer with a term in some circuit, at
-    every row (`elements` per writer: a circuit's n pairs x positions x d_model), so small circuits go many to a pass and
-    large ones alone: it reads those differences for every reader, and a pass of many large circuits costs more
-    than its circuits one by one."""
+def _forwards(masks: list[Tensor], graph: Graph, reads: bool, computed: bool, n: int, elements: int
+              ) -> list[list[int]]:
+    """Consecutive circuits run together, as patched.EdgePass will run them: of one form (fewer kept edges than
+    patched, where the reference holds its reads, or not), within ROWS_PER_FORWARD rows and DIFFERENCES_PER_FORWARD
+    elements of the writers' differences (a pass keeps the difference of every writer with a term in some circuit
+    at every row, `elements` per writer: n pairs x positions x d_model, and reads it for every reader, so a pass of
+    several large circuits costs more than each alone), and where a pass of both costs no more than two: a pass
+    computes the sublayers where some circuit has a term (the second form skips the others, where the reference is
+    a run: `computed`), each for every row, and reads each one's weights once."""
     valid = graph.valid.numpy()
-    forms, sizes = [], []
+    every = set(range(2 * graph.n_layers)) if isinstance(graph, EdgeGraph) else {0}  # (cost: all the same)
+    forms, sizes, touched = [], [], []
     for mask in masks:
         m = mask.numpy() & valid
         small = reads and int(m.sum()) < int((valid & ~m).sum())
         terms = m if small else valid & ~m
         forms.append(small)
         sizes.append(elements * max(1, int(terms.any(1).sum())))
+        if small and computed:
+            has = live(graph, terms).any(0)
+            touched.append({i for i, readers in enumerate(_sublayers(graph)) if has[readers].any()})
+        else:
+            touched.append(every)
     per_forward = max(1, ROWS_PER_FORWARD // n)
     blocks: list[list[int]] = []
+    computes: set[int] = set()
     for i, (form, size) in enumerate(zip(forms, sizes)):
         last = blocks[-1] if blocks else None
+        union = computes | touched[i]
         if (last is None or forms[last[0]] != form or len(last) >= per_forward
-                or sum(sizes[j] for j in last) + size > DIFFERENCES_PER_FORWARD):
+                or sum(sizes[j] for j in last) + size > DIFFERENCES_PER_FORWARD
+                or len(union) * (len(last) + 2) > len(computes) * (len(last) + 1) + 2 * len(touched[i])):
             blocks.append([i])
+            computes = set(touched[i])
         else:
             last.append(i)
+            computes = union
     return blocks
+
+
+def _sublayers(graph: EdgeGraph) -> list[slice]:
+    """The readers of each sublayer of a decoder's graph: every layer's attention (q, k, v or q, kv), its MLP."""
+    out = []
+    for layer in range(graph.n_layers):
+        fields = graph.attn_fields
+        out += [slice(graph.reader_slice(layer, fields[0]).start, graph.reader_slice(layer, fields[-1]).stop),
+                graph.reader_slice(layer, "mlp")]
+    return out
 
 
 def evaluate(
@@ -238,7 +263,7 @@ def faithfulness_curve(
     pairs = pairs_of(model, clean, corrupt, targets, baselines, metric, source, corrupt_source)
     s = matrix(graph, scores)
     ks = [int(f * graph.n_edges) for f in fractions]
-    masks = [selection.top_k(graph, s, k, absolute, prune) for k in ks]
+    masks = selection.top_ks(graph, s, ks, absolute, prune)
     df = _evaluate(model, graph, pairs, masks, reference, as_execution(execution))
     df.insert(1, "fraction", fractions)
     df.insert(2, "k", ks)

@@ -42,25 +42,31 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from jaxtyping import Float, Shaped
+from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
 from resid.analyses.circuits.graph import LOGITS, EdgeGraph
 from resid.analyses.circuits.prefix import SharedPrefix
 from resid.capture import Capture
 from resid.errors import ResidError
-from resid.interventions import Hook
+from resid.interventions import Hook, Intervention, Replace
 from resid.model import Transformer
 from resid.sites import Site
 from resid.tokenizer import Tokens
 
 
+# layers whose readers' terms from the writers before them are gathered together (EdgePass._block): each span
+# (a layer's attention readers, its MLP) then reads only its own block's difference columns
+BLOCK_LAYERS = 4
+
+
 @dataclass(frozen=True)
 class Writes:
     """Every writer's output in one run, as the run computed it: the embeddings' sum [n pos d_model], each layer's
-    head mixes z [n pos head d_head] (a head writes z[h] @ W_O[h]) and MLP writes [n pos d_model]; under
-    post-norms each layer's whole attention write `attn` [n pos d_model] instead of z (empty); a decoder's
-    cross-attention heads' z `cross`. And what the readers read in it (`reads`; a decoder-only run's, from
+    head mixes z [n pos head d_head] (a head writes z[h] @ W_O[h]; under post-norms empty) and MLP writes [n pos
+    d_model]; each layer's whole attention write `attn` [n pos d_model] (under post-norms the writer; where it was
+    recorded, what a pass that skips the attention puts in: EdgePass); a decoder's cross-attention heads' z
+    `cross`. And what the readers read in it (`reads`; a decoder-only run's, from
     Writes.of): each layer's attention input (resid_pre) and MLP input (resid_mid, or resid_pre in a parallel
     block), the final residual; the run's last-token logits where it computed them. A mean reference holds
     [1 1 ...] tensors (and no logits)."""
@@ -82,6 +88,12 @@ class Writes:
         edge_pass = EdgePass(model, EdgeGraph.of(model.config), None, None)
         logits = last_logits(model, tokens, edge_pass.interventions(), 1, prefix)
         return dataclasses.replace(edge_pass.writes(), logits=logits)
+
+    @property
+    def computed(self) -> bool:
+        """Whether these are one run's writes, each computed from that run's reads (a mean's are not: a node reading
+        the mean input does not write the mean write)."""
+        return self.logits is not None
 
     @property
     def reads(self) -> bool:
@@ -147,6 +159,7 @@ class EdgePass:
         # as it is written for the readers after it (_terms); with gradients a list of (writers, difference)
         self.diffs: Tensor | list | None = None
         self.gathered: tuple[slice, Tensor] | None = None  # the last span's terms (_terms)
+        self.accumulated: tuple[slice, int, Tensor] | None = None  # the last block's (_block)
         self.resid: dict[str, Tensor] = {}
         # this pass's writes and (where nothing is patched) reads, for `writes()`
         self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": [], "cross": [],
@@ -167,6 +180,8 @@ class EdgePass:
         self.from_reference = (kept < patched and self.probe is None and self.reference is not None
                                and self.reference.reads)
         terms = ((host != 0) if self.from_reference else (host != 1)).any(0) & valid  # [writer reader]
+        if self.from_reference and self.reference.computed:  # a node none of whose inputs has a term computes
+            terms = live(self.graph, terms)                      # the reference's write
         self.has_term = terms.any(0)  # [reader]
         self.used = terms.any(1)  # [writer]: kept as a column of the differences
         self.before_column = np.concatenate([[0], np.cumsum(self.used)])  # columns of the writers before each
@@ -182,32 +197,58 @@ class EdgePass:
                       tuple(seen["cross"]), tuple(seen["attn_read"]), tuple(seen["mlp_read"]),
                       seen["final"][0] if seen["final"] else None)
 
-    def interventions(self) -> list[Hook]:
+    def _skips(self, layer: int, part: str) -> bool:
+        """Whether the pass puts the reference's write of a layer's attention or MLP in without computing it (the
+        second form, where none of the sublayer's readers has a term and the reference is a run: it would compute
+        the reference's write)."""
+        if not (self.from_reference and self.reference.computed) or (part == "attn" and not self.reference.attn):
+            return False
+        fields = self.graph.attn_fields if part == "attn" else ("mlp",)
+        return not any(self.has_term[self.graph.reader_slice(layer, f)].any() for f in fields)
+
+    def _reference_write(self, layer: int, part: str) -> Tensor:
+        """The reference's write of a layer's attention or MLP, for every circuit block: [b pos d_model] (a mean's
+        [1 1 d_model])."""
+        write = (self.reference.attn if part == "attn" else self.reference.mlp)[layer]
+        return write if write.shape[0] == 1 else write.repeat(self.circuits, 1, 1)
+
+    def interventions(self) -> list[Intervention]:
         hooks = [Hook(Site(0, "resid_pre"), self._embeddings)]
         graph, pre_norms = self.graph, self.model.config.pre_norms
         for layer in range(graph.n_layers):
-            if graph.kv_latent:  # latent attention: one key/value reader (resid.components.latent)
-                keys = [Hook(Site(layer, "attn", field="kv_latent"), self._latent_kv(layer)),
-                        Hook(Site(layer, "attn", field="k_proj"), self._rotary_key(layer))]
-            else:
-                keys = [Hook(Site(layer, "attn", field="k_proj"), self._projection(layer, "k")),
-                        Hook(Site(layer, "attn", field="v"), self._projection(layer, "v"))]
+            attention = [Replace(Site(layer, "attn"), self._reference_write(layer, "attn"))] if self._skips(
+                layer, "attn") else self._attention_hooks(layer)
+            skip_mlp = self._skips(layer, "mlp")
+            mid = self._keep("mlp") if pre_norms or skip_mlp else self._mlp_resid(layer)
             hooks += [
                 Hook(Site(layer, "resid_pre"), self._keep("attn")) if layer else None,
-                Hook(Site(layer, "attn", field="q_proj"),
-                     self._latent_query(layer) if graph.kv_latent else self._projection(layer, "q")),
-                *keys,
-                Hook(Site(layer, "attn", field="z"), self._heads(layer)) if graph.heads_write else
-                Hook(Site(layer, "attn"), self._attn_write(layer)),
+                *attention,
                 *(self._cross_hooks(layer) if graph.cross else ()),
-                None if graph.parallel else Hook(Site(layer, "resid_cross" if graph.cross else "resid_mid"),
-                                                 self._keep("mlp") if pre_norms else self._mlp_resid(layer)),
-                Hook(Site(layer, "mlp", field="normalized"), self._mlp_input(layer)) if pre_norms else None,
-                Hook(Site(layer, "mlp", field="out"), self._mlp_write(layer)),
+                None if graph.parallel else Hook(Site(layer, "resid_cross" if graph.cross else "resid_mid"), mid),
+                *([Replace(Site(layer, "mlp"), self._reference_write(layer, "mlp"))] if skip_mlp else [
+                    Hook(Site(layer, "mlp", field="normalized"), self._mlp_input(layer)) if pre_norms else None,
+                    Hook(Site(layer, "mlp", field="out"), self._mlp_write(layer))]),
             ]
         last = Site(self.graph.n_layers - 1, "resid_post")
         hooks.append(Hook(last, self._logits if graph.final == (LOGITS,) else self._final_inputs))
         return [hook for hook in hooks if hook is not None]
+
+    def _attention_hooks(self, layer: int) -> list[Hook | None]:
+        """A layer's attention: each reader's input put in at its projection, each head's write seen at z (under
+        post-norms the whole write); where nothing is patched the whole write seen too (Writes.attn)."""
+        graph = self.graph
+        if graph.kv_latent:  # latent attention: one key/value reader (resid.components.latent)
+            keys = [Hook(Site(layer, "attn", field="kv_latent"), self._latent_kv(layer)),
+                    Hook(Site(layer, "attn", field="k_proj"), self._rotary_key(layer))]
+        else:
+            keys = [Hook(Site(layer, "attn", field="k_proj"), self._projection(layer, "k")),
+                    Hook(Site(layer, "attn", field="v"), self._projection(layer, "v"))]
+        return [Hook(Site(layer, "attn", field="q_proj"),
+                     self._latent_query(layer) if graph.kv_latent else self._projection(layer, "q")),
+                *keys,
+                Hook(Site(layer, "attn", field="z"), self._heads(layer)) if graph.heads_write else
+                Hook(Site(layer, "attn"), self._attn_write(layer)),
+                Hook(Site(layer, "attn"), self._attn_out) if graph.heads_write and not self.patched else None]
 
     def _cross_hooks(self, layer: int) -> list[Hook]:
         """A decoder layer's cross-attention: it reads resid_mid (its queries), the encoder's output (its keys and
@@ -259,6 +300,10 @@ class EdgePass:
                 self._spread(whole, self._difference(out, self.reference.attn[layer])[:, :, None])
             return out
         return seen
+
+    def _attn_out(self, out: Tensor, tokens: Tokens) -> Tensor:
+        self.seen["attn"].append(out.detach())
+        return out
 
     def _mlp_write(self, layer: int):
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
@@ -330,19 +375,45 @@ class EdgePass:
             return None
         span, offset = self._span(layer, field)
         if self.gathered is None or self.gathered[0] != span:
-            self.gathered = (span, self._gather(int(self.before_column[self.graph.writers_before(layer, field)]),
-                                                span))
+            before = int(self.before_column[self.graph.writers_before(layer, field)])
+            block = self._block(layer)
+            if block is None:
+                self.gathered = (span, self._gather(0, before, span))
+            else:  # the block's sums up to its first layer, then this span's own columns
+                readers, start, sums = block
+                own = sums[span.start - readers.start:span.stop - readers.start]
+                self.gathered = (span, own + self._gather(start, before, span) if before > start else own)
         return self.gathered[1][offset:offset + columns.stop - columns.start]
 
-    def _gather(self, before: int, readers: slice) -> Tensor:
-        """sum over the first `before` difference columns, weighted, for the readers `readers`: [r b pos d_model]."""
+    def _block(self, layer: int | None) -> tuple[slice, int, Tensor] | None:
+        """The readers of `layer`'s block of BLOCK_LAYERS layers, the difference columns before the block and every
+        one of its readers' terms from those columns, gathered once for the block (where that reads the columns
+        less often than each span reading them all; None otherwise)."""
+        graph = self.graph
+        if layer is None or isinstance(self.diffs, list) or graph.cross:
+            return None
+        first = layer - layer % BLOCK_LAYERS
+        if self.accumulated is not None and self.accumulated[0].start == graph.reader_slice(first, "q").start:
+            return self.accumulated
+        last = min(first + BLOCK_LAYERS, graph.n_layers) - 1
+        readers = slice(graph.reader_slice(first, "q").start, graph.reader_slice(last, "mlp").stop)
+        start = int(self.before_column[graph.writers_before(first, "q")])
+        fields = (graph.attn_fields[0],) if graph.parallel else (graph.attn_fields[0], "mlp")
+        spans = sum(bool(self.has_term[self._span(l, f)[0]].any()) for l in range(first, last + 1) for f in fields)
+        if start * (spans - 1) <= 2 * (readers.stop - readers.start):
+            return None
+        self.accumulated = (readers, start, self._gather(0, start, readers))
+        return self.accumulated
+
+    def _gather(self, start: int, stop: int, readers: slice) -> Tensor:
+        """sum over the difference columns start..stop-1, weighted, for the readers `readers`: [r b pos d_model]."""
         if isinstance(self.diffs, list):  # a writer group's columns are all before a reader group or all after it
-            diffs = torch.cat([diff for columns, diff in self.diffs if columns.start < before])
+            diffs = torch.cat([diff for columns, diff in self.diffs if columns.start < stop])[start:]
         else:
-            diffs = self.diffs[:before]
-        _, b, n_pos, d_model = diffs.shape
-        weight = self.weight[:, :before, readers].to(diffs.dtype).transpose(1, 2)  # [C r w]
-        out = torch.bmm(weight, diffs.view(before, self.circuits, -1).transpose(0, 1))  # [C r (n pos d_model)]
+            diffs = self.diffs[start:stop]
+        w, b, n_pos, d_model = diffs.shape
+        weight = self.weight[:, start:stop, readers].to(diffs.dtype).transpose(1, 2)  # [C r w]
+        out = torch.bmm(weight, diffs.view(w, self.circuits, -1).transpose(0, 1))  # [C r (n pos d_model)]
         out = out.view(self.circuits, -1, b // self.circuits, n_pos, d_model).transpose(0, 1)
         return out.reshape(-1, b, n_pos, d_model)
 
@@ -519,6 +590,19 @@ class _Unnormed:
         return x
 
 
+def live(graph: EdgeGraph, terms: Bool[Tensor, "writer reader"] | np.ndarray) -> np.ndarray:
+    """The terms of the second form (EdgePass) that can be nonzero: those whose writer's node is reached from the
+    embeddings through terms (a node none of whose inputs has a term computes its reference's write, so its
+    difference is zero). `terms` [writer reader] bool."""
+    terms = np.asarray(terms, dtype=bool)
+    feeds = graph.feeds.numpy()  # [reader writer]
+    reached = np.array([site.part == "embed" for site in graph.writers])
+    for writers, columns in graph.stages():  # in stream order, as pruning walks it
+        read = (terms[:, columns] & reached[:, None]).any(0)
+        reached[writers] = (feeds[columns][:, writers] & read[:, None]).any(0)
+    return terms & reached[:, None]
+
+
 def tappable(model: Transformer, graph: EdgeGraph) -> bool:
     """Whether taps (taps.input_gradients) give every reader's gradient: every reader a pre-norm projection
     (q_proj, k_proj, v, the MLP's normalized input) or the logits; latent attention, models without pre-norms and
@@ -549,7 +633,7 @@ def patched_logits(model: Transformer, graph: EdgeGraph, tokens: Tokens, referen
     return logits.view(circuits, -1, logits.shape[-1])
 
 
-def last_logits(model: Transformer, tokens: Tokens, interventions: list[Hook], circuits: int = 1,
+def last_logits(model: Transformer, tokens: Tokens, interventions: list[Intervention], circuits: int = 1,
                 prefix: SharedPrefix | None = None) -> Float[Tensor, "b d_vocab"]:
     """The last-token logits of `tokens` stacked `circuits` times with `interventions` (no gradient): a plain run,
     or with a prefix the positions after it."""

@@ -20,15 +20,25 @@ from resid.errors import ResidError, param
 def top_k(graph: Graph, scores: Float[Tensor, "writer reader"], k: int, absolute: bool = True,
           prune: bool = True) -> Bool[Tensor, "writer reader"]:
     """The k edges of highest |score| (absolute) or score, ties broken by edge order; pruned if `prune`."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= graph.n_edges:
-        raise ResidError(f"{param('k')} must be a whole number of edges from 0 to {graph.n_edges}, got {k!r}.")
+    return top_ks(graph, scores, [k], absolute, prune)[0]
+
+
+def top_ks(graph: Graph, scores: Float[Tensor, "writer reader"], ks: list[int], absolute: bool = True,
+           prune: bool = True) -> list[Bool[Tensor, "writer reader"]]:
+    """top_k for each k of `ks`, the edges ranked once."""
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= graph.n_edges:
+            raise ResidError(f"{param('k')} must be a whole number of edges from 0 to {graph.n_edges}, got {k!r}.")
     writers, readers = (torch.as_tensor(a) for a in graph.edges)
     values = scores.double()[writers, readers]
     values = values.abs() if absolute else values
-    order = torch.argsort(-values.nan_to_num(float("-inf")), stable=True)[:k]
-    mask = graph.empty()
-    mask[writers[order], readers[order]] = True
-    return pruned(graph, mask) if prune else mask
+    order = torch.argsort(-values.nan_to_num(float("-inf")), stable=True)
+    masks = []
+    for k in ks:
+        mask = graph.empty()
+        mask[writers[order[:k]], readers[order[:k]]] = True
+        masks.append(pruned(graph, mask) if prune else mask)
+    return masks
 
 
 def threshold(graph: Graph, scores: Float[Tensor, "writer reader"], value: float, absolute: bool = True,

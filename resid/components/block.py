@@ -51,7 +51,7 @@ from resid.components.moe import MoE
 from resid.components.norm import Norm
 from resid.config import ModelConfig
 from resid.errors import ResidError
-from resid.interventions import Edit, apply_edits, edit_residual
+from resid.interventions import Edit, Replace, ZeroAblate, apply_edits, edit_residual
 from resid.sites import Site
 
 FrozenValues = Mapping[Site, Tensor]  # one prompt's frozen values: patterns [head pos key_pos], scales [pos 1]
@@ -117,6 +117,9 @@ class Block(nn.Module):
     def _attention(self, part: str, resid: Tensor, ctx: AttnContext, want: dict, edits: dict, values: dict) -> Tensor:
         """The write of the self- ("attn") or cross-attention ("cross") sublayer reading `resid`."""
         wanted, edited, found = want.get(part, frozenset()), edits.get(part, ()), values[part]
+        replaced = _replaced(resid, wanted, edited)
+        if replaced is not None:
+            return replaced
         pre, attention, post = (self.ln_attn, self.attn, self.ln_attn_post) if part == "attn" else (
             self.ln_cross, self.cross, self.ln_cross_post)
         raw, computed = attention(_pre(pre, resid, found, wanted, edited), ctx, wanted, edited)
@@ -125,6 +128,9 @@ class Block(nn.Module):
 
     def _mlp(self, resid: Tensor, want: dict, edits: dict, values: dict) -> Tensor:
         wanted, edited, found = want.get("mlp", frozenset()), edits.get("mlp", ()), values["mlp"]
+        replaced = _replaced(resid, wanted, edited)
+        if replaced is not None:
+            return replaced
         raw, computed = self.mlp(_pre(self.ln_mlp, resid, found, wanted, edited), wanted, edited)
         found.update(computed)
         return _post(self.ln_mlp_post, raw, edited, found, wanted)
@@ -301,6 +307,19 @@ class Block(nn.Module):
 def _site(layer: int, part: str, field: str) -> Site:
     """The Site of a frozen value, made once: frozen lookups run per layer in every backward sweep of a graph."""
     return Site(layer, part, field=field)
+
+
+def _replaced(resid: Tensor, want: frozenset[str], edits: Sequence[Edit]) -> Tensor | None:
+    """A sublayer's write where one Replace or ZeroAblate of the whole write at every position is its only edit and
+    nothing of it is captured: the write is then known without computing the sublayer (an ablated layer, an edge-
+    patched pass's node that reads its reference's input), so it is not computed (its keys and values are then not
+    cached either: no later step reads them, since the edit applies to every position). None otherwise."""
+    if want or len(edits) != 1:
+        return None
+    iv, index = edits[0]
+    if index is not None or not isinstance(iv, (Replace, ZeroAblate)) or iv.site.what != "out":
+        return None
+    return iv.edit(resid)
 
 
 def _resid_norm(norm: Norm | None, resid: Tensor, values: dict[str, Tensor]) -> Tensor:
