@@ -1,8 +1,8 @@
 """Edge-circuit benchmark (resid.analyses.circuits) on SmolLM2-135M with IOI pairs, one process, side by side:
 
     python benchmarks/bench_circuits.py [--pairs 64] [--batch 16] [--steps 5] [--sizes 20] [--curve-pairs 32]
-                                        [--exact-edges 200] [--exact-pairs 8] [--out-dir out/circuits]
-                                        [--stages eap,eap_ig,curve,exact,tables]
+                                        [--exact-edges 200|all] [--exact-pairs 8] [--out-dir out/circuits]
+                                        [--stages eap,eap_ig,curve,exact,tables] [--whole]
     python benchmarks/bench_circuits.py --circuitkit [--pairs 8]     # vs circuitkit 0.2.0 on a GPT-2-small shape
 
 Pairs: bench_ablation's IOI prompts (one token length), corrupt the same with the second mention of B replaced by A
@@ -13,9 +13,11 @@ Pairs: bench_ablation's IOI prompts (one token length), corrupt the same with th
   eap_ig            5 steps on the inputs, per batch and step (target <= 2 x eap per batch)
   curve             the faithfulness curve of `--sizes` top-k circuits (log-spaced edge fractions to 1) of
                     `--curve-pairs` pairs vs as many plain forwards of those pairs (target <= 1x: one forward per
-                    circuit size)
-  exact             resid.analyses.circuits.exact of the `--exact-edges` edges EAP-IG ranks highest, `--exact-pairs`
-                    pairs: the ground truth of the exact top-k curve (the other edges scored 0)
+                    circuit size); with --whole also without the shared prefix (circuits.prefix: every position
+                    run, as for pairs that differ from their first token on)
+  exact             resid.analyses.circuits.exact of the `--exact-edges` edges EAP-IG ranks highest (or all of
+                    them: resumable, its rows under --out-dir/exact), `--exact-pairs` pairs: the ground truth of the
+                    exact top-k curve (with a number, the other edges scored 0)
   tables            the faithfulness curves (MIB's 10 fractions) of EAP, EAP-IG and exact top-k, with CPR and CMD:
                     a table (CSV and Markdown) and the EAP-IG circuit at the smallest size of faithfulness >= 0.8
                     drawn (HTML), under --out-dir (needs the eap, eap_ig and exact stages)
@@ -119,13 +121,26 @@ def smollm2(args) -> None:
                                                                fractions=fractions, execution=quiet))
         print(f"curve, {args.sizes} sizes x {args.curve_pairs} pairs {curve_s:8.2f} s   "
               f"{curve_s / (args.sizes * curve_fwd_s):.2f}x {args.sizes} forwards of those pairs (target <= 1)")
+        if args.whole:  # the same without the shared prefix: as pairs that differ from their first token on
+            from unittest import mock
+
+            from resid.analyses.circuits.prefix import SharedPrefix
+
+            with mock.patch.object(SharedPrefix, "of", return_value=None):
+                whole_s, _ = timed(lambda: circuits.faithfulness_curve(
+                    model, *c_args, ranking, baselines[curve_pairs], fractions=fractions, execution=quiet))
+            print(f"curve, every position run      {whole_s:8.2f} s   "
+                  f"{whole_s / (args.sizes * curve_fwd_s):.2f}x {args.sizes} forwards of those pairs")
 
     if "exact" in stages:
-        top = ranking.sort_values("abs_score", ascending=False).head(args.exact_edges)
+        every = args.exact_edges == "all"
+        top = None if every else ranking.sort_values("abs_score", ascending=False).head(int(args.exact_edges))
         exact_pairs = slice(0, args.exact_pairs)
+        # every edge: half an hour a pair, resumable (each pair's rows kept under --out-dir as it is done)
+        execution = Execution(progress=True, batch_size=1, out=str(Path(args.out_dir) / "exact")) if every else quiet
         exact_s, exact = timed(lambda: circuits.exact(
             model, clean[exact_pairs], corrupt[exact_pairs], targets[exact_pairs], baselines[exact_pairs],
-            edges=list(zip(top["writer"], top["reader"])), execution=quiet))
+            edges=None if every else list(zip(top["writer"], top["reader"])), execution=execution))
         print(f"exact, {args.exact_edges} edges x {args.exact_pairs} pairs   {exact_s:8.2f} s")
         exact = exact.fillna({"score": 0.0, "abs_score": 0.0})
     if "tables" not in stages:
@@ -256,10 +271,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--sizes", type=int, default=20)
     parser.add_argument("--curve-pairs", type=int, default=32)
-    parser.add_argument("--exact-edges", type=int, default=200)
+    parser.add_argument("--exact-edges", default="200", help="how many of the top edges, or all")
     parser.add_argument("--exact-pairs", type=int, default=8)
     parser.add_argument("--out-dir", default="out/circuits")
     parser.add_argument("--stages", default=",".join(STAGES), help="which stages to run (comma-separated)")
+    parser.add_argument("--whole", action="store_true", help="time the curve without the shared prefix too")
     parser.add_argument("--circuitkit", action="store_true")
     parser.add_argument("--circuitkit-side", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--resid-side", default=None, help=argparse.SUPPRESS)

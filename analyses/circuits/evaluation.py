@@ -27,8 +27,8 @@ from torch import Tensor
 from resid.analyses.checks import check_choice
 from resid.analyses.circuits import selection
 from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
-from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
 from resid.analyses.circuits.graph import EdgeGraph
+from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
 from resid.analyses.circuits.patched import live
 from resid.analyses.circuits.prefix import SharedPrefix
 from resid.analyses.circuits.scores import batch_tensors, matrix

@@ -54,7 +54,6 @@ from resid.model import Transformer
 from resid.sites import Site
 from resid.tokenizer import Tokens
 
-
 # layers whose readers' terms from the writers before them are gathered together (EdgePass._block): each span
 # (a layer's attention readers, its MLP) then reads only its own block's difference columns
 BLOCK_LAYERS = 4

@@ -181,3 +181,11 @@ def test_sampling_on_a_gpu_takes_an_int_seed_or_a_generator_of_its_device(gpt2_t
     if gpu.type != "cpu":
         with pytest.raises(resid.ResidError, match="pass torch.Generator\\(device=model.device\\) or an int seed"):
             model.generate(PROMPTS, 8, seed=torch.Generator().manual_seed(0), **options)
+
+
+def test_a_sublayer_replaced_whole_at_every_step(random_model):
+    """An attention zeroed whole is not computed (nor its keys and values cached) at any step: the steps still equal
+    runs of the growing sequence."""
+    interventions = [ZeroAblate(Site(1, "attn")), ZeroAblate(Site(0, "mlp"))]
+    gen = random_model.generate(PROMPTS, N_NEW, interventions=interventions, return_logits=True)
+    _check_steps(random_model, gen, PROMPTS, interventions)

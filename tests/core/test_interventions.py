@@ -99,3 +99,27 @@ def test_site_validation(random_model):
     # negative layers count from the end, as Python indexing does
     last = random_model.run(TEXTS, interventions=[ZeroAblate(Site(-1, "mlp"))]).logits
     torch.testing.assert_close(last, random_model.run(TEXTS, interventions=[ZeroAblate(Site(n - 1, "mlp"))]).logits)
+
+
+@pytest.mark.parametrize("edit", ["zero", "replace"])
+@pytest.mark.parametrize("part", ["attn", "mlp"])
+def test_a_sublayer_replaced_whole_is_not_computed(random_model, edit, part):
+    """A Replace or ZeroAblate of a sublayer's whole write at every position, nothing of it captured, gives the
+    logits of editing the computed write (a Hook) without computing the sublayer; captured, it is computed."""
+    value = torch.randn(random_model.config.d_model, generator=torch.Generator().manual_seed(3))
+    typed = ZeroAblate(Site(1, part)) if edit == "zero" else Replace(Site(1, part), value)
+    by_hook = resid.Hook(Site(1, part), lambda out, tokens: typed.edit(out))
+    calls = []
+    handle = getattr(random_model.blocks[1], part).register_forward_hook(lambda *args: calls.append(1))
+    try:
+        skipped = random_model.run(TEXTS, capture=resid.Capture.none(), interventions=[typed]).logits
+        assert not calls
+        computed = random_model.run(TEXTS, capture=resid.Capture.none(), interventions=[by_hook]).logits
+        assert calls
+        captured = random_model.run(TEXTS, capture=resid.Capture(layers=[1]), interventions=[typed])
+        assert len(calls) == 2
+    finally:
+        handle.remove()
+    torch.testing.assert_close(skipped, computed, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(captured.logits, computed, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(skipped, random_model.run(TEXTS, capture=resid.Capture.none()).logits)
