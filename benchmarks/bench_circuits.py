@@ -16,8 +16,8 @@ Pairs: bench_ablation's IOI prompts (one token length), corrupt the same with th
                     circuit size); with --whole also without the shared prefix (circuits.prefix: every position
                     run, as for pairs that differ from their first token on)
   exact             resid.analyses.circuits.exact of the `--exact-edges` edges EAP-IG ranks highest (or all of
-                    them: resumable, its rows in --out-dir/exact.parquet), `--exact-pairs` pairs: the ground truth of the
-                    exact top-k curve (with a number, the other edges scored 0)
+                    them: resumable, its rows in --out-dir/exact.parquet), `--exact-pairs` pairs: the ground truth
+                    of the exact top-k curve (with a number, the other edges scored 0)
   tables            the faithfulness curves (MIB's 10 fractions) of EAP, EAP-IG and exact top-k, with CPR and CMD:
                     a table (CSV and Markdown) and the EAP-IG circuit at the smallest size of faithfulness >= 0.8
                     drawn (HTML), under --out-dir (needs the eap, eap_ig and exact stages)
@@ -137,7 +137,8 @@ def smollm2(args) -> None:
         top = None if every else ranking.sort_values("abs_score", ascending=False).head(int(args.exact_edges))
         exact_pairs = slice(0, args.exact_pairs)
         # every edge: minutes a pair on SmolLM2, resumable (each pair's rows kept under --out-dir as it is done)
-        execution = Execution(progress=True, batch_size=1, out=str(Path(args.out_dir) / "exact.parquet")) if every else quiet
+        store = str(Path(args.out_dir) / "exact.parquet")
+        execution = Execution(progress=True, batch_size=1, out=store) if every else quiet
         exact_s, exact = timed(lambda: circuits.exact(
             model, clean[exact_pairs], corrupt[exact_pairs], targets[exact_pairs], baselines[exact_pairs],
             edges=None if every else list(zip(top["writer"], top["reader"])), execution=execution))

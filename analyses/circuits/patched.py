@@ -131,11 +131,20 @@ class EdgePass:
                 = reference_read_r + sum_w keep[w, r] (write_w - reference_w)       (small circuits)
 
     (the residual is the sum of the writes plus constants, the same in both runs; the second form only where the
-    reference holds its reads, Writes.reads, and there is no probe); a writer group with no term in any circuit of
-    the pass keeps no difference; a reader group with terms gathers them from the writers before it in one batched
-    matrix product over the writers; a reader group without a term reads the pass's own residual (first form: the
-    model's own projections) or the reference's (second form: for a pre-norm projection, one norm and projection of
-    n rows for all its readers and circuits)."""
+    reference holds its reads, Writes.reads, and there is no probe). Only the writers with a term in some circuit
+    keep their difference, each as its own rows [b pos d_model] of one [writer b pos d_model] tensor; a layer's
+    attention readers (which read the same writers) gather their terms together in one batched matrix product over
+    those writers, into reader-major inputs [r b pos d_model] that each head's projection takes as they are, and
+    where that reads the differences less often, a block of BLOCK_LAYERS layers gathers every reader's terms from
+    the writers before the block once, each layer then only its block's own. A reader group without a term reads
+    the pass's own residual (first form: the model's own projections) or the reference's (second form: for a
+    pre-norm projection, one norm and projection of its n rows, for every circuit).
+
+    In the second form, where the reference is a run (Writes.computed), a node none of whose inputs has a term
+    computes the reference's write: its difference is zero, so its terms are dropped (`live`, in stream order),
+    and a sublayer none of whose readers has a live term is not computed at all: the pass puts the reference's
+    write in (a Replace of the whole write, which the model's forward does not compute). A small circuit's pass
+    then costs the sublayers it touches."""
 
     def __init__(self, model: Transformer, graph: EdgeGraph, reference: Writes | None,
                  keep: Float[Tensor, "circuit writer reader"] | None, probe: Tensor | None = None,
