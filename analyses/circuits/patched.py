@@ -163,8 +163,9 @@ class EdgePass:
         self.from_reference = False  # the second form (the class docstring)
         if keep is not None:
             self._plan(keep)
-        # each writer group's difference (reference - write, or write - reference), [b pos d_model writer], kept
-        # as it is written for the readers after it (_terms); with gradients a list of (writers, difference)
+        # the difference (reference - write, or write - reference) of every writer with a term, [column b pos
+        # d_model], kept as it is written for the readers after it (_terms); with gradients a list of (columns,
+        # difference)
         self.diffs: Tensor | list | None = None
         self.gathered: tuple[slice, Tensor] | None = None  # the last span's terms (_terms)
         self.accumulated: tuple[slice, int, Tensor] | None = None  # the last block's (_block)
