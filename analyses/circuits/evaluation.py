@@ -29,7 +29,6 @@ from resid.analyses.circuits import selection
 from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
 from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
-from resid.analyses.circuits.patched import live
 from resid.analyses.circuits.prefix import SharedPrefix
 from resid.analyses.circuits.scores import batch_tensors, matrix
 from resid.analyses.circuits.seq2seq import (
@@ -43,6 +42,7 @@ from resid.analyses.circuits.seq2seq import (
     rows,
     writes_of,
 )
+from resid.analyses.circuits.terms import live
 from resid.analyses.distributed.driver import drive
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.analyses.inputs import batch_size_for

@@ -40,23 +40,19 @@ Glossary: n the pairs of a batch, C the circuits run together, b = C * n the row
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from jaxtyping import Bool, Float, Shaped
+from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from resid.analyses.circuits.graph import LOGITS, EdgeGraph
 from resid.analyses.circuits.prefix import SharedPrefix
+from resid.analyses.circuits.terms import Terms
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Hook, Intervention, Replace
 from resid.model import Transformer
 from resid.sites import Site
 from resid.tokenizer import Tokens
-
-# layers whose readers' terms from the writers before them are gathered together (EdgePass._block): each span
-# (a layer's attention readers, its MLP) then reads only its own block's difference columns
-BLOCK_LAYERS = 4
 
 
 @dataclass(frozen=True)
@@ -131,20 +127,16 @@ class EdgePass:
                 = reference_read_r + sum_w keep[w, r] (write_w - reference_w)       (small circuits)
 
     (the residual is the sum of the writes plus constants, the same in both runs; the second form only where the
-    reference holds its reads, Writes.reads, and there is no probe). Only the writers with a term in some circuit
-    keep their difference, each as its own rows [b pos d_model] of one [writer b pos d_model] tensor; a layer's
-    attention readers (which read the same writers) gather their terms together in one batched matrix product over
-    those writers, into reader-major inputs [r b pos d_model] that each head's projection takes as they are, and
-    where that reads the differences less often, a block of BLOCK_LAYERS layers gathers every reader's terms from
-    the writers before the block once, each layer then only its block's own. A reader group without a term reads
-    the pass's own residual (first form: the model's own projections) or the reference's (second form: for a
-    pre-norm projection, one norm and projection of its n rows, for every circuit).
+    reference holds its reads, Writes.reads, and there is no probe). The terms' differences are kept and gathered
+    by resid.analyses.circuits.terms (only the writers with a term; into reader-major inputs [r b pos d_model] that
+    each head's projection takes as they are). A reader group without a term reads the pass's own residual (first
+    form: the model's own projections) or the reference's (second form: for a pre-norm projection, one norm and
+    projection of its n rows, for every circuit).
 
     In the second form, where the reference is a run (Writes.computed), a node none of whose inputs has a term
-    computes the reference's write: its difference is zero, so its terms are dropped (`live`, in stream order),
-    and a sublayer none of whose readers has a live term is not computed at all: the pass puts the reference's
-    write in (a Replace of the whole write, which the model's forward does not compute). A small circuit's pass
-    then costs the sublayers it touches."""
+    computes the reference's write (terms.live), and a sublayer none of whose readers has a live term is not
+    computed at all: the pass puts the reference's write in (a Replace of the whole write, which the model's
+    forward does not compute). A small circuit's pass    then costs the sublayers it touches."""
 
     def __init__(self, model: Transformer, graph: EdgeGraph, reference: Writes | None,
                  keep: Float[Tensor, "circuit writer reader"] | None, probe: Tensor | None = None,
@@ -161,14 +153,9 @@ class EdgePass:
         self.patched = keep is not None
         self.circuits = 1 if keep is None else keep.shape[0]
         self.from_reference = False  # the second form (the class docstring)
+        self.terms: Terms | None = None  # a patched pass's (_plan)
         if keep is not None:
             self._plan(keep)
-        # the difference (reference - write, or write - reference) of every writer with a term, [column b pos
-        # d_model], kept as it is written for the readers after it (_terms); with gradients a list of (columns,
-        # difference)
-        self.diffs: Tensor | list | None = None
-        self.gathered: tuple[slice, Tensor] | None = None  # the last span's terms (_terms)
-        self.accumulated: tuple[slice, int, Tensor] | None = None  # the last block's (_block)
         self.resid: dict[str, Tensor] = {}
         # this pass's writes and (where nothing is patched) reads, for `writes()`
         self.seen: dict[str, list[Tensor]] = {"embed": [], "z": [], "mlp": [], "attn": [], "cross": [],
@@ -180,23 +167,14 @@ class EdgePass:
         self.source_norm = None
 
     def _plan(self, keep: Tensor) -> None:
-        """The form, the writers with a term in some circuit (the difference's columns, in writer order), each
-        term's weight [circuit column reader] and the readers that have a term in some circuit (from one copy of
-        keep on the host)."""
+        """The form and the pass's terms (from one copy of keep on the host)."""
         valid = self.graph.valid.numpy()
         host = keep.detach().cpu().numpy()
         kept, patched = int(((host != 0) & valid).sum()), int(((host != 1) & valid).sum())
         self.from_reference = (kept < patched and self.probe is None and self.reference is not None
                                and self.reference.reads)
-        terms = ((host != 0) if self.from_reference else (host != 1)).any(0) & valid  # [writer reader]
-        if self.from_reference and self.reference.computed:  # a node none of whose inputs has a term computes
-            terms = live(self.graph, terms)                      # the reference's write
-        self.has_term = terms.any(0)  # [reader]
-        self.used = terms.any(1)  # [writer]: kept as a column of the differences
-        self.before_column = np.concatenate([[0], np.cumsum(self.used)])  # columns of the writers before each
-        keep = keep.to(self.model.device, self.model.dtype)[:, torch.as_tensor(np.flatnonzero(self.used),
-                                                                                device=self.model.device)]
-        self.weight = keep if self.from_reference else 1 - keep
+        self.terms = Terms(self.graph, host, keep.to(self.model.device, self.model.dtype), self.from_reference,
+                           self.reference is not None and self.reference.computed)
 
     def writes(self) -> Writes:
         """The writes (and reads) this pass computed (detached), once it has run: with nothing patched and no
@@ -213,7 +191,7 @@ class EdgePass:
         if not (self.from_reference and self.reference.computed) or (part == "attn" and not self.reference.attn):
             return False
         fields = self.graph.attn_fields if part == "attn" else ("mlp",)
-        return not any(self.has_term[self.graph.reader_slice(layer, f)].any() for f in fields)
+        return not any(self.terms.any(self.graph.reader_slice(layer, f)) for f in fields)
 
     def _reference_write(self, layer: int, part: str) -> Tensor:
         """The reference's write of a layer's attention or MLP, for every circuit block: [b pos d_model] (a mean's
@@ -273,8 +251,8 @@ class EdgePass:
         resid = resid if self.embed is None else self.embed.to(resid.dtype)
         self.resid["attn"] = self.resid["mlp"] = resid
         self.seen["embed"].append(resid.detach())
-        if self._spreads(slice(0, 1)):
-            self._spread(slice(0, 1), self._difference(resid, self.reference.embed)[:, :, None])
+        if self.patched and self.terms.spreads(slice(0, 1)):
+            self.terms.spread(slice(0, 1), self._difference(resid, self.reference.embed)[:, :, None])
         return resid
 
     def _keep(self, part: str):
@@ -292,11 +270,11 @@ class EdgePass:
         def seen(z: Tensor, tokens: Tokens) -> Tensor:
             self.seen[field].append(z.detach())
             heads = self.graph.writer_slice(layer, part)
-            if self._spreads(heads):
+            if self.patched and self.terms.spreads(heads):
                 w_o = getattr(self.model.blocks[layer], part).W_O
                 reference = getattr(self.reference, field)[layer]
                 diff = torch.einsum("nphe,hed->nphd", self._difference(z, reference), w_o)
-                self._spread(heads, diff)
+                self.terms.spread(heads, diff)
             return z
         return seen
 
@@ -305,8 +283,8 @@ class EdgePass:
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["attn"].append(out.detach())
             whole = self.graph.writer_slice(layer, "attn")
-            if self._spreads(whole):
-                self._spread(whole, self._difference(out, self.reference.attn[layer])[:, :, None])
+            if self.patched and self.terms.spreads(whole):
+                self.terms.spread(whole, self._difference(out, self.reference.attn[layer])[:, :, None])
             return out
         return seen
 
@@ -318,8 +296,8 @@ class EdgePass:
         def seen(out: Tensor, tokens: Tokens) -> Tensor:
             self.seen["mlp"].append(out.detach())
             mlp = self.graph.writer_slice(layer, "mlp")
-            if self._spreads(mlp):
-                self._spread(mlp, self._difference(out, self.reference.mlp[layer])[:, :, None])
+            if self.patched and self.terms.spreads(mlp):
+                self.terms.spread(mlp, self._difference(out, self.reference.mlp[layer])[:, :, None])
             if self.shift is not None:  # without pre-norms: resid_mid held the MLP's input; the stream goes on
                 out, self.shift = out - self.shift.to(out.dtype), None  # from resid_mid + the write
             return out
@@ -343,89 +321,6 @@ class EdgePass:
         return t[None].expand_as(blocks).reshape(like.shape)
 
     # --- what the pass puts in -------------------------------------------------------------------------------------
-    def _spreads(self, writers: slice) -> bool:
-        """Whether a writer group has a term in some circuit of the pass (its differences are kept)."""
-        return self.patched and bool(self.used[writers].any())
-
-    def _spread(self, writers: slice, diff: Float[Tensor, "b pos w d_model"]) -> None:
-        """Keep the differences of a writer group's writers that have a term (their columns: rows [w b pos d_model]
-        of `diffs`, each writer's contiguous) for the readers after it."""
-        used = self.used[writers]
-        if not used.all():
-            diff = diff[:, :, torch.as_tensor(np.flatnonzero(used), device=diff.device)]
-        diff = diff.permute(2, 0, 1, 3)
-        columns = slice(int(self.before_column[writers.start]), int(self.before_column[writers.stop]))
-        if self.diffs is None:
-            shape = (int(self.before_column[-1]), *diff.shape[1:])
-            # every column is written by its writer before a reader after it reads it
-            self.diffs = torch.empty(shape, dtype=diff.dtype, device=diff.device) if not torch.is_grad_enabled() \
-                else []
-        if isinstance(self.diffs, list):  # with gradients: kept apart, concatenated where read
-            self.diffs.append((columns, diff))
-        else:
-            self.diffs[columns] = diff
-
-    def _span(self, layer: int | None, field: str) -> tuple[slice, int]:
-        """The readers whose terms are gathered together with the group's (a layer's attention readers, which read
-        the same writers; in a parallel block its MLP too), and the group's offset among them."""
-        columns = self.graph.reader_slice(layer, field)
-        fields = self.graph.attn_fields + (("mlp",) if self.graph.parallel else ())
-        if layer is None or field not in fields:
-            return columns, 0
-        start = self.graph.reader_slice(layer, fields[0]).start
-        return slice(start, self.graph.reader_slice(layer, fields[-1]).stop), columns.start - start
-
-    def _terms(self, layer: int | None, field: str) -> Tensor | None:
-        """sum_w weight[w, r] difference_w over the writers before a reader group, [r b pos d_model]: one batched
-        matrix product over the columns of those writers, shared by the readers of `_span` (None where the group
-        has no term)."""
-        columns = self.graph.reader_slice(layer, field)
-        if self.diffs is None or not self.has_term[columns].any():
-            return None
-        span, offset = self._span(layer, field)
-        if self.gathered is None or self.gathered[0] != span:
-            before = int(self.before_column[self.graph.writers_before(layer, field)])
-            block = self._block(layer)
-            if block is None:
-                self.gathered = (span, self._gather(0, before, span))
-            else:  # the block's sums up to its first layer, then this span's own columns
-                readers, start, sums = block
-                own = sums[span.start - readers.start:span.stop - readers.start]
-                self.gathered = (span, own + self._gather(start, before, span) if before > start else own)
-        return self.gathered[1][offset:offset + columns.stop - columns.start]
-
-    def _block(self, layer: int | None) -> tuple[slice, int, Tensor] | None:
-        """The readers of `layer`'s block of BLOCK_LAYERS layers, the difference columns before the block and every
-        one of its readers' terms from those columns, gathered once for the block (where that reads the columns
-        less often than each span reading them all; None otherwise)."""
-        graph = self.graph
-        if layer is None or isinstance(self.diffs, list) or graph.cross:
-            return None
-        first = layer - layer % BLOCK_LAYERS
-        if self.accumulated is not None and self.accumulated[0].start == graph.reader_slice(first, "q").start:
-            return self.accumulated
-        last = min(first + BLOCK_LAYERS, graph.n_layers) - 1
-        readers = slice(graph.reader_slice(first, "q").start, graph.reader_slice(last, "mlp").stop)
-        start = int(self.before_column[graph.writers_before(first, "q")])
-        fields = (graph.attn_fields[0],) if graph.parallel else (graph.attn_fields[0], "mlp")
-        spans = sum(bool(self.has_term[self._span(l, f)[0]].any()) for l in range(first, last + 1) for f in fields)
-        if start * (spans - 1) <= 2 * (readers.stop - readers.start):
-            return None
-        self.accumulated = (readers, start, self._gather(0, start, readers))
-        return self.accumulated
-
-    def _gather(self, start: int, stop: int, readers: slice) -> Tensor:
-        """sum over the difference columns start..stop-1, weighted, for the readers `readers`: [r b pos d_model]."""
-        if isinstance(self.diffs, list):  # a writer group's columns are all before a reader group or all after it
-            diffs = torch.cat([diff for columns, diff in self.diffs if columns.start < stop])[start:]
-        else:
-            diffs = self.diffs[start:stop]
-        w, b, n_pos, d_model = diffs.shape
-        weight = self.weight[:, start:stop, readers].to(diffs.dtype).transpose(1, 2)  # [C r w]
-        out = torch.bmm(weight, diffs.view(w, self.circuits, -1).transpose(0, 1))  # [C r (n pos d_model)]
-        out = out.view(self.circuits, -1, b // self.circuits, n_pos, d_model).transpose(0, 1)
-        return out.reshape(-1, b, n_pos, d_model)
-
     def _base(self, layer: int | None, field: str, resid: Tensor) -> Tensor:
         """What a reader group's input adds its terms to: the pass's residual (first form) or the reference's."""
         return self._reference_read(layer, field, resid) if self.from_reference else resid
@@ -436,14 +331,14 @@ class EdgePass:
             return False
         if not self.patched:
             return True
-        return not self.has_term[self.graph.reader_slice(layer, field)].any()
+        return not self.terms.any(self.graph.reader_slice(layer, field))
 
     def inputs(self, layer: int | None, field: str, resid: Float[Tensor, "b pos d_model"]) -> Tensor:
         """The inputs [r b pos d_model] of one group of readers (a layer's q, k, v or MLP; the logits, layer None),
         reader-major: a head's projection is then one batched product over the heads."""
         columns = self.graph.reader_slice(layer, field)
         out = self._base(layer, field, resid)[None]
-        terms = self._terms(layer, field) if self.patched else None
+        terms = self.terms.of(layer, field) if self.patched else None
         if terms is not None:
             out = out + terms.to(out.dtype)
         if self.probe is not None:
@@ -597,19 +492,6 @@ class _Unnormed:
     @staticmethod
     def normalize(x: Tensor) -> Tensor:
         return x
-
-
-def live(graph: EdgeGraph, terms: Bool[Tensor, "writer reader"] | np.ndarray) -> np.ndarray:
-    """The terms of the second form (EdgePass) that can be nonzero: those whose writer's node is reached from the
-    embeddings through terms (a node none of whose inputs has a term computes its reference's write, so its
-    difference is zero). `terms` [writer reader] bool."""
-    terms = np.asarray(terms, dtype=bool)
-    feeds = graph.feeds.numpy()  # [reader writer]
-    reached = np.array([site.part == "embed" for site in graph.writers])
-    for writers, columns in graph.stages():  # in stream order, as pruning walks it
-        read = (terms[:, columns] & reached[:, None]).any(0)
-        reached[writers] = (feeds[columns][:, writers] & read[:, None]).any(0)
-    return terms & reached[:, None]
 
 
 def tappable(model: Transformer, graph: EdgeGraph) -> bool:
