@@ -26,7 +26,7 @@ from torch import Tensor
 
 from resid.analyses.checks import check_choice
 from resid.analyses.circuits import selection
-from resid.analyses.circuits.exact import REFERENCES, ROWS_PER_FORWARD
+from resid.analyses.circuits.exact import DIFFERENCES_PER_FORWARD, REFERENCES, ROWS_PER_FORWARD
 from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
 from resid.analyses.circuits.prefix import SharedPrefix
@@ -53,9 +53,6 @@ from resid.seq2seq import EncoderDecoder
 from resid.sites import Site
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-# elements of the writers' differences one patched pass keeps (fp32: 64 MiB), which bounds how many circuits run
-# together (_forwards)
-DIFFERENCES_PER_FORWARD = 1 << 24
 COLUMNS = ["circuit", "edges", "metric_value", "faithfulness", "model_metric", "empty_metric", "metric"]
 
 

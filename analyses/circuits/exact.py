@@ -9,6 +9,7 @@ every edge but one). It costs a forward pass per edge and pair: affordable on sm
 circuits.seq2seq), in process.
 """
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from resid.analyses.circuits.scores import batch_tensors, edge_scores
 from resid.analyses.circuits.seq2seq import (
     Graph,
     Model,
+    decoder,
     graph_of,
     last_logits,
     logits_with,
@@ -37,6 +39,9 @@ from resid.sites import Site
 
 REFERENCES = ("corrupt", "mean")
 ROWS_PER_FORWARD = 256  # (edge, pair) rows of one patched forward pass
+# elements of the writers' differences one patched pass keeps (fp32: 64 MiB): each writer with a term keeps its
+# difference at every row of the pass, so this bounds how many circuits (edges) run together
+DIFFERENCES_PER_FORWARD = 1 << 24
 
 
 def exact(
@@ -95,7 +100,12 @@ def edge_effects(model: Model, graph: Graph, clean, corrupt, targets, baselines,
     clean_logits = last_logits(model, clean, prefix)
     clean_value = measure(metric, clean_logits, targets, baselines, clean_logits)
     n = rows(clean)
-    per_forward = max(1, ROWS_PER_FORWARD // n)
+    # edges in order (a reader's, then the next's): a pass of C edges patches up to C writers, each kept at its
+    # C * n rows
+    side = clean[1] if isinstance(clean, tuple) else clean
+    positions = side.ids.shape[1] - (0 if prefix is None else prefix.start)
+    per_writer = n * positions * decoder(model).config.d_model
+    per_forward = max(1, min(ROWS_PER_FORWARD // n, math.isqrt(DIFFERENCES_PER_FORWARD // per_writer)))
     writers, readers = graph.edges
     scores = torch.zeros(len(graph.writers), len(graph.readers), device=model.device)
     full = graph.valid.float().to(model.device)
