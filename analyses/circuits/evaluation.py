@@ -141,11 +141,13 @@ def _forwards(masks: list[Tensor], graph: Graph, reads: bool, computed: bool, n:
     patched, where the reference holds its reads, or not), within ROWS_PER_FORWARD rows and DIFFERENCES_PER_FORWARD
     elements of the writers' differences (a pass keeps the difference of every writer with a term in some circuit
     at every row, `elements` per writer: n pairs x positions x d_model, and reads it for every reader, so a pass of
-    several large circuits costs more than each alone), and where a pass of both costs no more than two: a pass
-    computes the sublayers where some circuit has a term (the second form skips the others, where the reference is
-    a run: `computed`), each for every row, and reads each one's weights once."""
+    several large circuits costs more than each alone), and only where one pass of the block and the next circuit
+    computes no more than their two passes would: a pass computes the sublayers where some circuit has a term (the
+    second form skips the others, where the reference is a run: `computed`), each for every row, and reads each
+    one's weights once."""
     valid = graph.valid.numpy()
-    every = set(range(2 * graph.n_layers)) if isinstance(graph, EdgeGraph) else {0}  # (cost: all the same)
+    sublayers = _sublayers(graph) if isinstance(graph, EdgeGraph) else [slice(0, 0)]  # (encoder-decoders: all run)
+    every = set(range(len(sublayers)))
     forms, sizes, touched = [], [], []
     for mask in masks:
         m = mask.numpy() & valid
@@ -155,7 +157,7 @@ def _forwards(masks: list[Tensor], graph: Graph, reads: bool, computed: bool, n:
         sizes.append(elements * max(1, int(terms.any(1).sum())))
         if small and computed:
             has = live(graph, terms).any(0)
-            touched.append({i for i, readers in enumerate(_sublayers(graph)) if has[readers].any()})
+            touched.append({i for i, readers in enumerate(sublayers) if has[readers].any()})
         else:
             touched.append(every)
     per_forward = max(1, ROWS_PER_FORWARD // n)

@@ -5,7 +5,7 @@ circuit of them) computes the same keys and values there. Circuit evaluation and
 once, keep their keys and values (resid.components.kv_cache, as generation does), and run each patched pass over
 the remaining positions only: on IOI pairs, whose prompts differ from the second name on, 5 of 14 positions.
 
-Only where the reference is each pair's corrupt run (a mean reference differs everywhere) and the model is a
+Only where the reference is each pair's corrupt run (a mean reference differs everywhere) and the model is a causal
 decoder (an encoder-decoder's passes run whole); every prompt's last token is always among the positions run.
 """
 
@@ -42,6 +42,8 @@ class SharedPrefix:
         """The prefix the clean and corrupt Tokens share, run; None where there is none to share (no common
         first position, a mean reference, an encoder-decoder's (source, target) sides)."""
         if reference != "corrupt" or isinstance(clean, tuple) or not isinstance(model, Transformer):
+            return None
+        if not model.config.causal:  # every position reads the later ones
             return None
         if clean.ids.shape != corrupt.ids.shape:
             return None
