@@ -2,10 +2,13 @@
 over the positions after them equals the whole pass (learned positions, sliding windows, latent attention, parallel
 blocks, padding), and circuit evaluation and exact patching use it only where it holds."""
 
+import dataclasses
+
 import pytest
 import torch
 from random_models import make_random_model
 
+import resid
 from resid.analyses.circuits.evaluation import _forwards, circuit_values
 from resid.analyses.circuits.exact import edge_effects
 from resid.analyses.circuits.graph import EdgeGraph
@@ -94,6 +97,8 @@ def test_no_prefix_where_none_is_shared():
     clean, corrupt = late_pairs()
     assert SharedPrefix.of(model, clean, corrupt, reference="mean") is None  # a mean differs everywhere
     assert SharedPrefix.of(model, clean, Tokens.from_ids(corrupt.ids[:, :-1])) is None  # unequal widths
+    bidirectional = resid.Transformer(dataclasses.replace(model.config, causal=False), name="bidirectional")
+    assert SharedPrefix.of(bidirectional, clean, corrupt) is None  # every position reads the later ones
 
 
 def test_small_circuits_share_a_pass_and_large_ones_run_alone():
