@@ -21,10 +21,11 @@ from torch import Tensor
 
 from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import KL, measure, pairs_of
-from resid.analyses.circuits.patched import EdgePass, Writes
+from resid.analyses.circuits.patched import EdgePass, plain_writes
 from resid.analyses.circuits.scores import batch_tensors, edge_scores
 from resid.analyses.circuits.seq2seq import Model, decoder_only
 from resid.analyses.circuits.taps import input_gradients, tappable
+from resid.analyses.circuits.writes import Writes
 from resid.analyses.distributed.execution import Execution, as_execution
 from resid.capture import Capture
 from resid.errors import ResidError, param
@@ -75,7 +76,7 @@ def gradient_scores(
     `alphas` of d metric / d input_r at the point alpha of the way from the corrupt run to the clean one (alpha 1:
     the clean run, EAP). on="inputs": the embeddings interpolated (EAP-IG); "activations": every edge's term
     interpolated (keep = alpha)."""
-    corrupt_writes = Writes.of(model, corrupt)
+    corrupt_writes = plain_writes(model, corrupt)
     clean_logits = None
     if metric == KL:
         with torch.no_grad():

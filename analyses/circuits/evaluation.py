@@ -26,7 +26,12 @@ from torch import Tensor
 
 from resid.analyses.checks import check_choice
 from resid.analyses.circuits import selection
-from resid.analyses.circuits.exact import DIFFERENCES_PER_FORWARD, REFERENCES, ROWS_PER_FORWARD
+from resid.analyses.circuits.exact import (
+    DIFFERENCES_PER_FORWARD,
+    REFERENCES,
+    ROWS_PER_FORWARD,
+    difference_elements,
+)
 from resid.analyses.circuits.graph import EdgeGraph
 from resid.analyses.circuits.inputs import CircuitPairs, PairsJob, measure, pairs_of
 from resid.analyses.circuits.prefix import SharedPrefix
@@ -123,11 +128,9 @@ def circuit_values(model: Model, graph: Graph, clean, corrupt, targets, baseline
     keys = [m.numpy().tobytes() for m in every]
     to_run = list(dict.fromkeys(key for key in keys if key not in known))  # distinct, in order
     mask_of = dict(zip(keys, every))
-    side = clean[1] if isinstance(clean, tuple) else clean
-    positions = side.ids.shape[1] - (0 if prefix is None else prefix.start)
     reads, computed = (False, False) if isinstance(writes, tuple) else (writes.reads, writes.computed)
     for block in _forwards([mask_of[key] for key in to_run], graph, reads, computed, n,
-                           n * positions * decoder(model).config.d_model):
+                           difference_elements(model, clean, prefix)):
         block = [to_run[i] for i in block]
         keep = torch.stack([mask_of[key].float() for key in block]).to(model.device)
         logits = logits_with(model, graph, clean, writes, keep, prefix)
@@ -179,12 +182,7 @@ def _forwards(masks: list[Tensor], graph: Graph, reads: bool, computed: bool, n:
 
 def _sublayers(graph: EdgeGraph) -> list[slice]:
     """The readers of each sublayer of a decoder's graph: every layer's attention (q, k, v or q, kv), its MLP."""
-    out = []
-    for layer in range(graph.n_layers):
-        fields = graph.attn_fields
-        out += [slice(graph.reader_slice(layer, fields[0]).start, graph.reader_slice(layer, fields[-1]).stop),
-                graph.reader_slice(layer, "mlp")]
-    return out
+    return [s for layer in range(graph.n_layers) for s in (graph.attn_readers(layer), graph.reader_slice(layer, "mlp"))]
 
 
 def evaluate(

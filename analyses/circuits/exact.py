@@ -78,6 +78,14 @@ def exact(
     return df
 
 
+def difference_elements(model: Model, clean, prefix: SharedPrefix | None) -> int:
+    """The elements of one writer's difference at one circuit's rows of a patched pass: the pairs x the positions
+    it runs (after the prefix) x d_model. clean: Tokens, or an encoder-decoder's (source, target)."""
+    side = clean[1] if isinstance(clean, tuple) else clean
+    positions = side.ids.shape[1] - (0 if prefix is None else prefix.start)
+    return rows(clean) * positions * decoder(model).config.d_model
+
+
 def _edge_numbers(graph: Graph, edges) -> np.ndarray:
     number = {(int(w), int(r)): i for i, (w, r) in enumerate(zip(*graph.edges))}
     as_site = lambda s: s if isinstance(s, Site) else Site.parse(s)  # noqa: E731
@@ -102,10 +110,8 @@ def edge_effects(model: Model, graph: Graph, clean, corrupt, targets, baselines,
     n = rows(clean)
     # edges in order (a reader's, then the next's): a pass of C edges patches up to C writers, each kept at its
     # C * n rows
-    side = clean[1] if isinstance(clean, tuple) else clean
-    positions = side.ids.shape[1] - (0 if prefix is None else prefix.start)
-    per_writer = n * positions * decoder(model).config.d_model
-    per_forward = max(1, min(ROWS_PER_FORWARD // n, math.isqrt(DIFFERENCES_PER_FORWARD // per_writer)))
+    per_forward = max(1, min(ROWS_PER_FORWARD // n,
+                             math.isqrt(DIFFERENCES_PER_FORWARD // difference_elements(model, clean, prefix))))
     writers, readers = graph.edges
     scores = torch.zeros(len(graph.writers), len(graph.readers), device=model.device)
     full = graph.valid.float().to(model.device)

@@ -112,6 +112,11 @@ class EdgeGraph:
         """The reader groups of a layer's attention, in order: ("q", "k", "v"), or ("q", "kv") (latent)."""
         return ("q", "kv") if self.kv_latent else ("q", "k", "v")
 
+    def attn_readers(self, layer: int) -> slice:
+        """The columns of a layer's attention readers (its q, k and v, or q and kv, groups: contiguous)."""
+        fields = self.attn_fields
+        return slice(self.reader_slice(layer, fields[0]).start, self.reader_slice(layer, fields[-1]).stop)
+
     @cached_property
     def _groups(self) -> dict[str, tuple[int, int]]:
         """Each reader group of a layer: (offset among the layer's readers, count)."""

@@ -38,81 +38,21 @@ Glossary: n the pairs of a batch, C the circuits run together, b = C * n the row
 """
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Shaped
+from jaxtyping import Float
 from torch import Tensor
 
 from resid.analyses.circuits.graph import LOGITS, EdgeGraph
 from resid.analyses.circuits.prefix import SharedPrefix
 from resid.analyses.circuits.terms import Terms
+from resid.analyses.circuits.writes import Writes
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.interventions import Hook, Intervention, Replace
 from resid.model import Transformer
 from resid.sites import Site
 from resid.tokenizer import Tokens
-
-
-@dataclass(frozen=True)
-class Writes:
-    """Every writer's output in one run, as the run computed it: the embeddings' sum [n pos d_model], each layer's
-    head mixes z [n pos head d_head] (a head writes z[h] @ W_O[h]; under post-norms empty) and MLP writes [n pos
-    d_model]; each layer's whole attention write `attn` [n pos d_model] (under post-norms the writer; where it was
-    recorded, what a pass that skips the attention puts in: EdgePass); a decoder's cross-attention heads' z
-    `cross`. And what the readers read in it (`reads`; a decoder-only run's, from
-    Writes.of): each layer's attention input (resid_pre) and MLP input (resid_mid, or resid_pre in a parallel
-    block), the final residual; the run's last-token logits where it computed them. A mean reference holds
-    [1 1 ...] tensors (and no logits)."""
-
-    embed: Float[Tensor, "n pos d_model"]
-    z: tuple[Float[Tensor, "n pos head d_head"], ...]
-    mlp: tuple[Float[Tensor, "n pos d_model"], ...]
-    attn: tuple[Float[Tensor, "n pos d_model"], ...] = ()
-    cross: tuple[Float[Tensor, "n pos head d_head"], ...] = ()  # a decoder's cross-attention heads' z
-    attn_read: tuple[Float[Tensor, "n pos d_model"], ...] = ()
-    mlp_read: tuple[Float[Tensor, "n pos d_model"], ...] = ()
-    final: Float[Tensor, "n pos d_model"] | None = None
-    logits: Float[Tensor, "n d_vocab"] | None = None
-
-    @classmethod
-    def of(cls, model: Transformer, tokens: Tokens, prefix: SharedPrefix | None = None) -> "Writes":
-        """The writes and reads of a plain run of `tokens` (no gradient); with a prefix (of `tokens`' pairs), at
-        the positions after it only."""
-        edge_pass = EdgePass(model, EdgeGraph.of(model.config), None, None)
-        logits = last_logits(model, tokens, edge_pass.interventions(), 1, prefix)
-        return dataclasses.replace(edge_pass.writes(), logits=logits)
-
-    @property
-    def computed(self) -> bool:
-        """Whether these are one run's writes, each computed from that run's reads (a mean's are not: a node reading
-        the mean input does not write the mean write)."""
-        return self.logits is not None
-
-    @property
-    def reads(self) -> bool:
-        """Whether it holds what every reader read (Writes.of's; an encoder-decoder's stacks' hold none)."""
-        return self.final is not None
-
-    def read(self, layer: int | None, field: str) -> Float[Tensor, "n pos d_model"]:
-        """What a reader group (a layer's q, k, v, kv or MLP; the logits, layer None) reads."""
-        return self.final if layer is None else self.mlp_read[layer] if field == "mlp" else self.attn_read[layer]
-
-    def mean(self, mask: Shaped[Tensor, "n pos"]) -> "Writes":
-        """Mean ablation's reference: every write (and read: their sum) averaged over the real positions of every
-        prompt (`mask`: the attention mask, any dtype)."""
-        weight = mask.to(self.embed.dtype)
-        total = weight.sum()
-
-        def average(t: Tensor) -> Tensor:
-            w = weight.view(*weight.shape, *([1] * (t.dim() - 2)))
-            return ((t * w).sum((0, 1)) / total)[None, None]
-
-        return Writes(average(self.embed), tuple(map(average, self.z)), tuple(map(average, self.mlp)),
-                      tuple(map(average, self.attn)), tuple(map(average, self.cross)),
-                      tuple(map(average, self.attn_read)), tuple(map(average, self.mlp_read)),
-                      None if self.final is None else average(self.final))
 
 
 class EdgePass:
@@ -190,8 +130,8 @@ class EdgePass:
         the reference's write)."""
         if not (self.from_reference and self.reference.computed) or (part == "attn" and not self.reference.attn):
             return False
-        fields = self.graph.attn_fields if part == "attn" else ("mlp",)
-        return not any(self.terms.any(self.graph.reader_slice(layer, f)) for f in fields)
+        readers = self.graph.attn_readers(layer) if part == "attn" else self.graph.reader_slice(layer, "mlp")
+        return not self.terms.any(readers)
 
     def _reference_write(self, layer: int, part: str) -> Tensor:
         """The reference's write of a layer's attention or MLP, for every circuit block: [b pos d_model] (a mean's
@@ -511,6 +451,14 @@ def repeat(tokens: Tokens, times: int) -> Tokens:
     if times == 1:
         return tokens
     return Tokens(*(t.repeat(times, 1) for t in (tokens.ids, tokens.attention_mask, tokens.position_ids)))
+
+
+def plain_writes(model: Transformer, tokens: Tokens, prefix: SharedPrefix | None = None) -> Writes:
+    """The writes and reads of a plain run of `tokens` (no gradient); with a prefix (of `tokens`' pairs), at the
+    positions after it only."""
+    edge_pass = EdgePass(model, EdgeGraph.of(model.config), None, None)
+    logits = last_logits(model, tokens, edge_pass.interventions(), 1, prefix)
+    return dataclasses.replace(edge_pass.writes(), logits=logits)
 
 
 def patched_logits(model: Transformer, graph: EdgeGraph, tokens: Tokens, reference: Writes,

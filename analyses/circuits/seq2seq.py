@@ -22,8 +22,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from resid.analyses.circuits.graph import EMBED, EdgeGraph, supported
-from resid.analyses.circuits.patched import EdgePass, Writes, patched_logits, repeat
+from resid.analyses.circuits.patched import EdgePass, patched_logits, plain_writes, repeat
 from resid.analyses.circuits.prefix import SharedPrefix
+from resid.analyses.circuits.writes import Writes
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.model import Transformer
@@ -171,7 +172,7 @@ def writes_of(model, side, reference: str = "corrupt", prefix: SharedPrefix | No
     the run's last-token logits), or with reference "mean" their means over the real positions; with a prefix (a
     decoder's, corrupt reference), at the positions after it."""
     if not isinstance(side, tuple):
-        writes = Writes.of(model, side, prefix)
+        writes = plain_writes(model, side, prefix)
     else:
         source, target = side
         plain = dict(attn={"z"}, mlp={"out"}, final_norm_scale=False)

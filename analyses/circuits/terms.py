@@ -98,12 +98,13 @@ class Terms:
     def _span(self, layer: int | None, field: str) -> tuple[slice, int]:
         """The readers whose terms are gathered together with the group's (a layer's attention readers, which read
         the same writers; in a parallel block its MLP too), and the group's offset among them."""
-        columns = self.graph.reader_slice(layer, field)
-        fields = self.graph.attn_fields + (("mlp",) if self.graph.parallel else ())
-        if layer is None or field not in fields:
+        graph, columns = self.graph, self.graph.reader_slice(layer, field)
+        if layer is None or field not in graph.attn_fields + (("mlp",) if graph.parallel else ()):
             return columns, 0
-        start = self.graph.reader_slice(layer, fields[0]).start
-        return slice(start, self.graph.reader_slice(layer, fields[-1]).stop), columns.start - start
+        span = graph.attn_readers(layer)
+        if graph.parallel:
+            span = slice(span.start, graph.reader_slice(layer, "mlp").stop)
+        return span, columns.start - span.start
 
     def _block(self, layer: int | None) -> tuple[slice, int, Tensor] | None:
         """The readers of `layer`'s block of BLOCK_LAYERS layers, the difference columns before the block and every

@@ -12,7 +12,7 @@ from random_models import make_random_model
 
 from resid.analyses import circuits
 from resid.analyses.circuits.graph import EMBED, LOGITS, EdgeGraph
-from resid.analyses.circuits.patched import Writes, patched_logits
+from resid.analyses.circuits.patched import patched_logits, plain_writes
 from resid.capture import Capture
 from resid.errors import ResidError
 from resid.sites import Site
@@ -64,7 +64,7 @@ def test_every_edge_is_the_clean_model_and_none_the_corrupt_one(kind):
     graph = EdgeGraph.of(model.config)
     clean, corrupt = pairs()
     tokens = Tokens.from_ids(clean)
-    reference = Writes.of(model, Tokens.from_ids(corrupt))
+    reference = plain_writes(model, Tokens.from_ids(corrupt))
     logits = patched_logits(model, graph, tokens, reference, torch.stack([graph.full(), graph.empty()]).float())
     torch.testing.assert_close(logits[0], last_logits(model, clean), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits[1], last_logits(model, corrupt), atol=1e-4, rtol=1e-4)
@@ -131,7 +131,7 @@ def test_mixture_of_experts_reproduces_both_runs():
     model = make_moe_model()
     graph = EdgeGraph.of(model.config)
     clean, corrupt = pairs()
-    reference = Writes.of(model, Tokens.from_ids(corrupt))
+    reference = plain_writes(model, Tokens.from_ids(corrupt))
     logits = patched_logits(model, graph, Tokens.from_ids(clean), reference,
                             torch.stack([graph.full(), graph.empty()]).float())
     torch.testing.assert_close(logits[0], last_logits(model, clean), atol=1e-4, rtol=1e-4)
@@ -148,7 +148,7 @@ def test_eap_is_the_derivative_of_the_patched_metric(kind):
     targets, baselines = [5, 7, 11], [13, 17, 19]
     scores = circuits.eap(model, clean, corrupt, targets, baselines)
     s = circuits.matrix(graph, scores)
-    writes = Writes.of(model, Tokens.from_ids(corrupt))
+    writes = plain_writes(model, Tokens.from_ids(corrupt))
     eps = 1e-2
     picked = [(EMBED, Site(1, "attn", head=1, field="q")), (Site(0, "attn", head=2), Site(2, "attn", kv_head=1,
               field="v" if kind == "llama_gqa" else "k")), (Site(1, "mlp"), LOGITS), (Site(2, "attn", head=0),
@@ -174,7 +174,7 @@ def test_eap_is_the_derivative_of_the_patched_metric_on_post_norms_and_latents(k
     clean, corrupt = pairs(seed=1)
     targets, baselines = [5, 7, 11], [13, 17, 19]
     s = circuits.matrix(graph, circuits.eap(model, clean, corrupt, targets, baselines))
-    writes = Writes.of(model, Tokens.from_ids(corrupt))
+    writes = plain_writes(model, Tokens.from_ids(corrupt))
     eps = 1e-2
     attn0 = graph.writers[graph.writer_slice(0, "attn").stop - 1]
     attn1 = graph.writers[graph.writer_slice(1, "attn").start]
@@ -202,7 +202,7 @@ def test_exact_equals_patching_each_edge_alone():
     edges = [(EMBED, Site(0, "attn", head=0, field="q")), (Site(0, "mlp"), Site(2, "attn", kv_head=0, field="k"))]
     df = circuits.exact(model, clean, corrupt, [1, 2, 3], [4, 5, 6], edges=edges)
     assert df["score"].notna().sum() == 2
-    reference = Writes.of(model, Tokens.from_ids(corrupt))
+    reference = plain_writes(model, Tokens.from_ids(corrupt))
     base = last_logits(model, clean)
     rows = torch.arange(3)
     for writer, reader in edges:
@@ -464,7 +464,7 @@ def test_no_host_sync_grows_with_layers_or_circuits(kind):
         model = sized(n_layers)
         graph = EdgeGraph.of(model.config)
         clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=7))
-        reference = Writes.of(model, corrupt)
+        reference = plain_writes(model, corrupt)
         keep = graph.full().float().expand(n_circuits, -1, -1).clone()
         t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
         with HostSyncs() as syncs:
@@ -528,7 +528,7 @@ def test_small_circuits_from_the_reference_equal_the_patched_form(kind, referenc
     model = model_of(kind)
     graph = EdgeGraph.of(model.config)
     clean, corrupt = (Tokens.from_ids(ids) for ids in pairs(seed=5))
-    writes = Writes.of(model, corrupt)
+    writes = plain_writes(model, corrupt)
     if reference == "mean":
         writes = writes.mean(corrupt.attention_mask.float())
     g = torch.Generator().manual_seed(0)
@@ -557,7 +557,7 @@ def test_circuit_values_equal_the_patched_runs_of_every_mask(kind, reference):
     masks = [some, graph.full(), some]
     t, b = torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6])
     got = circuit_values(model, graph, clean, corrupt, t, b, "logit_diff", masks, reference)
-    writes = Writes.of(model, corrupt)
+    writes = plain_writes(model, corrupt)
     writes = writes.mean(corrupt.attention_mask) if reference == "mean" else writes
     every = torch.stack([*masks, graph.full(), graph.empty()]).float()
     logits = torch.cat([patched_logits(model, graph, clean, writes, keep[None]) for keep in every])  # one form each

@@ -12,7 +12,7 @@ import resid
 from resid.analyses.circuits.evaluation import _forwards, circuit_values
 from resid.analyses.circuits.exact import edge_effects
 from resid.analyses.circuits.graph import EdgeGraph
-from resid.analyses.circuits.patched import Writes, patched_logits
+from resid.analyses.circuits.patched import patched_logits, plain_writes
 from resid.analyses.circuits.prefix import SharedPrefix
 from resid.tokenizer import Tokens
 
@@ -48,7 +48,7 @@ def test_passes_after_the_prefix_equal_whole_passes(kind):
     clean, corrupt = late_pairs()
     prefix = SharedPrefix.of(model, clean, corrupt)
     assert prefix.start == 6
-    whole, after = Writes.of(model, corrupt), Writes.of(model, corrupt, prefix)
+    whole, after = plain_writes(model, corrupt), plain_writes(model, corrupt, prefix)
     torch.testing.assert_close(after.logits, whole.logits, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(after.mlp[-1], whole.mlp[-1][:, 6:], atol=1e-4, rtol=1e-4)
     g = torch.Generator().manual_seed(1)
@@ -75,7 +75,7 @@ def test_padded_rows_keep_their_last_token_after_the_prefix():
     g = torch.Generator().manual_seed(2)
     mask = graph.valid & (torch.rand(graph.valid.shape, generator=g) < 0.2)
     got = circuit_values(model, graph, clean, corrupt, t, b, "logit_diff", [mask])
-    whole = Writes.of(model, corrupt)
+    whole = plain_writes(model, corrupt)
     logits = patched_logits(model, graph, clean, whole, torch.stack([mask, graph.full(), graph.empty()]).float())
     expected = (logits[..., 1:4].diagonal(dim1=1, dim2=2) - logits[..., 4:7].diagonal(dim1=1, dim2=2))
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
